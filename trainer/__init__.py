@@ -1,0 +1,1 @@
+"""Containerized PyTorch trainer: DDP/FSDP2, atomic resumable checkpoints, spot-safe exits, MLflow."""

@@ -1,0 +1,192 @@
+"""Built-in GPT (nanoGPT-style) and a loader for local Hugging Face causal LMs.
+
+Both return logits from `model(input_ids)` so the loop never needs to know which it has.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from trainer.config import ModelConfig
+
+GPT_SIZES = {
+    "tiny": dict(num_layers=2, num_heads=2, embed_dim=64),
+    "small": dict(num_layers=4, num_heads=4, embed_dim=128),
+    "gpt2": dict(num_layers=12, num_heads=12, embed_dim=768),  # 124M
+    "gpt2-medium": dict(num_layers=24, num_heads=16, embed_dim=1024),  # 350M
+    "gpt2-large": dict(num_layers=36, num_heads=20, embed_dim=1280),  # 774M
+    "gpt2-xl": dict(num_layers=48, num_heads=25, embed_dim=1600),  # 1558M
+}
+
+
+@dataclass
+class GPTShape:
+    num_layers: int
+    num_heads: int
+    embed_dim: int
+    vocab_size: int
+    max_seq_len: int
+    dropout: float = 0.0
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, shape: GPTShape):
+        super().__init__()
+        self.num_heads = shape.num_heads
+        self.qkv = nn.Linear(shape.embed_dim, 3 * shape.embed_dim)
+        self.proj = nn.Linear(shape.embed_dim, shape.embed_dim)
+        self.dropout = shape.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, dim = x.shape
+        q, k, v = self.qkv(x).split(dim, dim=2)
+        q, k, v = (t.view(batch, seq, self.num_heads, dim // self.num_heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).contiguous().view(batch, seq, dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, shape: GPTShape):
+        super().__init__()
+        self.fc = nn.Linear(shape.embed_dim, 4 * shape.embed_dim)
+        self.proj = nn.Linear(4 * shape.embed_dim, shape.embed_dim)
+        self.dropout = nn.Dropout(shape.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.proj(F.gelu(self.fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    def __init__(self, shape: GPTShape):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(shape.embed_dim)
+        self.attn = CausalSelfAttention(shape)
+        self.ln_2 = nn.LayerNorm(shape.embed_dim)
+        self.mlp = MLP(shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, shape: GPTShape):
+        super().__init__()
+        self.shape = shape
+        self.wte = nn.Embedding(shape.vocab_size, shape.embed_dim)
+        self.wpe = nn.Embedding(shape.max_seq_len, shape.embed_dim)
+        self.drop = nn.Dropout(shape.dropout)
+        self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.num_layers))
+        self.ln_f = nn.LayerNorm(shape.embed_dim)
+        self.lm_head = nn.Linear(shape.embed_dim, shape.vocab_size, bias=False)
+        # Weight tying is left out on purpose: FSDP2 shards modules separately and a
+        # parameter shared between two shard units is not supported.
+        self.apply(self._init_weights)
+        # GPT-2 scales residual projections by 1/sqrt(2 * layers) to keep activations stable.
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * shape.num_layers))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(positions))
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+    def layers(self) -> list[nn.Module]:
+        return list(self.blocks)
+
+
+class HFCausalLM(nn.Module):
+    """Adapter so a `transformers` model looks like GPT to the loop: ids in, logits out."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.inner(input_ids=idx, use_cache=False).logits
+
+    def layers(self) -> list[nn.Module]:
+        # Decoder blocks live under different names per architecture.
+        for path in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
+            node = self.inner
+            try:
+                for part in path.split("."):
+                    node = getattr(node, part)
+            except AttributeError:
+                continue
+            return list(node)
+        raise ValueError(f"cannot find the decoder layers of {type(self.inner).__name__}")
+
+
+def build_model(cfg: ModelConfig, vocab_size: int, seq_len: int) -> nn.Module:
+    if cfg.kind == "hf":
+        return load_hf_model(cfg.hf_path, vocab_size)
+    sizes = dict(GPT_SIZES[cfg.size])
+    for key in ("num_layers", "num_heads", "embed_dim"):
+        if getattr(cfg, key) is not None:
+            sizes[key] = getattr(cfg, key)
+    shape = GPTShape(vocab_size=cfg.vocab_size or vocab_size, max_seq_len=seq_len, dropout=cfg.dropout, **sizes)
+    return GPT(shape)
+
+
+def load_hf_model(path: str, dataset_vocab_size: int) -> nn.Module:
+    # Imported here so GPT-only jobs do not pay the transformers import.
+    from transformers import AutoModelForCausalLM
+
+    inner = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, torch_dtype=torch.float32)
+    if inner.get_input_embeddings().num_embeddings < dataset_vocab_size:
+        raise ValueError(
+            f"model at {path} has {inner.get_input_embeddings().num_embeddings} token embeddings but the "
+            f"dataset uses {dataset_vocab_size}: prepare the data with this model's tokenizer (--tokenizer-dir)"
+        )
+    return HFCausalLM(inner)
+
+
+def count_params(model: nn.Module, exclude_embeddings: bool = True) -> int:
+    """Parameters that cost 6 FLOPs per token; position/token lookups do no matmul."""
+    total = 0
+    for name, p in model.named_parameters():
+        if exclude_embeddings and isinstance(_owner(model, name), nn.Embedding):
+            continue
+        total += p.numel()
+    return total
+
+
+def _owner(model: nn.Module, param_name: str) -> nn.Module:
+    module_name = param_name.rsplit(".", 1)[0] if "." in param_name else ""
+    return model.get_submodule(module_name)
+
+
+def model_dims(model: nn.Module) -> tuple[int, int]:
+    """(num_layers, hidden size) for the attention term of the FLOP count."""
+    if isinstance(model, GPT):
+        return model.shape.num_layers, model.shape.embed_dim
+    config = model.inner.config
+    return config.num_hidden_layers, config.hidden_size
+
+
+def apply_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each decoder layer in backward instead of keeping its activations."""
+    if isinstance(model, HFCausalLM):
+        model.inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    for i, block in enumerate(model.blocks):
+        model.blocks[i] = checkpoint_wrapper(block)

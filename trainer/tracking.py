@@ -1,0 +1,226 @@
+"""Experiment tracking: a JSONL file next to the checkpoints (always) and MLflow (rank 0).
+
+MLflow calls run on a background thread with a buffer, so an unreachable tracking server
+costs warnings, never training time; the buffer is flushed when the server is back.
+A resumed job reattaches to its run (by run id from the checkpoint, else by the job-id tag)
+and drops the points its previous attempt had already logged, so each step appears once.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+JOB_TAG = "trainer.job_id"
+LOSS = "loss"
+
+
+class NullTracker:
+    run_id: str | None = None
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def log_summary(self, summary: dict[str, Any]) -> None:
+        pass
+
+    def close(self, status: str, timeout_seconds: float = 30.0) -> None:
+        pass
+
+
+class JsonlTracker(NullTracker):
+    """One line per step in `<checkpoint dir>/metrics.jsonl`; on resume, lines past the
+    resumed step (work lost after the last checkpoint) are dropped and recomputed."""
+
+    def __init__(self, path: str, resume_step: int):
+        self.path = path
+        lines = []
+        if os.path.exists(path):
+            with open(path) as f:
+                lines = [line for line in f if line.strip() and json.loads(line)["step"] <= resume_step]
+        with open(path, "w") as f:
+            f.writelines(lines)
+        self.file = open(path, "a")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.file.flush()
+
+    def log_summary(self, summary: dict[str, Any]) -> None:
+        with open(os.path.join(os.path.dirname(self.path), "summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+
+    def close(self, status: str, timeout_seconds: float = 30.0) -> None:
+        self.file.close()
+
+
+class MLflowTracker(NullTracker):
+    def __init__(self, *, uri: str, experiment: str, job_id: str, run_name: str | None, run_id: str | None,
+                 params: dict[str, Any], tags: dict[str, str], config_yaml: str, retry_seconds: float = 5.0,
+                 client=None):
+        # A dead server must fail fast inside the worker, not retry for minutes.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        self.uri = uri
+        self.experiment = experiment
+        self.job_id = job_id
+        self.run_name = run_name
+        self.run_id = run_id
+        self.params = {k: str(v) for k, v in params.items()}
+        self.tags = {**tags, JOB_TAG: job_id}
+        self.config_yaml = config_yaml
+        self.retry_seconds = retry_seconds
+        self._client = client
+        self._connected = False
+        self._max_logged_step = -1
+        self._points: list[tuple[int, str, float, int]] = []
+        self._summary: dict | None = None
+        self._final_status: str | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._outage_since: float | None = None
+        self._thread = threading.Thread(target=self._run, name="mlflow-tracker", daemon=True)
+        self._thread.start()
+
+    # --- called from the training loop: never blocks on the network -------------------
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        now_ms = int(time.time() * 1000)
+        with self._lock:
+            self._points += [(step, k, float(v), now_ms) for k, v in metrics.items() if v is not None]
+        self._wake.set()
+
+    def log_summary(self, summary: dict[str, Any]) -> None:
+        with self._lock:
+            self._summary = summary
+        self._wake.set()
+
+    def close(self, status: str, timeout_seconds: float = 30.0) -> None:
+        self._final_status = status
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout_seconds)
+        if self._thread.is_alive() or self._points:
+            log.warning("MLflow unreachable at exit: %d metric points not delivered (they are in metrics.jsonl)",
+                        len(self._points))
+
+    # --- background thread ----------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(timeout=self.retry_seconds)
+            self._wake.clear()
+            stopping = self._stopping
+            try:
+                self._connect()
+                self._flush()
+                if stopping:
+                    self._finish()
+                    return
+                if self._outage_since is not None:
+                    log.warning("MLflow reachable again after %.0f s; buffered metrics flushed",
+                                time.time() - self._outage_since)
+                    self._outage_since = None
+            except Exception as exc:
+                if self._outage_since is None:
+                    self._outage_since = time.time()
+                    log.warning("MLflow at %s unreachable (%s): training continues, metrics buffered",
+                                self.uri, str(exc).splitlines()[0][:200])
+                if stopping:
+                    time.sleep(min(self.retry_seconds, 1.0))  # keep retrying until close() gives up
+
+    def _client_(self):
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.uri)
+        return self._client
+
+    def _connect(self) -> None:
+        if self._connected:
+            return
+        client = self._client_()
+        experiment = client.get_experiment_by_name(self.experiment)
+        experiment_id = experiment.experiment_id if experiment else client.create_experiment(self.experiment)
+        run = client.get_run(self.run_id) if self.run_id else None
+        if run is None:
+            found = client.search_runs([experiment_id], filter_string=f"tags.`{JOB_TAG}` = '{self.job_id}'",
+                                       max_results=1, order_by=["attributes.start_time ASC"])
+            run = found[0] if found else None
+        if run is None:
+            run = client.create_run(experiment_id, run_name=self.run_name, tags=self.tags)
+            client.log_text(run.info.run_id, self.config_yaml, "config.yaml")
+        else:
+            client.update_run(run.info.run_id, status="RUNNING")
+            history = client.get_metric_history(run.info.run_id, LOSS)
+            self._max_logged_step = max((m.step for m in history), default=-1)
+        self.run_id = run.info.run_id
+        self._log_params_and_tags(client, run)
+        self._connected = True
+
+    def _log_params_and_tags(self, client, run) -> None:
+        from mlflow.entities import Param, RunTag
+
+        existing = run.data.params
+        new = [Param(k, v[:6000]) for k, v in self.params.items() if k not in existing]
+        changed = {k: v for k, v in self.params.items() if k in existing and existing[k] != v[:6000]}
+        tags = dict(self.tags)
+        # MLflow params are immutable: a resume with a different value is recorded as a tag.
+        tags.update({f"resumed_with.{k}": v for k, v in changed.items()})
+        for i in range(0, max(len(new), 1), 100):
+            client.log_batch(self.run_id, params=new[i : i + 100],
+                             tags=[RunTag(k, str(v)) for k, v in tags.items()] if i == 0 else [])
+
+    def _flush(self) -> None:
+        from mlflow.entities import Metric
+
+        with self._lock:
+            points, self._points = self._points, []
+        # Steps the previous attempt already logged are replays of identical computation.
+        fresh = [p for p in points if p[0] > self._max_logged_step]
+        num_sent = 0
+        try:
+            for i in range(0, len(fresh), 1000):
+                batch = fresh[i : i + 1000]
+                self._client_().log_batch(self.run_id, metrics=[Metric(k, v, ts, s) for s, k, v, ts in batch])
+                num_sent += len(batch)
+        except Exception:
+            with self._lock:
+                self._points = fresh[num_sent:] + self._points
+            raise
+        with self._lock:
+            summary, self._summary = self._summary, None
+        if summary is not None:
+            self._client_().log_dict(self.run_id, summary, "goodput.json")
+            self._client_().log_batch(self.run_id, metrics=[
+                Metric(f"goodput/{k}", float(v), int(time.time() * 1000), 0)
+                for k, v in summary.items() if isinstance(v, (int, float))])
+
+    def _finish(self) -> None:
+        if self._final_status:
+            self._client_().set_terminated(self.run_id, status=self._final_status)
+
+
+class Trackers(NullTracker):
+    def __init__(self, *trackers):
+        self.trackers = trackers
+
+    @property
+    def run_id(self) -> str | None:
+        return next((t.run_id for t in self.trackers if t.run_id), None)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for t in self.trackers:
+            t.log(step, metrics)
+
+    def log_summary(self, summary: dict[str, Any]) -> None:
+        for t in self.trackers:
+            t.log_summary(summary)
+
+    def close(self, status: str, timeout_seconds: float = 30.0) -> None:
+        for t in self.trackers:
+            t.close(status, timeout_seconds)

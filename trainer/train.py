@@ -1,0 +1,258 @@
+"""The training loop. Everything optional was decided when the objects were built, so the
+loop reads the same whatever the strategy, precision, checkpoint mode or tracking."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import math
+import os
+import platform
+import time
+
+import torch
+import torch.nn.functional as F
+
+from trainer import distributed
+from trainer.checkpoint import Checkpointer, ModelAndOptimizer, resolve_resume
+from trainer.config import TrainerConfig, dump_yaml
+from trainer.data import DistributedBatches, TokenShards
+from trainer.metrics import Goodput, Heartbeat, flops_per_token, memory_meter, mfu_meter
+from trainer.model import apply_activation_checkpointing, build_model, count_params, model_dims
+from trainer.preemption import EXIT_PREEMPTED, PreemptionFlag, report_exit
+from trainer.s3 import NoMirror, mirror_for
+from trainer.tracking import JsonlTracker, MLflowTracker, NullTracker, Trackers
+
+log = logging.getLogger("trainer")
+
+
+def cosine_with_warmup(warmup_steps: int, num_steps: int, min_lr_ratio: float):
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, num_steps - warmup_steps)
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+    return factor
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainerConfig, device: torch.device) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    # Weight decay on matrices only; biases and norms are not decayed (GPT-2 / nanoGPT).
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.optimizer.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    o = cfg.optimizer
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=device.type == "cuda")
+
+
+def job_identity(cfg: TrainerConfig) -> str:
+    # Without TRAINER_RUN_ID the checkpoint directory is the job: same directory, same run.
+    return cfg.tracking.job_id or "job-" + hashlib.sha256(os.path.abspath(cfg.checkpoint.dir).encode()).hexdigest()[:12]
+
+
+def run_tags(cfg: TrainerConfig, env: distributed.Env, shards: TokenShards) -> dict[str, str]:
+    return {
+        "git_commit": os.environ.get("GIT_COMMIT", "unknown"),
+        "image_digest": os.environ.get("IMAGE_DIGEST", "unknown"),
+        "dataset_version": os.environ.get("DATASET_VERSION", os.path.basename(os.path.abspath(cfg.data.dir))),
+        "dataset_hash": shards.dataset_hash,
+        "config_hash": cfg.hash(),
+        "world_size": str(env.world_size),
+        "torch_version": torch.__version__,
+        "cuda_version": str(torch.version.cuda),
+        "device": torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else platform.processor() or "cpu",
+    }
+
+
+def build_tracker(cfg: TrainerConfig, env, shards, run_id: str | None, resume_step: int):
+    if not env.is_main:
+        return NullTracker()
+    trackers = [JsonlTracker(os.path.join(cfg.checkpoint.dir, "metrics.jsonl"), resume_step)]
+    uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if cfg.tracking.enabled and uri:
+        trackers.append(MLflowTracker(
+            uri=uri, experiment=cfg.tracking.experiment, job_id=job_identity(cfg), run_name=cfg.tracking.run_name,
+            run_id=run_id, params=cfg.flat(), tags=run_tags(cfg, env, shards), config_yaml=dump_yaml(cfg)))
+    elif cfg.tracking.enabled:
+        log.warning("tracking.enabled but no MLFLOW_TRACKING_URI: metrics go to metrics.jsonl only")
+    return Trackers(*trackers)
+
+
+def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
+    """Runs one attempt of the job; returns the process exit code (0, or 143 when preempted)."""
+    env = distributed.init(cfg.parallelism)
+    logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
+                        format=f"%(asctime)s [rank {env.rank}] %(name)s: %(message)s", force=True)
+    reason, step = "failed", -1
+    try:
+        reason, step = _train(cfg, env, process_start or time.time())
+    finally:
+        report_exit(env.rank, reason, step)
+        distributed.teardown()  # after _train returned, so the model and optimizer are unreferenced
+    return EXIT_PREEMPTED if reason == "preempted" else 0
+
+
+def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float) -> tuple[str, int]:
+    preemption = PreemptionFlag().install()
+    shards = TokenShards(cfg.data.dir, cfg.data.seq_len)
+    batches = DistributedBatches(shards, cfg.data.micro_batch_size, env.rank, env.world_size, cfg.seed, env.device)
+
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank (FSDP2 relies on it)
+    model = build_model(cfg.model, shards.vocab_size, cfg.data.seq_len)
+    num_layers, hidden_size = model_dims(model)
+    flops = flops_per_token(count_params(model), num_layers, hidden_size, cfg.data.seq_len)
+    if cfg.parallelism.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    model.to(env.device)
+    bf16 = cfg.parallelism.mixed_precision == "bf16" or (cfg.parallelism.mixed_precision == "auto" and env.device.type == "cuda")
+    strategy = distributed.strategy_for(cfg.parallelism, env, bf16)
+    model = strategy.wrap(model, env)
+    forward = torch.compile(model) if cfg.parallelism.compile else model
+    # FSDP2 casts parameters itself; autocast is for the unsharded strategies.
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and strategy.name != "fsdp"
+                else contextlib.nullcontext())
+    optimizer = build_optimizer(model, cfg, env.device)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, cosine_with_warmup(cfg.schedule.warmup_steps, cfg.schedule.num_steps, cfg.schedule.min_lr_ratio))
+    torch.manual_seed(cfg.seed + env.rank)  # dropout differs per rank, as separate data does
+
+    goodput = Goodput()
+    last_stall_seconds = [0.0]
+    mirror = mirror_for(cfg.checkpoint.s3_uri) if env.is_main else NoMirror()
+    checkpointer = Checkpointer(cfg.checkpoint.dir, env, cfg.checkpoint.keep_last, cfg.checkpoint.async_mode, mirror)
+    app = ModelAndOptimizer(model, optimizer)
+    heartbeat = Heartbeat(cfg.checkpoint.dir)
+    step, tokens_seen, run_id = 0, 0, None
+    resume_from = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume, env, mirror)
+    if resume_from:
+        meta = checkpointer.load(resume_from, app)
+        step, tokens_seen, run_id = meta["step"], meta["tokens_seen"], meta["mlflow_run_id"]
+        batches.load_state_dict(meta["data"])
+        scheduler.load_state_dict(meta["scheduler"])
+        goodput = Goodput(**meta["goodput"])
+        goodput.num_restarts += 1
+        beat = heartbeat.read()
+        if beat and beat["step"] > step:  # the previous attempt died after its last checkpoint
+            goodput.num_lost_steps += beat["step"] - step
+            lost = max(0.0, beat["time"] - meta["saved_at"])
+            goodput.lost_seconds += lost
+            goodput.wall_seconds += lost
+        if meta["config_hash"] != cfg.hash():
+            log.warning("config changed since %s (hash %s -> %s): training continues with the new config",
+                        resume_from, meta["config_hash"], cfg.hash())
+        log.info("resumed from %s at step %d (restart %d)", resume_from, step, goodput.num_restarts)
+    tracker = build_tracker(cfg, env, shards, run_id, step)
+    mfu = mfu_meter(env.device, flops, cfg.tracking.peak_tflops)
+    memory = memory_meter(env.device)
+    config_yaml = dump_yaml(cfg)
+    tokens_per_step = cfg.data.seq_len * cfg.data.micro_batch_size * cfg.schedule.grad_accum_steps * env.world_size
+    num_accum = cfg.schedule.grad_accum_steps
+    max_norm = cfg.optimizer.grad_clip_norm or math.inf  # inf: the norm is measured, nothing is scaled
+
+    attempt_start = time.time()
+    goodput.startup_seconds += attempt_start - process_start
+    wall_at_attempt_start = goodput.wall_seconds + (attempt_start - process_start)
+    last_save_monotonic = time.monotonic()
+    pending_losses: list[tuple[int, torch.Tensor]] = []
+    interval = {"start": time.perf_counter(), "steps": 0, "data_wait": 0.0, "compute": 0.0}
+    reason = "completed"
+    log.info("training %s (%s, world size %d, %s) from step %d to %d", cfg.model.kind, strategy.name,
+             env.world_size, env.device, step, cfg.schedule.num_steps)
+
+    while step < cfg.schedule.num_steps:
+        checkpointer.poll()
+        step_start = time.perf_counter()
+        data_wait = 0.0
+        step_loss = torch.zeros((), device=env.device)
+        for micro_step in range(num_accum):
+            fetch_start = time.perf_counter()
+            inputs, targets = batches.next_batch()
+            data_wait += time.perf_counter() - fetch_start
+            with strategy.grad_sync(model, micro_step == num_accum - 1), autocast:
+                logits = forward(inputs)
+                loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1)) / num_accum
+            loss.backward()
+            step_loss += loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        tokens_seen += tokens_per_step
+        pending_losses.append((step, step_loss))
+        step_seconds = time.perf_counter() - step_start
+        goodput.productive_seconds += step_seconds
+        interval["steps"] += 1
+        interval["data_wait"] += data_wait
+        interval["compute"] += step_seconds
+
+        # One all-reduce decides for every rank: a signal may reach the ranks at different
+        # steps, and wall clocks differ, yet they must save (and stop) at the same step.
+        time_due = cfg.checkpoint.every_seconds > 0 and time.monotonic() - last_save_monotonic >= cfg.checkpoint.every_seconds
+        preempted, save_due_to_time = (bool(v) for v in distributed.all_reduce_max(env, [preemption.raised, time_due]))
+        last_step = step == cfg.schedule.num_steps
+
+        if step % cfg.tracking.log_every_steps == 0 or last_step or preempted:
+            elapsed = time.perf_counter() - interval["start"]
+            losses = distributed.all_reduce_mean(env, torch.stack([loss for _, loss in pending_losses])).tolist()
+            for (s, _), value in zip(pending_losses, losses):
+                tracker.log(s, {"loss": value})
+            tokens_per_second = interval["steps"] * tokens_per_step / elapsed
+            norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+            tracker.log(step, {
+                "learning_rate": scheduler.get_last_lr()[0],
+                "grad_norm": norm.item(),
+                "tokens_per_second": tokens_per_second,
+                "mfu": mfu(tokens_per_second / env.world_size),
+                "step_seconds": interval["compute"] / interval["steps"],
+                "data_wait_seconds": interval["data_wait"] / interval["steps"],
+                "checkpoint_seconds": last_stall_seconds[0],
+                "peak_gpu_memory_gib": memory.peak_gib(),
+                "tokens_seen": tokens_seen,
+            })
+            if env.is_main:
+                heartbeat.beat(step)
+                log.info("step %d/%d loss %.4f lr %.2e %.0f tok/s", step, cfg.schedule.num_steps, losses[-1],
+                         scheduler.get_last_lr()[0], tokens_per_second)
+            pending_losses.clear()
+            interval = {"start": time.perf_counter(), "steps": 0, "data_wait": 0.0, "compute": 0.0}
+
+        if step % cfg.checkpoint.every_steps == 0 or save_due_to_time or preempted or last_step:
+            goodput.wall_seconds = wall_at_attempt_start + (time.time() - attempt_start)
+            meta = {
+                "tokens_seen": tokens_seen,
+                "data": batches.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "config": cfg.to_dict(),
+                "config_hash": cfg.hash(),
+                "mlflow_run_id": tracker.run_id,
+                "world_size": env.world_size,
+                "goodput": dataclasses.asdict(goodput),
+            }
+            save_start = time.perf_counter()
+            stall = checkpointer.save(step, app, meta, config_yaml)
+            if preempted or last_step:
+                checkpointer.wait()  # the process is about to exit: the save must be on disk
+                stall = time.perf_counter() - save_start
+            goodput.checkpoint_stall_seconds += stall
+            last_stall_seconds[0] = stall
+            last_save_monotonic = time.monotonic()
+            log.info("checkpoint step %d (%.2f s stall)%s", step, stall, " after " + preemption.signal_name if preempted else "")
+        if preempted:
+            reason = "preempted"
+            break
+
+    checkpointer.close()
+    goodput.wall_seconds = wall_at_attempt_start + (time.time() - attempt_start)
+    summary = {"final_step": step, "tokens_seen": tokens_seen, "reason": reason, **goodput.summary()}
+    if reason == "completed":
+        tracker.log_summary(summary)
+    log.info("%s at step %d: %s", reason, step, summary)
+    tracker.close(status="FINISHED" if reason == "completed" else "SCHEDULED",
+                  timeout_seconds=30.0 if reason == "completed" else 10.0)
+    if env.is_main:
+        heartbeat.beat(step)
+    return reason, step
