@@ -1,0 +1,46 @@
+"""Every version the platform deploys, pinned in one place.
+
+Charts, add-ons, images and AMIs are upgraded here and nowhere else, so a diff of this
+file is the upgrade's whole blast radius. Add-on versions are the EKS 1.32 builds.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+
+# -- EKS ---------------------------------------------------------------------------------
+DEFAULT_EKS_VERSION = "1.32"
+
+
+@dataclass(frozen=True)
+class EksVersionSupport:
+    standard_support_ends: _dt.date
+    extended_support_ends: _dt.date
+
+
+# AWS's published support calendar; a version missing here is refused by the config.
+EKS_VERSIONS: dict[str, EksVersionSupport] = {
+    "1.30": EksVersionSupport(_dt.date(2025, 7, 23), _dt.date(2026, 7, 23)),
+    "1.31": EksVersionSupport(_dt.date(2025, 11, 26), _dt.date(2026, 11, 26)),
+    "1.32": EksVersionSupport(_dt.date(2026, 3, 23), _dt.date(2027, 3, 23)),
+    "1.33": EksVersionSupport(_dt.date(2026, 7, 29), _dt.date(2027, 7, 29)),
+    "1.34": EksVersionSupport(_dt.date(2026, 12, 2), _dt.date(2027, 12, 2)),
+}
+
+# Control-plane price per cluster-hour (USD); extended support adds $0.50/h.
+EKS_STANDARD_USD_PER_HOUR = 0.10
+EKS_EXTENDED_USD_PER_HOUR = 0.60
+HOURS_PER_MONTH = 730
+
+# EKS managed add-ons (aws eks describe-addon-versions --kubernetes-version 1.32).
+EKS_ADDON_VERSIONS: dict[str, str] = {
+    "vpc-cni": "v1.20.4-eksbuild.2",
+    "coredns": "v1.11.4-eksbuild.24",
+    "kube-proxy": "v1.32.9-eksbuild.2",
+    "eks-pod-identity-agent": "v1.3.10-eksbuild.1",
+    "aws-ebs-csi-driver": "v1.53.0-eksbuild.1",
+    "aws-fsx-csi-driver": "v1.7.0-eksbuild.1",
+}
+
+# Managed node group AMI family for the static CPU nodes (AL2 ends with 1.32).
+SYSTEM_NODE_AMI_TYPE = "AL2023_x86_64_STANDARD"

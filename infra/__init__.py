@@ -1,0 +1,1 @@
+"""The platform's Pulumi program: typed config, accounts, wiring, offline plan."""

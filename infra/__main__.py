@@ -1,0 +1,17 @@
+"""Entry point of `pulumi up` (Pulumi.yaml: `main: infra/`)."""
+import sys
+from pathlib import Path
+
+# Pulumi runs this directory as a script; make the project root importable.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pulumi  # noqa: E402
+
+from components.validation import InvalidInputError  # noqa: E402
+from infra.program import main  # noqa: E402
+
+try:
+    main()
+except InvalidInputError as error:
+    # RunError prints the message alone: a config mistake is not a program crash.
+    raise pulumi.RunError(str(error)) from None

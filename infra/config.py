@@ -1,0 +1,505 @@
+"""The whole stack configuration as one typed, validated model.
+
+A stack file (``Pulumi.<stack>.yaml``) holds one key per section under the project's
+namespace (``ml-training-platform:network: {...}``). ``load_platform_config`` turns those
+raw values into a frozen ``PlatformConfig`` or raises ``ConfigError`` listing every problem
+with its path, the bad value and the fix.
+
+Sections are parsed one by one so that a typo in ``network`` does not hide a bad node
+group in ``cluster``; cross-section rules (``CHECKS``) run on every section they need that
+parsed. Later capabilities add a section by adding a field to ``PlatformConfig`` and, if
+they have cross-section rules, a function decorated with ``@check``.
+"""
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from enum import Enum
+from typing import Annotated, Any, Callable, Iterable, Iterator, Optional, get_args, get_origin
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, PlainSerializer, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+from components.cluster import UpgradePolicy
+from components.log_archive import lifecycle_problems
+from components.network import NatStrategy, subnet_problems
+from components.validation import InvalidInputError, Problem
+from components.versions import DEFAULT_EKS_VERSION, EKS_VERSIONS
+
+PROJECT = "ml-training-platform"
+
+_ACCOUNT_ID = re.compile(r"^\d{12}$")
+_ROLE_ARN = re.compile(r"^arn:(aws|aws-us-gov|aws-cn):iam::(\d{12}):role/[\w+=,.@/-]{1,512}$")
+_REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+_NAME = re.compile(r"^[a-z][a-z0-9-]{1,22}[a-z0-9]$")
+# CloudWatch Logs accepts only these retention periods.
+LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
+
+
+class ConfigError(InvalidInputError):
+    """Every problem of a stack's configuration, one per line."""
+
+
+class Environment(str, Enum):
+    """What kind of environment a stack is; prod turns on every protection."""
+
+    DEV = "dev"
+    PROD = "prod"
+
+
+class CapacityType(str, Enum):
+    ON_DEMAND = "ON_DEMAND"
+    SPOT = "SPOT"
+
+
+class _Model(BaseModel):
+    # camelCase in the stack file (Pulumi's convention), snake_case in Python.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True, use_enum_values=False
+    )
+
+
+def _ipv4_network(value: Any) -> ipaddress.IPv4Network:
+    if isinstance(value, ipaddress.IPv4Network):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("must be an IPv4 CIDR string such as 10.0.0.0/16")
+    try:
+        return ipaddress.IPv4Network(value, strict=True)
+    except ipaddress.NetmaskValueError as exc:
+        raise ValueError(f"is not a valid IPv4 CIDR ({exc}); use a block such as 10.0.0.0/16") from None
+    except ValueError as exc:
+        if "has host bits set" in str(exc):
+            fixed = ipaddress.IPv4Network(value, strict=False)
+            raise ValueError(f"has host bits set; the network address is {fixed}") from None
+        raise ValueError("is not a valid IPv4 CIDR; use a block such as 10.0.0.0/16") from None
+
+
+Cidr = Annotated[
+    ipaddress.IPv4Network,
+    BeforeValidator(_ipv4_network),
+    PlainSerializer(str, return_type=str),
+]
+
+
+def _check_name(value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError("must be 3-24 lowercase letters, digits and '-', starting with a letter")
+    return value
+
+
+def _check_region(value: str) -> str:
+    if not _REGION.match(value):
+        raise ValueError("is not an AWS region name; use one such as us-west-2")
+    return value
+
+
+def _check_tags(value: dict[str, str]) -> dict[str, str]:
+    bad = [k for k in value if k.lower().startswith("aws:") or not 1 <= len(k) <= 128]
+    if bad:
+        raise ValueError(f"tag keys {bad} are reserved or too long; use 1-128 characters without the 'aws:' prefix")
+    long_values = [k for k, v in value.items() if len(v) > 256]
+    if long_values:
+        raise ValueError(f"values of tags {long_values} are too long; use at most 256 characters")
+    return value
+
+
+PlatformName = Annotated[str, AfterValidator(_check_name)]
+Region = Annotated[str, AfterValidator(_check_region)]
+Tags = Annotated[dict[str, str], AfterValidator(_check_tags)]
+
+
+# -- sections ----------------------------------------------------------------------------
+class AccountConfig(_Model):
+    """One AWS account and the role Pulumi assumes in it."""
+
+    id: str = Field(description="12-digit AWS account id, quoted in YAML so leading zeros survive.")
+    role_arn: str = Field(description="IAM role Pulumi assumes in this account (must be in `id`).")
+    external_id: Optional[str] = Field(None, description="sts:ExternalId the role's trust policy requires, if any.")
+    session_name: str = Field("ml-training-platform", description="STS session name, visible in CloudTrail.")
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str) -> str:
+        if not _ACCOUNT_ID.match(value):
+            raise ValueError("must be exactly 12 digits, quoted in YAML (e.g. '012345678901')")
+        return value
+
+    @field_validator("role_arn")
+    @classmethod
+    def _role(cls, value: str) -> str:
+        if not _ROLE_ARN.match(value):
+            raise ValueError("must be an IAM role ARN such as arn:aws:iam::012345678901:role/pulumi-deploy")
+        return value
+
+
+class AccountsConfig(_Model):
+    """The three accounts of the platform: CI/images, workloads, and the log archive."""
+
+    automation: AccountConfig = Field(description="CI and shared artifacts (ECR images).")
+    workload: AccountConfig = Field(description="VPC, cluster, GPU nodes, storage, MLflow.")
+    logging: AccountConfig = Field(description="Central, write-once log archive.")
+
+
+class LogArchiveConfig(_Model):
+    """Central log bucket in the logging account."""
+
+    transition_to_infrequent_access_days: int = Field(30, ge=30, description="S3 requires >= 30 for STANDARD_IA.")
+    transition_to_glacier_days: int = Field(90, ge=1)
+    expiration_days: int = Field(365, ge=1, description="Logs are deleted this many days after creation.")
+    noncurrent_version_expiration_days: int = Field(30, ge=1)
+    kms_key_deletion_window_days: int = Field(30, ge=7, le=30)
+
+
+class FlowLogsConfig(_Model):
+    traffic_type: str = Field("ALL", pattern="^(ALL|ACCEPT|REJECT)$")
+    max_aggregation_interval_seconds: int = Field(600, description="60 or 600.")
+
+    @field_validator("max_aggregation_interval_seconds")
+    @classmethod
+    def _interval(cls, value: int) -> int:
+        if value not in (60, 600):
+            raise ValueError("must be 60 or 600 (the values VPC Flow Logs accept)")
+        return value
+
+
+class NetworkConfig(_Model):
+    """Multi-AZ VPC. Subnet CIDRs are listed one per AZ, in the order of the AZs."""
+
+    cidr: Cidr = Field(description="VPC CIDR, /16 to /24.")
+    availability_zones: list[str] = Field(description="At least 2 AZ names of the region (e.g. us-west-2a).")
+    private_subnet_cidrs: list[Cidr] = Field(description="One per AZ; nodes and pods live here, size them for GPU pods.")
+    public_subnet_cidrs: list[Cidr] = Field(description="One per AZ; NAT gateways and internet-facing load balancers.")
+    nat: NatStrategy = Field(NatStrategy.SINGLE, description="none | single | one_per_az.")
+    interface_endpoints: bool = Field(True, description="ECR api+dkr, STS, CloudWatch Logs, SQS, EC2 endpoints.")
+    flow_logs: FlowLogsConfig = Field(default_factory=FlowLogsConfig)
+
+
+class NodeGroupConfig(_Model):
+    """Static CPU managed node group that runs the cluster's controllers."""
+
+    instance_types: list[str] = Field(min_length=1, description="e.g. [m7i.xlarge]")
+    capacity_type: CapacityType = CapacityType.ON_DEMAND
+    min_size: int = Field(ge=0)
+    max_size: int = Field(ge=1)
+    desired_size: int = Field(ge=0)
+    disk_size_gib: int = Field(50, ge=20, le=16384)
+
+    @field_validator("instance_types")
+    @classmethod
+    def _types(cls, value: list[str]) -> list[str]:
+        bad = [t for t in value if not re.match(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$", t)]
+        if bad:
+            raise ValueError(f"{bad} are not EC2 instance types such as m7i.xlarge")
+        return value
+
+
+class ClusterConfig(_Model):
+    """EKS control plane, access and the static CPU node group."""
+
+    version: str = Field(DEFAULT_EKS_VERSION, description=f"One of {sorted(EKS_VERSIONS)}.")
+    upgrade_policy: UpgradePolicy = Field(description="Required: pulumi-eks would silently default to EXTENDED.")
+    public_access_cidrs: list[Cidr] = Field(
+        default_factory=list, description="Empty = private endpoint only. Never allowed in prod."
+    )
+    admin_role_arns: list[str] = Field(default_factory=list, description="Roles given cluster-admin access entries.")
+    deploy_role_arn: Optional[str] = Field(None, description="CI role given a cluster-admin access entry.")
+    log_retention_days: int = Field(30, description="Control-plane log retention in CloudWatch.")
+    deletion_protection: Optional[bool] = Field(None, description="Defaults to true in prod.")
+    system_node_group: NodeGroupConfig
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        if value not in EKS_VERSIONS:
+            raise ValueError(f"is not a known EKS version; use one of {sorted(EKS_VERSIONS)}")
+        return value
+
+    @field_validator("admin_role_arns")
+    @classmethod
+    def _admins(cls, value: list[str]) -> list[str]:
+        bad = [arn for arn in value if not _ROLE_ARN.match(arn)]
+        if bad:
+            raise ValueError(f"{bad} are not IAM role ARNs such as arn:aws:iam::012345678901:role/platform-admin")
+        return value
+
+    @field_validator("deploy_role_arn")
+    @classmethod
+    def _deploy(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not _ROLE_ARN.match(value):
+            raise ValueError("must be an IAM role ARN such as arn:aws:iam::012345678901:role/ci-deploy")
+        return value
+
+    @field_validator("log_retention_days")
+    @classmethod
+    def _retention(cls, value: int) -> int:
+        if value not in LOG_RETENTION_DAYS:
+            raise ValueError(f"is not a CloudWatch retention period; use one of {LOG_RETENTION_DAYS}")
+        return value
+
+
+class PlatformConfig(_Model):
+    """The platform of one stack. Field order is the order of the stack file."""
+
+    name: PlatformName = Field(description="Short DNS-safe prefix of every resource name (3-24 chars).")
+    environment: Environment = Field(description="dev | prod; prod turns on deletion protection and `protect`.")
+    region: Region = Field(description="AWS region of every account's provider, e.g. us-west-2.")
+    tags: Tags = Field(default_factory=dict, description="Tags on every taggable resource.")
+    accounts: AccountsConfig
+    log_archive: LogArchiveConfig = Field(default_factory=LogArchiveConfig)
+    network: NetworkConfig
+    cluster: ClusterConfig
+
+    # -- derived values: one place decides what "prod" means ------------------------------
+    @property
+    def is_prod(self) -> bool:
+        return self.environment is Environment.PROD
+
+    @property
+    def protect_stateful(self) -> bool:
+        """`protect` and deletion protection on buckets, file systems, databases, keys."""
+        return self.is_prod
+
+    @property
+    def cluster_name(self) -> str:
+        return f"{self.name}-eks"
+
+    @property
+    def resource_tags(self) -> dict[str, str]:
+        base = {"platform": PROJECT, "environment": self.environment.value, "managed-by": "pulumi"}
+        return {**base, **self.tags}
+
+
+# -- cross-section rules -----------------------------------------------------------------
+Check = Callable[..., Iterable[Problem]]
+CHECKS: list[tuple[tuple[str, ...], Check]] = []
+
+
+def check(*sections: str) -> Callable[[Check], Check]:
+    """Register a rule that needs these top-level sections (``"*"`` = the whole config)."""
+
+    def register(fn: Check) -> Check:
+        CHECKS.append((sections, fn))
+        return fn
+
+    return register
+
+
+@check("accounts")
+def _accounts_distinct(accounts: AccountsConfig) -> Iterator[Problem]:
+    for key in ("automation", "workload", "logging"):
+        account: AccountConfig = getattr(accounts, key)
+        arn_account = _ROLE_ARN.match(account.role_arn).group(2)  # type: ignore[union-attr]
+        if arn_account != account.id:
+            yield Problem(
+                f"accounts.{key}.roleArn",
+                account.role_arn,
+                f"the role is in account {arn_account}, not in the {key} account {account.id}",
+                f"use the role Pulumi assumes inside account {account.id} "
+                f"(arn:aws:iam::{account.id}:role/...) or correct accounts.{key}.id",
+            )
+
+
+@check("region", "network")
+def _network_rules(region: str, network: NetworkConfig) -> Iterator[Problem]:
+    yield from subnet_problems(
+        "network",
+        vpc_cidr=network.cidr,
+        availability_zones=network.availability_zones,
+        private_subnet_cidrs=network.private_subnet_cidrs,
+        public_subnet_cidrs=network.public_subnet_cidrs,
+        nat=network.nat,
+        region=region,
+    )
+
+
+@check("logArchive")
+def _log_lifecycle(log_archive: LogArchiveConfig) -> Iterator[Problem]:
+    yield from lifecycle_problems(
+        "logArchive", log_archive.transition_to_infrequent_access_days,
+        log_archive.transition_to_glacier_days, log_archive.expiration_days,
+    )
+
+
+@check("cluster")
+def _node_group_sizes(cluster: ClusterConfig) -> Iterator[Problem]:
+    group = cluster.system_node_group
+    path = "cluster.systemNodeGroup"
+    if group.min_size > group.max_size:
+        yield Problem(
+            f"{path}.minSize", group.min_size, f"minSize is greater than maxSize ({group.max_size})",
+            "set minSize <= desiredSize <= maxSize",
+        )
+    elif not group.min_size <= group.desired_size <= group.max_size:
+        yield Problem(
+            f"{path}.desiredSize", group.desired_size,
+            f"desiredSize is outside [minSize={group.min_size}, maxSize={group.max_size}]",
+            "set minSize <= desiredSize <= maxSize",
+        )
+    if group.min_size < 2:
+        # Karpenter, CoreDNS and the other controllers run only here.
+        yield Problem(
+            f"{path}.minSize", group.min_size, "controllers need 2 nodes to survive one node's loss",
+            "set minSize to 2 or more",
+        )
+    for index, cidr in enumerate(cluster.public_access_cidrs):
+        if cidr.prefixlen == 0:
+            yield Problem(
+                f"cluster.publicAccessCidrs[{index}]", str(cidr),
+                "opens the Kubernetes API to the whole internet",
+                "list your VPN or office egress CIDRs, or leave publicAccessCidrs empty for a private endpoint",
+            )
+
+
+@check("environment", "cluster")
+def _prod_cluster(environment: Environment, cluster: ClusterConfig) -> Iterator[Problem]:
+    if environment is not Environment.PROD:
+        return
+    if cluster.public_access_cidrs:
+        yield Problem(
+            "cluster.publicAccessCidrs", [str(c) for c in cluster.public_access_cidrs],
+            "prod clusters have a private API endpoint only",
+            "remove cluster.publicAccessCidrs and reach the API from inside the VPC (CI runner, VPN, SSM)",
+        )
+    if cluster.deletion_protection is False:
+        yield Problem(
+            "cluster.deletionProtection", False, "prod clusters must be protected from deletion",
+            "remove cluster.deletionProtection (it defaults to true in prod)",
+        )
+
+
+@check("accounts", "cluster")
+def _access_entries(accounts: AccountsConfig, cluster: ClusterConfig) -> Iterator[Problem]:
+    arns = list(cluster.admin_role_arns) + ([cluster.deploy_role_arn] if cluster.deploy_role_arn else [])
+    seen: set[str] = set()
+    for arn in arns:
+        if arn in seen:
+            yield Problem(
+                "cluster.adminRoleArns", arn, "the same role is listed twice (EKS rejects duplicate access entries)",
+                "list each role once, in adminRoleArns or deployRoleArn",
+            )
+        seen.add(arn)
+    if accounts.workload.role_arn in seen:
+        yield Problem(
+            "cluster.adminRoleArns", accounts.workload.role_arn,
+            "the workload deploy role creates the cluster and is its admin already; a second access entry fails",
+            "remove it from adminRoleArns/deployRoleArn",
+        )
+
+
+# -- loading -----------------------------------------------------------------------------
+def load_platform_config(raw: dict[str, Any], *, source: str = "stack config") -> PlatformConfig:
+    """Validate the project's config values (keys without namespace, camelCase).
+
+    Raises ``ConfigError`` with every problem found; returns a frozen model otherwise.
+    """
+    problems: list[Problem] = []
+    fields = PlatformConfig.model_fields
+    by_alias = {(f.alias or name): name for name, f in fields.items()}
+    parsed: dict[str, Any] = {}
+
+    for key in raw:
+        if key not in by_alias and key not in fields:
+            problems.append(_unknown_key(key, key, list(by_alias)))
+
+    for name, field in fields.items():
+        alias = field.alias or name
+        present = alias in raw or name in raw
+        if not present:
+            if field.is_required():
+                problems.append(
+                    Problem(alias, None, "required section is missing", f"add `{PROJECT}:{alias}` to the stack file")
+                )
+            else:
+                parsed[name] = field.get_default(call_default_factory=True)
+            continue
+        value = raw.get(alias, raw.get(name))
+        try:
+            adapter = TypeAdapter(field.annotation)
+            parsed[name] = adapter.validate_python(value)
+        except ValidationError as exc:
+            problems.extend(_from_pydantic(exc, alias, field.annotation))
+
+    for sections, rule in CHECKS:
+        needed = [by_alias.get(s, s) for s in sections]
+        if all(n in parsed for n in needed):
+            problems.extend(rule(*(parsed[n] for n in needed)))
+
+    if problems:
+        raise ConfigError(f"invalid configuration in {source}", problems)
+    return PlatformConfig.model_validate(parsed)
+
+
+def _from_pydantic(exc: ValidationError, root: str, annotation: Any) -> list[Problem]:
+    problems = []
+    for error in exc.errors(include_url=False):
+        loc = [part for part in error["loc"] if not (isinstance(part, str) and part.startswith("function-"))]
+        path = _path(root, loc)
+        kind = error["type"]
+        message = error["msg"].removeprefix("Value error, ")
+        value = error.get("input")
+        if kind == "extra_forbidden":
+            model = _model_at(annotation, loc[:-1])
+            allowed = [f.alias or n for n, f in model.model_fields.items()] if model else []
+            problems.append(_unknown_key(path, str(loc[-1]), allowed))
+            continue
+        if kind == "missing":
+            problems.append(Problem(path, None, "required key is missing", f"add `{loc[-1]}` (see the config reference in README.md)"))
+            continue
+        if kind == "string_type" and isinstance(value, int) and re.match(r"^\d{1,12}$", str(value)):
+            problems.append(Problem(path, value, "must be a string", f"quote it in YAML: '{value:012d}'"))
+            continue
+        if kind == "enum":
+            expected = error.get("ctx", {}).get("expected", "")
+            problems.append(Problem(path, value, "is not an allowed value", f"use one of {expected}"))
+            continue
+        problems.append(Problem(path, value, message, _fix_from_message(message)))
+    return problems
+
+
+def _fix_from_message(message: str) -> str:
+    for marker in ("; use ", "; the network address is ", " such as "):
+        if marker in message:
+            return message.split(marker, 1)[0] and message[message.index(marker) + 2 :].strip()
+    if message.startswith("must be") or message.startswith("Input should be"):
+        return message[0].lower() + message[1:]
+    return "see the config reference in README.md"
+
+
+def _path(root: str, loc: list[Any]) -> str:
+    path = root
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path
+
+
+def _model_at(annotation: Any, loc: list[Any]) -> Optional[type[BaseModel]]:
+    current: Any = annotation
+    for part in loc:
+        current = _unwrap(current)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = next((f for n, f in current.model_fields.items() if (f.alias or n) == part or n == part), None)
+            if field is None:
+                return None
+            current = field.annotation
+        else:  # list/dict element
+            args = [a for a in get_args(current) if a is not type(None)]
+            current = args[-1] if args else None
+    current = _unwrap(current)
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _unwrap(annotation: Any) -> Any:
+    while get_origin(annotation) is not None and get_origin(annotation) is not list and get_origin(annotation) is not dict:
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if not args:
+            break
+        annotation = args[0]
+    return annotation
+
+
+def _unknown_key(path: str, key: str, allowed: list[str]) -> Problem:
+    close = difflib.get_close_matches(key, allowed, n=1)
+    fix = f"did you mean `{close[0]}`?" if close else f"remove it; allowed keys here: {', '.join(sorted(allowed))}"
+    return Problem(path, key, "unknown key", fix)

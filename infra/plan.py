@@ -1,0 +1,264 @@
+"""Offline plan: run a stack's real program with no CLI, network or credentials.
+
+    python -m infra.plan --stack dev [--json plan.json]
+
+Reads ``Pulumi.<stack>.yaml``, validates it (every problem at once, exit 2, no traceback),
+runs ``infra.program.main`` under the recording mock engine and prints the resource tree,
+a count per account and the warnings a platform engineer must read before ``pulumi up``.
+``--json`` writes the resource graph, one object per resource (a stable interface):
+``{"type", "name", "parent", "provider", "account", "remote", "protect",
+"retain_on_delete", "inputs"}``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+import yaml
+
+from components.validation import InvalidInputError
+from components.versions import EKS_EXTENDED_USD_PER_HOUR, EKS_STANDARD_USD_PER_HOUR, EKS_VERSIONS, HOURS_PER_MONTH
+from infra.config import PROJECT, PlatformConfig, load_platform_config
+from infra.mock_engine import Recording, RecordedResource, run_recorded
+
+ROOT = Path(__file__).resolve().parent.parent
+EXIT_CONFIG_ERROR = 2
+
+
+@dataclass
+class Plan:
+    stack: str
+    config: PlatformConfig
+    recording: Recording
+    graph: list[dict[str, Any]]
+    warnings: list[str]
+    sections: list[tuple[str, list[str]]]
+
+
+# -- extension points: later capabilities add warnings and plan sections -------------------
+PlanWarning = Callable[[PlatformConfig, Recording], Iterable[str]]
+PlanSection = Callable[[PlatformConfig, Recording], Optional[tuple[str, list[str]]]]
+PLAN_WARNINGS: list[PlanWarning] = []
+PLAN_SECTIONS: list[PlanSection] = []
+
+
+def plan_warning(fn: PlanWarning) -> PlanWarning:
+    PLAN_WARNINGS.append(fn)
+    return fn
+
+
+def plan_section(fn: PlanSection) -> PlanSection:
+    PLAN_SECTIONS.append(fn)
+    return fn
+
+
+# -- reading stack files -----------------------------------------------------------------
+def stack_file(stack: str, project_dir: Path = ROOT) -> Path:
+    return project_dir / f"Pulumi.{stack}.yaml"
+
+
+def available_stacks(project_dir: Path = ROOT) -> list[str]:
+    return sorted(p.name[len("Pulumi."):-len(".yaml")] for p in project_dir.glob("Pulumi.*.yaml"))
+
+
+def read_stack_file(path: Path) -> tuple[dict[str, str], list[str]]:
+    """Config as the CLI passes it to a program: full keys, structured values as JSON."""
+    document = yaml.safe_load(path.read_text()) or {}
+    values: dict[str, str] = {}
+    secret_keys: list[str] = []
+    for key, value in (document.get("config") or {}).items():
+        if isinstance(value, dict) and set(value) == {"secure"}:
+            secret_keys.append(key)
+            values[key] = "[secret]"
+            continue
+        values[key] = value if isinstance(value, str) else json.dumps(value)
+    return values, secret_keys
+
+
+def raw_project_config(values: dict[str, str]) -> dict[str, Any]:
+    from infra.program import _decode
+
+    prefix = f"{PROJECT}:"
+    return {k[len(prefix):]: _decode(v) for k, v in values.items() if k.startswith(prefix)}
+
+
+# -- building the plan -------------------------------------------------------------------
+def build_plan(stack: str, project_dir: Path = ROOT) -> Plan:
+    path = stack_file(stack, project_dir)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no stack file {path.name} in {project_dir}; available stacks: {', '.join(available_stacks(project_dir)) or 'none'}"
+        )
+    values, _ = read_stack_file(path)
+    return plan_from_values(stack, values, source=path.name)
+
+
+def plan_from_values(stack: str, values: dict[str, str], *, source: str = "config") -> Plan:
+    """Plan config values given as the CLI passes them (full keys, JSON for structures)."""
+    config = load_platform_config(raw_project_config(values), source=f"stack '{stack}' ({source})")
+
+    from infra import program
+
+    recording = run_recorded(program.main, project=PROJECT, stack=stack, config=values)
+    graph = resource_graph(recording, config)
+    warnings = [w for check in PLAN_WARNINGS for w in check(config, recording)]
+    sections = [s for section in PLAN_SECTIONS if (s := section(config, recording))]
+    return Plan(stack, config, recording, graph, warnings, sections)
+
+
+def account_of(resource: RecordedResource, recording: Recording, config: PlatformConfig) -> Optional[str]:
+    """The account key whose role the resource's AWS provider assumes (None if not AWS)."""
+    provider = recording.by_urn(resource.provider_for("aws"))
+    if provider is None or not provider.type == "pulumi:providers:aws":
+        return None
+    roles = provider.inputs.get("assumeRoles") or []
+    role_arn = roles[0].get("roleArn") if roles else None
+    for key in ("automation", "workload", "logging"):
+        if getattr(config.accounts, key).role_arn == role_arn:
+            return key
+    return None
+
+
+def resource_graph(recording: Recording, config: PlatformConfig) -> list[dict[str, Any]]:
+    names = {r.urn: r.name for r in recording.resources}
+    graph = []
+    for resource in recording.resources:
+        provider_urn = resource.provider or (resource.providers.get(resource.package) if resource.remote else None)
+        if resource.remote and provider_urn is None:
+            provider_urn = resource.providers.get("aws")
+        graph.append({
+            "type": resource.type,
+            "name": resource.name,
+            "parent": names.get(resource.parent or ""),
+            "provider": names.get(provider_urn or ""),
+            "account": account_of(resource, recording, config) if (resource.custom or resource.remote) else None,
+            "remote": resource.remote,
+            "protect": resource.protect,
+            "retain_on_delete": resource.retain_on_delete,
+            "inputs": resource.inputs,
+        })
+    return graph
+
+
+# -- foundation warnings -----------------------------------------------------------------
+@plan_warning
+def _eks_support(config: PlatformConfig, recording: Recording) -> Iterable[str]:
+    version = config.cluster.version
+    support = EKS_VERSIONS[version]
+    today = dt.date.today()
+    extra = (EKS_EXTENDED_USD_PER_HOUR - EKS_STANDARD_USD_PER_HOUR) * HOURS_PER_MONTH
+    total = EKS_EXTENDED_USD_PER_HOUR * HOURS_PER_MONTH
+    policy = config.cluster.upgrade_policy.value
+    if today > support.extended_support_ends:
+        yield f"EKS {version} is past the end of extended support ({support.extended_support_ends}): upgrade now."
+    elif today > support.standard_support_ends:
+        if policy == "EXTENDED":
+            yield (f"EKS {version} is in extended support since {support.standard_support_ends} (ends "
+                   f"{support.extended_support_ends}): the control plane costs ${EKS_EXTENDED_USD_PER_HOUR:.2f}/h "
+                   f"instead of ${EKS_STANDARD_USD_PER_HOUR:.2f}/h, about ${total:,.0f}/month (+${extra:,.0f}/month). "
+                   f"Plan the upgrade to a standard-support version.")
+        else:
+            yield (f"EKS {version} left standard support on {support.standard_support_ends} and upgradePolicy is "
+                   f"STANDARD: AWS will upgrade the control plane on its own schedule. Set EXTENDED "
+                   f"(+${extra:,.0f}/month) or upgrade first.")
+    elif policy == "EXTENDED":
+        yield (f"upgradePolicy EXTENDED: when EKS {version} leaves standard support on "
+               f"{support.standard_support_ends} the control plane will cost +${extra:,.0f}/month.")
+
+
+@plan_warning
+def _egress(config: PlatformConfig, recording: Recording) -> Iterable[str]:
+    nat = config.network.nat.value
+    if nat == "none":
+        yield ("network.nat is none: nodes reach only VPC endpoints; images from public registries "
+               "(Docker Hub, nvcr.io, ghcr.io) and Hugging Face cannot be pulled.")
+    if nat == "single" and config.is_prod:
+        yield "network.nat is single in prod: one AZ outage cuts internet egress for every node. Use one_per_az."
+
+
+@plan_warning
+def _public_endpoint(config: PlatformConfig, recording: Recording) -> Iterable[str]:
+    if config.cluster.public_access_cidrs:
+        cidrs = ", ".join(str(c) for c in config.cluster.public_access_cidrs)
+        yield f"the Kubernetes API endpoint is public for {cidrs} (private access stays on)."
+
+
+@plan_warning
+def _wiring(config: PlatformConfig, recording: Recording) -> Iterable[str]:
+    for resource in recording.resources:
+        if resource.custom and resource.package in ("aws", "kubernetes") and not resource.is_provider:
+            if resource.provider is None:
+                yield f"ERROR {resource.type} {resource.name} has no explicit provider."
+
+
+# -- printing ----------------------------------------------------------------------------
+def render_tree(plan: Plan) -> list[str]:
+    children: dict[Optional[str], list[dict[str, Any]]] = {}
+    for node in plan.graph:
+        children.setdefault(node["parent"], []).append(node)
+    lines: list[str] = []
+
+    def walk(parent: Optional[str], depth: int) -> None:
+        for node in children.get(parent, []):
+            flags = [flag for flag, on in (("protected", node["protect"]), ("remote", node["remote"])) if on]
+            account = f" [{node['account']}]" if node["account"] else ""
+            suffix = f" ({', '.join(flags)})" if flags else ""
+            lines.append(f"{'  ' * depth}{node['type']}  {node['name']}{account}{suffix}")
+            walk(node["name"], depth + 1)
+
+    walk(None, 0)
+    return lines
+
+
+def render(plan: Plan) -> str:
+    config = plan.config
+    out = [f"Offline plan of stack '{plan.stack}' ({config.environment.value}, {config.region}, "
+           f"cluster {config.cluster_name}, EKS {config.cluster.version}, upgrade policy {config.cluster.upgrade_policy.value})",
+           ""]
+    out += ["Resources:"] + [f"  {line}" for line in render_tree(plan)] + [""]
+    counts = Counter(node["account"] or "none" for node in plan.graph if node["type"].startswith(("aws:", "eks:")))
+    out.append("AWS resources per account:")
+    for key in ("automation", "workload", "logging", "none"):
+        if counts.get(key):
+            out.append(f"  {key:<11} {counts[key]}")
+    out.append(f"  total       {sum(counts.values())} AWS resources, {len(plan.graph)} resources in all")
+    for title, lines in plan.sections:
+        out += ["", f"{title}:"] + [f"  {line}" for line in lines]
+    out += ["", f"Warnings ({len(plan.warnings)}):"] + [f"  ! {w}" for w in plan.warnings or ["none"]]
+    return "\n".join(out)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.plan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stack", required=True, help="stack name: plans Pulumi.<stack>.yaml")
+    parser.add_argument("--json", type=Path, help="write the resource graph here as JSON")
+    parser.add_argument("--project-dir", type=Path, default=ROOT, help="directory holding Pulumi.yaml")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    try:
+        plan = build_plan(args.stack, args.project_dir)
+    except InvalidInputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    except (FileNotFoundError, yaml.YAMLError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    print(render(plan))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(plan.graph, indent=1, sort_keys=True) + "\n")
+        print(f"\nResource graph: {args.json} ({len(plan.graph)} resources)")
+    print(f"Planned in {time.perf_counter() - started:.1f} s")
+    errors = [w for w in plan.warnings if w.startswith("ERROR")]
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Shared fixtures: stack configs, recorded plans, and the upstream schemas."""
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def schemas_dir() -> Path:
+    """Upstream CRD and pulumi-eks schemas: $ML_PLATFORM_SCHEMAS or ../shared/schemas."""
+    return Path(os.environ.get("ML_PLATFORM_SCHEMAS", ROOT.parent / "shared" / "schemas"))
+
+
+@pytest.fixture(scope="session")
+def schemas() -> Path:
+    path = schemas_dir()
+    if not path.is_dir():
+        pytest.skip(f"upstream schemas not found at {path}; set ML_PLATFORM_SCHEMAS")
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def _stack_values(stack: str) -> dict[str, str]:
+    from infra.plan import read_stack_file, stack_file
+
+    values, _ = read_stack_file(stack_file(stack, ROOT))
+    return values
+
+
+def stack_config(stack: str) -> dict[str, Any]:
+    """A stack file's project config as plain data (camelCase keys, no namespace): mutate freely."""
+    from infra.plan import raw_project_config
+
+    return copy.deepcopy(raw_project_config(_stack_values(stack)))
+
+
+def to_values(raw: dict[str, Any]) -> dict[str, str]:
+    """Inverse of ``stack_config``: the strings the CLI would pass."""
+    from infra.config import PROJECT
+
+    return {f"{PROJECT}:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def _plan(stack: str):
+    from infra.plan import build_plan
+
+    return build_plan(stack, ROOT)
+
+
+@pytest.fixture(scope="session", params=["dev", "prod"])
+def plan(request):
+    """The offline plan of each stack file (recorded once per session)."""
+    return _plan(request.param)
+
+
+@pytest.fixture(scope="session")
+def dev_plan():
+    return _plan("dev")
+
+
+@pytest.fixture(scope="session")
+def prod_plan():
+    return _plan("prod")
+
+
+@pytest.fixture
+def plan_config() -> Callable[[str, dict[str, Any]], Any]:
+    """Plan an arbitrary config: ``plan_config("dev", raw)``."""
+    from infra.plan import plan_from_values
+
+    def run(stack: str, raw: dict[str, Any]):
+        return plan_from_values(stack, to_values(raw))
+
+    return run
