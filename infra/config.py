@@ -37,6 +37,13 @@ _NAME = re.compile(r"^[a-z][a-z0-9-]{1,22}[a-z0-9]$")
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
 
 
+FIX = " FIX: "  # separates what is wrong from how to fix it in validator messages
+
+
+def invalid(message: str, fix: str) -> ValueError:
+    return ValueError(f"{message}{FIX}{fix}")
+
+
 class ConfigError(InvalidInputError):
     """Every problem of a stack's configuration, one per line."""
 
@@ -64,16 +71,16 @@ def _ipv4_network(value: Any) -> ipaddress.IPv4Network:
     if isinstance(value, ipaddress.IPv4Network):
         return value
     if not isinstance(value, str):
-        raise ValueError("must be an IPv4 CIDR string such as 10.0.0.0/16")
+        raise invalid("must be an IPv4 CIDR string", "write a block such as 10.0.0.0/16")
     try:
         return ipaddress.IPv4Network(value, strict=True)
     except ipaddress.NetmaskValueError as exc:
-        raise ValueError(f"is not a valid IPv4 CIDR ({exc}); use a block such as 10.0.0.0/16") from None
+        raise invalid(f"is not a valid IPv4 CIDR ({exc})", "use a block such as 10.0.0.0/16") from None
     except ValueError as exc:
         if "has host bits set" in str(exc):
             fixed = ipaddress.IPv4Network(value, strict=False)
-            raise ValueError(f"has host bits set; the network address is {fixed}") from None
-        raise ValueError("is not a valid IPv4 CIDR; use a block such as 10.0.0.0/16") from None
+            raise invalid("has host bits set", f"use the network address {fixed}") from None
+        raise invalid("is not a valid IPv4 CIDR", "use a block such as 10.0.0.0/16") from None
 
 
 Cidr = Annotated[
@@ -85,23 +92,23 @@ Cidr = Annotated[
 
 def _check_name(value: str) -> str:
     if not _NAME.match(value):
-        raise ValueError("must be 3-24 lowercase letters, digits and '-', starting with a letter")
+        raise invalid("is not a valid platform name", "use 3-24 lowercase letters, digits and '-', starting with a letter (e.g. mlp-dev)")
     return value
 
 
 def _check_region(value: str) -> str:
     if not _REGION.match(value):
-        raise ValueError("is not an AWS region name; use one such as us-west-2")
+        raise invalid("is not an AWS region name", "use a region such as us-west-2")
     return value
 
 
 def _check_tags(value: dict[str, str]) -> dict[str, str]:
     bad = [k for k in value if k.lower().startswith("aws:") or not 1 <= len(k) <= 128]
     if bad:
-        raise ValueError(f"tag keys {bad} are reserved or too long; use 1-128 characters without the 'aws:' prefix")
+        raise invalid(f"tag keys {bad} are reserved or too long", "use 1-128 characters without the 'aws:' prefix")
     long_values = [k for k, v in value.items() if len(v) > 256]
     if long_values:
-        raise ValueError(f"values of tags {long_values} are too long; use at most 256 characters")
+        raise invalid(f"values of tags {long_values} are too long", "shorten them to at most 256 characters")
     return value
 
 
@@ -123,14 +130,14 @@ class AccountConfig(_Model):
     @classmethod
     def _id(cls, value: str) -> str:
         if not _ACCOUNT_ID.match(value):
-            raise ValueError("must be exactly 12 digits, quoted in YAML (e.g. '012345678901')")
+            raise invalid("is not a 12-digit AWS account id", "use the 12-digit id, quoted in YAML (e.g. '012345678901')")
         return value
 
     @field_validator("role_arn")
     @classmethod
     def _role(cls, value: str) -> str:
         if not _ROLE_ARN.match(value):
-            raise ValueError("must be an IAM role ARN such as arn:aws:iam::012345678901:role/pulumi-deploy")
+            raise invalid("is not an IAM role ARN", "use arn:aws:iam::<account id>:role/<name>")
         return value
 
 
@@ -160,7 +167,7 @@ class FlowLogsConfig(_Model):
     @classmethod
     def _interval(cls, value: int) -> int:
         if value not in (60, 600):
-            raise ValueError("must be 60 or 600 (the values VPC Flow Logs accept)")
+            raise invalid("is not an aggregation interval VPC Flow Logs accepts", "use 60 or 600")
         return value
 
 
@@ -191,7 +198,7 @@ class NodeGroupConfig(_Model):
     def _types(cls, value: list[str]) -> list[str]:
         bad = [t for t in value if not re.match(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$", t)]
         if bad:
-            raise ValueError(f"{bad} are not EC2 instance types such as m7i.xlarge")
+            raise invalid(f"{bad} are not EC2 instance types", "use names such as m7i.xlarge")
         return value
 
 
@@ -213,7 +220,7 @@ class ClusterConfig(_Model):
     @classmethod
     def _version(cls, value: str) -> str:
         if value not in EKS_VERSIONS:
-            raise ValueError(f"is not a known EKS version; use one of {sorted(EKS_VERSIONS)}")
+            raise invalid("is not a known EKS version", f"use one of {sorted(EKS_VERSIONS)}")
         return value
 
     @field_validator("admin_role_arns")
@@ -221,21 +228,21 @@ class ClusterConfig(_Model):
     def _admins(cls, value: list[str]) -> list[str]:
         bad = [arn for arn in value if not _ROLE_ARN.match(arn)]
         if bad:
-            raise ValueError(f"{bad} are not IAM role ARNs such as arn:aws:iam::012345678901:role/platform-admin")
+            raise invalid(f"{bad} are not IAM role ARNs", "use arn:aws:iam::<account id>:role/<name>")
         return value
 
     @field_validator("deploy_role_arn")
     @classmethod
     def _deploy(cls, value: Optional[str]) -> Optional[str]:
         if value is not None and not _ROLE_ARN.match(value):
-            raise ValueError("must be an IAM role ARN such as arn:aws:iam::012345678901:role/ci-deploy")
+            raise invalid("is not an IAM role ARN", "use arn:aws:iam::<account id>:role/<name>")
         return value
 
     @field_validator("log_retention_days")
     @classmethod
     def _retention(cls, value: int) -> int:
         if value not in LOG_RETENTION_DAYS:
-            raise ValueError(f"is not a CloudWatch retention period; use one of {LOG_RETENTION_DAYS}")
+            raise invalid("is not a CloudWatch Logs retention period", f"use one of {LOG_RETENTION_DAYS}")
         return value
 
 
@@ -271,25 +278,28 @@ class PlatformConfig(_Model):
         return {**base, **self.tags}
 
 
-# -- cross-section rules -----------------------------------------------------------------
+# -- cross-field rules -------------------------------------------------------------------
 Check = Callable[..., Iterable[Problem]]
 CHECKS: list[tuple[tuple[str, ...], Check]] = []
 
 
-def check(*sections: str) -> Callable[[Check], Check]:
-    """Register a rule that needs these top-level sections (``"*"`` = the whole config)."""
+def check(*paths: str) -> Callable[[Check], Check]:
+    """Register a rule over these values, by dotted camelCase path ("cluster.systemNodeGroup").
+
+    The rule runs when every value it names parsed, even if siblings did not, so one
+    typo never hides another problem.
+    """
 
     def register(fn: Check) -> Check:
-        CHECKS.append((sections, fn))
+        CHECKS.append((paths, fn))
         return fn
 
     return register
 
 
-@check("accounts")
-def _accounts_distinct(accounts: AccountsConfig) -> Iterator[Problem]:
-    for key in ("automation", "workload", "logging"):
-        account: AccountConfig = getattr(accounts, key)
+def _account_role_rule(key: str) -> None:
+    @check(f"accounts.{key}")
+    def rule(account: AccountConfig) -> Iterator[Problem]:
         arn_account = _ROLE_ARN.match(account.role_arn).group(2)  # type: ignore[union-attr]
         if arn_account != account.id:
             yield Problem(
@@ -301,15 +311,20 @@ def _accounts_distinct(accounts: AccountsConfig) -> Iterator[Problem]:
             )
 
 
-@check("region", "network")
-def _network_rules(region: str, network: NetworkConfig) -> Iterator[Problem]:
+for _key in ("automation", "workload", "logging"):
+    _account_role_rule(_key)
+
+
+@check("region", "network.cidr", "network.availabilityZones", "network.privateSubnetCidrs",
+       "network.publicSubnetCidrs", "network.nat")
+def _network_rules(region, cidr, availability_zones, private_subnet_cidrs, public_subnet_cidrs, nat) -> Iterator[Problem]:
     yield from subnet_problems(
         "network",
-        vpc_cidr=network.cidr,
-        availability_zones=network.availability_zones,
-        private_subnet_cidrs=network.private_subnet_cidrs,
-        public_subnet_cidrs=network.public_subnet_cidrs,
-        nat=network.nat,
+        vpc_cidr=cidr,
+        availability_zones=availability_zones,
+        private_subnet_cidrs=private_subnet_cidrs,
+        public_subnet_cidrs=public_subnet_cidrs,
+        nat=nat,
         region=region,
     )
 
@@ -322,56 +337,48 @@ def _log_lifecycle(log_archive: LogArchiveConfig) -> Iterator[Problem]:
     )
 
 
-@check("cluster")
-def _node_group_sizes(cluster: ClusterConfig) -> Iterator[Problem]:
-    group = cluster.system_node_group
+@check("cluster.systemNodeGroup.minSize", "cluster.systemNodeGroup.maxSize", "cluster.systemNodeGroup.desiredSize")
+def _node_group_sizes(min_size: int, max_size: int, desired_size: int) -> Iterator[Problem]:
     path = "cluster.systemNodeGroup"
-    if group.min_size > group.max_size:
-        yield Problem(
-            f"{path}.minSize", group.min_size, f"minSize is greater than maxSize ({group.max_size})",
-            "set minSize <= desiredSize <= maxSize",
-        )
-    elif not group.min_size <= group.desired_size <= group.max_size:
-        yield Problem(
-            f"{path}.desiredSize", group.desired_size,
-            f"desiredSize is outside [minSize={group.min_size}, maxSize={group.max_size}]",
-            "set minSize <= desiredSize <= maxSize",
-        )
-    if group.min_size < 2:
+    if min_size > max_size:
+        yield Problem(f"{path}.minSize", min_size, f"minSize is greater than maxSize ({max_size})",
+                      "set minSize <= desiredSize <= maxSize")
+    elif not min_size <= desired_size <= max_size:
+        yield Problem(f"{path}.desiredSize", desired_size,
+                      f"desiredSize is outside [minSize={min_size}, maxSize={max_size}]",
+                      "set minSize <= desiredSize <= maxSize")
+    if min_size < 2:
         # Karpenter, CoreDNS and the other controllers run only here.
-        yield Problem(
-            f"{path}.minSize", group.min_size, "controllers need 2 nodes to survive one node's loss",
-            "set minSize to 2 or more",
-        )
-    for index, cidr in enumerate(cluster.public_access_cidrs):
+        yield Problem(f"{path}.minSize", min_size, "controllers need 2 nodes to survive the loss of one",
+                      "set minSize to 2 or more")
+
+
+@check("environment", "cluster.publicAccessCidrs", "cluster.deletionProtection")
+def _endpoint_and_protection(environment: Environment, public_access_cidrs, deletion_protection) -> Iterator[Problem]:
+    for index, cidr in enumerate(public_access_cidrs):
         if cidr.prefixlen == 0:
             yield Problem(
-                f"cluster.publicAccessCidrs[{index}]", str(cidr),
-                "opens the Kubernetes API to the whole internet",
+                f"cluster.publicAccessCidrs[{index}]", str(cidr), "opens the Kubernetes API to the whole internet",
                 "list your VPN or office egress CIDRs, or leave publicAccessCidrs empty for a private endpoint",
             )
-
-
-@check("environment", "cluster")
-def _prod_cluster(environment: Environment, cluster: ClusterConfig) -> Iterator[Problem]:
     if environment is not Environment.PROD:
         return
-    if cluster.public_access_cidrs:
+    if public_access_cidrs:
         yield Problem(
-            "cluster.publicAccessCidrs", [str(c) for c in cluster.public_access_cidrs],
+            "cluster.publicAccessCidrs", [str(c) for c in public_access_cidrs],
             "prod clusters have a private API endpoint only",
             "remove cluster.publicAccessCidrs and reach the API from inside the VPC (CI runner, VPN, SSM)",
         )
-    if cluster.deletion_protection is False:
+    if deletion_protection is False:
         yield Problem(
             "cluster.deletionProtection", False, "prod clusters must be protected from deletion",
             "remove cluster.deletionProtection (it defaults to true in prod)",
         )
 
 
-@check("accounts", "cluster")
-def _access_entries(accounts: AccountsConfig, cluster: ClusterConfig) -> Iterator[Problem]:
-    arns = list(cluster.admin_role_arns) + ([cluster.deploy_role_arn] if cluster.deploy_role_arn else [])
+@check("accounts.workload", "cluster.adminRoleArns", "cluster.deployRoleArn")
+def _access_entries(workload: AccountConfig, admin_role_arns, deploy_role_arn) -> Iterator[Problem]:
+    arns = list(admin_role_arns) + ([deploy_role_arn] if deploy_role_arn else [])
     seen: set[str] = set()
     for arn in arns:
         if arn in seen:
@@ -380,9 +387,9 @@ def _access_entries(accounts: AccountsConfig, cluster: ClusterConfig) -> Iterato
                 "list each role once, in adminRoleArns or deployRoleArn",
             )
         seen.add(arn)
-    if accounts.workload.role_arn in seen:
+    if workload.role_arn in seen:
         yield Problem(
-            "cluster.adminRoleArns", accounts.workload.role_arn,
+            "cluster.adminRoleArns", workload.role_arn,
             "the workload deploy role creates the cluster and is its admin already; a second access entry fails",
             "remove it from adminRoleArns/deployRoleArn",
         )
@@ -397,7 +404,10 @@ def load_platform_config(raw: dict[str, Any], *, source: str = "stack config") -
     problems: list[Problem] = []
     fields = PlatformConfig.model_fields
     by_alias = {(f.alias or name): name for name, f in fields.items()}
-    parsed: dict[str, Any] = {}
+    sections: dict[str, Any] = {}
+    # Every value that parsed, by dotted alias path ("cluster.systemNodeGroup.minSize"),
+    # so a rule runs whenever the fields it reads are valid, whatever else is broken.
+    values: dict[str, Any] = {}
 
     for key in raw:
         if key not in by_alias and key not in fields:
@@ -405,30 +415,62 @@ def load_platform_config(raw: dict[str, Any], *, source: str = "stack config") -
 
     for name, field in fields.items():
         alias = field.alias or name
-        present = alias in raw or name in raw
-        if not present:
+        if alias not in raw and name not in raw:
             if field.is_required():
                 problems.append(
                     Problem(alias, None, "required section is missing", f"add `{PROJECT}:{alias}` to the stack file")
                 )
-            else:
-                parsed[name] = field.get_default(call_default_factory=True)
+                continue
+            sections[name] = field.get_default(call_default_factory=True)
+            _collect(alias, field.annotation, None, sections[name], values)
             continue
         value = raw.get(alias, raw.get(name))
         try:
-            adapter = TypeAdapter(field.annotation)
-            parsed[name] = adapter.validate_python(value)
+            sections[name] = TypeAdapter(field.annotation).validate_python(value)
         except ValidationError as exc:
             problems.extend(_from_pydantic(exc, alias, field.annotation))
+            _collect(alias, field.annotation, value, _FAILED, values)
+        else:
+            _collect(alias, field.annotation, value, sections[name], values)
 
-    for sections, rule in CHECKS:
-        needed = [by_alias.get(s, s) for s in sections]
-        if all(n in parsed for n in needed):
-            problems.extend(rule(*(parsed[n] for n in needed)))
+    for paths, rule in CHECKS:
+        if all(p in values for p in paths):
+            problems.extend(rule(*(values[p] for p in paths)))
 
     if problems:
         raise ConfigError(f"invalid configuration in {source}", problems)
-    return PlatformConfig.model_validate(parsed)
+    return PlatformConfig.model_validate(sections)
+
+
+_FAILED = object()  # marks a value that did not parse
+
+
+def _collect(path: str, annotation: Any, raw: Any, parsed: Any, values: dict[str, Any]) -> None:
+    """Record ``parsed`` at ``path`` and below; when it is ``_FAILED``, whatever of its fields parses."""
+    model = _unwrap(annotation)
+    is_model = isinstance(model, type) and issubclass(model, BaseModel)
+    if parsed is not _FAILED:
+        values[path] = parsed
+    if not is_model or (parsed is not _FAILED and not isinstance(parsed, BaseModel)):
+        return
+    for name, field in model.model_fields.items():
+        alias = field.alias or name
+        child_path = f"{path}.{alias}"
+        if parsed is not _FAILED:
+            _collect(child_path, field.annotation, None, getattr(parsed, name), values)
+            continue
+        if not isinstance(raw, dict):
+            return
+        if alias not in raw and name not in raw:
+            if not field.is_required():
+                values[child_path] = field.get_default(call_default_factory=True)
+            continue
+        child_raw = raw.get(alias, raw.get(name))
+        try:
+            child = TypeAdapter(field.annotation).validate_python(child_raw)
+        except ValidationError:
+            child = _FAILED
+        _collect(child_path, field.annotation, child_raw, child, values)
 
 
 def _from_pydantic(exc: ValidationError, root: str, annotation: Any) -> list[Problem]:
@@ -454,16 +496,25 @@ def _from_pydantic(exc: ValidationError, root: str, annotation: Any) -> list[Pro
             expected = error.get("ctx", {}).get("expected", "")
             problems.append(Problem(path, value, "is not an allowed value", f"use one of {expected}"))
             continue
-        problems.append(Problem(path, value, message, _fix_from_message(message)))
+        if FIX in message:
+            message, fix = message.split(FIX, 1)
+        else:
+            fix = _generic_fix(kind, error.get("ctx") or {})
+        problems.append(Problem(path, value, message, fix))
     return problems
 
 
-def _fix_from_message(message: str) -> str:
-    for marker in ("; use ", "; the network address is ", " such as "):
-        if marker in message:
-            return message.split(marker, 1)[0] and message[message.index(marker) + 2 :].strip()
-    if message.startswith("must be") or message.startswith("Input should be"):
-        return message[0].lower() + message[1:]
+def _generic_fix(kind: str, ctx: dict[str, Any]) -> str:
+    if kind in ("greater_than_equal", "greater_than"):
+        return f"use a value >= {ctx.get('ge', ctx.get('gt'))}"
+    if kind in ("less_than_equal", "less_than"):
+        return f"use a value <= {ctx.get('le', ctx.get('lt'))}"
+    if kind.endswith("_type") or kind.endswith("_parsing"):
+        return f"write a {kind.split('_')[0]} here"
+    if kind == "too_short":
+        return f"list at least {ctx.get('min_length')} item(s)"
+    if kind == "string_pattern_mismatch":
+        return f"match the pattern {ctx.get('pattern')}"
     return "see the config reference in README.md"
 
 
