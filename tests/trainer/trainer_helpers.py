@@ -70,7 +70,7 @@ def launcher_env(**extra: str) -> dict[str, str]:
 
 
 def torchrun_cmd(nproc: int, overrides: list[str]) -> list[str]:
-    return [sys.executable, "-m", "trainer.launch", f"--nproc-per-node={nproc}", "--master-port=0",
+    return [sys.executable, "-m", "trainer.launch", f"--nproc-per-node={nproc}", "--standalone",
             "-m", "trainer", "train", "--config", TINY_CONFIG, *overrides]
 
 
