@@ -44,3 +44,10 @@ EKS_ADDON_VERSIONS: dict[str, str] = {
 
 # Managed node group AMI family for the static CPU nodes (AL2 ends with 1.32).
 SYSTEM_NODE_AMI_TYPE = "AL2023_x86_64_STANDARD"
+
+# -- tracking (MLflow) --------------------------------------------------------------------
+# Aurora PostgreSQL 16.x from 16.3 can scale Serverless v2 to 0 ACU (auto-pause).
+AURORA_POSTGRESQL_VERSION = "16.6"
+# The MLflow server image is built from docker/mlflow (requirements pinned there); the
+# stack takes its registry reference, digest-pinned in prod, from `tracking.image`.
+MLFLOW_VERSION = "3.17.2"

@@ -25,6 +25,8 @@ from components.cluster import UpgradePolicy
 from components.log_archive import lifecycle_problems
 from components.network import NatStrategy, subnet_problems
 from components.validation import InvalidInputError, Problem
+from components.datasets import DataRepositoryAssociationSpec, DatasetBucket, FsxEvent, FsxLogLevel, association_problems, fsx_capacity_problems
+from components.tracking import LoadBalancerScheme, tracking_problems
 from components.versions import DEFAULT_EKS_VERSION, EKS_VERSIONS
 
 PROJECT = "ml-training-platform"
@@ -246,6 +248,118 @@ class ClusterConfig(_Model):
         return value
 
 
+# -- datasets and tracking (issue 5) -------------------------------------------------------
+class BucketLifecycleConfig(_Model):
+    """Lifecycle of one platform bucket; omitted steps are off."""
+
+    transition_to_infrequent_access_days: Optional[int] = Field(None, ge=30, description="S3 requires >= 30.")
+    transition_to_glacier_days: Optional[int] = Field(None, ge=1)
+    expiration_days: Optional[int] = Field(None, ge=1, description="Current objects are deleted after this.")
+    noncurrent_version_expiration_days: int = Field(30, ge=1, description="Overwritten/deleted versions kept this long.")
+
+
+class DataRepositoryAssociationConfig(_Model):
+    """A file system directory linked to an S3 prefix of the datasets or checkpoints bucket."""
+
+    file_system_path: str = Field(description="Absolute directory, e.g. /datasets; no two may nest.")
+    bucket: DatasetBucket = Field(description="datasets | checkpoints")
+    prefix: str = Field("", description="S3 prefix inside the bucket ('' = whole bucket).")
+    import_events: list[FsxEvent] = Field(default_factory=lambda: list(FsxEvent), description="S3 -> FSx: NEW, CHANGED, DELETED.")
+    export_events: list[FsxEvent] = Field(default_factory=lambda: list(FsxEvent), description="FSx -> S3: NEW, CHANGED, DELETED.")
+    batch_import_metadata_on_create: bool = Field(True, description="List the S3 objects into the file system at creation.")
+    imported_file_chunk_size_mib: int = 1024
+
+
+class FsxConfig(_Model):
+    """FSx for Lustre PERSISTENT_2 file system shared by all team namespaces."""
+
+    storage_capacity_gib: int = Field(description="1200, then multiples of 2400.")
+    per_unit_storage_throughput_mb_per_tib: int = Field(description="125 | 250 | 500 | 1000 MB/s per TiB.")
+    subnet_index: int = Field(0, ge=0, description="Index of the private subnet (AZ) that holds the file system.")
+    data_repository_associations: list[DataRepositoryAssociationConfig] = Field(default_factory=list, description="At most 8.")
+    automatic_backup_retention_days: int = Field(0, ge=0, le=90, description="0 disables daily backups.")
+    daily_automatic_backup_start_time: str = Field("05:00", pattern=r"^([01]\d|2[0-3]):[0-5]\d$")
+    weekly_maintenance_start_time: str = Field("7:06:00", pattern=r"^[1-7]:([01]\d|2[0-3]):[0-5]\d$")
+    log_level: FsxLogLevel = FsxLogLevel.WARN_ERROR
+    log_retention_days: int = Field(30, description="CloudWatch retention of FSx event logs.")
+    data_compression: bool = True
+    namespaces: list[str] = Field(default_factory=list, description=(
+        "Team namespaces that get the PVC (and the MLflow Secret). Stand-in until the scheduling "
+        "capability owns team namespaces; they must exist."))
+
+    @field_validator("log_retention_days")
+    @classmethod
+    def _retention(cls, value: int) -> int:
+        if value not in LOG_RETENTION_DAYS:
+            raise ValueError(f"is not a CloudWatch retention period; use one of {LOG_RETENTION_DAYS}")
+        return value
+
+    @field_validator("namespaces")
+    @classmethod
+    def _namespaces(cls, value: list[str]) -> list[str]:
+        bad = [n for n in value if not re.match(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", n)]
+        if bad:
+            raise ValueError(f"{bad} are not Kubernetes namespace names; use lowercase letters, digits and '-'")
+        return value
+
+
+class DatasetsConfig(_Model):
+    """Datasets and checkpoints buckets and the FSx file system linked to them."""
+
+    datasets_bucket: BucketLifecycleConfig = Field(default_factory=BucketLifecycleConfig)
+    checkpoints_bucket: BucketLifecycleConfig = Field(default_factory=BucketLifecycleConfig)
+    fsx: FsxConfig
+    largest_model_parameters: int = Field(gt=0, description="Parameters of the largest model trained here (spot-save check).")
+    spot_notice_margin_seconds: int = Field(30, ge=0, lt=120, description="Part of the 120 s spot notice not available for saving.")
+
+
+class TrackingDatabaseConfig(_Model):
+    """Aurora PostgreSQL Serverless v2 behind MLflow."""
+
+    min_capacity_acu: float = Field(0, description="0 lets the cluster pause when idle.")
+    max_capacity_acu: float = Field(4)
+    seconds_until_auto_pause: Optional[int] = Field(600, description="300-86400; only with minCapacityAcu 0.")
+    backup_retention_days: int = Field(7, ge=1, le=35)
+
+
+class TrackingConfig(_Model):
+    """MLflow on ECS Fargate with Aurora, behind HTTPS load balancers."""
+
+    image: str = Field(description="MLflow server image built from docker/mlflow; repo@sha256:... in prod.")
+    domain_name: str = Field(description="Tracking host name, e.g. mlflow.dev.example.com.")
+    route53_zone_id: Optional[str] = Field(None, description="Public hosted zone for certificate validation (and the public record).")
+    load_balancer_scheme: LoadBalancerScheme = Field(LoadBalancerScheme.INTERNAL, description="internal | internet-facing.")
+    ingress_cidrs: list[Cidr] = Field(default_factory=list, description="Clients outside the VPC (VPN, office).")
+    num_workers: int = Field(2, ge=1, le=16)
+    cpu_units: int = 1024
+    memory_mib: int = 2048
+    desired_count: int = Field(1, ge=1, le=10)
+    admin_username: str = Field("admin", pattern=r"^[a-zA-Z][a-zA-Z0-9_.-]{2,63}$")
+    log_retention_days: int = 30
+    alb_log_expiration_days: int = Field(90, ge=1)
+    ecr_untagged_expiration_days: int = Field(14, ge=1)
+    artifacts_bucket: BucketLifecycleConfig = Field(default_factory=BucketLifecycleConfig)
+    database: TrackingDatabaseConfig = Field(default_factory=TrackingDatabaseConfig)
+
+    @field_validator("domain_name")
+    @classmethod
+    def _domain(cls, value: str) -> str:
+        if not re.match(r"^(?=.{4,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$", value):
+            raise ValueError("is not a lowercase DNS name; use one such as mlflow.dev.example.com")
+        return value
+
+    @field_validator("log_retention_days")
+    @classmethod
+    def _retention(cls, value: int) -> int:
+        if value not in LOG_RETENTION_DAYS:
+            raise ValueError(f"is not a CloudWatch retention period; use one of {LOG_RETENTION_DAYS}")
+        return value
+
+
+# -- GPU capacity and scheduling (issue 4) -------------------------------------------------
+_DURATION = r"^(([0-9]+(s|m|h))+|Never)$"
+
+
 class PlatformConfig(_Model):
     """The platform of one stack. Field order is the order of the stack file."""
 
@@ -257,6 +371,8 @@ class PlatformConfig(_Model):
     log_archive: LogArchiveConfig = Field(default_factory=LogArchiveConfig)
     network: NetworkConfig
     cluster: ClusterConfig
+    datasets: Optional[DatasetsConfig] = Field(None, description="S3 buckets + FSx for Lustre (datasets capability).")
+    tracking: Optional[TrackingConfig] = Field(None, description="MLflow on Fargate + Aurora (tracking capability).")
 
     # -- derived values: one place decides what "prod" means ------------------------------
     @property
@@ -393,6 +509,66 @@ def _access_entries(workload: AccountConfig, admin_role_arns, deploy_role_arn) -
             "the workload deploy role creates the cluster and is its admin already; a second access entry fails",
             "remove it from adminRoleArns/deployRoleArn",
         )
+
+
+@check("datasets.fsx.storageCapacityGib", "datasets.fsx.perUnitStorageThroughputMbPerTib")
+def _fsx_capacity(storage_capacity_gib: int, throughput_mb_per_tib: int) -> Iterator[Problem]:
+    yield from fsx_capacity_problems("datasets.fsx", storage_capacity_gib, throughput_mb_per_tib)
+
+
+@check("datasets.fsx.dataRepositoryAssociations")
+def _fsx_associations(associations: list[DataRepositoryAssociationConfig]) -> Iterator[Problem]:
+    yield from association_problems("datasets.fsx", [dra_spec(d) for d in associations])
+
+
+@check("datasets.datasetsBucket", "datasets.checkpointsBucket")
+def _datasets_lifecycles(datasets_bucket: BucketLifecycleConfig, checkpoints_bucket: BucketLifecycleConfig) -> Iterator[Problem]:
+    yield from bucket_lifecycle_problems("datasets.datasetsBucket", datasets_bucket)
+    yield from bucket_lifecycle_problems("datasets.checkpointsBucket", checkpoints_bucket)
+
+
+@check("network.availabilityZones", "datasets.fsx.subnetIndex")
+def _fsx_subnet(availability_zones, subnet_index: int) -> Iterator[Problem]:
+    if subnet_index >= len(availability_zones):
+        yield Problem("datasets.fsx.subnetIndex", subnet_index,
+                      f"there are {len(availability_zones)} private subnets", f"use 0-{len(availability_zones) - 1}")
+
+
+@check("environment", "tracking.image", "tracking.database", "tracking.loadBalancerScheme", "tracking.ingressCidrs",
+       "tracking.cpuUnits", "tracking.memoryMib")
+def _tracking_rules(environment: Environment, image: str, db: TrackingDatabaseConfig, scheme, ingress_cidrs,
+                    cpu_units: int, memory_mib: int) -> Iterator[Problem]:
+    yield from tracking_problems(
+        "tracking", is_prod=environment is Environment.PROD, image=image,
+        min_capacity_acu=db.min_capacity_acu, max_capacity_acu=db.max_capacity_acu,
+        seconds_until_auto_pause=db.seconds_until_auto_pause, scheme=scheme,
+        num_ingress_cidrs=len(ingress_cidrs), cpu_units=cpu_units, memory_mib=memory_mib,
+    )
+
+
+@check("tracking.artifactsBucket")
+def _artifacts_lifecycle(artifacts_bucket: BucketLifecycleConfig) -> Iterator[Problem]:
+    yield from bucket_lifecycle_problems("tracking.artifactsBucket", artifacts_bucket)
+
+
+def dra_spec(dra: DataRepositoryAssociationConfig) -> DataRepositoryAssociationSpec:
+    return DataRepositoryAssociationSpec(
+        file_system_path=dra.file_system_path, bucket=dra.bucket, prefix=dra.prefix,
+        import_events=tuple(dra.import_events), export_events=tuple(dra.export_events),
+        batch_import_metadata_on_create=dra.batch_import_metadata_on_create,
+        imported_file_chunk_size_mib=dra.imported_file_chunk_size_mib,
+    )
+
+
+def bucket_lifecycle_problems(path: str, lifecycle: BucketLifecycleConfig) -> Iterator[Problem]:
+    steps = [("transitionToInfrequentAccessDays", lifecycle.transition_to_infrequent_access_days),
+             ("transitionToGlacierDays", lifecycle.transition_to_glacier_days),
+             ("expirationDays", lifecycle.expiration_days)]
+    present = [(key, days) for key, days in steps if days is not None]
+    for (first, first_days), (second, second_days) in zip(present, present[1:]):
+        if not first_days < second_days:
+            yield Problem(f"{path}.{second}", second_days, f"must come after {first} ({first_days} days)",
+                          f"set it above {first_days} or remove {first}")
 
 
 # -- loading -----------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from components.log_archive import LogArchive, LogArchiveArgs
 from components.network import Network, NetworkArgs
 from infra.accounts import AccountProviders, create_account_providers
 from infra.config import PROJECT, PlatformConfig, load_platform_config
+from infra import datasets_tracking
 
 
 @dataclass
@@ -132,7 +133,7 @@ def build_platform(config: PlatformConfig) -> Platform:
 
 
 # Capabilities added on top of the foundation, in deployment order.
-CAPABILITIES: tuple[Callable[[Platform], Optional[dict[str, Any]]], ...] = ()
+CAPABILITIES: tuple[Callable[[Platform], Optional[dict[str, Any]]], ...] = (datasets_tracking.deploy,)
 
 
 def main() -> Platform:

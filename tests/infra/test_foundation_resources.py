@@ -92,7 +92,8 @@ def test_flow_logs_go_to_the_log_archive(plan):
     assert flow_log["inputs"]["logDestinationType"] == "s3"
     assert flow_log["inputs"]["logDestination"].startswith(archive.outputs["arn"] + "/")
     assert flow_log["account"] == "workload"
-    policy = json.loads(plan.recording.one("aws:s3/bucketPolicy:BucketPolicy").inputs["policy"])
+    policy = json.loads(plan.recording.one("aws:s3/bucketPolicy:BucketPolicy",
+                                          f"{plan.config.name}-log-archive-logs-policy").inputs["policy"])
     delivery = next(s for s in policy["Statement"] if s.get("Sid") == "LogDeliveryWrite")
     assert delivery["Condition"]["StringEquals"]["aws:SourceAccount"] == sorted(
         {plan.config.accounts.workload.id, plan.config.accounts.automation.id})

@@ -1,0 +1,67 @@
+"""How long a checkpoint blocks training: synchronous vs. async (thread) save of the same
+model + AdamW state, through the trainer's Checkpointer.
+
+    .venv/bin/python benchmarks/checkpoint_stall.py [--size gpt2] [--repeats 3]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+import torch  # noqa: E402
+
+from trainer.checkpoint import Checkpointer, ModelAndOptimizer  # noqa: E402
+from trainer.config import ModelConfig, TrainerConfig  # noqa: E402
+from trainer.distributed import Env  # noqa: E402
+from trainer.model import build_model  # noqa: E402
+from trainer.s3 import NoMirror  # noqa: E402
+from trainer.train import build_optimizer  # noqa: E402
+
+
+def stalls(mode: str, app, root: str, repeats: int) -> tuple[list[float], list[float]]:
+    env = Env(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
+    ckpt = Checkpointer(os.path.join(root, mode), env, keep_last=1, async_mode=mode, mirror=NoMirror())
+    blocked, total = [], []
+    for step in range(1, repeats + 1):
+        started = time.perf_counter()
+        blocked.append(ckpt.save(step, app, {"step": step}, "{}"))
+        ckpt.wait()
+        total.append(time.perf_counter() - started)
+    ckpt.close()
+    return blocked, total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size", default="gpt2")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    cfg = TrainerConfig(model=ModelConfig(size=args.size))
+    model = build_model(cfg.model, 50304, 1024)
+    optimizer = build_optimizer(model, cfg, torch.device("cpu"))
+    model(torch.zeros(1, 8, dtype=torch.long)).sum().backward()
+    optimizer.step()  # materialise AdamW's moments so they are part of the state
+    app = ModelAndOptimizer(model, optimizer)
+    num_params = sum(p.numel() for p in model.parameters())
+    state_gib = num_params * 4 * 3 / 2**30
+    with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as root:
+        stalls("off", app, root, 1)  # warm the page cache and allocator for both
+        sync_blocked, sync_total = stalls("off", app, root, args.repeats)
+        async_blocked, async_total = stalls("thread", app, root, args.repeats)
+    sync_s, async_s = statistics.median(sync_blocked), statistics.median(async_blocked)
+    print(f"model {args.size}: {num_params / 1e6:.0f}M params, {state_gib:.2f} GiB of fp32 weights + AdamW moments")
+    print(f"sync save:  training blocked {sync_s:.3f} s (write {statistics.median(sync_total):.3f} s)")
+    print(f"async save: training blocked {async_s:.3f} s (write finishes after {statistics.median(async_total):.3f} s)")
+    print(f"stall ratio async / sync: {async_s / sync_s:.3f}")
+
+
+if __name__ == "__main__":
+    main()

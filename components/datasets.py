@@ -1,0 +1,372 @@
+"""Training data: S3 buckets and FSx for Lustre linked to them, mounted in every team namespace.
+
+Datasets live in S3 and are lazy-loaded into a PERSISTENT_2 Lustre file system through data
+repository associations (DRAs); checkpoints written to the file system are exported back to
+S3 by the same mechanism. Pods see the file system through a static PV/PVC per team namespace
+(``workloads.fsx``), mounted by the ``aws-fsx-csi-driver`` EKS add-on.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Iterator, Mapping, Optional, Sequence
+
+import pulumi
+import pulumi_aws as aws
+
+from components.bucket import LifecycleRule, SecureBucket, SecureBucketArgs
+from components.cluster import Cluster, pod_identity_role
+from components.k8s import apply_object
+from components.kms import create_key
+from components.network import Network
+from components.validation import Problem
+from components.versions import EKS_ADDON_VERSIONS
+from workloads.fsx import FsxVolumeSpec, fsx_persistent_volume, fsx_persistent_volume_claim
+
+# -- FSx for Lustre PERSISTENT_2 facts ------------------------------------------------------
+FIRST_CAPACITY_GIB = 1200
+CAPACITY_STEP_GIB = 2400
+THROUGHPUT_TIERS_MB_PER_TIB = (125, 250, 500, 1000)
+MAX_DATA_REPOSITORY_ASSOCIATIONS = 8
+LUSTRE_VERSION = "2.15"
+# Lustre: 988 for LNet, 1018-1023 for the clients' privileged source ports.
+LUSTRE_PORTS = ((988, 988), (1018, 1023))
+SPOT_NOTICE_SECONDS = 120
+# bf16 weights (2) + fp32 master weights (4) + Adam moments (4 + 4) + bf16 grads (2).
+CHECKPOINT_BYTES_PER_PARAMETER = 16
+
+
+class FsxEvent(str, Enum):
+    NEW = "NEW"
+    CHANGED = "CHANGED"
+    DELETED = "DELETED"
+
+
+class DatasetBucket(str, Enum):
+    """Which platform bucket a DRA links to."""
+
+    DATASETS = "datasets"
+    CHECKPOINTS = "checkpoints"
+
+
+class FsxLogLevel(str, Enum):
+    WARN_ERROR = "WARN_ERROR"
+    ERROR_ONLY = "ERROR_ONLY"
+    WARN_ONLY = "WARN_ONLY"
+
+
+@dataclass(frozen=True)
+class DataRepositoryAssociationSpec:
+    """A directory of the file system mirrored to an S3 prefix of one platform bucket."""
+
+    file_system_path: str
+    bucket: DatasetBucket
+    prefix: str = ""
+    import_events: Sequence[FsxEvent] = (FsxEvent.NEW, FsxEvent.CHANGED, FsxEvent.DELETED)
+    export_events: Sequence[FsxEvent] = (FsxEvent.NEW, FsxEvent.CHANGED, FsxEvent.DELETED)
+    batch_import_metadata_on_create: bool = True
+    imported_file_chunk_size_mib: int = 1024
+
+
+# -- pure rules (shared by the stack config and DatasetsArgs) -------------------------------
+def valid_capacities_near(capacity_gib: int) -> list[int]:
+    below = max(FIRST_CAPACITY_GIB, (capacity_gib // CAPACITY_STEP_GIB) * CAPACITY_STEP_GIB)
+    above = FIRST_CAPACITY_GIB if capacity_gib < FIRST_CAPACITY_GIB else (capacity_gib // CAPACITY_STEP_GIB + 1) * CAPACITY_STEP_GIB
+    return sorted({below, above})
+
+
+def is_valid_capacity(capacity_gib: int) -> bool:
+    return capacity_gib == FIRST_CAPACITY_GIB or (capacity_gib > 0 and capacity_gib % CAPACITY_STEP_GIB == 0)
+
+
+def _norm_dir(path: str) -> str:
+    return "/" + "/".join(part for part in path.split("/") if part) + ("/" if path.strip("/") else "")
+
+
+def _nested(a: str, b: str) -> bool:
+    return a.startswith(b) or b.startswith(a)
+
+
+def fsx_problems(
+    path: str,
+    *,
+    storage_capacity_gib: int,
+    throughput_mb_per_tib: int,
+    associations: Sequence[DataRepositoryAssociationSpec],
+    association_key: str = "dataRepositoryAssociations",
+) -> Iterator[Problem]:
+    """Every reason FSx would refuse this file system, as config problems."""
+    yield from fsx_capacity_problems(path, storage_capacity_gib, throughput_mb_per_tib)
+    yield from association_problems(path, associations, association_key)
+
+
+def fsx_capacity_problems(path: str, storage_capacity_gib: int, throughput_mb_per_tib: int) -> Iterator[Problem]:
+    if not is_valid_capacity(storage_capacity_gib):
+        yield Problem(f"{path}.storageCapacityGib", storage_capacity_gib,
+                      f"PERSISTENT_2 capacity is {FIRST_CAPACITY_GIB} GiB or a multiple of {CAPACITY_STEP_GIB} GiB",
+                      f"use one of {valid_capacities_near(storage_capacity_gib)}")
+    if throughput_mb_per_tib not in THROUGHPUT_TIERS_MB_PER_TIB:
+        yield Problem(f"{path}.perUnitStorageThroughputMbPerTib", throughput_mb_per_tib,
+                      "is not a PERSISTENT_2 throughput tier", f"use one of {list(THROUGHPUT_TIERS_MB_PER_TIB)} (MB/s per TiB)")
+
+
+def association_problems(
+    path: str, associations: Sequence[DataRepositoryAssociationSpec], association_key: str = "dataRepositoryAssociations",
+) -> Iterator[Problem]:
+    if len(associations) > MAX_DATA_REPOSITORY_ASSOCIATIONS:
+        yield Problem(f"{path}.{association_key}", len(associations),
+                      f"a file system has at most {MAX_DATA_REPOSITORY_ASSOCIATIONS} data repository associations",
+                      "merge associations under a common directory and S3 prefix, or use a second file system")
+    seen_fs: list[tuple[int, str]] = []
+    seen_s3: list[tuple[int, str]] = []
+    for index, dra in enumerate(associations):
+        item = f"{path}.{association_key}[{index}]"
+        fs_path = dra.file_system_path
+        if not fs_path.startswith("/") or fs_path.strip("/") == "" or "//" in fs_path or ".." in fs_path.split("/"):
+            yield Problem(f"{item}.fileSystemPath", fs_path, "must be an absolute directory below the root",
+                          "use a path such as /datasets or /checkpoints")
+        else:
+            norm = _norm_dir(fs_path)
+            for other, other_norm in seen_fs:
+                if _nested(norm, other_norm):
+                    what = "duplicates" if norm == other_norm else "overlaps"
+                    yield Problem(f"{item}.fileSystemPath", fs_path,
+                                  f"{what} the path of dataRepositoryAssociations[{other}] ({other_norm.rstrip('/')}); "
+                                  "FSx refuses nested or repeated association paths",
+                                  "give each association its own top-level directory, e.g. /datasets and /checkpoints")
+                    break
+            seen_fs.append((index, norm))
+        s3 = f"{dra.bucket.value}:/{dra.prefix.strip('/')}/" if dra.prefix.strip("/") else f"{dra.bucket.value}:/"
+        for other, other_s3 in seen_s3:
+            if _nested(s3, other_s3):
+                yield Problem(f"{item}.prefix", dra.prefix,
+                              f"the S3 location overlaps dataRepositoryAssociations[{other}] in the {dra.bucket.value} bucket",
+                              "link non-overlapping prefixes (one association per bucket and prefix)")
+                break
+        seen_s3.append((index, s3))
+        if len(set(dra.import_events)) != len(dra.import_events) or len(set(dra.export_events)) != len(dra.export_events):
+            yield Problem(f"{item}", [e.value for e in (*dra.import_events, *dra.export_events)],
+                          "an event is listed twice", "list each of NEW, CHANGED, DELETED at most once")
+        if not 1 <= dra.imported_file_chunk_size_mib <= 512000:
+            yield Problem(f"{item}.importedFileChunkSizeMib", dra.imported_file_chunk_size_mib,
+                          "is outside 1-512000 MiB", "use the default 1024")
+
+
+def write_throughput_mb_per_s(storage_capacity_gib: int, throughput_mb_per_tib: int) -> float:
+    return storage_capacity_gib / 1024 * throughput_mb_per_tib
+
+
+def checkpoint_seconds(num_parameters: int, storage_capacity_gib: int, throughput_mb_per_tib: int) -> float:
+    """Time to write a model's full training state at the file system's baseline throughput."""
+    state_bytes = num_parameters * CHECKPOINT_BYTES_PER_PARAMETER
+    return state_bytes / (write_throughput_mb_per_s(storage_capacity_gib, throughput_mb_per_tib) * 1_000_000)
+
+
+# -- component ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FsxArgs:
+    """The Lustre file system.
+
+    Attributes:
+        storage_capacity_gib: 1200, then multiples of 2400.
+        throughput_mb_per_tib: 125 / 250 / 500 / 1000.
+        subnet_index: which private subnet (AZ) holds it; put GPU pools in the same AZ.
+        associations: DRAs (at most 8, non-overlapping paths).
+        automatic_backup_retention_days: 0 disables daily backups.
+        daily_automatic_backup_start_time / weekly_maintenance_start_time: UTC windows.
+        log_level / log_retention_days: FSx event logs to CloudWatch.
+        data_compression: LZ4 halves storage for text datasets at no throughput cost.
+    """
+
+    storage_capacity_gib: int
+    throughput_mb_per_tib: int
+    associations: Sequence[DataRepositoryAssociationSpec]
+    subnet_index: int = 0
+    automatic_backup_retention_days: int = 0
+    daily_automatic_backup_start_time: str = "05:00"
+    weekly_maintenance_start_time: str = "7:06:00"
+    log_level: FsxLogLevel = FsxLogLevel.WARN_ERROR
+    log_retention_days: int = 30
+    data_compression: bool = True
+
+
+@dataclass(frozen=True)
+class DatasetsArgs:
+    """Inputs of ``Datasets``.
+
+    Attributes:
+        network / cluster: the file system lives in a private subnet and admits the cluster's nodes.
+        access_logs_bucket: the log archive bucket (S3 server access logs).
+        fsx: the file system.
+        namespaces: team namespaces that get a PVC (they must exist).
+        datasets_lifecycle / checkpoints_lifecycle: lifecycle rules per bucket.
+        protect: Pulumi ``protect`` on buckets, key and file system; final FSx backup (prod).
+        tags: tags on every taggable child.
+    """
+
+    network: Network
+    cluster: Cluster
+    fsx: FsxArgs
+    namespaces: Sequence[str]
+    access_logs_bucket: Optional[aws.s3.Bucket] = None
+    datasets_lifecycle: Sequence[LifecycleRule] = ()
+    checkpoints_lifecycle: Sequence[LifecycleRule] = ()
+    addon_version: str = EKS_ADDON_VERSIONS["aws-fsx-csi-driver"]
+    protect: bool = False
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from components.validation import raise_if_any
+
+        raise_if_any("DatasetsArgs.fsx", fsx_problems(
+            "fsx", storage_capacity_gib=self.fsx.storage_capacity_gib,
+            throughput_mb_per_tib=self.fsx.throughput_mb_per_tib, associations=self.fsx.associations))
+        if not 0 <= self.fsx.subnet_index < len(self.network.args.private_subnet_cidrs):
+            raise ValueError(f"DatasetsArgs.fsx.subnet_index: {self.fsx.subnet_index} is not a private subnet index")
+
+
+class Datasets(pulumi.ComponentResource):
+    """Datasets and checkpoints buckets, a PERSISTENT_2 Lustre file system linked to them,
+    the FSx CSI add-on and a static PV/PVC per team namespace."""
+
+    buckets: dict[DatasetBucket, SecureBucket]
+    file_system: aws.fsx.LustreFileSystem
+
+    def __init__(self, name: str, args: DatasetsArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("mlplatform:datasets:Datasets", name, None, opts)
+        self.args = args
+        tags = dict(args.tags)
+        child = pulumi.ResourceOptions(parent=self)
+        stateful = pulumi.ResourceOptions(parent=self, protect=args.protect)
+        partition = aws.get_partition_output(opts=pulumi.InvokeOutputOptions(parent=self)).partition
+
+        self.key = create_key(f"{name}-data", description="Encrypts training datasets, checkpoints and the FSx file system",
+                              parent=self, tags=tags, protect=args.protect)
+        lifecycles = {DatasetBucket.DATASETS: args.datasets_lifecycle, DatasetBucket.CHECKPOINTS: args.checkpoints_lifecycle}
+        self.buckets = {
+            kind: SecureBucket(
+                f"{name}-{kind.value}",
+                SecureBucketArgs(kms_key=self.key, lifecycle_rules=lifecycles[kind],
+                                 access_logs_bucket=args.access_logs_bucket,
+                                 access_logs_prefix=f"s3-access/{name}-{kind.value}/",
+                                 protect=args.protect, force_destroy=not args.protect, tags=tags),
+                opts=child,
+            )
+            for kind in DatasetBucket
+        }
+
+        node_sg = args.cluster.node_security_group
+        rules = [{"protocol": "tcp", "from_port": low, "to_port": high, "security_groups": [node_sg.id],
+                  "description": f"Lustre {low}-{high} from the cluster's nodes"} for low, high in LUSTRE_PORTS]
+        # The file servers also talk to each other on the same ports.
+        rules += [{"protocol": "tcp", "from_port": low, "to_port": high, "self": True,
+                   "description": f"Lustre {low}-{high} between file servers"} for low, high in LUSTRE_PORTS]
+        self.security_group = aws.ec2.SecurityGroup(
+            f"{name}-fsx-sg", vpc_id=args.network.vpc_id,
+            description="FSx for Lustre: Lustre ports from the cluster's nodes only",
+            ingress=rules, egress=rules, tags={**tags, "Name": f"{name}-fsx"}, opts=child,
+        )
+        # Lustre servers call back to clients: the nodes admit the file system on the same ports.
+        for low, high in LUSTRE_PORTS:
+            aws.vpc.SecurityGroupIngressRule(
+                f"{name}-nodes-from-fsx-{low}", security_group_id=node_sg.id,
+                referenced_security_group_id=self.security_group.id, ip_protocol="tcp", from_port=low, to_port=high,
+                description=f"Lustre {low}-{high} from FSx", tags=tags, opts=child,
+            )
+
+        fsx = args.fsx
+        # FSx only writes to groups named /aws/fsx/...
+        self.log_group = aws.cloudwatch.LogGroup(
+            f"{name}-fsx-logs", name=f"/aws/fsx/{name}", retention_in_days=fsx.log_retention_days, tags=tags, opts=child,
+        )
+        backups = fsx.automatic_backup_retention_days > 0
+        self.file_system = aws.fsx.LustreFileSystem(
+            f"{name}-fsx",
+            deployment_type="PERSISTENT_2",
+            storage_type="SSD",
+            storage_capacity=fsx.storage_capacity_gib,
+            per_unit_storage_throughput=fsx.throughput_mb_per_tib,
+            file_system_type_version=LUSTRE_VERSION,
+            kms_key_id=self.key.arn,
+            subnet_ids=args.network.private_subnets[fsx.subnet_index].id,  # one subnet: one AZ
+            security_group_ids=[self.security_group.id],
+            data_compression_type="LZ4" if fsx.data_compression else "NONE",
+            log_configuration={"destination": self.log_group.arn, "level": fsx.log_level.value},
+            automatic_backup_retention_days=fsx.automatic_backup_retention_days,
+            daily_automatic_backup_start_time=fsx.daily_automatic_backup_start_time if backups else None,
+            copy_tags_to_backups=True,
+            weekly_maintenance_start_time=fsx.weekly_maintenance_start_time,
+            skip_final_backup=not args.protect,
+            tags={**tags, "Name": f"{name}-fsx"},
+            opts=stateful,
+        )
+        fs_child = pulumi.ResourceOptions(parent=self.file_system)
+        self.associations = []
+        for index, dra in enumerate(fsx.associations):
+            bucket = self.buckets[dra.bucket]
+            prefix = dra.prefix.strip("/")
+            self.associations.append(aws.fsx.DataRepositoryAssociation(
+                f"{name}-dra-{index}",
+                file_system_id=self.file_system.id,
+                file_system_path=dra.file_system_path,
+                data_repository_path=pulumi.Output.concat("s3://", bucket.name, "/", prefix + "/" if prefix else ""),
+                batch_import_meta_data_on_create=dra.batch_import_metadata_on_create,
+                imported_file_chunk_size=dra.imported_file_chunk_size_mib,
+                # Removing an association must not delete the files behind it.
+                delete_data_in_filesystem=False,
+                s3={"auto_import_policy": {"events": [e.value for e in dra.import_events]},
+                    "auto_export_policy": {"events": [e.value for e in dra.export_events]}},
+                tags=tags, opts=fs_child,
+            ))
+
+        csi_role = pod_identity_role(f"{name}-fsx-csi", parent=self, tags=tags)
+        # Static volumes only: the controller describes file systems, it never creates one.
+        aws.iam.RolePolicy(
+            f"{name}-fsx-csi-policy", role=csi_role.id,
+            policy=json.dumps({"Version": "2012-10-17", "Statement": [{
+                "Effect": "Allow", "Action": ["fsx:DescribeFileSystems", "fsx:DescribeVolumes"], "Resource": "*"}]}),
+            opts=pulumi.ResourceOptions(parent=csi_role),
+        )
+        cluster = args.cluster
+        self.addon = aws.eks.Addon(
+            f"{name}-aws-fsx-csi-driver", cluster_name=cluster.cluster_name, addon_name="aws-fsx-csi-driver",
+            addon_version=args.addon_version,
+            resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
+            pod_identity_associations=[{"role_arn": csi_role.arn, "service_account": "fsx-csi-controller-sa"}],
+            tags=tags,
+            # Pod Identity credentials come from the agent add-on; nodes must exist to run the driver.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.addons["eks-pod-identity-agent"], cluster.node_group]),
+        )
+
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=cluster.k8s_provider,
+                                          depends_on=[self.addon, *self.associations])
+        self.volume_claims = {}
+        for namespace in args.namespaces:
+            specs = pulumi.Output.all(self.file_system.id, self.file_system.dns_name, self.file_system.mount_name)
+            spec = specs.apply(lambda v, ns=namespace: FsxVolumeSpec(
+                file_system_id=v[0], dns_name=v[1], mount_name=v[2],
+                storage_capacity_gib=fsx.storage_capacity_gib, namespace=ns, pv_name_prefix=name))
+            pv = apply_object(f"{name}-pv-{namespace}", _manifest(spec, fsx_persistent_volume, namespace, name), k8s_opts)
+            self.volume_claims[namespace] = apply_object(
+                f"{name}-pvc-{namespace}", _manifest(spec, fsx_persistent_volume_claim, namespace, name),
+                pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=[pv])),
+            )
+
+        self.file_system_id = self.file_system.id
+        self.register_outputs({
+            "file_system_id": self.file_system.id,
+            "dns_name": self.file_system.dns_name,
+            "mount_name": self.file_system.mount_name,
+            "datasets_bucket": self.buckets[DatasetBucket.DATASETS].name,
+            "checkpoints_bucket": self.buckets[DatasetBucket.CHECKPOINTS].name,
+        })
+
+
+def _manifest(spec: pulumi.Output, render, namespace: str, pv_prefix: str) -> dict:
+    """The rendered manifest with Output leaves; structure (names, kind) stays plain."""
+    full = render(FsxVolumeSpec(file_system_id="fs-placeholder", dns_name="", mount_name="",
+                                storage_capacity_gib=1, namespace=namespace, pv_name_prefix=pv_prefix))
+    rendered = spec.apply(render)
+    return {"apiVersion": full["apiVersion"], "kind": full["kind"], "metadata": full["metadata"],
+            "spec": rendered.apply(lambda m: m["spec"])}

@@ -1,0 +1,226 @@
+"""Capability: datasets (S3 + FSx for Lustre) and tracking (MLflow on Fargate + Aurora).
+
+config -> components. Team namespaces come from ``datasets.fsx.namespaces`` until the
+scheduling capability owns team namespaces.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator, Optional
+
+import pulumi
+
+from components.bucket import LifecycleRule
+from components.datasets import (
+    SPOT_NOTICE_SECONDS,
+    Datasets,
+    DatasetsArgs,
+    FsxArgs,
+    checkpoint_seconds,
+    write_throughput_mb_per_s,
+)
+from components.tracking import (
+    AlbAccessLogs,
+    DatabaseArgs,
+    ImageRepositories,
+    ImageRepositoriesArgs,
+    Tracking,
+    TrackingArgs,
+)
+from infra.config import BucketLifecycleConfig, PlatformConfig, dra_spec
+from infra.mock_engine import Recording, register_outputs
+from infra.plan import plan_section, plan_warning
+
+if TYPE_CHECKING:
+    from infra.program import Platform
+
+
+def _lifecycle(rule_id: str, lifecycle: BucketLifecycleConfig) -> list[LifecycleRule]:
+    return [LifecycleRule(
+        id=rule_id,
+        transition_to_infrequent_access_days=lifecycle.transition_to_infrequent_access_days,
+        transition_to_glacier_days=lifecycle.transition_to_glacier_days,
+        expiration_days=lifecycle.expiration_days,
+        noncurrent_version_expiration_days=lifecycle.noncurrent_version_expiration_days,
+    )]
+
+
+def team_namespaces(config: PlatformConfig) -> list[str]:
+    return list(config.datasets.fsx.namespaces) if config.datasets else []
+
+
+def deploy(platform: "Platform") -> dict[str, Any]:
+    config = platform.config
+    tags = config.resource_tags
+    outputs: dict[str, Any] = {}
+    namespaces = team_namespaces(config)
+    if config.datasets is not None:
+        ds = config.datasets
+        fsx = ds.fsx
+        datasets = Datasets(
+            f"{config.name}-datasets",
+            DatasetsArgs(
+                network=platform.network, cluster=platform.cluster,
+                fsx=FsxArgs(
+                    storage_capacity_gib=fsx.storage_capacity_gib,
+                    throughput_mb_per_tib=fsx.per_unit_storage_throughput_mb_per_tib,
+                    associations=[dra_spec(d) for d in fsx.data_repository_associations],
+                    subnet_index=fsx.subnet_index,
+                    automatic_backup_retention_days=fsx.automatic_backup_retention_days,
+                    daily_automatic_backup_start_time=fsx.daily_automatic_backup_start_time,
+                    weekly_maintenance_start_time=fsx.weekly_maintenance_start_time,
+                    log_level=fsx.log_level, log_retention_days=fsx.log_retention_days,
+                    data_compression=fsx.data_compression,
+                ),
+                namespaces=namespaces,
+                access_logs_bucket=platform.log_archive.bucket,
+                datasets_lifecycle=_lifecycle("datasets", ds.datasets_bucket),
+                checkpoints_lifecycle=_lifecycle("checkpoints", ds.checkpoints_bucket),
+                protect=config.protect_stateful, tags=tags,
+            ),
+            opts=platform.kubernetes_opts(),
+        )
+        outputs.update({
+            "fsxFileSystemId": datasets.file_system.id,
+            "fsxDnsName": datasets.file_system.dns_name,
+            "fsxMountName": datasets.file_system.mount_name,
+            "datasetsBucket": datasets.buckets[next(iter(datasets.buckets))].name,
+            "checkpointsBucket": list(datasets.buckets.values())[1].name,
+        })
+
+    if config.tracking is not None:
+        tr = config.tracking
+        images = ImageRepositories(
+            f"{config.name}-images",
+            ImageRepositoriesArgs(
+                repository_names={"mlflow": f"{config.name}/mlflow", "trainer": f"{config.name}/trainer"},
+                puller_account_ids=[config.accounts.workload.id],
+                untagged_expiration_days=tr.ecr_untagged_expiration_days,
+                protect=config.protect_stateful, tags=tags,
+            ),
+            opts=pulumi.ResourceOptions(providers={"aws": platform.providers.automation}),
+        )
+        alb_logs = AlbAccessLogs(
+            f"{config.name}-alb-logs", writer_account_ids=[config.accounts.workload.id],
+            expiration_days=tr.alb_log_expiration_days, protect=config.protect_stateful, tags=tags,
+            opts=pulumi.ResourceOptions(providers={"aws": platform.providers.logging}),
+        )
+        db = tr.database
+        tracking = Tracking(
+            f"{config.name}-mlflow",
+            TrackingArgs(
+                network=platform.network, cluster=platform.cluster, image=tr.image, domain_name=tr.domain_name,
+                namespaces=namespaces,
+                database=DatabaseArgs(min_capacity_acu=db.min_capacity_acu, max_capacity_acu=db.max_capacity_acu,
+                                      seconds_until_auto_pause=db.seconds_until_auto_pause,
+                                      backup_retention_days=db.backup_retention_days),
+                image_repository_arn=images.repositories["mlflow"].arn,
+                route53_zone_id=tr.route53_zone_id, scheme=tr.load_balancer_scheme,
+                ingress_cidrs=[str(c) for c in tr.ingress_cidrs], num_workers=tr.num_workers,
+                cpu_units=tr.cpu_units, memory_mib=tr.memory_mib, desired_count=tr.desired_count,
+                admin_username=tr.admin_username, log_retention_days=tr.log_retention_days,
+                artifacts_lifecycle=_lifecycle("artifacts", tr.artifacts_bucket),
+                access_logs_bucket=platform.log_archive.bucket, alb_logs_bucket=alb_logs.bucket,
+                protect=config.protect_stateful, tags=tags,
+            ),
+            opts=platform.kubernetes_opts(),
+        )
+        outputs.update({
+            "mlflowTrackingUri": tracking.tracking_uri,
+            "mlflowArtifactsBucket": tracking.artifacts.name,
+            "mlflowImageRepository": images.repositories["mlflow"].repository_url,
+            "trainerImageRepository": images.repositories["trainer"].repository_url,
+            "mlflowCertificateValidation": tracking.certificate.domain_validation_options,
+        })
+    return outputs
+
+
+# -- plan: warnings and a section ---------------------------------------------------------------
+def spot_save_warnings(config: PlatformConfig) -> Iterator[str]:
+    ds = config.datasets
+    if ds is None:
+        return
+    fsx = ds.fsx
+    budget = SPOT_NOTICE_SECONDS - ds.spot_notice_margin_seconds
+    seconds = checkpoint_seconds(ds.largest_model_parameters, fsx.storage_capacity_gib,
+                                 fsx.per_unit_storage_throughput_mb_per_tib)
+    if seconds > budget:
+        mb_s = write_throughput_mb_per_s(fsx.storage_capacity_gib, fsx.per_unit_storage_throughput_mb_per_tib)
+        yield (f"FSx writes {mb_s:.0f} MB/s ({fsx.storage_capacity_gib} GiB x {fsx.per_unit_storage_throughput_mb_per_tib} "
+               f"MB/s/TiB): saving the state of a {ds.largest_model_parameters / 1e9:.1f}B-parameter model (~16 B/param) "
+               f"takes ~{seconds:.0f} s, more than the {budget} s left of a spot notice; raise "
+               "datasets.fsx.storageCapacityGib or perUnitStorageThroughputMbPerTib, or train it on on-demand capacity")
+
+
+@plan_warning
+def _spot_save(config: PlatformConfig, recording: Recording) -> Iterator[str]:
+    yield from spot_save_warnings(config)
+
+
+@plan_warning
+def _tracking_warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
+    tr = config.tracking
+    if tr is None:
+        return
+    if tr.route53_zone_id is None:
+        yield (f"tracking.route53ZoneId is not set: create the ACM DNS validation record for {tr.domain_name} "
+               "(stack output mlflowCertificateValidation) or the HTTPS listeners cannot be created")
+    if not team_namespaces(config):
+        yield "datasets.fsx.namespaces is empty: no namespace gets the FSx claim or the MLflow Secret"
+
+
+@plan_section
+def _datasets_tracking_section(config: PlatformConfig, recording: Recording) -> Optional[tuple[str, list[str]]]:
+    lines = []
+    if config.datasets is not None:
+        fsx = config.datasets.fsx
+        lines.append(f"FSx PERSISTENT_2 {fsx.storage_capacity_gib} GiB x {fsx.per_unit_storage_throughput_mb_per_tib} MB/s/TiB "
+                     f"= {write_throughput_mb_per_s(fsx.storage_capacity_gib, fsx.per_unit_storage_throughput_mb_per_tib):.0f} MB/s, "
+                     f"{len(fsx.data_repository_associations)} DRA(s), PVC in {', '.join(fsx.namespaces) or 'no namespace'}")
+    if config.tracking is not None:
+        tr, db = config.tracking, config.tracking.database
+        lines.append(f"MLflow https://{tr.domain_name} ({tr.load_balancer_scheme.value}), Aurora {db.min_capacity_acu}-"
+                     f"{db.max_capacity_acu} ACU, pause after {db.seconds_until_auto_pause} s")
+    return ("Datasets and tracking", lines) if lines else None
+
+
+# -- outputs the mock engine must know (read by the components) --------------------------------
+def _lustre(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    fs_id = f"fs-{digest[:17]}"
+    return {"id": fs_id, "dnsName": f"{fs_id}.fsx.{region}.amazonaws.com", "mountName": digest[:8],
+            "arn": f"arn:aws:fsx:{region}:{account}:file-system/{fs_id}"}
+
+
+def _aurora(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    ident = inputs.get("clusterIdentifier") or name
+    return {"id": ident, "endpoint": f"{ident}.cluster-{digest[:12]}.{region}.rds.amazonaws.com",
+            "arn": f"arn:aws:rds:{region}:{account}:cluster:{ident}",
+            "masterUserSecrets": [{"secretArn": f"arn:aws:secretsmanager:{region}:{account}:secret:rds!cluster-{digest[:8]}",
+                                   "kmsKeyId": inputs.get("masterUserSecretKmsKeyId"), "secretStatus": "active"}]}
+
+
+def _alb(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    scheme = "internal-" if inputs.get("internal") else ""
+    return {"dnsName": f"{scheme}{name[:20]}-{digest[:8]}.{region}.elb.amazonaws.com", "zoneId": "Z1H1FL5HABSF5",
+            "arn": f"arn:aws:elasticloadbalancing:{region}:{account}:loadbalancer/app/{name[:20]}/{digest[:16]}"}
+
+
+def _certificate(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    domain = inputs.get("domainName", "example.com")
+    return {"arn": f"arn:aws:acm:{region}:{account}:certificate/{digest[:8]}-{digest[8:12]}",
+            "domainValidationOptions": [{"domainName": domain, "resourceRecordName": f"_{digest[:32]}.{domain}.",
+                                         "resourceRecordType": "CNAME",
+                                         "resourceRecordValue": f"_{digest[32:64]}.acm-validations.aws."}]}
+
+
+def _ecr(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    repo = inputs.get("name") or name
+    return {"repositoryUrl": f"{account}.dkr.ecr.{region}.amazonaws.com/{repo}",
+            "arn": f"arn:aws:ecr:{region}:{account}:repository/{repo}"}
+
+
+register_outputs("aws:fsx/lustreFileSystem:LustreFileSystem", _lustre)
+register_outputs("aws:rds/cluster:Cluster", _aurora)
+register_outputs("aws:lb/loadBalancer:LoadBalancer", _alb)
+register_outputs("aws:acm/certificate:Certificate", _certificate)
+register_outputs("aws:ecr/repository:Repository", _ecr)
+register_outputs("aws:route53/zone:Zone", lambda name, inputs, account, region, digest: {"zoneId": f"Z{digest[:20].upper()}"})

@@ -1,0 +1,252 @@
+"""Datasets capability: buckets, FSx PERSISTENT_2 + DRAs, CSI add-on, static PV/PVC, config rules."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from components.datasets import (
+    DataRepositoryAssociationSpec,
+    DatasetBucket,
+    association_problems,
+    checkpoint_seconds,
+    fsx_capacity_problems,
+    is_valid_capacity,
+)
+from components.versions import EKS_ADDON_VERSIONS
+from infra.config import ConfigError, load_platform_config
+from infra.datasets_tracking import spot_save_warnings
+from tests.conftest import stack_config
+from workloads.fsx import CLAIM_NAME, FsxVolumeSpec, fsx_persistent_volume, fsx_persistent_volume_claim
+
+FSX = "aws:fsx/lustreFileSystem:LustreFileSystem"
+DRA = "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation"
+LUSTRE_PORT_RANGES = {(988, 988), (1018, 1023)}
+
+
+def _fs(plan):
+    return plan.recording.one(FSX)
+
+
+# -- plan: file system ------------------------------------------------------------------------
+def test_file_system_is_persistent_2_lustre_215_kms_in_one_private_subnet(plan):
+    fs = _fs(plan)
+    fsx_config = plan.config.datasets.fsx
+    inputs = fs.inputs
+    assert inputs["deploymentType"] == "PERSISTENT_2"
+    assert inputs["fileSystemTypeVersion"] == "2.15"
+    assert inputs["storageCapacity"] == fsx_config.storage_capacity_gib
+    assert inputs["perUnitStorageThroughput"] == fsx_config.per_unit_storage_throughput_mb_per_tib
+    key = plan.recording.one("aws:kms/key:Key", f"{plan.config.name}-datasets-data-key")
+    assert inputs["kmsKeyId"] == key.outputs["arn"]
+    private = plan.recording.one("aws:ec2/subnet:Subnet", _private_subnet_name(plan, fsx_config.subnet_index))
+    assert inputs["subnetIds"] == private.id
+    assert inputs["logConfiguration"]["destination"].startswith("arn:aws:logs:")
+    assert inputs["logConfiguration"]["destination"].endswith(f":log-group:/aws/fsx/{plan.config.name}-datasets")
+    assert inputs["automaticBackupRetentionDays"] == fsx_config.automatic_backup_retention_days
+    assert fs.protect is plan.config.protect_stateful
+    assert inputs["skipFinalBackup"] is (not plan.config.is_prod)
+
+
+def _private_subnet_name(plan, index):
+    subnets = [r.name for r in plan.recording.by_type("aws:ec2/subnet:Subnet") if "-private-" in r.name]
+    return sorted(subnets)[index] if len(subnets) > index else None
+
+
+def test_prod_keeps_backups_dev_does_not(dev_plan, prod_plan):
+    assert _fs(prod_plan).inputs["automaticBackupRetentionDays"] > 0
+    assert _fs(dev_plan).inputs["automaticBackupRetentionDays"] == 0
+
+
+def test_data_repository_associations_link_s3_with_import_and_export_events(plan):
+    fs = _fs(plan)
+    dras = plan.recording.by_type(DRA)
+    configured = plan.config.datasets.fsx.data_repository_associations
+    assert len(dras) == len(configured) >= 2
+    buckets = {r.name: r.outputs["bucket"] for r in plan.recording.by_type("aws:s3/bucket:Bucket")}
+    for dra, config in zip(dras, configured):
+        inputs = dra.inputs
+        assert inputs["fileSystemId"] == fs.id
+        assert inputs["fileSystemPath"] == config.file_system_path
+        bucket = buckets[f"{plan.config.name}-datasets-{config.bucket.value}-bucket"]
+        assert inputs["dataRepositoryPath"] == f"s3://{bucket}/"
+        assert inputs["batchImportMetaDataOnCreate"] is True
+        assert inputs["deleteDataInFilesystem"] is False
+        assert inputs["s3"]["autoImportPolicy"]["events"] == [e.value for e in config.import_events]
+        assert inputs["s3"]["autoExportPolicy"]["events"] == [e.value for e in config.export_events]
+        assert inputs["s3"]["autoImportPolicy"]["events"] and inputs["s3"]["autoExportPolicy"]["events"]
+    checkpoints = next(d for d in dras if d.inputs["fileSystemPath"] == "/checkpoints")
+    assert set(checkpoints.inputs["s3"]["autoExportPolicy"]["events"]) == {"NEW", "CHANGED", "DELETED"}
+
+
+def test_fsx_security_group_admits_only_lustre_ports_from_the_node_group(plan):
+    name = plan.config.name
+    sg = plan.recording.one("aws:ec2/securityGroup:SecurityGroup", f"{name}-datasets-fsx-sg")
+    node_sg = plan.recording.one("aws:ec2/securityGroup:SecurityGroup", f"{name}-cluster-node-sg")
+    assert _fs(plan).inputs["securityGroupIds"] == [sg.id]
+    for direction in ("ingress", "egress"):
+        rules = sg.inputs[direction]
+        ranges = {(r["fromPort"], r["toPort"]) for r in rules}
+        assert ranges == LUSTRE_PORT_RANGES
+        for rule in rules:
+            assert rule["protocol"] == "tcp"
+            assert not rule.get("cidrBlocks") and not rule.get("ipv6CidrBlocks")
+            assert rule.get("securityGroups") == [node_sg.id] or (rule.get("self") is True and not rule.get("securityGroups"))
+        assert {(r["fromPort"], r["toPort"]) for r in rules if r.get("securityGroups") == [node_sg.id]} == LUSTRE_PORT_RANGES
+    back = [r for r in plan.recording.by_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+            if r.inputs.get("referencedSecurityGroupId") == sg.id]
+    assert {(r.inputs["fromPort"], r.inputs["toPort"]) for r in back} == LUSTRE_PORT_RANGES
+    assert all(r.inputs["securityGroupId"] == node_sg.id for r in back)
+
+
+def test_fsx_csi_addon_is_pinned_and_uses_pod_identity(plan):
+    addon = plan.recording.one("aws:eks/addon:Addon", f"{plan.config.name}-datasets-aws-fsx-csi-driver")
+    assert addon.inputs["addonVersion"] == EKS_ADDON_VERSIONS["aws-fsx-csi-driver"]
+    (association,) = addon.inputs["podIdentityAssociations"]
+    role = plan.recording.one("aws:iam/role:Role", f"{plan.config.name}-datasets-fsx-csi-role")
+    assert association["roleArn"] == role.outputs["arn"]
+    trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]
+    assert trust["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+    agent = plan.recording.one("aws:eks/addon:Addon", f"{plan.config.name}-cluster-eks-pod-identity-agent")
+    assert agent.urn in addon.dependencies
+
+
+# -- plan: buckets ----------------------------------------------------------------------------
+@pytest.mark.parametrize("bucket", ["datasets-datasets", "datasets-checkpoints", "mlflow-artifacts"])
+def test_platform_buckets_are_private_kms_encrypted_versioned_and_logged(plan, bucket):
+    name = f"{plan.config.name}-{bucket}"
+    recording = plan.recording
+    block = recording.one("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", f"{name}-public-access").inputs
+    assert all(block[k] is True for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets"))
+    rule = recording.one("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+                         f"{name}-encryption").inputs["rules"][0]
+    assert rule["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "aws:kms"
+    assert rule["applyServerSideEncryptionByDefault"]["kmsMasterKeyId"].startswith("arn:aws:kms:")
+    assert recording.one("aws:s3/bucketVersioning:BucketVersioning", f"{name}-versioning").inputs[
+        "versioningConfiguration"] == {"status": "Enabled"}
+    logging = recording.one("aws:s3/bucketLogging:BucketLogging", f"{name}-access-logs").inputs
+    archive = recording.one("aws:s3/bucket:Bucket", f"{plan.config.name}-log-archive-logs-bucket")
+    assert logging["targetBucket"] == archive.id
+    assert logging["targetPrefix"].startswith("s3-access/")
+    resource = recording.one("aws:s3/bucket:Bucket", f"{name}-bucket")
+    assert resource.protect is plan.config.protect_stateful
+    assert resource.inputs.get("forceDestroy") is (not plan.config.protect_stateful)
+
+
+# -- static PV / PVC --------------------------------------------------------------------------
+def test_static_volume_and_claim_per_namespace_validate_against_kubernetes_1_32(plan):
+    from workloads.validation import validate_core
+
+    fs = _fs(plan)
+    namespaces = plan.config.datasets.fsx.namespaces
+    pvs = plan.recording.by_type("kubernetes:core/v1:PersistentVolume")
+    pvcs = plan.recording.by_type("kubernetes:core/v1:PersistentVolumeClaim")
+    assert {p.inputs["metadata"]["namespace"] for p in pvcs} == set(namespaces)
+    assert len(pvs) == len(namespaces)
+    for pv in pvs:
+        assert validate_core(pv.inputs) == []
+        spec = pv.inputs["spec"]
+        assert spec["csi"]["driver"] == "fsx.csi.aws.com"
+        assert spec["csi"]["volumeHandle"] == fs.id
+        assert spec["csi"]["volumeAttributes"] == {"dnsname": fs.outputs["dnsName"], "mountname": fs.outputs["mountName"]}
+        assert spec["accessModes"] == ["ReadWriteMany"]
+        assert spec["mountOptions"] == ["flock"]
+        assert spec["persistentVolumeReclaimPolicy"] == "Retain"
+        assert pv.provider == plan.recording.one("pulumi:providers:kubernetes").urn
+    for pvc in pvcs:
+        assert validate_core(pvc.inputs) == []
+        assert pvc.inputs["metadata"]["name"] == CLAIM_NAME
+        assert pvc.inputs["spec"]["storageClassName"] == ""
+        pv = next(p for p in pvs if p.inputs["metadata"]["name"] == pvc.inputs["spec"]["volumeName"])
+        assert pv.inputs["spec"]["claimRef"] == {"namespace": pvc.inputs["metadata"]["namespace"], "name": CLAIM_NAME}
+
+
+def test_volume_builders_are_pure_and_refuse_a_non_fsx_handle():
+    spec = FsxVolumeSpec(file_system_id="fs-0123456789abcdef0", dns_name="fs-0123456789abcdef0.fsx.us-west-2.amazonaws.com",
+                         mount_name="abcdefgh", storage_capacity_gib=1200, namespace="team-a")
+    assert fsx_persistent_volume(spec)["metadata"]["name"] == "fsx-team-a"
+    assert fsx_persistent_volume_claim(spec)["spec"]["volumeName"] == "fsx-team-a"
+    with pytest.raises(ValueError, match="fs-"):
+        FsxVolumeSpec(file_system_id="vol-1", dns_name="x", mount_name="y", storage_capacity_gib=1200, namespace="a")
+
+
+# -- pure rules ---------------------------------------------------------------------------------
+def test_capacity_steps():
+    assert [c for c in (1200, 2400, 3600, 4800, 7200, 1000, 2500) if is_valid_capacity(c)] == [1200, 2400, 4800, 7200]
+    (problem,) = fsx_capacity_problems("fsx", 3600, 125)
+    assert problem.fix == "use one of [2400, 4800]"
+
+
+def _dra(path, bucket=DatasetBucket.DATASETS, prefix=""):
+    return DataRepositoryAssociationSpec(file_system_path=path, bucket=bucket, prefix=prefix)
+
+
+def test_association_rules():
+    assert list(association_problems("fsx", [_dra("/datasets"), _dra("/checkpoints", DatasetBucket.CHECKPOINTS)])) == []
+    nested = list(association_problems("fsx", [_dra("/data", prefix="a"), _dra("/data/imagenet/", prefix="b")]))
+    assert [p.path for p in nested] == ["fsx.dataRepositoryAssociations[1].fileSystemPath"]
+    assert "overlaps" in nested[0].message
+    # /data and /datasets share a string prefix but are different directories.
+    assert list(association_problems("fsx", [_dra("/data", prefix="a"), _dra("/datasets", prefix="b")])) == []
+    overlapping_s3 = list(association_problems("fsx", [_dra("/a", prefix="imagenet"), _dra("/b", prefix="imagenet/train")]))
+    assert [p.path for p in overlapping_s3] == ["fsx.dataRepositoryAssociations[1].prefix"]
+
+
+def test_checkpoint_time_follows_capacity_and_tier():
+    # 8B parameters x 16 B = 128 GB; 1200 GiB at 125 MB/s/TiB is ~146 MB/s.
+    assert 850 < checkpoint_seconds(8_000_000_000, 1200, 125) < 900
+    assert checkpoint_seconds(8_000_000_000, 9600, 500) < 30
+
+
+# -- config validation (no mocks) -----------------------------------------------------------------
+def _problems(raw):
+    with pytest.raises(ConfigError) as caught:
+        load_platform_config(raw)
+    return {p.path: p for p in caught.value.problems}
+
+
+def test_bad_storage_config_is_reported_all_at_once():
+    raw = stack_config("dev")
+    fsx = raw["datasets"]["fsx"]
+    fsx["storageCapacityGib"] = 3000
+    fsx["perUnitStorageThroughputMbPerTib"] = 200
+    fsx["dataRepositoryAssociations"] = [
+        {"fileSystemPath": f"/d{i}", "bucket": "datasets", "prefix": f"p{i}"} for i in range(8)
+    ] + [{"fileSystemPath": "/d1/nested", "bucket": "checkpoints"}]
+    problems = _problems(raw)
+    capacity = problems["datasets.fsx.storageCapacityGib"]
+    assert capacity.value == 3000 and capacity.fix == "use one of [2400, 4800]"
+    tier = problems["datasets.fsx.perUnitStorageThroughputMbPerTib"]
+    assert tier.value == 200 and "125, 250, 500, 1000" in tier.fix
+    count = problems["datasets.fsx.dataRepositoryAssociations"]
+    assert count.value == 9 and "at most 8" in count.message
+    overlap = problems["datasets.fsx.dataRepositoryAssociations[8].fileSystemPath"]
+    assert overlap.value == "/d1/nested" and "/d1" in overlap.message
+
+
+def test_duplicate_paths_and_unknown_events_are_errors():
+    raw = stack_config("prod")
+    dras = raw["datasets"]["fsx"]["dataRepositoryAssociations"]
+    dras[1]["fileSystemPath"] = dras[0]["fileSystemPath"]
+    problems = _problems(raw)
+    assert "duplicates" in problems["datasets.fsx.dataRepositoryAssociations[1].fileSystemPath"].message
+    raw = stack_config("prod")
+    raw["datasets"]["fsx"]["dataRepositoryAssociations"][0]["exportEvents"] = ["NEW", "RENAMED"]
+    problems = _problems(raw)
+    bad = problems["datasets.fsx.dataRepositoryAssociations[0].exportEvents[1]"]
+    assert bad.value == "RENAMED" and "NEW" in bad.fix
+
+
+def test_spot_save_warning_when_fsx_is_too_slow_for_the_largest_model():
+    raw = stack_config("dev")
+    assert list(spot_save_warnings(load_platform_config(raw))) == []
+    raw["datasets"]["largestModelParameters"] = 8_000_000_000
+    (warning,) = spot_save_warnings(load_platform_config(raw))
+    assert "8.0B" in warning and "90 s" in warning and "146 MB/s" in warning
+
+
+def test_prod_plan_has_no_spot_save_warning_and_dev_with_a_big_model_does(prod_plan, plan_config):
+    assert not [w for w in prod_plan.warnings if "spot notice" in w]
+    raw = stack_config("dev")
+    raw["datasets"]["largestModelParameters"] = 2_000_000_000
+    assert [w for w in plan_config("dev", raw).warnings if "spot notice" in w]
