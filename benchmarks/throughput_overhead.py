@@ -50,6 +50,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--size", default="small")
     args = parser.parse_args()
+    # One intra-op thread for both loops: with OpenMP threads on a shared 2-core machine, a
+    # busy neighbour makes every parallel region wait on a descheduled thread (20x swings).
+    torch.set_num_threads(1)
     work = tempfile.mkdtemp(prefix="bench-throughput-")
     import argparse as a, textwrap, string, logging
 

@@ -91,7 +91,7 @@ def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
         reason, step = _train(cfg, env, process_start or time.time())
     finally:
         report_exit(env.rank, reason, step)
-        distributed.teardown()  # after _train returned, so the model and optimizer are unreferenced
+        distributed.teardown(clean=reason != "failed")  # _train returned: its model and optimizer are garbage
     return EXIT_PREEMPTED if reason == "preempted" else 0
 
 
