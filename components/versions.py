@@ -51,3 +51,20 @@ AURORA_POSTGRESQL_VERSION = "16.6"
 # The MLflow server image is built from docker/mlflow (requirements pinned there); the
 # stack takes its registry reference, digest-pinned in prod, from `tracking.image`.
 MLFLOW_VERSION = "3.17.2"
+
+# -- GPU capacity and scheduling ------------------------------------------------------------
+# Karpenter 1.14.1 supports Kubernetes 1.30-1.36 (EKS 1.32 needs >= 1.2); CRDs pinned in tests.
+KARPENTER_CHART = "oci://public.ecr.aws/karpenter/karpenter"
+KARPENTER_VERSION = "1.14.1"
+NVIDIA_DEVICE_PLUGIN_REPO = "https://nvidia.github.io/k8s-device-plugin"
+NVIDIA_DEVICE_PLUGIN_VERSION = "0.17.1"
+NVIDIA_GPU_OPERATOR_REPO = "https://helm.ngc.nvidia.com/nvidia"
+NVIDIA_GPU_OPERATOR_VERSION = "v25.3.0"
+DCGM_EXPORTER_REPO = "https://nvidia.github.io/dcgm-exporter/helm-charts"
+DCGM_EXPORTER_VERSION = "4.1.1"
+EKS_CHARTS_REPO = "https://aws.github.io/eks-charts"
+EFA_DEVICE_PLUGIN_VERSION = "v0.5.6"
+KUEUE_CHART = "oci://registry.k8s.io/kueue/charts/kueue"
+KUEUE_VERSION = "0.19.2"
+# Default EKS AMI release for Karpenter pools when a stack does not pin one (prod must pin).
+KARPENTER_AMI_ALIAS_PROD_EXAMPLE = "al2023@v20251023"

@@ -28,6 +28,9 @@ from components.validation import InvalidInputError, Problem
 from components.datasets import DataRepositoryAssociationSpec, DatasetBucket, FsxEvent, FsxLogLevel, association_problems, fsx_capacity_problems
 from components.tracking import LoadBalancerScheme, tracking_problems
 from components.versions import DEFAULT_EKS_VERSION, EKS_VERSIONS
+from components.gpu_enablement import GpuEnablementMode
+from workloads.karpenter import CapacityType as KarpenterCapacityType, ConsolidationPolicy
+from workloads.scheduling import Priority
 
 PROJECT = "ml-training-platform"
 
@@ -360,6 +363,81 @@ class TrackingConfig(_Model):
 _DURATION = r"^(([0-9]+(s|m|h))+|Never)$"
 
 
+class CpuPoolConfig(_Model):
+    """Karpenter's general CPU pool for non-GPU work (spot + on-demand, consolidation on)."""
+
+    enabled: bool = True
+    capacity_types: list[KarpenterCapacityType] = Field(
+        default_factory=lambda: [KarpenterCapacityType.SPOT, KarpenterCapacityType.ON_DEMAND], min_length=1)
+    max_cpu: int = Field(256, ge=1, description="NodePool limit on vCPUs.")
+    max_memory_gib: int = Field(1024, ge=1)
+    root_volume_gib: int = Field(100, ge=20, le=16384)
+
+
+class KarpenterConfig(_Model):
+    """Karpenter controller (Helm) and defaults shared by every pool."""
+
+    ami_alias: str = Field("al2023@latest", pattern=r"^(al2023|bottlerocket)@(latest|v[0-9][0-9.]*)$",
+                           description="EKS AMI alias, e.g. al2023@v20251023; prod must pin a version.")
+    replicas: Optional[int] = Field(None, ge=1, le=5, description="Controller replicas; default 2 in prod (with a PDB), 1 in dev.")
+    log_level: str = Field("info", pattern="^(debug|info|error)$")
+    cpu_pool: CpuPoolConfig = Field(default_factory=CpuPoolConfig)
+
+
+class GpuPoolConfig(_Model):
+    """One GPU pool: what an ML engineer means (GPU type, GPUs per node, capacity, EFA)."""
+
+    name: str = Field(pattern=r"^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$", description="Pool name; nodes get label mlplatform.io/pool=<name>.")
+    gpu_type: str = Field(description="a100 | a100-80gb | h100 | h200 | l4 | a10g | l40s")
+    gpus_per_node: int = Field(ge=1, description="GPUs per node; the type must offer it (e.g. h100: 1 or 8).")
+    capacity_types: list[KarpenterCapacityType] = Field(min_length=1, description="spot | on-demand | reserved, in preference order.")
+    capacity_reservation_ids: list[str] = Field(default_factory=list, description="cr-... ids; required with `reserved`.")
+    max_gpus: int = Field(ge=1, description="NodePool limit on nvidia.com/gpu; at least one node's GPUs.")
+    efa: bool = Field(False, description="Attach EFA interfaces (multi-node NCCL); the type must support EFA.")
+    zones: list[str] = Field(default_factory=list, description="Restrict to these AZs (default: every AZ of the network).")
+    root_volume_gib: int = Field(200, ge=50, le=16384, description="Encrypted gp3 root volume.")
+    consolidation_policy: ConsolidationPolicy = Field(ConsolidationPolicy.WHEN_EMPTY, description="WhenEmpty keeps running training safe.")
+    consolidate_after: str = Field("10m", pattern=_DURATION, description="Idle time before an empty node goes away.")
+    expire_after: str = Field("720h", pattern=_DURATION, description="Node lifetime; an expiring node is drained like a spot notice.")
+    checkpoint_seconds: int = Field(60, ge=1, description="Measured time to save a checkpoint on this hardware.")
+    termination_grace_period_seconds: int = Field(110, ge=10, le=3600, description="Drain budget; > checkpointSeconds, < 120 with spot.")
+    ami_alias: Optional[str] = Field(None, pattern=r"^(al2023|bottlerocket)@(latest|v[0-9][0-9.]*)$", description="Overrides karpenter.amiAlias.")
+    weight: Optional[int] = Field(None, ge=0, le=100, description="Karpenter NodePool weight (higher is tried first).")
+
+    @field_validator("capacity_reservation_ids")
+    @classmethod
+    def _reservations(cls, value: list[str]) -> list[str]:
+        bad = [v for v in value if not re.match(r"^cr-[0-9a-z]+$", v)]
+        if bad:
+            raise invalid(f"{bad} are not capacity reservation ids", "use ids such as cr-0123456789abcdef0")
+        return value
+
+
+class GpuEnablementConfig(_Model):
+    """How GPUs become schedulable: NVIDIA device plugin or GPU Operator, plus DCGM and EFA plugins."""
+
+    mode: GpuEnablementMode = Field(GpuEnablementMode.DEVICE_PLUGIN, description="device-plugin | gpu-operator (driver and toolkit off).")
+    dcgm_exporter: bool = Field(True, description="GPU metrics (DCGM exporter) on GPU nodes.")
+    service_monitor: bool = Field(True, description="ServiceMonitor for DCGM (needs the Prometheus operator CRDs).")
+
+
+class TeamConfig(_Model):
+    """A team: its namespace, GPU quota per pool and default priority."""
+
+    name: str = Field(pattern=r"^[a-z]([a-z0-9-]{0,40}[a-z0-9])?$", description="Namespace is team-<name>.")
+    gpu_quota: dict[str, int] = Field(default_factory=dict, description="Pool name -> GPUs guaranteed to this team.")
+    priority: Priority = Field(Priority.DEFAULT, description="production | research | default, for jobs that name none.")
+    fair_sharing_weight: int = Field(1, ge=1, le=100)
+    borrowing: bool = Field(True, description="May use other teams' idle GPUs (reclaimed by preemption).")
+
+
+class SchedulingConfig(_Model):
+    """Priority classes, team namespaces with quotas, Kueue queues."""
+
+    teams: list[TeamConfig] = Field(default_factory=list)
+    wait_for_pods_ready_timeout: str = Field("10m", pattern=_DURATION, description="All-or-nothing admission timeout.")
+
+
 class PlatformConfig(_Model):
     """The platform of one stack. Field order is the order of the stack file."""
 
@@ -373,6 +451,10 @@ class PlatformConfig(_Model):
     cluster: ClusterConfig
     datasets: Optional[DatasetsConfig] = Field(None, description="S3 buckets + FSx for Lustre (datasets capability).")
     tracking: Optional[TrackingConfig] = Field(None, description="MLflow on Fargate + Aurora (tracking capability).")
+    karpenter: KarpenterConfig = Field(default_factory=KarpenterConfig, description="Karpenter controller and CPU pool.")
+    gpu_pools: list[GpuPoolConfig] = Field(default_factory=list, max_length=32, description="GPU NodePools, at most 32 (gpu capacity capability).")
+    gpu_enablement: GpuEnablementConfig = Field(default_factory=GpuEnablementConfig)
+    scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
 
     # -- derived values: one place decides what "prod" means ------------------------------
     @property
@@ -569,6 +651,33 @@ def bucket_lifecycle_problems(path: str, lifecycle: BucketLifecycleConfig) -> It
         if not first_days < second_days:
             yield Problem(f"{path}.{second}", second_days, f"must come after {first} ({first_days} days)",
                           f"set it above {first_days} or remove {first}")
+
+
+@check("environment", "karpenter.amiAlias", "gpuPools")
+def _gpu_pool_rules(environment: Environment, ami_alias: str, gpu_pools: list[GpuPoolConfig]) -> Iterator[Problem]:
+    from workloads.gpu_catalog import gpu_pool_problems
+
+    yield from gpu_pool_problems(
+        "gpuPools", gpu_pools, is_prod=environment is Environment.PROD, default_ami_alias=ami_alias)
+    if environment is Environment.PROD and ami_alias.endswith("@latest"):
+        yield Problem("karpenter.amiAlias", ami_alias, "prod nodes must not follow @latest (every AMI release drifts every node)",
+                      "pin a release, e.g. al2023@v20251023")
+
+
+@check("network.availabilityZones", "gpuPools")
+def _gpu_pool_zones(availability_zones: list[str], gpu_pools: list[GpuPoolConfig]) -> Iterator[Problem]:
+    for index, pool in enumerate(gpu_pools):
+        for zone in pool.zones:
+            if zone not in availability_zones:
+                yield Problem(f"gpuPools[{index}].zones", zone, "is not an AZ of the network (no subnet there)",
+                              f"use one of {availability_zones}")
+
+
+@check("gpuPools", "scheduling.teams")
+def _team_rules(gpu_pools: list[GpuPoolConfig], teams: list[TeamConfig]) -> Iterator[Problem]:
+    from workloads.gpu_catalog import team_quota_problems
+
+    yield from team_quota_problems("scheduling.teams", teams, gpu_pools)
 
 
 # -- loading -----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from components.network import Network, NetworkArgs
 from infra.accounts import AccountProviders, create_account_providers
 from infra.config import PROJECT, PlatformConfig, load_platform_config
 from infra import datasets_tracking
+from infra import gpu_capacity
 
 
 @dataclass
@@ -133,7 +134,7 @@ def build_platform(config: PlatformConfig) -> Platform:
 
 
 # Capabilities added on top of the foundation, in deployment order.
-CAPABILITIES: tuple[Callable[[Platform], Optional[dict[str, Any]]], ...] = (datasets_tracking.deploy,)
+CAPABILITIES: tuple[Callable[[Platform], Optional[dict[str, Any]]], ...] = (gpu_capacity.deploy, datasets_tracking.deploy)
 
 
 def main() -> Platform:

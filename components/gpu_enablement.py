@@ -1,0 +1,121 @@
+"""Make GPUs schedulable and observable: NVIDIA device plugin (or GPU Operator), DCGM exporter,
+EFA device plugin. Every chart is pinned, tolerates the GPU taint and runs only on GPU nodes.
+
+The AL2023 NVIDIA AMI (and Bottlerocket's NVIDIA variant) ships the driver and the container
+toolkit, so the GPU Operator runs with both off: it only adds the device plugin, GPU feature
+discovery and DCGM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Optional
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components.versions import (
+    DCGM_EXPORTER_REPO, DCGM_EXPORTER_VERSION, EFA_DEVICE_PLUGIN_VERSION, EKS_CHARTS_REPO,
+    NVIDIA_DEVICE_PLUGIN_REPO, NVIDIA_DEVICE_PLUGIN_VERSION, NVIDIA_GPU_OPERATOR_REPO, NVIDIA_GPU_OPERATOR_VERSION,
+)
+from workloads.karpenter import EFA_LABEL, FSX_STARTUP_TAINT, GPU_TAINT, NODE_ROLE_LABEL
+from workloads.placement import system_pod_placement
+
+NAMESPACE = "gpu-system"
+
+
+class GpuEnablementMode(str, Enum):
+    DEVICE_PLUGIN = "device-plugin"
+    GPU_OPERATOR = "gpu-operator"
+
+
+def gpu_tolerations() -> list[dict[str, Any]]:
+    # The FSx startup taint is tolerated so GPUs are advertised while the Lustre client starts.
+    return [
+        {"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]},
+        {"key": FSX_STARTUP_TAINT["key"], "operator": "Exists", "effect": FSX_STARTUP_TAINT["effect"]},
+    ]
+
+
+def node_affinity(label: str, value: str) -> dict[str, Any]:
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": label, "operator": "In", "values": [value]}]}]}}}
+
+
+def gpu_node_placement() -> dict[str, Any]:
+    """``affinity`` + ``tolerations`` that put a DaemonSet on every GPU node and nowhere else."""
+    return {"affinity": node_affinity(NODE_ROLE_LABEL, "gpu"), "tolerations": gpu_tolerations()}
+
+
+def efa_node_placement() -> dict[str, Any]:
+    return {"affinity": node_affinity(EFA_LABEL, "true"), "tolerations": gpu_tolerations()}
+
+
+def device_plugin_values() -> dict[str, Any]:
+    return {**gpu_node_placement(), "gfd": {"enabled": False}, "nfd": {"enabled": False},
+            "priorityClassName": "system-node-critical"}
+
+
+def gpu_operator_values(*, service_monitor: bool) -> dict[str, Any]:
+    placement = gpu_node_placement()
+    return {
+        "operator": system_pod_placement(),
+        "driver": {"enabled": False},  # shipped by the AL2023 NVIDIA AMI
+        "toolkit": {"enabled": False},  # shipped by the AL2023 NVIDIA AMI
+        "daemonsets": {"tolerations": placement["tolerations"], "priorityClassName": "system-node-critical"},
+        "devicePlugin": {"enabled": True},
+        "dcgmExporter": {"enabled": True, "serviceMonitor": {"enabled": service_monitor}},
+        "node-feature-discovery": {"worker": {"tolerations": placement["tolerations"]}},
+    }
+
+
+def dcgm_exporter_values(*, service_monitor: bool) -> dict[str, Any]:
+    return {**gpu_node_placement(), "serviceMonitor": {"enabled": service_monitor, "interval": "15s"},
+            "priorityClassName": "system-node-critical"}
+
+
+def efa_device_plugin_values() -> dict[str, Any]:
+    return {**efa_node_placement(), "priorityClassName": "system-node-critical"}
+
+
+@dataclass(frozen=True)
+class GpuEnablementArgs:
+    """GPU and EFA device plugins and GPU metrics.
+
+    mode: device plugin alone, or the GPU Operator (driver and toolkit off).
+    dcgm_exporter: GPU metrics (bundled by the operator in gpu-operator mode).
+    service_monitor: a Prometheus-operator ServiceMonitor for DCGM.
+    efa: install the EFA device plugin (some pool has EFA).
+    """
+
+    mode: GpuEnablementMode = GpuEnablementMode.DEVICE_PLUGIN
+    dcgm_exporter: bool = True
+    service_monitor: bool = True
+    efa: bool = False
+
+
+class GpuEnablement(pulumi.ComponentResource):
+    def __init__(self, name: str, args: GpuEnablementArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("mlplatform:gpu_enablement:GpuEnablement", name, None, opts)
+        self.releases: dict[str, k8s.helm.v3.Release] = {}
+        if args.mode is GpuEnablementMode.GPU_OPERATOR:
+            self._release(name, "gpu-operator", "gpu-operator", NVIDIA_GPU_OPERATOR_REPO, NVIDIA_GPU_OPERATOR_VERSION,
+                          gpu_operator_values(service_monitor=args.service_monitor))
+        else:
+            self._release(name, "nvidia-device-plugin", "nvidia-device-plugin", NVIDIA_DEVICE_PLUGIN_REPO,
+                          NVIDIA_DEVICE_PLUGIN_VERSION, device_plugin_values())
+            if args.dcgm_exporter:
+                self._release(name, "dcgm-exporter", "dcgm-exporter", DCGM_EXPORTER_REPO, DCGM_EXPORTER_VERSION,
+                              dcgm_exporter_values(service_monitor=args.service_monitor))
+        if args.efa:
+            self._release(name, "efa-device-plugin", "aws-efa-k8s-device-plugin", EKS_CHARTS_REPO,
+                          EFA_DEVICE_PLUGIN_VERSION, efa_device_plugin_values())
+        self.register_outputs({"releases": sorted(self.releases)})
+
+    def _release(self, name: str, key: str, chart: str, repo: str, version: str, values: dict[str, Any]) -> None:
+        self.releases[key] = k8s.helm.v3.Release(
+            f"{name}-{key}", name=key, chart=chart, version=version,
+            repository_opts={"repo": repo}, namespace=NAMESPACE, create_namespace=True,
+            values=values, atomic=True, cleanup_on_fail=True, timeout=600,
+            opts=pulumi.ResourceOptions(parent=self),
+        )

@@ -1,0 +1,66 @@
+"""GPU pools (and the general CPU pool) as Karpenter NodePools + EC2NodeClasses.
+
+The manifests come from ``workloads.karpenter`` (pure, golden-tested); this component applies
+them after the Karpenter release (which installs the CRDs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import pulumi
+
+from components.cluster import Cluster
+from components.k8s import apply_object
+from components.karpenter import Karpenter, KarpenterPrerequisites
+from workloads.karpenter import CpuPoolSpec, GpuPoolSpec, NodeClassSpec, cpu_node_class, cpu_node_pool, gpu_node_class, gpu_node_pool
+
+
+@dataclass(frozen=True)
+class GpuPoolsArgs:
+    """NodePools for every GPU pool and, optionally, the general CPU pool.
+
+    cluster: discovery tag value, cluster security group.
+    prerequisites: the Karpenter node role (EC2NodeClass ``role``).
+    karpenter: the release that owns the CRDs; pools are applied after it.
+    gpu_pools: one NodePool + EC2NodeClass each.
+    cpu_pool: the general CPU pool, or None.
+    tags: cost-allocation tags on every instance, volume and interface Karpenter launches.
+    """
+
+    cluster: Cluster
+    prerequisites: KarpenterPrerequisites
+    karpenter: Karpenter
+    gpu_pools: Sequence[GpuPoolSpec]
+    cpu_pool: Optional[CpuPoolSpec] = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+class GpuPools(pulumi.ComponentResource):
+    def __init__(self, name: str, args: GpuPoolsArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("mlplatform:gpu_pools:GpuPools", name, None, opts)
+        node_class = NodeClassSpec(
+            cluster_name=args.cluster.args.cluster_name,
+            node_role_name=args.prerequisites.node_role.name,
+            cluster_security_group_id=args.cluster.cluster_security_group_id,
+            tags=dict(args.tags),
+        )
+        after = pulumi.ResourceOptions(parent=self, depends_on=[args.karpenter.release])
+        self.node_pools: dict[str, pulumi.CustomResource] = {}
+        self.node_classes: dict[str, pulumi.CustomResource] = {}
+        for pool in args.gpu_pools:
+            node_class_resource = apply_object(f"{name}-{pool.name}-nodeclass", gpu_node_class(pool, node_class), after)
+            self.node_classes[pool.name] = node_class_resource
+            self.node_pools[pool.name] = apply_object(
+                f"{name}-{pool.name}-nodepool", gpu_node_pool(pool),
+                pulumi.ResourceOptions(parent=self, depends_on=[args.karpenter.release, node_class_resource]),
+            )
+        if args.cpu_pool is not None:
+            cpu = args.cpu_pool
+            cpu_class = apply_object(f"{name}-{cpu.name}-nodeclass", cpu_node_class(cpu, node_class), after)
+            self.node_classes[cpu.name] = cpu_class
+            self.node_pools[cpu.name] = apply_object(
+                f"{name}-{cpu.name}-nodepool", cpu_node_pool(cpu),
+                pulumi.ResourceOptions(parent=self, depends_on=[args.karpenter.release, cpu_class]),
+            )
+        self.register_outputs({"node_pools": sorted(self.node_pools)})

@@ -1,0 +1,295 @@
+"""Karpenter: AWS-side prerequisites and the in-cluster Helm release (two components).
+
+``KarpenterPrerequisites`` (AWS only): the controller's IAM role (EKS Pod Identity only) with
+the v1 controller policy scoped by tags to this cluster, the Pod Identity association, the
+node role with its EC2_LINUX access entry, the SQS interruption queue and the EventBridge
+rules that feed it.
+
+``Karpenter`` (Kubernetes): the pinned chart on the static CPU nodes, pointed at the queue by
+NAME, two replicas and a PodDisruptionBudget in prod.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from components.cluster import Cluster, pod_identity_role
+from components.versions import KARPENTER_CHART, KARPENTER_VERSION
+from workloads.placement import system_pod_placement
+
+SERVICE_ACCOUNT = "karpenter"
+NAMESPACE = "kube-system"
+
+# Node role: join the cluster, run the VPC CNI, pull images, be reachable by SSM (no SSH).
+NODE_MANAGED_POLICIES = (
+    "AmazonEKSWorkerNodePolicy",
+    "AmazonEKS_CNI_Policy",
+    "AmazonEC2ContainerRegistryPullOnly",
+    "AmazonSSMManagedInstanceCore",
+)
+
+# EventBridge events Karpenter acts on (exact patterns from Karpenter's CloudFormation).
+INTERRUPTION_EVENT_PATTERNS: dict[str, dict[str, list[str]]] = {
+    "health": {"source": ["aws.health"], "detail-type": ["AWS Health Event"]},
+    "spot-interruption": {"source": ["aws.ec2"], "detail-type": ["EC2 Spot Instance Interruption Warning"]},
+    "rebalance": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance Rebalance Recommendation"]},
+    "instance-state-change": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance State-change Notification"]},
+}
+# Karpenter acts on a message within seconds; older ones describe instances already gone.
+QUEUE_RETENTION_SECONDS = 300
+
+
+def controller_policy(*, partition: str, region: str, account_id: str, cluster_name: str,
+                      queue_arn: str, node_role_arn: str, cluster_arn: str) -> dict[str, Any]:
+    """Karpenter v1 controller policy, scoped as upstream's CloudFormation scopes it.
+
+    Everything Karpenter launches, tags or deletes must carry this cluster's
+    ``kubernetes.io/cluster/<name>=owned`` tag and a ``karpenter.sh/nodepool`` tag.
+    """
+    arn = f"arn:{partition}:ec2:{region}:*"
+    cluster_tag = f"kubernetes.io/cluster/{cluster_name}"
+    owned_request = {
+        "StringEquals": {f"aws:RequestTag/{cluster_tag}": "owned", "aws:RequestTag/eks:eks-cluster-name": cluster_name},
+        "StringLike": {"aws:RequestTag/karpenter.sh/nodepool": "*"},
+    }
+    owned_resource = {
+        "StringEquals": {f"aws:ResourceTag/{cluster_tag}": "owned"},
+        "StringLike": {"aws:ResourceTag/karpenter.sh/nodepool": "*"},
+    }
+    profile_arn = f"arn:{partition}:iam::{account_id}:instance-profile/*"
+    profile_resource = {
+        "StringEquals": {f"aws:ResourceTag/{cluster_tag}": "owned", "aws:ResourceTag/topology.kubernetes.io/region": region},
+        "StringLike": {"aws:ResourceTag/karpenter.k8s.aws/ec2nodeclass": "*"},
+    }
+    profile_request = {
+        "StringEquals": {f"aws:RequestTag/{cluster_tag}": "owned", "aws:RequestTag/eks:eks-cluster-name": cluster_name,
+                         "aws:RequestTag/topology.kubernetes.io/region": region},
+        "StringLike": {"aws:RequestTag/karpenter.k8s.aws/ec2nodeclass": "*"},
+    }
+    statements = [
+        {"Sid": "AllowScopedEC2InstanceAccessActions", "Effect": "Allow",
+         "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
+         "Resource": [f"arn:{partition}:ec2:{region}::image/*", f"arn:{partition}:ec2:{region}::snapshot/*",
+                      f"{arn}:security-group/*", f"{arn}:subnet/*", f"{arn}:capacity-reservation/*",
+                      f"{arn}:placement-group/*"]},
+        {"Sid": "AllowScopedEC2LaunchTemplateAccessActions", "Effect": "Allow",
+         "Action": ["ec2:RunInstances", "ec2:CreateFleet"], "Resource": f"{arn}:launch-template/*",
+         "Condition": owned_resource},
+        {"Sid": "AllowScopedEC2InstanceActionsWithTags", "Effect": "Allow",
+         "Action": ["ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate"],
+         "Resource": [f"{arn}:fleet/*", f"{arn}:instance/*", f"{arn}:volume/*", f"{arn}:network-interface/*",
+                      f"{arn}:launch-template/*", f"{arn}:spot-instances-request/*"],
+         "Condition": owned_request},
+        {"Sid": "AllowScopedResourceCreationTagging", "Effect": "Allow", "Action": "ec2:CreateTags",
+         "Resource": [f"{arn}:fleet/*", f"{arn}:instance/*", f"{arn}:volume/*", f"{arn}:network-interface/*",
+                      f"{arn}:launch-template/*", f"{arn}:spot-instances-request/*"],
+         "Condition": {**owned_request, "StringEquals": {
+             **owned_request["StringEquals"], "ec2:CreateAction": ["RunInstances", "CreateFleet", "CreateLaunchTemplate"]}}},
+        {"Sid": "AllowScopedResourceTagging", "Effect": "Allow", "Action": "ec2:CreateTags",
+         "Resource": f"{arn}:instance/*",
+         "Condition": {
+             "StringEquals": {f"aws:ResourceTag/{cluster_tag}": "owned"},
+             "StringLike": {"aws:ResourceTag/karpenter.sh/nodepool": "*"},
+             "StringEqualsIfExists": {"aws:RequestTag/eks:eks-cluster-name": cluster_name},
+             "ForAllValues:StringEquals": {"aws:TagKeys": ["eks:eks-cluster-name", "karpenter.sh/nodeclaim", "Name"]},
+         }},
+        {"Sid": "AllowScopedDeletion", "Effect": "Allow",
+         "Action": ["ec2:TerminateInstances", "ec2:DeleteLaunchTemplate"],
+         "Resource": [f"{arn}:instance/*", f"{arn}:launch-template/*"], "Condition": owned_resource},
+        {"Sid": "AllowRegionalReadActions", "Effect": "Allow",
+         "Action": ["ec2:DescribeAvailabilityZones", "ec2:DescribeCapacityReservations", "ec2:DescribeImages",
+                    "ec2:DescribeInstances", "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes",
+                    "ec2:DescribeLaunchTemplates", "ec2:DescribePlacementGroups", "ec2:DescribeSecurityGroups",
+                    "ec2:DescribeSpotPriceHistory", "ec2:DescribeSubnets"],
+         "Resource": "*", "Condition": {"StringEquals": {"aws:RequestedRegion": region}}},
+        {"Sid": "AllowSSMReadActions", "Effect": "Allow", "Action": "ssm:GetParameter",
+         "Resource": f"arn:{partition}:ssm:{region}::parameter/aws/service/*"},
+        {"Sid": "AllowPricingReadActions", "Effect": "Allow", "Action": "pricing:GetProducts", "Resource": "*"},
+        {"Sid": "AllowInterruptionQueueActions", "Effect": "Allow",
+         "Action": ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"], "Resource": queue_arn},
+        {"Sid": "AllowPassingInstanceRole", "Effect": "Allow", "Action": "iam:PassRole", "Resource": node_role_arn,
+         "Condition": {"StringEquals": {"iam:PassedToService": ["ec2.amazonaws.com"]}}},
+        {"Sid": "AllowScopedInstanceProfileCreationActions", "Effect": "Allow", "Action": "iam:CreateInstanceProfile",
+         "Resource": profile_arn, "Condition": profile_request},
+        {"Sid": "AllowScopedInstanceProfileTagActions", "Effect": "Allow", "Action": "iam:TagInstanceProfile",
+         "Resource": profile_arn,
+         "Condition": {"StringEquals": {**profile_resource["StringEquals"], **profile_request["StringEquals"]},
+                       "StringLike": {**profile_resource["StringLike"], **profile_request["StringLike"]}}},
+        {"Sid": "AllowScopedInstanceProfileActions", "Effect": "Allow",
+         "Action": ["iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile"],
+         "Resource": profile_arn, "Condition": profile_resource},
+        {"Sid": "AllowInstanceProfileReadActions", "Effect": "Allow", "Action": "iam:GetInstanceProfile",
+         "Resource": profile_arn},
+        {"Sid": "AllowAPIServerEndpointDiscovery", "Effect": "Allow", "Action": "eks:DescribeCluster",
+         "Resource": cluster_arn},
+    ]
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def queue_policy(queue_arn: str) -> dict[str, Any]:
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "EventBridgeAndSqsWrite", "Effect": "Allow",
+             "Principal": {"Service": ["events.amazonaws.com", "sqs.amazonaws.com"]},
+             "Action": "sqs:SendMessage", "Resource": queue_arn},
+            {"Sid": "DenyHTTP", "Effect": "Deny", "Principal": "*", "Action": "sqs:*", "Resource": queue_arn,
+             "Condition": {"Bool": {"aws:SecureTransport": "false"}}},
+        ],
+    }
+
+
+@dataclass(frozen=True)
+class KarpenterPrerequisitesArgs:
+    """AWS resources Karpenter needs before its chart is installed.
+
+    cluster: the platform cluster (name, ARN, partition).
+    tags: on every taggable child.
+    """
+
+    cluster: Cluster
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+
+class KarpenterPrerequisites(pulumi.ComponentResource):
+    controller_role: aws.iam.Role
+    node_role: aws.iam.Role
+    queue: aws.sqs.Queue
+
+    def __init__(self, name: str, args: KarpenterPrerequisitesArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("mlplatform:karpenter:KarpenterPrerequisites", name, None, opts)
+        tags = dict(args.tags)
+        child = pulumi.ResourceOptions(parent=self)
+        invoke = pulumi.InvokeOutputOptions(parent=self)
+        cluster = args.cluster
+        cluster_name = cluster.cluster_name
+        partition = aws.get_partition_output(opts=invoke).partition
+        region = aws.get_region_output(opts=invoke).region
+        account_id = aws.get_caller_identity_output(opts=invoke).account_id
+
+        # Long-lived name the Helm values point at; SQS names are unique per account+region.
+        self.queue = aws.sqs.Queue(
+            f"{name}-interruption",
+            name=pulumi.Output.concat(cluster_name, "-karpenter"),
+            message_retention_seconds=QUEUE_RETENTION_SECONDS,
+            sqs_managed_sse_enabled=True,
+            tags=tags, opts=child,
+        )
+        aws.sqs.QueuePolicy(
+            f"{name}-interruption-policy", queue_url=self.queue.id,
+            policy=self.queue.arn.apply(lambda a: json.dumps(queue_policy(a))), opts=child,
+        )
+        self.rules: dict[str, aws.cloudwatch.EventRule] = {}
+        for key, pattern in INTERRUPTION_EVENT_PATTERNS.items():
+            rule = aws.cloudwatch.EventRule(
+                f"{name}-{key}", description=f"Karpenter interruption handling: {pattern['detail-type'][0]}",
+                event_pattern=json.dumps(pattern), tags=tags, opts=child,
+            )
+            aws.cloudwatch.EventTarget(
+                f"{name}-{key}-target", rule=rule.name, arn=self.queue.arn, target_id="karpenter-interruption-queue",
+                opts=pulumi.ResourceOptions(parent=rule),
+            )
+            self.rules[key] = rule
+
+        self.node_role = aws.iam.Role(
+            f"{name}-node-role",
+            assume_role_policy=json.dumps({"Version": "2012-10-17", "Statement": [{
+                "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}),
+            description="Nodes launched by Karpenter", tags=tags, opts=child,
+        )
+        for policy in NODE_MANAGED_POLICIES:
+            aws.iam.RolePolicyAttachment(
+                f"{name}-node-{policy}", role=self.node_role.name,
+                policy_arn=pulumi.Output.concat("arn:", partition, ":iam::aws:policy/", policy),
+                opts=pulumi.ResourceOptions(parent=self.node_role),
+            )
+        self.node_access_entry = aws.eks.AccessEntry(
+            f"{name}-node-access", cluster_name=cluster_name, principal_arn=self.node_role.arn, type="EC2_LINUX",
+            tags=tags, opts=child,
+        )
+
+        self.controller_role = pod_identity_role(f"{name}-controller", parent=self, tags=tags)
+        policy = pulumi.Output.all(
+            partition, region, account_id, cluster_name, self.queue.arn, self.node_role.arn,
+            cluster.eks_cluster.eks_cluster.arn,
+        ).apply(lambda v: json.dumps(controller_policy(
+            partition=v[0], region=v[1], account_id=v[2], cluster_name=v[3], queue_arn=v[4],
+            node_role_arn=v[5], cluster_arn=v[6]), separators=(",", ":")))
+        # Inline: the policy is ~5 KB, over the 6,144-character limit of a managed policy.
+        self.controller_policy = aws.iam.RolePolicy(
+            f"{name}-controller-policy", role=self.controller_role.id, policy=policy,
+            opts=pulumi.ResourceOptions(parent=self.controller_role),
+        )
+        self.pod_identity = aws.eks.PodIdentityAssociation(
+            f"{name}-controller-identity", cluster_name=cluster_name, namespace=NAMESPACE,
+            service_account=SERVICE_ACCOUNT, role_arn=self.controller_role.arn, tags=tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.addons["eks-pod-identity-agent"]]),
+        )
+        self.queue_name = self.queue.name
+        self.register_outputs({
+            "queue_name": self.queue.name,
+            "node_role_name": self.node_role.name,
+            "controller_role_arn": self.controller_role.arn,
+        })
+
+
+@dataclass(frozen=True)
+class KarpenterArgs:
+    """The Karpenter Helm release.
+
+    cluster: the platform cluster (its static CPU nodes run the controller).
+    prerequisites: queue, roles and Pod Identity association created beforehand.
+    replicas: controller replicas; > 1 also enables the chart's PodDisruptionBudget.
+    log_level: debug | info | error.
+    """
+
+    cluster: Cluster
+    prerequisites: KarpenterPrerequisites
+    replicas: int = 1
+    log_level: str = "info"
+
+
+def helm_values(*, cluster_name: Any, queue_name: Any, replicas: int, log_level: str) -> dict[str, Any]:
+    placement = system_pod_placement()
+    return {
+        "replicas": replicas,
+        # Two replicas + PDB keep one controller up through node drains; dev keeps the chart default.
+        "podDisruptionBudget": {"name": "karpenter", "maxUnavailable": 1} if replicas > 1 else None,
+        "nodeSelector": placement["nodeSelector"],
+        "tolerations": placement["tolerations"],
+        "logLevel": log_level,
+        "serviceAccount": {"create": True, "name": SERVICE_ACCOUNT},
+        "settings": {"clusterName": cluster_name, "interruptionQueue": queue_name},
+        "controller": {"resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}},
+    }
+
+
+class Karpenter(pulumi.ComponentResource):
+    release: k8s.helm.v3.Release
+
+    def __init__(self, name: str, args: KarpenterArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("mlplatform:karpenter:Karpenter", name, None, opts)
+        values = helm_values(cluster_name=args.cluster.cluster_name, queue_name=args.prerequisites.queue.name,
+                             replicas=args.replicas, log_level=args.log_level)
+        values = {k: v for k, v in values.items() if v is not None}
+        self.release = k8s.helm.v3.Release(
+            f"{name}-chart",
+            name="karpenter",
+            chart=KARPENTER_CHART,
+            version=KARPENTER_VERSION,
+            namespace=NAMESPACE,
+            values=values,
+            # CRDs come with the chart; upgrades of the CRDs follow the pinned version.
+            skip_crds=False,
+            atomic=True,
+            cleanup_on_fail=True,
+            timeout=600,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[args.prerequisites.pod_identity,
+                                                                 args.prerequisites.node_access_entry]),
+        )
+        self.register_outputs({"release_status": self.release.status})

@@ -1,0 +1,78 @@
+"""Scheduling guardrails: priority classes, team namespaces (quota, limits, PSA, network
+policies) and Kueue (pinned Helm release, flavors, cluster queues, local queues).
+
+Manifests come from ``workloads.scheduling`` and ``workloads.kueue`` (pure, golden-tested).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components.k8s import apply_object
+from components.versions import KUEUE_CHART, KUEUE_VERSION
+from workloads import kueue, scheduling
+from workloads.placement import system_pod_placement
+
+KUEUE_NAMESPACE = "kueue-system"
+
+
+def kueue_values(manager: kueue.ManagerConfigSpec, *, replicas: int) -> dict[str, Any]:
+    placement = system_pod_placement()
+    return {
+        "controllerManager": {
+            "replicas": replicas,
+            "nodeSelector": placement["nodeSelector"],
+            "tolerations": placement["tolerations"],
+        },
+        "managerConfig": {"controllerManagerConfigYaml": kueue.manager_config_yaml(manager)},
+    }
+
+
+@dataclass(frozen=True)
+class SchedulingArgs:
+    """Priority classes, team namespaces and Kueue.
+
+    teams: one namespace + ClusterQueue + LocalQueue each.
+    flavors: one Kueue ResourceFlavor per GPU pool.
+    manager: Kueue manager configuration (waitForPodsReady, fair sharing).
+    kueue_replicas: Kueue controller replicas (2 in prod).
+    depends_on: resources the namespaces' workloads need first (e.g. the GPU pools).
+    """
+
+    teams: Sequence[tuple[scheduling.TeamNamespaceSpec, kueue.TeamQueueSpec]]
+    flavors: Sequence[kueue.FlavorSpec]
+    manager: kueue.ManagerConfigSpec = field(default_factory=kueue.ManagerConfigSpec)
+    kueue_replicas: int = 1
+
+
+class Scheduling(pulumi.ComponentResource):
+    def __init__(self, name: str, args: SchedulingArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("mlplatform:scheduling:Scheduling", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        for pc in scheduling.priority_classes():
+            apply_object(f"{name}-priority-{pc['metadata']['name']}", pc, child)
+
+        self.kueue = k8s.helm.v3.Release(
+            f"{name}-kueue", name="kueue", chart=KUEUE_CHART, version=KUEUE_VERSION,
+            namespace=KUEUE_NAMESPACE, create_namespace=True,
+            values=kueue_values(args.manager, replicas=args.kueue_replicas),
+            atomic=True, cleanup_on_fail=True, timeout=600, opts=child,
+        )
+        after_kueue = pulumi.ResourceOptions(parent=self, depends_on=[self.kueue])
+        for flavor in args.flavors:
+            apply_object(f"{name}-flavor-{flavor.name}", kueue.resource_flavor(flavor), after_kueue)
+
+        self.namespaces: dict[str, pulumi.CustomResource] = {}
+        for ns_spec, queue_spec in args.teams:
+            ns = apply_object(f"{name}-{ns_spec.team}-namespace", scheduling.namespace(ns_spec), child)
+            self.namespaces[ns_spec.team] = ns
+            in_ns = pulumi.ResourceOptions(parent=self, depends_on=[ns])
+            for obj in scheduling.team_objects(ns_spec)[1:]:
+                apply_object(f"{name}-{ns_spec.team}-{obj['kind'].lower()}-{obj['metadata']['name']}", obj, in_ns)
+            cq = apply_object(f"{name}-{queue_spec.team}-clusterqueue", kueue.cluster_queue(queue_spec, args.flavors), after_kueue)
+            apply_object(f"{name}-{queue_spec.team}-localqueue", kueue.local_queue(queue_spec),
+                         pulumi.ResourceOptions(parent=self, depends_on=[ns, cq, self.kueue]))
+        self.register_outputs({"namespaces": sorted(n.namespace for n, _ in args.teams)})

@@ -1,0 +1,205 @@
+"""GPU capacity capability: Karpenter, GPU pools, GPU/EFA enablement, queues and quotas.
+
+Reads the ``karpenter``, ``gpuPools``, ``gpuEnablement`` and ``scheduling`` sections, creates the
+components in the workload account / cluster, and adds a plan section per GPU pool plus
+warnings for any setting that lets Karpenter (or quotas) disturb running training.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Iterator, Optional
+
+from components.gpu_enablement import GpuEnablement, GpuEnablementArgs
+from components.gpu_pools import GpuPools, GpuPoolsArgs
+from components.karpenter import Karpenter, KarpenterArgs, KarpenterPrerequisites, KarpenterPrerequisitesArgs
+from components.scheduling import Scheduling, SchedulingArgs
+from infra.config import GpuPoolConfig, PlatformConfig, TeamConfig
+from infra.mock_engine import Recording, RecordedResource
+from infra.plan import plan_section, plan_warning
+from workloads import kueue, scheduling
+from workloads.gpu_catalog import SPOT_NOTICE_SECONDS, gpu_type
+from workloads.karpenter import CapacityType, CpuPoolSpec, GpuPoolSpec
+
+NODE_POOL_TYPE = "kubernetes:karpenter.sh/v1:NodePool"
+
+
+def pool_spec(config: PlatformConfig, pool: GpuPoolConfig) -> GpuPoolSpec:
+    return GpuPoolSpec(
+        name=pool.name, gpu_type=pool.gpu_type, gpus_per_node=pool.gpus_per_node,
+        capacity_types=tuple(pool.capacity_types), max_gpus=pool.max_gpus, efa=pool.efa, zones=tuple(pool.zones),
+        capacity_reservation_ids=tuple(pool.capacity_reservation_ids), root_volume_gib=pool.root_volume_gib,
+        consolidate_after=pool.consolidate_after, expire_after=pool.expire_after,
+        termination_grace_period_seconds=pool.termination_grace_period_seconds,
+        ami_alias=pool.ami_alias or config.karpenter.ami_alias, consolidation_policy=pool.consolidation_policy,
+        weight=pool.weight,
+    )
+
+
+def cpu_pool_spec(config: PlatformConfig) -> Optional[CpuPoolSpec]:
+    cpu = config.karpenter.cpu_pool
+    if not cpu.enabled:
+        return None
+    return CpuPoolSpec(capacity_types=tuple(cpu.capacity_types), max_cpu=cpu.max_cpu, max_memory_gib=cpu.max_memory_gib,
+                       root_volume_gib=cpu.root_volume_gib, ami_alias=config.karpenter.ami_alias)
+
+
+def team_namespace(team: TeamConfig) -> str:
+    return f"team-{team.name}"
+
+
+def team_specs(config: PlatformConfig) -> list[tuple[scheduling.TeamNamespaceSpec, kueue.TeamQueueSpec]]:
+    out = []
+    for team in config.scheduling.teams:
+        ns = team_namespace(team)
+        out.append((
+            scheduling.TeamNamespaceSpec(
+                team=team.name, namespace=ns, gpu_quota=sum(team.gpu_quota.values()),
+                vpc_cidr=str(config.network.cidr), default_priority=team.priority,
+                extra_labels={"mlplatform.io/default-priority-class": scheduling.priority_class_name(team.priority)},
+            ),
+            kueue.TeamQueueSpec(team=team.name, namespace=ns, gpu_quota=dict(team.gpu_quota),
+                                fair_sharing_weight=team.fair_sharing_weight, borrowing=team.borrowing),
+        ))
+    return out
+
+
+def flavor_specs(config: PlatformConfig) -> list[kueue.FlavorSpec]:
+    specs = [pool_spec(config, p) for p in config.gpu_pools]
+    return [kueue.FlavorSpec(name=s.name, node_labels=s.node_labels, max_gpus=s.max_gpus, gpus_per_node=s.gpus_per_node)
+            for s in specs]
+
+
+def deploy(platform: Any) -> dict[str, Any]:
+    config: PlatformConfig = platform.config
+    tags = config.resource_tags
+    cluster = platform.cluster
+    prerequisites = KarpenterPrerequisites(
+        f"{config.name}-karpenter-aws", KarpenterPrerequisitesArgs(cluster=cluster, tags=tags),
+        opts=platform.workload_opts(),
+    )
+    replicas = config.karpenter.replicas or (2 if config.is_prod else 1)
+    karpenter = Karpenter(
+        f"{config.name}-karpenter",
+        KarpenterArgs(cluster=cluster, prerequisites=prerequisites, replicas=replicas, log_level=config.karpenter.log_level),
+        opts=platform.kubernetes_opts(),
+    )
+    pools = [pool_spec(config, p) for p in config.gpu_pools]
+    GpuPools(
+        f"{config.name}-node-pools",
+        GpuPoolsArgs(cluster=cluster, prerequisites=prerequisites, karpenter=karpenter, gpu_pools=pools,
+                     cpu_pool=cpu_pool_spec(config), tags=tags),
+        opts=platform.kubernetes_opts(),
+    )
+    enablement = config.gpu_enablement
+    GpuEnablement(
+        f"{config.name}-gpu-enablement",
+        GpuEnablementArgs(mode=enablement.mode, dcgm_exporter=enablement.dcgm_exporter,
+                          service_monitor=enablement.service_monitor, efa=any(p.efa for p in pools)),
+        opts=platform.kubernetes_opts(),
+    )
+    Scheduling(
+        f"{config.name}-scheduling",
+        SchedulingArgs(teams=team_specs(config), flavors=flavor_specs(config),
+                       manager=kueue.ManagerConfigSpec(wait_for_pods_ready_timeout=config.scheduling.wait_for_pods_ready_timeout),
+                       kueue_replicas=2 if config.is_prod else 1),
+        opts=platform.kubernetes_opts(),
+    )
+    return {
+        "karpenterInterruptionQueue": prerequisites.queue.name,
+        "karpenterNodeRoleName": prerequisites.node_role.name,
+        "gpuPools": [p.name for p in pools],
+        "teamNamespaces": [team_namespace(t) for t in config.scheduling.teams],
+    }
+
+
+# -- offline plan ------------------------------------------------------------------------
+def _seconds(duration: str) -> Optional[int]:
+    if duration == "Never":
+        return None
+    units = {"s": 1, "m": 60, "h": 3600}
+    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([smh])", duration))
+
+
+def recorded_gpu_node_pools(recording: Recording) -> list[RecordedResource]:
+    return [r for r in recording.by_type(NODE_POOL_TYPE)
+            if r.inputs.get("metadata", {}).get("name", "").startswith("gpu-")]
+
+
+def eviction_risks(config: PlatformConfig, node_pool: dict[str, Any]) -> Iterator[str]:
+    """Why a recorded GPU NodePool could take a node away from running training."""
+    name = node_pool.get("metadata", {}).get("name")
+    spec = node_pool.get("spec", {})
+    disruption = spec.get("disruption", {})
+    template = spec.get("template", {}).get("spec", {})
+    if disruption.get("consolidationPolicy") != "WhenEmpty":
+        yield (f"GPU pool {name}: consolidationPolicy {disruption.get('consolidationPolicy')} lets Karpenter drain busy "
+               "GPU nodes to repack them; use WhenEmpty (pods must also carry karpenter.sh/do-not-disrupt)")
+    budgets = disruption.get("budgets") or []
+    blocks_drift = any(b.get("nodes") == "0" and "Drifted" in (b.get("reasons") or []) for b in budgets)
+    if not blocks_drift:
+        yield (f"GPU pool {name}: no disruption budget with nodes \"0\" for Drifted: an AMI or pool change drains "
+               "running training; add {nodes: \"0\", reasons: [Drifted]}")
+    grace = _seconds(template.get("terminationGracePeriod") or "0s") or 0
+    requirements = {r["key"]: r.get("values", []) for r in template.get("requirements", [])}
+    capacity = requirements.get("karpenter.sh/capacity-type", [])
+    if grace < 30:
+        yield f"GPU pool {name}: terminationGracePeriod {grace}s is too short to save a checkpoint"
+    if "spot" in capacity and grace >= SPOT_NOTICE_SECONDS:
+        yield (f"GPU pool {name}: terminationGracePeriod {grace}s is longer than the {SPOT_NOTICE_SECONDS} s spot notice; "
+               "the instance disappears before the grace period ends")
+    if config.is_prod and capacity == ["spot"]:
+        yield f"GPU pool {name}: spot only in prod; add on-demand (or reserved) as a fallback"
+    expire = _seconds(template.get("expireAfter") or "Never")
+    if expire is not None and expire < 24 * 3600:
+        yield (f"GPU pool {name}: expireAfter {template.get('expireAfter')} recycles nodes daily or faster; "
+               "every expiry interrupts running training")
+
+
+@plan_warning
+def _gpu_pool_eviction(config: PlatformConfig, recording: Recording) -> Iterable[str]:
+    for resource in recorded_gpu_node_pools(recording):
+        yield from eviction_risks(config, resource.inputs)
+
+
+@plan_warning
+def _gpu_quota_oversubscribed(config: PlatformConfig, recording: Recording) -> Iterable[str]:
+    for pool in config.gpu_pools:
+        total = sum(t.gpu_quota.get(pool.name, 0) for t in config.scheduling.teams)
+        if total > pool.max_gpus:
+            yield (f"GPU pool {pool.name}: teams' nominal quotas sum to {total} GPUs but the pool launches at most "
+                   f"{pool.max_gpus}; quotas are not guaranteed (raise maxGpus or lower gpuQuota)")
+
+
+def pool_lines(config: PlatformConfig, pool: GpuPoolConfig) -> list[str]:
+    spec = pool_spec(config, pool)
+    gpu = gpu_type(pool.gpu_type)
+    num_nodes = pool.max_gpus // pool.gpus_per_node
+    return [
+        f"gpu type         {pool.gpu_type} ({gpu.description}, {gpu.gpu_memory_gib} GiB/GPU)",
+        f"instance types   {', '.join(spec.instance_types)}",
+        f"gpus per node    {pool.gpus_per_node}",
+        f"capacity types   {', '.join(c.value for c in pool.capacity_types)}"
+        + (f" (reservations {', '.join(pool.capacity_reservation_ids)})" if pool.capacity_reservation_ids else ""),
+        f"limits           nvidia.com/gpu {pool.max_gpus} (up to {num_nodes} node{'s' if num_nodes != 1 else ''})",
+        f"efa              {'on' if pool.efa else 'off'}",
+        f"zones            {', '.join(pool.zones) or 'all private subnets'}",
+        f"ami              {spec.ami_alias}",
+        f"disruption       {pool.consolidation_policy.value} after {pool.consolidate_after}, "
+        f"expireAfter {pool.expire_after}, terminationGracePeriod {pool.termination_grace_period_seconds}s",
+    ]
+
+
+def _pool_section(index: int):
+    def section(config: PlatformConfig, recording: Recording) -> Optional[tuple[str, list[str]]]:
+        if index >= len(config.gpu_pools):
+            return None
+        pool = config.gpu_pools[index]
+        return f"GPU pool {pool.name}", pool_lines(config, pool)
+
+    return section
+
+
+# One plan section per pool; sections are registered up front, so the pool count is bounded.
+MAX_GPU_POOLS = 32
+for _index in range(MAX_GPU_POOLS):
+    plan_section(_pool_section(_index))

@@ -1,0 +1,307 @@
+"""Karpenter NodePool and EC2NodeClass manifests (``karpenter.sh/v1``, ``karpenter.k8s.aws/v1``).
+
+Pure builders: a spec in, a manifest dict out. A GPU pool is training-safe by construction:
+nodes are only consolidated when empty, GPUs are tainted so only GPU pods land there, the FSx
+CSI startup taint keeps pods off a node until its Lustre client is ready, and the termination
+grace period is sized to the checkpoint budget (below the 2-minute spot notice).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Mapping, Optional, Sequence
+
+from workloads.gpu_catalog import InstanceShape, gpu_type
+
+NODE_POOL_API = "karpenter.sh/v1"
+NODE_CLASS_API = "karpenter.k8s.aws/v1"
+DISCOVERY_TAG = "karpenter.sh/discovery"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+GPU_TAINT = {"key": GPU_RESOURCE, "effect": "NoSchedule"}
+# The FSx CSI node plugin removes this taint once its Lustre client is up. It must be a
+# startup taint: as a regular taint it would stay forever and nothing would schedule.
+FSX_STARTUP_TAINT = {"key": "fsx.csi.aws.com/agent-not-ready", "effect": "NoExecute"}
+
+# Labels a TrainingJob selects on (Karpenter copies template labels onto the node).
+POOL_LABEL = "mlplatform.io/pool"
+GPU_TYPE_LABEL = "mlplatform.io/gpu-type"
+NODE_ROLE_LABEL = "node.mlplatform.io/role"
+EFA_LABEL = "mlplatform.io/efa"
+
+# Karpenter's well-known labels.
+GPU_NAME_KEY = "karpenter.k8s.aws/instance-gpu-name"
+GPU_COUNT_KEY = "karpenter.k8s.aws/instance-gpu-count"
+FAMILY_KEY = "karpenter.k8s.aws/instance-family"
+CATEGORY_KEY = "karpenter.k8s.aws/instance-category"
+GENERATION_KEY = "karpenter.k8s.aws/instance-generation"
+CAPACITY_TYPE_KEY = "karpenter.sh/capacity-type"
+INSTANCE_TYPE_KEY = "node.kubernetes.io/instance-type"
+ARCH_KEY = "kubernetes.io/arch"
+OS_KEY = "kubernetes.io/os"
+ZONE_KEY = "topology.kubernetes.io/zone"
+
+
+class CapacityType(str, Enum):
+    SPOT = "spot"
+    ON_DEMAND = "on-demand"
+    RESERVED = "reserved"
+
+
+class AmiFamily(str, Enum):
+    AL2023 = "al2023"
+    BOTTLEROCKET = "bottlerocket"
+
+
+class ConsolidationPolicy(str, Enum):
+    WHEN_EMPTY = "WhenEmpty"
+    WHEN_EMPTY_OR_UNDERUTILIZED = "WhenEmptyOrUnderutilized"
+
+
+@dataclass(frozen=True)
+class NodeClassSpec:
+    """What an EC2NodeClass needs from the cluster, shared by every pool."""
+
+    cluster_name: str
+    node_role_name: Any  # str, or a pulumi Output[str] when built by a component
+    cluster_security_group_id: Any = None  # the EKS-created primary SG, selected by id
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GpuPoolSpec:
+    """One GPU pool as an ML engineer declares it (see infra.config.GpuPoolConfig)."""
+
+    name: str
+    gpu_type: str
+    gpus_per_node: int
+    capacity_types: Sequence[CapacityType]
+    max_gpus: int
+    efa: bool = False
+    zones: Sequence[str] = ()
+    capacity_reservation_ids: Sequence[str] = ()
+    root_volume_gib: int = 200
+    consolidate_after: str = "10m"
+    expire_after: str = "720h"
+    termination_grace_period_seconds: int = 110
+    ami_alias: str = "al2023@latest"
+    consolidation_policy: ConsolidationPolicy = ConsolidationPolicy.WHEN_EMPTY
+    weight: Optional[int] = None
+
+    @property
+    def resource_name(self) -> str:
+        return f"gpu-{self.name}"
+
+    @property
+    def ami_family(self) -> AmiFamily:
+        return AmiFamily(self.ami_alias.split("@", 1)[0])
+
+    @property
+    def shapes(self) -> tuple[InstanceShape, ...]:
+        return gpu_type(self.gpu_type).shapes_for(self.gpus_per_node, efa=self.efa)
+
+    @property
+    def instance_types(self) -> list[str]:
+        return [s.instance_type for s in self.shapes]
+
+    @property
+    def node_labels(self) -> dict[str, str]:
+        """Labels every node of the pool carries; TrainingJob and Kueue flavors select on these."""
+        labels = {POOL_LABEL: self.name, GPU_TYPE_LABEL: self.gpu_type, NODE_ROLE_LABEL: "gpu"}
+        if self.efa:
+            labels[EFA_LABEL] = "true"
+        return labels
+
+
+@dataclass(frozen=True)
+class CpuPoolSpec:
+    """The general CPU pool for non-GPU work (data prep, evaluation, CI)."""
+
+    name: str = "general"
+    capacity_types: Sequence[CapacityType] = (CapacityType.SPOT, CapacityType.ON_DEMAND)
+    max_cpu: int = 256
+    max_memory_gib: int = 1024
+    instance_categories: Sequence[str] = ("c", "m", "r")
+    root_volume_gib: int = 100
+    consolidate_after: str = "1m"
+    expire_after: str = "720h"
+    ami_alias: str = "al2023@latest"
+
+    @property
+    def resource_name(self) -> str:
+        return f"cpu-{self.name}"
+
+
+def _requirement(key: str, values: Sequence[str], operator: str = "In") -> dict[str, Any]:
+    return {"key": key, "operator": operator, "values": [str(v) for v in values]}
+
+
+def gpu_pool_requirements(pool: GpuPoolSpec) -> list[dict[str, Any]]:
+    """Karpenter requirements: exactly this GPU, this many per node, these capacity types."""
+    gpu = gpu_type(pool.gpu_type)
+    shapes = pool.shapes
+    requirements = [
+        _requirement(GPU_NAME_KEY, [gpu.karpenter_gpu_name]),
+        _requirement(FAMILY_KEY, sorted({s.family for s in shapes})),
+        _requirement(GPU_COUNT_KEY, [str(pool.gpus_per_node)]),
+    ]
+    if pool.efa:
+        # No well-known label says "has EFA": pin the EFA-capable sizes.
+        requirements.append(_requirement(INSTANCE_TYPE_KEY, [s.instance_type for s in shapes]))
+    requirements += [
+        _requirement(CAPACITY_TYPE_KEY, [c.value for c in pool.capacity_types]),
+        _requirement(ARCH_KEY, ["amd64"]),
+        _requirement(OS_KEY, ["linux"]),
+    ]
+    if pool.zones:
+        requirements.append(_requirement(ZONE_KEY, list(pool.zones)))
+    return requirements
+
+
+def gpu_disruption(pool: GpuPoolSpec) -> dict[str, Any]:
+    """Never take a busy GPU node away to save money: consolidation only when empty, and
+    drift (AMI or config change) waits until the node is empty instead of draining training.
+    """
+    return {
+        "consolidationPolicy": pool.consolidation_policy.value,
+        "consolidateAfter": pool.consolidate_after,
+        "budgets": [
+            {"nodes": "0", "reasons": ["Drifted", "Underutilized"]},
+            {"nodes": "20%", "reasons": ["Empty"]},
+        ],
+    }
+
+
+def gpu_node_pool(pool: GpuPoolSpec) -> dict[str, Any]:
+    name = pool.resource_name
+    spec: dict[str, Any] = {
+        "template": {
+            "metadata": {"labels": pool.node_labels},
+            "spec": {
+                "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": name},
+                "requirements": gpu_pool_requirements(pool),
+                "taints": [dict(GPU_TAINT)],
+                "startupTaints": [dict(FSX_STARTUP_TAINT)],
+                "expireAfter": pool.expire_after,
+                "terminationGracePeriod": f"{pool.termination_grace_period_seconds}s",
+            },
+        },
+        "limits": {GPU_RESOURCE: str(pool.max_gpus)},
+        "disruption": gpu_disruption(pool),
+    }
+    if pool.weight is not None:
+        spec["weight"] = pool.weight
+    return {
+        "apiVersion": NODE_POOL_API,
+        "kind": "NodePool",
+        "metadata": {"name": name, "labels": {POOL_LABEL: pool.name}},
+        "spec": spec,
+    }
+
+
+def metadata_options() -> dict[str, Any]:
+    # IMDSv2 only, hop limit 1: pods (one hop further) cannot read the node role's credentials.
+    return {"httpEndpoint": "enabled", "httpProtocolIPv6": "disabled", "httpPutResponseHopLimit": 1, "httpTokens": "required"}
+
+
+def root_volume(ami_family: AmiFamily, size_gib: int) -> dict[str, Any]:
+    # Bottlerocket's images and containers live on its second (data) volume.
+    device = "/dev/xvda" if ami_family is AmiFamily.AL2023 else "/dev/xvdb"
+    return {
+        "deviceName": device,
+        "rootVolume": ami_family is AmiFamily.AL2023,
+        "ebs": {"volumeSize": f"{size_gib}Gi", "volumeType": "gp3", "encrypted": True, "deleteOnTermination": True},
+    }
+
+
+def efa_network_interfaces(num_network_cards: int) -> list[dict[str, Any]]:
+    """EC2's recommended EFA layout: an ENA primary interface, then one EFA-only interface per card."""
+    interfaces = [
+        {"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"},
+        {"networkCardIndex": 0, "deviceIndex": 1, "interfaceType": "efa-only"},
+    ]
+    interfaces += [{"networkCardIndex": card, "deviceIndex": 0, "interfaceType": "efa-only"} for card in range(1, num_network_cards)]
+    return interfaces
+
+
+def _selector_terms(node_class: NodeClassSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    discovery = {DISCOVERY_TAG: node_class.cluster_name}
+    subnets = [{"tags": dict(discovery)}]
+    groups: list[dict[str, Any]] = [{"tags": dict(discovery)}]
+    if node_class.cluster_security_group_id is not None:
+        # The EKS-created cluster SG lets nodes reach the control plane and system pods.
+        groups.append({"id": node_class.cluster_security_group_id})
+    return subnets, groups
+
+
+def _node_class(name: str, node_class: NodeClassSpec, *, ami_alias: str, root_gib: int, tags: Mapping[str, str]) -> dict[str, Any]:
+    ami_family = AmiFamily(ami_alias.split("@", 1)[0])
+    subnets, groups = _selector_terms(node_class)
+    return {
+        "apiVersion": NODE_CLASS_API,
+        "kind": "EC2NodeClass",
+        "metadata": {"name": name},
+        "spec": {
+            "amiSelectorTerms": [{"alias": ami_alias}],
+            "role": node_class.node_role_name,
+            "subnetSelectorTerms": subnets,
+            "securityGroupSelectorTerms": groups,
+            "metadataOptions": metadata_options(),
+            "blockDeviceMappings": [root_volume(ami_family, root_gib)],
+            # Local NVMe (p4d/p5/g6e...) as one RAID0 array for images, dataset cache and scratch.
+            "instanceStorePolicy": "RAID0",
+            "tags": {**node_class.tags, **tags},
+        },
+    }
+
+
+def gpu_node_class(pool: GpuPoolSpec, node_class: NodeClassSpec) -> dict[str, Any]:
+    manifest = _node_class(
+        pool.resource_name, node_class, ami_alias=pool.ami_alias, root_gib=pool.root_volume_gib,
+        tags={POOL_LABEL: pool.name, GPU_TYPE_LABEL: pool.gpu_type},
+    )
+    spec = manifest["spec"]
+    if pool.efa:
+        spec["networkInterfaces"] = efa_network_interfaces(pool.shapes[0].num_efa_network_cards)
+    if pool.capacity_reservation_ids:
+        spec["capacityReservationSelectorTerms"] = [{"id": rid} for rid in pool.capacity_reservation_ids]
+    return manifest
+
+
+def cpu_node_pool(pool: CpuPoolSpec) -> dict[str, Any]:
+    name = pool.resource_name
+    return {
+        "apiVersion": NODE_POOL_API,
+        "kind": "NodePool",
+        "metadata": {"name": name, "labels": {POOL_LABEL: pool.name}},
+        "spec": {
+            "template": {
+                "metadata": {"labels": {POOL_LABEL: pool.name, NODE_ROLE_LABEL: "general"}},
+                "spec": {
+                    "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": name},
+                    "requirements": [
+                        _requirement(CATEGORY_KEY, list(pool.instance_categories)),
+                        _requirement(GENERATION_KEY, ["5"], operator="Gt"),
+                        _requirement(CAPACITY_TYPE_KEY, [c.value for c in pool.capacity_types]),
+                        _requirement(ARCH_KEY, ["amd64"]),
+                        _requirement(OS_KEY, ["linux"]),
+                    ],
+                    "startupTaints": [dict(FSX_STARTUP_TAINT)],
+                    "expireAfter": pool.expire_after,
+                },
+            },
+            "limits": {"cpu": str(pool.max_cpu), "memory": f"{pool.max_memory_gib}Gi"},
+            # Stateless CPU work may be packed tighter: consolidation is allowed here.
+            "disruption": {
+                "consolidationPolicy": ConsolidationPolicy.WHEN_EMPTY_OR_UNDERUTILIZED.value,
+                "consolidateAfter": pool.consolidate_after,
+                "budgets": [{"nodes": "10%"}],
+            },
+        },
+    }
+
+
+def cpu_node_class(pool: CpuPoolSpec, node_class: NodeClassSpec) -> dict[str, Any]:
+    return _node_class(pool.resource_name, node_class, ami_alias=pool.ami_alias, root_gib=pool.root_volume_gib,
+                       tags={POOL_LABEL: pool.name})

@@ -1,0 +1,139 @@
+"""Kueue objects (``kueue.x-k8s.io/v1beta2``) and the Kueue manager configuration.
+
+One ResourceFlavor per GPU pool (its node labels and the GPU taint toleration), one
+ClusterQueue per team in a shared cohort (nominal GPU quota from config; idle quota is
+borrowed by other teams and reclaimed by preemption), one LocalQueue in each team namespace.
+The manager runs with ``waitForPodsReady`` so a multi-node job is admitted all-or-nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from workloads.karpenter import GPU_RESOURCE, GPU_TAINT
+
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
+COHORT = "ml-training"
+LOCAL_QUEUE_NAME = "training"
+# Label a TrainingJob / PyTorchJob sets to enter Kueue.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+@dataclass(frozen=True)
+class FlavorSpec:
+    """A GPU pool seen by Kueue."""
+
+    name: str  # the pool name
+    node_labels: Mapping[str, str]
+    max_gpus: int
+    gpus_per_node: int
+    cpu_per_gpu: int = 12
+    memory_gib_per_gpu: int = 120
+
+    @property
+    def resource_name(self) -> str:
+        return f"gpu-{self.name}"
+
+
+@dataclass(frozen=True)
+class TeamQueueSpec:
+    """A team's share: GPUs per flavor (pool name -> GPUs) and a fair-sharing weight."""
+
+    team: str
+    namespace: str
+    gpu_quota: Mapping[str, int]
+    fair_sharing_weight: int = 1
+    borrowing: bool = True
+
+
+def resource_flavor(flavor: FlavorSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": KUEUE_API,
+        "kind": "ResourceFlavor",
+        "metadata": {"name": flavor.resource_name},
+        "spec": {
+            "nodeLabels": dict(flavor.node_labels),
+            # Kueue adds these tolerations to admitted pods, so jobs need not know the GPU taint.
+            "tolerations": [{"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}],
+        },
+    }
+
+
+def cluster_queue(team: TeamQueueSpec, flavors: Sequence[FlavorSpec]) -> dict[str, Any]:
+    flavor_entries = []
+    for flavor in flavors:
+        gpus = int(team.gpu_quota.get(flavor.name, 0))
+        resources = [
+            {"name": "cpu", "nominalQuota": str(gpus * flavor.cpu_per_gpu)},
+            {"name": "memory", "nominalQuota": f"{gpus * flavor.memory_gib_per_gpu}Gi"},
+            {"name": GPU_RESOURCE, "nominalQuota": str(gpus)},
+        ]
+        if not team.borrowing:
+            for resource in resources:
+                resource["borrowingLimit"] = "0"
+        flavor_entries.append({"name": flavor.resource_name, "resources": resources})
+    return {
+        "apiVersion": KUEUE_API,
+        "kind": "ClusterQueue",
+        "metadata": {"name": team.team},
+        "spec": {
+            "cohortName": COHORT,
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": team.namespace}},
+            "queueingStrategy": "BestEffortFIFO",
+            "resourceGroups": [{"coveredResources": ["cpu", "memory", GPU_RESOURCE], "flavors": flavor_entries}],
+            # Borrowed GPUs come back to their owner by preemption; within a team, priority wins.
+            "preemption": {
+                "reclaimWithinCohort": "Any",
+                "borrowWithinCohort": {"policy": "LowerPriority", "maxPriorityThreshold": 100},
+                "withinClusterQueue": "LowerPriority",
+            },
+            "fairSharing": {"weight": str(team.fair_sharing_weight)},
+        },
+    }
+
+
+def local_queue(team: TeamQueueSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": KUEUE_API,
+        "kind": "LocalQueue",
+        "metadata": {"name": LOCAL_QUEUE_NAME, "namespace": team.namespace},
+        "spec": {"clusterQueue": team.team},
+    }
+
+
+@dataclass(frozen=True)
+class ManagerConfigSpec:
+    wait_for_pods_ready_timeout: str = "10m"
+    requeue_backoff_limit: int = 5
+    frameworks: Sequence[str] = field(
+        default_factory=lambda: ("batch/job", "kubeflow.org/pytorchjob", "trainer.kubeflow.org/trainjob", "jobset.x-k8s.io/jobset")
+    )
+
+
+def manager_config(spec: ManagerConfigSpec = ManagerConfigSpec()) -> dict[str, Any]:
+    """Kueue's Configuration: all-or-nothing admission and fair sharing across the cohort."""
+    return {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta1",
+        "kind": "Configuration",
+        "health": {"healthProbeBindAddress": ":8081"},
+        "metrics": {"bindAddress": ":8443"},
+        "webhook": {"port": 9443},
+        "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
+        "manageJobsWithoutQueueName": False,
+        # A job whose pods are not all Ready within the timeout is evicted and requeued, so a
+        # multi-node job never holds half its GPUs while waiting for the rest.
+        "waitForPodsReady": {
+            "enable": True,
+            "timeout": spec.wait_for_pods_ready_timeout,
+            "blockAdmission": True,
+            "requeuingStrategy": {"timestamp": "Eviction", "backoffLimitCount": spec.requeue_backoff_limit},
+        },
+        "fairSharing": {"enable": True, "preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
+        "integrations": {"frameworks": list(spec.frameworks)},
+    }
+
+
+def manager_config_yaml(spec: ManagerConfigSpec = ManagerConfigSpec()) -> str:
+    return yaml.safe_dump(manager_config(spec), sort_keys=False)

@@ -1,0 +1,153 @@
+"""Scheduling guardrails for team namespaces (built-in kinds only; validated against Kubernetes 1.32).
+
+- PriorityClasses production > research > default (default is the cluster default, never preempts).
+- A namespace per team with Pod Security Admission labels, a ResourceQuota on GPU requests,
+  a LimitRange (pods without requests would defeat quotas and bin packing), and NetworkPolicies:
+  default deny, then only what distributed training needs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Sequence
+
+from workloads.karpenter import GPU_RESOURCE
+
+
+class Priority(str, Enum):
+    PRODUCTION = "production"
+    RESEARCH = "research"
+    DEFAULT = "default"
+
+
+# Values leave room for Kueue's borrowWithinCohort.maxPriorityThreshold (see workloads.kueue).
+PRIORITY_VALUES = {Priority.PRODUCTION: 1000, Priority.RESEARCH: 100, Priority.DEFAULT: 0}
+PRIORITY_CLASS_PREFIX = "training-"
+
+
+def priority_class_name(priority: Priority) -> str:
+    return f"{PRIORITY_CLASS_PREFIX}{priority.value}"
+
+
+def priority_classes() -> list[dict[str, Any]]:
+    descriptions = {
+        Priority.PRODUCTION: "Production training: preempts research and default work.",
+        Priority.RESEARCH: "Research training: preempts default work.",
+        Priority.DEFAULT: "Everything else; the cluster default. Never preempts.",
+    }
+    return [
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": priority_class_name(priority)},
+            "value": PRIORITY_VALUES[priority],
+            "globalDefault": priority is Priority.DEFAULT,
+            "preemptionPolicy": "Never" if priority is Priority.DEFAULT else "PreemptLowerPriority",
+            "description": descriptions[priority],
+        }
+        for priority in Priority
+    ]
+
+
+@dataclass(frozen=True)
+class TeamNamespaceSpec:
+    team: str
+    namespace: str
+    gpu_quota: int
+    vpc_cidr: str
+    default_priority: Priority = Priority.DEFAULT
+    # Baseline: no privileged pods or host namespaces; "restricted" is reported, not enforced,
+    # because NCCL/EFA images commonly run as root.
+    pod_security_enforce: str = "baseline"
+    pod_security_warn: str = "restricted"
+    max_pods: int = 500
+    extra_labels: dict[str, str] = field(default_factory=dict)
+
+
+def namespace(spec: TeamNamespaceSpec) -> dict[str, Any]:
+    labels = {
+        "mlplatform.io/team": spec.team,
+        "pod-security.kubernetes.io/enforce": spec.pod_security_enforce,
+        "pod-security.kubernetes.io/enforce-version": "v1.32",
+        "pod-security.kubernetes.io/warn": spec.pod_security_warn,
+        "pod-security.kubernetes.io/warn-version": "v1.32",
+        "pod-security.kubernetes.io/audit": spec.pod_security_warn,
+        "pod-security.kubernetes.io/audit-version": "v1.32",
+        **spec.extra_labels,
+    }
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": spec.namespace, "labels": labels}}
+
+
+def resource_quota(spec: TeamNamespaceSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "gpu-quota", "namespace": spec.namespace},
+        "spec": {"hard": {f"requests.{GPU_RESOURCE}": str(spec.gpu_quota), "pods": str(spec.max_pods)}},
+    }
+
+
+def limit_range(spec: TeamNamespaceSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "LimitRange",
+        "metadata": {"name": "defaults", "namespace": spec.namespace},
+        "spec": {
+            "limits": [
+                {
+                    "type": "Container",
+                    "defaultRequest": {"cpu": "500m", "memory": "1Gi"},
+                    "default": {"cpu": "2", "memory": "4Gi"},
+                }
+            ]
+        },
+    }
+
+
+# torchrun's c10d rendezvous, NCCL's bootstrap and socket transport use ephemeral ports between
+# pods of a job: allow everything inside the namespace rather than guessing ports.
+FSX_LUSTRE_PORTS = ((988, None), (1018, 1023))
+
+
+def network_policies(spec: TeamNamespaceSpec) -> list[dict[str, Any]]:
+    ns = spec.namespace
+
+    def policy(name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                "metadata": {"name": name, "namespace": ns}, "spec": body}
+
+    vpc_ports: list[dict[str, Any]] = [{"protocol": "TCP", "port": 443}]  # MLflow ALB, VPC endpoints
+    for port, end_port in FSX_LUSTRE_PORTS:
+        vpc_ports.append({"protocol": "TCP", "port": port, **({"endPort": end_port} if end_port else {})})
+    return [
+        policy("default-deny", {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
+        policy("allow-same-namespace", {
+            "podSelector": {},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [{"podSelector": {}}]}],
+            "egress": [{"to": [{"podSelector": {}}]}],
+        }),
+        policy("allow-dns", {
+            "podSelector": {},
+            "policyTypes": ["Egress"],
+            "egress": [{
+                "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                        "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+                "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+            }],
+        }),
+        policy("allow-vpc-services", {
+            "podSelector": {},
+            "policyTypes": ["Egress"],
+            "egress": [{"to": [{"ipBlock": {"cidr": spec.vpc_cidr}}], "ports": vpc_ports}],
+        }),
+    ]
+
+
+def team_objects(spec: TeamNamespaceSpec) -> list[dict[str, Any]]:
+    """Everything a team namespace holds, namespace first."""
+    return [namespace(spec), resource_quota(spec), limit_range(spec), *network_policies(spec)]
+
+
+def all_priority_class_names() -> Sequence[str]:
+    return [priority_class_name(p) for p in Priority]
