@@ -29,6 +29,11 @@ NODE_MANAGED_POLICIES = (
 )
 
 
+# Without the CNI's policy agent, NetworkPolicy objects (team namespaces' default deny) are
+# accepted by the API server but never enforced.
+ADDON_CONFIGURATION = {"vpc-cni": {"enableNetworkPolicy": "true"}}
+
+
 class UpgradePolicy(str, Enum):
     STANDARD = "STANDARD"
     EXTENDED = "EXTENDED"
@@ -174,7 +179,8 @@ class Cluster(pulumi.ComponentResource):
         addon_opts = pulumi.ResourceOptions(parent=self)
         self.addons: dict[str, aws.eks.Addon] = {}
         for addon in ("vpc-cni", "kube-proxy", "eks-pod-identity-agent"):
-            self.addons[addon] = self._addon(name, addon, cluster_name, tags, addon_opts)
+            self.addons[addon] = self._addon(name, addon, cluster_name, tags, addon_opts,
+                                             configuration=ADDON_CONFIGURATION.get(addon))
 
         self.node_role = aws.iam.Role(
             f"{name}-system-node-role",
@@ -215,10 +221,11 @@ class Cluster(pulumi.ComponentResource):
             "node_security_group_id": self.node_security_group.id,
         })
 
-    def _addon(self, name, addon, cluster_name, tags, opts, pod_identity=None) -> aws.eks.Addon:
+    def _addon(self, name, addon, cluster_name, tags, opts, pod_identity=None, configuration=None) -> aws.eks.Addon:
         return aws.eks.Addon(
             f"{name}-{addon}", cluster_name=cluster_name, addon_name=addon,
             addon_version=self.args.addon_versions[addon],
+            configuration_values=json.dumps(configuration) if configuration else None,
             resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
             pod_identity_associations=pod_identity, tags=tags, opts=opts,
         )

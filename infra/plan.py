@@ -261,4 +261,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as `python -m infra.plan`, this module is `__main__`, while capabilities register
+    # their warnings and sections with `infra.plan`: use that one.
+    from infra import plan as _registered
+
+    sys.exit(_registered.main())

@@ -80,6 +80,11 @@ def test_five_pinned_managed_addons_and_ebs_csi_through_pod_identity(plan):
     assert set(trust["Action"]) == {"sts:AssumeRole", "sts:TagSession"}
 
 
+def test_network_policies_are_enforced_by_the_cni(plan):
+    cni = next(r for r in plan.recording.by_type("aws:eks/addon:Addon") if r.inputs["addonName"] == "vpc-cni")
+    assert json.loads(cni.inputs["configurationValues"]) == {"enableNetworkPolicy": "true"}
+
+
 def test_node_group_waits_for_the_cni(plan):
     group = plan.recording.one("aws:eks/nodeGroup:NodeGroup")
     cni = next(r for r in plan.recording.by_type("aws:eks/addon:Addon") if r.inputs["addonName"] == "vpc-cni")

@@ -26,6 +26,8 @@ def test_plan_exits_zero_and_writes_the_graph(stack, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "Resources:" in result.stdout and "AWS resources per account:" in result.stdout
     assert "extended support" in result.stdout and "/month" in result.stdout
+    # Capabilities' plan sections reach the CLI (they register with infra.plan, not __main__).
+    assert "GPU pool" in result.stdout
     graph = json.loads(out.read_text())
     assert graph and all(set(node) == GRAPH_KEYS for node in graph)
     names = {node["name"] for node in graph}
