@@ -30,9 +30,10 @@ docs: $(STAMP)
 	$(PY) -m infra.config_reference --write README.md
 
 benchmarks: $(STAMP)
-	$(PY) benchmarks/throughput.py
+	$(PY) benchmarks/throughput_overhead.py
 	$(PY) benchmarks/checkpoint_stall.py
 	$(PY) benchmarks/mfu.py
+	$(PY) benchmarks/torchrun_sigterm.py
 
 clean:
 	rm -rf $(VENV) out runs
