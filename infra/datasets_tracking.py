@@ -45,6 +45,16 @@ def _lifecycle(rule_id: str, lifecycle: BucketLifecycleConfig) -> list[Lifecycle
 
 
 def team_namespaces(config: PlatformConfig) -> list[str]:
+    """Namespaces that get the FSx claim and the MLflow Secret.
+
+    The scheduling capability's teams (namespace ``team-<name>``) when it is configured;
+    ``datasets.fsx.namespaces`` otherwise (a stand-in from before team namespaces existed).
+    """
+    teams = getattr(getattr(config, "scheduling", None), "teams", None) or []
+    if teams:
+        from infra.gpu_capacity import team_namespace
+
+        return [team_namespace(team) for team in teams]
     return list(config.datasets.fsx.namespaces) if config.datasets else []
 
 
@@ -165,7 +175,7 @@ def _tracking_warnings(config: PlatformConfig, recording: Recording) -> Iterator
         yield (f"tracking.route53ZoneId is not set: create the ACM DNS validation record for {tr.domain_name} "
                "(stack output mlflowCertificateValidation) or the HTTPS listeners cannot be created")
     if not team_namespaces(config):
-        yield "datasets.fsx.namespaces is empty: no namespace gets the FSx claim or the MLflow Secret"
+        yield "no team namespaces (scheduling.teams or datasets.fsx.namespaces): no namespace gets the FSx claim or the MLflow Secret"
 
 
 @plan_section
@@ -175,7 +185,7 @@ def _datasets_tracking_section(config: PlatformConfig, recording: Recording) -> 
         fsx = config.datasets.fsx
         lines.append(f"FSx PERSISTENT_2 {fsx.storage_capacity_gib} GiB x {fsx.per_unit_storage_throughput_mb_per_tib} MB/s/TiB "
                      f"= {write_throughput_mb_per_s(fsx.storage_capacity_gib, fsx.per_unit_storage_throughput_mb_per_tib):.0f} MB/s, "
-                     f"{len(fsx.data_repository_associations)} DRA(s), PVC in {', '.join(fsx.namespaces) or 'no namespace'}")
+                     f"{len(fsx.data_repository_associations)} DRA(s), PVC in {', '.join(team_namespaces(config)) or 'no namespace'}")
     if config.tracking is not None:
         tr, db = config.tracking, config.tracking.database
         lines.append(f"MLflow https://{tr.domain_name} ({tr.load_balancer_scheme.value}), Aurora {db.min_capacity_acu}-"

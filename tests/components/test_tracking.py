@@ -6,12 +6,15 @@ import json
 import pytest
 
 from components.mlflow_server import HEALTH_CHECK_PATH, SECRET_ENV_NAMES, MlflowServerSettings, mlflow_server_command
-from components.tracking import TLS_POLICY
 from components.versions import AURORA_POSTGRESQL_VERSION
 from infra.config import ConfigError, load_platform_config
+from infra.datasets_tracking import team_namespaces
 from tests.conftest import stack_config
 
 SG_IN = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+# ELB policies that allow only TLS 1.2 and 1.3 (the API default, ELBSecurityPolicy-2016-08, allows 1.0).
+TLS12_PLUS_POLICIES = {"ELBSecurityPolicy-TLS13-1-2-2021-06", "ELBSecurityPolicy-TLS13-1-2-Res-2021-06",
+                       "ELBSecurityPolicy-TLS13-1-3-2021-06", "ELBSecurityPolicy-TLS13-1-2-Ext1-2021-06"}
 
 
 def _name(plan, suffix):
@@ -144,7 +147,7 @@ def test_https_listeners_use_tls12_plus_and_http_redirects(plan):
     assert len(https) == len(http) == len(lbs)
     validated = plan.recording.one("aws:acm/certificateValidation:CertificateValidation")
     for listener in https:
-        assert listener["protocol"] == "HTTPS" and listener["sslPolicy"] == TLS_POLICY
+        assert listener["protocol"] == "HTTPS" and listener["sslPolicy"] in TLS12_PLUS_POLICIES
         assert listener["certificateArn"] == validated.inputs["certificateArn"]
         assert listener["defaultActions"][0]["type"] == "forward"
     for listener in http:
@@ -183,7 +186,7 @@ def test_in_cluster_clients_reach_an_internal_load_balancer(plan):
             assert secret.inputs["stringData"] == "[secret]"  # the password makes the whole map secret
     namespaces = {s.inputs["metadata"]["namespace"] for s in plan.recording.by_type("kubernetes:core/v1:Secret")
                   if s.inputs["metadata"]["name"] == "mlflow-tracking"}
-    assert namespaces == set(plan.config.datasets.fsx.namespaces)
+    assert namespaces == set(team_namespaces(plan.config))
 
 
 def test_prod_is_also_internet_facing_but_only_for_listed_cidrs(prod_plan, dev_plan):

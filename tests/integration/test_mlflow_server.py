@@ -61,6 +61,27 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _self_signed_certificate(cert_path: Path, key_path: Path) -> None:
+    """TLS for the test server, like Aurora's (the task connects with sslmode=require)."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1)).sign(key, hashes.SHA256()))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    key_path.chmod(0o600)  # PostgreSQL refuses a key others can read
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
 class Postgres:
     """A throwaway cluster: password auth over TCP, TLS on, owned by the postgres user."""
 
@@ -79,10 +100,7 @@ class Postgres:
     def init(self) -> None:
         password_file = self.base / "pw"
         password_file.write_text(DB_PASSWORD + "\n")
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                        "-keyout", str(self.base / "server.key"), "-out", str(self.base / "server.crt")],
-                       check=True, capture_output=True, timeout=60)
-        (self.base / "server.key").chmod(0o600)
+        _self_signed_certificate(self.base / "server.crt", self.base / "server.key")
         if self.as_root:
             shutil.chown(self.base, "postgres", "postgres")
             for path in self.base.iterdir():
