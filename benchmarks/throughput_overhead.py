@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -49,6 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--size", default="small")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     # One intra-op thread for both loops: with OpenMP threads on a shared 2-core machine, a
     # busy neighbour makes every parallel region wait on a descheduled thread (20x swings).
@@ -57,21 +59,26 @@ def main() -> None:
     import argparse as a, textwrap, string, logging
 
     prepare([m.__file__ for m in (a, textwrap, string, logging)], f"{work}/data", show_progress=False)
-    overrides = [f"data.dir={work}/data", f"checkpoint.dir={work}/ckpt", f"model.size={args.size}",
-                 f"schedule.num_steps={args.steps}", "data.seq_len=128", "data.micro_batch_size=8",
-                 "checkpoint.every_steps=25", "tracking.log_every_steps=10", "model.dropout=0.0"]
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{work}/mlflow.db"
-    cfg = load_config(CONFIG, overrides, environ={})
-
-    bare = bare_loop(cfg, args.steps)
-    assert train_main(cfg) == 0
-    summary = json.load(open(f"{work}/ckpt/summary.json"))
-    trainer = summary["tokens_seen"] / (summary["wall_seconds"] - summary["startup_seconds"])
-    print(f"model {args.size}, {args.steps} steps x {cfg.data.seq_len * cfg.data.micro_batch_size} tokens, CPU, 1 process")
-    print(f"bare PyTorch loop:                  {bare:10.0f} tokens/s")
-    print(f"trainer (MLflow + ckpt every 25):   {trainer:10.0f} tokens/s "
-          f"({summary['checkpoint_stall_seconds']:.2f} s in {args.steps // 25} checkpoint stalls)")
-    print(f"ratio trainer / bare:               {trainer / bare:10.3f}")
+    bare, trainer, stalls = [], [], []
+    # Alternating rounds, medians: a shared machine's load drifts between back-to-back runs.
+    for round_ in range(args.rounds):
+        overrides = [f"data.dir={work}/data", f"checkpoint.dir={work}/ckpt-{round_}", f"model.size={args.size}",
+                     f"schedule.num_steps={args.steps}", "data.seq_len=128", "data.micro_batch_size=8",
+                     "checkpoint.every_steps=25", "tracking.log_every_steps=10", "model.dropout=0.0"]
+        cfg = load_config(CONFIG, overrides, environ={})
+        bare.append(bare_loop(cfg, args.steps))
+        assert train_main(cfg) == 0
+        summary = json.load(open(f"{work}/ckpt-{round_}/summary.json"))
+        trainer.append(summary["tokens_seen"] / (summary["wall_seconds"] - summary["startup_seconds"]))
+        stalls.append(summary["checkpoint_stall_seconds"])
+    b, t = statistics.median(bare), statistics.median(trainer)
+    print(f"model {args.size}, {args.steps} steps x {cfg.data.seq_len * cfg.data.micro_batch_size} tokens, "
+          f"CPU, 1 process, 1 thread, median of {args.rounds} alternating rounds")
+    print(f"bare PyTorch loop:                  {b:10.0f} tokens/s  {[round(x) for x in bare]}")
+    print(f"trainer (MLflow + ckpt every 25):   {t:10.0f} tokens/s  {[round(x) for x in trainer]} "
+          f"({statistics.median(stalls):.2f} s in {args.steps // 25} checkpoint stalls)")
+    print(f"ratio trainer / bare:               {t / b:10.3f}")
 
 
 if __name__ == "__main__":
