@@ -135,14 +135,15 @@ class ImageRepositories(pulumi.ComponentResource):
     def __init__(self, name: str, args: ImageRepositoriesArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("mlplatform:tracking:ImageRepositories", name, None, opts)
         tags = dict(args.tags)
-        pullers = list(args.puller_account_ids)
+        partition = aws.get_partition_output(opts=pulumi.InvokeOutputOptions(parent=self)).partition
+        pullers = [pulumi.Output.concat("arn:", partition, ":iam::", account, ":root") for account in args.puller_account_ids]
         self.key = create_key(
             f"{name}-ecr", description="Encrypts the platform's container images", parent=self, tags=tags,
             protect=args.protect,
             service_statements=[{
                 # Layers are decrypted by ECR on behalf of the pulling account.
                 "Sid": "PullersDecryptThroughEcr", "Effect": "Allow",
-                "Principal": {"AWS": [f"arn:aws:iam::{account}:root" for account in pullers]},
+                "Principal": {"AWS": pullers},
                 "Action": ["kms:Decrypt", "kms:DescribeKey"], "Resource": "*",
                 "Condition": {"StringLike": {"kms:ViaService": "ecr.*.amazonaws.com"}},
             }],
@@ -158,9 +159,9 @@ class ImageRepositories(pulumi.ComponentResource):
             )
             aws.ecr.RepositoryPolicy(
                 f"{name}-{key}-policy", repository=repo.name,
-                policy=json.dumps({"Version": "2012-10-17", "Statement": [{
+                policy=pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [{
                     "Sid": "WorkloadAccountsPull", "Effect": "Allow",
-                    "Principal": {"AWS": [f"arn:aws:iam::{account}:root" for account in pullers]},
+                    "Principal": {"AWS": pullers},
                     "Action": ECR_PULL_ACTIONS}]}),
                 opts=pulumi.ResourceOptions(parent=repo),
             )
@@ -235,6 +236,7 @@ class DatabaseArgs:
     max_capacity_acu: float = 4
     seconds_until_auto_pause: Optional[int] = 600
     backup_retention_days: int = 7
+    num_instances: int = 1  # 2+ puts a reader in another AZ that takes over on failure
 
 
 @dataclass(frozen=True)
@@ -358,12 +360,12 @@ class Tracking(pulumi.ComponentResource):
             enabled_cloudwatch_logs_exports=["postgresql"],
             tags=tags, opts=stateful,
         )
-        self.database_instance = aws.rds.ClusterInstance(
-            f"{name}-db-1", cluster_identifier=self.database.id, instance_class="db.serverless",
+        self.database_instances = [aws.rds.ClusterInstance(
+            f"{name}-db-{index + 1}", cluster_identifier=self.database.id, instance_class="db.serverless",
             engine="aurora-postgresql", engine_version=AURORA_POSTGRESQL_VERSION,
             db_subnet_group_name=subnet_group.name, publicly_accessible=False,
-            auto_minor_version_upgrade=True, tags=tags, opts=stateful,
-        )
+            auto_minor_version_upgrade=True, promotion_tier=index, tags=tags, opts=stateful,
+        ) for index in range(db.num_instances)]
         db_secret_arn = self.database.master_user_secrets.apply(lambda s: s[0]["secret_arn"] if s and isinstance(s[0], dict)
                                                                else (s[0].secret_arn if s else None))
 
@@ -399,7 +401,7 @@ class Tracking(pulumi.ComponentResource):
         self.artifacts.grant_read_write(self.task_role)
 
         self.certificate = aws.acm.Certificate(f"{name}-cert", domain_name=args.domain_name, validation_method="DNS",
-                                               tags=tags, opts=pulumi.ResourceOptions(parent=self, delete_before_replace=False))
+                                               tags=tags, opts=child)
         certificate_arn = self._validated(name, args, tags)
 
         schemes = [LoadBalancerScheme.INTERNAL]
@@ -442,7 +444,7 @@ class Tracking(pulumi.ComponentResource):
             deployment_minimum_healthy_percent=100 if args.desired_count > 1 else 0,
             deployment_maximum_percent=200,
             propagate_tags="SERVICE", enable_execute_command=False, wait_for_steady_state=False,
-            tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=[*listeners, self.database_instance]),
+            tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=[*listeners, *self.database_instances]),
         )
 
         # -- in-VPC name resolution: the tracking domain points at the internal load balancer --

@@ -122,7 +122,9 @@ def deploy(platform: "Platform") -> dict[str, Any]:
                 namespaces=namespaces,
                 database=DatabaseArgs(min_capacity_acu=db.min_capacity_acu, max_capacity_acu=db.max_capacity_acu,
                                       seconds_until_auto_pause=db.seconds_until_auto_pause,
-                                      backup_retention_days=db.backup_retention_days),
+                                      backup_retention_days=db.backup_retention_days,
+                                      # prod: a reader in a second AZ takes over when the writer fails
+                                      num_instances=2 if config.is_prod else 1),
                 image_repository_arn=images.repositories["mlflow"].arn,
                 route53_zone_id=tr.route53_zone_id, scheme=tr.load_balancer_scheme,
                 ingress_cidrs=[str(c) for c in tr.ingress_cidrs], num_workers=tr.num_workers,

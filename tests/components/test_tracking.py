@@ -44,14 +44,22 @@ def test_aurora_serverless_v2_is_encrypted_private_and_scales_from_config(plan):
     subnets = plan.recording.one("aws:rds/subnetGroup:SubnetGroup")
     private_ids = sorted(s.id for s in plan.recording.by_type("aws:ec2/subnet:Subnet") if "-private-" in s.name)
     assert sorted(subnets.inputs["subnetIds"]) == private_ids
-    (instance,) = plan.recording.by_type("aws:rds/clusterInstance:ClusterInstance")
-    assert instance.inputs["instanceClass"] == "db.serverless"
-    assert instance.inputs["publiclyAccessible"] is False
+    instances = plan.recording.by_type("aws:rds/clusterInstance:ClusterInstance")
+    assert len(instances) == (2 if plan.config.is_prod else 1)
     prod = plan.config.is_prod
-    assert db.protect is prod and instance.protect is prod
+    for instance in instances:
+        assert instance.inputs["instanceClass"] == "db.serverless"
+        assert instance.inputs["publiclyAccessible"] is False
+        assert instance.inputs["clusterIdentifier"] == db.id
+        assert instance.protect is prod
+    assert db.protect is prod
     assert inputs["deletionProtection"] is prod
     assert inputs["skipFinalSnapshot"] is (not prod)
     assert bool(inputs.get("finalSnapshotIdentifier")) is prod
+
+
+def test_prod_database_has_a_failover_reader(prod_plan):
+    assert len(prod_plan.recording.by_type("aws:rds/clusterInstance:ClusterInstance")) >= 2
 
 
 def test_dev_database_pauses_at_zero_acu(dev_plan):
