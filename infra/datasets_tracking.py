@@ -168,6 +168,23 @@ def _spot_save(config: PlatformConfig, recording: Recording) -> Iterator[str]:
     yield from spot_save_warnings(config)
 
 
+def cross_az_warnings(config: PlatformConfig) -> Iterator[str]:
+    """GPU pools that may launch outside the file system's AZ pay cross-AZ latency and traffic."""
+    if config.datasets is None:
+        return
+    fsx_az = config.network.availability_zones[config.datasets.fsx.subnet_index]
+    pools = getattr(config, "gpu_pools", None) or []
+    spread = [pool.name for pool in pools if set(pool.zones or config.network.availability_zones) != {fsx_az}]
+    if spread:
+        yield (f"FSx for Lustre lives in {fsx_az} only; GPU pools {spread} may launch in other AZs and read it "
+               f"across AZs (higher latency, $0.01/GB each way): set their zones to [{fsx_az}] for training pools")
+
+
+@plan_warning
+def _cross_az(config: PlatformConfig, recording: Recording) -> Iterator[str]:
+    yield from cross_az_warnings(config)
+
+
 @plan_warning
 def _tracking_warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
     tr = config.tracking

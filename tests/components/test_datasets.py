@@ -16,7 +16,7 @@ from components.datasets import (
 from components.versions import EKS_ADDON_VERSIONS
 from infra.config import ConfigError, load_platform_config
 from infra.datasets_tracking import team_namespaces
-from infra.datasets_tracking import spot_save_warnings
+from infra.datasets_tracking import cross_az_warnings, spot_save_warnings
 from tests.conftest import stack_config
 from workloads.fsx import CLAIM_NAME, FsxVolumeSpec, fsx_persistent_volume, fsx_persistent_volume_claim
 
@@ -251,3 +251,17 @@ def test_prod_plan_has_no_spot_save_warning_and_dev_with_a_big_model_does(prod_p
     raw = stack_config("dev")
     raw["datasets"]["largestModelParameters"] = 2_000_000_000
     assert [w for w in plan_config("dev", raw).warnings if "spot notice" in w]
+
+
+def test_cross_az_warning_names_gpu_pools_outside_the_file_systems_az():
+    raw = stack_config("dev")
+    fsx_az = raw["network"]["availabilityZones"][raw["datasets"]["fsx"]["subnetIndex"]]
+    pools = raw.get("gpuPools") or []
+    if not pools:
+        pytest.skip("no GPU pools in the dev stack")
+    for pool in pools:
+        pool["zones"] = [fsx_az]
+    assert list(cross_az_warnings(load_platform_config(raw))) == []
+    pools[0]["zones"] = []
+    (warning,) = cross_az_warnings(load_platform_config(raw))
+    assert pools[0]["name"] in warning and fsx_az in warning
