@@ -257,3 +257,14 @@ def test_internet_facing_needs_listed_cidrs():
     raw = stack_config("prod")
     raw["tracking"]["ingressCidrs"] = []
     assert "ingressCidrs" in _problems(raw)["tracking.ingressCidrs"].path
+
+
+STATEFUL_TYPES = ("aws:kms/key:Key", "aws:s3/bucket:Bucket", "aws:fsx/lustreFileSystem:LustreFileSystem",
+                  "aws:rds/cluster:Cluster", "aws:rds/clusterInstance:ClusterInstance", "aws:ecr/repository:Repository")
+
+
+def test_stateful_resources_of_datasets_and_tracking_are_protected_in_prod_only(plan):
+    prefixes = tuple(f"{plan.config.name}-{part}" for part in ("datasets", "mlflow", "images", "alb-logs"))
+    stateful = [r for t in STATEFUL_TYPES for r in plan.recording.by_type(t) if r.name.startswith(prefixes)]
+    assert {r.type for r in stateful} == set(STATEFUL_TYPES)
+    assert [r.name for r in stateful if r.protect is not plan.config.is_prod] == []
