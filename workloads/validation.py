@@ -31,20 +31,24 @@ def structural_to_json_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
     - ``nullable: true``: ``null`` is allowed too.
     - objects with ``properties`` and no ``additionalProperties`` reject unknown fields.
     """
+    return _convert(schema, strict=True)
+
+
+def _convert(schema: Mapping[str, Any], *, strict: bool) -> dict[str, Any]:
+    """Walk a structural schema. ``strict=False`` is for value-validation overlays (inside
+    allOf/anyOf/oneOf/not, often without a type): closing objects there would reject valid values."""
     out: dict[str, Any] = {}
     for key, value in schema.items():
         if key in ("properties", "patternProperties"):
-            out[key] = {name: structural_to_json_schema(sub) for name, sub in value.items()}
+            out[key] = {name: _convert(sub, strict=strict) for name, sub in value.items()}
         elif key == "items" and isinstance(value, Mapping):
-            out[key] = structural_to_json_schema(value)
-        elif key == "additionalProperties" and isinstance(value, Mapping):
-            out[key] = structural_to_json_schema(value)
+            out[key] = _convert(value, strict=strict)
+        elif key == "additionalProperties" and isinstance(value, Mapping) and strict:
+            out[key] = _convert(value, strict=True)
         elif key in ("allOf", "anyOf", "oneOf"):
-            # Structural schemas use these only as value-validation overlays (often without a type);
-            # converting them would wrongly add `additionalProperties: false` inside the overlay.
-            out[key] = [_overlay(sub) for sub in value]
+            out[key] = [_convert(sub, strict=False) for sub in value]
         elif key == "not" and isinstance(value, Mapping):
-            out[key] = _overlay(value)
+            out[key] = _convert(value, strict=False)
         elif key == "pattern" and isinstance(value, str):
             out[key] = _python_pattern(value)
         elif key.startswith("x-kubernetes-") or key in ("nullable", "format"):
@@ -53,6 +57,8 @@ def structural_to_json_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
             continue
         else:
             out[key] = copy.deepcopy(value)
+    if not strict:
+        return out
 
     if schema.get(_INT_OR_STRING):
         out.pop("type", None)
@@ -81,27 +87,6 @@ def _python_pattern(pattern: str) -> str:
         if flag in pattern[1:]:
             pattern = flag + pattern.replace(flag, "")
     return pattern
-
-
-def _overlay(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """A value-validation overlay (inside allOf/anyOf/oneOf/not): converted without closing objects."""
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in ("properties", "patternProperties"):
-            out[key] = {name: _overlay(sub) for name, sub in value.items()}
-        elif key == "items" and isinstance(value, Mapping):
-            out[key] = _overlay(value)
-        elif key in ("allOf", "anyOf", "oneOf"):
-            out[key] = [_overlay(sub) for sub in value]
-        elif key == "not" and isinstance(value, Mapping):
-            out[key] = _overlay(value)
-        elif key == "pattern" and isinstance(value, str):
-            out[key] = _python_pattern(value)
-        elif key.startswith("x-kubernetes-") or key in ("nullable", "format"):
-            continue
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
