@@ -232,7 +232,8 @@ class Cluster(pulumi.ComponentResource):
 
     def _ebs_csi_identity(self, name, tags) -> list[dict]:
         role = pod_identity_role(
-            f"{name}-ebs-csi", parent=self, tags=tags,
+            f"{name}-ebs-csi", cluster_arn=self.eks_cluster.eks_cluster.arn, namespace="kube-system",
+            service_account="ebs-csi-controller-sa", parent=self, tags=tags,
             managed_policy_arns=[pulumi.Output.concat(
                 "arn:", self.partition, ":iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy")],
         )
@@ -270,20 +271,42 @@ class Cluster(pulumi.ComponentResource):
         )
 
 
+def pod_identity_trust_policy(*, cluster_arn: str, namespace: str, service_account: str) -> dict:
+    """Trust policy for a role that only one service account of one cluster may assume.
+
+    EKS Pod Identity assumes the role with session tags naming the cluster, namespace and
+    service account; conditioning the trust on them keeps every other Pod Identity association
+    in the account from using the role. Source: EKS User Guide, "Create IAM role with trust
+    policy required by EKS Pod Identity" (pod-id-role) and "List of session tags added by EKS
+    Pod Identity" (pod-id-abac).
+    """
+    return {"Version": "2012-10-17", "Statement": [{
+        "Sid": "AllowEksAuthToAssumeRoleForPodIdentity",
+        "Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com"},
+        "Action": ["sts:AssumeRole", "sts:TagSession"],
+        "Condition": {"StringEquals": {
+            "aws:RequestTag/eks-cluster-arn": cluster_arn,
+            "aws:RequestTag/kubernetes-namespace": namespace,
+            "aws:RequestTag/kubernetes-service-account": service_account,
+        }},
+    }]}
+
+
 def pod_identity_role(
     name: str,
     *,
+    cluster_arn: pulumi.Input[str],
+    namespace: str,
+    service_account: str,
     parent: pulumi.Resource,
     tags: Mapping[str, str],
     managed_policy_arns: Sequence[pulumi.Input[str]] = (),
 ) -> aws.iam.Role:
-    """An IAM role that only EKS Pod Identity can assume (AssumeRole + TagSession)."""
+    """An IAM role that only EKS Pod Identity, for one service account of one cluster, can assume."""
+    trust = pulumi.Output.from_input(cluster_arn).apply(lambda arn: json.dumps(
+        pod_identity_trust_policy(cluster_arn=arn, namespace=namespace, service_account=service_account)))
     role = aws.iam.Role(
-        f"{name}-role",
-        assume_role_policy=json.dumps({"Version": "2012-10-17", "Statement": [{
-            "Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com"},
-            "Action": ["sts:AssumeRole", "sts:TagSession"]}]}),
-        tags=dict(tags), opts=pulumi.ResourceOptions(parent=parent),
+        f"{name}-role", assume_role_policy=trust, tags=dict(tags), opts=pulumi.ResourceOptions(parent=parent),
     )
     for index, arn in enumerate(managed_policy_arns):
         aws.iam.RolePolicyAttachment(f"{name}-policy-{index}", role=role.name, policy_arn=arn,

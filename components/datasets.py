@@ -320,7 +320,9 @@ class Datasets(pulumi.ComponentResource):
                 tags=tags, opts=fs_child,
             ))
 
-        csi_role = pod_identity_role(f"{name}-fsx-csi", parent=self, tags=tags)
+        csi_role = pod_identity_role(
+            f"{name}-fsx-csi", cluster_arn=args.cluster.eks_cluster.eks_cluster.arn, namespace="kube-system",
+            service_account="fsx-csi-controller-sa", parent=self, tags=tags)
         # Static volumes only: the controller describes file systems, it never creates one.
         aws.iam.RolePolicy(
             f"{name}-fsx-csi-policy", role=csi_role.id,

@@ -213,7 +213,9 @@ class KarpenterPrerequisites(pulumi.ComponentResource):
             tags=tags, opts=child,
         )
 
-        self.controller_role = pod_identity_role(f"{name}-controller", parent=self, tags=tags)
+        self.controller_role = pod_identity_role(
+            f"{name}-controller", cluster_arn=cluster.eks_cluster.eks_cluster.arn, namespace=NAMESPACE,
+            service_account=SERVICE_ACCOUNT, parent=self, tags=tags)
         policy = pulumi.Output.all(
             partition, region, account_id, cluster_name, self.queue.arn, self.node_role.arn,
             cluster.eks_cluster.eks_cluster.arn,
