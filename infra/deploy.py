@@ -204,7 +204,8 @@ def parse_args(argv: Optional[list[str]] = None) -> DeployRequest:
     parser.add_argument("--stack", required=True, help="stack name (Pulumi.<stack>.yaml in the project directory)")
     parser.add_argument("--policy-pack", action="append", default=[], metavar="DIR",
                         help="a policy pack directory to enforce (preview and up); repeatable")
-    parser.add_argument("--project-dir", type=Path, default=ROOT, help="directory holding Pulumi.yaml")
+    parser.add_argument("--project-dir", type=Path, default=None,
+                        help="directory holding Pulumi.yaml (default: the nearest one from the working directory up)")
     parser.add_argument("--message", help="update message recorded in the stack history")
     parser.add_argument("--parallel", type=int, help="resource operations run at once")
     parser.add_argument("--expect-no-changes", action="store_true", help="fail a preview or refresh that finds changes")
@@ -212,8 +213,10 @@ def parse_args(argv: Optional[list[str]] = None) -> DeployRequest:
                         help="destroy: remove everything but the protected (stateful) resources")
     parser.add_argument("--skip-plan", action="store_true", help="do not run the offline plan first (not for CI)")
     args = parser.parse_args(argv)
+    from infra.plan import default_project_dir
+
     return DeployRequest(
-        operation=args.operation, stack=args.stack, project_dir=args.project_dir.resolve(),
+        operation=args.operation, stack=args.stack, project_dir=(args.project_dir or default_project_dir()).resolve(),
         policy_packs=tuple(args.policy_pack), message=args.message, parallel=args.parallel,
         expect_no_changes=args.expect_no_changes, exclude_protected=args.exclude_protected,
         skip_plan=args.skip_plan,
