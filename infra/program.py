@@ -7,7 +7,7 @@ runs under the recording engine. Later capabilities are functions of ``Platform`
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import pulumi
@@ -19,6 +19,7 @@ from infra.accounts import AccountProviders, create_account_providers
 from infra.config import PROJECT, PlatformConfig, load_platform_config
 from infra import datasets_tracking
 from infra import gpu_capacity
+from infra import training
 
 
 @dataclass
@@ -30,6 +31,8 @@ class Platform:
     log_archive: LogArchive
     network: Network
     cluster: Cluster
+    # Components a capability built that a later one uses (e.g. "datasets", "scheduling").
+    components: dict[str, Any] = field(default_factory=dict)
 
     def workload_opts(self, **kwargs: Any) -> pulumi.ResourceOptions:
         """Options for an AWS component in the workload account."""
@@ -134,7 +137,7 @@ def build_platform(config: PlatformConfig) -> Platform:
 
 
 # Capabilities added on top of the foundation, in deployment order.
-CAPABILITIES: tuple[Callable[[Platform], Optional[dict[str, Any]]], ...] = (gpu_capacity.deploy, datasets_tracking.deploy)
+CAPABILITIES: tuple[Callable[[Platform], Optional[dict[str, Any]]], ...] = (gpu_capacity.deploy, datasets_tracking.deploy, training.deploy)
 
 
 def main() -> Platform:
