@@ -8,6 +8,8 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass
 
+from workloads.prices import HOURS_PER_MONTH, STACK_PRICES  # noqa: F401  (re-exported for the plan)
+
 # -- EKS ---------------------------------------------------------------------------------
 DEFAULT_EKS_VERSION = "1.32"
 
@@ -27,10 +29,9 @@ EKS_VERSIONS: dict[str, EksVersionSupport] = {
     "1.34": EksVersionSupport(_dt.date(2026, 12, 2), _dt.date(2027, 12, 2)),
 }
 
-# Control-plane price per cluster-hour (USD); extended support adds $0.50/h.
-EKS_STANDARD_USD_PER_HOUR = 0.10
-EKS_EXTENDED_USD_PER_HOUR = 0.60
-HOURS_PER_MONTH = 730
+# Control-plane price per cluster-hour (USD), from the one price table; extended support adds $0.50/h.
+EKS_STANDARD_USD_PER_HOUR = STACK_PRICES["eks_standard_hour"].usd
+EKS_EXTENDED_USD_PER_HOUR = STACK_PRICES["eks_extended_hour"].usd
 
 # EKS managed add-ons (aws eks describe-addon-versions --kubernetes-version 1.32).
 EKS_ADDON_VERSIONS: dict[str, str] = {

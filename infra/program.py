@@ -19,7 +19,7 @@ from infra.accounts import AccountProviders, create_account_providers
 from infra.config import PROJECT, PlatformConfig, load_platform_config
 from infra import datasets_tracking
 from infra import gpu_capacity
-from infra import policy_gate  # noqa: F401  (registers the policy pack with the offline plan)
+from infra import costs, policy_gate  # noqa: F401  (register the cost report and the policy pack with the offline plan)
 from infra import training
 
 
