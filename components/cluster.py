@@ -72,6 +72,8 @@ class ClusterArgs:
         admin_role_arns: roles given AmazonEKSClusterAdminPolicy access entries.
         kubeconfig_role_arn: role the kubeconfig assumes (the role Pulumi deploys with).
         log_retention_days: control-plane log retention.
+        log_kms_key: key of the control-plane log group (its policy must admit CloudWatch
+            Logs for ``control_plane_log_group_name(cluster_name)``).
         deletion_protection: EKS deletion protection.
         protect: Pulumi ``protect`` on the cluster and its secrets key.
         tags: tags on every taggable child.
@@ -86,6 +88,7 @@ class ClusterArgs:
     admin_role_arns: Sequence[str] = ()
     kubeconfig_role_arn: Optional[str] = None
     log_retention_days: int = 30
+    log_kms_key: Optional[aws.kms.Key] = None
     deletion_protection: bool = False
     protect: bool = False
     addon_versions: Mapping[str, str] = field(default_factory=lambda: dict(EKS_ADDON_VERSIONS))
@@ -123,10 +126,12 @@ class Cluster(pulumi.ComponentResource):
             f"{name}-secrets", description=f"Envelope encryption of {args.cluster_name} Kubernetes secrets",
             parent=self, tags=tags, protect=args.protect,
         )
-        # EKS creates this group on first log write with no retention; own it instead.
+        # EKS creates this group on first log write, unencrypted and kept forever, unless it
+        # exists already: it is created first and the cluster depends on it.
         self.control_plane_logs = aws.cloudwatch.LogGroup(
-            f"{name}-control-plane-logs", name=f"/aws/eks/{args.cluster_name}/cluster",
-            retention_in_days=args.log_retention_days, tags=tags, opts=child,
+            f"{name}-control-plane-logs", name=control_plane_log_group_name(args.cluster_name),
+            retention_in_days=args.log_retention_days,
+            kms_key_id=args.log_kms_key.arn if args.log_kms_key is not None else None, tags=tags, opts=child,
         )
         self.node_security_group = aws.ec2.SecurityGroup(
             f"{name}-node-sg", vpc_id=args.network.vpc_id,
@@ -269,6 +274,11 @@ class Cluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.addons["vpc-cni"], self.addons["kube-proxy"]],
                                         ignore_changes=["scaling_config.desired_size"]),
         )
+
+
+def control_plane_log_group_name(cluster_name: str) -> str:
+    """The log group EKS writes control-plane logs to (EKS User Guide, control plane logs)."""
+    return f"/aws/eks/{cluster_name}/cluster"
 
 
 def pod_identity_trust_policy(*, cluster_arn: str, namespace: str, service_account: str) -> dict:

@@ -15,10 +15,10 @@ from typing import Iterator, Mapping, Optional, Sequence
 import pulumi
 import pulumi_aws as aws
 
-from components.bucket import LifecycleRule, SecureBucket, SecureBucketArgs
+from components.bucket import AccessLogBucket, LifecycleRule, SecureBucket, SecureBucketArgs
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_object
-from components.kms import create_key
+from components.kms import create_key, set_key_policy
 from components.network import Network
 from components.validation import Problem
 from components.versions import EKS_ADDON_VERSIONS
@@ -33,6 +33,8 @@ LUSTRE_VERSION = "2.15"
 # Lustre: 988 for LNet, 1018-1023 for the clients' privileged source ports.
 LUSTRE_PORTS = ((988, 988), (1018, 1023))
 SPOT_NOTICE_SECONDS = 120
+# FSx reaches a linked bucket through this per-file-system service-linked role.
+FSX_S3_SLR_PATH = "role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/AWSServiceRoleForFSxS3Access_"
 # bf16 weights (2) + fp32 master weights (4) + Adam moments (4 + 4) + bf16 grads (2).
 CHECKPOINT_BYTES_PER_PARAMETER = 16
 
@@ -197,7 +199,8 @@ class DatasetsArgs:
 
     Attributes:
         network / cluster: the file system lives in a private subnet and admits the cluster's nodes.
-        access_logs_bucket: the log archive bucket (S3 server access logs).
+        access_logs_bucket: S3 server access log target in this (the workload) account.
+        log_kms_key: key of the FSx log group (its policy must admit CloudWatch Logs for it).
         fsx: the file system.
         namespaces: team namespaces that get a PVC (they must exist).
         datasets_lifecycle / checkpoints_lifecycle: lifecycle rules per bucket.
@@ -209,7 +212,8 @@ class DatasetsArgs:
     cluster: Cluster
     fsx: FsxArgs
     namespaces: Sequence[str]
-    access_logs_bucket: Optional[aws.s3.Bucket] = None
+    access_logs_bucket: Optional[AccessLogBucket] = None
+    log_kms_key: Optional[aws.kms.Key] = None
     datasets_lifecycle: Sequence[LifecycleRule] = ()
     checkpoints_lifecycle: Sequence[LifecycleRule] = ()
     addon_version: str = EKS_ADDON_VERSIONS["aws-fsx-csi-driver"]
@@ -241,8 +245,10 @@ class Datasets(pulumi.ComponentResource):
         stateful = pulumi.ResourceOptions(parent=self, protect=args.protect)
         partition = aws.get_partition_output(opts=pulumi.InvokeOutputOptions(parent=self)).partition
 
+        # The key's policy names the file system's S3 service-linked role, so it is attached
+        # once the file system exists (``set_key_policy`` below), before any association.
         self.key = create_key(f"{name}-data", description="Encrypts training datasets, checkpoints and the FSx file system",
-                              parent=self, tags=tags, protect=args.protect)
+                              parent=self, tags=tags, protect=args.protect, policy_set_later=True)
         lifecycles = {DatasetBucket.DATASETS: args.datasets_lifecycle, DatasetBucket.CHECKPOINTS: args.checkpoints_lifecycle}
         self.buckets = {
             kind: SecureBucket(
@@ -278,7 +284,8 @@ class Datasets(pulumi.ComponentResource):
         fsx = args.fsx
         # FSx only writes to groups named /aws/fsx/...
         self.log_group = aws.cloudwatch.LogGroup(
-            f"{name}-fsx-logs", name=f"/aws/fsx/{name}", retention_in_days=fsx.log_retention_days, tags=tags, opts=child,
+            f"{name}-fsx-logs", name=fsx_log_group_name(name), retention_in_days=fsx.log_retention_days,
+            kms_key_id=args.log_kms_key.arn if args.log_kms_key is not None else None, tags=tags, opts=child,
         )
         backups = fsx.automatic_backup_retention_days > 0
         self.file_system = aws.fsx.LustreFileSystem(
@@ -301,7 +308,14 @@ class Datasets(pulumi.ComponentResource):
             tags={**tags, "Name": f"{name}-fsx"},
             opts=stateful,
         )
-        fs_child = pulumi.ResourceOptions(parent=self.file_system)
+        linked = sorted({dra.bucket for dra in fsx.associations}, key=lambda b: b.value)
+        self.key_policy = set_key_policy(
+            f"{name}-data", self.key, parent=self,
+            statements=[fsx_s3_key_statement(self.file_system.id, [self.buckets[b].arn for b in linked], parent=self)]
+            if linked else [],
+        )
+        # Lazy loads and exports use the key through the service-linked role: it must be admitted first.
+        fs_child = pulumi.ResourceOptions(parent=self.file_system, depends_on=[self.key_policy])
         self.associations = []
         for index, dra in enumerate(fsx.associations):
             bucket = self.buckets[dra.bucket]
@@ -363,6 +377,44 @@ class Datasets(pulumi.ComponentResource):
             "datasets_bucket": self.buckets[DatasetBucket.DATASETS].name,
             "checkpoints_bucket": self.buckets[DatasetBucket.CHECKPOINTS].name,
         })
+
+
+def fsx_log_group_name(name: str) -> str:
+    """FSx delivers only to log groups whose name starts with /aws/fsx/."""
+    return f"/aws/fsx/{name}"
+
+
+def fsx_s3_key_statement(file_system_id: pulumi.Input[str], bucket_arns: Sequence[pulumi.Input[str]], *,
+                         parent: pulumi.Resource) -> dict:
+    """Key-policy statement that lets one file system's FSx S3 service-linked role use the key on
+    the linked buckets' objects.
+
+    FSx for Lustre User Guide, "Working with server-side encrypted Amazon S3 buckets": the
+    statement for a specific file system and bucket, with the encryption context set to the
+    bucket ARN because the buckets use S3 Bucket Keys (object ARNs kept for objects written
+    without one). The role (``AWSServiceRoleForFSxS3Access_<fs-id>``) is named through
+    ``aws:PrincipalArn`` rather than as the principal: FSx creates it when the file system is
+    linked to S3, after this policy is written, and KMS refuses policies naming principals
+    that do not exist yet. ``kms:CallerAccount`` keeps it to this account, ``kms:ViaService``
+    to calls S3 makes.
+    """
+    invoke = pulumi.InvokeOutputOptions(parent=parent)
+    account = aws.get_caller_identity_output(opts=invoke).account_id
+    region = aws.get_region_output(opts=invoke).region
+    partition = aws.get_partition_output(opts=invoke)
+    role_arn = pulumi.Output.concat("arn:", partition.partition, ":iam::", account, ":", FSX_S3_SLR_PATH, file_system_id)
+    contexts = [c for arn in bucket_arns for c in (arn, pulumi.Output.concat(arn, "/*"))]
+    return {
+        "Sid": "FsxS3ServiceLinkedRoleUsesKeyOnLinkedBuckets", "Effect": "Allow",
+        "Principal": {"AWS": "*"},
+        "Action": ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:DescribeKey"],
+        "Resource": "*",
+        "Condition": {
+            "StringEquals": {"aws:PrincipalArn": role_arn, "kms:CallerAccount": account,
+                             "kms:ViaService": pulumi.Output.concat("s3.", region, ".", partition.dns_suffix)},
+            "StringLike": {"kms:EncryptionContext:aws:s3:arn": contexts},
+        },
+    }
 
 
 def _manifest(spec: pulumi.Output, render, namespace: str, pv_prefix: str) -> dict:

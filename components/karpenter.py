@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_aws as aws
@@ -131,13 +131,23 @@ def controller_policy(*, partition: str, region: str, account_id: str, cluster_n
     return {"Version": "2012-10-17", "Statement": statements}
 
 
-def queue_policy(queue_arn: str) -> dict[str, Any]:
+def queue_policy(queue_arn: str, rule_arns: Sequence[str] = ()) -> dict[str, Any]:
+    """Only this stack's EventBridge rules may send to the queue, over TLS.
+
+    ``aws:SourceArn`` names each rule, as the EventBridge User Guide documents for SQS
+    targets ("Using resource-based policies for Amazon EventBridge", Amazon SQS permissions).
+    Upstream's reference CloudFormation also admits ``sqs.amazonaws.com`` with no
+    condition; nothing of ours sends as that principal, so it is left out.
+    """
+    send: dict[str, Any] = {"Sid": "EventBridgeWrite", "Effect": "Allow",
+                            "Principal": {"Service": "events.amazonaws.com"},
+                            "Action": "sqs:SendMessage", "Resource": queue_arn}
+    if rule_arns:
+        send["Condition"] = {"ArnEquals": {"aws:SourceArn": sorted(rule_arns)}}
     return {
         "Version": "2012-10-17",
         "Statement": [
-            {"Sid": "EventBridgeAndSqsWrite", "Effect": "Allow",
-             "Principal": {"Service": ["events.amazonaws.com", "sqs.amazonaws.com"]},
-             "Action": "sqs:SendMessage", "Resource": queue_arn},
+            send,
             {"Sid": "DenyHTTP", "Effect": "Deny", "Principal": "*", "Action": "sqs:*", "Resource": queue_arn,
              "Condition": {"Bool": {"aws:SecureTransport": "false"}}},
         ],
@@ -180,10 +190,6 @@ class KarpenterPrerequisites(pulumi.ComponentResource):
             sqs_managed_sse_enabled=True,
             tags=tags, opts=child,
         )
-        aws.sqs.QueuePolicy(
-            f"{name}-interruption-policy", queue_url=self.queue.id,
-            policy=self.queue.arn.apply(lambda a: json.dumps(queue_policy(a))), opts=child,
-        )
         self.rules: dict[str, aws.cloudwatch.EventRule] = {}
         for key, pattern in INTERRUPTION_EVENT_PATTERNS.items():
             rule = aws.cloudwatch.EventRule(
@@ -195,6 +201,13 @@ class KarpenterPrerequisites(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=rule),
             )
             self.rules[key] = rule
+        # Registered after the rules so that it can name each one as the only allowed sender.
+        aws.sqs.QueuePolicy(
+            f"{name}-interruption-policy", queue_url=self.queue.id,
+            policy=pulumi.Output.all(self.queue.arn, *[r.arn for r in self.rules.values()]).apply(
+                lambda arns: json.dumps(queue_policy(arns[0], arns[1:]))),
+            opts=child,
+        )
 
         self.node_role = aws.iam.Role(
             f"{name}-node-role",

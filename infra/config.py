@@ -22,7 +22,8 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, PlainSerializer
 from pydantic.alias_generators import to_camel
 
 from components.cluster import UpgradePolicy
-from components.log_archive import lifecycle_problems
+from components.bucket import lifecycle_problems
+from components.log_archive import archive_problems
 from components.network import NatStrategy, subnet_problems
 from components.validation import InvalidInputError, Problem
 from components.datasets import DataRepositoryAssociationSpec, DatasetBucket, FsxEvent, FsxLogLevel, association_problems, fsx_capacity_problems
@@ -38,6 +39,9 @@ _ACCOUNT_ID = re.compile(r"^\d{12}$")
 _ROLE_ARN = re.compile(r"^arn:(aws|aws-us-gov|aws-cn):iam::(\d{12}):role/[\w+=,.@/-]{1,512}$")
 _REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 _NAME = re.compile(r"^[a-z][a-z0-9-]{1,22}[a-z0-9]$")
+PROD_OBJECT_LOCK_RETENTION_DAYS = 365
+# Log retention floor in prod (CIS AWS Foundations / EKS Best Practices: keep audit logs a year).
+PROD_MIN_LOG_RETENTION_DAYS = 365
 # CloudWatch Logs accepts only these retention periods.
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
 
@@ -154,13 +158,41 @@ class AccountsConfig(_Model):
     logging: AccountConfig = Field(description="Central, write-once log archive.")
 
 
-class LogArchiveConfig(_Model):
-    """Central log bucket in the logging account."""
+class AuditTrailMode(str, Enum):
+    """Where the CloudTrail trails that deliver to the log archive live."""
 
-    transition_to_infrequent_access_days: int = Field(30, ge=30, description="S3 requires >= 30 for STANDARD_IA.")
-    transition_to_glacier_days: int = Field(90, ge=1)
-    expiration_days: int = Field(365, ge=1, description="Logs are deleted this many days after creation.")
+    ACCOUNT = "account"  # one trail in the workload and one in the automation account
+    ORGANIZATION = "organization"  # one organization trail, created by the logging account
+
+
+class AuditTrailConfig(_Model):
+    """CloudTrail audit trail delivered to the log archive (multi-region, KMS, log file validation)."""
+
+    mode: AuditTrailMode = Field(AuditTrailMode.ACCOUNT, description=(
+        "account | organization. organization: the logging account must be a CloudTrail delegated "
+        "administrator of the organization, which owns the trail in its management account."))
+    organization_id: Optional[str] = Field(None, pattern=r"^o-[a-z0-9]{10,32}$", description="o-...; organization mode only.")
+    management_account_id: Optional[str] = Field(None, description="12-digit id of the organization's management account; organization mode only.")
+
+    @field_validator("management_account_id")
+    @classmethod
+    def _management(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not _ACCOUNT_ID.match(value):
+            raise invalid("is not a 12-digit AWS account id", "use the 12-digit id, quoted in YAML")
+        return value
+
+
+class LogArchiveConfig(_Model):
+    """Central log bucket in the logging account, the audit trail, and S3 access-log buckets."""
+
+    transition_to_infrequent_access_days: Optional[int] = Field(30, ge=30, description="S3 requires >= 30 for STANDARD_IA; null: no transition.")
+    transition_to_glacier_days: Optional[int] = Field(90, ge=1, description="GLACIER_IR bills >= 90 days: expirationDays must be >= this + 90; null: none.")
+    expiration_days: Optional[int] = Field(365, ge=1, description="Logs are deleted this many days after creation; null: never.")
     noncurrent_version_expiration_days: int = Field(30, ge=1)
+    object_lock_retention_days: Optional[int] = Field(None, ge=1, le=36500, description=(
+        "Object Lock (GOVERNANCE) retention of every archived object. Default: 365 in prod, off in dev."))
+    access_log_expiration_days: int = Field(365, ge=1, le=36500, description="S3 server access logs (one SSE-S3 bucket per account) are deleted after this.")
+    audit_trail: AuditTrailConfig = Field(default_factory=AuditTrailConfig)
     kms_key_deletion_window_days: int = Field(30, ge=7, le=30)
 
 
@@ -184,7 +216,9 @@ class NetworkConfig(_Model):
     private_subnet_cidrs: list[Cidr] = Field(description="One per AZ; nodes and pods live here, size them for GPU pods.")
     public_subnet_cidrs: list[Cidr] = Field(description="One per AZ; NAT gateways and internet-facing load balancers.")
     nat: NatStrategy = Field(NatStrategy.SINGLE, description="none | single | one_per_az.")
-    interface_endpoints: bool = Field(True, description="ECR api+dkr, STS, CloudWatch Logs, SQS, EC2 endpoints.")
+    interface_endpoints: Optional[bool] = Field(None, description=(
+        "ECR api+dkr, STS, CloudWatch Logs, SQS, EC2 endpoints (about $88/month with 2 AZs). Default: on in prod, "
+        "off in dev (traffic goes through the NAT gateway)."))
     flow_logs: FlowLogsConfig = Field(default_factory=FlowLogsConfig)
 
 
@@ -474,6 +508,18 @@ class PlatformConfig(_Model):
         return self.is_prod
 
     @property
+    def interface_endpoints(self) -> bool:
+        """Interface endpoints: as configured, else on in prod only."""
+        configured = self.network.interface_endpoints
+        return self.is_prod if configured is None else configured
+
+    @property
+    def object_lock_retention_days(self) -> Optional[int]:
+        """Object Lock on the log archive: as configured, else 365 days in prod, off in dev."""
+        configured = self.log_archive.object_lock_retention_days
+        return configured if configured is not None else (PROD_OBJECT_LOCK_RETENTION_DAYS if self.is_prod else None)
+
+    @property
     def cluster_name(self) -> str:
         return f"{self.name}-eks"
 
@@ -534,12 +580,46 @@ def _network_rules(region, cidr, availability_zones, private_subnet_cidrs, publi
     )
 
 
-@check("logArchive")
-def _log_lifecycle(log_archive: LogArchiveConfig) -> Iterator[Problem]:
-    yield from lifecycle_problems(
-        "logArchive", log_archive.transition_to_infrequent_access_days,
-        log_archive.transition_to_glacier_days, log_archive.expiration_days,
-    )
+@check("environment", "logArchive")
+def _log_archive_rules(environment: Environment, log_archive: LogArchiveConfig) -> Iterator[Problem]:
+    lock = log_archive.object_lock_retention_days
+    if lock is None and environment is Environment.PROD:
+        lock = PROD_OBJECT_LOCK_RETENTION_DAYS
+    problems = list(archive_problems(
+        "logArchive", ia_days=log_archive.transition_to_infrequent_access_days,
+        glacier_days=log_archive.transition_to_glacier_days, expiration_days=log_archive.expiration_days,
+        object_lock_retention_days=lock))
+    if log_archive.object_lock_retention_days is None:
+        # The lock came from the prod default: say so rather than blame a key that is not in the file.
+        problems = [Problem(p.path, p.value, p.message + f" (prod default {PROD_OBJECT_LOCK_RETENTION_DAYS} days)", p.fix)
+                    if p.path.endswith("objectLockRetentionDays") else p for p in problems]
+    yield from problems
+    trail = log_archive.audit_trail
+    org = {"organizationId": trail.organization_id, "managementAccountId": trail.management_account_id}
+    if trail.mode is AuditTrailMode.ORGANIZATION:
+        for key, value in org.items():
+            if value is None:
+                yield Problem(f"logArchive.auditTrail.{key}", None, "an organization trail needs it",
+                              f"set logArchive.auditTrail.{key}, or use mode: account")
+    else:
+        for key, value in org.items():
+            if value is not None:
+                yield Problem(f"logArchive.auditTrail.{key}", value, "is only used by mode: organization",
+                              "remove it, or set mode: organization")
+
+
+def _prod_retention_rule(path: str) -> None:
+    @check("environment", path)
+    def rule(environment: Environment, retention_days: int) -> Iterator[Problem]:
+        if environment is Environment.PROD and retention_days < PROD_MIN_LOG_RETENTION_DAYS:
+            allowed = [d for d in LOG_RETENTION_DAYS if d >= PROD_MIN_LOG_RETENTION_DAYS]
+            yield Problem(path, retention_days,
+                          f"prod keeps CloudWatch logs at least {PROD_MIN_LOG_RETENTION_DAYS} days (audit and incident response)",
+                          f"use one of {allowed}")
+
+
+for _path in ("cluster.logRetentionDays", "datasets.fsx.logRetentionDays", "tracking.logRetentionDays"):
+    _prod_retention_rule(_path)
 
 
 @check("cluster.systemNodeGroup.minSize", "cluster.systemNodeGroup.maxSize", "cluster.systemNodeGroup.desiredSize")
@@ -650,14 +730,10 @@ def dra_spec(dra: DataRepositoryAssociationConfig) -> DataRepositoryAssociationS
 
 
 def bucket_lifecycle_problems(path: str, lifecycle: BucketLifecycleConfig) -> Iterator[Problem]:
-    steps = [("transitionToInfrequentAccessDays", lifecycle.transition_to_infrequent_access_days),
-             ("transitionToGlacierDays", lifecycle.transition_to_glacier_days),
-             ("expirationDays", lifecycle.expiration_days)]
-    present = [(key, days) for key, days in steps if days is not None]
-    for (first, first_days), (second, second_days) in zip(present, present[1:]):
-        if not first_days < second_days:
-            yield Problem(f"{path}.{second}", second_days, f"must come after {first} ({first_days} days)",
-                          f"set it above {first_days} or remove {first}")
+    """S3's transition rules and minimum storage durations (``components.bucket.lifecycle_problems``)."""
+    yield from lifecycle_problems(
+        path, ia_days=lifecycle.transition_to_infrequent_access_days,
+        glacier_days=lifecycle.transition_to_glacier_days, expiration_days=lifecycle.expiration_days)
 
 
 @check("environment", "karpenter.amiAlias", "gpuPools")

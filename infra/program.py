@@ -12,11 +12,20 @@ from typing import Any, Callable, Optional
 
 import pulumi
 
-from components.cluster import Cluster, ClusterArgs, NodeGroupArgs
-from components.log_archive import LogArchive, LogArchiveArgs
+from components.bucket import AccessLogBucket, AccessLogBucketArgs
+from components.cluster import Cluster, ClusterArgs, NodeGroupArgs, control_plane_log_group_name
+from components.kms import LogGroupKey, LogGroupKeyArgs
+from components.log_archive import (
+    FLOW_LOGS_PREFIX,
+    AuditTrail,
+    AuditTrailArgs,
+    AuditTrailSources,
+    LogArchive,
+    LogArchiveArgs,
+)
 from components.network import Network, NetworkArgs
 from infra.accounts import AccountProviders, create_account_providers
-from infra.config import PROJECT, PlatformConfig, load_platform_config
+from infra.config import PROJECT, AuditTrailMode, PlatformConfig, load_platform_config
 from infra import datasets_tracking
 from infra import gpu_capacity
 from infra import costs, policy_gate  # noqa: F401  (register the cost report and the policy pack with the offline plan)
@@ -34,6 +43,26 @@ class Platform:
     cluster: Cluster
     # Components a capability built that a later one uses (e.g. "datasets", "scheduling").
     components: dict[str, Any] = field(default_factory=dict)
+    log_group_key: Optional[LogGroupKey] = None
+    audit_trails: list[AuditTrail] = field(default_factory=list)
+    # S3 server access log targets by account key; see ``access_log_bucket``.
+    access_log_buckets: dict[str, AccessLogBucket] = field(default_factory=dict)
+
+    def access_log_bucket(self, account: str) -> AccessLogBucket:
+        """The S3 server access log bucket of ``account`` (automation / workload / logging).
+
+        S3 delivers access logs only to a bucket in the source bucket's own account, so each
+        account that has buckets gets one, created on first use.
+        """
+        if account not in self.access_log_buckets:
+            self.access_log_buckets[account] = _access_log_bucket(self.config, self.providers, account)
+        return self.access_log_buckets[account]
+
+    def seal_access_logs(self) -> None:
+        """Write each access-log bucket's policy for the buckets registered with it and turn
+        their logging on; call once every capability has created its buckets."""
+        for bucket in self.access_log_buckets.values():
+            bucket.seal()
 
     def workload_opts(self, **kwargs: Any) -> pulumi.ResourceOptions:
         """Options for an AWS component in the workload account."""
@@ -74,23 +103,79 @@ def read_config() -> PlatformConfig:
     return load_platform_config(raw_stack_config(), source=f"stack '{stack}' (Pulumi.{stack}.yaml)")
 
 
+def _access_log_bucket(config: PlatformConfig, providers: AccountProviders, account: str) -> AccessLogBucket:
+    return AccessLogBucket(
+        f"{config.name}-{account}-access-logs",
+        AccessLogBucketArgs(expiration_days=config.log_archive.access_log_expiration_days,
+                            protect=config.protect_stateful, tags=config.resource_tags),
+        opts=pulumi.ResourceOptions(providers={"aws": getattr(providers, account)}),
+    )
+
+
+def audit_trail_name(config: PlatformConfig) -> str:
+    return f"{config.name}-audit"
+
+
+def _trail_sources(config: PlatformConfig) -> AuditTrailSources:
+    trail = config.log_archive.audit_trail
+    if trail.mode is AuditTrailMode.ORGANIZATION:
+        return AuditTrailSources(audit_trail_name(config), organization_id=trail.organization_id,
+                                 management_account_id=trail.management_account_id)
+    return AuditTrailSources(audit_trail_name(config),
+                             account_ids=[config.accounts.workload.id, config.accounts.automation.id])
+
+
+def _audit_trails(config: PlatformConfig, providers: AccountProviders, archive: LogArchive) -> list[AuditTrail]:
+    tags = config.resource_tags
+    if config.log_archive.audit_trail.mode is AuditTrailMode.ORGANIZATION:
+        # Created by the logging account as CloudTrail delegated administrator (README).
+        return [AuditTrail(f"{config.name}-audit-organization",
+                           AuditTrailArgs(archive=archive, trail_name=audit_trail_name(config), organization=True, tags=tags),
+                           opts=pulumi.ResourceOptions(providers={"aws": providers.logging}))]
+    trails, seen = [], set()
+    for key in ("workload", "automation"):
+        account_id = getattr(config.accounts, key).id
+        if account_id in seen:  # one trail per account, whatever roles it plays
+            continue
+        seen.add(account_id)
+        trails.append(AuditTrail(f"{config.name}-audit-{key}",
+                                 AuditTrailArgs(archive=archive, trail_name=audit_trail_name(config), tags=tags),
+                                 opts=pulumi.ResourceOptions(providers={"aws": getattr(providers, key)})))
+    return trails
+
+
+def log_group_names(config: PlatformConfig) -> list[str]:
+    """Every CloudWatch log group of the workload account the platform creates."""
+    return [control_plane_log_group_name(config.cluster_name), *datasets_tracking.log_group_names(config)]
+
+
 def build_platform(config: PlatformConfig) -> Platform:
     providers = create_account_providers(config)
     tags = config.resource_tags
 
+    archive_access_logs = _access_log_bucket(config, providers, "logging")
     log_archive = LogArchive(
         f"{config.name}-log-archive",
         LogArchiveArgs(
-            writer_account_ids=sorted({config.accounts.workload.id, config.accounts.automation.id}),
+            flow_log_account_ids=[config.accounts.workload.id],
+            audit_trail=_trail_sources(config),
             transition_to_infrequent_access_days=config.log_archive.transition_to_infrequent_access_days,
             transition_to_glacier_days=config.log_archive.transition_to_glacier_days,
             expiration_days=config.log_archive.expiration_days,
             noncurrent_version_expiration_days=config.log_archive.noncurrent_version_expiration_days,
+            object_lock_retention_days=config.object_lock_retention_days,
+            access_logs_bucket=archive_access_logs,
             kms_key_deletion_window_days=config.log_archive.kms_key_deletion_window_days,
             protect=config.protect_stateful,
             tags=tags,
         ),
         opts=pulumi.ResourceOptions(providers={"aws": providers.logging}),
+    )
+    audit_trails = _audit_trails(config, providers, log_archive)
+    log_group_key = LogGroupKey(
+        f"{config.name}-logs",
+        LogGroupKeyArgs(log_group_names=log_group_names(config), protect=config.protect_stateful, tags=tags),
+        opts=pulumi.ResourceOptions(providers={"aws": providers.workload}),
     )
     net = config.network
     network = Network(
@@ -102,8 +187,10 @@ def build_platform(config: PlatformConfig) -> Platform:
             public_subnet_cidrs=[str(c) for c in net.public_subnet_cidrs],
             cluster_name=config.cluster_name,
             flow_logs_bucket=log_archive.bucket,
+            flow_logs_prefix=FLOW_LOGS_PREFIX,
+            flow_logs_bucket_policy=log_archive.policy,
             nat=net.nat,
-            interface_endpoints=net.interface_endpoints,
+            interface_endpoints=config.interface_endpoints,
             flow_logs_traffic_type=net.flow_logs.traffic_type,
             flow_logs_max_aggregation_interval_seconds=net.flow_logs.max_aggregation_interval_seconds,
             tags=tags,
@@ -128,13 +215,16 @@ def build_platform(config: PlatformConfig) -> Platform:
             admin_role_arns=list(cl.admin_role_arns) + ([cl.deploy_role_arn] if cl.deploy_role_arn else []),
             kubeconfig_role_arn=config.accounts.workload.role_arn,
             log_retention_days=cl.log_retention_days,
+            log_kms_key=log_group_key.key,
             deletion_protection=cl.deletion_protection if cl.deletion_protection is not None else config.is_prod,
             protect=config.protect_stateful,
             tags=tags,
         ),
         opts=pulumi.ResourceOptions(providers={"aws": providers.workload}),
     )
-    return Platform(config=config, providers=providers, log_archive=log_archive, network=network, cluster=cluster)
+    return Platform(config=config, providers=providers, log_archive=log_archive, network=network, cluster=cluster,
+                    log_group_key=log_group_key, audit_trails=audit_trails,
+                    access_log_buckets={"logging": archive_access_logs})
 
 
 # Capabilities added on top of the foundation, in deployment order.
@@ -157,4 +247,5 @@ def main() -> Platform:
     for capability in CAPABILITIES:
         for key, value in (capability(platform) or {}).items():
             pulumi.export(key, value)
+    platform.seal_access_logs()
     return platform

@@ -147,7 +147,9 @@ def test_interruption_rules_have_exact_patterns_and_target_the_queue(plan):
     assert {t.inputs["rule"] for t in targets} == {r.outputs["name"] for r in rules}
     policy = json.loads(plan.recording.one("aws:sqs/queuePolicy:QueuePolicy", queue.name + "-policy").inputs["policy"])
     allow, deny = policy["Statement"]
-    assert allow["Principal"]["Service"] == ["events.amazonaws.com", "sqs.amazonaws.com"] and allow["Action"] == "sqs:SendMessage"
+    assert allow["Principal"] == {"Service": "events.amazonaws.com"} and allow["Action"] == "sqs:SendMessage"
+    # Only the stack's own rules may send (aws:SourceArn, as EventBridge documents for SQS targets).
+    assert allow["Condition"] == {"ArnEquals": {"aws:SourceArn": sorted(r.outputs["arn"] for r in rules)}}
     assert deny["Effect"] == "Deny" and deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
 
 
