@@ -15,11 +15,13 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import re
+import unicodedata
 from enum import Enum
 from typing import Annotated, Any, Callable, Iterable, Iterator, Optional, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, PlainSerializer, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
+from pydantic.fields import FieldInfo
 
 from components.cluster import UpgradePolicy
 from components.log_archive import lifecycle_problems
@@ -27,6 +29,7 @@ from components.network import NatStrategy, subnet_problems
 from components.validation import InvalidInputError, Problem
 from components.datasets import DataRepositoryAssociationSpec, DatasetBucket, FsxEvent, FsxLogLevel, association_problems, fsx_capacity_problems
 from components.tracking import LoadBalancerScheme, tracking_problems
+from infra.regions import PARTITION_OF_REGION, partition_of
 from components.versions import DEFAULT_EKS_VERSION, EKS_VERSIONS
 from components.gpu_enablement import GpuEnablementMode
 from workloads.karpenter import CapacityType as KarpenterCapacityType, ConsolidationPolicy
@@ -36,7 +39,6 @@ PROJECT = "ml-training-platform"
 
 _ACCOUNT_ID = re.compile(r"^\d{12}$")
 _ROLE_ARN = re.compile(r"^arn:(aws|aws-us-gov|aws-cn):iam::(\d{12}):role/[\w+=,.@/-]{1,512}$")
-_REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 _NAME = re.compile(r"^[a-z][a-z0-9-]{1,22}[a-z0-9]$")
 # CloudWatch Logs accepts only these retention periods.
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
@@ -68,7 +70,9 @@ class CapacityType(str, Enum):
 class _Model(BaseModel):
     # camelCase in the stack file (Pulumi's convention), snake_case in Python.
     model_config = ConfigDict(
-        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True, use_enum_values=False
+        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True, use_enum_values=False,
+        # .inf and .nan are valid YAML floats that no AWS size or period accepts.
+        allow_inf_nan=False,
     )
 
 
@@ -102,18 +106,53 @@ def _check_name(value: str) -> str:
 
 
 def _check_region(value: str) -> str:
-    if not _REGION.match(value):
-        raise invalid("is not an AWS region name", "use a region such as us-west-2")
+    if partition_of(value) is None:
+        close = difflib.get_close_matches(value, sorted(PARTITION_OF_REGION), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise invalid(
+            "is not a region of the aws, aws-cn or aws-us-gov partitions (table: infra/regions.py, from botocore's endpoints.json)",
+            f"{hint}use a region name such as us-west-2",
+        )
     return value
 
 
-def _check_tags(value: dict[str, str]) -> dict[str, str]:
-    bad = [k for k in value if k.lower().startswith("aws:") or not 1 <= len(k) <= 128]
+# AWS tag rules (the pattern AWS APIs enforce, e.g. EFS API_Tag:
+# ^(?![aA][wW][sS]:)([\p{L}\p{Z}\p{N}_.:/=+\-@]+)$, and "Tag naming limits and requirements",
+# https://docs.aws.amazon.com/tag-editor/latest/userguide/best-practices-and-strats.html):
+# key 1-128 characters, value 0-256, letters, digits, spaces and _ . : / = + - @,
+# no aws: prefix on keys or values, at most 50 user tags per resource.
+MAX_TAGS_PER_RESOURCE = 50
+# The platform adds its own tags (platform, environment, managed-by, Name, kubernetes.io/cluster/...,
+# karpenter.sh/discovery ...): leave them room under AWS's 50.
+NUM_PLATFORM_TAGS_RESERVED = 10
+_TAG_SPECIALS = set("_.:/=+-@")
+
+
+def _tag_text_problem(text: str, kind: str, max_length: int, min_length: int) -> Optional[str]:
+    if not min_length <= len(text) <= max_length:
+        return f"{kind} is {len(text)} characters (AWS allows {min_length}-{max_length})"
+    if text[:4].lower() == "aws:":
+        return f"{kind} starts with the reserved 'aws:' prefix"
+    bad = sorted({c for c in text if not (c in _TAG_SPECIALS or unicodedata.category(c)[0] in "LNZ")})
     if bad:
-        raise invalid(f"tag keys {bad} are reserved or too long", "use 1-128 characters without the 'aws:' prefix")
-    long_values = [k for k, v in value.items() if len(v) > 256]
-    if long_values:
-        raise invalid(f"values of tags {long_values} are too long", "shorten them to at most 256 characters")
+        return f"{kind} has characters AWS tags refuse: {bad}"
+    return None
+
+
+def _check_tags(value: dict[str, str]) -> dict[str, str]:
+    limit = MAX_TAGS_PER_RESOURCE - NUM_PLATFORM_TAGS_RESERVED
+    if len(value) > limit:
+        raise invalid(
+            f"{len(value)} tags: AWS allows {MAX_TAGS_PER_RESOURCE} per resource and the platform adds up to "
+            f"{NUM_PLATFORM_TAGS_RESERVED} of its own", f"keep at most {limit} tags")
+    found = []
+    for key, tag_value in value.items():
+        reason = _tag_text_problem(key, f"key {key!r}", 128, 1) or _tag_text_problem(tag_value, f"value of {key!r}", 256, 0)
+        if reason:
+            found.append(reason)
+    if found:
+        raise invalid("; ".join(found), "AWS tag rules: keys 1-128 and values 0-256 characters of letters, digits, "
+                      "spaces and _ . : / = + - @, no 'aws:' prefix")
     return value
 
 
@@ -711,7 +750,7 @@ def load_platform_config(raw: dict[str, Any], *, source: str = "stack config") -
             continue
         value = raw.get(alias, raw.get(name))
         try:
-            sections[name] = TypeAdapter(field.annotation).validate_python(value)
+            sections[name] = _adapter(field).validate_python(value)
         except ValidationError as exc:
             problems.extend(_from_pydantic(exc, alias, field.annotation))
             _collect(alias, field.annotation, value, _FAILED, values)
@@ -724,10 +763,35 @@ def load_platform_config(raw: dict[str, Any], *, source: str = "stack config") -
 
     if problems:
         raise ConfigError(f"invalid configuration in {source}", problems)
-    return PlatformConfig.model_validate(sections)
+    try:
+        return PlatformConfig.model_validate(sections)
+    except ValidationError as exc:  # a model-level rule not in the per-section pass: still no traceback
+        raise ConfigError(f"invalid configuration in {source}", _from_pydantic(exc, "", PlatformConfig)) from None
 
 
 _FAILED = object()  # marks a value that did not parse
+_ADAPTERS: dict[int, TypeAdapter] = {}
+
+
+def _adapter(field: FieldInfo) -> TypeAdapter:
+    """Validates one field as the model would: its type *and* its constraints and validators.
+
+    ``field.annotation`` alone drops what ``Annotated[...]`` and ``Field(...)`` attach (name,
+    region and tag validators, ``max_length``, ``ge``/``le``): those live in ``field.metadata``.
+    """
+    adapter = _ADAPTERS.get(id(field))
+    if adapter is None:
+        annotation = Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
+        adapter = _ADAPTERS[id(field)] = TypeAdapter(annotation, config=None if _is_model(field.annotation) else _FIELD_CONFIG)
+    return adapter
+
+
+_FIELD_CONFIG = ConfigDict(allow_inf_nan=False)
+
+
+def _is_model(annotation: Any) -> bool:
+    model = _unwrap(annotation)
+    return isinstance(model, type) and issubclass(model, BaseModel)
 
 
 def _collect(path: str, annotation: Any, raw: Any, parsed: Any, values: dict[str, Any]) -> None:
@@ -752,7 +816,7 @@ def _collect(path: str, annotation: Any, raw: Any, parsed: Any, values: dict[str
             continue
         child_raw = raw.get(alias, raw.get(name))
         try:
-            child = TypeAdapter(field.annotation).validate_python(child_raw)
+            child = _adapter(field).validate_python(child_raw)
         except ValidationError:
             child = _FAILED
         _collect(child_path, field.annotation, child_raw, child, values)
@@ -774,8 +838,12 @@ def _from_pydantic(exc: ValidationError, root: str, annotation: Any) -> list[Pro
         if kind == "missing":
             problems.append(Problem(path, None, "required key is missing", f"add `{loc[-1]}` (see the config reference in README.md)"))
             continue
-        if kind == "string_type" and isinstance(value, int) and re.match(r"^\d{1,12}$", str(value)):
-            problems.append(Problem(path, value, "must be a string", f"quote it in YAML: '{value:012d}'"))
+        if kind == "string_type" and isinstance(value, int) and not isinstance(value, bool):
+            quoted = f"{value:012d}" if path.endswith(("id", "Id")) and re.match(r"^\d{1,12}$", str(value)) else str(value)
+            problems.append(Problem(path, value, "must be a string", f"quote it in YAML: '{quoted}'"))
+            continue
+        if kind == "finite_number":
+            problems.append(Problem(path, value, "must be a finite number", "write a number (.inf and .nan are not sizes)"))
             continue
         if kind == "enum":
             expected = error.get("ctx", {}).get("expected", "")
@@ -798,6 +866,8 @@ def _generic_fix(kind: str, ctx: dict[str, Any]) -> str:
         return f"write a {kind.split('_')[0]} here"
     if kind == "too_short":
         return f"list at least {ctx.get('min_length')} item(s)"
+    if kind == "too_long":
+        return f"list at most {ctx.get('max_length')} item(s)"
     if kind == "string_pattern_mismatch":
         return f"match the pattern {ctx.get('pattern')}"
     return "see the config reference in README.md"
@@ -807,7 +877,7 @@ def _path(root: str, loc: list[Any]) -> str:
     path = root
     for part in loc:
         path += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return path
+    return path.lstrip(".")
 
 
 def _model_at(annotation: Any, loc: list[Any]) -> Optional[type[BaseModel]]:
