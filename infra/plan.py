@@ -7,7 +7,7 @@ runs ``infra.program.main`` under the recording mock engine and prints the resou
 a count per account and the warnings a platform engineer must read before ``pulumi up``.
 ``--json`` writes the resource graph, one object per resource (a stable interface):
 ``{"type", "name", "parent", "provider", "account", "remote", "protect",
-"retain_on_delete", "inputs"}``.
+"retain_on_delete", "inputs", "urn", "id", "dependencies"}`` (README, "The offline plan").
 """
 from __future__ import annotations
 
@@ -143,6 +143,12 @@ def resource_graph(recording: Recording, config: PlatformConfig) -> list[dict[st
             "protect": resource.protect,
             "retain_on_delete": resource.retain_on_delete,
             "inputs": resource.inputs,
+            "urn": resource.urn,
+            # The mock engine's id: what other resources' inputs (securityGroupId, targetBucket...) hold.
+            "id": resource.id,
+            # Explicit depends_on plus every resource an input was built from (the engine's
+            # `dependencies`); the parent is in "parent", not here.
+            "dependencies": sorted({d.name for d in recording.dependencies_of(resource)}),
         })
     return graph
 
