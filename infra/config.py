@@ -19,7 +19,7 @@ import unicodedata
 from enum import Enum
 from typing import Annotated, Any, Callable, Iterable, Iterator, Optional, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, PlainSerializer, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, PlainSerializer, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
@@ -167,7 +167,8 @@ class AccountConfig(_Model):
 
     id: str = Field(description="12-digit AWS account id, quoted in YAML so leading zeros survive.")
     role_arn: str = Field(description="IAM role Pulumi assumes in this account (must be in `id`).")
-    external_id: Optional[str] = Field(None, description="sts:ExternalId the role's trust policy requires, if any.")
+    external_id: Optional[SecretStr] = Field(None, description=(
+        "sts:ExternalId the role's trust policy requires, if any; may be stored with `pulumi config set --secret`."))
     session_name: str = Field("ml-training-platform", description="STS session name, visible in CloudTrail.")
 
     @field_validator("id")
@@ -778,11 +779,83 @@ def _team_rules(gpu_pools: list[GpuPoolConfig], teams: list[TeamConfig]) -> Iter
 
 
 # -- loading -----------------------------------------------------------------------------
-def load_platform_config(raw: dict[str, Any], *, source: str = "stack config") -> PlatformConfig:
+SECRET_PLACEHOLDER = "[secret]"
+
+
+def load_platform_config(raw: dict[str, Any], *, source: str = "stack config",
+                         secret_paths: Iterable[str] = ()) -> PlatformConfig:
     """Validate the project's config values (keys without namespace, camelCase).
+
+    ``secret_paths`` are the dotted paths (``accounts``, ``accounts.workload.externalId``) the
+    stack file stores encrypted (``secure:``): their values never appear in a message, and each
+    must lead to a secret field (``SecretStr``) or a section holding one, since any other field
+    would carry the value into resources in plain text.
 
     Raises ``ConfigError`` with every problem found; returns a frozen model otherwise.
     """
+    secret_paths = tuple(secret_paths)
+    problems = list(_secret_path_problems(secret_paths))
+    not_secret_fields = tuple(p.path for p in problems)  # their other problems would only repeat this one
+    try:
+        config = _load(raw, source)
+    except ConfigError as error:
+        problems += [_redacted(p, secret_paths) for p in error.problems if not _under_secret(p.path, not_secret_fields)]
+    else:
+        if not problems:
+            return config
+    raise ConfigError(f"invalid configuration in {source}", problems)
+
+
+def _under_secret(path: str, secret_paths: Iterable[str]) -> bool:
+    return any(path == s or path.startswith((s + ".", s + "[")) for s in secret_paths)
+
+
+def _redacted(problem: Problem, secret_paths: Iterable[str]) -> Problem:
+    if _under_secret(problem.path, secret_paths):
+        return Problem(problem.path, SECRET_PLACEHOLDER, problem.message, problem.fix)
+    return problem
+
+
+def _secret_path_problems(secret_paths: Iterable[str]) -> Iterator[Problem]:
+    for path in secret_paths:
+        if not _secret_capable(path):
+            yield Problem(
+                path, SECRET_PLACEHOLDER,
+                "is stored encrypted (secure:), but it is not a secret field: the program would pass it to "
+                "resources in plain text (and the offline plan cannot decrypt it)",
+                "store it in plain text (`pulumi config set` without --secret); only fields documented as secrets "
+                "(e.g. accounts.<key>.externalId) may be encrypted",
+            )
+
+
+def _secret_capable(path: str) -> bool:
+    """Whether ``path`` is a SecretStr field or a section that holds one."""
+    annotation: Any = PlatformConfig
+    for part in re.sub(r"\[\d+\]", "", path).split("."):
+        model = _unwrap(annotation)
+        if get_origin(model) is list:
+            model = _unwrap(get_args(model)[0])
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return False
+        field = next((f for n, f in model.model_fields.items() if (f.alias or n) == part or n == part), None)
+        if field is None:
+            return False
+        annotation = field.annotation
+    return _holds_secret(annotation)
+
+
+def _holds_secret(annotation: Any) -> bool:
+    target = _unwrap(annotation)
+    if get_origin(target) is list:
+        target = _unwrap(get_args(target)[0])
+    if target is SecretStr:
+        return True
+    if isinstance(target, type) and issubclass(target, BaseModel):
+        return any(_holds_secret(f.annotation) for f in target.model_fields.values())
+    return False
+
+
+def _load(raw: dict[str, Any], source: str) -> PlatformConfig:
     problems: list[Problem] = []
     fields = PlatformConfig.model_fields
     by_alias = {(f.alias or name): name for name, f in fields.items()}

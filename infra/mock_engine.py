@@ -22,7 +22,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from google.protobuf import struct_pb2
 
@@ -564,6 +564,7 @@ def run_recorded(
     project: str,
     stack: str,
     config: Optional[dict[str, str]] = None,
+    secret_keys: Sequence[str] = (),
 ) -> Recording:
     """Run ``program`` under the recording engine (preview off, so every apply runs).
 
@@ -573,7 +574,7 @@ def run_recorded(
     monitor = RecordingMonitor(mocks, project, stack)
     logger = logging.getLogger("mlplatform.mock_engine")
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor, logger=logger)
-    pulumi.runtime.set_all_config(dict(config or {}), [])
+    pulumi.runtime.set_all_config(dict(config or {}), list(secret_keys))
     settings = pulumi.runtime.settings.SETTINGS
     settings.rpc_manager.clear()
     settings.outputs.clear()
