@@ -30,6 +30,8 @@ from components.validation import InvalidInputError, Problem
 from components.datasets import DataRepositoryAssociationSpec, DatasetBucket, FsxEvent, FsxLogLevel, association_problems, fsx_capacity_problems
 from components.tracking import LoadBalancerScheme, tracking_problems
 from infra.regions import PARTITION_OF_REGION, partition_of
+from infra import limits
+from infra.limits import at_most
 from components.versions import DEFAULT_EKS_VERSION, EKS_VERSIONS
 from components.gpu_enablement import GpuEnablementMode
 from workloads.karpenter import CapacityType as KarpenterCapacityType, ConsolidationPolicy
@@ -41,6 +43,7 @@ _ACCOUNT_ID = re.compile(r"^\d{12}$")
 _ROLE_ARN = re.compile(r"^arn:(aws|aws-us-gov|aws-cn):iam::(\d{12}):role/[\w+=,.@/-]{1,512}$")
 _NAME = re.compile(r"^[a-z][a-z0-9-]{1,22}[a-z0-9]$")
 # CloudWatch Logs accepts only these retention periods.
+RETENTION_SOURCE = "CloudWatch Logs PutRetentionPolicy (https://docs.aws.amazon.com/AmazonCloudWatchLogs/latest/APIReference/API_PutRetentionPolicy.html)"
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
 
 
@@ -210,7 +213,7 @@ class LogArchiveConfig(_Model):
     transition_to_glacier_days: int = Field(90, ge=1)
     expiration_days: int = Field(365, ge=1, description="Logs are deleted this many days after creation.")
     noncurrent_version_expiration_days: int = Field(30, ge=1)
-    kms_key_deletion_window_days: int = Field(30, ge=7, le=30)
+    kms_key_deletion_window_days: Annotated[int, at_most(limits.KMS_PENDING_WINDOW_DAYS)] = Field(30, ge=7)
 
 
 class FlowLogsConfig(_Model):
@@ -242,10 +245,10 @@ class NodeGroupConfig(_Model):
 
     instance_types: list[str] = Field(min_length=1, description="e.g. [m7i.xlarge]")
     capacity_type: CapacityType = CapacityType.ON_DEMAND
-    min_size: int = Field(ge=0)
-    max_size: int = Field(ge=1)
-    desired_size: int = Field(ge=0)
-    disk_size_gib: int = Field(50, ge=20, le=16384)
+    min_size: Annotated[int, at_most(limits.EKS_NODES_PER_MANAGED_NODE_GROUP)] = Field(ge=0)
+    max_size: Annotated[int, at_most(limits.EKS_NODES_PER_MANAGED_NODE_GROUP)] = Field(ge=1)
+    desired_size: Annotated[int, at_most(limits.EKS_NODES_PER_MANAGED_NODE_GROUP)] = Field(ge=0)
+    disk_size_gib: Annotated[int, at_most(limits.EBS_GP3_VOLUME_GIB)] = Field(50, ge=20)
 
     @field_validator("instance_types")
     @classmethod
@@ -296,7 +299,7 @@ class ClusterConfig(_Model):
     @classmethod
     def _retention(cls, value: int) -> int:
         if value not in LOG_RETENTION_DAYS:
-            raise invalid("is not a CloudWatch Logs retention period", f"use one of {LOG_RETENTION_DAYS}")
+            raise invalid(f"is not a retention period {RETENTION_SOURCE} accepts", f"use one of {LOG_RETENTION_DAYS}")
         return value
 
 
@@ -319,17 +322,17 @@ class DataRepositoryAssociationConfig(_Model):
     import_events: list[FsxEvent] = Field(default_factory=lambda: list(FsxEvent), description="S3 -> FSx: NEW, CHANGED, DELETED.")
     export_events: list[FsxEvent] = Field(default_factory=lambda: list(FsxEvent), description="FSx -> S3: NEW, CHANGED, DELETED.")
     batch_import_metadata_on_create: bool = Field(True, description="List the S3 objects into the file system at creation.")
-    imported_file_chunk_size_mib: int = 1024
+    imported_file_chunk_size_mib: Annotated[int, at_most(limits.FSX_IMPORTED_FILE_CHUNK_MIB)] = Field(1024, ge=1)
 
 
 class FsxConfig(_Model):
     """FSx for Lustre PERSISTENT_2 file system shared by all team namespaces."""
 
-    storage_capacity_gib: int = Field(description="1200, then multiples of 2400.")
+    storage_capacity_gib: Annotated[int, at_most(limits.FSX_LUSTRE_STORAGE_GIB)] = Field(description="1200, then multiples of 2400.")
     per_unit_storage_throughput_mb_per_tib: int = Field(description="125 | 250 | 500 | 1000 MB/s per TiB.")
     subnet_index: int = Field(0, ge=0, description="Index of the private subnet (AZ) that holds the file system.")
     data_repository_associations: list[DataRepositoryAssociationConfig] = Field(default_factory=list, description="At most 8.")
-    automatic_backup_retention_days: int = Field(0, ge=0, le=90, description="0 disables daily backups.")
+    automatic_backup_retention_days: Annotated[int, at_most(limits.FSX_BACKUP_RETENTION_DAYS)] = Field(0, ge=0, description="0 disables daily backups.")
     daily_automatic_backup_start_time: str = Field("05:00", pattern=r"^([01]\d|2[0-3]):[0-5]\d$")
     weekly_maintenance_start_time: str = Field("7:06:00", pattern=r"^[1-7]:([01]\d|2[0-3]):[0-5]\d$")
     log_level: FsxLogLevel = FsxLogLevel.WARN_ERROR
@@ -343,7 +346,7 @@ class FsxConfig(_Model):
     @classmethod
     def _retention(cls, value: int) -> int:
         if value not in LOG_RETENTION_DAYS:
-            raise ValueError(f"is not a CloudWatch retention period; use one of {LOG_RETENTION_DAYS}")
+            raise invalid(f"is not a retention period {RETENTION_SOURCE} accepts", f"use one of {LOG_RETENTION_DAYS}")
         return value
 
     @field_validator("namespaces")
@@ -368,10 +371,10 @@ class DatasetsConfig(_Model):
 class TrackingDatabaseConfig(_Model):
     """Aurora PostgreSQL Serverless v2 behind MLflow."""
 
-    min_capacity_acu: float = Field(0, description="0 lets the cluster pause when idle.")
-    max_capacity_acu: float = Field(4)
+    min_capacity_acu: Annotated[float, at_most(limits.AURORA_SERVERLESS_V2_MAX_ACU)] = Field(0, description="0 lets the cluster pause when idle.")
+    max_capacity_acu: Annotated[float, at_most(limits.AURORA_SERVERLESS_V2_MAX_ACU)] = Field(4, description="At most 256.")
     seconds_until_auto_pause: Optional[int] = Field(600, description="300-86400; only with minCapacityAcu 0.")
-    backup_retention_days: int = Field(7, ge=1, le=35)
+    backup_retention_days: Annotated[int, at_most(limits.RDS_BACKUP_RETENTION_DAYS)] = Field(7, ge=1)
 
 
 class TrackingConfig(_Model):
@@ -404,7 +407,7 @@ class TrackingConfig(_Model):
     @classmethod
     def _retention(cls, value: int) -> int:
         if value not in LOG_RETENTION_DAYS:
-            raise ValueError(f"is not a CloudWatch retention period; use one of {LOG_RETENTION_DAYS}")
+            raise invalid(f"is not a retention period {RETENTION_SOURCE} accepts", f"use one of {LOG_RETENTION_DAYS}")
         return value
 
 
@@ -420,7 +423,7 @@ class CpuPoolConfig(_Model):
         default_factory=lambda: [KarpenterCapacityType.SPOT, KarpenterCapacityType.ON_DEMAND], min_length=1)
     max_cpu: int = Field(256, ge=1, description="NodePool limit on vCPUs.")
     max_memory_gib: int = Field(1024, ge=1)
-    root_volume_gib: int = Field(100, ge=20, le=16384)
+    root_volume_gib: Annotated[int, at_most(limits.EBS_GP3_VOLUME_GIB)] = Field(100, ge=20)
 
 
 class KarpenterConfig(_Model):
@@ -444,7 +447,7 @@ class GpuPoolConfig(_Model):
     max_gpus: int = Field(ge=1, description="NodePool limit on nvidia.com/gpu; at least one node's GPUs.")
     efa: bool = Field(False, description="Attach EFA interfaces (multi-node NCCL); the type must support EFA.")
     zones: list[str] = Field(default_factory=list, description="Restrict to these AZs (default: every AZ of the network).")
-    root_volume_gib: int = Field(200, ge=50, le=16384, description="Encrypted gp3 root volume.")
+    root_volume_gib: Annotated[int, at_most(limits.EBS_GP3_VOLUME_GIB)] = Field(200, ge=50, description="Encrypted gp3 root volume.")
     consolidation_policy: ConsolidationPolicy = Field(ConsolidationPolicy.WHEN_EMPTY, description="WhenEmpty keeps running training safe.")
     consolidate_after: str = Field("10m", pattern=_DURATION, description="Idle time before an empty node goes away.")
     expire_after: str = Field("720h", pattern=_DURATION, description="Node lifetime; an expiring node is drained like a spot notice.")
@@ -1040,3 +1043,25 @@ def _unknown_key(path: str, key: str, allowed: list[str]) -> Problem:
     close = difflib.get_close_matches(key, allowed, n=1)
     fix = f"did you mean `{close[0]}`?" if close else f"remove it; allowed keys here: {', '.join(sorted(allowed))}"
     return Problem(path, key, "unknown key", fix)
+
+
+@check("gpuPools")
+def _pool_node_limits(gpu_pools: list[GpuPoolConfig]) -> Iterator[Problem]:
+    limit = limits.KUBERNETES_NODES_PER_CLUSTER
+    for index, pool in enumerate(gpu_pools):
+        num_nodes = pool.max_gpus // pool.gpus_per_node
+        if num_nodes > limit.maximum:
+            yield Problem(f"gpuPools[{index}].maxGpus", pool.max_gpus,
+                          f"allows {num_nodes} nodes, above {limit.what} (source: {limit.source})",
+                          f"use at most {int(limit.maximum) * pool.gpus_per_node} GPUs")
+
+
+@check("gpuPools", "cluster.systemNodeGroup.maxSize")
+def _cluster_node_limit(gpu_pools: list[GpuPoolConfig], system_max_size: int) -> Iterator[Problem]:
+    limit = limits.KUBERNETES_NODES_PER_CLUSTER
+    num_nodes = [pool.max_gpus // pool.gpus_per_node for pool in gpu_pools]
+    total = system_max_size + sum(num_nodes)
+    if total > limit.maximum and all(n <= limit.maximum for n in num_nodes):
+        yield Problem("gpuPools", [p.name for p in gpu_pools],
+                      f"the GPU pools and the system node group together allow {total} nodes, above {limit.what} "
+                      f"(source: {limit.source})", "lower the pools' maxGpus")
