@@ -385,6 +385,9 @@ class TrackingConfig(_Model):
     route53_zone_id: Optional[str] = Field(None, description="Public hosted zone for certificate validation (and the public record).")
     load_balancer_scheme: LoadBalancerScheme = Field(LoadBalancerScheme.INTERNAL, description="internal | internet-facing.")
     ingress_cidrs: list[Cidr] = Field(default_factory=list, description="Clients outside the VPC (VPN, office).")
+    allow_internet_ingress: bool = Field(False, description=(
+        "Named opt-in: lets a prod internet-facing load balancer admit the whole internet (ingressCidrs covering "
+        "0.0.0.0/0 together). Refused otherwise."))
     num_workers: int = Field(2, ge=1, le=16)
     cpu_units: int = 1024
     memory_mib: int = 2048
@@ -652,14 +655,34 @@ def _node_group_sizes(min_size: int, max_size: int, desired_size: int) -> Iterat
                       "set minSize to 2 or more")
 
 
+# Judged by what a list covers together: 0.0.0.0/1 + 128.0.0.0/1 is the whole internet too.
+# No office or VPN egress needs more than a /8 of public addresses.
+MAX_OPEN_ADDRESSES = 2 ** 24
+
+
+def _exposure(path: str, cidrs: list[ipaddress.IPv4Network]) -> Optional[tuple[str, Any, str]]:
+    """(path, value, description) when ``cidrs`` together are (nearly) the whole internet."""
+    union = list(ipaddress.collapse_addresses(cidrs))
+    num_addresses = sum(n.num_addresses for n in union)
+    everything = ipaddress.IPv4Network("0.0.0.0/0")
+    if num_addresses <= MAX_OPEN_ADDRESSES:
+        return None
+    single = next((i for i, c in enumerate(cidrs) if c.num_addresses == num_addresses), None)
+    at, value = (f"{path}[{single}]", str(cidrs[single])) if single is not None else (path, [str(c) for c in cidrs])
+    if union == [everything]:
+        return at, value, "the whole internet"
+    return at, value, f"{num_addresses:,} addresses ({num_addresses / everything.num_addresses:.0%} of IPv4), more than a /8"
+
+
 @check("environment", "cluster.publicAccessCidrs", "cluster.deletionProtection")
 def _endpoint_and_protection(environment: Environment, public_access_cidrs, deletion_protection) -> Iterator[Problem]:
-    for index, cidr in enumerate(public_access_cidrs):
-        if cidr.prefixlen == 0:
-            yield Problem(
-                f"cluster.publicAccessCidrs[{index}]", str(cidr), "opens the Kubernetes API to the whole internet",
-                "list your VPN or office egress CIDRs, or leave publicAccessCidrs empty for a private endpoint",
-            )
+    exposed = _exposure("cluster.publicAccessCidrs", list(public_access_cidrs))
+    if exposed:
+        at, value, what = exposed
+        yield Problem(
+            at, value, f"opens the Kubernetes API to {what}",
+            "list your VPN or office egress CIDRs, or leave publicAccessCidrs empty for a private endpoint",
+        )
     if environment is not Environment.PROD:
         return
     if public_access_cidrs:
@@ -727,6 +750,18 @@ def _tracking_rules(environment: Environment, image: str, db: TrackingDatabaseCo
         seconds_until_auto_pause=db.seconds_until_auto_pause, scheme=scheme,
         num_ingress_cidrs=len(ingress_cidrs), cpu_units=cpu_units, memory_mib=memory_mib,
     )
+
+
+@check("environment", "tracking.loadBalancerScheme", "tracking.ingressCidrs", "tracking.allowInternetIngress")
+def _tracking_exposure(environment: Environment, scheme: LoadBalancerScheme, ingress_cidrs, allow_internet_ingress: bool) -> Iterator[Problem]:
+    exposed = _exposure("tracking.ingressCidrs", list(ingress_cidrs))
+    if not exposed or scheme is not LoadBalancerScheme.INTERNET_FACING:
+        return
+    at, value, what = exposed
+    if environment is Environment.PROD and not allow_internet_ingress:
+        yield Problem(at, value, f"admits {what} to the prod internet-facing MLflow load balancer",
+                      "list your VPN or office egress CIDRs, use loadBalancerScheme: internal, or set "
+                      "tracking.allowInternetIngress: true to accept a public tracking server")
 
 
 @check("tracking.artifactsBucket")
@@ -895,12 +930,45 @@ def _load(raw: dict[str, Any], source: str) -> PlatformConfig:
         if all(p in values for p in paths):
             problems.extend(rule(*(values[p] for p in paths)))
 
+    reported = {p.path for p in problems}
+    for name, section in sections.items():
+        alias = fields[name].alias or name
+        problems.extend(p for p in _list_problems(alias, section)
+                        if p.path not in reported and p.path.rsplit("[", 1)[0] not in reported)
+
     if problems:
         raise ConfigError(f"invalid configuration in {source}", problems)
     try:
         return PlatformConfig.model_validate(sections)
     except ValidationError as exc:  # a model-level rule not in the per-section pass: still no traceback
         raise ConfigError(f"invalid configuration in {source}", _from_pydantic(exc, "", PlatformConfig)) from None
+
+
+def _list_problems(path: str, value: Any) -> Iterator[Problem]:
+    """Every list of plain values holds each value once; a CIDR list holds no block inside another."""
+    if isinstance(value, BaseModel):
+        for name, field in type(value).model_fields.items():
+            yield from _list_problems(f"{path}.{field.alias or name}", getattr(value, name))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _list_problems(f"{path}.{key}", item)
+    elif isinstance(value, (list, tuple)):
+        seen: dict[Any, int] = {}
+        for index, item in enumerate(value):
+            if isinstance(item, (BaseModel, dict, list)):
+                yield from _list_problems(f"{path}[{index}]", item)
+                continue
+            shown = item.value if isinstance(item, Enum) else str(item) if isinstance(item, ipaddress.IPv4Network) else item
+            if item in seen:
+                yield Problem(f"{path}[{index}]", shown, f"repeats {path}[{seen[item]}]", "list each value once")
+                continue
+            seen[item] = index
+            if isinstance(item, ipaddress.IPv4Network):
+                outer = next((i for i, other in enumerate(value) if i != index and other != item
+                              and isinstance(other, ipaddress.IPv4Network) and item.subnet_of(other)), None)
+                if outer is not None:
+                    yield Problem(f"{path}[{index}]", shown, f"lies inside {path}[{outer}] ({value[outer]})",
+                                  "remove it (the larger block already covers it)")
 
 
 _FAILED = object()  # marks a value that did not parse
