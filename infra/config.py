@@ -15,11 +15,13 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import re
+import unicodedata
 from enum import Enum
 from typing import Annotated, Any, Callable, Iterable, Iterator, Optional, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, PlainSerializer, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, PlainSerializer, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
+from pydantic.fields import FieldInfo
 
 from components.cluster import UpgradePolicy
 from components.bucket import lifecycle_problems
@@ -28,6 +30,9 @@ from components.network import NatStrategy, subnet_problems
 from components.validation import InvalidInputError, Problem
 from components.datasets import DataRepositoryAssociationSpec, DatasetBucket, FsxEvent, FsxLogLevel, association_problems, fsx_capacity_problems
 from components.tracking import LoadBalancerScheme, tracking_problems
+from infra.regions import PARTITION_OF_REGION, partition_of
+from infra import limits
+from infra.limits import at_most
 from components.versions import DEFAULT_EKS_VERSION, EKS_VERSIONS
 from components.gpu_enablement import GpuEnablementMode
 from workloads.karpenter import CapacityType as KarpenterCapacityType, ConsolidationPolicy
@@ -37,12 +42,12 @@ PROJECT = "ml-training-platform"
 
 _ACCOUNT_ID = re.compile(r"^\d{12}$")
 _ROLE_ARN = re.compile(r"^arn:(aws|aws-us-gov|aws-cn):iam::(\d{12}):role/[\w+=,.@/-]{1,512}$")
-_REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 _NAME = re.compile(r"^[a-z][a-z0-9-]{1,22}[a-z0-9]$")
 PROD_OBJECT_LOCK_RETENTION_DAYS = 365
 # Log retention floor in prod (CIS AWS Foundations / EKS Best Practices: keep audit logs a year).
 PROD_MIN_LOG_RETENTION_DAYS = 365
 # CloudWatch Logs accepts only these retention periods.
+RETENTION_SOURCE = "CloudWatch Logs PutRetentionPolicy (https://docs.aws.amazon.com/AmazonCloudWatchLogs/latest/APIReference/API_PutRetentionPolicy.html)"
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
 
 
@@ -72,7 +77,9 @@ class CapacityType(str, Enum):
 class _Model(BaseModel):
     # camelCase in the stack file (Pulumi's convention), snake_case in Python.
     model_config = ConfigDict(
-        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True, use_enum_values=False
+        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True, use_enum_values=False,
+        # .inf and .nan are valid YAML floats that no AWS size or period accepts.
+        allow_inf_nan=False,
     )
 
 
@@ -106,18 +113,53 @@ def _check_name(value: str) -> str:
 
 
 def _check_region(value: str) -> str:
-    if not _REGION.match(value):
-        raise invalid("is not an AWS region name", "use a region such as us-west-2")
+    if partition_of(value) is None:
+        close = difflib.get_close_matches(value, sorted(PARTITION_OF_REGION), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise invalid(
+            "is not a region of the aws, aws-cn or aws-us-gov partitions (table: infra/regions.py, from botocore's endpoints.json)",
+            f"{hint}use a region name such as us-west-2",
+        )
     return value
 
 
-def _check_tags(value: dict[str, str]) -> dict[str, str]:
-    bad = [k for k in value if k.lower().startswith("aws:") or not 1 <= len(k) <= 128]
+# AWS tag rules (the pattern AWS APIs enforce, e.g. EFS API_Tag:
+# ^(?![aA][wW][sS]:)([\p{L}\p{Z}\p{N}_.:/=+\-@]+)$, and "Tag naming limits and requirements",
+# https://docs.aws.amazon.com/tag-editor/latest/userguide/best-practices-and-strats.html):
+# key 1-128 characters, value 0-256, letters, digits, spaces and _ . : / = + - @,
+# no aws: prefix on keys or values, at most 50 user tags per resource.
+MAX_TAGS_PER_RESOURCE = 50
+# The platform adds its own tags (platform, environment, managed-by, Name, kubernetes.io/cluster/...,
+# karpenter.sh/discovery ...): leave them room under AWS's 50.
+NUM_PLATFORM_TAGS_RESERVED = 10
+_TAG_SPECIALS = set("_.:/=+-@")
+
+
+def _tag_text_problem(text: str, kind: str, max_length: int, min_length: int) -> Optional[str]:
+    if not min_length <= len(text) <= max_length:
+        return f"{kind} is {len(text)} characters (AWS allows {min_length}-{max_length})"
+    if text[:4].lower() == "aws:":
+        return f"{kind} starts with the reserved 'aws:' prefix"
+    bad = sorted({c for c in text if not (c in _TAG_SPECIALS or unicodedata.category(c)[0] in "LNZ")})
     if bad:
-        raise invalid(f"tag keys {bad} are reserved or too long", "use 1-128 characters without the 'aws:' prefix")
-    long_values = [k for k, v in value.items() if len(v) > 256]
-    if long_values:
-        raise invalid(f"values of tags {long_values} are too long", "shorten them to at most 256 characters")
+        return f"{kind} has characters AWS tags refuse: {bad}"
+    return None
+
+
+def _check_tags(value: dict[str, str]) -> dict[str, str]:
+    limit = MAX_TAGS_PER_RESOURCE - NUM_PLATFORM_TAGS_RESERVED
+    if len(value) > limit:
+        raise invalid(
+            f"{len(value)} tags: AWS allows {MAX_TAGS_PER_RESOURCE} per resource and the platform adds up to "
+            f"{NUM_PLATFORM_TAGS_RESERVED} of its own", f"keep at most {limit} tags")
+    found = []
+    for key, tag_value in value.items():
+        reason = _tag_text_problem(key, f"key {key!r}", 128, 1) or _tag_text_problem(tag_value, f"value of {key!r}", 256, 0)
+        if reason:
+            found.append(reason)
+    if found:
+        raise invalid("; ".join(found), "AWS tag rules: keys 1-128 and values 0-256 characters of letters, digits, "
+                      "spaces and _ . : / = + - @, no 'aws:' prefix")
     return value
 
 
@@ -132,7 +174,8 @@ class AccountConfig(_Model):
 
     id: str = Field(description="12-digit AWS account id, quoted in YAML so leading zeros survive.")
     role_arn: str = Field(description="IAM role Pulumi assumes in this account (must be in `id`).")
-    external_id: Optional[str] = Field(None, description="sts:ExternalId the role's trust policy requires, if any.")
+    external_id: Optional[SecretStr] = Field(None, description=(
+        "sts:ExternalId the role's trust policy requires, if any; may be stored with `pulumi config set --secret`."))
     session_name: str = Field("ml-training-platform", description="STS session name, visible in CloudTrail.")
 
     @field_validator("id")
@@ -150,12 +193,21 @@ class AccountConfig(_Model):
         return value
 
 
+class AccountLayout(str, Enum):
+    """Whether the three roles live in three accounts (the isolation the layout exists for)."""
+
+    SEPARATE = "separate"  # automation, workload and logging are three different accounts
+    SINGLE_ACCOUNT = "single-account"  # explicit opt-out: some or all roles share one account
+
+
 class AccountsConfig(_Model):
     """The three accounts of the platform: CI/images, workloads, and the log archive."""
 
     automation: AccountConfig = Field(description="CI and shared artifacts (ECR images).")
-    workload: AccountConfig = Field(description="VPC, cluster, GPU nodes, storage, MLflow.")
+    workload: AccountConfig = Field(description="VPC, cluster, GPU nodes, storage, MLflow. No externalId (see README).")
     logging: AccountConfig = Field(description="Central, write-once log archive.")
+    layout: AccountLayout = Field(AccountLayout.SEPARATE, description=(
+        "separate | single-account. Two roles in one account are refused unless single-account is set."))
 
 
 class AuditTrailMode(str, Enum):
@@ -193,7 +245,7 @@ class LogArchiveConfig(_Model):
         "Object Lock (GOVERNANCE) retention of every archived object. Default: 365 in prod, off in dev."))
     access_log_expiration_days: int = Field(365, ge=1, le=36500, description="S3 server access logs (one SSE-S3 bucket per account) are deleted after this.")
     audit_trail: AuditTrailConfig = Field(default_factory=AuditTrailConfig)
-    kms_key_deletion_window_days: int = Field(30, ge=7, le=30)
+    kms_key_deletion_window_days: Annotated[int, at_most(limits.KMS_PENDING_WINDOW_DAYS)] = Field(30, ge=7)
 
 
 class FlowLogsConfig(_Model):
@@ -227,10 +279,10 @@ class NodeGroupConfig(_Model):
 
     instance_types: list[str] = Field(min_length=1, description="e.g. [m7i.xlarge]")
     capacity_type: CapacityType = CapacityType.ON_DEMAND
-    min_size: int = Field(ge=0)
-    max_size: int = Field(ge=1)
-    desired_size: int = Field(ge=0)
-    disk_size_gib: int = Field(50, ge=20, le=16384)
+    min_size: Annotated[int, at_most(limits.EKS_NODES_PER_MANAGED_NODE_GROUP)] = Field(ge=0)
+    max_size: Annotated[int, at_most(limits.EKS_NODES_PER_MANAGED_NODE_GROUP)] = Field(ge=1)
+    desired_size: Annotated[int, at_most(limits.EKS_NODES_PER_MANAGED_NODE_GROUP)] = Field(ge=0)
+    disk_size_gib: Annotated[int, at_most(limits.EBS_GP3_VOLUME_GIB)] = Field(50, ge=20)
 
     @field_validator("instance_types")
     @classmethod
@@ -281,7 +333,7 @@ class ClusterConfig(_Model):
     @classmethod
     def _retention(cls, value: int) -> int:
         if value not in LOG_RETENTION_DAYS:
-            raise invalid("is not a CloudWatch Logs retention period", f"use one of {LOG_RETENTION_DAYS}")
+            raise invalid(f"is not a retention period {RETENTION_SOURCE} accepts", f"use one of {LOG_RETENTION_DAYS}")
         return value
 
 
@@ -304,17 +356,17 @@ class DataRepositoryAssociationConfig(_Model):
     import_events: list[FsxEvent] = Field(default_factory=lambda: list(FsxEvent), description="S3 -> FSx: NEW, CHANGED, DELETED.")
     export_events: list[FsxEvent] = Field(default_factory=lambda: list(FsxEvent), description="FSx -> S3: NEW, CHANGED, DELETED.")
     batch_import_metadata_on_create: bool = Field(True, description="List the S3 objects into the file system at creation.")
-    imported_file_chunk_size_mib: int = 1024
+    imported_file_chunk_size_mib: Annotated[int, at_most(limits.FSX_IMPORTED_FILE_CHUNK_MIB)] = Field(1024, ge=1)
 
 
 class FsxConfig(_Model):
     """FSx for Lustre PERSISTENT_2 file system shared by all team namespaces."""
 
-    storage_capacity_gib: int = Field(description="1200, then multiples of 2400.")
+    storage_capacity_gib: Annotated[int, at_most(limits.FSX_LUSTRE_STORAGE_GIB)] = Field(description="1200, then multiples of 2400.")
     per_unit_storage_throughput_mb_per_tib: int = Field(description="125 | 250 | 500 | 1000 MB/s per TiB.")
     subnet_index: int = Field(0, ge=0, description="Index of the private subnet (AZ) that holds the file system.")
     data_repository_associations: list[DataRepositoryAssociationConfig] = Field(default_factory=list, description="At most 8.")
-    automatic_backup_retention_days: int = Field(0, ge=0, le=90, description="0 disables daily backups.")
+    automatic_backup_retention_days: Annotated[int, at_most(limits.FSX_BACKUP_RETENTION_DAYS)] = Field(0, ge=0, description="0 disables daily backups.")
     daily_automatic_backup_start_time: str = Field("05:00", pattern=r"^([01]\d|2[0-3]):[0-5]\d$")
     weekly_maintenance_start_time: str = Field("7:06:00", pattern=r"^[1-7]:([01]\d|2[0-3]):[0-5]\d$")
     log_level: FsxLogLevel = FsxLogLevel.WARN_ERROR
@@ -328,7 +380,7 @@ class FsxConfig(_Model):
     @classmethod
     def _retention(cls, value: int) -> int:
         if value not in LOG_RETENTION_DAYS:
-            raise ValueError(f"is not a CloudWatch retention period; use one of {LOG_RETENTION_DAYS}")
+            raise invalid(f"is not a retention period {RETENTION_SOURCE} accepts", f"use one of {LOG_RETENTION_DAYS}")
         return value
 
     @field_validator("namespaces")
@@ -353,10 +405,10 @@ class DatasetsConfig(_Model):
 class TrackingDatabaseConfig(_Model):
     """Aurora PostgreSQL Serverless v2 behind MLflow."""
 
-    min_capacity_acu: float = Field(0, description="0 lets the cluster pause when idle.")
-    max_capacity_acu: float = Field(4)
+    min_capacity_acu: Annotated[float, at_most(limits.AURORA_SERVERLESS_V2_MAX_ACU)] = Field(0, description="0 lets the cluster pause when idle.")
+    max_capacity_acu: Annotated[float, at_most(limits.AURORA_SERVERLESS_V2_MAX_ACU)] = Field(4, description="At most 256.")
     seconds_until_auto_pause: Optional[int] = Field(600, description="300-86400; only with minCapacityAcu 0.")
-    backup_retention_days: int = Field(7, ge=1, le=35)
+    backup_retention_days: Annotated[int, at_most(limits.RDS_BACKUP_RETENTION_DAYS)] = Field(7, ge=1)
 
 
 class TrackingConfig(_Model):
@@ -367,6 +419,9 @@ class TrackingConfig(_Model):
     route53_zone_id: Optional[str] = Field(None, description="Public hosted zone for certificate validation (and the public record).")
     load_balancer_scheme: LoadBalancerScheme = Field(LoadBalancerScheme.INTERNAL, description="internal | internet-facing.")
     ingress_cidrs: list[Cidr] = Field(default_factory=list, description="Clients outside the VPC (VPN, office).")
+    allow_internet_ingress: bool = Field(False, description=(
+        "Named opt-in: lets a prod internet-facing load balancer admit the whole internet (ingressCidrs covering "
+        "0.0.0.0/0 together). Refused otherwise."))
     num_workers: int = Field(2, ge=1, le=16)
     cpu_units: int = 1024
     memory_mib: int = 2048
@@ -389,7 +444,7 @@ class TrackingConfig(_Model):
     @classmethod
     def _retention(cls, value: int) -> int:
         if value not in LOG_RETENTION_DAYS:
-            raise ValueError(f"is not a CloudWatch retention period; use one of {LOG_RETENTION_DAYS}")
+            raise invalid(f"is not a retention period {RETENTION_SOURCE} accepts", f"use one of {LOG_RETENTION_DAYS}")
         return value
 
 
@@ -405,7 +460,7 @@ class CpuPoolConfig(_Model):
         default_factory=lambda: [KarpenterCapacityType.SPOT, KarpenterCapacityType.ON_DEMAND], min_length=1)
     max_cpu: int = Field(256, ge=1, description="NodePool limit on vCPUs.")
     max_memory_gib: int = Field(1024, ge=1)
-    root_volume_gib: int = Field(100, ge=20, le=16384)
+    root_volume_gib: Annotated[int, at_most(limits.EBS_GP3_VOLUME_GIB)] = Field(100, ge=20)
 
 
 class KarpenterConfig(_Model):
@@ -429,7 +484,7 @@ class GpuPoolConfig(_Model):
     max_gpus: int = Field(ge=1, description="NodePool limit on nvidia.com/gpu; at least one node's GPUs.")
     efa: bool = Field(False, description="Attach EFA interfaces (multi-node NCCL); the type must support EFA.")
     zones: list[str] = Field(default_factory=list, description="Restrict to these AZs (default: every AZ of the network).")
-    root_volume_gib: int = Field(200, ge=50, le=16384, description="Encrypted gp3 root volume.")
+    root_volume_gib: Annotated[int, at_most(limits.EBS_GP3_VOLUME_GIB)] = Field(200, ge=50, description="Encrypted gp3 root volume.")
     consolidation_policy: ConsolidationPolicy = Field(ConsolidationPolicy.WHEN_EMPTY, description="WhenEmpty keeps running training safe.")
     consolidate_after: str = Field("10m", pattern=_DURATION, description="Idle time before an empty node goes away.")
     expire_after: str = Field("720h", pattern=_DURATION, description="Node lifetime; an expiring node is drained like a spot notice.")
@@ -566,6 +621,55 @@ for _key in ("automation", "workload", "logging"):
     _account_role_rule(_key)
 
 
+@check("accounts")
+def _account_isolation(accounts: AccountsConfig) -> Iterator[Problem]:
+    if accounts.layout is AccountLayout.SINGLE_ACCOUNT:
+        return
+    keys = ("automation", "workload", "logging")
+    for index, first in enumerate(keys):
+        for second in keys[index + 1:]:
+            account_id = getattr(accounts, first).id
+            if account_id == getattr(accounts, second).id:
+                yield Problem(
+                    f"accounts.{second}.id", account_id,
+                    f"is also the {first} account: the {first} and {second} roles would share one account, losing "
+                    "the isolation the three-account layout exists for (a compromised workload could rewrite its own audit logs)",
+                    f"use a separate account for {second}, or set accounts.layout: single-account to accept one account",
+                )
+
+
+@check("accounts.workload")
+def _kubeconfig_role(workload: AccountConfig) -> Iterator[Problem]:
+    # pulumi-eks writes the kubeconfig Pulumi's Kubernetes provider uses as
+    # `aws --region R eks get-token --cluster-name N --output json --role <roleArn>`
+    # (pulumi/pulumi-eks nodejs/eks/cluster/cluster.ts, generateKubeconfig): the AWS CLI's
+    # `eks get-token` has no option for an external id, so such a role cannot be assumed there.
+    if workload.external_id is not None:
+        yield Problem(
+            "accounts.workload.externalId", "[redacted]",
+            "the workload role is also assumed by the cluster's kubeconfig (`aws eks get-token --role`), "
+            "which cannot pass an sts:ExternalId: every Kubernetes resource would fail with AccessDenied",
+            "remove externalId and restrict the workload role's trust policy by principal (and aws:PrincipalOrgID or "
+            "source identity) instead; automation and logging roles may keep theirs",
+        )
+
+
+def _arn_partition(arn: str) -> str:
+    return arn.split(":", 2)[1]
+
+
+@check("region", "accounts", "cluster.adminRoleArns", "cluster.deployRoleArn")
+def _arn_partitions(region: str, accounts: AccountsConfig, admin_role_arns, deploy_role_arn) -> Iterator[Problem]:
+    partition = partition_of(region)
+    arns = [(f"accounts.{key}.roleArn", getattr(accounts, key).role_arn) for key in ("automation", "workload", "logging")]
+    arns += [(f"cluster.adminRoleArns[{i}]", arn) for i, arn in enumerate(admin_role_arns)]
+    arns += [("cluster.deployRoleArn", deploy_role_arn)] if deploy_role_arn else []
+    for path, arn in arns:
+        if _arn_partition(arn) != partition:
+            yield Problem(path, arn, f"is in partition {_arn_partition(arn)}, but region {region} is in partition {partition}",
+                          f"use arn:{partition}:iam::<account id>:role/<name> (a role of the region's partition)")
+
+
 @check("region", "network.cidr", "network.availabilityZones", "network.privateSubnetCidrs",
        "network.publicSubnetCidrs", "network.nat")
 def _network_rules(region, cidr, availability_zones, private_subnet_cidrs, public_subnet_cidrs, nat) -> Iterator[Problem]:
@@ -638,14 +742,34 @@ def _node_group_sizes(min_size: int, max_size: int, desired_size: int) -> Iterat
                       "set minSize to 2 or more")
 
 
+# Judged by what a list covers together: 0.0.0.0/1 + 128.0.0.0/1 is the whole internet too.
+# No office or VPN egress needs more than a /8 of public addresses.
+MAX_OPEN_ADDRESSES = 2 ** 24
+
+
+def _exposure(path: str, cidrs: list[ipaddress.IPv4Network]) -> Optional[tuple[str, Any, str]]:
+    """(path, value, description) when ``cidrs`` together are (nearly) the whole internet."""
+    union = list(ipaddress.collapse_addresses(cidrs))
+    num_addresses = sum(n.num_addresses for n in union)
+    everything = ipaddress.IPv4Network("0.0.0.0/0")
+    if num_addresses <= MAX_OPEN_ADDRESSES:
+        return None
+    single = next((i for i, c in enumerate(cidrs) if c.num_addresses == num_addresses), None)
+    at, value = (f"{path}[{single}]", str(cidrs[single])) if single is not None else (path, [str(c) for c in cidrs])
+    if union == [everything]:
+        return at, value, "the whole internet"
+    return at, value, f"{num_addresses:,} addresses ({num_addresses / everything.num_addresses:.0%} of IPv4), more than a /8"
+
+
 @check("environment", "cluster.publicAccessCidrs", "cluster.deletionProtection")
 def _endpoint_and_protection(environment: Environment, public_access_cidrs, deletion_protection) -> Iterator[Problem]:
-    for index, cidr in enumerate(public_access_cidrs):
-        if cidr.prefixlen == 0:
-            yield Problem(
-                f"cluster.publicAccessCidrs[{index}]", str(cidr), "opens the Kubernetes API to the whole internet",
-                "list your VPN or office egress CIDRs, or leave publicAccessCidrs empty for a private endpoint",
-            )
+    exposed = _exposure("cluster.publicAccessCidrs", list(public_access_cidrs))
+    if exposed:
+        at, value, what = exposed
+        yield Problem(
+            at, value, f"opens the Kubernetes API to {what}",
+            "list your VPN or office egress CIDRs, or leave publicAccessCidrs empty for a private endpoint",
+        )
     if environment is not Environment.PROD:
         return
     if public_access_cidrs:
@@ -715,6 +839,18 @@ def _tracking_rules(environment: Environment, image: str, db: TrackingDatabaseCo
     )
 
 
+@check("environment", "tracking.loadBalancerScheme", "tracking.ingressCidrs", "tracking.allowInternetIngress")
+def _tracking_exposure(environment: Environment, scheme: LoadBalancerScheme, ingress_cidrs, allow_internet_ingress: bool) -> Iterator[Problem]:
+    exposed = _exposure("tracking.ingressCidrs", list(ingress_cidrs))
+    if not exposed or scheme is not LoadBalancerScheme.INTERNET_FACING:
+        return
+    at, value, what = exposed
+    if environment is Environment.PROD and not allow_internet_ingress:
+        yield Problem(at, value, f"admits {what} to the prod internet-facing MLflow load balancer",
+                      "list your VPN or office egress CIDRs, use loadBalancerScheme: internal, or set "
+                      "tracking.allowInternetIngress: true to accept a public tracking server")
+
+
 @check("tracking.artifactsBucket")
 def _artifacts_lifecycle(artifacts_bucket: BucketLifecycleConfig) -> Iterator[Problem]:
     yield from bucket_lifecycle_problems("tracking.artifactsBucket", artifacts_bucket)
@@ -764,11 +900,83 @@ def _team_rules(gpu_pools: list[GpuPoolConfig], teams: list[TeamConfig]) -> Iter
 
 
 # -- loading -----------------------------------------------------------------------------
-def load_platform_config(raw: dict[str, Any], *, source: str = "stack config") -> PlatformConfig:
+SECRET_PLACEHOLDER = "[secret]"
+
+
+def load_platform_config(raw: dict[str, Any], *, source: str = "stack config",
+                         secret_paths: Iterable[str] = ()) -> PlatformConfig:
     """Validate the project's config values (keys without namespace, camelCase).
+
+    ``secret_paths`` are the dotted paths (``accounts``, ``accounts.workload.externalId``) the
+    stack file stores encrypted (``secure:``): their values never appear in a message, and each
+    must lead to a secret field (``SecretStr``) or a section holding one, since any other field
+    would carry the value into resources in plain text.
 
     Raises ``ConfigError`` with every problem found; returns a frozen model otherwise.
     """
+    secret_paths = tuple(secret_paths)
+    problems = list(_secret_path_problems(secret_paths))
+    not_secret_fields = tuple(p.path for p in problems)  # their other problems would only repeat this one
+    try:
+        config = _load(raw, source)
+    except ConfigError as error:
+        problems += [_redacted(p, secret_paths) for p in error.problems if not _under_secret(p.path, not_secret_fields)]
+    else:
+        if not problems:
+            return config
+    raise ConfigError(f"invalid configuration in {source}", problems)
+
+
+def _under_secret(path: str, secret_paths: Iterable[str]) -> bool:
+    return any(path == s or path.startswith((s + ".", s + "[")) for s in secret_paths)
+
+
+def _redacted(problem: Problem, secret_paths: Iterable[str]) -> Problem:
+    if _under_secret(problem.path, secret_paths):
+        return Problem(problem.path, SECRET_PLACEHOLDER, problem.message, problem.fix)
+    return problem
+
+
+def _secret_path_problems(secret_paths: Iterable[str]) -> Iterator[Problem]:
+    for path in secret_paths:
+        if not _secret_capable(path):
+            yield Problem(
+                path, SECRET_PLACEHOLDER,
+                "is stored encrypted (secure:), but it is not a secret field: the program would pass it to "
+                "resources in plain text (and the offline plan cannot decrypt it)",
+                "store it in plain text (`pulumi config set` without --secret); only fields documented as secrets "
+                "(e.g. accounts.<key>.externalId) may be encrypted",
+            )
+
+
+def _secret_capable(path: str) -> bool:
+    """Whether ``path`` is a SecretStr field or a section that holds one."""
+    annotation: Any = PlatformConfig
+    for part in re.sub(r"\[\d+\]", "", path).split("."):
+        model = _unwrap(annotation)
+        if get_origin(model) is list:
+            model = _unwrap(get_args(model)[0])
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return False
+        field = next((f for n, f in model.model_fields.items() if (f.alias or n) == part or n == part), None)
+        if field is None:
+            return False
+        annotation = field.annotation
+    return _holds_secret(annotation)
+
+
+def _holds_secret(annotation: Any) -> bool:
+    target = _unwrap(annotation)
+    if get_origin(target) is list:
+        target = _unwrap(get_args(target)[0])
+    if target is SecretStr:
+        return True
+    if isinstance(target, type) and issubclass(target, BaseModel):
+        return any(_holds_secret(f.annotation) for f in target.model_fields.values())
+    return False
+
+
+def _load(raw: dict[str, Any], source: str) -> PlatformConfig:
     problems: list[Problem] = []
     fields = PlatformConfig.model_fields
     by_alias = {(f.alias or name): name for name, f in fields.items()}
@@ -794,7 +1002,7 @@ def load_platform_config(raw: dict[str, Any], *, source: str = "stack config") -
             continue
         value = raw.get(alias, raw.get(name))
         try:
-            sections[name] = TypeAdapter(field.annotation).validate_python(value)
+            sections[name] = _adapter(field).validate_python(value)
         except ValidationError as exc:
             problems.extend(_from_pydantic(exc, alias, field.annotation))
             _collect(alias, field.annotation, value, _FAILED, values)
@@ -805,12 +1013,70 @@ def load_platform_config(raw: dict[str, Any], *, source: str = "stack config") -
         if all(p in values for p in paths):
             problems.extend(rule(*(values[p] for p in paths)))
 
+    reported = {p.path for p in problems}
+    for name, section in sections.items():
+        alias = fields[name].alias or name
+        problems.extend(p for p in _list_problems(alias, section)
+                        if p.path not in reported and p.path.rsplit("[", 1)[0] not in reported)
+
     if problems:
         raise ConfigError(f"invalid configuration in {source}", problems)
-    return PlatformConfig.model_validate(sections)
+    try:
+        return PlatformConfig.model_validate(sections)
+    except ValidationError as exc:  # a model-level rule not in the per-section pass: still no traceback
+        raise ConfigError(f"invalid configuration in {source}", _from_pydantic(exc, "", PlatformConfig)) from None
+
+
+def _list_problems(path: str, value: Any) -> Iterator[Problem]:
+    """Every list of plain values holds each value once; a CIDR list holds no block inside another."""
+    if isinstance(value, BaseModel):
+        for name, field in type(value).model_fields.items():
+            yield from _list_problems(f"{path}.{field.alias or name}", getattr(value, name))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _list_problems(f"{path}.{key}", item)
+    elif isinstance(value, (list, tuple)):
+        seen: dict[Any, int] = {}
+        for index, item in enumerate(value):
+            if isinstance(item, (BaseModel, dict, list)):
+                yield from _list_problems(f"{path}[{index}]", item)
+                continue
+            shown = item.value if isinstance(item, Enum) else str(item) if isinstance(item, ipaddress.IPv4Network) else item
+            if item in seen:
+                yield Problem(f"{path}[{index}]", shown, f"repeats {path}[{seen[item]}]", "list each value once")
+                continue
+            seen[item] = index
+            if isinstance(item, ipaddress.IPv4Network):
+                outer = next((i for i, other in enumerate(value) if i != index and other != item
+                              and isinstance(other, ipaddress.IPv4Network) and item.subnet_of(other)), None)
+                if outer is not None:
+                    yield Problem(f"{path}[{index}]", shown, f"lies inside {path}[{outer}] ({value[outer]})",
+                                  "remove it (the larger block already covers it)")
 
 
 _FAILED = object()  # marks a value that did not parse
+_ADAPTERS: dict[int, TypeAdapter] = {}
+
+
+def _adapter(field: FieldInfo) -> TypeAdapter:
+    """Validates one field as the model would: its type *and* its constraints and validators.
+
+    ``field.annotation`` alone drops what ``Annotated[...]`` and ``Field(...)`` attach (name,
+    region and tag validators, ``max_length``, ``ge``/``le``): those live in ``field.metadata``.
+    """
+    adapter = _ADAPTERS.get(id(field))
+    if adapter is None:
+        annotation = Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
+        adapter = _ADAPTERS[id(field)] = TypeAdapter(annotation, config=None if _is_model(field.annotation) else _FIELD_CONFIG)
+    return adapter
+
+
+_FIELD_CONFIG = ConfigDict(allow_inf_nan=False)
+
+
+def _is_model(annotation: Any) -> bool:
+    model = _unwrap(annotation)
+    return isinstance(model, type) and issubclass(model, BaseModel)
 
 
 def _collect(path: str, annotation: Any, raw: Any, parsed: Any, values: dict[str, Any]) -> None:
@@ -835,7 +1101,7 @@ def _collect(path: str, annotation: Any, raw: Any, parsed: Any, values: dict[str
             continue
         child_raw = raw.get(alias, raw.get(name))
         try:
-            child = TypeAdapter(field.annotation).validate_python(child_raw)
+            child = _adapter(field).validate_python(child_raw)
         except ValidationError:
             child = _FAILED
         _collect(child_path, field.annotation, child_raw, child, values)
@@ -857,8 +1123,12 @@ def _from_pydantic(exc: ValidationError, root: str, annotation: Any) -> list[Pro
         if kind == "missing":
             problems.append(Problem(path, None, "required key is missing", f"add `{loc[-1]}` (see the config reference in README.md)"))
             continue
-        if kind == "string_type" and isinstance(value, int) and re.match(r"^\d{1,12}$", str(value)):
-            problems.append(Problem(path, value, "must be a string", f"quote it in YAML: '{value:012d}'"))
+        if kind == "string_type" and isinstance(value, int) and not isinstance(value, bool):
+            quoted = f"{value:012d}" if path.endswith(("id", "Id")) and re.match(r"^\d{1,12}$", str(value)) else str(value)
+            problems.append(Problem(path, value, "must be a string", f"quote it in YAML: '{quoted}'"))
+            continue
+        if kind == "finite_number":
+            problems.append(Problem(path, value, "must be a finite number", "write a number (.inf and .nan are not sizes)"))
             continue
         if kind == "enum":
             expected = error.get("ctx", {}).get("expected", "")
@@ -881,6 +1151,8 @@ def _generic_fix(kind: str, ctx: dict[str, Any]) -> str:
         return f"write a {kind.split('_')[0]} here"
     if kind == "too_short":
         return f"list at least {ctx.get('min_length')} item(s)"
+    if kind == "too_long":
+        return f"list at most {ctx.get('max_length')} item(s)"
     if kind == "string_pattern_mismatch":
         return f"match the pattern {ctx.get('pattern')}"
     return "see the config reference in README.md"
@@ -890,7 +1162,7 @@ def _path(root: str, loc: list[Any]) -> str:
     path = root
     for part in loc:
         path += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return path
+    return path.lstrip(".")
 
 
 def _model_at(annotation: Any, loc: list[Any]) -> Optional[type[BaseModel]]:
@@ -922,3 +1194,25 @@ def _unknown_key(path: str, key: str, allowed: list[str]) -> Problem:
     close = difflib.get_close_matches(key, allowed, n=1)
     fix = f"did you mean `{close[0]}`?" if close else f"remove it; allowed keys here: {', '.join(sorted(allowed))}"
     return Problem(path, key, "unknown key", fix)
+
+
+@check("gpuPools")
+def _pool_node_limits(gpu_pools: list[GpuPoolConfig]) -> Iterator[Problem]:
+    limit = limits.KUBERNETES_NODES_PER_CLUSTER
+    for index, pool in enumerate(gpu_pools):
+        num_nodes = pool.max_gpus // pool.gpus_per_node
+        if num_nodes > limit.maximum:
+            yield Problem(f"gpuPools[{index}].maxGpus", pool.max_gpus,
+                          f"allows {num_nodes} nodes, above {limit.what} (source: {limit.source})",
+                          f"use at most {int(limit.maximum) * pool.gpus_per_node} GPUs")
+
+
+@check("gpuPools", "cluster.systemNodeGroup.maxSize")
+def _cluster_node_limit(gpu_pools: list[GpuPoolConfig], system_max_size: int) -> Iterator[Problem]:
+    limit = limits.KUBERNETES_NODES_PER_CLUSTER
+    num_nodes = [pool.max_gpus // pool.gpus_per_node for pool in gpu_pools]
+    total = system_max_size + sum(num_nodes)
+    if total > limit.maximum and all(n <= limit.maximum for n in num_nodes):
+        yield Problem("gpuPools", [p.name for p in gpu_pools],
+                      f"the GPU pools and the system node group together allow {total} nodes, above {limit.what} "
+                      f"(source: {limit.source})", "lower the pools' maxGpus")

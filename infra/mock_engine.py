@@ -20,8 +20,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from google.protobuf import struct_pb2
 
@@ -62,6 +63,8 @@ class RecordedResource:
     inputs: dict[str, Any]
     outputs: dict[str, Any] = field(default_factory=dict)
     id: Optional[str] = None
+    # input key -> URNs of the resources whose outputs that input was built from
+    property_dependencies: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def package(self) -> str:
@@ -102,7 +105,9 @@ class RecordingMocks(pulumi_mocks.Mocks):
         resource = self.current
         account, region = self.account_and_region(resource)
         inputs = dict(args.inputs)
-        digest = hashlib.sha256(f"{args.typ}/{args.name}".encode()).hexdigest()
+        # Derived from the URN: unique within a stack and the same on every run, so ids
+        # (and the ARNs and names built from them) can be resolved back to one resource.
+        digest = hashlib.sha256((resource.urn if resource else f"{args.typ}/{args.name}").encode()).hexdigest()
         resource_id = f"{args.name}-{digest[:8]}"
         outputs = dict(inputs)
         service = args.typ.split(":")[1].split("/")[0] if ":" in args.typ else "mock"
@@ -249,6 +254,9 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         self.records: list[RecordedResource] = []
         self.project = project
         self.stack = stack
+        # URNs of resources only the mock knows (a remote component's children such as the
+        # eksCluster it returns) -> the recorded resource that stands for them.
+        self.aliases: dict[str, str] = {}
 
     def make_urn(self, parent: str, type_: str, name: str) -> str:
         if parent:
@@ -275,6 +283,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             retain_on_delete=bool(request.retainOnDelete) if request.HasField("retainOnDelete") else False,
             dependencies=list(request.dependencies),
             inputs=decode_struct(request.object),
+            property_dependencies={key: list(deps.urns) for key, deps in request.propertyDependencies.items()},
         )
         if record.is_provider:
             # Providers receive structured config JSON-encoded, as the engine passes it.
@@ -309,6 +318,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                                   "vpcId": value.inputs.get("vpcId")},
                 }
                 self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, value.cluster_name, cluster_state)
+                self.aliases[urn] = parent_urn
                 out[key] = ResourceReference(urn, value.cluster_name)
         return out
 
@@ -421,11 +431,82 @@ def _encode_into(target: struct_pb2.Value, value: Any) -> None:
 # -- running a program --------------------------------------------------------------------
 @dataclass
 class Recording:
+    """Every registered resource, with a small graph API over ids, ARNs and dependencies."""
+
     resources: list[RecordedResource]
     stack_outputs: dict[str, Any]
+    # URN of a resource only the mock knows (a remote component's child) -> recorded stand-in
+    aliases: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._urns: dict[str, RecordedResource] = {r.urn: r for r in self.resources}
+        for alias, urn in self.aliases.items():
+            if urn in self._urns:
+                self._urns.setdefault(alias, self._urns[urn])
+        self._keys: dict[str, list[RecordedResource]] = {}
+        for resource in self.resources:
+            for key in _reference_keys(resource):
+                owners = self._keys.setdefault(key, [])
+                if resource not in owners:
+                    owners.append(resource)
 
     def by_type(self, resource_type: str) -> list[RecordedResource]:
         return [r for r in self.resources if r.type == resource_type]
+
+    # -- graph --------------------------------------------------------------------------
+    def resolve(self, value: str, resource_type: Optional[str] = None) -> RecordedResource:
+        """The resource an id, ARN or URN names (``securityGroupId``, ``targetBucket``, a role ARN).
+
+        Raises ``LookupError`` when no resource, or more than one, has that id or ARN.
+        """
+        found = self.resolve_all(value, resource_type)
+        if len(found) != 1:
+            names = [f"{r.type} {r.name}" for r in found]
+            raise LookupError(f"{value!r} names {len(found)} recorded resources{' of type ' + resource_type if resource_type else ''}: {names}")
+        return found[0]
+
+    def resolve_all(self, value: str, resource_type: Optional[str] = None) -> list[RecordedResource]:
+        found = [self._urns[value]] if value in self._urns else list(self._keys.get(value, []))
+        return [r for r in found if resource_type is None or r.type == resource_type]
+
+    def try_resolve(self, value: Any, resource_type: Optional[str] = None) -> Optional[RecordedResource]:
+        found = self.resolve_all(value, resource_type) if isinstance(value, str) else []
+        return found[0] if len(found) == 1 else None
+
+    def dependencies_of(self, resource: RecordedResource, *, transitive: bool = False) -> list[RecordedResource]:
+        """Resources ``resource`` was registered with as dependencies (explicit ``depends_on``
+        and every resource whose output fed one of its inputs); with ``transitive``, theirs too."""
+        seen: dict[str, RecordedResource] = {}
+        pending = list(resource.dependencies)
+        while pending:
+            dependency = self._urns.get(pending.pop())
+            if dependency is None or dependency.urn in seen or dependency is resource:
+                continue
+            seen[dependency.urn] = dependency
+            if transitive:
+                pending.extend(dependency.dependencies)
+        return list(seen.values())
+
+    def depends_on(self, resource: RecordedResource, other: RecordedResource, *, transitive: bool = True) -> bool:
+        """Whether the engine creates ``other`` before ``resource`` (directly, or through a chain)."""
+        return other in self.dependencies_of(resource, transitive=transitive)
+
+    def dependents_of(self, resource: RecordedResource) -> list[RecordedResource]:
+        return [r for r in self.resources if resource in self.dependencies_of(r)]
+
+    def property_dependencies_of(self, resource: RecordedResource, input_key: str) -> list[RecordedResource]:
+        """Resources whose outputs the input ``input_key`` was built from."""
+        return [self._urns[u] for u in resource.property_dependencies.get(input_key, []) if u in self._urns]
+
+    def references(self, resource: RecordedResource) -> list[RecordedResource]:
+        """Resources whose id or ARN appears anywhere in ``resource``'s inputs."""
+        found: dict[str, RecordedResource] = {}
+        for text in _strings(resource.inputs):
+            for candidate in (text, *_embedded_arns(text)):
+                target = self.try_resolve(candidate)
+                if target is not None and target is not resource:
+                    found[target.urn] = target
+        return list(found.values())
 
     def one(self, resource_type: str, name: Optional[str] = None) -> RecordedResource:
         found = [r for r in self.by_type(resource_type) if name is None or r.name == name]
@@ -435,7 +516,46 @@ class Recording:
         return found[0]
 
     def by_urn(self, urn: Optional[str]) -> Optional[RecordedResource]:
-        return next((r for r in self.resources if r.urn == urn), None) if urn else None
+        return self._urns.get(urn) if urn else None
+
+
+def _reference_keys(resource: RecordedResource) -> list[str]:
+    """The values other resources use to point at this one: its id, its ARN, and the ids
+    and ARNs the mock generated for it (e.g. a remote EKS cluster's ``clusterSecurityGroupId``)."""
+    if resource.is_provider:
+        return []
+    keys = [resource.id] if resource.id else []
+    for key, value in resource.outputs.items():
+        generated = key not in resource.inputs or key in ("arn", "id")
+        if generated and isinstance(value, str) and value and (key == "arn" or key.endswith(("Id", "Arn"))):
+            keys.append(value)
+        if isinstance(value, ResourceReference):
+            keys.append(value.id)
+    return keys
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+
+
+def _embedded_arns(text: str) -> list[str]:
+    """ARNs inside a JSON policy document or a wildcard resource (``arn:...:bucket/*``)."""
+    if "arn:" not in text:
+        return []
+    found = []
+    for token in re.findall(r"arn:[a-z-]+:[^\s\"',\]]+", text):
+        found.append(token)
+        for suffix in ("/*", "*", "/"):
+            if token.endswith(suffix):
+                found.append(token[: -len(suffix)])
+    return found
 
 
 def run_recorded(
@@ -444,6 +564,7 @@ def run_recorded(
     project: str,
     stack: str,
     config: Optional[dict[str, str]] = None,
+    secret_keys: Sequence[str] = (),
 ) -> Recording:
     """Run ``program`` under the recording engine (preview off, so every apply runs).
 
@@ -453,7 +574,7 @@ def run_recorded(
     monitor = RecordingMonitor(mocks, project, stack)
     logger = logging.getLogger("mlplatform.mock_engine")
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor, logger=logger)
-    pulumi.runtime.set_all_config(dict(config or {}), [])
+    pulumi.runtime.set_all_config(dict(config or {}), list(secret_keys))
     settings = pulumi.runtime.settings.SETTINGS
     settings.rpc_manager.clear()
     settings.outputs.clear()
@@ -470,7 +591,7 @@ def run_recorded(
         resolved = {key: _sync_await(_resolve(value)) for key, value in exported.items()}
     finally:
         pulumi.export = original_export  # type: ignore[assignment]
-    return Recording(resources=list(monitor.records), stack_outputs=resolved)
+    return Recording(resources=list(monitor.records), stack_outputs=resolved, aliases=dict(monitor.aliases))
 
 
 async def _resolve(value: Any) -> Any:

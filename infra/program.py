@@ -75,16 +75,26 @@ class Platform:
         )
 
 
-def raw_stack_config() -> dict[str, Any]:
-    """The project's config values as the engine passed them, JSON objects decoded."""
-    values = {**pulumi.runtime.get_config_env(), **pulumi.runtime.config.CONFIG.get()}
+def raw_stack_config() -> tuple[dict[str, Any], list[str]]:
+    """The project's config values, JSON objects decoded, and the keys stored as secrets.
+
+    Values are read through ``pulumi.Config`` (the engine's decrypted values, with its notion of
+    which keys are secret); only the key *names* come from the config store, so that unknown
+    keys can be reported. Fields typed ``SecretStr`` reach resources as secret Outputs.
+    """
+    names = {**pulumi.runtime.get_config_env(), **pulumi.runtime.config.CONFIG.get()}
+    config = pulumi.Config(PROJECT)
     raw: dict[str, Any] = {}
+    secret_keys: list[str] = []
     prefix = f"{PROJECT}:"
-    for key, value in values.items():
-        if not key.startswith(prefix):
+    for full_key in names:
+        if not full_key.startswith(prefix):
             continue
-        raw[key[len(prefix):]] = _decode(value)
-    return raw
+        key = full_key[len(prefix):]
+        raw[key] = _decode(config.get(key))
+        if pulumi.runtime.is_config_secret(full_key):
+            secret_keys.append(key)
+    return raw, secret_keys
 
 
 def _decode(value: Any) -> Any:
@@ -100,7 +110,8 @@ def _decode(value: Any) -> Any:
 
 def read_config() -> PlatformConfig:
     stack = pulumi.get_stack()
-    return load_platform_config(raw_stack_config(), source=f"stack '{stack}' (Pulumi.{stack}.yaml)")
+    raw, secret_keys = raw_stack_config()
+    return load_platform_config(raw, source=f"stack '{stack}' (Pulumi.{stack}.yaml)", secret_paths=secret_keys)
 
 
 def _access_log_bucket(config: PlatformConfig, providers: AccountProviders, account: str) -> AccessLogBucket:
