@@ -533,6 +533,26 @@ class TrainingConfig(_Model):
     trainer_v2: bool = Field(False, description="Also install Kubeflow Trainer 2.3 (TrainJob, torch-distributed runtime).")
 
 
+class BudgetAccount(str, Enum):
+    AUTOMATION = "automation"
+    WORKLOAD = "workload"
+    LOGGING = "logging"
+
+
+class BudgetsConfig(_Model):
+    """A monthly AWS Budget per account, with e-mail alerts (operations capability)."""
+
+    # AWS Budgets quotas: 10 e-mail subscribers per notification, 5 notifications per budget.
+    alert_emails: list[str] = Field(min_length=1, max_length=10, description="Who gets the alerts (1-10 addresses).")
+    monthly_limit_usd: dict[BudgetAccount, Annotated[float, Field(gt=0)]] = Field(min_length=1, description=(
+        "Monthly budget in USD per account (automation, workload, logging); accounts left out get no budget."))
+    actual_thresholds_percent: list[Annotated[float, Field(gt=0)]] = Field(
+        default_factory=lambda: [80.0, 100.0], max_length=5,
+        description="Alert when actual spend passes these percentages of the limit.")
+    forecast_threshold_percent: Optional[Annotated[float, Field(gt=0)]] = Field(100.0, description=(
+        "Alert when the month's forecast passes this percentage; null: no forecast alert."))
+
+
 class PlatformConfig(_Model):
     """The platform of one stack. Field order is the order of the stack file."""
 
@@ -551,6 +571,7 @@ class PlatformConfig(_Model):
     gpu_enablement: GpuEnablementConfig = Field(default_factory=GpuEnablementConfig)
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig, description="Training operators (training capability).")
+    budgets: Optional[BudgetsConfig] = Field(None, description="AWS Budgets per account (operations capability).")
 
     # -- derived values: one place decides what "prod" means ------------------------------
     @property
@@ -897,6 +918,16 @@ def _team_rules(gpu_pools: list[GpuPoolConfig], teams: list[TeamConfig]) -> Iter
     from workloads.gpu_catalog import team_quota_problems
 
     yield from team_quota_problems("scheduling.teams", teams, gpu_pools)
+
+
+@check("budgets")
+def _budget_rules(budgets: Optional[BudgetsConfig]) -> Iterator[Problem]:
+    from components.budgets import alert_problems
+
+    if budgets is not None:
+        yield from alert_problems("budgets", actual_thresholds_percent=budgets.actual_thresholds_percent,
+                                  forecast_threshold_percent=budgets.forecast_threshold_percent,
+                                  alert_emails=budgets.alert_emails)
 
 
 # -- loading -----------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from infra.config import PROJECT, AuditTrailMode, PlatformConfig, load_platform_
 from infra import datasets_tracking
 from infra import gpu_capacity
 from infra import costs, policy_gate  # noqa: F401  (register the cost report and the policy pack with the offline plan)
-from infra import training
+from infra import operations, training
 
 
 @dataclass
@@ -239,7 +239,8 @@ def build_platform(config: PlatformConfig) -> Platform:
 
 
 # Capabilities added on top of the foundation, in deployment order.
-CAPABILITIES: tuple[Callable[[Platform], Optional[dict[str, Any]]], ...] = (gpu_capacity.deploy, datasets_tracking.deploy, training.deploy)
+CAPABILITIES: tuple[Callable[[Platform], Optional[dict[str, Any]]], ...] = (
+    gpu_capacity.deploy, datasets_tracking.deploy, training.deploy, operations.deploy)
 
 
 def main() -> Platform:
