@@ -65,6 +65,8 @@ class RecordedResource:
     id: Optional[str] = None
     # input key -> URNs of the resources whose outputs that input was built from
     property_dependencies: dict[str, list[str]] = field(default_factory=dict)
+    # URNs this resource declared in `aliases` (renames keep their identity).
+    alias_urns: list[str] = field(default_factory=list)
 
     @property
     def package(self) -> str:
@@ -284,6 +286,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             dependencies=list(request.dependencies),
             inputs=decode_struct(request.object),
             property_dependencies={key: list(deps.urns) for key, deps in request.propertyDependencies.items()},
+            alias_urns=self._alias_urns(request),
         )
         if record.is_provider:
             # Providers receive structured config JSON-encoded, as the engine passes it.
@@ -301,6 +304,23 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         self.records.append(record)
         self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, id_ or "", state)
         return resource_pb2.RegisterResourceResponse(urn=urn, id=id_ or "", object=encode_struct(state))
+
+    def _alias_urns(self, request) -> list[str]:
+        """The URNs a resource's `aliases` say it used to have (what a rename must carry)."""
+        urns = list(request.aliasURNs)
+        for alias in request.aliases:
+            if alias.urn:
+                urns.append(alias.urn)
+                continue
+            spec = alias.spec
+            parent = "" if spec.noParent else (spec.parentUrn or request.parent)
+            urn = self.make_urn(parent, spec.type or request.type, spec.name or request.name)
+            if spec.stack or spec.project:
+                _, _, rest = urn.partition("::")
+                _, _, rest = rest.partition("::")
+                urn = f"urn:pulumi:{spec.stack or self.stack}::{spec.project or self.project}::{rest}"
+            urns.append(urn)
+        return urns
 
     def _materialize_refs(self, parent_urn: str, state: dict) -> dict:
         out = dict(state)
