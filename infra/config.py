@@ -420,7 +420,7 @@ class GpuEnablementConfig(_Model):
     dcgm_exporter: bool = Field(True, description="GPU metrics (DCGM exporter) on GPU nodes.")
     service_monitor: bool = Field(False, description="ServiceMonitor for DCGM; needs prometheusOperatorCrds.")
     prometheus_operator_crds: bool = Field(
-        False, description="Install the pinned prometheus-operator-crds chart (ServiceMonitor kinds); off if you run your own.")
+        False, description="Install the pinned prometheus-operator-crds chart (ServiceMonitor CRDs); serviceMonitor needs it.")
 
 
 class TeamConfig(_Model):

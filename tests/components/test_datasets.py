@@ -1,7 +1,6 @@
 """Datasets capability: buckets, FSx PERSISTENT_2 + DRAs, CSI add-on, static PV/PVC, config rules."""
 from __future__ import annotations
 
-import json
 
 import pytest
 
