@@ -1,6 +1,7 @@
 """EKS control plane, static CPU node group, managed add-ons and a Kubernetes provider."""
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import dataclass, field
 from enum import Enum
@@ -92,6 +93,10 @@ class ClusterArgs:
     admin_role_arns: Sequence[str] = ()
     kubeconfig_role_arn: Optional[str] = None
     namespace_editors: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    # Set explicitly (EKS would pick 10.100.0.0/16 or 172.20.0.0/16 by itself) so network
+    # policies can name the API server's Service address, which pods dial before kube-proxy
+    # translates it to the control plane's ENIs.
+    service_ipv4_cidr: str = "172.20.0.0/16"
     log_retention_days: int = 30
     deletion_protection: bool = False
     protect: bool = False
@@ -103,6 +108,11 @@ class ClusterArgs:
             raise ValueError(f"ClusterArgs.version: {self.version!r} is unknown; use one of {sorted(EKS_VERSIONS)}")
         if any(c.endswith("/0") for c in self.public_access_cidrs):
             raise ValueError("ClusterArgs.public_access_cidrs: 0.0.0.0/0 opens the API to the internet; list your CIDRs")
+        service = ipaddress.ip_network(self.service_ipv4_cidr)
+        vpc = ipaddress.ip_network(self.network.args.cidr)
+        if service.overlaps(vpc):
+            raise ValueError(f"ClusterArgs.service_ipv4_cidr: {service} overlaps the VPC {vpc}; "
+                             "use 172.20.0.0/16 or 10.100.0.0/16, whichever the VPC does not use")
         if not self.kubeconfig_role_arn:
             raise ValueError("ClusterArgs.kubeconfig_role_arn: required; the cluster creator gets no bootstrap admin, "
                              "so name the role Pulumi deploys with (it gets a visible cluster-admin access entry)")
@@ -185,6 +195,7 @@ class Cluster(pulumi.ComponentResource):
             encryption_config_key_arn=self.secrets_key.arn,
             enabled_cluster_log_types=list(CONTROL_PLANE_LOG_TYPES),
             authentication_mode=eks.AuthenticationMode.API,
+            kubernetes_service_ip_address_range=args.service_ipv4_cidr,
             skip_default_node_group=True,
             skip_default_security_groups=True,
             # Every add-on below is an EKS managed add-on with a pinned version.

@@ -119,11 +119,11 @@ class GpuEnablementArgs:
                 "set prometheus_operator_crds=True or service_monitor=False")
 
 
-def namespace_spec(vpc_cidr: str, mode: GpuEnablementMode) -> SystemNamespaceSpec:
+def namespace_spec(vpc_cidr: str, service_cidr: str, mode: GpuEnablementMode) -> SystemNamespaceSpec:
     operator = mode is GpuEnablementMode.GPU_OPERATOR
     return SystemNamespaceSpec(
         name=NAMESPACE, pod_security=PodSecurityLevel.PRIVILEGED, pod_security_reason=POD_SECURITY_REASON,
-        vpc_cidr=vpc_cidr,
+        vpc_cidr=vpc_cidr, service_cidr=service_cidr,
         metrics_ports=(DCGM_METRICS_PORT, GPU_OPERATOR_METRICS_PORT) if operator else (DCGM_METRICS_PORT,),
         # The operator's components (NFD master/worker, validators) talk to each other.
         same_namespace=operator,
@@ -134,7 +134,7 @@ class GpuEnablement(pulumi.ComponentResource):
     def __init__(self, name: str, args: GpuEnablementArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("mlplatform:gpu_enablement:GpuEnablement", name, None, opts)
         cluster = args.cluster
-        objects = namespace_objects(namespace_spec(cluster.args.network.args.cidr, args.mode))
+        objects = namespace_objects(namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr, args.mode))
         self.namespace = apply_object(f"{name}-namespace", objects[0], pulumi.ResourceOptions(parent=self))
         in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
         self.network_policies = [

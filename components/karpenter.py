@@ -303,10 +303,10 @@ def helm_values(*, cluster_name: Any, queue_name: Any, replicas: int, log_level:
     }
 
 
-def namespace_spec(vpc_cidr: str) -> SystemNamespaceSpec:
+def namespace_spec(vpc_cidr: str, service_cidr: str) -> SystemNamespaceSpec:
     # Karpenter 1.14 serves no webhooks; it calls the API server and AWS (through Pod Identity).
     return SystemNamespaceSpec(
-        name=NAMESPACE, pod_security=PodSecurityLevel.RESTRICTED, vpc_cidr=vpc_cidr,
+        name=NAMESPACE, pod_security=PodSecurityLevel.RESTRICTED, vpc_cidr=vpc_cidr, service_cidr=service_cidr,
         metrics_ports=(METRICS_PORT,), probe_ports=(HEALTH_PROBE_PORT,), uses_aws=True,
     )
 
@@ -325,7 +325,7 @@ class Karpenter(pulumi.ComponentResource):
         super().__init__("mlplatform:karpenter:Karpenter", name, None, opts)
         cluster = args.cluster
         child = pulumi.ResourceOptions(parent=self)
-        objects = namespace_objects(namespace_spec(cluster.args.network.args.cidr))
+        objects = namespace_objects(namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr))
         self.namespace = apply_object(f"{name}-namespace", objects[0], child)
         in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
         self.network_policies = [

@@ -27,11 +27,11 @@ KUEUE_METRICS_PORT = 8443
 KUEUE_HEALTH_PORT = 8081
 
 
-def kueue_namespace_spec(vpc_cidr: str) -> SystemNamespaceSpec:
+def kueue_namespace_spec(vpc_cidr: str, service_cidr: str) -> SystemNamespaceSpec:
     # The manager runs non-root, read-only, no privilege escalation, all capabilities dropped,
     # RuntimeDefault seccomp (chart defaults): `restricted` admits it.
     return SystemNamespaceSpec(
-        name=KUEUE_NAMESPACE, pod_security=PodSecurityLevel.RESTRICTED, vpc_cidr=vpc_cidr,
+        name=KUEUE_NAMESPACE, pod_security=PodSecurityLevel.RESTRICTED, vpc_cidr=vpc_cidr, service_cidr=service_cidr,
         api_server_ingress_ports=(KUEUE_WEBHOOK_PORT, KUEUE_VISIBILITY_PORT),
         metrics_ports=(KUEUE_METRICS_PORT,), probe_ports=(KUEUE_HEALTH_PORT,),
     )
@@ -76,7 +76,7 @@ class Scheduling(pulumi.ComponentResource):
             apply_object(f"{name}-priority-{pc['metadata']['name']}", pc, child)
 
         cluster = args.cluster
-        objects = namespace_objects(kueue_namespace_spec(cluster.args.network.args.cidr))
+        objects = namespace_objects(kueue_namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr))
         self.kueue_namespace = apply_object(f"{name}-kueue-namespace", objects[0], child)
         in_kueue_ns = pulumi.ResourceOptions(parent=self, depends_on=[self.kueue_namespace])
         self.kueue_network_policies = [

@@ -6,9 +6,9 @@ Pure functions (spec in, manifests out), validated against Kubernetes 1.32 in te
 
 Flows, and why each exists (the VPC CNI enforces these; see components.cluster):
 - DNS to CoreDNS in kube-system (UDP/TCP 53).
-- The Kubernetes API server: on EKS its endpoint is the cluster's ENIs in the VPC (private
-  endpoint), reached on TCP 443 after the ``kubernetes`` Service is translated, so the egress
-  rule names the VPC CIDR, not the Service IP.
+- The Kubernetes API server on TCP 443: pods dial the ``kubernetes`` Service address, which
+  kube-proxy translates to the control plane's ENIs in the VPC (private endpoint); the rule
+  names both the Service CIDR and the VPC CIDR, whichever form the enforcing agent sees.
 - AWS APIs (Karpenter: EC2, SQS, SSM, IAM, EKS, Pricing) on TCP 443 through the NAT gateway
   or interface endpoints, so anywhere on 443; and the EKS Pod Identity agent on the node at
   169.254.170.23:80 (EKS User Guide, "Set up the Amazon EKS Pod Identity Agent").
@@ -40,6 +40,7 @@ class SystemNamespaceSpec:
     pod_security: PSA level enforced (restricted unless a DaemonSet needs host access).
     pod_security_reason: why the level is below restricted; required when it is.
     vpc_cidr: the VPC's CIDR (API server ENIs, nodes, scrapers).
+    service_cidr: the cluster's Service CIDR (the ``kubernetes`` Service address).
     api_server_ingress_ports: ports the API server calls (webhooks, aggregated APIs).
     metrics_ports / probe_ports: ingress from inside the VPC.
     uses_aws: egress to AWS APIs (TCP 443) and to the Pod Identity agent.
@@ -49,6 +50,7 @@ class SystemNamespaceSpec:
     name: str
     pod_security: PodSecurityLevel
     vpc_cidr: str
+    service_cidr: str
     pod_security_reason: str = ""
     api_server_ingress_ports: Sequence[int] = ()
     metrics_ports: Sequence[int] = ()
@@ -97,7 +99,8 @@ def network_policies(spec: SystemNamespaceSpec) -> list[dict[str, Any]]:
                     "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
             "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
         }]}),
-        policy("allow-api-server", {"policyTypes": ["Egress"], "egress": [{"to": vpc, "ports": _tcp([443])}]}),
+        policy("allow-api-server", {"policyTypes": ["Egress"], "egress": [
+            {"to": [{"ipBlock": {"cidr": spec.service_cidr}}, *vpc], "ports": _tcp([443])}]}),
     ]
     if spec.uses_aws:
         out.append(policy("allow-aws-apis", {"policyTypes": ["Egress"], "egress": [

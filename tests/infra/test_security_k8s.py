@@ -436,6 +436,7 @@ def _allows_egress(policies, cidr_or_selector, port, protocol="TCP"):
 
 def test_controller_namespaces_default_deny_with_needed_flows(plan):
     vpc = str(plan.config.network.cidr)
+    service = plan.recording.one("eks:index:Cluster").inputs["kubernetesServiceIpAddressRange"]
     dns = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
     for namespace in NAMESPACES:
@@ -445,7 +446,9 @@ def test_controller_namespaces_default_deny_with_needed_flows(plan):
         deny = [p for p in policies if p["spec"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}]
         assert deny, namespace
         assert _allows_egress(policies, dns, 53, "UDP") and _allows_egress(policies, dns, 53, "TCP"), namespace
-        assert _allows_egress(policies, vpc, 443), namespace  # API server ENIs in the VPC
+        # The API server: its Service address (pre-translation) and its ENIs in the VPC.
+        assert _allows_egress(policies, vpc, 443), namespace
+        assert _allows_egress(policies, service, 443), namespace
     # Karpenter calls AWS through Pod Identity: the agent on the node and AWS endpoints.
     karpenter = _policies(plan, "karpenter")
     assert _allows_egress(karpenter, "169.254.170.23/32", 80)
