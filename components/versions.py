@@ -47,11 +47,13 @@ EKS_ADDON_VERSIONS: dict[str, str] = {
     # (docs.amazonaws.cn/eks/latest/userguide/managing-kube-proxy.html, same table revision
     # as the docs.aws.amazon.com page listing 1.33 v1.33.5-eksbuild.2).
     "kube-proxy": "v1.32.9-eksbuild.2",
-    # No AWS version table; the 1.32 default build reported by describe-addon-versions in
-    # public EKS fixtures and Terraform pins (Nov 2025 - 2026). Verify before upgrading.
+    # No AWS document maps agent builds to Kubernetes versions (aws/eks-pod-identity-agent tags
+    # are v0.1.x). This is the 1.32 default build that describe-addon-versions returns, as
+    # recorded by public EKS API fixtures and Terraform pins (2025-2026); weaker than a doc.
     "eks-pod-identity-agent": "v1.3.10-eksbuild.1",
-    # Driver release v1.53.0 (kubernetes-sigs/aws-ebs-csi-driver CHANGELOG.md); eksbuild.1 is
-    # its EKS build, reported ACTIVE on public EKS clusters. Verify before upgrading.
+    # Driver release v1.53.0 (kubernetes-sigs/aws-ebs-csi-driver CHANGELOG.md, tag of
+    # 2025-11-17); its EKS build eksbuild.1 is the one public EKS clusters report ACTIVE. No AWS
+    # version table exists for this add-on.
     "aws-ebs-csi-driver": "v1.53.0-eksbuild.1",
     # Driver release v1.7.0 (kubernetes-sigs/aws-fsx-csi-driver tag v1.7.0, Nov 2025); the EKS
     # build is named in the EKS User Guide's hybrid-nodes add-on table ("Amazon FSx CSI driver
