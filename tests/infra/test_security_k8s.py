@@ -329,6 +329,20 @@ def test_groups_with_standalone_rules_have_no_inline_rules(plan):
         assert not group.inputs.get("ingress") and not group.inputs.get("egress"), group.name
 
 
+def test_node_and_fsx_groups_admit_nothing_from_the_internet(plan):
+    """Nodes are private; the only sources allowed in are security groups (CIS EKS 5.4 / EKS BPG)."""
+    name = plan.config.name
+    groups = [plan.recording.one("aws:ec2/securityGroup:SecurityGroup", f"{name}-cluster-node-sg"),
+              plan.recording.one("aws:ec2/securityGroup:SecurityGroup", f"{name}-datasets-fsx-sg")]
+    for group in groups:
+        ingress = [r for r in plan.recording.by_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+                   if r.inputs["securityGroupId"] == group.id]
+        assert ingress, group.name
+        for rule in ingress:
+            assert rule.inputs.get("referencedSecurityGroupId"), rule.name
+            assert not rule.inputs.get("cidrIpv4") and not rule.inputs.get("cidrIpv6"), rule.name
+
+
 def test_node_group_allows_all_traffic_to_and_from_itself_for_efa(plan):
     """EFA: the security group must allow all inbound and outbound traffic to and from itself
     (EC2 User Guide, "Prepare an EFA-enabled security group")."""
