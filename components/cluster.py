@@ -346,8 +346,11 @@ def disable_bootstrap_cluster_admin(args: pulumi.ResourceTransformArgs) -> Optio
 
     pulumi-eks hard-codes ``true`` there (nodejs/eks/cluster/cluster.ts) and exposes no input for
     it (eks:index:Cluster has no accessConfig in its schema), so the creator would be a cluster
-    admin that no access entry shows. Transforms reach children of packaged (remote)
-    components (Pulumi docs, "Resource option: transforms"). The setting only matters at
+    admin that no access entry shows. Transforms run in the engine for a resource and all its
+    children, packaged (remote) components' children included (pulumi.com/docs/iac/concepts/
+    options/transforms and .../options/transformations: "Transforms support modifying child
+    resources of packaged components"); the offline plan emulates this for the eksCluster
+    child (infra/mock_engine.py). The setting only matters at
     creation; pulumi-eks ignores later changes to it, so an existing cluster is not replaced.
     """
     if args.type_ != "aws:eks/cluster:Cluster":
