@@ -7,7 +7,6 @@ S3 by the same mechanism. Pods see the file system through a static PV/PVC per t
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Iterator, Mapping, Optional, Sequence
@@ -16,7 +15,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components.bucket import AccessLogBucket, LifecycleRule, SecureBucket, SecureBucketArgs
-from components.cluster import Cluster, pod_identity_role
+from components.cluster import Cluster
 from components.k8s import apply_object
 from components.kms import create_key, set_key_policy
 from components.network import Network
@@ -263,16 +262,35 @@ class Datasets(pulumi.ComponentResource):
         }
 
         node_sg = args.cluster.node_security_group
-        rules = [{"protocol": "tcp", "from_port": low, "to_port": high, "security_groups": [node_sg.id],
-                  "description": f"Lustre {low}-{high} from the cluster's nodes"} for low, high in LUSTRE_PORTS]
-        # The file servers also talk to each other on the same ports.
-        rules += [{"protocol": "tcp", "from_port": low, "to_port": high, "self": True,
-                   "description": f"Lustre {low}-{high} between file servers"} for low, high in LUSTRE_PORTS]
+        # Rules are standalone resources only (inline rules would make the provider revoke the
+        # standalone ones on the same group). FSx for Lustre: TCP 988 and 1018-1023 from the
+        # clients and from the file servers themselves (FSx Lustre User Guide, "File system
+        # access control with Amazon VPC").
         self.security_group = aws.ec2.SecurityGroup(
             f"{name}-fsx-sg", vpc_id=args.network.vpc_id,
             description="FSx for Lustre: Lustre ports from the cluster's nodes only",
-            ingress=rules, egress=rules, tags={**tags, "Name": f"{name}-fsx"}, opts=child,
+            tags={**tags, "Name": f"{name}-fsx"}, opts=child,
         )
+        fsx_sg = self.security_group
+        sg_child = pulumi.ResourceOptions(parent=fsx_sg)
+        self.security_group_rules: list[pulumi.CustomResource] = []
+        for low, high in LUSTRE_PORTS:
+            ports = {"ip_protocol": "tcp", "from_port": low, "to_port": high, "tags": tags, "opts": sg_child}
+            self.security_group_rules += [
+                aws.vpc.SecurityGroupIngressRule(
+                    f"{name}-fsx-from-nodes-{low}", security_group_id=fsx_sg.id,
+                    referenced_security_group_id=node_sg.id, description=f"Lustre {low}-{high} from the cluster's nodes",
+                    **ports),
+                aws.vpc.SecurityGroupIngressRule(
+                    f"{name}-fsx-from-self-{low}", security_group_id=fsx_sg.id, referenced_security_group_id=fsx_sg.id,
+                    description=f"Lustre {low}-{high} between file servers", **ports),
+                aws.vpc.SecurityGroupEgressRule(
+                    f"{name}-fsx-to-nodes-{low}", security_group_id=fsx_sg.id, referenced_security_group_id=node_sg.id,
+                    description=f"Lustre {low}-{high} to the cluster's nodes", **ports),
+                aws.vpc.SecurityGroupEgressRule(
+                    f"{name}-fsx-to-self-{low}", security_group_id=fsx_sg.id, referenced_security_group_id=fsx_sg.id,
+                    description=f"Lustre {low}-{high} between file servers", **ports),
+            ]
         # Lustre servers call back to clients: the nodes admit the file system on the same ports.
         for low, high in LUSTRE_PORTS:
             aws.vpc.SecurityGroupIngressRule(
@@ -334,25 +352,20 @@ class Datasets(pulumi.ComponentResource):
                 tags=tags, opts=fs_child,
             ))
 
-        csi_role = pod_identity_role(
-            f"{name}-fsx-csi", cluster_arn=args.cluster.eks_cluster.eks_cluster.arn, namespace="kube-system",
-            service_account="fsx-csi-controller-sa", parent=self, tags=tags)
-        # Static volumes only: the controller describes file systems, it never creates one.
-        aws.iam.RolePolicy(
-            f"{name}-fsx-csi-policy", role=csi_role.id,
-            policy=json.dumps({"Version": "2012-10-17", "Statement": [{
-                "Effect": "Allow", "Action": ["fsx:DescribeFileSystems", "fsx:DescribeVolumes"], "Resource": "*"}]}),
-            opts=pulumi.ResourceOptions(parent=csi_role),
-        )
         cluster = args.cluster
+        # No IAM role: with static volumes only, the controller never calls AWS. Its FSx calls
+        # are in CreateVolume/DeleteVolume/ControllerExpandVolume (dynamic provisioning and
+        # resizing) and ValidateVolumeCapabilities, which nothing calls for a static PV; the
+        # CSIDriver has attachRequired: false, and the node plugin only mounts (Lustre client).
+        # Source: kubernetes-sigs/aws-fsx-csi-driver pkg/driver/controller.go and docs/install.md
+        # ("IAM permissions ... to create/delete file systems and volumes").
         self.addon = aws.eks.Addon(
             f"{name}-aws-fsx-csi-driver", cluster_name=cluster.cluster_name, addon_name="aws-fsx-csi-driver",
             addon_version=args.addon_version,
             resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
-            pod_identity_associations=[{"role_arn": csi_role.arn, "service_account": "fsx-csi-controller-sa"}],
             tags=tags,
-            # Pod Identity credentials come from the agent add-on; nodes must exist to run the driver.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.addons["eks-pod-identity-agent"], cluster.node_group]),
+            # Nodes must exist to run the driver.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.node_group]),
         )
 
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=cluster.k8s_provider,

@@ -507,7 +507,9 @@ class GpuEnablementConfig(_Model):
 
     mode: GpuEnablementMode = Field(GpuEnablementMode.DEVICE_PLUGIN, description="device-plugin | gpu-operator (driver and toolkit off).")
     dcgm_exporter: bool = Field(True, description="GPU metrics (DCGM exporter) on GPU nodes.")
-    service_monitor: bool = Field(True, description="ServiceMonitor for DCGM (needs the Prometheus operator CRDs).")
+    service_monitor: bool = Field(False, description="ServiceMonitor for DCGM; needs prometheusOperatorCrds.")
+    prometheus_operator_crds: bool = Field(
+        False, description="Install the pinned prometheus-operator-crds chart (ServiceMonitor CRDs); serviceMonitor needs it.")
 
 
 class TeamConfig(_Model):
@@ -518,6 +520,15 @@ class TeamConfig(_Model):
     priority: Priority = Field(Priority.DEFAULT, description="production | research | default, for jobs that name none.")
     fair_sharing_weight: int = Field(1, ge=1, le=100)
     borrowing: bool = Field(True, description="May use other teams' idle GPUs (reclaimed by preemption).")
+    role_arns: list[str] = Field(default_factory=list, description="IAM roles given namespace-scoped edit access (EKS access entries) to team-<name>.")
+
+    @field_validator("role_arns")
+    @classmethod
+    def _roles(cls, value: list[str]) -> list[str]:
+        bad = [arn for arn in value if not _ROLE_ARN.match(arn)]
+        if bad:
+            raise invalid(f"{bad} are not IAM role ARNs", "use arn:aws:iam::<account id>:role/<name>")
+        return value
 
 
 class SchedulingConfig(_Model):
@@ -806,8 +817,8 @@ def _endpoint_and_protection(environment: Environment, public_access_cidrs, dele
         )
 
 
-@check("accounts.workload", "cluster.adminRoleArns", "cluster.deployRoleArn")
-def _access_entries(workload: AccountConfig, admin_role_arns, deploy_role_arn) -> Iterator[Problem]:
+@check("accounts.workload", "cluster.adminRoleArns", "cluster.deployRoleArn", "scheduling.teams")
+def _access_entries(workload: AccountConfig, admin_role_arns, deploy_role_arn, teams) -> Iterator[Problem]:
     arns = list(admin_role_arns) + ([deploy_role_arn] if deploy_role_arn else [])
     seen: set[str] = set()
     for arn in arns:
@@ -820,8 +831,27 @@ def _access_entries(workload: AccountConfig, admin_role_arns, deploy_role_arn) -
     if workload.role_arn in seen:
         yield Problem(
             "cluster.adminRoleArns", workload.role_arn,
-            "the workload deploy role creates the cluster and is its admin already; a second access entry fails",
+            "the workload deploy role (accounts.workload.roleArn) gets its own access entry; a second one fails",
             "remove it from adminRoleArns/deployRoleArn",
+        )
+    for index, team in enumerate(teams):
+        for arn in team.role_arns:
+            if arn in seen or arn == workload.role_arn:
+                yield Problem(
+                    f"scheduling.teams[{index}].roleArns", arn,
+                    "the role already has cluster-wide access (admin or deploy role); EKS allows one access entry per role",
+                    "give teams their own roles",
+                )
+
+
+@check("gpuEnablement.serviceMonitor", "gpuEnablement.prometheusOperatorCrds")
+def _service_monitor_needs_crds(service_monitor: bool, prometheus_operator_crds: bool) -> Iterator[Problem]:
+    if service_monitor and not prometheus_operator_crds:
+        yield Problem(
+            "gpuEnablement.serviceMonitor", True,
+            "a ServiceMonitor needs the Prometheus operator CRDs; without them Helm refuses the chart and rolls it back",
+            "set gpuEnablement.prometheusOperatorCrds: true (installs the pinned prometheus-operator-crds chart) "
+            "or serviceMonitor: false",
         )
 
 

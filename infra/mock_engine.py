@@ -298,7 +298,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             resource_id=request.importId, custom=request.custom or False,
         )
         id_, state = self.mocks.new_resource(args)
-        state = self._materialize_refs(urn, state)
+        state = self._materialize_refs(urn, state, record, list(request.transforms))
         record.id = id_
         record.outputs = state
         self.records.append(record)
@@ -322,7 +322,8 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             urns.append(urn)
         return urns
 
-    def _materialize_refs(self, parent_urn: str, state: dict) -> dict:
+    def _materialize_refs(self, parent_urn: str, state: dict, parent: Optional[RecordedResource] = None,
+                          transforms: Sequence[Any] = ()) -> dict:
         out = dict(state)
         for key, value in state.items():
             if isinstance(value, _EksClusterRef):
@@ -338,9 +339,32 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                                   "vpcId": value.inputs.get("vpcId")},
                 }
                 self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, value.cluster_name, cluster_state)
-                self.aliases[urn] = parent_urn
+                if parent is not None:
+                    self._record_remote_child(parent, urn, value, cluster_state, transforms)
                 out[key] = ResourceReference(urn, value.cluster_name)
         return out
+
+    def _record_remote_child(self, parent: RecordedResource, urn: str, ref: "_EksClusterRef", state: dict,
+                             transforms: Sequence[Any]) -> None:
+        """Record pulumi-eks's ``aws:eks/cluster:Cluster`` child with the inputs that decide access,
+        as the engine would register it: first through the transforms given to the component.
+
+        pulumi-eks sends ``accessConfig`` with ``bootstrapClusterCreatorAdminPermissions: true``
+        whenever ``authenticationMode`` is set (nodejs/eks/cluster/cluster.ts).
+        """
+        inputs: dict[str, Any] = {"name": ref.cluster_name, "version": ref.inputs.get("version"),
+                                  "tags": {"Name": f"{parent.name}-eksCluster", **(ref.inputs.get("clusterTags") or {}),
+                                           **(ref.inputs.get("tags") or {})}}
+        if ref.inputs.get("authenticationMode"):
+            inputs["accessConfig"] = {"authenticationMode": ref.inputs["authenticationMode"],
+                                      "bootstrapClusterCreatorAdminPermissions": True}
+        for callback in transforms:
+            inputs = _run_transform(callback, "aws:eks/cluster:Cluster", urn.rsplit("::", 1)[-1], parent.urn, inputs)
+        self.records.append(RecordedResource(
+            urn=urn, type="aws:eks/cluster:Cluster", name=urn.rsplit("::", 1)[-1], custom=True, remote=False,
+            parent=parent.urn, provider=parent.provider_for("aws"), providers={}, protect=parent.protect,
+            retain_on_delete=False, dependencies=[], inputs=inputs, outputs=state, id=ref.cluster_name,
+        ))
 
     def Invoke(self, request):  # noqa: N802 - gRPC method name
         args = decode_struct(request.args)
@@ -360,6 +384,20 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
 
     def SupportsFeature(self, request):  # noqa: N802 - gRPC method name
         return type("SupportsFeatureResponse", (object,), {"hasSupport": request.id not in ("outputValues",)})
+
+
+def _run_transform(callback: Any, type_: str, name: str, parent_urn: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Call a program's transform through its callback server, as the engine does."""
+    import grpc
+    from pulumi.runtime.proto import callback_pb2, callback_pb2_grpc
+
+    request = resource_pb2.TransformRequest(type=type_, name=name, custom=True, parent=parent_urn,
+                                            properties=encode_struct(inputs))
+    with grpc.insecure_channel(callback.target) as channel:
+        response = callback_pb2_grpc.CallbacksStub(channel).Invoke(
+            callback_pb2.CallbackInvokeRequest(token=callback.token, request=request.SerializeToString()), timeout=30)
+    result = resource_pb2.TransformResponse.FromString(response.response)
+    return decode_struct(result.properties)
 
 
 @dataclass(frozen=True)

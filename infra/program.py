@@ -210,6 +210,10 @@ def build_platform(config: PlatformConfig) -> Platform:
     )
     cl = config.cluster
     group = cl.system_node_group
+    namespace_editors: dict[str, list[str]] = {}
+    for team in config.scheduling.teams:
+        for arn in team.role_arns:
+            namespace_editors.setdefault(arn, []).append(gpu_capacity.team_namespace(team))
     cluster = Cluster(
         f"{config.name}-cluster",
         ClusterArgs(
@@ -225,6 +229,7 @@ def build_platform(config: PlatformConfig) -> Platform:
             public_access_cidrs=[str(c) for c in cl.public_access_cidrs],
             admin_role_arns=list(cl.admin_role_arns) + ([cl.deploy_role_arn] if cl.deploy_role_arn else []),
             kubeconfig_role_arn=config.accounts.workload.role_arn,
+            namespace_editors=namespace_editors,
             log_retention_days=cl.log_retention_days,
             log_kms_key=log_group_key.key,
             deletion_protection=cl.deletion_protection if cl.deletion_protection is not None else config.is_prod,

@@ -33,7 +33,10 @@ def test_cluster_endpoint_encryption_logging_and_access(plan):
     secrets_key = plan.recording.one("aws:kms/key:Key", f"{plan.config.name}-cluster-secrets-key")
     assert secrets_key.inputs["enableKeyRotation"] is True
     assert inputs["encryptionConfigKeyArn"] == secrets_key.outputs["arn"]
-    admins = {entry["principalArn"] for entry in inputs["accessEntries"].values()}
+    assert "accessEntries" not in inputs  # every entry is a visible aws:eks resource
+    admin_policy = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+    admins = {r.inputs["principalArn"] for r in plan.recording.by_type("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
+              if r.inputs["policyArn"] == admin_policy and r.inputs["accessScope"] == {"type": "cluster"}}
     assert set(plan.config.cluster.admin_role_arns) <= admins
     if plan.config.cluster.deploy_role_arn:
         assert plan.config.cluster.deploy_role_arn in admins
