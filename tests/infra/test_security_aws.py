@@ -396,3 +396,14 @@ def test_every_service_principal_is_scoped_to_our_resources(graph):
                     f"{name}: {service} admitted without aws:SourceArn/aws:SourceAccount ({statement.get('Sid')})"
                 checked += 1
     assert checked >= 5
+
+
+def test_control_plane_log_group_exists_before_the_cluster(graph):
+    """EKS User Guide, "Send control plane logs to CloudWatch Logs": EKS writes to
+    /aws/eks/<cluster>/cluster and creates that group itself (no KMS key, logs kept forever)
+    unless it exists, so ours must be created first."""
+    (cluster,) = graph.all("eks:index:Cluster")
+    name = f"/aws/eks/{cluster.inputs['name']}/cluster"
+    (group,) = [g for g in graph.all(LOG_GROUP) if g.inputs["name"] == name]
+    assert graph.depends_on(cluster, group)
+    assert graph.account_id(group) == graph.account_id(cluster)
