@@ -573,6 +573,16 @@ def _network_rules(region, cidr, availability_zones, private_subnet_cidrs, publi
     )
 
 
+@check("environment", "network.nat", "network.interfaceEndpoints")
+def _private_egress(environment: Environment, nat: NatStrategy, interface_endpoints: Optional[bool]) -> Iterator[Problem]:
+    endpoints = environment is Environment.PROD if interface_endpoints is None else interface_endpoints
+    if nat is NatStrategy.NONE and not endpoints:
+        why = "is off" if interface_endpoints is False else f"defaults to off in {environment.value}"
+        yield Problem("network.interfaceEndpoints", interface_endpoints,
+                      f"with nat: none and no interface endpoints nodes reach neither ECR, STS nor EC2 (it {why})",
+                      "set network.interfaceEndpoints: true, or choose nat: single")
+
+
 @check("environment", "logArchive")
 def _log_archive_rules(environment: Environment, log_archive: LogArchiveConfig) -> Iterator[Problem]:
     lock = log_archive.object_lock_retention_days

@@ -130,3 +130,13 @@ def test_organization_trail_is_created_by_the_logging_account_and_admitted_by_th
     assert allows(key_policy, principal=("Service", "cloudtrail.amazonaws.com"), action="kms:GenerateDataKey",
                   resource="*", context={"aws:SourceArn": arn, "kms:EncryptionContext:aws:cloudtrail:arn": arn})
     assert trail.inputs["isMultiRegionTrail"] is True and trail.inputs["enableLogFileValidation"] is True
+
+
+def test_no_nat_and_no_interface_endpoints_is_refused():
+    raw = stack_config("dev")
+    raw["network"]["nat"] = "none"
+    raw["network"].pop("interfaceEndpoints")
+    (problem,) = problems_of(raw)["network.interfaceEndpoints"]
+    assert "defaults to off in dev" in problem.message and "interfaceEndpoints: true" in problem.fix
+    raw["network"]["interfaceEndpoints"] = True
+    load_platform_config(raw)
