@@ -140,3 +140,15 @@ def test_no_nat_and_no_interface_endpoints_is_refused():
     assert "defaults to off in dev" in problem.message and "interfaceEndpoints: true" in problem.fix
     raw["network"]["interfaceEndpoints"] = True
     load_platform_config(raw)
+
+
+def test_plan_summarises_logging_and_warns_about_a_locked_dev_archive(prod_plan, plan_config):
+    (section,) = [lines for title, lines in prod_plan.sections if title == "Logs and audit"]
+    assert any("Object Lock GOVERNANCE 365 days" in line for line in section)
+    assert any("logging, workload" in line for line in section)
+    raw = stack_config("dev")
+    raw["logArchive"]["objectLockRetentionDays"] = 30
+    plan = plan_config("dev", raw)
+    assert any("pulumi destroy" in w and "30 days" in w for w in plan.warnings)
+    locks = plan.recording.by_type("aws:s3/bucketObjectLockConfiguration:BucketObjectLockConfiguration")
+    assert [lock.inputs["rule"]["defaultRetention"]["days"] for lock in locks] == [30]
