@@ -191,10 +191,12 @@ class SecureBucket(pulumi.ComponentResource):
                 f"{name}-versioning", bucket=self.bucket.id, versioning_configuration={"status": "Enabled"}, opts=bucket_child,
             )
         if args.object_lock is not None:
-            # PutObjectLockConfiguration enables Object Lock on an existing versioned bucket too, so
-            # the bucket is not created with object_lock_enabled (that input forces a replacement).
-            # Source: S3 User Guide "Configuring S3 Object Lock" (enable on an existing bucket);
-            # pulumi-aws s3.BucketObjectLockConfiguration ("new and existing buckets").
+            # Object Lock used to be possible only at bucket creation (or with a token from AWS
+            # Support); PutObjectLockConfiguration now enables it on an existing versioned bucket
+            # ("You can enable Object Lock for new or existing buckets", S3 API Reference; S3 User
+            # Guide "Configuring S3 Object Lock"). So the bucket is not created with
+            # object_lock_enabled, an input that would replace a protected archive already holding
+            # logs. Versioning must be on first; once enabled, Object Lock cannot be turned off.
             aws.s3.BucketObjectLockConfiguration(
                 f"{name}-object-lock", bucket=self.bucket.id, object_lock_enabled="Enabled",
                 rule={"default_retention": {"mode": args.object_lock.mode, "days": args.object_lock.retention_days}},

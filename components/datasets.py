@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Iterator, Mapping, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence, Union
 
 import pulumi
 import pulumi_aws as aws
@@ -211,7 +211,7 @@ class DatasetsArgs:
     cluster: Cluster
     fsx: FsxArgs
     namespaces: Sequence[str]
-    access_logs_bucket: Optional[AccessLogBucket] = None
+    access_logs_bucket: Optional[Union[AccessLogBucket, aws.s3.Bucket]] = None
     log_kms_key: Optional[aws.kms.Key] = None
     datasets_lifecycle: Sequence[LifecycleRule] = ()
     checkpoints_lifecycle: Sequence[LifecycleRule] = ()

@@ -161,7 +161,6 @@ class LogArchive(pulumi.ComponentResource):
         # Deliveries must wait for this: flow-log creation fails, and trails refuse to start,
         # while the policy does not admit them yet.
         self.policy = self.archive.policy
-        self.flow_logs_destination = pulumi.Output.concat(self.bucket.arn, "/", FLOW_LOGS_PREFIX)
         self.register_outputs({"bucket": self.bucket.bucket, "bucket_arn": self.bucket.arn, "key_arn": self.key.arn})
 
 

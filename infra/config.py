@@ -303,7 +303,7 @@ class ClusterConfig(_Model):
     )
     admin_role_arns: list[str] = Field(default_factory=list, description="Roles given cluster-admin access entries.")
     deploy_role_arn: Optional[str] = Field(None, description="CI role given a cluster-admin access entry.")
-    log_retention_days: int = Field(30, description="Control-plane log retention in CloudWatch.")
+    log_retention_days: int = Field(30, description="Control-plane log retention in CloudWatch; prod: 365 or more.")
     deletion_protection: Optional[bool] = Field(None, description="Defaults to true in prod.")
     system_node_group: NodeGroupConfig
 
@@ -370,7 +370,7 @@ class FsxConfig(_Model):
     daily_automatic_backup_start_time: str = Field("05:00", pattern=r"^([01]\d|2[0-3]):[0-5]\d$")
     weekly_maintenance_start_time: str = Field("7:06:00", pattern=r"^[1-7]:([01]\d|2[0-3]):[0-5]\d$")
     log_level: FsxLogLevel = FsxLogLevel.WARN_ERROR
-    log_retention_days: int = Field(30, description="CloudWatch retention of FSx event logs.")
+    log_retention_days: int = Field(30, description="CloudWatch retention of FSx event logs; prod: 365 or more.")
     data_compression: bool = True
     namespaces: list[str] = Field(default_factory=list, description=(
         "Team namespaces that get the PVC (and the MLflow Secret). Stand-in until the scheduling "
@@ -427,7 +427,7 @@ class TrackingConfig(_Model):
     memory_mib: int = 2048
     desired_count: int = Field(1, ge=1, le=10)
     admin_username: str = Field("admin", pattern=r"^[a-zA-Z][a-zA-Z0-9_.-]{2,63}$")
-    log_retention_days: int = 30
+    log_retention_days: int = Field(30, description="CloudWatch retention of the MLflow task logs; prod: 365 or more.")
     alb_log_expiration_days: int = Field(90, ge=1)
     ecr_untagged_expiration_days: int = Field(14, ge=1)
     artifacts_bucket: BucketLifecycleConfig = Field(default_factory=BucketLifecycleConfig)
@@ -714,6 +714,16 @@ def _network_rules(region, cidr, availability_zones, private_subnet_cidrs, publi
         nat=nat,
         region=region,
     )
+
+
+@check("environment", "network.nat", "network.interfaceEndpoints")
+def _private_egress(environment: Environment, nat: NatStrategy, interface_endpoints: Optional[bool]) -> Iterator[Problem]:
+    endpoints = environment is Environment.PROD if interface_endpoints is None else interface_endpoints
+    if nat is NatStrategy.NONE and not endpoints:
+        why = "is off" if interface_endpoints is False else f"defaults to off in {environment.value}"
+        yield Problem("network.interfaceEndpoints", interface_endpoints,
+                      f"with nat: none and no interface endpoints nodes reach neither ECR, STS nor EC2 (it {why})",
+                      "set network.interfaceEndpoints: true, or choose nat: single")
 
 
 @check("environment", "logArchive")

@@ -30,6 +30,8 @@ from infra import datasets_tracking
 from infra import gpu_capacity
 from infra import costs, policy_gate  # noqa: F401  (register the cost report and the policy pack with the offline plan)
 from infra import operations, training
+from infra.mock_engine import Recording
+from infra.plan import plan_section, plan_warning
 
 
 @dataclass
@@ -241,6 +243,36 @@ def build_platform(config: PlatformConfig) -> Platform:
     return Platform(config=config, providers=providers, log_archive=log_archive, network=network, cluster=cluster,
                     log_group_key=log_group_key, audit_trails=audit_trails,
                     access_log_buckets={"logging": archive_access_logs})
+
+
+@plan_section
+def _logging_section(config: PlatformConfig, recording: Recording) -> tuple[str, list[str]]:
+    archive = config.log_archive
+    steps = [f"STANDARD_IA day {archive.transition_to_infrequent_access_days}" if archive.transition_to_infrequent_access_days else "",
+             f"GLACIER_IR day {archive.transition_to_glacier_days}" if archive.transition_to_glacier_days else "",
+             f"expire day {archive.expiration_days}" if archive.expiration_days else "kept forever"]
+    lock = config.object_lock_retention_days
+    trail = archive.audit_trail
+    trails = ("organization trail (logging account, delegated administrator)" if trail.mode is AuditTrailMode.ORGANIZATION
+              else "account trails in workload and automation")
+    access = sorted({r.name.removeprefix(f"{config.name}-").removesuffix("-access-logs")
+                     for r in recording.by_type("mlplatform:bucket:AccessLogBucket")})
+    return ("Logs and audit", [
+        f"log archive (logging account, SSE-KMS): VPC flow logs + CloudTrail {trails}; "
+        f"{', '.join(s for s in steps if s)}; Object Lock {f'GOVERNANCE {lock} days' if lock else 'off'}",
+        f"S3 server access logs: an SSE-S3 bucket in each of {', '.join(access) or 'no account'}, "
+        f"expire after {archive.access_log_expiration_days} days",
+        f"CloudWatch log groups: KMS-encrypted ({len(log_group_names(config))} groups), control plane kept "
+        f"{config.cluster.log_retention_days} days",
+        f"interface endpoints: {'on' if config.interface_endpoints else 'off (AWS APIs through the NAT gateway)'}",
+    ])
+
+
+@plan_warning
+def _dev_object_lock(config: PlatformConfig, recording: Recording):
+    if not config.is_prod and config.object_lock_retention_days:
+        yield (f"logArchive.objectLockRetentionDays is set in {config.environment.value}: `pulumi destroy` cannot delete "
+               f"archived logs for {config.object_lock_retention_days} days (GOVERNANCE mode needs s3:BypassGovernanceRetention)")
 
 
 # Capabilities added on top of the foundation, in deployment order.

@@ -130,8 +130,9 @@ def test_platform_buckets_are_private_kms_encrypted_versioned_and_logged(plan, b
     assert recording.one("aws:s3/bucketVersioning:BucketVersioning", f"{name}-versioning").inputs[
         "versioningConfiguration"] == {"status": "Enabled"}
     logging = recording.one("aws:s3/bucketLogging:BucketLogging", f"{name}-access-logs").inputs
-    archive = recording.one("aws:s3/bucket:Bucket", f"{plan.config.name}-log-archive-logs-bucket")
-    assert logging["targetBucket"] == archive.id
+    # S3 delivers access logs only within the account: the workload account's SSE-S3 log bucket.
+    target = recording.one("aws:s3/bucket:Bucket", f"{plan.config.name}-workload-access-logs-bucket")
+    assert logging["targetBucket"] == target.id
     assert logging["targetPrefix"].startswith("s3-access/")
     resource = recording.one("aws:s3/bucket:Bucket", f"{name}-bucket")
     assert resource.protect is plan.config.protect_stateful

@@ -396,3 +396,26 @@ def test_every_service_principal_is_scoped_to_our_resources(graph):
                     f"{name}: {service} admitted without aws:SourceArn/aws:SourceAccount ({statement.get('Sid')})"
                 checked += 1
     assert checked >= 5
+
+
+def test_control_plane_log_group_exists_before_the_cluster(graph):
+    """EKS User Guide, "Send control plane logs to CloudWatch Logs": EKS writes to
+    /aws/eks/<cluster>/cluster and creates that group itself (no KMS key, logs kept forever)
+    unless it exists, so ours must be created first."""
+    (cluster,) = graph.all("eks:index:Cluster")
+    name = f"/aws/eks/{cluster.inputs['name']}/cluster"
+    (group,) = [g for g in graph.all(LOG_GROUP) if g.inputs["name"] == name]
+    assert graph.depends_on(cluster, group)
+    assert graph.account_id(group) == graph.account_id(cluster)
+
+
+def test_every_kms_key_rotates_and_is_protected_in_prod(graph):
+    """CIS AWS Foundations 3.6 / checkov CKV_AWS_7: customer-managed keys rotate; prod keys cannot
+    be deleted by a stack change (Pulumi protect) and wait the longest window when deleted."""
+    keys = graph.all(KEY)
+    assert keys
+    for key in keys:
+        assert key.inputs["enableKeyRotation"] is True, f"{key.name} does not rotate"
+        assert 7 <= key.inputs.get("deletionWindowInDays", 30) <= 30
+        if graph.config.is_prod:
+            assert key.protect, f"{key.name} is not protected in prod"
