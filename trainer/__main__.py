@@ -1,4 +1,4 @@
-"""`python -m trainer {train,prepare-data,local-run}`."""
+"""`python -m trainer {train,prepare-data,local-run,verify-checkpoint}`."""
 from __future__ import annotations
 
 import argparse
@@ -8,8 +8,15 @@ import time
 
 def main(argv: list[str] | None = None) -> int:
     process_start = time.time()
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in[:1] == ["verify-checkpoint"]:  # its own parser: python -m trainer verify-checkpoint --help
+        from trainer.verify import main as verify_main
+
+        return verify_main(args_in[1:])
     parser = argparse.ArgumentParser(prog="python -m trainer")
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("verify-checkpoint", add_help=False,
+                   help="restore drill: load the newest complete checkpoint (dir or s3://), one step, verdict")
 
     train = sub.add_parser("train", help="train (single process, or one rank under torchrun)")
     train.add_argument("--config", required=True, help="YAML config file")
