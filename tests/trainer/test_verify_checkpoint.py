@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import uuid
 
 import pytest
 
@@ -136,8 +137,10 @@ def s3_server():
     endpoint = f"http://{host}:{port}"
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                           aws_access_key_id="test", aws_secret_access_key="test")
-    client.create_bucket(Bucket="ckpts")
-    yield client, {"AWS_ENDPOINT_URL_S3": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+    # moto keeps its backends per process, not per server: a bucket of its own per test.
+    bucket = f"ckpts-{uuid.uuid4().hex[:8]}"
+    client.create_bucket(Bucket=bucket)
+    yield bucket, client, {"AWS_ENDPOINT_URL_S3": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
                    "AWS_DEFAULT_REGION": "us-east-1"}
     server.stop()
 
@@ -145,15 +148,15 @@ def s3_server():
 def test_s3_downloads_the_newest_complete_checkpoint_and_verifies_it(trained, tmp_path, s3_server):
     from trainer.s3 import S3Mirror
 
-    client, env = s3_server
-    mirror = S3Mirror("s3://ckpts/team-a/job", client=client)  # the trainer's own mirror wrote it
+    bucket, client, env = s3_server
+    mirror = S3Mirror(f"s3://{bucket}/team-a/job", client=client)  # the trainer's own mirror wrote it
     for step in (2, NUM_STEPS):
         mirror.upload(step_dir(trained, step))
     mirror.close()
     # A newer upload cut short before its marker: never the one verified.
-    client.put_object(Bucket="ckpts", Key="team-a/job/step-000006/__0_0.distcp", Body=b"partial")
+    client.put_object(Bucket=bucket, Key="team-a/job/step-000006/__0_0.distcp", Body=b"partial")
     scratch = str(tmp_path / "scratch")
-    result = run([sys.executable, "-m", "trainer", "verify-checkpoint", "s3://ckpts/team-a/job", "--scratch", scratch],
+    result = run([sys.executable, "-m", "trainer", "verify-checkpoint", f"s3://{bucket}/team-a/job", "--scratch", scratch],
                  launcher_env(**env), timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"checkpoint: {os.path.join(scratch, 'step-000004')}" in result.stdout
@@ -162,18 +165,18 @@ def test_s3_downloads_the_newest_complete_checkpoint_and_verifies_it(trained, tm
 
     # The same object damaged in S3 fails the drill.
     key = "team-a/job/step-000004/__1_0.distcp"
-    body = client.get_object(Bucket="ckpts", Key=key)["Body"].read()
-    client.put_object(Bucket="ckpts", Key=key, Body=body[: len(body) // 2])
-    result = run([sys.executable, "-m", "trainer", "verify-checkpoint", "s3://ckpts/team-a/job"],
+    body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    client.put_object(Bucket=bucket, Key=key, Body=body[: len(body) // 2])
+    result = run([sys.executable, "-m", "trainer", "verify-checkpoint", f"s3://{bucket}/team-a/job"],
                  launcher_env(**env), timeout=600)
     assert result.returncode == 1
     assert "__1_0.distcp" in result.stderr and "truncated" in result.stderr
 
 
 def test_s3_without_a_complete_checkpoint_is_a_usage_error(s3_server):
-    client, env = s3_server
-    client.put_object(Bucket="ckpts", Key="team-a/job/step-000002/__0_0.distcp", Body=b"partial")
-    result = run([sys.executable, "-m", "trainer", "verify-checkpoint", "s3://ckpts/team-a/job"],
+    bucket, client, env = s3_server
+    client.put_object(Bucket=bucket, Key="team-a/job/step-000002/__0_0.distcp", Body=b"partial")
+    result = run([sys.executable, "-m", "trainer", "verify-checkpoint", f"s3://{bucket}/team-a/job"],
                  launcher_env(**env), timeout=120)
     assert result.returncode == 2
     assert "no complete checkpoint" in result.stderr and "step-000002" in result.stderr
