@@ -66,8 +66,8 @@ class MlflowServerSettings:
         database_secret_id: Secrets Manager secret (ARN) holding that user's password, as JSON
             in the format of AWS's rotation functions (engine, host, port, dbname, username,
             password); read by the server at connection time.
-        team_secret_ids: team user name -> Secrets Manager secret (ARN) with its
-            ``username``/``password``; the entrypoint creates/updates these MLflow users.
+        team_secret_ids: team user name -> Secrets Manager secret (ARN) holding its password;
+            the entrypoint creates/updates these MLflow users.
         admin_username: the basic-auth admin created on first start.
         num_workers: web server worker processes.
         default_permission: permission of users on experiments they did not create.

@@ -124,14 +124,14 @@ class AuthApi:
 
 
 def read_team_secrets(secret_ids: dict[str, str], fetch: Optional[Callable[[str], str]] = None) -> dict[str, str]:
-    """Team user -> password, from each team's secret (JSON with username and password)."""
+    """Team user -> password; each team's secret holds the password alone."""
     fetch = fetch or _secret_string
     users = {}
     for team_user, secret_id in secret_ids.items():
-        value = json.loads(fetch(secret_id))
-        if value.get("username") != team_user or not value.get("password"):
-            raise RuntimeError(f"secret {secret_id} must hold {{\"username\": \"{team_user}\", \"password\": ...}}")
-        users[team_user] = value["password"]
+        password = fetch(secret_id)
+        if not password:
+            raise RuntimeError(f"secret {secret_id} of MLflow user {team_user} is empty")
+        users[team_user] = password
     return users
 
 

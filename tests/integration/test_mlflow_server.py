@@ -193,8 +193,8 @@ def secrets(s3_endpoint, postgres):  # moto serves S3 and Secrets Manager on one
     app = client.create_secret(Name="mlflow-db-app", SecretString=json.dumps({
         "engine": "postgres", "host": "127.0.0.1", "port": postgres.port, "dbname": "mlflow",
         "username": APP_DATABASE_USER, "password": APP_PASSWORD}))["ARN"]
-    teams = {user: client.create_secret(Name=f"mlflow-user-{user}", SecretString=json.dumps(
-        {"username": user, "password": password}))["ARN"] for user, password in TEAMS.items()}
+    teams = {user: client.create_secret(Name=f"mlflow-user-{user}", SecretString=password)["ARN"]
+             for user, password in TEAMS.items()}
     return {"app": app, "teams": teams}
 
 
