@@ -246,6 +246,24 @@ class ImageRepositories(pulumi.ComponentResource):
 
 
 # -- ALB access logs (logging account) -------------------------------------------------------
+# Regions where ELB delivers access logs as a regional ELB account (regions opened before
+# August 2022): the keys of terraform-provider-aws's elbAccountIdPerRegionMap, behind
+# aws.elb.get_service_account, which fails with "Unknown region" everywhere else. Newer
+# regions deliver as the service principal logdelivery.elasticloadbalancing.amazonaws.com
+# (https://docs.aws.amazon.com/elasticloadbalancing/latest/application/enable-access-logging.html).
+ELB_ACCOUNT_LOG_DELIVERY_REGIONS = frozenset({
+    "af-south-1", "ap-east-1", "ap-northeast-1", "ap-northeast-2", "ap-northeast-3", "ap-south-1",
+    "ap-southeast-1", "ap-southeast-2", "ca-central-1", "cn-north-1", "cn-northwest-1", "eu-central-1",
+    "eu-north-1", "eu-south-1", "eu-west-1", "eu-west-2", "eu-west-3", "me-south-1", "sa-east-1",
+    "us-east-1", "us-east-2", "us-gov-east-1", "us-gov-west-1", "us-west-1", "us-west-2",
+})
+ALB_LOG_PREFIX = "alb"
+
+
+def alb_log_object_arn_suffix(account_id: str) -> str:
+    """Where ELB writes: <bucket>/<prefix>/AWSLogs/<account-id>/elasticloadbalancing/..."""
+    return f"/{ALB_LOG_PREFIX}/AWSLogs/{account_id}/*"
+
 class AlbAccessLogs(pulumi.ComponentResource):
     """Bucket for load balancer access logs, in the logging account.
 
@@ -256,7 +274,10 @@ class AlbAccessLogs(pulumi.ComponentResource):
     """
 
     def __init__(self, name: str, *, writer_account_ids: Sequence[str], expiration_days: int,
-                 protect: bool, tags: Mapping[str, str], opts: Optional[pulumi.ResourceOptions] = None):
+                 protect: bool, tags: Mapping[str, str], region: Optional[str] = None,
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        """``region``: the load balancers' region; it decides who delivers the logs (None: both
+        principals, for a region listed in ``ELB_ACCOUNT_LOG_DELIVERY_REGIONS``)."""
         super().__init__("mlplatform:tracking:AlbAccessLogs", name, None, opts)
         tags = dict(tags)
         self.bucket = aws.s3.Bucket(f"{name}-bucket", force_destroy=not protect, tags={**tags, "Name": name},
@@ -277,20 +298,24 @@ class AlbAccessLogs(pulumi.ComponentResource):
             rules=[{"id": "expire-logs", "status": "Enabled", "filter": {"prefix": ""},
                     "expiration": {"days": expiration_days},
                     "noncurrent_version_expiration": {"noncurrent_days": 7}}], opts=child)
-        elb_account = aws.elb.get_service_account_output(opts=pulumi.InvokeOutputOptions(parent=self))
-        objects = [pulumi.Output.concat(self.bucket.arn, f"/alb/AWSLogs/{account}/*") for account in writer_account_ids]
-        policy = pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [
+        objects = [pulumi.Output.concat(self.bucket.arn, alb_log_object_arn_suffix(account))
+                   for account in writer_account_ids]
+        statements = [
             {"Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
              "Resource": [self.bucket.arn, pulumi.Output.concat(self.bucket.arn, "/*")],
              "Condition": {"Bool": {"aws:SecureTransport": "false"}}},
-            # Regions before 2022 deliver as the regional ELB account, newer ones as the service.
-            {"Sid": "ElbAccountDelivers", "Effect": "Allow", "Principal": {"AWS": elb_account.arn},
-             "Action": "s3:PutObject", "Resource": objects},
             {"Sid": "ElbServiceDelivers", "Effect": "Allow",
              "Principal": {"Service": "logdelivery.elasticloadbalancing.amazonaws.com"},
              "Action": "s3:PutObject", "Resource": objects,
              "Condition": {"StringEquals": {"aws:SourceAccount": list(writer_account_ids)}}},
-        ]})
+        ]
+        if region is None or region in ELB_ACCOUNT_LOG_DELIVERY_REGIONS:
+            # Older regions deliver as the regional ELB account (which cannot carry a SourceAccount
+            # condition; the object path limits it to the writer accounts' prefixes).
+            elb_account = aws.elb.get_service_account_output(opts=pulumi.InvokeOutputOptions(parent=self))
+            statements.insert(1, {"Sid": "ElbAccountDelivers", "Effect": "Allow", "Principal": {"AWS": elb_account.arn},
+                                  "Action": "s3:PutObject", "Resource": objects})
+        policy = pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": statements})
         # Load balancers that log here depend on this policy: ELB checks its write access when
         # the access-log attribute is set and refuses it before the policy exists.
         self.policy = aws.s3.BucketPolicy(f"{name}-policy", bucket=self.bucket.id, policy=policy,
@@ -720,7 +745,7 @@ class Tracking(pulumi.ComponentResource):
         internal = scheme is LoadBalancerScheme.INTERNAL
         short = "int" if internal else "ext"
         subnets = network.private_subnet_ids if internal else network.public_subnet_ids
-        access_logs = ({"bucket": args.alb_logs_bucket.bucket, "prefix": "alb", "enabled": True}
+        access_logs = ({"bucket": args.alb_logs_bucket.bucket, "prefix": ALB_LOG_PREFIX, "enabled": True}
                        if args.alb_logs_bucket is not None else None)
         lb = aws.lb.LoadBalancer(
             f"{name}-{short}-alb", internal=internal, load_balancer_type="application",

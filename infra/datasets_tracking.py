@@ -116,6 +116,7 @@ def deploy(platform: "Platform") -> dict[str, Any]:
         alb_logs = AlbAccessLogs(
             f"{config.name}-alb-logs", writer_account_ids=[config.accounts.workload.id],
             expiration_days=tr.alb_log_expiration_days, protect=config.protect_stateful, tags=tags,
+            region=config.region,
             opts=pulumi.ResourceOptions(providers={"aws": platform.providers.logging}),
         )
         db = tr.database

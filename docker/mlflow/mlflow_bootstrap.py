@@ -15,7 +15,8 @@ this container only). It:
 3. takes CONNECT on that database away from PUBLIC.
 
 The master user must be able to hand objects to the new role: PostgreSQL requires
-membership in the new owner role, so it grants that role to itself (a CREATEROLE user may).
+membership in (PostgreSQL 16: SET on) the new owner role, so it grants that role to itself
+(a CREATEROLE user may; on 16 it holds ADMIN OPTION on the roles it created).
 Standard library plus psycopg (already in the image for SQLAlchemy).
 """
 from __future__ import annotations
@@ -70,8 +71,13 @@ def bootstrap(env: dict[str, str]) -> list[str]:
         elif not _can_log_in(env, app_user, app_password):
             conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(role, sql.Literal(app_password)))
             changes.append(f"reset the password of {app_user} to its secret's current value")
-        member = conn.execute("SELECT pg_has_role(current_user, %s, 'MEMBER')", (app_user,)).fetchone()[0]
-        if not member:
+        # Handing objects to a role needs SET on it. PostgreSQL 16 (Aurora 16.x) gives a role's
+        # creator ADMIN OPTION only (createrole_self_grant is empty), so SET is granted explicitly;
+        # on 15 plain membership is enough.
+        if int(conn.execute("SHOW server_version_num").fetchone()[0]) >= 160000:
+            if not conn.execute("SELECT pg_has_role(current_user, %s, 'SET')", (app_user,)).fetchone()[0]:
+                conn.execute(sql.SQL("GRANT {} TO CURRENT_USER WITH SET TRUE").format(role))
+        elif not conn.execute("SELECT pg_has_role(current_user, %s, 'MEMBER')", (app_user,)).fetchone()[0]:
             conn.execute(sql.SQL("GRANT {} TO CURRENT_USER").format(role))
         owner = conn.execute("SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = %s",
                              (database,)).fetchone()[0]

@@ -476,3 +476,23 @@ def test_the_tracking_secret_has_exactly_the_keys_the_training_job_renderer_read
         "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"}
     assert manifest["stringData"]["MLFLOW_TRACKING_USERNAME"] == "team-a"
     assert manifest["data"] == {"MLFLOW_TRACKING_PASSWORD": "cGFzcw=="}
+
+
+def _alb_log_writers(plan):
+    policy = plan.recording.one("aws:s3/bucketPolicy:BucketPolicy", f"{plan.config.name}-alb-logs-policy")
+    return [st["Principal"] for st in json.loads(policy.inputs["policy"])["Statement"]
+            if st["Effect"] == "Allow" and st["Action"] == "s3:PutObject"]
+
+
+def test_alb_log_delivery_principal_follows_the_region(plan_config, dev_plan):
+    # us-west-2 (before August 2022): the regional ELB account; the service principal as well.
+    assert {json.dumps(p, sort_keys=True) for p in _alb_log_writers(dev_plan)} >= {
+        json.dumps({"Service": "logdelivery.elasticloadbalancing.amazonaws.com"})}
+    assert any("AWS" in p for p in _alb_log_writers(dev_plan))
+    # eu-central-2 (November 2022): only the service principal; the ELB-account lookup, which
+    # fails there with "Unknown region", is not made.
+    raw = stack_config("dev")
+    raw["region"] = "eu-central-2"
+    raw["network"]["availabilityZones"] = [f"eu-central-2{z}" for z in "abc"][:len(raw["network"]["availabilityZones"])]
+    plan = plan_config("dev", raw)
+    assert _alb_log_writers(plan) == [{"Service": "logdelivery.elasticloadbalancing.amazonaws.com"}]
