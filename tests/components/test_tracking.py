@@ -405,8 +405,9 @@ def test_each_team_namespace_gets_only_its_own_mlflow_login(plan):
 # -- Aurora engine version (issue 8 item 13) ---------------------------------------------------------
 # AWS: the minimum Aurora PostgreSQL versions whose Serverless v2 instances can scale to 0 ACU
 # (https://docs.aws.amazon.com/AmazonRDS/latest/AuroraUserGuide/aurora-serverless-v2-auto-pause.html,
-# "Aurora Serverless v2 capacity"): 13.15, 14.12, 15.7, 16.3 and every 17.
-ZERO_ACU_MINIMUM = {13: (13, 15), 14: (14, 12), 15: (15, 7), 16: (16, 3), 17: (17, 0)}
+# "Aurora Serverless v2 capacity"; AWS launch blog "Introducing scaling to 0 capacity with Amazon
+# Aurora Serverless v2"): 13.15, 14.12, 15.7, 16.3 and later; 17.4 is the first Aurora 17.
+ZERO_ACU_MINIMUM = {13: (13, 15), 14: (14, 12), 15: (15, 7), 16: (16, 3), 17: (17, 4)}
 
 
 def test_aurora_keeps_what_aws_upgrades_and_starts_at_a_version_that_can_pause(plan):
