@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -497,3 +498,91 @@ def test_alb_log_delivery_principal_follows_the_region(plan_config, dev_plan):
     raw["network"]["availabilityZones"] = [f"eu-central-2{z}" for z in "abc"][:len(raw["network"]["availabilityZones"])]
     plan = plan_config("dev", raw)
     assert _alb_log_writers(plan) == [{"Service": "logdelivery.elasticloadbalancing.amazonaws.com"}]
+
+
+# -- the server's credential hook and entrypoint helpers (pure parts; the integration test runs them for real) --
+def _docker_module(name):
+    import importlib
+    import sys
+
+    path = str(Path(__file__).resolve().parents[2] / "docker" / "mlflow")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return importlib.import_module(name)
+
+
+class _AuthFailed(Exception):
+    sqlstate = "28P01"
+
+
+class _FakeDialect:
+    class loaded_dbapi:  # noqa: N801 - mirrors SQLAlchemy's attribute
+        Error = Exception
+
+    def __init__(self, accepted):
+        self.accepted = accepted
+        self.tried = []
+
+    def connect(self, *cargs, **cparams):
+        self.tried.append(cparams["password"])
+        if cparams["password"] != self.accepted:
+            raise _AuthFailed("password authentication failed for user")
+        return "connection"
+
+
+def test_connection_hook_recovers_through_the_pending_version_and_leaves_other_logins_alone(monkeypatch):
+    credentials = _docker_module("mlflow_db_credentials")
+    stages = {"AWSCURRENT": "old", "AWSPENDING": "new"}
+    calls = []
+
+    def fetch(secret_id, stage):
+        calls.append(stage)
+        return stages.get(stage)
+
+    password = credentials.SecretPassword("arn:aws:secretsmanager:us-west-2:1:secret:x", fetch=fetch)
+    hook = credentials.connect_hook("mlflow_app", password)
+    dialect = _FakeDialect(accepted="old")
+    assert hook(dialect, None, [], {"user": "mlflow_app", "host": "db"}) == "connection"
+    assert calls == ["AWSCURRENT"]  # cached from now on
+    # The database now has the pending password (rotation half-way). Right after a read, a
+    # failure does not trigger another one (a burst of failing requests reads once)...
+    dialect.accepted = "new"
+    with pytest.raises(_AuthFailed):
+        hook(dialect, None, [], {"user": "mlflow_app", "host": "db"})
+    assert calls == ["AWSCURRENT"]
+    # ... later it does, and finds the pending version.
+    monkeypatch.setattr(credentials, "REFRESH_MIN_INTERVAL_SECONDS", 0.0)
+    assert hook(dialect, None, [], {"user": "mlflow_app", "host": "db"}) == "connection"
+    assert calls == ["AWSCURRENT", "AWSCURRENT", "AWSPENDING"]
+    assert dialect.tried[-2:] == ["old", "new"] and password.current() == "new"
+    # Another user, or a URL with its own password: SQLAlchemy's default connect.
+    assert hook(dialect, None, [], {"user": "someone_else"}) is None
+    assert hook(dialect, None, [], {"user": "mlflow_app", "password": "given"}) is None
+
+
+def test_connection_hook_raises_other_errors_and_gives_up_when_no_version_works():
+    credentials = _docker_module("mlflow_db_credentials")
+    password = credentials.SecretPassword("s", fetch=lambda secret_id, stage: {"AWSCURRENT": "a"}.get(stage))
+    hook = credentials.connect_hook("mlflow_app", password)
+    with pytest.raises(_AuthFailed):
+        hook(_FakeDialect(accepted="zzz"), None, [], {"user": "mlflow_app"})
+
+    class Down(_FakeDialect):
+        def connect(self, *cargs, **cparams):
+            raise OSError("connection refused")
+
+    with pytest.raises(OSError):
+        hook(Down(accepted="a"), None, [], {"user": "mlflow_app"})
+
+
+def test_the_server_uri_and_auth_config_carry_no_password():
+    entrypoint = _docker_module("mlflow_entrypoint")
+    env = {"MLFLOW_DB_HOST": "db.example", "MLFLOW_DB_NAME": "mlflow", "MLFLOW_DB_USERNAME": "mlflow_app",
+           "MLFLOW_DB_SECRET_ID": "arn", "MLFLOW_AUTH_DEFAULT_PERMISSION": "READ"}
+    uri = entrypoint.database_uri(env)
+    assert uri == "postgresql://mlflow_app@db.example:5432/mlflow?sslmode=require"
+    config = entrypoint.auth_config(env, uri)
+    assert "default_permission = READ" in config and "database_uri = " + uri in config
+    with pytest.raises(RuntimeError, match="empty"):
+        entrypoint.read_team_secrets({"team-a": "arn:a"}, fetch=lambda secret_id: "")
+    assert entrypoint.read_team_secrets({"team-a": "arn:a"}, fetch=lambda secret_id: "pw") == {"team-a": "pw"}
