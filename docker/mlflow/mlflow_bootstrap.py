@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import sys
 
+BOOTSTRAP_LOCK_ID = 0x6D6C666C6F77  # "mlflow": any constant shared by all bootstraps of this database
 REQUIRED = ("MLFLOW_DB_HOST", "MLFLOW_DB_NAME", "MLFLOW_DB_USERNAME", "MLFLOW_BOOTSTRAP_MASTER_USERNAME",
             "MLFLOW_BOOTSTRAP_MASTER_PASSWORD", "MLFLOW_BOOTSTRAP_APP_PASSWORD")
 
@@ -63,6 +64,9 @@ def bootstrap(env: dict[str, str]) -> list[str]:
     role = sql.Identifier(app_user)
     with _connect(env, master_user, master_password) as conn:
         conn.autocommit = True
+        # Tasks start together (desired count 2, rolling deployments): one bootstrap at a time.
+        # Session-level lock, released when this connection closes.
+        conn.execute("SELECT pg_advisory_lock(%s)", (BOOTSTRAP_LOCK_ID,))
         exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (app_user,)).fetchone()
         if not exists:
             conn.execute(sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION "
