@@ -241,9 +241,23 @@ def bootstrapped(postgres, secrets, s3_endpoint, tmp_path_factory):
     }
     assert set(injected) == set(BOOTSTRAP_SECRET_ENV_NAMES)
     env = {**_base_env(s3_endpoint), **environment, **injected}
-    # Two tasks starting together (desired count 2): both bootstraps succeed, one does the work.
+    # Two tasks starting together (desired count 2) bootstrap one at a time: while another
+    # session holds the bootstrap lock, both wait; then both succeed and one does the work.
+    import psycopg
+
+    sys.path.insert(0, str(IMAGE_APP_DIR))
+    from mlflow_bootstrap import BOOTSTRAP_LOCK_ID
+
+    holder = psycopg.connect(host="127.0.0.1", port=postgres.port, dbname="mlflow", user=SUPERUSER,
+                             password=SUPERUSER_PASSWORD, sslmode="require", autocommit=True)
+    holder.execute("SELECT pg_advisory_lock(%s)", (BOOTSTRAP_LOCK_ID,))
     first = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
+    time.sleep(3)
+    waiting = [p.poll() is None for p in first]
+    holder.execute("SELECT pg_advisory_unlock(%s)", (BOOTSTRAP_LOCK_ID,))
+    holder.close()
+    assert waiting == [True, True], "bootstrap did not wait for the lock"
     results = [(*p.communicate(timeout=120),) for p in first]
     results = [(p.returncode, out, err) for p, (out, err) in zip(first, results)]
     assert [rc for rc, _, _ in results] == [0, 0], results
