@@ -20,7 +20,7 @@ from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_object
 from components.kms import create_key
 from components.network import Network
-from components.validation import Problem
+from components.validation import Problem, accepts_enum_values
 from components.versions import EKS_ADDON_VERSIONS
 from workloads.fsx import FsxVolumeSpec, fsx_persistent_volume, fsx_persistent_volume_claim
 
@@ -56,6 +56,7 @@ class FsxLogLevel(str, Enum):
     WARN_ONLY = "WARN_ONLY"
 
 
+@accepts_enum_values
 @dataclass(frozen=True)
 class DataRepositoryAssociationSpec:
     """A directory of the file system mirrored to an S3 prefix of one platform bucket."""
@@ -164,6 +165,7 @@ def checkpoint_seconds(num_parameters: int, storage_capacity_gib: int, throughpu
 
 
 # -- component ------------------------------------------------------------------------------
+@accepts_enum_values
 @dataclass(frozen=True)
 class FsxArgs:
     """The Lustre file system.

@@ -9,7 +9,7 @@ from typing import Iterator, Mapping, Optional, Sequence
 import pulumi
 import pulumi_aws as aws
 
-from components.validation import Problem, raise_if_any
+from components.validation import Problem, raise_if_any, accepts_enum_values
 
 # AWS services the nodes reach without a NAT hop: image pulls (ECR api + dkr), IRSA/Pod
 # Identity tokens (STS), logs, Karpenter's interruption queue (SQS) and EC2 API calls.
@@ -74,6 +74,7 @@ def subnet_problems(
                       "add publicSubnetCidrs or set nat: none")
 
 
+@accepts_enum_values
 @dataclass(frozen=True)
 class NetworkArgs:
     """Inputs of ``Network``.

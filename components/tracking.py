@@ -43,7 +43,7 @@ from components.mlflow_server import (
     mlflow_server_command,
 )
 from components.network import Network
-from components.validation import Problem
+from components.validation import Problem, accepts_enum_values
 from components.versions import AURORA_POSTGRESQL_VERSION
 
 TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"  # TLS 1.3 and 1.2 only
@@ -239,6 +239,7 @@ class DatabaseArgs:
     num_instances: int = 1  # 2+ puts a reader in another AZ that takes over on failure
 
 
+@accepts_enum_values
 @dataclass(frozen=True)
 class TrackingArgs:
     """Inputs of ``Tracking``.
