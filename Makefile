@@ -4,8 +4,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# checkov lives in its own environment: its pins break pulumi and pytest (requirements-checkov.txt).
+CHECKOV_VENV ?= .venv-checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: demo plan local-run test docs benchmarks clean
+.PHONY: demo plan local-run test pytest security docs benchmarks clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +26,21 @@ plan: $(STAMP)
 local-run: $(STAMP)
 	$(PY) -m trainer.local_run --output-dir runs/local
 
-test: $(STAMP)
+$(CHECKOV_STAMP): requirements-checkov.txt
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install -q --upgrade pip
+	$(CHECKOV_VENV)/bin/python -m pip install -q -r requirements-checkov.txt
+	touch $(CHECKOV_STAMP)
+
+# The security scan first, pytest last (its summary closes the output).
+test: security pytest
+
+pytest: $(STAMP)
 	$(PY) -m pytest
+
+# checkov, offline, on the Dockerfiles and every Kubernetes object both plans render.
+security: $(STAMP) $(CHECKOV_STAMP)
+	$(PY) -m infra.security_scan --checkov $(CHECKOV_VENV)/bin/checkov
 
 docs: $(STAMP)
 	$(PY) -m infra.config_reference --write README.md
@@ -36,4 +52,4 @@ benchmarks: $(STAMP)
 	$(PY) benchmarks/torchrun_sigterm.py
 
 clean:
-	rm -rf $(VENV) out runs
+	rm -rf $(VENV) $(CHECKOV_VENV) out runs
