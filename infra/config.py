@@ -1004,6 +1004,12 @@ def _collect(path: str, annotation: Any, raw: Any, parsed: Any, values: dict[str
         values[path] = parsed
     if not is_model or (parsed is not _FAILED and not isinstance(parsed, BaseModel)):
         return
+    failed_fields: set[Any] = set()
+    if parsed is _FAILED and isinstance(raw, dict):
+        try:
+            model.model_validate(raw)
+        except ValidationError as exc:
+            failed_fields = {error["loc"][0] for error in exc.errors() if error["loc"]}
     for name, field in model.model_fields.items():
         alias = field.alias or name
         child_path = f"{path}.{alias}"
@@ -1017,10 +1023,14 @@ def _collect(path: str, annotation: Any, raw: Any, parsed: Any, values: dict[str
                 values[child_path] = field.get_default(call_default_factory=True)
             continue
         child_raw = raw.get(alias, raw.get(name))
-        try:
-            child = _adapter(field).validate_python(child_raw)
-        except ValidationError:
+        if alias in failed_fields or name in failed_fields:
+            # Refused by the model itself (a @field_validator that the field's type alone lacks).
             child = _FAILED
+        else:
+            try:
+                child = _adapter(field).validate_python(child_raw)
+            except ValidationError:
+                child = _FAILED
         _collect(child_path, field.annotation, child_raw, child, values)
 
 

@@ -95,7 +95,8 @@ class RecordingMocks(pulumi_mocks.Mocks):
         region = provider.inputs.get("region") or DEFAULT_REGION
         account = DEFAULT_ACCOUNT_ID
         roles = provider.inputs.get("assumeRoles") or []
-        if roles and isinstance(roles[0].get("roleArn"), str):
+        # A secret inside (an external id) makes the whole list a secret: fall back to allowedAccountIds.
+        if isinstance(roles, list) and roles and isinstance(roles[0], dict) and isinstance(roles[0].get("roleArn"), str):
             account = roles[0]["roleArn"].split(":")[4] or account
         elif provider.inputs.get("allowedAccountIds"):
             account = provider.inputs["allowedAccountIds"][0]
