@@ -839,6 +839,8 @@ def load_platform_config(raw: dict[str, Any], *, source: str = "stack config",
         config = _load(raw, source)
     except ConfigError as error:
         problems += [_redacted(p, secret_paths) for p in error.problems if not _under_secret(p.path, not_secret_fields)]
+        # A secret field's value (or a section holding one) is never shown, encrypted or not.
+        problems = [_redacted(p, [p.path]) if p.value is not None and _secret_capable(p.path) else p for p in problems]
     else:
         if not problems:
             return config
@@ -1052,8 +1054,9 @@ def _from_pydantic(exc: ValidationError, root: str, annotation: Any) -> list[Pro
             problems.append(Problem(path, None, "required key is missing", f"add `{loc[-1]}` (see the config reference in README.md)"))
             continue
         if kind == "string_type" and isinstance(value, int) and not isinstance(value, bool):
-            quoted = f"{value:012d}" if path.endswith(("id", "Id")) and re.match(r"^\d{1,12}$", str(value)) else str(value)
-            problems.append(Problem(path, value, "must be a string", f"quote it in YAML: '{quoted}'"))
+            quoted = f"{value:012d}" if path.endswith(".id") and re.match(r"^\d{1,12}$", str(value)) else str(value)
+            fix = "quote it in YAML" if _secret_capable(path) else f"quote it in YAML: '{quoted}'"
+            problems.append(Problem(path, value, "must be a string", fix))
             continue
         if kind == "finite_number":
             problems.append(Problem(path, value, "must be a finite number", "write a number (.inf and .nan are not sizes)"))

@@ -237,3 +237,13 @@ def test_at_deploy_secret_config_reaches_resources_as_secret_outputs():
     provider = recording.one("pulumi:providers:aws", "logging-account")
     assert "[secret]" in json.dumps(provider.inputs["assumeRoles"])
     assert "plain-external-id" not in json.dumps([r.inputs for r in recording.resources])
+
+
+@pytest.mark.parametrize("bad", [123456, "topsecret"])
+def test_a_secret_fields_value_never_appears_in_a_problem(bad):
+    raw = stack_config("dev")
+    raw["accounts"]["workload"]["externalId"] = bad  # refused (kubeconfig), or of the wrong type
+    with pytest.raises(ConfigError) as info:
+        load_platform_config(raw)
+    assert str(bad) not in str(info.value)
+    assert any(p.path == "accounts.workload.externalId" for p in info.value.problems)
