@@ -303,7 +303,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except InvalidInputError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError) as error:
+    except (OSError, UnicodeDecodeError) as error:  # missing, unreadable or not UTF-8
         print(f"error: {error}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     print(render(plan))
