@@ -458,7 +458,8 @@ class GpuPoolConfig(_Model):
     termination_grace_period_seconds: int = Field(110, ge=10, le=3600, description="Drain budget; > checkpointSeconds, < 120 with spot.")
     ami_alias: Optional[str] = Field(None, pattern=r"^(al2023|bottlerocket)@(latest|v[0-9][0-9.]*)$", description="Overrides karpenter.amiAlias.")
     # NodePool CRD (karpenter 1.14.1, spec.weight): integer, minimum 1, maximum 100.
-    weight: Optional[int] = Field(None, ge=1, le=100, description="Karpenter NodePool weight 1-100 (higher is tried first).")
+    weight: Annotated[Optional[int], at_most(limits.KARPENTER_NODEPOOL_WEIGHT)] = Field(
+        None, ge=1, description="Karpenter NodePool weight 1-100 (higher is tried first).")
 
     @field_validator("capacity_reservation_ids")
     @classmethod
