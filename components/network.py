@@ -105,6 +105,13 @@ class NetworkArgs:
     tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        cidr_problems = [
+            Problem(f"NetworkArgs.{key}", value, "is not an IPv4 network CIDR", "use a block such as 10.0.0.0/16")
+            for key, values in (("cidr", [self.cidr]), ("private_subnet_cidrs", self.private_subnet_cidrs),
+                                ("public_subnet_cidrs", self.public_subnet_cidrs))
+            for value in values if _network(value) is None
+        ]
+        raise_if_any("NetworkArgs", cidr_problems)
         raise_if_any("NetworkArgs", subnet_problems(
             "NetworkArgs",
             vpc_cidr=ipaddress.IPv4Network(self.cidr),
@@ -113,6 +120,13 @@ class NetworkArgs:
             public_subnet_cidrs=[ipaddress.IPv4Network(c) for c in self.public_subnet_cidrs],
             nat=self.nat,
         ))
+
+
+def _network(value: object) -> Optional[ipaddress.IPv4Network]:
+    try:
+        return ipaddress.IPv4Network(value)  # strict: host bits set is an error too
+    except (ValueError, TypeError):
+        return None
 
 
 class Network(pulumi.ComponentResource):

@@ -98,3 +98,10 @@ def test_sequences_of_enums_are_coerced():
     assert spec.kinds == (CapacityType.SPOT, CapacityType.ON_DEMAND) and spec.one is CapacityType.RESERVED
     with pytest.raises(InvalidInputError, match=r"Spec.kinds\[1\]"):
         coerce_enums(Spec(kinds=["spot", "cheap"]))
+
+
+@pytest.mark.parametrize("key,bad", [("cidr", "10.0.0.1/16"), ("cidr", "nope"), ("private_subnet_cidrs", ["10.0.0.0/18", "10.0.64.0/33"])])
+def test_network_args_refuse_malformed_cidrs_without_a_traceback(key, bad):
+    with pytest.raises(InvalidInputError) as info:
+        network_args(**{key: bad})
+    assert any(p.path == f"NetworkArgs.{key}" for p in info.value.problems)
