@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -84,9 +85,19 @@ class RecordingMocks(pulumi_mocks.Mocks):
     def __init__(self) -> None:
         self.by_urn: dict[str, RecordedResource] = {}
 
-    # The monitor sets these before calling new_resource, so outputs can use the
-    # account and region of the resource's own provider.
-    current: Optional[RecordedResource] = None
+    # The monitor sets this before calling new_resource, so outputs can use the URN, account
+    # and region of the resource being registered. The SDK registers resources from a thread
+    # pool: one "current" per thread, or concurrent registrations would swap their records
+    # (and ids, derived from the URN, would change from run to run).
+    _local = threading.local()
+
+    @property
+    def current(self) -> Optional[RecordedResource]:
+        return getattr(self._local, "record", None)
+
+    @current.setter
+    def current(self, record: Optional[RecordedResource]) -> None:
+        self._local.record = record
 
     def account_and_region(self, resource: Optional[RecordedResource]) -> tuple[str, str]:
         provider = self.by_urn.get(resource.provider_for("aws") or "") if resource else None
