@@ -40,6 +40,7 @@ class PoolFacts:
     node_labels: Mapping[str, str]
     taints: tuple[Mapping[str, str], ...]
     termination_grace_period_seconds: int
+    max_gpus: int = 0  # NodePool limits: the most GPUs the pool launches
     # EFA devices the EFA device plugin advertises per node (= EFA interfaces of the node class).
     efa_devices_per_node: int = 0
     kueue_flavor: Optional[str] = None
@@ -156,6 +157,7 @@ def _gpu_pools(manifests: Sequence[Mapping[str, Any]], flavors: Mapping[str, Map
             capacity_types=tuple(requirements.get(CAPACITY_TYPE_KEY, [])),
             node_labels=labels, taints=tuple(dict(t) for t in spec.get("taints", [])),
             termination_grace_period_seconds=_seconds(spec.get("terminationGracePeriod")),
+            max_gpus=int(str((m["spec"].get("limits") or {}).get(GPU_RESOURCE, "0"))),
             efa_devices_per_node=efa_devices, kueue_flavor=_name(flavor) if flavor else None,
         ))
     return pools
