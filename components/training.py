@@ -117,11 +117,12 @@ def checkpoint_prefix_policy(*, bucket_arn: str, key_arn: str, prefix: str, regi
 
 
 def trainer_service_account(namespace: str) -> dict[str, Any]:
+    # The token stays mounted: EKS Pod Identity authenticates the pod with its service account
+    # token, and users report credential failures with automountServiceAccountToken: false
+    # (PeerDB-io/peerdb-enterprise#43). The account has no RBAC bindings.
     return {"apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": {"name": TRAINER_SERVICE_ACCOUNT, "namespace": namespace,
-                         "labels": {"app.kubernetes.io/managed-by": "pulumi", "mlplatform.io/role": "trainer"}},
-            # Training pods talk to AWS through Pod Identity only; no Kubernetes API token needed.
-            "automountServiceAccountToken": False}
+                         "labels": {"app.kubernetes.io/managed-by": "pulumi", "mlplatform.io/role": "trainer"}}}
 
 
 @dataclass(frozen=True)
