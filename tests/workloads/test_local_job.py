@@ -62,3 +62,19 @@ def test_local_run_trains_survives_sigterm_and_resumes(rendered, tmp_path):
     assert started and 12 <= int(started.group(1)) < 30, master_second[:2000]
     # The operator's variables reached torchrun: 2 nodes x 1 process, node ranks 0 and 1.
     assert "[trainer.launch] torchrun exited 0" in master_second
+
+
+def test_trainjob_pods_run_locally_with_trainer_v2_env(prod_plan, tmp_path):
+    """The same arguments work under Trainer v2's torch plugin (PET_* only, no MASTER_ADDR/RANK)."""
+    import dataclasses
+
+    from infra.training import facts_from_plan
+
+    facts = dataclasses.replace(facts_from_plan(prod_plan), trainer_v2_runtime="torch-distributed")
+    raw = yaml.safe_load((ROOT / "examples" / "jobs" / "gpt2-pretrain.yaml").read_text())
+    job = render(parse_job_spec({**raw, "runtime": "trainjob"}), facts)
+    secrets = {"mlflow-tracking": {k: "" for k in facts.tracking_secret_keys}}
+    result = run_local(shrink(job, LocalOverrides(num_steps=10, checkpoint_every_steps=5)), workdir=tmp_path,
+                       secrets=secrets, timeout_seconds=300, say=lambda _: None)
+    assert result.succeeded and [a.exit_codes for a in result.attempts] == [[0, 0]]
+    assert result.steps[-1] == 10
