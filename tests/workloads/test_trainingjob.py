@@ -261,3 +261,10 @@ def test_kubelet_expansion_of_args():
     env = {"PET_NNODES": "2", "A": "x"}
     assert expand("--nnodes=$(PET_NNODES)", env) == "--nnodes=2"
     assert expand("$(UNDEFINED)-$$(A)-$(A)", env) == "$(UNDEFINED)-$(A)-x"
+
+
+def test_gpus_per_node_beyond_the_pool_instances_is_refused(prod_facts, example_raw):
+    with pytest.raises(JobSpecError) as info:
+        _job({**example_raw, "gpusPerNode": 16}, prod_facts)
+    (problem,) = [p for p in info.value.problems if p.path == "gpusPerNode"]
+    assert "p5.48xlarge" in problem.message and "8 GPUs per node" in problem.message
