@@ -158,3 +158,34 @@ def test_training_job_component_refuses_a_bad_spec_before_registering(prod_plan)
     facts = facts_from_plan(prod_plan)
     with pytest.raises(JobSpecError):
         TrainingJob("bad", TrainingJobArgs(spec=parse_job_spec({**EXAMPLE, "team": "nobody"}), facts=facts, cluster=None))
+
+
+def test_each_team_gets_its_checkpoint_directory_owned_by_the_trainer_uid(plan):
+    from workloads.trainingjob import TRAINER_UID
+    from workloads.validation import validate_core
+
+    jobs = {r.inputs["metadata"]["namespace"]: r for r in _k8s(plan, "Job") if r.inputs["metadata"]["name"] == "checkpoint-root"}
+    claims = {r.inputs["metadata"]["namespace"]: r for r in _k8s(plan, "PersistentVolumeClaim")}
+    assert jobs and set(jobs) == set(claims)
+    for ns, job in jobs.items():
+        manifest = {k: job.inputs[k] for k in ("apiVersion", "kind", "metadata", "spec")}
+        assert validate_core(manifest) == []
+        pod = manifest["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        script = container["command"][-1]
+        assert f'mkdir -p "/fsx/checkpoints/{ns}"' in script and f"chown {TRAINER_UID}:{TRAINER_UID}" in script
+        # Root only for this, with CHOWN as the one capability (Pod Security baseline allows it).
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == claims[ns].inputs["metadata"]["name"]
+        assert claims[ns].urn in job.dependencies  # the claim (and its file system) exist first
+
+
+def test_checkpoint_dir_outside_the_team_directory_is_refused(prod_plan):
+    from infra.training import facts_from_plan
+    from workloads.trainingjob import resolve
+
+    with pytest.raises(JobSpecError) as info:
+        resolve(parse_job_spec({**EXAMPLE, "checkpointDir": "/fsx/checkpoints/team-research/steal"}), facts_from_plan(prod_plan))
+    (problem,) = [p for p in info.value.problems if p.path == "checkpointDir"]
+    assert "/fsx/checkpoints/team-foundation-models/" in problem.fix
