@@ -7,6 +7,7 @@
     python -m workloads status NAME --team TEAM                  # kubectl: the job, its Kueue workload, its pods
     python -m workloads logs NAME --team TEAM [--worker N] [-f]
     python -m workloads readiness --stack prod --pool h100 --image IMAGE   # the pool's GPU/NCCL check
+    python -m workloads facts --stack prod > facts.json   # then --facts facts.json anywhere (GitOps, Argo)
 
 Platform facts come from the stack's offline plan, with deployed names from `pulumi stack
 output` when the Pulumi CLI can read them. Exit codes: 0 done, 2 bad job spec or stack,
@@ -35,7 +36,14 @@ def _dump(obj: dict) -> str:
     return yaml.safe_dump(obj, sort_keys=False, width=120)
 
 
-def _facts(stack: str, use_outputs: bool):
+def _facts(stack: str, use_outputs: bool, facts_file: Optional[str] = None):
+    """Platform facts from a JSON file (`python -m workloads facts`), or the stack's plan."""
+    if facts_file:
+        import json
+
+        from workloads.platform_facts import PlatformFacts
+
+        return PlatformFacts.from_dict(json.loads(Path(facts_file).read_text()))
     # The CLI is an entry point like infra/__main__: it may use the offline plan; the renderer
     # and preflight modules themselves stay free of infra/.
     from infra.training import facts_for_stack
@@ -85,7 +93,7 @@ def cmd_preflight(args) -> int:
 
     try:
         spec = load_job_spec(args.job)
-        facts = _facts(args.stack, not args.offline)
+        facts = _facts(args.stack, not args.offline, args.facts)
     except (InvalidInputError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_SPEC
@@ -102,7 +110,7 @@ def cmd_submit(args) -> int:
 
     try:
         spec = load_job_spec(args.job)
-        facts = _facts(args.stack, not args.offline)
+        facts = _facts(args.stack, not args.offline, args.facts)
     except (InvalidInputError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_SPEC
@@ -162,7 +170,7 @@ def cmd_readiness(args) -> int:
     from components.validation import InvalidInputError
 
     try:
-        facts = _facts(args.stack, not args.offline)
+        facts = _facts(args.stack, not args.offline, args.facts)
     except (InvalidInputError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_SPEC
@@ -181,6 +189,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     def stack_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--stack", required=True, help="stack whose platform the job runs on (Pulumi.<stack>.yaml)")
         p.add_argument("--offline", action="store_true", help="do not ask `pulumi stack output` for deployed names")
+        p.add_argument("--facts", help="read the platform facts from this JSON file (written by `facts`) instead of the plan")
 
     pre = sub.add_parser("preflight", help="does the job fit; step time and cost")
     pre.add_argument("job")
@@ -216,7 +225,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     ready.add_argument("--pool", help="one pool (default: every pool)")
     ready.add_argument("--image", required=True, help="the trainer image (it runs trainer.nccl_check)")
 
+    facts = sub.add_parser("facts", help="print the platform facts jobs are rendered against, as JSON")
+    stack_args(facts)
+
     args = parser.parse_args(argv)
+    if args.command == "facts":
+        import json
+
+        print(json.dumps(_facts(args.stack, not args.offline, args.facts).to_dict(), indent=1, sort_keys=True))
+        return 0
     if args.command == "preflight":
         return cmd_preflight(args)
     if args.command == "submit":

@@ -52,3 +52,13 @@ def test_kubectl_commands():
     assert logs_command("j", "team-a", worker=None, follow=False)[4] == "j-master-0"
     assert ["kubectl", "get", "pods", "-n", "team-a", "-l", "training.kubeflow.org/job-name=j", "-o", "wide"] in status_commands("j", "team-a")
     assert not kubeconfig_available({"KUBECONFIG": "/nonexistent"})
+
+
+def test_facts_json_round_trips_and_renders_the_same_job(tmp_path, capsys):
+    assert main(["facts", "--stack", "prod", "--offline"]) == 0
+    facts_file = tmp_path / "facts.json"
+    facts_file.write_text(capsys.readouterr().out)
+    assert main(["submit", EXAMPLE, "--stack", "prod", "--dry-run", "--offline"]) == 0
+    from_plan = capsys.readouterr().out
+    assert main(["submit", EXAMPLE, "--stack", "prod", "--dry-run", "--facts", str(facts_file)]) == 0
+    assert capsys.readouterr().out == from_plan
