@@ -12,15 +12,13 @@ WorkflowTemplate step can call it the same way the ``submit`` command does.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from workloads.fsx import CLAIM_NAME
 from workloads.karpenter import (
-    CAPACITY_TYPE_KEY, EFA_RESOURCE, GPU_RESOURCE, GPU_TYPE_LABEL, INSTANCE_TYPE_KEY, POOL_LABEL,
-    GPU_COUNT_KEY, GPU_NAME_KEY, FAMILY_KEY,
+    CAPACITY_TYPE_KEY, FAMILY_KEY, GPU_COUNT_KEY, GPU_NAME_KEY, GPU_RESOURCE, GPU_TYPE_LABEL, INSTANCE_TYPE_KEY, POOL_LABEL,
 )
-from workloads.kueue import QUEUE_LABEL
 
 # The Secret each team namespace receives from the tracking capability (components/tracking.py
 # K8S_SECRET_NAME) and the keys the MLflow client reads.
@@ -207,11 +205,8 @@ def facts_from_manifests(
                 gpus = float(str(quota.get(GPU_RESOURCE, "0")))
                 if gpus > 0 and "cpu" in quota and "memory" in quota:
                     ratios.setdefault(flavor["name"], (float(str(quota["cpu"])) / gpus, _quantity_gib(quota["memory"]) / gpus))
-    pools = [PoolFacts(**{**asdict(p), "instance_types": p.instance_types, "capacity_types": p.capacity_types,
-                          "taints": p.taints,
-                          "cpu_per_gpu": ratios.get(p.kueue_flavor or "", (None, None))[0],
-                          "memory_gib_per_gpu": ratios.get(p.kueue_flavor or "", (None, None))[1]})
-             for p in pools]
+    pools = [replace(p, cpu_per_gpu=ratios[p.kueue_flavor][0], memory_gib_per_gpu=ratios[p.kueue_flavor][1])
+             if p.kueue_flavor in ratios else p for p in pools]
 
     teams = []
     for ns in namespaces:
@@ -252,6 +247,3 @@ def facts_from_manifests(
         trainer_v2_runtime=trainer_v2_runtime,
     )
 
-
-__all__ = ["PlatformFacts", "PoolFacts", "TeamFacts", "facts_from_manifests", "QUEUE_LABEL", "EFA_RESOURCE",
-           "TRACKING_SECRET_KEYS", "TRAINER_SERVICE_ACCOUNT"]
