@@ -17,7 +17,7 @@ from workloads.instances import busbw_floor_gb_per_s, instance
 from workloads.karpenter import EFA_RESOURCE, GPU_RESOURCE, GPU_TYPE_LABEL, POOL_LABEL
 from workloads.platform_facts import PoolFacts
 from workloads.trainingjob import (
-    CONTAINER_NAME, DO_NOT_DISRUPT, MASTER_PORT, PORT_NAME, PYTORCHJOB_API, container_security_context, pod_security_context,
+    CONTAINER_NAME, DO_NOT_DISRUPT, MASTER_PORT, PORT_NAME, PYTORCHJOB_API, RDMA_FAMILIES, container_security_context, pod_security_context,
 )
 
 READINESS_NAMESPACE = "gpu-readiness"
@@ -55,7 +55,9 @@ def readiness_job(pool: PoolFacts, *, image: str) -> dict[str, Any]:
         amounts[EFA_RESOURCE] = str(pool.efa_devices_per_node)
     env = [{"name": "NCCL_DEBUG", "value": "INFO"}]  # the log shows which transport NCCL chose
     if pool.efa:
-        env += [{"name": "FI_PROVIDER", "value": "efa"}, {"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"}]
+        env += [{"name": "FI_PROVIDER", "value": "efa"}]
+        if instance_type.startswith(RDMA_FAMILIES):
+            env += [{"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"}]
     template = {
         "metadata": {"labels": {"app.kubernetes.io/name": "gpu-readiness", "mlplatform.io/pool": pool.name},
                      "annotations": {DO_NOT_DISRUPT: "true"}},

@@ -45,6 +45,8 @@ TRAINER_UID = 1000  # the image's `trainer` user (trainer/Dockerfile)
 LAUNCH_COMMAND = ("/usr/bin/tini", "--", "python", "-m", "trainer.launch")
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 SHM_MAX_GIB = 64
+# Instance families with GPUDirect RDMA over EFA (EC2 User Guide, "EFA and NCCL": p4d, p4de, p5, p5e, p5en).
+RDMA_FAMILIES = ("p4d.", "p4de.", "p5.", "p5e.", "p5en.")
 
 
 # -- the time budget -----------------------------------------------------------------------
@@ -283,13 +285,11 @@ def trainer_env(job: ResolvedJob) -> list[dict[str, Any]]:
                     "value": f"s3://{facts.checkpoints_bucket}/{spec.namespace}/mirror/{spec.name}"})
     env += [_secret_env(key, job.team.tracking_secret or "") for key in facts.tracking_secret_keys]
     if job.efa_devices:
-        env += [
-            # libfabric's EFA provider; GPUDirect RDMA between GPU and EFA (p4d, p5, p5e/en).
-            {"name": "FI_PROVIDER", "value": "efa"},
-            {"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"},
-            {"name": "FI_EFA_FORK_SAFE", "value": "1"},
-            {"name": "NCCL_NET_GDR_LEVEL", "value": "SYS"},
-        ]
+        # libfabric's EFA provider (the aws-ofi-nccl plugin of the image uses it).
+        env += [{"name": "FI_PROVIDER", "value": "efa"}, {"name": "FI_EFA_FORK_SAFE", "value": "1"}]
+        if job.instance_type.startswith(RDMA_FAMILIES):
+            # GPUDirect RDMA between GPU and EFA exists on the P instances only (not on g5/g6/g6e).
+            env += [{"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"}, {"name": "NCCL_NET_GDR_LEVEL", "value": "SYS"}]
     else:
         # No EFA: NCCL's socket transport on the pod's VPC CNI interface.
         env.append({"name": "NCCL_SOCKET_IFNAME", "value": "eth0"})

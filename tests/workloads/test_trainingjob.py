@@ -268,3 +268,16 @@ def test_gpus_per_node_beyond_the_pool_instances_is_refused(prod_facts, example_
         _job({**example_raw, "gpusPerNode": 16}, prod_facts)
     (problem,) = [p for p in info.value.problems if p.path == "gpusPerNode"]
     assert "p5.48xlarge" in problem.message and "8 GPUs per node" in problem.message
+
+
+def test_gpudirect_rdma_only_on_p_instances(prod_facts, example_raw):
+    def env_of(facts):
+        job = render(parse_job_spec(example_raw), facts)
+        return {e["name"] for e in _templates(job)[0]["spec"]["containers"][0]["env"]}
+
+    assert {"FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA"} <= env_of(prod_facts)
+    h100 = prod_facts.pool("h100")
+    g6e = dataclasses.replace(h100, instance_types=("g6e.48xlarge",), efa_devices_per_node=4)
+    facts = dataclasses.replace(prod_facts, pools=tuple(g6e if p is h100 else p for p in prod_facts.pools))
+    env = env_of(facts)
+    assert "FI_PROVIDER" in env and "FI_EFA_USE_DEVICE_RDMA" not in env and "NCCL_NET_GDR_LEVEL" not in env
