@@ -146,8 +146,8 @@ def _submit_local(manifest: dict, args) -> int:
               "MLFLOW_TRACKING_USERNAME": "", "MLFLOW_TRACKING_PASSWORD": ""}
     secret_names = {e["valueFrom"]["secretKeyRef"]["name"] for e in _containers_env(small) if "valueFrom" in e
                     and "secretKeyRef" in e["valueFrom"]}
-    print(f"local run in {workdir}: {len(secret_names) and 'MLflow ' + (secret['MLFLOW_TRACKING_URI'] or 'off')}; "
-          f"SIGTERM at step {args.interrupt_at_step or 'never'}")
+    print(f"local run in {workdir}: MLflow {secret['MLFLOW_TRACKING_URI'] or 'off'}, {args.steps} steps, "
+          f"SIGTERM to one pod at step {args.interrupt_at_step or 'never'}")
     try:
         result = run_local(small, workdir=workdir, secrets={name: secret for name in secret_names},
                            interrupt_at_step=args.interrupt_at_step, timeout_seconds=args.timeout)

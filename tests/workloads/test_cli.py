@@ -62,3 +62,13 @@ def test_facts_json_round_trips_and_renders_the_same_job(tmp_path, capsys):
     from_plan = capsys.readouterr().out
     assert main(["submit", EXAMPLE, "--stack", "prod", "--dry-run", "--facts", str(facts_file)]) == 0
     assert capsys.readouterr().out == from_plan
+
+
+@pytest.mark.slow
+def test_submit_local_runs_the_example(tmp_path, capsys):
+    code = main(["submit", EXAMPLE, "--stack", "prod", "--offline", "--local", "--steps", "8", "--no-tracking",
+                 "--workdir", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "attempts: [[0, 0]]" in out and "complete checkpoints: [" in out
+    assert (tmp_path / "run" / "fsx" / "checkpoints" / "team-foundation-models" / "gpt2-pretrain" / "step-000008" / "complete.json").exists()
