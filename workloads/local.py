@@ -321,7 +321,7 @@ def run_local(
                     say(f"  SIGTERM to pod {reps[-1].pod_name} at step >= {interrupt_at_step} (its node is reclaimed)")
                     victim.send_signal(signal.SIGTERM)
                     interrupted = True
-                time.sleep(0.1)
+                time.sleep(0.05)
             # A container killed by a signal reports 128 + the signal number.
             codes = [128 - p.returncode if p.returncode < 0 else p.returncode for p in procs]
         finally:

@@ -44,8 +44,9 @@ def test_shrink_changes_only_processes_config_and_overrides(rendered):
 def test_local_run_trains_survives_sigterm_and_resumes(rendered, tmp_path):
     secrets = {"mlflow-tracking": {"MLFLOW_TRACKING_URI": "", "MLFLOW_TRACKING_USERNAME": "", "MLFLOW_TRACKING_PASSWORD": ""}}
     lines: list[str] = []
-    result = run_local(shrink(rendered, LocalOverrides(num_steps=30, checkpoint_every_steps=5)), workdir=tmp_path,
-                       secrets=secrets, interrupt_at_step=12, timeout_seconds=300, say=lines.append)
+    # Interrupt early: 35 steps remain, so even a fast machine cannot finish before the signal.
+    result = run_local(shrink(rendered, LocalOverrides(num_steps=40, checkpoint_every_steps=5)), workdir=tmp_path,
+                       secrets=secrets, interrupt_at_step=5, timeout_seconds=300, say=lines.append)
     logs = "\n".join(p.read_text() for a in result.attempts for p in a.logs)
     assert result.succeeded, "\n".join(lines) + logs[-4000:]
     first, second = result.attempts
@@ -54,12 +55,12 @@ def test_local_run_trains_survives_sigterm_and_resumes(rendered, tmp_path):
     assert second.exit_codes == [0, 0]
     # The checkpoint landed on the job's FSx path (mapped locally), and training resumed from it.
     assert result.checkpoint_dir == tmp_path / "fsx" / "checkpoints" / "team-foundation-models" / "gpt2-pretrain"
-    assert result.steps[-1] == 30
-    resumed_from = json.loads((result.checkpoint_dir / f"step-{result.steps[-1]:06d}" / "complete.json").read_text())
-    assert resumed_from["step"] == 30
+    assert result.steps[-1] == 40
+    final = json.loads((result.checkpoint_dir / f"step-{result.steps[-1]:06d}" / "complete.json").read_text())
+    assert final["step"] == 40
     master_second = second.logs[0].read_text()
-    started = re.search(r"world size 2, cpu\) from step (\d+) to 30", master_second)
-    assert started and 12 <= int(started.group(1)) < 30, master_second[:2000]
+    started = re.search(r"world size 2, cpu\) from step (\d+) to 40", master_second)
+    assert started and 5 <= int(started.group(1)) < 40, master_second[:2000]
     # The operator's variables reached torchrun: 2 nodes x 1 process, node ranks 0 and 1.
     assert "[trainer.launch] torchrun exited 0" in master_second
 
