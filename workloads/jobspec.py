@@ -123,7 +123,7 @@ class JobSpec(_Model):
     checkpoint_dir: Optional[str] = Field(None, description=f"Default {FSX_MOUNT_PATH}/checkpoints/team-<team>/<name>.")
     s3_mirror: bool = Field(False, description="Also mirror complete checkpoints to the team's prefix of the checkpoints bucket.")
     run_name: Optional[str] = None
-    experiment: Optional[str] = None
+    experiment: Optional[str] = Field(None, description="MLflow experiment; default: the team namespace (its login may write there).")
     priority: Optional[Priority] = Field(None, description="production | research | default; default: the team's.")
     max_runtime: str = Field("24h", description="Wall-clock limit of the whole job (activeDeadlineSeconds), e.g. 72h.")
     backoff_limit: int = Field(20, ge=0, le=1000, description="Pod restarts (preemptions included) before the job fails.")

@@ -273,7 +273,9 @@ def trainer_env(job: ResolvedJob) -> list[dict[str, Any]]:
         {"name": "TRAINER_CHECKPOINT_DIR", "value": spec.checkpoint_path},
         # Stable job identity: a recreated pod finds its MLflow run by it.
         {"name": "TRAINER_RUN_ID", "value": f"{spec.namespace}.{spec.name}"},
-        {"name": "MLFLOW_EXPERIMENT_NAME", "value": spec.experiment or spec.team},
+        # The platform grants each team's MLflow login EDIT on the experiment named after its
+        # namespace (components/tracking.py), READ elsewhere: log there unless told otherwise.
+        {"name": "MLFLOW_EXPERIMENT_NAME", "value": spec.experiment or spec.namespace},
         {"name": "DATASET_VERSION", "value": posixpath.basename(spec.dataset)},
         {"name": "IMAGE_DIGEST", "value": digest},
         {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(job.budget.shutdown_timeout_seconds)},

@@ -281,3 +281,12 @@ def test_gpudirect_rdma_only_on_p_instances(prod_facts, example_raw):
     facts = dataclasses.replace(prod_facts, pools=tuple(g6e if p is h100 else p for p in prod_facts.pools))
     env = env_of(facts)
     assert "FI_PROVIDER" in env and "FI_EFA_USE_DEVICE_RDMA" not in env and "NCCL_NET_GDR_LEVEL" not in env
+
+
+def test_without_an_experiment_the_job_logs_where_its_team_login_may_write(prod_facts, example_raw):
+    # The platform grants each team's MLflow login EDIT on the experiment named after its namespace.
+    raw = {k: v for k, v in copy.deepcopy(example_raw).items() if k != "experiment"}
+    job = _job(raw, prod_facts)
+    env = {e["name"]: e.get("value") for e in render_pytorchjob(job)["spec"]["pytorchReplicaSpecs"]["Master"]
+           ["template"]["spec"]["containers"][0]["env"]}
+    assert env["MLFLOW_EXPERIMENT_NAME"] == job.team.namespace
