@@ -144,3 +144,23 @@ def test_example_job_renders_for_its_stack(path, stack_facts, schemas):
     # An example that cannot be admitted by its team's Kueue quota would wait forever.
     quota = facts.team(spec.team).gpu_quota.get(job.pool.kueue_flavor or job.pool.name, 0)
     assert spec.world_size <= quota, f"{path.name}: {spec.world_size} GPUs, team {spec.team} quota {quota}"
+
+
+@pytest.mark.parametrize("path", JOBS, ids=[p.stem for p in JOBS])
+def test_example_job_passes_submit_dry_run(path, stack_facts, tmp_path, capsys):
+    """The command the examples' comments give: preflight must say the job fits (exit 0) and
+    print the rendered PyTorchJob."""
+    import json
+
+    from workloads.__main__ import main
+
+    stack = _stack_of(path)
+    facts_file = tmp_path / "facts.json"
+    facts_file.write_text(json.dumps(stack_facts[stack].to_dict()))
+    code = main(["submit", str(path), "--stack", stack, "--dry-run", "--facts", str(facts_file)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "OK: the job fits" in captured.err  # the preflight report
+    rendered = [d for d in yaml.safe_load_all(captured.out) if d]
+    assert rendered and rendered[0]["kind"] == "PyTorchJob"
+    assert rendered[0]["metadata"]["name"] == yaml.safe_load(path.read_text())["name"]
