@@ -219,8 +219,13 @@ def log_to_mlflow(export_dir: str, lineage: dict[str, Any], *, tracking_uri: str
         except MlflowException as exc:
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
-        version = client.create_model_version(registered_model_name, source=f"models:/{model.model_id}",
-                                              run_id=run_id, tags=tags, model_id=model.model_id)
+        # Source is the logged model's artifact location rather than models:/<id>: MLflow's
+        # registry stores resolve models:/<id> (and a model id without a run id) through the
+        # process-global tracking URI, not this client's (TODO in mlflow 3.17
+        # store/model_registry/sqlalchemy_store.py create_model_version).
+        logged = client.get_logged_model(model.model_id)
+        version = client.create_model_version(registered_model_name, source=logged.artifact_location, run_id=run_id,
+                                              tags=tags, model_id=model.model_id if run_id else None)
         client.set_logged_model_tags(model.model_id, {"mlflow.modelVersions": json.dumps(
             [{"name": version.name, "version": version.version}])})
         result["version"] = version.version
