@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "train":
         from trainer.config import ConfigError, load_config
-        from trainer.preflight import preflight
+        from trainer.preflight import preflight, prepare_runtime_dirs
 
         try:
             cfg = load_config(args.config, args.overrides)
@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             print(exc, file=sys.stderr)
             return 2
+        prepare_runtime_dirs()
         from trainer.train import main as train_main
 
         return train_main(cfg, process_start)

@@ -139,3 +139,24 @@ def _hf_problems(path: str, seq_len: int, vocab: int) -> list[str]:
         problems.append(f"model.hf_path={path!r}: {model_vocab} token embeddings but the dataset uses {vocab}; "
                         "prepare the data with this model's tokenizer (--tokenizer-dir)")
     return problems
+
+
+# Directories the image's environment points at (trainer/Dockerfile): on a freshly mounted
+# FSx volume they do not exist yet, and the flight recorder does not create its dump directory.
+RUNTIME_DIR_VARIABLES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+RUNTIME_FILE_PREFIX_VARIABLES = ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE")
+
+
+def prepare_runtime_dirs(environ=None) -> list[str]:
+    """Creates them (best effort: a failure only loses a cache or a dump, never the run)."""
+    environ = os.environ if environ is None else environ
+    wanted = [environ[v] for v in RUNTIME_DIR_VARIABLES if environ.get(v)]
+    wanted += [os.path.dirname(environ[v]) for v in RUNTIME_FILE_PREFIX_VARIABLES if environ.get(v)]
+    made = []
+    for path in wanted:
+        try:
+            os.makedirs(path, exist_ok=True)
+            made.append(path)
+        except OSError:
+            pass
+    return made
