@@ -105,7 +105,12 @@ def export_final_model(cfg: TrainerConfig, step: int, run_id: str | None) -> Non
 
     out_dir = os.path.join(cfg.export.dir or os.path.join(cfg.checkpoint.dir, "export"), f"step-{step:06d}")
     uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
-    export_and_log(step_dir(cfg.checkpoint.dir, step), out_dir, cfg, run_id, uri)
+    try:
+        export_and_log(step_dir(cfg.checkpoint.dir, step), out_dir, cfg, run_id, uri)
+    except Exception:  # noqa: BLE001 - the run is complete and checkpointed; a restart would not help
+        # Failing here would make the operator restart a finished job, only to fail again.
+        log.exception("export of step %d failed; the final checkpoint is intact: run `python -m trainer export "
+                      "--checkpoint %s --out %s` once the cause is fixed", step, step_dir(cfg.checkpoint.dir, step), out_dir)
 
 
 def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
@@ -252,7 +257,8 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float) -> tu
             pending_losses.clear()
             interval = {"start": time.perf_counter(), "steps": 0, "data_wait": 0.0, "compute": 0.0}
 
-        val_metrics = evaluator.maybe_evaluate(step, last_step)
+        # A preempted step saves instead: the signal's time budget is for the checkpoint.
+        val_metrics = None if preempted else evaluator.maybe_evaluate(step, last_step)
         if val_metrics is not None:
             tracker.log(step, val_metrics)
             interval["start"] += val_metrics["eval_seconds"]  # tokens/s measures training only
