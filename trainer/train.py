@@ -90,7 +90,8 @@ def build_tracker(cfg: TrainerConfig, env, shards, run_id: str | None, resume_st
             uri=uri, experiment=cfg.tracking.experiment, job_id=job_identity(cfg), run_name=cfg.tracking.run_name,
             # MLFLOW_RUN_ID (MLflow's own variable) names the run for a first attempt; a resumed
             # attempt keeps the run recorded in its checkpoint.
-            run_id=run_id or os.environ.get("MLFLOW_RUN_ID") or None, params=cfg.flat(), tags=run_tags(cfg, env, shards), config_yaml=dump_yaml(cfg)))
+            run_id=run_id or os.environ.get("MLFLOW_RUN_ID") or None, params=cfg.flat(),
+            tags=run_tags(cfg, env, shards), config_yaml=dump_yaml(cfg)))
     elif cfg.tracking.enabled:
         log.warning("tracking.enabled but no MLFLOW_TRACKING_URI: metrics go to metrics.jsonl only")
     return Trackers(*trackers)

@@ -139,3 +139,24 @@ def test_export_cli_refuses_a_bad_checkpoint_clearly(tmp_path):
                             env={**os.environ, "PYTHONPATH": REPO}, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "no complete.json there" in result.stderr and "--tracking-uri='ftp://x'" in result.stderr
+
+
+def test_hugging_face_models_export_with_save_pretrained(tmp_path, data_dir, tiny_hf_dir, restore_signals):
+    from transformers import AutoModelForCausalLM
+
+    from trainer.export import checkpoint_config, load_model_from_checkpoint
+
+    ckpt = str(tmp_path / "ckpt")
+    overrides = _paths(data_dir, ckpt) + [f"{k}={v}" for k, v in {
+        "schedule.num_steps": 3, "schedule.warmup_steps": 1, "model.kind": "hf", "model.hf_path": tiny_hf_dir,
+        "evaluation.at_end": "false"}.items()]
+    assert train(overrides) == 0
+    out = os.path.join(ckpt, "export", "step-000003")
+    assert json.load(open(os.path.join(out, "trainer_export.json")))["architecture"] == "LlamaForCausalLM"
+    exported = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
+    trained = load_model_from_checkpoint(step_dir(ckpt, 3), checkpoint_config(step_dir(ckpt, 3)))
+    original = AutoModelForCausalLM.from_pretrained(tiny_hf_dir, local_files_only=True).eval()
+    ids = torch.randint(0, 257, (2, 16))
+    with torch.no_grad():
+        assert torch.equal(exported(input_ids=ids).logits, trained(ids))
+        assert not torch.equal(exported(input_ids=ids).logits, original(input_ids=ids).logits)  # it did train
