@@ -168,7 +168,7 @@ def _copy_tokenizer(cfg: TrainerConfig, out_dir: str) -> str:
 
     try:
         name = read_manifest(cfg.data.dir)["tokenizer"] if cfg.data.dir else None
-    except OSError:
+    except (OSError, ValueError, KeyError):  # the data volume need not be mounted where the export runs
         name = None
     if name and os.path.isdir(name):
         from transformers import AutoTokenizer
