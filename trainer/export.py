@@ -210,6 +210,11 @@ def log_to_mlflow(export_dir: str, lineage: dict[str, Any], *, tracking_uri: str
         client.finalize_logged_model(model.model_id, "FAILED")
         raise
     client.finalize_logged_model(model.model_id, "READY")
+    if run_id:
+        from mlflow.entities import LoggedModelOutput
+
+        # As mlflow's own log_model does: the run lists the model among its outputs, at its step.
+        client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=int(lineage["step"]))])
     result: dict[str, Any] = {"model_id": model.model_id, "model_uri": f"models:/{model.model_id}", "version": None}
     if registered_model_name:
         from mlflow.exceptions import MlflowException

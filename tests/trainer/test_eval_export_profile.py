@@ -101,6 +101,8 @@ def test_end_of_run_export_registers_a_loadable_gpt2_model_and_logs_the_profile(
     logged = logged_model_of(client, version)
     assert logged.source_run_id == run_id and logged.tags["trainer.step"] == str(NUM_STEPS)
     assert [(v["name"], str(v["version"])) for v in json.loads(logged.tags["mlflow.modelVersions"])] == [("tiny-gpt", "1")]
+    outputs = client.get_run(run_id).outputs.model_outputs
+    assert [(o.model_id, o.step) for o in outputs] == [(logged.model_id, NUM_STEPS)]  # listed on the run
 
     # Load it back from the registry and compare with the trainer's own model from the checkpoint.
     # (mlflow.artifacts resolves models:/ through the process-global registry URI; the client does not.)
