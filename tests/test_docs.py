@@ -69,6 +69,24 @@ def test_relative_links_resolve_inside_the_repository(path):
     assert not broken, f"{_rel(path)}: links to nothing in the repository: {broken}"
 
 
+def _tracked_sources() -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "*.py", "*.md", "*.yaml", "*.yml", "*.toml", "Makefile", "*Dockerfile"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    own = {Path(__file__).resolve()}
+    return [ROOT / p for p in out if not p.startswith("workloads/rendered/") and (ROOT / p).resolve() not in own]
+
+
+def test_code_and_comments_name_no_file_outside_the_repository():
+    """Comments and docstrings too: a reader of the code cannot follow `see PITFALLS` to a file
+    the repository does not have. (.ci/run may point ML_PLATFORM_SCHEMAS at CI's copy.)"""
+    found = []
+    for path in _tracked_sources():
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if re.search(r"\.\./shared|shared/(ARCHITECTURE|PITFALLS)|\bPITFALLS\b|/work/", line):
+                found.append(f"{_rel(path)}:{number}: {line.strip()[:120]}")
+    assert not found, "\n".join(found)
+
+
 def test_the_outside_check_catches_what_it_names():
     readme, runbook = ROOT / "README.md", ROOT / "docs" / "runbooks" / "x.md"
     assert outside_references(readme, "Read `../shared/ARCHITECTURE.md` for the data flow")

@@ -255,7 +255,8 @@ def trainer_args(job: ResolvedJob) -> list[str]:
         "--nnodes=$(PET_NNODES)", "--nproc-per-node=$(PET_NPROC_PER_NODE)", "--node-rank=$(PET_NODE_RANK)",
         "--master-addr=$(PET_MASTER_ADDR)", "--master-port=$(PET_MASTER_PORT)",
         # A failed rank fails the pod; the operator restarts it (restartPolicy ExitCode) and the
-        # trainer resumes. torchrun's own restarts hang in a new gloo group (see PITFALLS).
+        # trainer resumes. torchrun counts restarts per node, so multi-node jobs rely on pod
+        # restarts rather than torchrun's (docs/trainer.md).
         "--max-restarts=0",
         f"--shutdown-timeout={job.budget.shutdown_timeout_seconds}",
         "-m", "trainer", "train", "--config", spec.trainer.config, *overrides,
