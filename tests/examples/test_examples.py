@@ -85,6 +85,12 @@ def test_consumer_flow_logs_cross_into_its_logging_account_after_the_policy_admi
     assert _provider_name(archive_bucket.provider) == "research-logging"
 
 
+def test_consumer_project_disables_the_default_providers_it_replaces():
+    project = yaml.safe_load((CONSUMER / "Pulumi.yaml").read_text())
+    disabled = project["config"]["pulumi:disable-default-providers"]["value"]
+    assert {"aws", "kubernetes"} <= set(disabled) and "eks" not in disabled and "*" not in disabled
+
+
 def test_consumer_deploy_role_gets_a_visible_access_entry(consumer):
     entries = [r.inputs["principalArn"] for r in consumer.by_type("aws:eks/accessEntry:AccessEntry")]
     assert f"arn:aws:iam::{WORKLOAD_ACCOUNT}:role/research-deploy" in entries
