@@ -347,9 +347,11 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
     return parsed
 
 
-def load_config(
+def build_config(
     path: str | None = None, overrides: list[str] | None = None, environ: dict[str, str] | None = None
 ) -> TrainerConfig:
+    """The typed config of a file + environment + overrides, field checks only (no cross-field
+    rules): what the job preflight reads before the pod's runtime settings exist."""
     environ = os.environ if environ is None else environ
     raw: dict[str, Any] = {}
     if path:
@@ -363,6 +365,13 @@ def load_config(
     cfg = _build(TrainerConfig, raw, "", problems)
     if problems:
         raise ConfigError(problems)
+    return cfg
+
+
+def load_config(
+    path: str | None = None, overrides: list[str] | None = None, environ: dict[str, str] | None = None
+) -> TrainerConfig:
+    cfg = build_config(path, overrides, environ)
     validate(cfg)
     return cfg
 
