@@ -129,17 +129,20 @@ def download_s3(uri: str, scratch: str, client=None) -> tuple[str, list[str]]:
 
 
 def read_config(path: str):
-    """The resolved config saved with the checkpoint, built without the path checks of
-    `load_config` (the job's data and checkpoint directories need not exist here)."""
+    """The resolved config saved with the checkpoint: its raw mapping, the typed config (or
+    None) and the problems. Field checks only, and no environment overrides: the job's data
+    and checkpoint directories need not exist here, and the drill must see what was saved."""
     import yaml
 
-    from trainer.config import TrainerConfig, _build
+    from trainer.config import ConfigError, build_config
 
-    with open(os.path.join(path, "config.yaml")) as f:
+    file = os.path.join(path, "config.yaml")
+    with open(file) as f:
         raw = yaml.safe_load(f) or {}
-    problems: list[str] = []
-    cfg = _build(TrainerConfig, raw, "", problems)
-    return raw, cfg, problems
+    try:
+        return raw, build_config(file, [], environ={}), []
+    except ConfigError as exc:
+        return raw, None, list(exc.problems)
 
 
 def check_files(path: str) -> tuple[list[str], dict]:
