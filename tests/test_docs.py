@@ -3,7 +3,7 @@
 - README.md, CHANGELOG.md, docs/ and examples/ never send a reader outside the repository
   (no `../` path, no absolute path of a machine), and every relative link resolves to a file
   or directory of the repository.
-- Every `python -m <module> ...` command in the runbooks and the architecture document names a
+- Every `python -m <module> ...` command in the README and in docs/ (runbooks, architecture) names a
   module of this repository, a subcommand it has, and flags that subcommand accepts (checked
   against the command's own `--help`); every `make <target>` exists in the Makefile.
 """
@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *[p for p in [ROOT / "CHANGELOG.md"] if p.exists()]])
 READER_FILES = DOCS + sorted(p for p in (ROOT / "examples").rglob("*") if p.is_file() and p.suffix in (".md", ".yaml", ".py"))
-COMMAND_DOCS = sorted([*(ROOT / "docs").rglob("*.md")])
+COMMAND_DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 
 OUTSIDE = [
     (re.compile(r"(?<![\w/.-])/work/"), "a path on the machine that wrote it"),
