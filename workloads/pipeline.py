@@ -1,0 +1,253 @@
+"""The training pipeline as an Argo WorkflowTemplate: prepare data -> train -> evaluate -> register.
+
+Pure functions (spec in, dict out). The commands of every step come from ``step_commands``, the
+same function ``python -m workloads pipeline --local`` runs on CPU, so the local run proves the
+commands the cluster will run.
+
+- prepare: ``python -m trainer prepare-data`` on the CPU pool, tokens written to FSx.
+- train: the PyTorchJob from the training-jobs renderer, created by a resource step that waits
+  for the Master replica to succeed. Retryable exits of the trainer (143 after a checkpoint,
+  128+signal) are retried in place by the operator (``restartPolicy: ExitCode``); the workflow
+  retries the step only when the step itself errored (``lastRetry.status == "Error"``: the
+  executor pod lost with its CPU node, an API-server error), and ``action: apply`` re-attaches to
+  the same job instead of starting a second one. A job the operator failed is never resubmitted.
+- evaluate: validation loss of the final checkpoint, written as JSON (an output parameter).
+- register: the exported model in the MLflow Model Registry, tagged with the run's lineage.
+
+Checked against Argo Workflows v4.1.2: resource conditions are Kubernetes label selectors whose
+keys are gjson paths (workflow/executor/resource.go, so a key must be a plain dotted path), and
+retry expressions see ``lastRetry.status`` / ``lastRetry.exitCode`` (docs/retries.md).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+import yaml
+
+WORKFLOW_PARAMS = ("dataset", "model-name", "job-spec")
+STEP_NAMES = ("prepare", "train", "evaluate", "register")
+# Label selector keys (gjson paths) the train step waits on: the Master pod succeeded, or the
+# operator gave the job a completion time without a Master success (backoff limit or deadline).
+TRAIN_SUCCESS_CONDITION = "status.replicaStatuses.Master.succeeded > 0"
+TRAIN_FAILURE_CONDITION = "status.completionTime,!status.replicaStatuses.Master.succeeded"
+TRAIN_RETRY_EXPRESSION = 'lastRetry.status == "Error"'
+
+
+@dataclass(frozen=True)
+class StepPaths:
+    """Where one run's files live (on FSx in the cluster, in a temp dir locally)."""
+
+    work_dir: str
+
+    @property
+    def tokens(self) -> str:
+        return f"{self.work_dir}/tokens"
+
+    @property
+    def checkpoints(self) -> str:
+        return f"{self.work_dir}/checkpoints"
+
+    @property
+    def evaluation(self) -> str:
+        return f"{self.work_dir}/evaluation.json"
+
+    @property
+    def export_dir(self) -> str:
+        return f"{self.work_dir}/model"
+
+
+def train_overrides(paths: StepPaths, run_name: str) -> list[str]:
+    """Trainer overrides the pipeline adds to the job's own: its data, its checkpoints, its run."""
+    return [f"data.dir={paths.tokens}", f"checkpoint.dir={paths.checkpoints}", f"tracking.run_name={run_name}"]
+
+
+def step_commands(*, paths: StepPaths, dataset: str, model_name: str, run_name: str, pipeline: str,
+                  job_spec: str, python: str = "python") -> dict[str, list[str]]:
+    """The command of every container step (train runs inside the PyTorchJob: see ``train_job``)."""
+    lineage = [f"mlplatform.pipeline={pipeline}", f"mlplatform.pipeline.run={run_name}",
+               f"mlplatform.job_spec={job_spec}", f"mlplatform.dataset={dataset}"]
+    return {
+        "prepare": [python, "-m", "trainer", "prepare-data", "--input", dataset, "--output-dir", paths.tokens],
+        "evaluate": [python, "-m", "trainer.evaluate", "--checkpoint-dir", paths.checkpoints,
+                     "--data-dir", paths.tokens, "--output", paths.evaluation],
+        "register": [python, "-m", "trainer.register", "--checkpoint-dir", paths.checkpoints,
+                     "--evaluation", paths.evaluation, "--export-dir", paths.export_dir, "--model-name", model_name,
+                     *[arg for tag in lineage for arg in ("--tag", tag)]],
+    }
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """One team's pipeline.
+
+    name: WorkflowTemplate name.
+    namespace: the team namespace it runs in.
+    image: the trainer image (digest-pinned in prod) for the container steps.
+    train_job: the PyTorchJob the training-jobs renderer produced for ``job_spec``.
+    dataset: default of the ``dataset`` parameter: raw text files (directory or glob) on FSx.
+    model_name: default of the ``model-name`` parameter (MLflow registered model).
+    job_spec: repository path of the job spec (default of ``job-spec``, recorded as lineage).
+    fsx_claim: the team namespace's FSx PersistentVolumeClaim.
+    work_root: per-run directories are created under it (on the FSx mount).
+    tracking_secret: Secret with MLFLOW_TRACKING_URI/USERNAME/PASSWORD of the team's MLflow user.
+    cpu_node_selector / cpu_tolerations: the Karpenter CPU pool.
+    service_account: the namespace's workflow service account (Pulumi creates it and its Role).
+    train_retry_limit: retries of the train step after an executor error.
+    active_deadline_seconds: the whole workflow's limit (the job's own plus prepare/evaluate).
+    """
+
+    name: str
+    namespace: str
+    image: str
+    train_job: Mapping[str, Any]
+    dataset: str
+    model_name: str
+    job_spec: str
+    fsx_claim: str
+    fsx_mount_path: str = "/fsx"
+    work_root: str = "/fsx/pipelines"
+    tracking_secret: Optional[str] = None
+    cpu_node_selector: Mapping[str, str] = field(default_factory=dict)
+    cpu_tolerations: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
+    service_account: str = "pipeline-runner"
+    train_retry_limit: int = 2
+    active_deadline_seconds: int = 7 * 24 * 3600
+    cpu_request: str = "2"
+    memory_request: str = "8Gi"
+
+
+RUN = "{{workflow.name}}"
+
+
+def _param(name: str) -> str:
+    return "{{workflow.parameters.%s}}" % name
+
+
+def cluster_paths(spec: PipelineSpec) -> StepPaths:
+    return StepPaths(f"{spec.work_root.rstrip('/')}/{RUN}")
+
+
+def cluster_commands(spec: PipelineSpec) -> dict[str, list[str]]:
+    return step_commands(paths=cluster_paths(spec), dataset=_param("dataset"), model_name=_param("model-name"),
+                         run_name=RUN, pipeline=spec.name, job_spec=_param("job-spec"))
+
+
+def _trainer_container(job: Mapping[str, Any], replica: str) -> dict[str, Any]:
+    spec = job["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]
+    containers = [c for c in spec["containers"] if c["name"] == "pytorch"]
+    if not containers:
+        raise ValueError(f"PyTorchJob {job['metadata'].get('name')}: {replica} has no 'pytorch' container")
+    return containers[0]
+
+
+def train_job(spec: PipelineSpec) -> dict[str, Any]:
+    """The rendered PyTorchJob, renamed per workflow run, with the pipeline's trainer overrides."""
+    if spec.train_job.get("kind") != "PyTorchJob":
+        raise ValueError(f"pipeline {spec.name}: train_job must be a PyTorchJob, got {spec.train_job.get('kind')!r}")
+    job = copy.deepcopy(dict(spec.train_job))
+    job["metadata"] = {**job["metadata"], "name": f"{RUN}-train", "namespace": spec.namespace}
+    job["metadata"]["labels"] = {**job["metadata"].get("labels", {}), "mlplatform.io/pipeline": spec.name}
+    extra = train_overrides(cluster_paths(spec), RUN)
+    for replica in job["spec"]["pytorchReplicaSpecs"]:
+        container = _trainer_container(job, replica)
+        container["args"] = [*container.get("args", []), *extra]
+    return job
+
+
+def _container_step(spec: PipelineSpec, name: str, command: list[str], *, outputs: Optional[dict] = None) -> dict[str, Any]:
+    env_from = [{"secretRef": {"name": spec.tracking_secret}}] if spec.tracking_secret else []
+    template: dict[str, Any] = {
+        "name": name,
+        "nodeSelector": dict(spec.cpu_node_selector),
+        "tolerations": [dict(t) for t in spec.cpu_tolerations],
+        "container": {
+            "name": "main",
+            "image": spec.image,
+            "command": command[:1],
+            "args": command[1:],
+            "envFrom": env_from,
+            "env": [{"name": "MLFLOW_RUN_NAME", "value": RUN}],
+            "resources": {"requests": {"cpu": spec.cpu_request, "memory": spec.memory_request},
+                          "limits": {"memory": spec.memory_request}},
+            "volumeMounts": [{"name": "fsx", "mountPath": spec.fsx_mount_path}],
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
+        },
+    }
+    if outputs:
+        template["outputs"] = outputs
+    return template
+
+
+def workflow_template(spec: PipelineSpec) -> dict[str, Any]:
+    commands = cluster_commands(spec)
+    paths = cluster_paths(spec)
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "WorkflowTemplate",
+        "metadata": {"name": spec.name, "namespace": spec.namespace,
+                     "labels": {"mlplatform.io/pipeline": spec.name}},
+        "spec": {
+            "entrypoint": "pipeline",
+            "serviceAccountName": spec.service_account,
+            "activeDeadlineSeconds": spec.active_deadline_seconds,
+            "arguments": {"parameters": [
+                {"name": "dataset", "value": spec.dataset, "description": "raw text files (directory or glob) on FSx"},
+                {"name": "model-name", "value": spec.model_name, "description": "MLflow registered model name"},
+                {"name": "job-spec", "value": spec.job_spec, "description": "job spec the train step was rendered from"},
+            ]},
+            "volumes": [{"name": "fsx", "persistentVolumeClaim": {"claimName": spec.fsx_claim}}],
+            "podGC": {"strategy": "OnWorkflowSuccess"},
+            "ttlStrategy": {"secondsAfterSuccess": 7 * 24 * 3600, "secondsAfterFailure": 14 * 24 * 3600},
+            "templates": [
+                {"name": "pipeline", "steps": [
+                    [{"name": "prepare", "template": "prepare"}],
+                    [{"name": "train", "template": "train"}],
+                    [{"name": "evaluate", "template": "evaluate"}],
+                    [{"name": "register", "template": "register"}],
+                ]},
+                _container_step(spec, "prepare", commands["prepare"]),
+                {
+                    "name": "train",
+                    "retryStrategy": {"limit": spec.train_retry_limit, "retryPolicy": "Always",
+                                      "expression": TRAIN_RETRY_EXPRESSION,
+                                      "backoff": {"duration": "1m", "factor": 2, "maxDuration": "30m"}},
+                    "resource": {
+                        # apply, not create: a retried step re-attaches to the job it already started.
+                        "action": "apply",
+                        "setOwnerReference": True,
+                        "successCondition": TRAIN_SUCCESS_CONDITION,
+                        "failureCondition": TRAIN_FAILURE_CONDITION,
+                        "manifest": yaml.safe_dump(train_job(spec), sort_keys=True),
+                    },
+                },
+                _container_step(spec, "evaluate", commands["evaluate"], outputs={"parameters": [
+                    {"name": "evaluation", "valueFrom": {"path": paths.evaluation}}]}),
+                _container_step(spec, "register", commands["register"]),
+            ],
+        },
+    }
+
+
+def pod_templates(template: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Each container step as the pod template Argo would create (for Kubernetes 1.32 validation)."""
+    volumes = template["spec"].get("volumes", [])
+    out = []
+    for step in template["spec"]["templates"]:
+        if "container" not in step:
+            continue
+        pod_spec = {"containers": [step["container"]], "volumes": volumes, "restartPolicy": "Never",
+                    "serviceAccountName": template["spec"]["serviceAccountName"]}
+        for key in ("nodeSelector", "tolerations"):
+            if step.get(key):
+                pod_spec[key] = step[key]
+        out.append((step["name"], {"metadata": {"labels": {"step": step["name"]}}, "spec": pod_spec}))
+    return out
+
+
+def embedded_job(template: Mapping[str, Any]) -> dict[str, Any]:
+    """The PyTorchJob inside the train step, parsed back (for CRD validation)."""
+    step = next(t for t in template["spec"]["templates"] if t["name"] == "train")
+    return yaml.safe_load(step["resource"]["manifest"])
