@@ -68,3 +68,15 @@ KUEUE_CHART = "oci://registry.k8s.io/kueue/charts/kueue"
 KUEUE_VERSION = "0.19.2"
 # Default EKS AMI release for Karpenter pools when a stack does not pin one (prod must pin).
 KARPENTER_AMI_ALIAS_PROD_EXAMPLE = "al2023@v20251023"
+
+# -- GitOps (Argo CD, Argo Workflows) ---------------------------------------------------------
+ARGO_HELM_REPO = "https://argoproj.github.io/argo-helm"
+# argo-cd chart 10.3.3 ships Argo CD v3.5.1 (argoproj/argo-helm#4015, release argo-cd-10.3.3),
+# the version of the Application/AppProject CRDs the tests validate against.
+ARGOCD_CHART_VERSION = "10.3.3"
+ARGOCD_APP_VERSION = "v3.5.1"
+# Argo Workflows v4.1.2 (WorkflowTemplate CRD pinned in tests). The chart's own appVersion could not
+# be confirmed offline for 2.0.4 (argo-workflows-2.0.4 follows "support Argo Workflows v4.1
+# features", argoproj/argo-helm#3977), so the component pins the image tag to the app version.
+ARGO_WORKFLOWS_CHART_VERSION = "2.0.4"
+ARGO_WORKFLOWS_APP_VERSION = "v4.1.2"

@@ -19,6 +19,7 @@ from infra.accounts import AccountProviders, create_account_providers
 from infra.config import PROJECT, PlatformConfig, load_platform_config
 from infra import datasets_tracking
 from infra import gpu_capacity
+from infra import gitops as gitops_capability
 
 
 @dataclass
@@ -134,7 +135,8 @@ def build_platform(config: PlatformConfig) -> Platform:
 
 
 # Capabilities added on top of the foundation, in deployment order.
-CAPABILITIES: tuple[Callable[[Platform], Optional[dict[str, Any]]], ...] = (gpu_capacity.deploy, datasets_tracking.deploy)
+CAPABILITIES: tuple[Callable[[Platform], Optional[dict[str, Any]]], ...] = (
+    gpu_capacity.deploy, datasets_tracking.deploy, gitops_capability.deploy)
 
 
 def main() -> Platform:

@@ -160,6 +160,8 @@ def _container_step(spec: PipelineSpec, name: str, command: list[str], *, output
     env_from = [{"secretRef": {"name": spec.tracking_secret}}] if spec.tracking_secret else []
     template: dict[str, Any] = {
         "name": name,
+        # The CPU pool consolidates under-used nodes; a half-done tokenisation would start over.
+        "metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}},
         "nodeSelector": dict(spec.cpu_node_selector),
         "tolerations": [dict(t) for t in spec.cpu_tolerations],
         "container": {
@@ -243,7 +245,8 @@ def pod_templates(template: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]
         for key in ("nodeSelector", "tolerations"):
             if step.get(key):
                 pod_spec[key] = step[key]
-        out.append((step["name"], {"metadata": {"labels": {"step": step["name"]}}, "spec": pod_spec}))
+        metadata = {"labels": {"step": step["name"]}, **step.get("metadata", {})}
+        out.append((step["name"], {"metadata": metadata, "spec": pod_spec}))
     return out
 
 

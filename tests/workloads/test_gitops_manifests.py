@@ -47,9 +47,8 @@ TRAIN_JOB = {
 PIPELINE = pipeline.PipelineSpec(
     name="gpt2-small-pipeline", namespace="team-research", image="111122223333.dkr.ecr.us-west-2.amazonaws.com/trainer:1",
     train_job=TRAIN_JOB, dataset="/fsx/datasets/raw/shakespeare", model_name="gpt2-small-research",
-    job_spec="workloads/declared/dev/jobs/gpt2-small.yaml", fsx_claim="fsx-datasets", tracking_secret="mlflow-research",
-    cpu_node_selector={"mlplatform.io/pool": "cpu-general"},
-    cpu_tolerations=({"key": "mlplatform.io/cpu", "operator": "Exists", "effect": "NoSchedule"},),
+    job_spec="workloads/declared/dev/jobs/gpt2-small.yaml", fsx_claim="fsx-training-data", tracking_secret="mlflow-tracking",
+    cpu_node_selector={"mlplatform.io/pool": "general"},
 )
 
 
@@ -128,7 +127,7 @@ def test_steps_run_in_order_with_the_shared_commands():
     for step in ("prepare", "evaluate", "register"):
         container = by_name[step]["container"]
         assert container["command"] + container["args"] == commands[step]
-        assert by_name[step]["nodeSelector"] == {"mlplatform.io/pool": "cpu-general"}
+        assert by_name[step]["nodeSelector"] == {"mlplatform.io/pool": "general"}
     assert commands["prepare"][:4] == ["python", "-m", "trainer", "prepare-data"]
     assert {p["name"] for p in template["spec"]["arguments"]["parameters"]} == set(pipeline.WORKFLOW_PARAMS)
 
