@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo plan local-run test docs benchmarks clean
+.PHONY: demo plan local-run test docs benchmarks schemas clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ local-run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# Pinned upstream CRDs and the pulumi-eks schema, verified by SHA-256 (workloads/schemas.py).
+schemas: $(STAMP)
+	$(PY) -m workloads.schemas fetch
 
 docs: $(STAMP)
 	$(PY) -m infra.config_reference --write README.md

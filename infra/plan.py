@@ -29,6 +29,19 @@ from infra.config import PROJECT, PlatformConfig, load_platform_config
 from infra.mock_engine import Recording, RecordedResource, run_recorded
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def default_project_dir(start: Optional[Path] = None) -> Path:
+    """The nearest directory holding Pulumi.yaml, from the working directory up.
+
+    Installed as a package (not from a checkout), this module lives in site-packages, where
+    no stack file is: the project is where the user runs the command.
+    """
+    start = (start or Path.cwd()).resolve()
+    for directory in (start, *start.parents):
+        if (directory / "Pulumi.yaml").is_file():
+            return directory
+    return ROOT
 EXIT_CONFIG_ERROR = 2
 
 
@@ -239,8 +252,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--stack", required=True, help="stack name: plans Pulumi.<stack>.yaml")
     parser.add_argument("--json", type=Path, help="write the resource graph here as JSON")
-    parser.add_argument("--project-dir", type=Path, default=ROOT, help="directory holding Pulumi.yaml")
+    parser.add_argument("--project-dir", type=Path, default=None,
+                        help="directory holding Pulumi.yaml (default: the nearest one from the working directory up)")
     args = parser.parse_args(argv)
+    args.project_dir = args.project_dir or default_project_dir()
     started = time.perf_counter()
     try:
         plan = build_plan(args.stack, args.project_dir)

@@ -169,11 +169,16 @@ def test_helm_values_carry_queue_name_and_run_on_system_nodes(plan):
 
 def test_controller_role_trusts_pod_identity_only_and_policy_is_scoped(plan):
     role = next(r for r in plan.recording.by_type("aws:iam/role:Role") if r.name.endswith("karpenter-aws-controller-role"))
-    trust = json.loads(role.inputs["assumeRolePolicy"])
-    assert trust["Statement"] == [{"Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com"},
-                                   "Action": ["sts:AssumeRole", "sts:TagSession"]}]
+    [statement] = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
+    assert statement["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+    assert statement["Action"] == ["sts:AssumeRole", "sts:TagSession"]
     association = next(r for r in plan.recording.by_type("aws:eks/podIdentityAssociation:PodIdentityAssociation") if "karpenter" in r.name)
     assert (association.inputs["namespace"], association.inputs["serviceAccount"]) == ("kube-system", "karpenter")
+    # Only this association's session (its namespace and service account) may assume the role.
+    tags = statement["Condition"]["StringEquals"]
+    assert tags["aws:RequestTag/kubernetes-namespace"] == association.inputs["namespace"]
+    assert tags["aws:RequestTag/kubernetes-service-account"] == association.inputs["serviceAccount"]
+    assert tags["aws:RequestTag/eks-cluster-arn"].endswith(f":cluster/{plan.config.cluster_name}")
     assert association.inputs["roleArn"] == role.outputs["arn"]
     policy = json.loads(plan.recording.one("aws:iam/rolePolicy:RolePolicy", role.name.removesuffix("-role") + "-policy").inputs["policy"])
     by_sid = {s["Sid"]: s for s in policy["Statement"]}

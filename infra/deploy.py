@@ -1,0 +1,231 @@
+"""Drive a stack through the Pulumi Automation API: what CI (and a careful human) runs.
+
+    python -m infra.deploy {preview,up,destroy,refresh,outputs} --stack NAME [--policy-pack DIR]...
+
+Order of work, each step able to stop the run:
+
+1. the tools it needs are there: the ``pulumi`` CLI always, and the AWS CLI v2 for every
+   operation that talks to the cluster (pulumi-eks kubeconfigs run ``aws eks get-token``);
+2. ``preview`` and ``up`` run the offline plan first (``python -m infra.plan``): a config
+   mistake or a mandatory plan error stops here, before any credential is used;
+3. the stack is selected, or created, in the project directory (the stack file
+   ``Pulumi.<NAME>.yaml`` beside ``Pulumi.yaml``);
+4. the operation runs with progress streamed line by line and the policy packs passed on;
+5. ``up`` and ``outputs`` print the stack outputs, secret values redacted.
+
+Exit codes: 0 done, 1 the operation failed, 2 the stack config is invalid, 3 a tool is missing.
+This layer stays thin on purpose: what it sends to the Automation API is built by
+``operation_kwargs`` and tested without the CLI.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_CONFIG_ERROR = 2
+EXIT_MISSING_TOOL = 3
+
+OPERATIONS = ("preview", "up", "destroy", "refresh", "outputs")
+# Operations that run the program (and so are gated by the offline plan).
+PLANNED_OPERATIONS = frozenset({"preview", "up"})
+# Operations whose Kubernetes provider calls the cluster through the kubeconfig's exec plugin.
+CLUSTER_OPERATIONS = frozenset({"preview", "up", "destroy", "refresh"})
+# The Automation API accepts policy packs on these only (see Stack.preview / Stack.up).
+POLICY_OPERATIONS = frozenset({"preview", "up"})
+
+PULUMI_INSTALL = "https://www.pulumi.com/docs/iac/download-install/"
+AWS_CLI_INSTALL = "https://docs.aws.amazon.com/cli/latest/userguide/getting-started-install.html"
+
+
+@dataclass(frozen=True)
+class DeployRequest:
+    """One run of ``python -m infra.deploy``."""
+
+    operation: str
+    stack: str
+    project_dir: Path = ROOT
+    policy_packs: tuple[str, ...] = ()
+    message: Optional[str] = None
+    parallel: Optional[int] = None
+    # CI's drift check: a preview that would change anything fails.
+    expect_no_changes: bool = False
+    # `pulumi destroy` of a stack whose resources are `protect`ed stops at the first one; this
+    # removes the unprotected resources and leaves the protected ones (prod's data) in place.
+    exclude_protected: bool = False
+    skip_plan: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.operation not in OPERATIONS:
+            raise ValueError(f"operation {self.operation!r}: use one of {', '.join(OPERATIONS)}")
+
+
+# -- 1. tools --------------------------------------------------------------------------------
+def missing_tools(
+    operation: str,
+    *,
+    which: Callable[[str], Optional[str]] = shutil.which,
+    version_of: Optional[Callable[[str], str]] = None,
+) -> list[str]:
+    """One message per missing prerequisite, with the fix; empty when all are there."""
+    version_of = version_of or _version_output
+    problems = []
+    if which("pulumi") is None:
+        problems.append(f"the Pulumi CLI (`pulumi`) is not on PATH: the Automation API drives it; install it ({PULUMI_INSTALL})")
+    if operation in CLUSTER_OPERATIONS:
+        if which("aws") is None:
+            problems.append(
+                "the AWS CLI v2 (`aws`) is not on PATH: the cluster's kubeconfig runs `aws eks get-token` "
+                f"for every Kubernetes resource; install it ({AWS_CLI_INSTALL})")
+        else:
+            version = version_of("aws")
+            match = re.search(r"aws-cli/(\d+)\.", version)
+            if not match or int(match.group(1)) < 2:
+                problems.append(
+                    f"`aws --version` says {version.strip() or 'nothing'!r}: the kubeconfig needs AWS CLI v2 "
+                    f"(`aws eks get-token` with the v1beta1 exec API); install it ({AWS_CLI_INSTALL})")
+    return problems
+
+
+def _version_output(tool: str) -> str:
+    try:
+        done = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    # AWS CLI v1 printed its version on stderr.
+    return done.stdout or done.stderr
+
+
+# -- 2. the offline plan as a gate -------------------------------------------------------------
+def offline_plan_gate(request: DeployRequest) -> int:
+    """Exit code of ``python -m infra.plan`` for this stack (0: go on)."""
+    # The registered module, as `python -m infra.plan` uses it: capabilities add their
+    # warnings and sections to that one.
+    from infra import plan
+
+    return plan.main(["--stack", request.stack, "--project-dir", str(request.project_dir)])
+
+
+# -- 3./4. the Automation API calls ------------------------------------------------------------
+def operation_kwargs(request: DeployRequest, on_output: Callable[[str], Any]) -> dict[str, Any]:
+    """Keyword arguments for ``Stack.<operation>`` (nothing for ``outputs``)."""
+    if request.operation == "outputs":
+        return {}
+    kwargs: dict[str, Any] = {"on_output": on_output, "color": "never"}
+    if request.message:
+        kwargs["message"] = request.message
+    if request.parallel:
+        kwargs["parallel"] = request.parallel
+    if request.operation in POLICY_OPERATIONS and request.policy_packs:
+        kwargs["policy_packs"] = [str(Path(p).resolve()) for p in request.policy_packs]
+    if request.operation == "preview":
+        kwargs["diff"] = True
+    if request.operation in ("preview", "refresh") and request.expect_no_changes:
+        kwargs["expect_no_changes"] = True
+    if request.operation in ("up", "destroy", "refresh"):
+        # Stack outputs include the kubeconfig; the log of a CI job is no place for them.
+        kwargs["show_secrets"] = False
+    if request.operation == "destroy" and request.exclude_protected:
+        kwargs["exclude_protected"] = True
+    kwargs.update(request.extra)
+    return kwargs
+
+
+def select_stack(request: DeployRequest, auto: Any):
+    """The stack NAME of the project in ``project_dir``, created if it does not exist yet."""
+    return auto.create_or_select_stack(
+        stack_name=request.stack, work_dir=str(request.project_dir),
+        opts=auto.LocalWorkspaceOptions(work_dir=str(request.project_dir)),
+    )
+
+
+def redacted_outputs(outputs: dict[str, Any]) -> dict[str, Any]:
+    """Stack outputs as plain data; secret values (the kubeconfig) replaced by a marker."""
+    return {key: "[secret]" if getattr(value, "secret", False) else getattr(value, "value", value)
+            for key, value in sorted(outputs.items())}
+
+
+def run(
+    request: DeployRequest,
+    *,
+    auto: Any = None,
+    which: Callable[[str], Optional[str]] = shutil.which,
+    version_of: Optional[Callable[[str], str]] = None,
+    out: Callable[[str], Any] = print,
+    err: Callable[[str], Any] = lambda line: print(line, file=sys.stderr),
+) -> int:
+    problems = missing_tools(request.operation, which=which, version_of=version_of)
+    if problems:
+        err(f"error: cannot run `pulumi {request.operation}` for stack '{request.stack}':")
+        for problem in problems:
+            err(f"  - {problem}")
+        return EXIT_MISSING_TOOL
+
+    if request.operation in PLANNED_OPERATIONS and not request.skip_plan:
+        code = offline_plan_gate(request)
+        if code != EXIT_OK:
+            err(f"error: the offline plan of stack '{request.stack}' failed (exit {code}); "
+                f"fix what it reports, then run `python -m infra.deploy {request.operation}` again")
+            return EXIT_CONFIG_ERROR if code == EXIT_CONFIG_ERROR else EXIT_FAILED
+
+    if auto is None:
+        import pulumi.automation as auto
+
+    try:
+        stack = select_stack(request, auto)
+        if request.operation != "outputs":
+            result = getattr(stack, request.operation)(**operation_kwargs(request, out))
+            summary = getattr(result, "summary", None)
+            if summary is not None:
+                out(f"{request.operation}: {getattr(summary, 'result', 'done')} "
+                    f"{json.dumps(getattr(summary, 'resource_changes', None) or {}, sort_keys=True)}")
+        if request.operation in ("up", "outputs"):
+            out(json.dumps(redacted_outputs(stack.outputs()), indent=1, sort_keys=True, default=str))
+    except auto.CommandError as error:
+        err(f"error: `pulumi {request.operation}` failed for stack '{request.stack}':\n{error}")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def parse_args(argv: Optional[list[str]] = None) -> DeployRequest:
+    parser = argparse.ArgumentParser(prog="python -m infra.deploy", description=__doc__.split("\n\n")[0])
+    parser.add_argument("operation", choices=OPERATIONS)
+    parser.add_argument("--stack", required=True, help="stack name (Pulumi.<stack>.yaml in the project directory)")
+    parser.add_argument("--policy-pack", action="append", default=[], metavar="DIR",
+                        help="a policy pack directory to enforce (preview and up); repeatable")
+    parser.add_argument("--project-dir", type=Path, default=None,
+                        help="directory holding Pulumi.yaml (default: the nearest one from the working directory up)")
+    parser.add_argument("--message", help="update message recorded in the stack history")
+    parser.add_argument("--parallel", type=int, help="resource operations run at once")
+    parser.add_argument("--expect-no-changes", action="store_true", help="fail a preview or refresh that finds changes")
+    parser.add_argument("--exclude-protected", action="store_true",
+                        help="destroy: remove everything but the protected (stateful) resources")
+    parser.add_argument("--skip-plan", action="store_true", help="do not run the offline plan first (not for CI)")
+    args = parser.parse_args(argv)
+    from infra.plan import default_project_dir
+
+    return DeployRequest(
+        operation=args.operation, stack=args.stack, project_dir=(args.project_dir or default_project_dir()).resolve(),
+        policy_packs=tuple(args.policy_pack), message=args.message, parallel=args.parallel,
+        expect_no_changes=args.expect_no_changes, exclude_protected=args.exclude_protected,
+        skip_plan=args.skip_plan,
+    )
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""`pulumi up` on a fresh machine installs what the program imports, and finds the stack files."""
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import tomllib
+from importlib.metadata import packages_distributions
+from pathlib import Path
+
+import yaml
+
+from infra.plan import ROOT, default_project_dir
+
+RUNTIME_PACKAGES = ("infra", "components", "workloads")
+
+
+def _third_party_imports() -> set[str]:
+    local = {p.name for p in ROOT.iterdir() if p.is_dir()}
+    found = set()
+    for package in RUNTIME_PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                found |= {n.split(".")[0] for n in names}
+    return {n for n in found if n not in local and n not in sys.stdlib_module_names}
+
+
+def _requirement_name(spec: str) -> str:
+    return re.split(r"[=<>\[ ;]", spec, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_the_infra_extra_carries_every_runtime_import():
+    extra = {_requirement_name(r) for r in tomllib.loads((ROOT / "pyproject.toml").read_text())
+             ["project"]["optional-dependencies"]["infra"]}
+    distributions = packages_distributions()
+    missing = {}
+    for module in _third_party_imports():
+        names = {d.lower().replace("_", "-") for d in distributions.get(module, [module])}
+        # Pinned by what we pin: protobuf/grpc by pulumi, pydantic-core by pydantic.
+        if not names & extra and module not in {"google", "grpc", "pydantic_core"}:
+            missing[module] = sorted(names)
+    assert missing == {}, f"imported by infra/components/workloads but not in the infra extra: {missing}"
+
+
+def test_pulumi_installs_from_a_requirements_file_that_exists():
+    runtime = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["runtime"]
+    assert runtime["options"]["toolchain"] == "pip"
+    requirements = (ROOT / "requirements.txt").read_text().split()
+    assert "-e" in requirements and ".[infra]" in requirements and "constraints.txt" in requirements
+
+
+def test_stack_files_are_found_from_the_working_directory(tmp_path):
+    (tmp_path / "Pulumi.yaml").write_text("name: consumer\nruntime: python\n")
+    nested = tmp_path / "a" / "b"
+    nested.mkdir(parents=True)
+    assert default_project_dir(nested) == tmp_path
+    assert default_project_dir(ROOT / "infra") == ROOT
