@@ -12,7 +12,9 @@ commands the cluster will run.
   executor pod lost with its CPU node, an API-server error), and ``action: apply`` re-attaches to
   the same job instead of starting a second one. A job the operator failed is never resubmitted.
 - evaluate: validation loss of the final checkpoint, written as JSON (an output parameter).
-- register: the exported model in the MLflow Model Registry, tagged with the run's lineage.
+- register: ``python -m trainer export`` of exactly the checkpoint evaluate scored: a Hugging Face
+  model logged to the training run (its lineage tags, and the pipeline's that evaluate set on the
+  run) and registered as a new version in the MLflow Model Registry.
 
 Checked against Argo Workflows v4.1.2: resource conditions are Kubernetes label selectors whose
 keys are gjson paths (workflow/executor/resource.go, so a key must be a plain dotted path), and
@@ -54,6 +56,10 @@ class StepPaths:
         return f"{self.work_dir}/evaluation.json"
 
     @property
+    def final_checkpoint_file(self) -> str:
+        return f"{self.work_dir}/final-checkpoint"
+
+    @property
     def export_dir(self) -> str:
         return f"{self.work_dir}/model"
 
@@ -64,17 +70,24 @@ def train_overrides(paths: StepPaths, run_name: str) -> list[str]:
 
 
 def step_commands(*, paths: StepPaths, dataset: str, model_name: str, run_name: str, pipeline: str,
-                  job_spec: str, python: str = "python") -> dict[str, list[str]]:
-    """The command of every container step (train runs inside the PyTorchJob: see ``train_job``)."""
+                  job_spec: str, final_checkpoint: str, python: str = "python") -> dict[str, list[str]]:
+    """The command of every container step (train runs inside the PyTorchJob: see ``train_job``).
+
+    ``final_checkpoint`` is what evaluate wrote to ``paths.final_checkpoint_file``: an Argo output
+    parameter in the cluster, the file's content locally.
+    """
     lineage = [f"mlplatform.pipeline={pipeline}", f"mlplatform.pipeline.run={run_name}",
                f"mlplatform.job_spec={job_spec}", f"mlplatform.dataset={dataset}"]
     return {
         "prepare": [python, "-m", "trainer", "prepare-data", "--input", dataset, "--output-dir", paths.tokens],
         "evaluate": [python, "-m", "trainer.evaluate", "--checkpoint-dir", paths.checkpoints,
-                     "--data-dir", paths.tokens, "--output", paths.evaluation],
-        "register": [python, "-m", "trainer.register", "--checkpoint-dir", paths.checkpoints,
-                     "--evaluation", paths.evaluation, "--export-dir", paths.export_dir, "--model-name", model_name,
+                     "--data-dir", paths.tokens, "--output", paths.evaluation,
+                     "--final-checkpoint-file", paths.final_checkpoint_file,
                      *[arg for tag in lineage for arg in ("--tag", tag)]],
+        # Export (Hugging Face format) of the evaluated checkpoint, logged to the training run
+        # and registered as a new version of the model (trainer/export.py).
+        "register": [python, "-m", "trainer", "export", "--checkpoint", final_checkpoint,
+                     "--out", paths.export_dir, "--registered-model-name", model_name],
     }
 
 
@@ -131,7 +144,8 @@ def cluster_paths(spec: PipelineSpec) -> StepPaths:
 
 def cluster_commands(spec: PipelineSpec) -> dict[str, list[str]]:
     return step_commands(paths=cluster_paths(spec), dataset=_param("dataset"), model_name=_param("model-name"),
-                         run_name=RUN, pipeline=spec.name, job_spec=_param("job-spec"))
+                         run_name=RUN, pipeline=spec.name, job_spec=_param("job-spec"),
+                         final_checkpoint="{{steps.evaluate.outputs.parameters.checkpoint}}")
 
 
 def _trainer_container(job: Mapping[str, Any], replica: str) -> dict[str, Any]:
@@ -170,7 +184,6 @@ def _container_step(spec: PipelineSpec, name: str, command: list[str], *, output
             "command": command[:1],
             "args": command[1:],
             "envFrom": env_from,
-            "env": [{"name": "MLFLOW_RUN_NAME", "value": RUN}],
             "resources": {"requests": {"cpu": spec.cpu_request, "memory": spec.memory_request},
                           "limits": {"memory": spec.memory_request}},
             "volumeMounts": [{"name": "fsx", "mountPath": spec.fsx_mount_path}],
@@ -226,7 +239,8 @@ def workflow_template(spec: PipelineSpec) -> dict[str, Any]:
                     },
                 },
                 _container_step(spec, "evaluate", commands["evaluate"], outputs={"parameters": [
-                    {"name": "evaluation", "valueFrom": {"path": paths.evaluation}}]}),
+                    {"name": "evaluation", "valueFrom": {"path": paths.evaluation}},
+                    {"name": "checkpoint", "valueFrom": {"path": paths.final_checkpoint_file}}]}),
                 _container_step(spec, "register", commands["register"]),
             ],
         },
