@@ -69,6 +69,17 @@ KUEUE_VERSION = "0.19.2"
 # Default EKS AMI release for Karpenter pools when a stack does not pin one (prod must pin).
 KARPENTER_AMI_ALIAS_PROD_EXAMPLE = "al2023@v20251023"
 
+# -- training jobs -------------------------------------------------------------------------
+# Kubeflow Training Operator 1.9.x (PyTorchJob kubeflow.org/v1) ships no Helm chart; its
+# documented install is the kustomize overlay `manifests/overlays/standalone` at a release tag
+# (the repository is now kubeflow/trainer; v1.9.x tags stay). Built by Pulumi's kustomize
+# Directory at deploy time (remote build syntax: repo//path?ref=tag). CRD pinned in tests: 1.9.4.
+TRAINING_OPERATOR_VERSION = "v1.9.4"
+TRAINING_OPERATOR_KUSTOMIZE = f"https://github.com/kubeflow/trainer//manifests/overlays/standalone?ref={TRAINING_OPERATOR_VERSION}"
+# Kubeflow Trainer v2 (TrainJob trainer.kubeflow.org/v1alpha1), Helm chart from its OCI registry.
+TRAINER_CHART = "oci://ghcr.io/kubeflow/charts/kubeflow-trainer"
+TRAINER_VERSION = "2.3.0"
+
 # -- GitOps (Argo CD, Argo Workflows) ---------------------------------------------------------
 ARGO_HELM_REPO = "https://argoproj.github.io/argo-helm"
 # argo-cd chart 10.3.3 ships Argo CD v3.5.1 (argoproj/argo-helm#4015, release argo-cd-10.3.3),

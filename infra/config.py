@@ -438,6 +438,12 @@ class SchedulingConfig(_Model):
     wait_for_pods_ready_timeout: str = Field("10m", pattern=_DURATION, description="All-or-nothing admission timeout.")
 
 
+class TrainingConfig(_Model):
+    """Training jobs: Training Operator 1.9 (PyTorchJob) always; Trainer 2.3 (TrainJob) on request."""
+
+    trainer_v2: bool = Field(False, description="Also install Kubeflow Trainer 2.3 (TrainJob, torch-distributed runtime).")
+
+
 # -- gitops (Argo CD + Argo Workflows) -------------------------------------------------------
 _GIT_URL = r"^(https://[\w.-]+(:\d+)?/[\w./~-]+|ssh://[\w.@-]+(:\d+)?/[\w./~-]+|git@[\w.-]+:[\w./~-]+)$"
 _CRON = r"^(\S+\s+){4}\S+$"
@@ -511,6 +517,7 @@ class PlatformConfig(_Model):
     gpu_pools: list[GpuPoolConfig] = Field(default_factory=list, max_length=32, description="GPU NodePools, at most 32 (gpu capacity capability).")
     gpu_enablement: GpuEnablementConfig = Field(default_factory=GpuEnablementConfig)
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig, description="Training operators (training capability).")
     gitops: Optional[GitopsConfig] = Field(None, description="Argo CD + Argo Workflows (gitops capability).")
 
     # -- derived values: one place decides what "prod" means ------------------------------

@@ -89,6 +89,7 @@ def deploy(platform: "Platform") -> dict[str, Any]:
             ),
             opts=platform.kubernetes_opts(),
         )
+        platform.components["datasets"] = datasets
         outputs.update({
             "fsxFileSystemId": datasets.file_system.id,
             "fsxDnsName": datasets.file_system.dns_name,

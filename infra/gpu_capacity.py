@@ -14,13 +14,27 @@ from components.gpu_pools import GpuPools, GpuPoolsArgs
 from components.karpenter import Karpenter, KarpenterArgs, KarpenterPrerequisites, KarpenterPrerequisitesArgs
 from components.scheduling import Scheduling, SchedulingArgs
 from infra.config import GpuPoolConfig, PlatformConfig, TeamConfig
-from infra.mock_engine import Recording, RecordedResource
+from infra.mock_engine import Recording, RecordedResource, register_outputs
 from infra.plan import plan_section, plan_warning
 from workloads import kueue, scheduling
 from workloads.gpu_catalog import SPOT_NOTICE_SECONDS, gpu_type
 from workloads.karpenter import CapacityType, CpuPoolSpec, GpuPoolSpec
 
 NODE_POOL_TYPE = "kubernetes:karpenter.sh/v1:NodePool"
+# Offline stand-in for S3's prefix-list ranges (RFC 2544 benchmarking space, never AWS's): the
+# recorded NetworkPolicy shows where the real ranges go; a deploy reads them from the endpoint.
+MOCK_S3_PREFIX_LIST_CIDRS = ("198.18.0.0/20", "198.18.16.0/20")
+
+
+def _vpc_endpoint_outputs(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    outputs = {"id": f"vpce-{digest[:17]}"}
+    if inputs.get("vpcEndpointType") == "Gateway":
+        outputs["cidrBlocks"] = list(MOCK_S3_PREFIX_LIST_CIDRS)
+        outputs["prefixListId"] = f"pl-{digest[:8]}"
+    return outputs
+
+
+register_outputs("aws:ec2/vpcEndpoint:VpcEndpoint", _vpc_endpoint_outputs)
 
 
 def pool_spec(config: PlatformConfig, pool: GpuPoolConfig) -> GpuPoolSpec:
@@ -47,7 +61,8 @@ def team_namespace(team: TeamConfig) -> str:
     return f"team-{team.name}"
 
 
-def team_specs(config: PlatformConfig) -> list[tuple[scheduling.TeamNamespaceSpec, kueue.TeamQueueSpec]]:
+def team_specs(config: PlatformConfig, s3_prefix_list_cidrs: Any = None) -> list[tuple[scheduling.TeamNamespaceSpec, kueue.TeamQueueSpec]]:
+    """``s3_prefix_list_cidrs``: the S3 gateway endpoint's CIDRs (an Output at deploy time)."""
     out = []
     for team in config.scheduling.teams:
         ns = team_namespace(team)
@@ -56,6 +71,7 @@ def team_specs(config: PlatformConfig) -> list[tuple[scheduling.TeamNamespaceSpe
                 team=team.name, namespace=ns, gpu_quota=sum(team.gpu_quota.values()),
                 vpc_cidr=str(config.network.cidr), default_priority=team.priority,
                 extra_labels={"mlplatform.io/default-priority-class": scheduling.priority_class_name(team.priority)},
+                s3_prefix_list_cidrs=s3_prefix_list_cidrs,
             ),
             kueue.TeamQueueSpec(team=team.name, namespace=ns, gpu_quota=dict(team.gpu_quota),
                                 fair_sharing_weight=team.fair_sharing_weight, borrowing=team.borrowing),
@@ -65,7 +81,8 @@ def team_specs(config: PlatformConfig) -> list[tuple[scheduling.TeamNamespaceSpe
 
 def flavor_specs(config: PlatformConfig) -> list[kueue.FlavorSpec]:
     specs = [pool_spec(config, p) for p in config.gpu_pools]
-    return [kueue.FlavorSpec(name=s.name, node_labels=s.node_labels, max_gpus=s.max_gpus, gpus_per_node=s.gpus_per_node)
+    return [kueue.FlavorSpec(name=s.name, node_labels=s.node_labels, max_gpus=s.max_gpus, gpus_per_node=s.gpus_per_node,
+                             efa_devices_per_node=s.shapes[0].num_efa_network_cards if s.efa else 0)
             for s in specs]
 
 
@@ -97,9 +114,10 @@ def deploy(platform: Any) -> dict[str, Any]:
                           service_monitor=enablement.service_monitor, efa=any(p.efa for p in pools)),
         opts=platform.kubernetes_opts(),
     )
-    Scheduling(
+    # The gateway endpoint's cidr_blocks are S3's prefix-list ranges for the region.
+    platform.components["scheduling"] = Scheduling(
         f"{config.name}-scheduling",
-        SchedulingArgs(teams=team_specs(config), flavors=flavor_specs(config),
+        SchedulingArgs(teams=team_specs(config, platform.network.s3_endpoint.cidr_blocks), flavors=flavor_specs(config),
                        manager=kueue.ManagerConfigSpec(wait_for_pods_ready_timeout=config.scheduling.wait_for_pods_ready_timeout),
                        kueue_replicas=2 if config.is_prod else 1),
         opts=platform.kubernetes_opts(),

@@ -7,7 +7,7 @@ runs under the recording engine. Later capabilities are functions of ``Platform`
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import pulumi
@@ -19,6 +19,8 @@ from infra.accounts import AccountProviders, create_account_providers
 from infra.config import PROJECT, PlatformConfig, load_platform_config
 from infra import datasets_tracking
 from infra import gpu_capacity
+from infra import policy_gate  # noqa: F401  (registers the policy pack with the offline plan)
+from infra import training
 from infra import gitops as gitops_capability
 
 
@@ -31,6 +33,8 @@ class Platform:
     log_archive: LogArchive
     network: Network
     cluster: Cluster
+    # Components a capability built that a later one uses (e.g. "datasets", "scheduling").
+    components: dict[str, Any] = field(default_factory=dict)
 
     def workload_opts(self, **kwargs: Any) -> pulumi.ResourceOptions:
         """Options for an AWS component in the workload account."""
@@ -136,7 +140,7 @@ def build_platform(config: PlatformConfig) -> Platform:
 
 # Capabilities added on top of the foundation, in deployment order.
 CAPABILITIES: tuple[Callable[[Platform], Optional[dict[str, Any]]], ...] = (
-    gpu_capacity.deploy, datasets_tracking.deploy, gitops_capability.deploy)
+    gpu_capacity.deploy, datasets_tracking.deploy, training.deploy, gitops_capability.deploy)
 
 
 def main() -> Platform:

@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from workloads.karpenter import GPU_RESOURCE, GPU_TAINT
+from workloads.karpenter import EFA_RESOURCE, GPU_RESOURCE, GPU_TAINT
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 COHORT = "ml-training"
@@ -31,6 +31,8 @@ class FlavorSpec:
     gpus_per_node: int
     cpu_per_gpu: int = 12
     memory_gib_per_gpu: int = 120
+    # EFA devices per node (the EFA device plugin's vpc.amazonaws.com/efa); 0 without EFA.
+    efa_devices_per_node: int = 0
 
     @property
     def resource_name(self) -> str:
@@ -69,6 +71,9 @@ def cluster_queue(team: TeamQueueSpec, flavors: Sequence[FlavorSpec]) -> dict[st
             {"name": "cpu", "nominalQuota": str(gpus * flavor.cpu_per_gpu)},
             {"name": "memory", "nominalQuota": f"{gpus * flavor.memory_gib_per_gpu}Gi"},
             {"name": GPU_RESOURCE, "nominalQuota": str(gpus)},
+            # Kueue refuses a pod requesting a resource its ClusterQueue does not cover: EFA pods
+            # request every EFA device of their node, so the quota follows the GPU quota in nodes.
+            {"name": EFA_RESOURCE, "nominalQuota": str(gpus // flavor.gpus_per_node * flavor.efa_devices_per_node)},
         ]
         if not team.borrowing:
             for resource in resources:
@@ -82,7 +87,7 @@ def cluster_queue(team: TeamQueueSpec, flavors: Sequence[FlavorSpec]) -> dict[st
             "cohortName": COHORT,
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": team.namespace}},
             "queueingStrategy": "BestEffortFIFO",
-            "resourceGroups": [{"coveredResources": ["cpu", "memory", GPU_RESOURCE], "flavors": flavor_entries}],
+            "resourceGroups": [{"coveredResources": ["cpu", "memory", GPU_RESOURCE, EFA_RESOURCE], "flavors": flavor_entries}],
             # Borrowed GPUs come back to their owner by preemption; within a team, priority wins.
             "preemption": {
                 "reclaimWithinCohort": "Any",

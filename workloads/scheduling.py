@@ -62,6 +62,10 @@ class TeamNamespaceSpec:
     pod_security_warn: str = "restricted"
     max_pods: int = 500
     extra_labels: dict[str, str] = field(default_factory=dict)
+    # CIDRs of the S3 gateway endpoint's prefix list (outside the VPC CIDR): a list of strings,
+    # or a deploy-time value with ``.apply`` (a pulumi Output of the endpoint's cidr_blocks).
+    # None: no S3 egress policy.
+    s3_prefix_list_cidrs: Any = None
 
 
 def namespace(spec: TeamNamespaceSpec) -> dict[str, Any]:
@@ -93,13 +97,10 @@ def limit_range(spec: TeamNamespaceSpec) -> dict[str, Any]:
         "kind": "LimitRange",
         "metadata": {"name": "defaults", "namespace": spec.namespace},
         "spec": {
-            "limits": [
-                {
-                    "type": "Container",
-                    "defaultRequest": {"cpu": "500m", "memory": "1Gi"},
-                    "default": {"cpu": "2", "memory": "4Gi"},
-                }
-            ]
+            # Default requests only: pods without requests would defeat bin packing, but default
+            # *limits* would also land on training containers that set none (a 4 GiB cap on a
+            # trainer). Training pods set requests == limits themselves (workloads.trainingjob).
+            "limits": [{"type": "Container", "defaultRequest": {"cpu": "500m", "memory": "1Gi"}}]
         },
     }
 
@@ -107,6 +108,25 @@ def limit_range(spec: TeamNamespaceSpec) -> dict[str, Any]:
 # torchrun's c10d rendezvous, NCCL's bootstrap and socket transport use ephemeral ports between
 # pods of a job: allow everything inside the namespace rather than guessing ports.
 FSX_LUSTRE_PORTS = ((988, None), (1018, 1023))
+# The EKS Pod Identity agent serves credentials on this link-local address (EKS User Guide,
+# "Pod Identity agent": 169.254.170.23, port 80); without it boto3 finds no credentials.
+POD_IDENTITY_AGENT_CIDR = "169.254.170.23/32"
+POD_IDENTITY_AGENT_PORT = 80
+
+
+def ip_block_peers(cidrs: Sequence[str]) -> list[dict[str, Any]]:
+    """NetworkPolicy peers for these CIDRs. An empty list would make an egress rule match every
+    destination, so it is refused rather than rendered."""
+    cidrs = sorted(set(cidrs or []))
+    if not cidrs:
+        raise ValueError("no CIDRs: an egress rule without peers allows every destination; refusing to render it")
+    return [{"ipBlock": {"cidr": cidr}} for cidr in cidrs]
+
+
+def _peers(cidrs: Any) -> Any:
+    if hasattr(cidrs, "apply"):  # resolved at deploy time (the gateway endpoint's prefix-list CIDRs)
+        return cidrs.apply(ip_block_peers)
+    return ip_block_peers(cidrs)
 
 
 def network_policies(spec: TeamNamespaceSpec) -> list[dict[str, Any]]:
@@ -119,7 +139,7 @@ def network_policies(spec: TeamNamespaceSpec) -> list[dict[str, Any]]:
     vpc_ports: list[dict[str, Any]] = [{"protocol": "TCP", "port": 443}]  # MLflow ALB, VPC endpoints
     for port, end_port in FSX_LUSTRE_PORTS:
         vpc_ports.append({"protocol": "TCP", "port": port, **({"endPort": end_port} if end_port else {})})
-    return [
+    policies = [
         policy("default-deny", {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
         policy("allow-same-namespace", {
             "podSelector": {},
@@ -141,7 +161,22 @@ def network_policies(spec: TeamNamespaceSpec) -> list[dict[str, Any]]:
             "policyTypes": ["Egress"],
             "egress": [{"to": [{"ipBlock": {"cidr": spec.vpc_cidr}}], "ports": vpc_ports}],
         }),
+        policy("allow-pod-identity-agent", {
+            "podSelector": {},
+            "policyTypes": ["Egress"],
+            "egress": [{"to": [{"ipBlock": {"cidr": POD_IDENTITY_AGENT_CIDR}}],
+                        "ports": [{"protocol": "TCP", "port": POD_IDENTITY_AGENT_PORT}]}],
+        }),
     ]
+    if spec.s3_prefix_list_cidrs is not None:
+        # S3 through the gateway endpoint: traffic goes to S3's public ranges (the prefix list),
+        # HTTPS only.
+        policies.append(policy("allow-s3-gateway-endpoint", {
+            "podSelector": {},
+            "policyTypes": ["Egress"],
+            "egress": [{"to": _peers(spec.s3_prefix_list_cidrs), "ports": [{"protocol": "TCP", "port": 443}]}],
+        }))
+    return policies
 
 
 def team_objects(spec: TeamNamespaceSpec) -> list[dict[str, Any]]:

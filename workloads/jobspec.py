@@ -1,0 +1,253 @@
+"""The training job spec an ML engineer writes (YAML), as one typed, validated model.
+
+    name: gpt2-pretrain
+    team: foundation-models
+    image: 111122223333.dkr.ecr.us-west-2.amazonaws.com/mlp-prod/trainer:1.4.0
+    trainer: {config: trainer/configs/gpt2-124m.yaml, overrides: [optimizer.lr=6e-4]}
+    nodes: 2
+    gpusPerNode: 8
+    gpuType: h100            # or pool: h100
+    spot: true
+    dataset: /fsx/datasets/fineweb-edu/v1
+    priority: production
+    maxRuntime: 72h
+
+Every mistake is reported at once, each with the field, the value and the fix
+(``JobSpecError``); nothing is rendered from a spec that has any.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from components.validation import InvalidInputError, Problem
+from workloads.scheduling import Priority
+
+FSX_MOUNT_PATH = "/fsx"
+_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# Pod names are <name>-worker-<index> and Services <name>-master-0: keep the name short enough
+# that both stay within the 63-character DNS label limit.
+MAX_NAME_LENGTH = 40
+_DURATION = re.compile(r"^(\d+h)?(\d+m)?(\d+s)?$")
+_OVERRIDE = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+=.*$")
+
+
+class JobSpecError(InvalidInputError):
+    """Every problem of one job spec, one per line."""
+
+
+class Runtime(str, Enum):
+    PYTORCHJOB = "pytorchjob"  # kubeflow.org/v1 PyTorchJob (Training Operator 1.9)
+    TRAINJOB = "trainjob"  # trainer.kubeflow.org/v1alpha1 TrainJob (Trainer 2.3, torch-distributed runtime)
+
+
+def duration_seconds(text: str) -> int:
+    match = _DURATION.match(text or "")
+    if not text or not match:
+        raise ValueError(text)
+    units = {"h": 3600, "m": 60, "s": 1}
+    return sum(int(part[:-1]) * units[part[-1]] for part in match.groups() if part)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
+
+
+class TrainerSpec(_Model):
+    config: str = Field(description="Trainer config file, relative to the image's /app (and to the repository root locally).")
+    overrides: list[str] = Field(default_factory=list, description="Dotted key=value overrides, e.g. optimizer.lr=3e-4.")
+
+    @field_validator("overrides", mode="before")
+    @classmethod
+    def _mapping_to_list(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return [f"{k}={_yaml_scalar(v)}" for k, v in value.items()]
+        return value
+
+    @field_validator("overrides")
+    @classmethod
+    def _overrides(cls, value: list[str]) -> list[str]:
+        bad = [o for o in value if not _OVERRIDE.match(o)]
+        if bad:
+            raise ValueError(f"{bad} are not dotted key=value overrides. FIX: write them like optimizer.lr=3e-4")
+        owned = [o for o in value if o.split("=", 1)[0] in ("data.dir", "checkpoint.dir", "checkpoint.s3_uri", "tracking.job_id")]
+        if owned:
+            raise ValueError(f"{owned} are set by the platform from the job spec. FIX: use dataset / checkpointDir instead")
+        return value
+
+
+def _yaml_scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(value)
+
+
+class ModelSpec(_Model):
+    """Only for preflight: the model's size when the trainer config cannot tell (HF models)."""
+
+    parameters: float = Field(gt=0, description="Trainable parameters, e.g. 8e9.")
+    num_layers: Optional[int] = Field(None, ge=1)
+    hidden_size: Optional[int] = Field(None, ge=1)
+
+
+class TimeBudgetSpec(_Model):
+    """How long the trainer needs between SIGTERM and a clean exit (see docs/trainer.md)."""
+
+    max_step_seconds: int = Field(10, ge=1, le=60, description="Longest training step: the signal is acted on at a step boundary.")
+    checkpoint_seconds: int = Field(45, ge=1, le=3600, description="Time to save one checkpoint (measure it: checkpoint_seconds metric).")
+
+
+class JobSpec(_Model):
+    name: str = Field(description="Job name (DNS label, at most 40 characters).")
+    team: str = Field(description="Team; the job runs in namespace team-<team>.")
+    image: str = Field(description="Trainer image, tag or digest (digest in prod).")
+    trainer: TrainerSpec
+    nodes: int = Field(ge=1, le=128)
+    gpus_per_node: int = Field(ge=1, le=16)
+    pool: Optional[str] = Field(None, description="GPU pool name; or give gpuType.")
+    gpu_type: Optional[str] = Field(None, description="GPU type (h100, a100...); the pool offering it is chosen.")
+    spot: bool = Field(True, description="May run on spot capacity (interruptible, resumed from checkpoints).")
+    dataset: str = Field(description=f"Token shards on FSx, under {FSX_MOUNT_PATH}.")
+    checkpoint_dir: Optional[str] = Field(None, description=f"Default {FSX_MOUNT_PATH}/checkpoints/team-<team>/<name>.")
+    s3_mirror: bool = Field(False, description="Also mirror complete checkpoints to the team's prefix of the checkpoints bucket.")
+    run_name: Optional[str] = None
+    experiment: Optional[str] = None
+    priority: Optional[Priority] = Field(None, description="production | research | default; default: the team's.")
+    max_runtime: str = Field("24h", description="Wall-clock limit of the whole job (activeDeadlineSeconds), e.g. 72h.")
+    backoff_limit: int = Field(20, ge=0, le=1000, description="Pod restarts (preemptions included) before the job fails.")
+    ttl_after_finished: str = Field("168h", description="How long a finished job's objects stay (ttlSecondsAfterFinished).")
+    runtime: Runtime = Field(Runtime.PYTORCHJOB, description="pytorchjob | trainjob.")
+    model: Optional[ModelSpec] = None
+    time_budget: TimeBudgetSpec = Field(default_factory=TimeBudgetSpec)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _DNS_1035.match(value) or len(value) > MAX_NAME_LENGTH:
+            raise ValueError(f"is not a DNS label of at most {MAX_NAME_LENGTH} characters. "
+                             "FIX: use lowercase letters, digits and '-', starting with a letter")
+        return value
+
+    @field_validator("team")
+    @classmethod
+    def _team(cls, value: str) -> str:
+        if not _DNS_1035.match(value):
+            raise ValueError("is not a team name. FIX: use the team's name from the stack's scheduling.teams")
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        last = value.rsplit("/", 1)[-1]
+        if "@sha256:" not in value and ":" not in last:
+            raise ValueError("has no tag or digest. FIX: pin it, e.g. REPO/trainer:1.4.0 or REPO/trainer@sha256:...")
+        if last.endswith(":latest"):
+            raise ValueError("uses :latest, which changes under a running job. FIX: pin a tag or a digest")
+        return value
+
+    @field_validator("dataset", "checkpoint_dir")
+    @classmethod
+    def _on_fsx(cls, value: Optional[str]) -> Optional[str]:
+        if value is None:
+            return value
+        if not value.startswith(FSX_MOUNT_PATH + "/") or ".." in value.split("/"):
+            raise ValueError(f"is not a path on the FSx mount. FIX: use an absolute path under {FSX_MOUNT_PATH}/")
+        return value.rstrip("/")
+
+    @field_validator("max_runtime", "ttl_after_finished")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        try:
+            if duration_seconds(value) <= 0:
+                raise ValueError(value)
+        except ValueError:
+            raise ValueError("is not a duration. FIX: write hours/minutes/seconds, e.g. 72h or 1h30m") from None
+        return value
+
+    @model_validator(mode="after")
+    def _pool_or_type(self) -> "JobSpec":
+        if (self.pool is None) == (self.gpu_type is None):
+            raise ValueError("give exactly one of pool and gpuType. FIX: e.g. gpuType: h100, or pool: h100")
+        return self
+
+    # -- derived -------------------------------------------------------------------------
+    @property
+    def namespace(self) -> str:
+        return f"team-{self.team}"
+
+    @property
+    def checkpoint_path(self) -> str:
+        return self.checkpoint_dir or f"{FSX_MOUNT_PATH}/checkpoints/{self.namespace}/{self.name}"
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def max_runtime_seconds(self) -> int:
+        return duration_seconds(self.max_runtime)
+
+    @property
+    def ttl_seconds(self) -> int:
+        return duration_seconds(self.ttl_after_finished)
+
+
+# -- loading -----------------------------------------------------------------------------
+_FIX = ". FIX: "
+
+
+def _problem_from_error(error: dict[str, Any], raw: Any) -> Problem:
+    loc = [str(part) for part in error["loc"]]
+    path = ".".join(p if not p.isdigit() else f"[{p}]" for p in loc).replace(".[", "[") or "<root>"
+    value: Any = raw
+    for part in error["loc"]:
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and isinstance(part, int) and part < len(value):
+            value = value[part]
+        else:
+            value = error.get("input")
+            break
+    message = str(error["msg"]).removeprefix("Value error, ")
+    kind = error["type"]
+    if _FIX in message:
+        message, fix = message.split(_FIX, 1)
+    elif kind == "extra_forbidden":
+        known = list(JobSpec.model_fields) + [f.alias for f in JobSpec.model_fields.values() if f.alias]
+        close = difflib.get_close_matches(loc[-1], [to_camel(k) for k in JobSpec.model_fields], n=1)
+        message, fix = "is not a job spec field", (f"did you mean {close[0]!r}?" if close else "remove it")
+        del known
+    elif kind == "missing":
+        message, fix = "is required", "add it (see examples/jobs/)"
+    elif kind in ("enum", "literal_error"):
+        fix = "use one of the listed values"
+    else:
+        fix = "correct the value"
+    return Problem(path, value, message, fix)
+
+
+def parse_job_spec(raw: Any, *, source: str = "job spec") -> JobSpec:
+    if not isinstance(raw, dict):
+        raise JobSpecError(source, [Problem("<root>", raw, "a job spec is a YAML mapping", "see examples/jobs/")])
+    try:
+        return JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise JobSpecError(source, [_problem_from_error(e, raw) for e in exc.errors()]) from None
+
+
+def load_job_spec(path: Union[str, Path]) -> JobSpec:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise JobSpecError(str(path), [Problem("<file>", str(path), "does not exist", "give the path of a job spec YAML")]) from None
+    except yaml.YAMLError as exc:
+        raise JobSpecError(str(path), [Problem("<file>", str(path), f"is not valid YAML ({exc})", "fix the YAML syntax")]) from None
+    return parse_job_spec(raw, source=str(path))

@@ -1,0 +1,255 @@
+"""What a training job needs to know about the platform it runs on, read from rendered manifests.
+
+The renderer never hard-codes a pool label, a taint, a queue name or a grace period: it reads
+them from the platform's own Kubernetes objects (NodePools, EC2NodeClasses, Kueue ClusterQueues
+and LocalQueues, PriorityClasses, the FSx claims, the tracking Secrets, the trainer service
+accounts) as the offline plan records them or as the stack deployed them, plus a few resolved
+names (checkpoints bucket, region) from the stack outputs.
+
+``facts_from_manifests`` is pure (manifests in, facts out) so a GitOps renderer and an Argo
+WorkflowTemplate step can call it the same way the ``submit`` command does.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from workloads.fsx import CLAIM_NAME
+from workloads.karpenter import (
+    CAPACITY_TYPE_KEY, EFA_RESOURCE, GPU_RESOURCE, GPU_TYPE_LABEL, INSTANCE_TYPE_KEY, POOL_LABEL,
+    GPU_COUNT_KEY, GPU_NAME_KEY, FAMILY_KEY,
+)
+from workloads.kueue import QUEUE_LABEL
+
+# The Secret each team namespace receives from the tracking capability (components/tracking.py
+# K8S_SECRET_NAME) and the keys the MLflow client reads.
+TRACKING_SECRET_KEYS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+TRAINER_SERVICE_ACCOUNT = "trainer"
+
+
+@dataclass(frozen=True)
+class PoolFacts:
+    """A GPU pool as its NodePool (and EC2NodeClass) declare it."""
+
+    name: str
+    gpu_type: str
+    gpus_per_node: int
+    instance_types: tuple[str, ...]
+    capacity_types: tuple[str, ...]
+    node_labels: Mapping[str, str]
+    taints: tuple[Mapping[str, str], ...]
+    termination_grace_period_seconds: int
+    # EFA devices the EFA device plugin advertises per node (= EFA interfaces of the node class).
+    efa_devices_per_node: int = 0
+    kueue_flavor: Optional[str] = None
+    # Kueue quota per GPU of this flavor (ClusterQueue nominalQuota / GPUs): what a pod may request.
+    cpu_per_gpu: Optional[float] = None
+    memory_gib_per_gpu: Optional[float] = None
+
+    @property
+    def efa(self) -> bool:
+        return self.efa_devices_per_node > 0
+
+    @property
+    def offers_spot(self) -> bool:
+        return "spot" in self.capacity_types
+
+
+@dataclass(frozen=True)
+class TeamFacts:
+    name: str
+    namespace: str
+    local_queue: Optional[str]
+    gpu_quota: Mapping[str, int]  # kueue flavor name -> nominal GPUs
+    borrowing: bool
+    default_priority_class: Optional[str]
+    has_fsx_claim: bool
+    tracking_secret: Optional[str]
+    trainer_service_account: Optional[str]
+
+
+@dataclass(frozen=True)
+class PlatformFacts:
+    stack: str
+    region: str
+    pools: tuple[PoolFacts, ...]
+    teams: tuple[TeamFacts, ...]
+    priority_classes: tuple[str, ...]
+    fsx_claim_name: str = CLAIM_NAME
+    tracking_secret_keys: tuple[str, ...] = TRACKING_SECRET_KEYS
+    checkpoints_bucket: Optional[str] = None
+    # Sustained FSx write throughput (MB/s), for the checkpoint-time estimate.
+    fsx_write_mb_per_s: Optional[float] = None
+    trainer_v2_runtime: Optional[str] = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def pool(self, name: str) -> Optional[PoolFacts]:
+        return next((p for p in self.pools if p.name == name), None)
+
+    def team(self, name: str) -> Optional[TeamFacts]:
+        return next((t for t in self.teams if t.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "PlatformFacts":
+        pools = tuple(PoolFacts(**{**p, "instance_types": tuple(p["instance_types"]),
+                                   "capacity_types": tuple(p["capacity_types"]),
+                                   "taints": tuple(p["taints"])}) for p in data["pools"])
+        teams = tuple(TeamFacts(**t) for t in data["teams"])
+        rest = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k not in ("pools", "teams")}
+        return cls(pools=pools, teams=teams, **rest)
+
+
+# -- reading manifests ------------------------------------------------------------------
+def _seconds(duration: Optional[str]) -> int:
+    if not duration or duration == "Never":
+        return 0
+    units = {"s": 1, "m": 60, "h": 3600}
+    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([smh])", str(duration)))
+
+
+def _quantity_gib(value: Any) -> float:
+    text = str(value)
+    factors = {"Ki": 1 / 1024**2, "Mi": 1 / 1024, "Gi": 1.0, "Ti": 1024.0}
+    for suffix, factor in factors.items():
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * factor
+    return float(text) / 1024**3
+
+
+def _kind(obj: Mapping[str, Any]) -> tuple[str, str]:
+    return str(obj.get("apiVersion", "")), str(obj.get("kind", ""))
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return (obj.get("metadata") or {}).get("name", "")
+
+
+def _namespace(obj: Mapping[str, Any]) -> str:
+    return (obj.get("metadata") or {}).get("namespace", "")
+
+
+def _gpu_pools(manifests: Sequence[Mapping[str, Any]], flavors: Mapping[str, Mapping[str, Any]]) -> list[PoolFacts]:
+    node_classes = {_name(m): m for m in manifests if _kind(m)[1] == "EC2NodeClass"}
+    pools = []
+    for m in manifests:
+        if _kind(m) != ("karpenter.sh/v1", "NodePool"):
+            continue
+        template = m["spec"]["template"]
+        labels = dict(template.get("metadata", {}).get("labels", {}))
+        if GPU_TYPE_LABEL not in labels:
+            continue  # the CPU pool
+        spec = template["spec"]
+        requirements = {r["key"]: list(r.get("values", [])) for r in spec.get("requirements", [])}
+        node_class = node_classes.get(spec["nodeClassRef"]["name"], {})
+        interfaces = (node_class.get("spec") or {}).get("networkInterfaces") or []
+        efa_devices = sum(1 for i in interfaces if i.get("interfaceType") in ("efa", "efa-only"))
+        flavor = next((f for f in flavors.values()
+                       if all(labels.get(k) == v for k, v in (f["spec"].get("nodeLabels") or {}).items())), None)
+        pools.append(PoolFacts(
+            name=labels[POOL_LABEL], gpu_type=labels[GPU_TYPE_LABEL],
+            gpus_per_node=int(requirements[GPU_COUNT_KEY][0]),
+            instance_types=tuple(requirements.get(INSTANCE_TYPE_KEY) or _instance_types(requirements)),
+            capacity_types=tuple(requirements.get(CAPACITY_TYPE_KEY, [])),
+            node_labels=labels, taints=tuple(dict(t) for t in spec.get("taints", [])),
+            termination_grace_period_seconds=_seconds(spec.get("terminationGracePeriod")),
+            efa_devices_per_node=efa_devices, kueue_flavor=_name(flavor) if flavor else None,
+        ))
+    return pools
+
+
+def _instance_types(requirements: Mapping[str, list[str]]) -> list[str]:
+    """Non-EFA pools select by GPU name, family and count: list the catalog's matching types."""
+    from workloads.gpu_catalog import GPU_TYPES
+
+    families = set(requirements.get(FAMILY_KEY, []))
+    count = int(requirements[GPU_COUNT_KEY][0])
+    names = set(requirements.get(GPU_NAME_KEY, []))
+    return sorted({s.instance_type for g in GPU_TYPES.values() if g.karpenter_gpu_name in names
+                   for s in g.shapes if s.family in families and s.num_gpus == count})
+
+
+def _has_tracking_keys(secret: Mapping[str, Any]) -> bool:
+    data = secret.get("stringData") or secret.get("data")
+    # A recorded plan shows secret data as a placeholder string: the name is the contract then.
+    return not isinstance(data, Mapping) or set(TRACKING_SECRET_KEYS) <= set(data)
+
+
+def facts_from_manifests(
+    manifests: Iterable[Mapping[str, Any]],
+    *,
+    stack: str,
+    region: str,
+    tracking_secret_name: str,
+    checkpoints_bucket: Optional[str] = None,
+    fsx_write_mb_per_s: Optional[float] = None,
+    trainer_v2_runtime: Optional[str] = None,
+) -> PlatformFacts:
+    """Platform facts from the platform's Kubernetes objects (as rendered / recorded)."""
+    manifests = [m for m in manifests if isinstance(m, Mapping)]
+    flavors = {_name(m): m for m in manifests if _kind(m)[1] == "ResourceFlavor"}
+    pools = _gpu_pools(manifests, flavors)
+    cluster_queues = [m for m in manifests if _kind(m)[1] == "ClusterQueue"]
+    local_queues = [m for m in manifests if _kind(m)[1] == "LocalQueue"]
+    namespaces = [m for m in manifests if _kind(m) == ("v1", "Namespace")]
+
+    # CPU and memory per GPU of each flavor, from any ClusterQueue that grants GPUs on it.
+    ratios: dict[str, tuple[float, float]] = {}
+    for cq in cluster_queues:
+        for group in cq["spec"].get("resourceGroups", []):
+            for flavor in group.get("flavors", []):
+                quota = {r["name"]: r["nominalQuota"] for r in flavor.get("resources", [])}
+                gpus = float(str(quota.get(GPU_RESOURCE, "0")))
+                if gpus > 0 and "cpu" in quota and "memory" in quota:
+                    ratios.setdefault(flavor["name"], (float(str(quota["cpu"])) / gpus, _quantity_gib(quota["memory"]) / gpus))
+    pools = [PoolFacts(**{**asdict(p), "instance_types": p.instance_types, "capacity_types": p.capacity_types,
+                          "taints": p.taints,
+                          "cpu_per_gpu": ratios.get(p.kueue_flavor or "", (None, None))[0],
+                          "memory_gib_per_gpu": ratios.get(p.kueue_flavor or "", (None, None))[1]})
+             for p in pools]
+
+    teams = []
+    for ns in namespaces:
+        labels = ns["metadata"].get("labels") or {}
+        team = labels.get("mlplatform.io/team")
+        if not team:
+            continue
+        name = _name(ns)
+        cq = next((c for c in cluster_queues
+                   if (c["spec"].get("namespaceSelector") or {}).get("matchLabels", {}).get("kubernetes.io/metadata.name") == name), None)
+        quota: dict[str, int] = {}
+        borrowing = True
+        if cq:
+            for group in cq["spec"].get("resourceGroups", []):
+                for flavor in group.get("flavors", []):
+                    for r in flavor.get("resources", []):
+                        if r["name"] == GPU_RESOURCE:
+                            quota[flavor["name"]] = int(float(str(r["nominalQuota"])))
+                            if str(r.get("borrowingLimit", "")) == "0":
+                                borrowing = False
+        lq = next((q for q in local_queues if _namespace(q) == name
+                   and cq is not None and q["spec"].get("clusterQueue") == _name(cq)), None)
+        in_ns = [m for m in manifests if _namespace(m) == name]
+        teams.append(TeamFacts(
+            name=team, namespace=name, local_queue=_name(lq) if lq else None, gpu_quota=quota, borrowing=borrowing,
+            default_priority_class=labels.get("mlplatform.io/default-priority-class"),
+            has_fsx_claim=any(_kind(m)[1] == "PersistentVolumeClaim" and _name(m) == CLAIM_NAME for m in in_ns),
+            tracking_secret=next((_name(m) for m in in_ns if _kind(m)[1] == "Secret" and _name(m) == tracking_secret_name
+                                  and _has_tracking_keys(m)), None),
+            trainer_service_account=next((_name(m) for m in in_ns if _kind(m)[1] == "ServiceAccount"
+                                          and _name(m) == TRAINER_SERVICE_ACCOUNT), None),
+        ))
+    priority_classes = tuple(sorted(_name(m) for m in manifests if _kind(m)[1] == "PriorityClass"))
+    return PlatformFacts(
+        stack=stack, region=region, pools=tuple(sorted(pools, key=lambda p: p.name)),
+        teams=tuple(sorted(teams, key=lambda t: t.name)), priority_classes=priority_classes,
+        checkpoints_bucket=checkpoints_bucket, fsx_write_mb_per_s=fsx_write_mb_per_s,
+        trainer_v2_runtime=trainer_v2_runtime,
+    )
+
+
+__all__ = ["PlatformFacts", "PoolFacts", "TeamFacts", "facts_from_manifests", "QUEUE_LABEL", "EFA_RESOURCE",
+           "TRACKING_SECRET_KEYS", "TRAINER_SERVICE_ACCOUNT"]

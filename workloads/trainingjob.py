@@ -1,0 +1,451 @@
+"""Job spec + platform facts -> a Kubeflow ``PyTorchJob`` (or a Trainer v2 ``TrainJob``).
+
+Pure functions (no Pulumi, no cluster): the ``submit`` command, the ``TrainingJob`` component,
+the GitOps renderer and an Argo WorkflowTemplate step all call ``render`` the same way.
+
+How a pod starts (Training Operator 1.9, pkg/controller.v1/pytorch/envvar.go and master.go):
+the operator adds to every container ``PYTHONUNBUFFERED``, ``MASTER_ADDR`` (``<job>-master-0``),
+``MASTER_PORT`` (the container port named ``pytorchjob-port``), ``PET_MASTER_ADDR``,
+``PET_MASTER_PORT``, ``WORLD_SIZE`` (replicas x nprocPerNode), ``RANK`` and ``PET_NODE_RANK``
+(0 for the master, index + 1 for workers), ``PET_NPROC_PER_NODE`` (``spec.nprocPerNode``) and
+``PET_NNODES`` (replicas, when there is no elasticPolicy). The container runs
+``python -m trainer.launch`` (torchrun under a launcher that turns "checkpointed after SIGTERM"
+into exit 143) with torchrun's static-rendezvous arguments taken from those variables, so the
+same arguments work under Trainer v2, whose torch plugin sets the same ``PET_*`` variables.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from components.validation import Problem
+from workloads.gpu_catalog import GPU_TYPES, SPOT_NOTICE_SECONDS
+from workloads.instances import instance
+from workloads.jobspec import FSX_MOUNT_PATH, JobSpec, JobSpecError, Runtime
+from workloads.karpenter import CAPACITY_TYPE_KEY, EFA_RESOURCE, GPU_RESOURCE, GPU_TYPE_LABEL, POOL_LABEL
+from workloads.kueue import QUEUE_LABEL
+from workloads.platform_facts import PlatformFacts, PoolFacts, TeamFacts
+from workloads.scheduling import Priority, priority_class_name
+
+PYTORCHJOB_API = "kubeflow.org/v1"
+TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
+# Trainer v2's built-in runtime (kubeflow-trainer chart, runtimes.torchDistributed.enabled).
+TORCH_DISTRIBUTED_RUNTIME = "torch-distributed"
+TRAINJOB_CONTAINER = "node"  # the trainer container of the torch-distributed runtime
+TRAINJOB_PATCH_MANAGER = "mlplatform.io/training-job"
+# The operator finds the master port on this container / port name (kubeflow.org/v1 defaults).
+CONTAINER_NAME = "pytorch"
+PORT_NAME = "pytorchjob-port"
+MASTER_PORT = 23456
+TRAINER_UID = 1000  # the image's `trainer` user (trainer/Dockerfile)
+# The image's entrypoint, spelled out so the pod's command is the whole truth (and runs locally).
+LAUNCH_COMMAND = ("/usr/bin/tini", "--", "python", "-m", "trainer.launch")
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+SHM_MAX_GIB = 64
+
+
+# -- the time budget -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class TimeBudget:
+    """SIGTERM -> checkpoint -> exit, innermost first (docs/trainer.md, "Interruptions").
+
+    torchrun's shutdown timeout covers finishing the current step, saving, and flushing
+    MLflow; the pod's grace period adds a margin so that torchrun, not the kubelet, kills
+    stragglers and the launcher still exits 143. Both stay below the pool's NodePool
+    terminationGracePeriod (Karpenter force-drains after it) and, on spot, the 120 s notice.
+    """
+
+    max_step_seconds: int
+    checkpoint_seconds: int
+    tracking_flush_seconds: int = 10  # trainer.tracking: MLflow gets up to 10 s to flush
+    margin_seconds: int = 5
+
+    @property
+    def shutdown_timeout_seconds(self) -> int:
+        return self.max_step_seconds + self.checkpoint_seconds + self.tracking_flush_seconds + self.margin_seconds
+
+    @property
+    def grace_seconds(self) -> int:
+        return self.shutdown_timeout_seconds + self.margin_seconds
+
+    def describe(self) -> str:
+        return (f"step {self.max_step_seconds}s + checkpoint {self.checkpoint_seconds}s + MLflow flush "
+                f"{self.tracking_flush_seconds}s + margin {self.margin_seconds}s = torchrun shutdown "
+                f"{self.shutdown_timeout_seconds}s; pod grace {self.grace_seconds}s")
+
+    def problems(self, pool: PoolFacts, *, interruptible: bool) -> list[Problem]:
+        out = []
+        if self.grace_seconds >= pool.termination_grace_period_seconds:
+            out.append(Problem(
+                "timeBudget.checkpointSeconds", self.checkpoint_seconds,
+                f"{self.describe()}, which is not below pool {pool.name}'s NodePool terminationGracePeriod "
+                f"({pool.termination_grace_period_seconds}s): Karpenter would kill the pod mid-save",
+                f"save faster (async/sharded checkpoints) so the grace period stays below "
+                f"{pool.termination_grace_period_seconds}s, or raise the pool's terminationGracePeriodSeconds"))
+        if interruptible and self.grace_seconds >= SPOT_NOTICE_SECONDS:
+            out.append(Problem(
+                "timeBudget.checkpointSeconds", self.checkpoint_seconds,
+                f"{self.describe()}, not below the {SPOT_NOTICE_SECONDS} s spot notice",
+                f"bring step + checkpoint under {SPOT_NOTICE_SECONDS - self.tracking_flush_seconds - 2 * self.margin_seconds}s, "
+                "or set spot: false"))
+        return out
+
+
+# -- resolving a spec against the platform ----------------------------------------------------
+@dataclass(frozen=True)
+class ResolvedJob:
+    spec: JobSpec
+    facts: PlatformFacts
+    pool: PoolFacts
+    team: TeamFacts
+    priority_class: str
+    budget: TimeBudget
+    interruptible: bool  # may land on spot
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def instance_type(self) -> str:
+        """The cheapest of the pool's instance types that fits the pod (what Karpenter launches)."""
+        from workloads.prices import PRICES
+
+        fitting = [t for t in self.pool.instance_types
+                   if instance(t).allocatable_cpu >= self.cpu and instance(t).allocatable_memory_gib >= self.memory_gib]
+        return min(fitting or self.pool.instance_types,
+                   key=lambda t: (PRICES[t].on_demand_usd_per_hour if t in PRICES else float("inf"), t))
+
+    @property
+    def whole_node(self) -> bool:
+        return self.spec.gpus_per_node == self.pool.gpus_per_node
+
+    @property
+    def efa_devices(self) -> int:
+        # A job sharing a node cannot own its EFA devices; NCCL then uses TCP (preflight warns).
+        return self.pool.efa_devices_per_node if self.whole_node else 0
+
+    def _largest(self, attribute: str) -> int:
+        return max(getattr(instance(t), attribute) for t in self.pool.instance_types)
+
+    @property
+    def cpu(self) -> int:
+        """The team's Kueue CPU share per GPU, within what the pool's largest node can give."""
+        share = int((self.pool.cpu_per_gpu or 1) * self.spec.gpus_per_node)
+        fits = self._largest("allocatable_cpu") * self.spec.gpus_per_node // self.pool.gpus_per_node
+        return max(1, min(share, fits))
+
+    @property
+    def memory_gib(self) -> int:
+        share = int((self.pool.memory_gib_per_gpu or 8) * self.spec.gpus_per_node)
+        fits = self._largest("allocatable_memory_gib") * self.spec.gpus_per_node // self.pool.gpus_per_node
+        return max(1, min(share, fits))
+
+    @property
+    def shm_gib(self) -> int:
+        # A memory-backed emptyDir counts against the container's memory limit.
+        return max(1, min(SHM_MAX_GIB, self.memory_gib // 4))
+
+
+def _candidate_pools(spec: JobSpec, facts: PlatformFacts) -> tuple[list[PoolFacts], Optional[Problem]]:
+    if spec.pool is not None:
+        pool = facts.pool(spec.pool)
+        if pool is None:
+            names = [p.name for p in facts.pools]
+            close = difflib.get_close_matches(spec.pool, names, n=1)
+            return [], Problem("pool", spec.pool, f"is not a GPU pool of stack {facts.stack}",
+                               (f"did you mean {close[0]!r}? " if close else "") + f"use one of {names}")
+        return [pool], None
+    exact = [p for p in facts.pools if p.gpu_type == spec.gpu_type]
+    if exact:
+        return exact, None
+    # "a100" asks for an A100; an A100 80 GB pool (same Karpenter GPU name) satisfies it.
+    wanted = GPU_TYPES.get(spec.gpu_type or "")
+    if wanted is not None:
+        same_gpu = [p for p in facts.pools if GPU_TYPES[p.gpu_type].karpenter_gpu_name == wanted.karpenter_gpu_name
+                    and GPU_TYPES[p.gpu_type].gpu_memory_gib >= wanted.gpu_memory_gib]
+        if same_gpu:
+            return same_gpu, None
+    offered = sorted({p.gpu_type for p in facts.pools})
+    return [], Problem("gpuType", spec.gpu_type, f"no GPU pool of stack {facts.stack} offers it",
+                       f"use one of {offered}, or ask the platform team for a pool")
+
+
+def resolve(spec: JobSpec, facts: PlatformFacts) -> ResolvedJob:
+    """Pick the pool, team, queue and priority; raise ``JobSpecError`` with every problem."""
+    problems: list[Problem] = []
+    warnings: list[str] = []
+    team = facts.team(spec.team)
+    if team is None:
+        names = [t.name for t in facts.teams]
+        close = difflib.get_close_matches(spec.team, names, n=1)
+        problems.append(Problem("team", spec.team, f"is not a team of stack {facts.stack}",
+                                (f"did you mean {close[0]!r}? " if close else "") + f"use one of {names}"))
+    pools, problem = _candidate_pools(spec, facts)
+    if problem:
+        problems.append(problem)
+    fitting = [p for p in pools if p.gpus_per_node >= spec.gpus_per_node]
+    if pools and not fitting:
+        problems.append(Problem("gpusPerNode", spec.gpus_per_node,
+                                f"pool {pools[0].name}'s instances ({', '.join(pools[0].instance_types)}) have "
+                                f"{pools[0].gpus_per_node} GPUs per node",
+                                f"use gpusPerNode <= {pools[0].gpus_per_node} (and nodes to scale out)"))
+    if not spec.spot and fitting:
+        non_spot = [p for p in fitting if set(p.capacity_types) - {"spot"}]
+        if not non_spot:
+            problems.append(Problem("spot", False, f"pool {fitting[0].name} offers only spot capacity",
+                                    "set spot: true (the job resumes from checkpoints) or pick a pool with on-demand"))
+        fitting = non_spot
+    pool = None
+    if fitting:
+        with_quota = [p for p in fitting if team and team.gpu_quota.get(p.kueue_flavor or "", 0) > 0]
+        pool = (with_quota or fitting)[0]
+    if pool is not None and spec.gpus_per_node < pool.gpus_per_node and spec.nodes > 1:
+        warnings.append(f"{spec.gpus_per_node} of {pool.gpus_per_node} GPUs per node on {spec.nodes} nodes: pods share "
+                        f"nodes{' and cannot own the EFA devices (NCCL over TCP)' if pool.efa else ''}; use whole nodes")
+    if team is not None:
+        for what, ok, fix in (
+            ("a Kueue LocalQueue", team.local_queue, "the scheduling capability creates it (scheduling.teams)"),
+            ("the FSx claim", team.has_fsx_claim, "configure datasets in the stack"),
+            ("the MLflow Secret", team.tracking_secret, "configure tracking in the stack"),
+            ("the trainer service account", team.trainer_service_account, "deploy the training capability"),
+        ):
+            if not ok:
+                problems.append(Problem("team", spec.team, f"namespace {team.namespace} has no {what}", fix))
+    priority = spec.priority
+    if priority is None and team is not None and team.default_priority_class:
+        priority_class = team.default_priority_class
+    else:
+        priority_class = priority_class_name(priority or Priority.DEFAULT)
+    if priority_class not in facts.priority_classes:
+        problems.append(Problem("priority", priority.value if priority else None,
+                                f"PriorityClass {priority_class} does not exist in stack {facts.stack}",
+                                f"use one of {[p.removeprefix('training-') for p in facts.priority_classes]}"))
+    if spec.s3_mirror and not facts.checkpoints_bucket:
+        problems.append(Problem("s3Mirror", True, f"stack {facts.stack} has no checkpoints bucket",
+                                "set s3Mirror: false or configure datasets"))
+    if spec.runtime is Runtime.TRAINJOB and not facts.trainer_v2_runtime:
+        problems.append(Problem("runtime", spec.runtime.value, f"Trainer v2 is not installed in stack {facts.stack}",
+                                "use runtime: pytorchjob, or enable training.trainerV2 in the stack"))
+    budget = TimeBudget(spec.time_budget.max_step_seconds, spec.time_budget.checkpoint_seconds)
+    interruptible = bool(pool and spec.spot and pool.offers_spot)
+    if pool is not None:
+        problems += budget.problems(pool, interruptible=interruptible)
+    if problems:
+        raise JobSpecError(f"job {spec.name}", problems)
+    assert pool is not None and team is not None
+    return ResolvedJob(spec, facts, pool, team, priority_class, budget, interruptible, tuple(warnings))
+
+
+# -- the pod ---------------------------------------------------------------------------------
+def trainer_args(job: ResolvedJob) -> list[str]:
+    """torchrun's arguments from the operator's variables, then the trainer command."""
+    spec = job.spec
+    overrides = [f"data.dir={spec.dataset}", *spec.trainer.overrides]
+    if spec.run_name:
+        overrides.append(f"tracking.run_name={spec.run_name}")
+    return [
+        "--nnodes=$(PET_NNODES)", "--nproc-per-node=$(PET_NPROC_PER_NODE)", "--node-rank=$(PET_NODE_RANK)",
+        "--master-addr=$(PET_MASTER_ADDR)", "--master-port=$(PET_MASTER_PORT)",
+        # A failed rank fails the pod; the operator restarts it (restartPolicy ExitCode) and the
+        # trainer resumes. torchrun's own restarts hang in a new gloo group (see PITFALLS).
+        "--max-restarts=0",
+        f"--shutdown-timeout={job.budget.shutdown_timeout_seconds}",
+        "-m", "trainer", "train", "--config", spec.trainer.config, *overrides,
+    ]
+
+
+def _secret_env(name: str, secret: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": name}}}
+
+
+def trainer_env(job: ResolvedJob) -> list[dict[str, Any]]:
+    spec, facts = job.spec, job.facts
+    digest = spec.image.split("@", 1)[1] if "@" in spec.image else spec.image
+    env = [
+        {"name": "TRAINER_CHECKPOINT_DIR", "value": spec.checkpoint_path},
+        # Stable job identity: a recreated pod finds its MLflow run by it.
+        {"name": "TRAINER_RUN_ID", "value": f"{spec.namespace}.{spec.name}"},
+        {"name": "MLFLOW_EXPERIMENT_NAME", "value": spec.experiment or spec.team},
+        {"name": "DATASET_VERSION", "value": posixpath.basename(spec.dataset)},
+        {"name": "IMAGE_DIGEST", "value": digest},
+        {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(job.budget.shutdown_timeout_seconds)},
+        {"name": "AWS_REGION", "value": facts.region},
+        {"name": "AWS_DEFAULT_REGION", "value": facts.region},
+    ]
+    if spec.s3_mirror:
+        env.append({"name": "TRAINER_CHECKPOINT_S3_URI",
+                    "value": f"s3://{facts.checkpoints_bucket}/{spec.namespace}/mirror/{spec.name}"})
+    env += [_secret_env(key, job.team.tracking_secret or "") for key in facts.tracking_secret_keys]
+    if job.efa_devices:
+        env += [
+            # libfabric's EFA provider; GPUDirect RDMA between GPU and EFA (p4d, p5, p5e/en).
+            {"name": "FI_PROVIDER", "value": "efa"},
+            {"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"},
+            {"name": "FI_EFA_FORK_SAFE", "value": "1"},
+            {"name": "NCCL_NET_GDR_LEVEL", "value": "SYS"},
+        ]
+    else:
+        # No EFA: NCCL's socket transport on the pod's VPC CNI interface.
+        env.append({"name": "NCCL_SOCKET_IFNAME", "value": "eth0"})
+    env.append({"name": "NCCL_DEBUG", "value": "WARN"})
+    return env
+
+
+def resources(job: ResolvedJob) -> dict[str, Any]:
+    amounts = {"cpu": str(job.cpu), "memory": f"{job.memory_gib}Gi", GPU_RESOURCE: str(job.spec.gpus_per_node)}
+    if job.efa_devices:
+        amounts[EFA_RESOURCE] = str(job.efa_devices)
+    # requests == limits: Guaranteed QoS, and the LimitRange never adds limits of its own.
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def container_security_context() -> dict[str, Any]:
+    # No capability is added for EFA: libfabric needs only locked memory (RLIMIT_MEMLOCK), which
+    # the node's container runtime grants; IPC_LOCK would also be refused by the namespaces'
+    # Pod Security "baseline" level. The trainer writes only to /fsx and /dev/shm.
+    return {"allowPrivilegeEscalation": False, "privileged": False, "runAsNonRoot": True,
+            "runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID,
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def pod_security_context() -> dict[str, Any]:
+    return {"runAsNonRoot": True, "runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID,
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def volumes(job: ResolvedJob) -> list[dict[str, Any]]:
+    return [
+        # NCCL and DataLoader workers share memory through /dev/shm; the default 64 MiB is too small.
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{job.shm_gib}Gi"}},
+        {"name": "fsx", "persistentVolumeClaim": {"claimName": job.facts.fsx_claim_name}},
+    ]
+
+
+def volume_mounts() -> list[dict[str, Any]]:
+    return [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "fsx", "mountPath": FSX_MOUNT_PATH}]
+
+
+def node_selector(job: ResolvedJob) -> dict[str, str]:
+    labels = job.pool.node_labels
+    return {POOL_LABEL: labels[POOL_LABEL], GPU_TYPE_LABEL: labels[GPU_TYPE_LABEL]}
+
+
+def affinity(job: ResolvedJob) -> Optional[dict[str, Any]]:
+    if job.spec.spot or not job.pool.offers_spot:
+        return None
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": CAPACITY_TYPE_KEY, "operator": "NotIn", "values": ["spot"]}]}]}}}
+
+
+def tolerations(job: ResolvedJob) -> list[dict[str, Any]]:
+    return [{"key": t["key"], "operator": "Exists", "effect": t["effect"]} for t in job.pool.taints]
+
+
+def pod_labels(job: ResolvedJob) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "training-job", "app.kubernetes.io/managed-by": "mlplatform",
+            "mlplatform.io/job": job.spec.name, "mlplatform.io/team": job.spec.team, "mlplatform.io/pool": job.pool.name}
+
+
+def pod_annotations(job: ResolvedJob) -> dict[str, str]:
+    # Karpenter never voluntarily disrupts (consolidation, drift) a node running this pod.
+    return {DO_NOT_DISRUPT: "true", "mlplatform.io/time-budget": job.budget.describe()}
+
+
+def pod_template(job: ResolvedJob) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME, "image": job.spec.image, "imagePullPolicy": "IfNotPresent",
+        "command": list(LAUNCH_COMMAND), "args": trainer_args(job), "env": trainer_env(job),
+        "ports": [{"name": PORT_NAME, "containerPort": MASTER_PORT, "protocol": "TCP"}],
+        "resources": resources(job), "volumeMounts": volume_mounts(), "securityContext": container_security_context(),
+    }
+    spec: dict[str, Any] = {
+        "priorityClassName": job.priority_class,
+        "serviceAccountName": job.team.trainer_service_account,
+        "terminationGracePeriodSeconds": job.budget.grace_seconds,
+        "nodeSelector": node_selector(job),
+        "tolerations": tolerations(job),
+        "securityContext": pod_security_context(),
+        "containers": [container],
+        "volumes": volumes(job),
+    }
+    if affinity(job):
+        spec["affinity"] = affinity(job)
+    return {"metadata": {"labels": pod_labels(job), "annotations": pod_annotations(job)}, "spec": spec}
+
+
+def job_labels(job: ResolvedJob) -> dict[str, str]:
+    return {QUEUE_LABEL: job.team.local_queue or "", "mlplatform.io/team": job.spec.team,
+            "mlplatform.io/pool": job.pool.name, "app.kubernetes.io/managed-by": "mlplatform"}
+
+
+# -- PyTorchJob -------------------------------------------------------------------------------
+def render_pytorchjob(job: ResolvedJob) -> dict[str, Any]:
+    spec = job.spec
+    template = pod_template(job)
+    replicas = {"Master": {"replicas": 1, "restartPolicy": "ExitCode", "template": template}}
+    if spec.nodes > 1:
+        replicas["Worker"] = {"replicas": spec.nodes - 1, "restartPolicy": "ExitCode", "template": copy.deepcopy(template)}
+    return {
+        "apiVersion": PYTORCHJOB_API,
+        "kind": "PyTorchJob",
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": job_labels(job)},
+        "spec": {
+            "nprocPerNode": str(spec.gpus_per_node),
+            "runPolicy": {
+                # Retryable exits (128-255: preemption, 143) count too: room for many spot interruptions.
+                "backoffLimit": spec.backoff_limit,
+                "activeDeadlineSeconds": spec.max_runtime_seconds,
+                "ttlSecondsAfterFinished": spec.ttl_seconds,
+                # When the master finishes, stop the workers and free their GPUs.
+                "cleanPodPolicy": "Running",
+                "schedulingPolicy": {"priorityClass": job.priority_class},
+            },
+            "pytorchReplicaSpecs": replicas,
+        },
+    }
+
+
+# -- TrainJob (Trainer v2) ---------------------------------------------------------------------
+def render_trainjob(job: ResolvedJob) -> dict[str, Any]:
+    """The same pod as a TrainJob on the pinned ``torch-distributed`` ClusterTrainingRuntime.
+
+    The runtime's JobSet owns restarts (there is no ExitCode policy: every failure restarts the
+    job from its checkpoint), and Kueue priority would need a WorkloadPriorityClass: both are
+    reasons PyTorchJob stays the default.
+    """
+    spec = job.spec
+    pod = pod_template(job)
+    pod_spec = pod["spec"]
+    container = pod_spec["containers"][0]
+    patch_spec = {k: v for k, v in pod_spec.items() if k not in ("containers", "priorityClassName")}
+    patch_spec["containers"] = [{"name": TRAINJOB_CONTAINER, "volumeMounts": container["volumeMounts"],
+                                 "securityContext": container["securityContext"]}]
+    return {
+        "apiVersion": TRAINJOB_API,
+        "kind": "TrainJob",
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": job_labels(job)},
+        "spec": {
+            "runtimeRef": {"name": job.facts.trainer_v2_runtime or TORCH_DISTRIBUTED_RUNTIME,
+                           "apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime"},
+            "activeDeadlineSeconds": spec.max_runtime_seconds,
+            "trainer": {
+                "image": spec.image, "command": container["command"], "args": container["args"],
+                "env": container["env"], "numNodes": spec.nodes, "numProcPerNode": spec.gpus_per_node,
+                "resourcesPerNode": container["resources"],
+            },
+            "runtimePatches": [{
+                "manager": TRAINJOB_PATCH_MANAGER,
+                "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{
+                    "name": TRAINJOB_CONTAINER,
+                    "template": {"spec": {"template": {"metadata": pod["metadata"], "spec": patch_spec}}},
+                }]}}},
+            }],
+        },
+    }
+
+
+def render(spec: JobSpec, facts: PlatformFacts) -> dict[str, Any]:
+    """The job object the spec asks for (PyTorchJob by default)."""
+    job = resolve(spec, facts)
+    return render_trainjob(job) if spec.runtime is Runtime.TRAINJOB else render_pytorchjob(job)
