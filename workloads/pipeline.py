@@ -65,8 +65,11 @@ class StepPaths:
 
 
 def train_overrides(paths: StepPaths, run_name: str) -> list[str]:
-    """Trainer overrides the pipeline adds to the job's own: its data, its checkpoints, its run."""
-    return [f"data.dir={paths.tokens}", f"checkpoint.dir={paths.checkpoints}", f"tracking.run_name={run_name}"]
+    """Trainer overrides the pipeline adds after the job's own (the last value of a key wins): its
+    data, its checkpoints, and its own MLflow run: ``tracking.job_id`` is the run's identity, and
+    the job spec's would make every pipeline run resume the same MLflow run."""
+    return [f"data.dir={paths.tokens}", f"checkpoint.dir={paths.checkpoints}", f"tracking.job_id={run_name}",
+            f"tracking.run_name={run_name}"]
 
 
 def step_commands(*, paths: StepPaths, dataset: str, model_name: str, run_name: str, pipeline: str,
@@ -268,3 +271,64 @@ def embedded_job(template: Mapping[str, Any]) -> dict[str, Any]:
     """The PyTorchJob inside the train step, parsed back (for CRD validation)."""
     step = next(t for t in template["spec"]["templates"] if t["name"] == "train")
     return yaml.safe_load(step["resource"]["manifest"])
+
+
+# -- declarations (workloads/declared/<stack>/pipelines/*.yaml) -------------------------------
+@dataclass(frozen=True)
+class PipelineDeclaration:
+    """What a team commits: the pipeline's name, the job spec its train step runs, the defaults
+    of its parameters. Namespace and image come from the job spec."""
+
+    name: str
+    job_spec: str
+    dataset: str
+    model_name: str
+    train_retry_limit: int = 2
+    work_root: str = "/fsx/pipelines"
+
+
+_DNS_LABEL = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+_DECLARATION_KEYS = {"name": "name", "jobSpec": "job_spec", "dataset": "dataset", "modelName": "model_name",
+                     "trainRetryLimit": "train_retry_limit", "workRoot": "work_root"}
+
+
+def parse_declaration(raw: Any, *, source: str) -> PipelineDeclaration:
+    """A pipeline declaration, or ValueError listing every problem (field, value, fix)."""
+    import re
+
+    if not isinstance(raw, dict):
+        raise ValueError(f"{source}: must be a YAML mapping with keys {sorted(_DECLARATION_KEYS)}")
+    problems = []
+    for key in raw:
+        if key not in _DECLARATION_KEYS:
+            problems.append(f"{key}: unknown key (got {raw[key]!r}). Fix: use one of {sorted(_DECLARATION_KEYS)}")
+    for key in ("name", "jobSpec", "dataset", "modelName"):
+        if not isinstance(raw.get(key), str) or not raw.get(key):
+            problems.append(f"{key}: required string (got {raw.get(key)!r}). Fix: add `{key}: ...`")
+    if isinstance(raw.get("name"), str) and not re.match(_DNS_LABEL, raw["name"]):
+        problems.append(f"name: not a DNS label (got {raw['name']!r}). Fix: lowercase letters, digits and '-'")
+    if isinstance(raw.get("dataset"), str) and not raw["dataset"].startswith("/fsx/"):
+        problems.append(f"dataset: must be on the FSx mount (got {raw['dataset']!r}). Fix: a path under /fsx/")
+    retries = raw.get("trainRetryLimit", 2)
+    if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= 10:
+        problems.append(f"trainRetryLimit: must be an integer 0-10 (got {retries!r}). Fix: e.g. 2")
+    if problems:
+        raise ValueError(f"{source}: {len(problems)} problem{'s' if len(problems) != 1 else ''}\n"
+                         + "\n".join(f"  - {p}" for p in problems))
+    return PipelineDeclaration(**{_DECLARATION_KEYS[k]: v for k, v in raw.items()})
+
+
+def pipeline_spec(declaration: PipelineDeclaration, train_job: Mapping[str, Any], *, fsx_claim: str,
+                  tracking_secret: Optional[str], cpu_node_selector: Mapping[str, str]) -> PipelineSpec:
+    """The WorkflowTemplate's spec: the job's namespace and image, the declaration's defaults."""
+    master = train_job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    image = next(c["image"] for c in master["containers"] if c["name"] == "pytorch")
+    deadline = int(train_job["spec"].get("runPolicy", {}).get("activeDeadlineSeconds") or 7 * 24 * 3600)
+    return PipelineSpec(
+        name=declaration.name, namespace=train_job["metadata"]["namespace"], image=image, train_job=train_job,
+        dataset=declaration.dataset, model_name=declaration.model_name, job_spec=declaration.job_spec,
+        fsx_claim=fsx_claim, work_root=declaration.work_root, tracking_secret=tracking_secret,
+        cpu_node_selector=dict(cpu_node_selector), train_retry_limit=declaration.train_retry_limit,
+        # The job's own deadline plus a day for preparing the data, evaluating and registering.
+        active_deadline_seconds=deadline + 24 * 3600,
+    )
