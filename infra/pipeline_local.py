@@ -105,6 +105,13 @@ def run_local(declaration_path: Path, stack: str, *, dataset: str, work_dir: Pat
                                       final_checkpoint=final_checkpoint, python=sys.executable)
 
     result: dict[str, Any] = {"run_dir": str(run_dir), "mlflow_uri": mlflow_uri, "exit_codes": {}}
+    # In the cluster the MLflow server is up before the job and the trainer records its run in
+    # every checkpoint. A fresh sqlite file needs seconds of migrations, longer than a tiny run
+    # takes to its first checkpoint: the run is created here and named to every step through
+    # MLFLOW_RUN_ID, which the trainer, evaluate and export all honour.
+    env["MLFLOW_RUN_ID"] = create_run(mlflow_uri, run_dir, env.get("MLFLOW_EXPERIMENT_NAME") or declaration.name,
+                                      run_name)
+    result["mlflow_run_id"] = env["MLFLOW_RUN_ID"]
 
     def step(name: str, command: Sequence[str]) -> bool:
         code = _run(name, command, cwd=run_dir, env=env, log_dir=logs)
@@ -125,6 +132,16 @@ def run_local(declaration_path: Path, stack: str, *, dataset: str, work_dir: Pat
         return result
     result["registered"] = registered_versions(mlflow_uri, declaration.model_name)
     return result
+
+
+def create_run(mlflow_uri: str, run_dir: Path, experiment: str, run_name: str) -> str:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    found = client.get_experiment_by_name(experiment)
+    experiment_id = found.experiment_id if found else client.create_experiment(
+        experiment, artifact_location=(run_dir / "mlruns").as_uri())
+    return client.create_run(experiment_id, run_name=run_name).info.run_id
 
 
 def registered_versions(mlflow_uri: str, model_name: str) -> list[dict[str, Any]]:

@@ -67,9 +67,10 @@ class StepPaths:
 def train_overrides(paths: StepPaths, run_name: str) -> list[str]:
     """Trainer overrides the pipeline adds after the job's own (the last value of a key wins): its
     data, its checkpoints, and its own MLflow run: ``tracking.job_id`` is the run's identity, and
-    the job spec's would make every pipeline run resume the same MLflow run."""
+    the job spec's would make every pipeline run resume the same MLflow run. The register step
+    exports the checkpoint evaluate scored, so the trainer's own end-of-run export is off."""
     return [f"data.dir={paths.tokens}", f"checkpoint.dir={paths.checkpoints}", f"tracking.job_id={run_name}",
-            f"tracking.run_name={run_name}"]
+            f"tracking.run_name={run_name}", "export.at_end=false"]
 
 
 def step_commands(*, paths: StepPaths, dataset: str, model_name: str, run_name: str, pipeline: str,
