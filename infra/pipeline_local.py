@@ -36,6 +36,9 @@ from infra.plan import ROOT
 from infra.render import RenderError, default_job_renderer, load_config, _cpu_node_selector
 from workloads import pipeline
 
+# MLflow is the trainer's dependency (not the infra extra's): its helpers live trainer-side.
+from trainer.local_registry import create_run, registered_versions  # noqa: E402
+
 # What makes any job spec small enough for a CPU in about a minute (same keys as trainer overrides).
 TINY_OVERRIDES = (
     "model.size=tiny", "model.vocab_size=null", "data.seq_len=64", "data.micro_batch_size=8",
@@ -132,29 +135,6 @@ def run_local(declaration_path: Path, stack: str, *, dataset: str, work_dir: Pat
         return result
     result["registered"] = registered_versions(mlflow_uri, declaration.model_name)
     return result
-
-
-def create_run(mlflow_uri: str, run_dir: Path, experiment: str, run_name: str) -> str:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=mlflow_uri)
-    found = client.get_experiment_by_name(experiment)
-    experiment_id = found.experiment_id if found else client.create_experiment(
-        experiment, artifact_location=(run_dir / "mlruns").as_uri())
-    return client.create_run(experiment_id, run_name=run_name).info.run_id
-
-
-def registered_versions(mlflow_uri: str, model_name: str) -> list[dict[str, Any]]:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=mlflow_uri, registry_uri=mlflow_uri)
-    out = []
-    for version in client.search_model_versions(f"name = '{model_name}'"):
-        run = client.get_run(version.run_id) if version.run_id else None
-        out.append({"version": str(version.version), "run_id": version.run_id, "source": version.source,
-                    "tags": dict(version.tags), "run_tags": dict(run.data.tags) if run else {},
-                    "final_val_loss": (run.data.metrics.get("final_val_loss") if run else None)})
-    return sorted(out, key=lambda v: int(v["version"]))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -1,0 +1,28 @@
+"""A local MLflow registry for `python -m workloads pipeline --local` (sqlite in the run directory)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def create_run(mlflow_uri: str, run_dir: Path, experiment: str, run_name: str) -> str:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    found = client.get_experiment_by_name(experiment)
+    experiment_id = found.experiment_id if found else client.create_experiment(
+        experiment, artifact_location=(run_dir / "mlruns").as_uri())
+    return client.create_run(experiment_id, run_name=run_name).info.run_id
+
+
+def registered_versions(mlflow_uri: str, model_name: str) -> list[dict[str, Any]]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_uri, registry_uri=mlflow_uri)
+    out = []
+    for version in client.search_model_versions(f"name = '{model_name}'"):
+        run = client.get_run(version.run_id) if version.run_id else None
+        out.append({"version": str(version.version), "run_id": version.run_id, "source": version.source,
+                    "tags": dict(version.tags), "run_tags": dict(run.data.tags) if run else {},
+                    "final_val_loss": (run.data.metrics.get("final_val_loss") if run else None)})
+    return sorted(out, key=lambda v: int(v["version"]))
