@@ -1,6 +1,7 @@
 """EKS control plane, static CPU node group, managed add-ons and a Kubernetes provider."""
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import dataclass, field
 from enum import Enum
@@ -19,7 +20,10 @@ from workloads.placement import SYSTEM_NODE_LABEL_KEY, SYSTEM_NODE_LABEL_VALUE, 
 from workloads.storage import gp3_storage_class
 
 CONTROL_PLANE_LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
-CLUSTER_ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+# EKS access policies (arn:<partition>:eks::aws:cluster-access-policy/<name>).
+CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
+# Kubernetes `edit` in the listed namespaces only (EKS User Guide, "Review access policy permissions").
+NAMESPACE_EDIT_POLICY = "AmazonEKSEditPolicy"
 NODE_MANAGED_POLICIES = (
     "AmazonEKSWorkerNodePolicy",
     # The VPC CNI runs on the node role: it must assign pod IPs before Pod Identity works.
@@ -70,8 +74,13 @@ class ClusterArgs:
         system_node_group: the static CPU node group.
         public_access_cidrs: empty keeps the API endpoint private.
         admin_role_arns: roles given AmazonEKSClusterAdminPolicy access entries.
-        kubeconfig_role_arn: role the kubeconfig assumes (the role Pulumi deploys with).
+        kubeconfig_role_arn: the role Pulumi deploys with (the kubeconfig assumes it). The
+            cluster creator gets no hidden bootstrap admin; this role gets a visible access
+            entry instead. Required.
+        namespace_editors: role ARN -> namespaces where it gets AmazonEKSEditPolicy (teams).
         log_retention_days: control-plane log retention.
+        log_kms_key: key of the control-plane log group (its policy must admit CloudWatch
+            Logs for ``control_plane_log_group_name(cluster_name)``).
         deletion_protection: EKS deletion protection.
         protect: Pulumi ``protect`` on the cluster and its secrets key.
         tags: tags on every taggable child.
@@ -85,7 +94,13 @@ class ClusterArgs:
     public_access_cidrs: Sequence[str] = ()
     admin_role_arns: Sequence[str] = ()
     kubeconfig_role_arn: Optional[str] = None
+    namespace_editors: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    # Set explicitly (EKS would pick 10.100.0.0/16 or 172.20.0.0/16 by itself) so network
+    # policies can name the API server's Service address, which pods dial before kube-proxy
+    # translates it to the control plane's ENIs.
+    service_ipv4_cidr: str = "172.20.0.0/16"
     log_retention_days: int = 30
+    log_kms_key: Optional[aws.kms.Key] = None
     deletion_protection: bool = False
     protect: bool = False
     addon_versions: Mapping[str, str] = field(default_factory=lambda: dict(EKS_ADDON_VERSIONS))
@@ -96,6 +111,22 @@ class ClusterArgs:
             raise ValueError(f"ClusterArgs.version: {self.version!r} is unknown; use one of {sorted(EKS_VERSIONS)}")
         if any(c.endswith("/0") for c in self.public_access_cidrs):
             raise ValueError("ClusterArgs.public_access_cidrs: 0.0.0.0/0 opens the API to the internet; list your CIDRs")
+        service = ipaddress.ip_network(self.service_ipv4_cidr)
+        vpc = ipaddress.ip_network(self.network.args.cidr)
+        if service.overlaps(vpc):
+            raise ValueError(f"ClusterArgs.service_ipv4_cidr: {service} overlaps the VPC {vpc}; "
+                             "use 172.20.0.0/16 or 10.100.0.0/16, whichever the VPC does not use")
+        if not self.kubeconfig_role_arn:
+            raise ValueError("ClusterArgs.kubeconfig_role_arn: required; the cluster creator gets no bootstrap admin, "
+                             "so name the role Pulumi deploys with (it gets a visible cluster-admin access entry)")
+        principals = [self.kubeconfig_role_arn, *self.admin_role_arns, *self.namespace_editors]
+        duplicates = sorted({arn for arn in principals if principals.count(arn) > 1})
+        if duplicates:
+            raise ValueError(f"ClusterArgs: {duplicates} appear more than once among the deploy role, admin_role_arns "
+                             "and namespace_editors; EKS allows one access entry per principal")
+        empty = sorted(arn for arn, namespaces in self.namespace_editors.items() if not namespaces)
+        if empty:
+            raise ValueError(f"ClusterArgs.namespace_editors: {empty} have no namespaces; list at least one")
 
 
 class Cluster(pulumi.ComponentResource):
@@ -123,28 +154,39 @@ class Cluster(pulumi.ComponentResource):
             f"{name}-secrets", description=f"Envelope encryption of {args.cluster_name} Kubernetes secrets",
             parent=self, tags=tags, protect=args.protect,
         )
-        # EKS creates this group on first log write with no retention; own it instead.
+        # EKS creates this group on first log write, unencrypted and kept forever, unless it
+        # exists already: it is created first and the cluster depends on it.
         self.control_plane_logs = aws.cloudwatch.LogGroup(
-            f"{name}-control-plane-logs", name=f"/aws/eks/{args.cluster_name}/cluster",
-            retention_in_days=args.log_retention_days, tags=tags, opts=child,
+            f"{name}-control-plane-logs", name=control_plane_log_group_name(args.cluster_name),
+            retention_in_days=args.log_retention_days,
+            kms_key_id=args.log_kms_key.arn if args.log_kms_key is not None else None, tags=tags, opts=child,
         )
+        # Rules are standalone resources only: inline ingress/egress on the group would make the
+        # provider revoke every standalone rule on this group (the FSx rules in datasets too).
         self.node_security_group = aws.ec2.SecurityGroup(
             f"{name}-node-sg", vpc_id=args.network.vpc_id,
             description=f"Nodes of {args.cluster_name}: node-to-node traffic (pods, NCCL, EFA)",
-            ingress=[{"protocol": "-1", "from_port": 0, "to_port": 0, "self": True,
-                      "description": "All traffic between nodes (EFA needs every protocol)"}],
-            egress=[{"protocol": "-1", "from_port": 0, "to_port": 0, "cidr_blocks": ["0.0.0.0/0"],
-                     "description": "Image pulls, AWS APIs, S3 through endpoints or NAT"}],
             tags={**tags, "Name": f"{name}-node-sg", "karpenter.sh/discovery": args.cluster_name}, opts=child,
         )
+        sg_child = pulumi.ResourceOptions(parent=self.node_security_group)
+        # EFA: "the security group must allow all inbound and outbound traffic to and from the
+        # security group itself" (EC2 User Guide, "Get started with EFA and NCCL", step 1).
+        self.node_rules = [
+            aws.vpc.SecurityGroupIngressRule(
+                f"{name}-node-self-ingress", security_group_id=self.node_security_group.id,
+                referenced_security_group_id=self.node_security_group.id, ip_protocol="-1",
+                description="All traffic between nodes (pods, NCCL; EFA needs every protocol)", tags=tags, opts=sg_child),
+            aws.vpc.SecurityGroupEgressRule(
+                f"{name}-node-self-egress", security_group_id=self.node_security_group.id,
+                referenced_security_group_id=self.node_security_group.id, ip_protocol="-1",
+                description="All traffic to other nodes (EFA requires the self-referencing egress rule)", tags=tags,
+                opts=sg_child),
+            aws.vpc.SecurityGroupEgressRule(
+                f"{name}-node-egress", security_group_id=self.node_security_group.id,
+                cidr_ipv4="0.0.0.0/0", ip_protocol="-1",
+                description="Image pulls, AWS APIs, S3 through endpoints or NAT", tags=tags, opts=sg_child),
+        ]
 
-        access_entries = {
-            f"admin-{index}": {
-                "principal_arn": arn,
-                "access_policies": {"cluster-admin": {"policy_arn": CLUSTER_ADMIN_POLICY, "access_scope": {"type": "cluster"}}},
-            }
-            for index, arn in enumerate(args.admin_role_arns)
-        }
         self.eks_cluster = eks.Cluster(
             f"{name}-eks",
             name=args.cluster_name,
@@ -158,7 +200,7 @@ class Cluster(pulumi.ComponentResource):
             encryption_config_key_arn=self.secrets_key.arn,
             enabled_cluster_log_types=list(CONTROL_PLANE_LOG_TYPES),
             authentication_mode=eks.AuthenticationMode.API,
-            access_entries=access_entries or None,
+            kubernetes_service_ip_address_range=args.service_ipv4_cidr,
             skip_default_node_group=True,
             skip_default_security_groups=True,
             # Every add-on below is an EKS managed add-on with a pinned version.
@@ -171,9 +213,11 @@ class Cluster(pulumi.ComponentResource):
             provider_credential_opts={"role_arn": args.kubeconfig_role_arn} if args.kubeconfig_role_arn else None,
             tags=tags,
             opts=pulumi.ResourceOptions(parent=self, protect=args.protect,
-                                        depends_on=[self.control_plane_logs]),
+                                        depends_on=[self.control_plane_logs],
+                                        transforms=[disable_bootstrap_cluster_admin]),
         )
         cluster_name = self.eks_cluster.eks_cluster.name
+        self.access_entries = self._access_entries(name, cluster_name, tags)
         self.cluster_security_group_id = self.eks_cluster.cluster_security_group_id
 
         addon_opts = pulumi.ResourceOptions(parent=self)
@@ -201,9 +245,11 @@ class Cluster(pulumi.ComponentResource):
             identity = self._ebs_csi_identity(name, tags) if addon == "aws-ebs-csi-driver" else None
             self.addons[addon] = self._addon(name, addon, cluster_name, tags, depends, identity)
 
+        # Everything deployed into the cluster goes through this provider: it waits until the
+        # deploy role's access entry and policy association exist.
         self.k8s_provider = k8s.Provider(
             f"{name}-k8s", kubeconfig=self.eks_cluster.kubeconfig_json, enable_server_side_apply=True,
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=self.access_entries["deploy"]),
         )
         apply_object(
             f"{name}-gp3", gp3_storage_class(reclaim_policy="Retain" if args.protect else "Delete"),
@@ -220,6 +266,34 @@ class Cluster(pulumi.ComponentResource):
             "endpoint": self.endpoint,
             "node_security_group_id": self.node_security_group.id,
         })
+
+    def _access_entries(self, name, cluster_name, tags) -> dict[str, list[pulumi.Resource]]:
+        """Every principal with Kubernetes access, as visible access entries and associations.
+
+        The deploy role installs charts that create CRDs, ClusterRoles and webhooks; RBAC only
+        lets a principal grant permissions it holds, so it needs cluster-wide admin.
+        """
+        args = self.args
+        grants: list[tuple[str, str, str, dict]] = [
+            ("deploy", args.kubeconfig_role_arn, CLUSTER_ADMIN_POLICY, {"type": "cluster"})]
+        grants += [(f"admin-{index}", arn, CLUSTER_ADMIN_POLICY, {"type": "cluster"})
+                   for index, arn in enumerate(args.admin_role_arns)]
+        # Keyed by account and role name, so adding a team role never renames another's entry.
+        grants += [(f"team-{arn.split(':')[4]}-{arn.rsplit('/', 1)[-1]}", arn, NAMESPACE_EDIT_POLICY,
+                    {"type": "namespace", "namespaces": sorted(set(namespaces))})
+                   for arn, namespaces in sorted(args.namespace_editors.items())]
+        out: dict[str, list[pulumi.Resource]] = {}
+        for key, principal, policy, scope in grants:
+            entry = aws.eks.AccessEntry(
+                f"{name}-access-{key}", cluster_name=cluster_name, principal_arn=principal, type="STANDARD",
+                tags=tags, opts=pulumi.ResourceOptions(parent=self))
+            association = aws.eks.AccessPolicyAssociation(
+                f"{name}-access-{key}-policy", cluster_name=cluster_name, principal_arn=entry.principal_arn,
+                policy_arn=pulumi.Output.concat("arn:", self.partition, ":eks::aws:cluster-access-policy/", policy),
+                access_scope=scope,
+                opts=pulumi.ResourceOptions(parent=entry))
+            out[key] = [entry, association]
+        return out
 
     def _addon(self, name, addon, cluster_name, tags, opts, pod_identity=None, configuration=None) -> aws.eks.Addon:
         return aws.eks.Addon(
@@ -269,6 +343,33 @@ class Cluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.addons["vpc-cni"], self.addons["kube-proxy"]],
                                         ignore_changes=["scaling_config.desired_size"]),
         )
+
+
+def control_plane_log_group_name(cluster_name: str) -> str:
+    """The log group EKS writes control-plane logs to (EKS User Guide, control plane logs)."""
+    return f"/aws/eks/{cluster_name}/cluster"
+
+
+def disable_bootstrap_cluster_admin(args: pulumi.ResourceTransformArgs) -> Optional[pulumi.ResourceTransformResult]:
+    """Transform for ``eks.Cluster``: its ``aws:eks/cluster:Cluster`` child is created with
+    ``accessConfig.bootstrapClusterCreatorAdminPermissions = false``.
+
+    pulumi-eks hard-codes ``true`` there (nodejs/eks/cluster/cluster.ts) and exposes no input for
+    it (eks:index:Cluster has no accessConfig in its schema), so the creator would be a cluster
+    admin that no access entry shows. Transforms run in the engine for a resource and all its
+    children, packaged (remote) components' children included (pulumi.com/docs/iac/concepts/
+    options/transforms and .../options/transformations: "Transforms support modifying child
+    resources of packaged components"); the offline plan emulates this for the eksCluster
+    child (infra/mock_engine.py). The setting only matters at
+    creation; pulumi-eks ignores later changes to it, so an existing cluster is not replaced.
+    """
+    if args.type_ != "aws:eks/cluster:Cluster":
+        return None
+    props = dict(args.props)
+    access = dict(props.get("accessConfig") or {})
+    access["bootstrapClusterCreatorAdminPermissions"] = False
+    props["accessConfig"] = access
+    return pulumi.ResourceTransformResult(props=props, opts=args.opts)
 
 
 def pod_identity_trust_policy(*, cluster_arn: str, namespace: str, service_account: str) -> dict:

@@ -7,18 +7,17 @@ S3 by the same mechanism. Pods see the file system through a static PV/PVC per t
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Iterator, Mapping, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence, Union
 
 import pulumi
 import pulumi_aws as aws
 
-from components.bucket import LifecycleRule, SecureBucket, SecureBucketArgs
-from components.cluster import Cluster, pod_identity_role
+from components.bucket import AccessLogBucket, LifecycleRule, SecureBucket, SecureBucketArgs
+from components.cluster import Cluster
 from components.k8s import apply_object
-from components.kms import create_key
+from components.kms import create_key, set_key_policy
 from components.network import Network
 from components.validation import Problem
 from components.versions import EKS_ADDON_VERSIONS
@@ -33,6 +32,8 @@ LUSTRE_VERSION = "2.15"
 # Lustre: 988 for LNet, 1018-1023 for the clients' privileged source ports.
 LUSTRE_PORTS = ((988, 988), (1018, 1023))
 SPOT_NOTICE_SECONDS = 120
+# FSx reaches a linked bucket through this per-file-system service-linked role.
+FSX_S3_SLR_PATH = "role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/AWSServiceRoleForFSxS3Access_"
 # bf16 weights (2) + fp32 master weights (4) + Adam moments (4 + 4) + bf16 grads (2).
 CHECKPOINT_BYTES_PER_PARAMETER = 16
 
@@ -197,7 +198,8 @@ class DatasetsArgs:
 
     Attributes:
         network / cluster: the file system lives in a private subnet and admits the cluster's nodes.
-        access_logs_bucket: the log archive bucket (S3 server access logs).
+        access_logs_bucket: S3 server access log target in this (the workload) account.
+        log_kms_key: key of the FSx log group (its policy must admit CloudWatch Logs for it).
         fsx: the file system.
         namespaces: team namespaces that get a PVC (they must exist).
         datasets_lifecycle / checkpoints_lifecycle: lifecycle rules per bucket.
@@ -209,7 +211,8 @@ class DatasetsArgs:
     cluster: Cluster
     fsx: FsxArgs
     namespaces: Sequence[str]
-    access_logs_bucket: Optional[aws.s3.Bucket] = None
+    access_logs_bucket: Optional[Union[AccessLogBucket, aws.s3.Bucket]] = None
+    log_kms_key: Optional[aws.kms.Key] = None
     datasets_lifecycle: Sequence[LifecycleRule] = ()
     checkpoints_lifecycle: Sequence[LifecycleRule] = ()
     addon_version: str = EKS_ADDON_VERSIONS["aws-fsx-csi-driver"]
@@ -241,8 +244,10 @@ class Datasets(pulumi.ComponentResource):
         stateful = pulumi.ResourceOptions(parent=self, protect=args.protect)
         partition = aws.get_partition_output(opts=pulumi.InvokeOutputOptions(parent=self)).partition
 
+        # The key's policy names the file system's S3 service-linked role, so it is attached
+        # once the file system exists (``set_key_policy`` below), before any association.
         self.key = create_key(f"{name}-data", description="Encrypts training datasets, checkpoints and the FSx file system",
-                              parent=self, tags=tags, protect=args.protect)
+                              parent=self, tags=tags, protect=args.protect, policy_set_later=True)
         lifecycles = {DatasetBucket.DATASETS: args.datasets_lifecycle, DatasetBucket.CHECKPOINTS: args.checkpoints_lifecycle}
         self.buckets = {
             kind: SecureBucket(
@@ -257,16 +262,35 @@ class Datasets(pulumi.ComponentResource):
         }
 
         node_sg = args.cluster.node_security_group
-        rules = [{"protocol": "tcp", "from_port": low, "to_port": high, "security_groups": [node_sg.id],
-                  "description": f"Lustre {low}-{high} from the cluster's nodes"} for low, high in LUSTRE_PORTS]
-        # The file servers also talk to each other on the same ports.
-        rules += [{"protocol": "tcp", "from_port": low, "to_port": high, "self": True,
-                   "description": f"Lustre {low}-{high} between file servers"} for low, high in LUSTRE_PORTS]
+        # Rules are standalone resources only (inline rules would make the provider revoke the
+        # standalone ones on the same group). FSx for Lustre: TCP 988 and 1018-1023 from the
+        # clients and from the file servers themselves (FSx Lustre User Guide, "File system
+        # access control with Amazon VPC").
         self.security_group = aws.ec2.SecurityGroup(
             f"{name}-fsx-sg", vpc_id=args.network.vpc_id,
             description="FSx for Lustre: Lustre ports from the cluster's nodes only",
-            ingress=rules, egress=rules, tags={**tags, "Name": f"{name}-fsx"}, opts=child,
+            tags={**tags, "Name": f"{name}-fsx"}, opts=child,
         )
+        fsx_sg = self.security_group
+        sg_child = pulumi.ResourceOptions(parent=fsx_sg)
+        self.security_group_rules: list[pulumi.CustomResource] = []
+        for low, high in LUSTRE_PORTS:
+            ports = {"ip_protocol": "tcp", "from_port": low, "to_port": high, "tags": tags, "opts": sg_child}
+            self.security_group_rules += [
+                aws.vpc.SecurityGroupIngressRule(
+                    f"{name}-fsx-from-nodes-{low}", security_group_id=fsx_sg.id,
+                    referenced_security_group_id=node_sg.id, description=f"Lustre {low}-{high} from the cluster's nodes",
+                    **ports),
+                aws.vpc.SecurityGroupIngressRule(
+                    f"{name}-fsx-from-self-{low}", security_group_id=fsx_sg.id, referenced_security_group_id=fsx_sg.id,
+                    description=f"Lustre {low}-{high} between file servers", **ports),
+                aws.vpc.SecurityGroupEgressRule(
+                    f"{name}-fsx-to-nodes-{low}", security_group_id=fsx_sg.id, referenced_security_group_id=node_sg.id,
+                    description=f"Lustre {low}-{high} to the cluster's nodes", **ports),
+                aws.vpc.SecurityGroupEgressRule(
+                    f"{name}-fsx-to-self-{low}", security_group_id=fsx_sg.id, referenced_security_group_id=fsx_sg.id,
+                    description=f"Lustre {low}-{high} between file servers", **ports),
+            ]
         # Lustre servers call back to clients: the nodes admit the file system on the same ports.
         for low, high in LUSTRE_PORTS:
             aws.vpc.SecurityGroupIngressRule(
@@ -278,7 +302,8 @@ class Datasets(pulumi.ComponentResource):
         fsx = args.fsx
         # FSx only writes to groups named /aws/fsx/...
         self.log_group = aws.cloudwatch.LogGroup(
-            f"{name}-fsx-logs", name=f"/aws/fsx/{name}", retention_in_days=fsx.log_retention_days, tags=tags, opts=child,
+            f"{name}-fsx-logs", name=fsx_log_group_name(name), retention_in_days=fsx.log_retention_days,
+            kms_key_id=args.log_kms_key.arn if args.log_kms_key is not None else None, tags=tags, opts=child,
         )
         backups = fsx.automatic_backup_retention_days > 0
         self.file_system = aws.fsx.LustreFileSystem(
@@ -301,7 +326,14 @@ class Datasets(pulumi.ComponentResource):
             tags={**tags, "Name": f"{name}-fsx"},
             opts=stateful,
         )
-        fs_child = pulumi.ResourceOptions(parent=self.file_system)
+        linked = sorted({dra.bucket for dra in fsx.associations}, key=lambda b: b.value)
+        self.key_policy = set_key_policy(
+            f"{name}-data", self.key, parent=self,
+            statements=[fsx_s3_key_statement(self.file_system.id, [self.buckets[b].arn for b in linked], parent=self)]
+            if linked else [],
+        )
+        # Lazy loads and exports use the key through the service-linked role: it must be admitted first.
+        fs_child = pulumi.ResourceOptions(parent=self.file_system, depends_on=[self.key_policy])
         self.associations = []
         for index, dra in enumerate(fsx.associations):
             bucket = self.buckets[dra.bucket]
@@ -320,25 +352,20 @@ class Datasets(pulumi.ComponentResource):
                 tags=tags, opts=fs_child,
             ))
 
-        csi_role = pod_identity_role(
-            f"{name}-fsx-csi", cluster_arn=args.cluster.eks_cluster.eks_cluster.arn, namespace="kube-system",
-            service_account="fsx-csi-controller-sa", parent=self, tags=tags)
-        # Static volumes only: the controller describes file systems, it never creates one.
-        aws.iam.RolePolicy(
-            f"{name}-fsx-csi-policy", role=csi_role.id,
-            policy=json.dumps({"Version": "2012-10-17", "Statement": [{
-                "Effect": "Allow", "Action": ["fsx:DescribeFileSystems", "fsx:DescribeVolumes"], "Resource": "*"}]}),
-            opts=pulumi.ResourceOptions(parent=csi_role),
-        )
         cluster = args.cluster
+        # No IAM role: with static volumes only, the controller never calls AWS. Its FSx calls
+        # are in CreateVolume/DeleteVolume/ControllerExpandVolume (dynamic provisioning and
+        # resizing) and ValidateVolumeCapabilities, which nothing calls for a static PV; the
+        # CSIDriver has attachRequired: false, and the node plugin only mounts (Lustre client).
+        # Source: kubernetes-sigs/aws-fsx-csi-driver pkg/driver/controller.go and docs/install.md
+        # ("IAM permissions ... to create/delete file systems and volumes").
         self.addon = aws.eks.Addon(
             f"{name}-aws-fsx-csi-driver", cluster_name=cluster.cluster_name, addon_name="aws-fsx-csi-driver",
             addon_version=args.addon_version,
             resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
-            pod_identity_associations=[{"role_arn": csi_role.arn, "service_account": "fsx-csi-controller-sa"}],
             tags=tags,
-            # Pod Identity credentials come from the agent add-on; nodes must exist to run the driver.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.addons["eks-pod-identity-agent"], cluster.node_group]),
+            # Nodes must exist to run the driver.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.node_group]),
         )
 
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=cluster.k8s_provider,
@@ -363,6 +390,44 @@ class Datasets(pulumi.ComponentResource):
             "datasets_bucket": self.buckets[DatasetBucket.DATASETS].name,
             "checkpoints_bucket": self.buckets[DatasetBucket.CHECKPOINTS].name,
         })
+
+
+def fsx_log_group_name(name: str) -> str:
+    """FSx delivers only to log groups whose name starts with /aws/fsx/."""
+    return f"/aws/fsx/{name}"
+
+
+def fsx_s3_key_statement(file_system_id: pulumi.Input[str], bucket_arns: Sequence[pulumi.Input[str]], *,
+                         parent: pulumi.Resource) -> dict:
+    """Key-policy statement that lets one file system's FSx S3 service-linked role use the key on
+    the linked buckets' objects.
+
+    FSx for Lustre User Guide, "Working with server-side encrypted Amazon S3 buckets": the
+    statement for a specific file system and bucket, with the encryption context set to the
+    bucket ARN because the buckets use S3 Bucket Keys (object ARNs kept for objects written
+    without one). The role (``AWSServiceRoleForFSxS3Access_<fs-id>``) is named through
+    ``aws:PrincipalArn`` rather than as the principal: FSx creates it when the file system is
+    linked to S3, after this policy is written, and KMS refuses policies naming principals
+    that do not exist yet. ``kms:CallerAccount`` keeps it to this account, ``kms:ViaService``
+    to calls S3 makes.
+    """
+    invoke = pulumi.InvokeOutputOptions(parent=parent)
+    account = aws.get_caller_identity_output(opts=invoke).account_id
+    region = aws.get_region_output(opts=invoke).region
+    partition = aws.get_partition_output(opts=invoke)
+    role_arn = pulumi.Output.concat("arn:", partition.partition, ":iam::", account, ":", FSX_S3_SLR_PATH, file_system_id)
+    contexts = [c for arn in bucket_arns for c in (arn, pulumi.Output.concat(arn, "/*"))]
+    return {
+        "Sid": "FsxS3ServiceLinkedRoleUsesKeyOnLinkedBuckets", "Effect": "Allow",
+        "Principal": {"AWS": "*"},
+        "Action": ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:DescribeKey"],
+        "Resource": "*",
+        "Condition": {
+            "StringEquals": {"aws:PrincipalArn": role_arn, "kms:CallerAccount": account,
+                             "kms:ViaService": pulumi.Output.concat("s3.", region, ".", partition.dns_suffix)},
+            "StringLike": {"kms:EncryptionContext:aws:s3:arn": contexts},
+        },
+    }
 
 
 def _manifest(spec: pulumi.Output, render, namespace: str, pv_prefix: str) -> dict:

@@ -14,14 +14,26 @@ from typing import Any, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components.cluster import Cluster
+from components.k8s import apply_object
 from components.versions import (
     DCGM_EXPORTER_REPO, DCGM_EXPORTER_VERSION, EFA_DEVICE_PLUGIN_VERSION, EKS_CHARTS_REPO,
     NVIDIA_DEVICE_PLUGIN_REPO, NVIDIA_DEVICE_PLUGIN_VERSION, NVIDIA_GPU_OPERATOR_REPO, NVIDIA_GPU_OPERATOR_VERSION,
+    PROMETHEUS_OPERATOR_CRDS_REPO, PROMETHEUS_OPERATOR_CRDS_VERSION,
 )
 from workloads.karpenter import EFA_LABEL, FSX_STARTUP_TAINT, GPU_TAINT, NODE_ROLE_LABEL
 from workloads.placement import system_pod_placement
+from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
 
 NAMESPACE = "gpu-system"
+DCGM_METRICS_PORT = 9400
+GPU_OPERATOR_METRICS_PORT = 8080
+# Below `restricted` on purpose: every chart here is a node agent.
+POD_SECURITY_REASON = (
+    "node agents: the NVIDIA and EFA device plugins mount the kubelet's device-plugin socket "
+    "directory (hostPath) and DCGM exporter reads the GPUs through /dev and the pod-resources "
+    "socket with SYS_ADMIN; baseline forbids hostPath and added capabilities"
+)
 
 
 class GpuEnablementMode(str, Enum):
@@ -82,22 +94,60 @@ def efa_device_plugin_values() -> dict[str, Any]:
 class GpuEnablementArgs:
     """GPU and EFA device plugins and GPU metrics.
 
-    mode: device plugin alone, or the GPU Operator (driver and toolkit off).
+    cluster: the platform cluster; releases wait for its static node group and CoreDNS.
+    mode: device plugin alone, or the GPU Operator (driver and toolkit off); enum or its value.
     dcgm_exporter: GPU metrics (bundled by the operator in gpu-operator mode).
-    service_monitor: a Prometheus-operator ServiceMonitor for DCGM.
+    service_monitor: a Prometheus-operator ServiceMonitor for DCGM; needs
+        ``prometheus_operator_crds`` (Helm refuses a chart with an unknown kind and the
+        atomic release rolls back).
+    prometheus_operator_crds: install the pinned ``prometheus-operator-crds`` chart first.
     efa: install the EFA device plugin (some pool has EFA).
     """
 
+    cluster: Cluster
     mode: GpuEnablementMode = GpuEnablementMode.DEVICE_PLUGIN
     dcgm_exporter: bool = True
-    service_monitor: bool = True
+    service_monitor: bool = False
+    prometheus_operator_crds: bool = False
     efa: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", GpuEnablementMode(self.mode))
+        if self.service_monitor and not self.prometheus_operator_crds:
+            raise ValueError(
+                "GpuEnablementArgs.service_monitor: True needs the Prometheus operator CRDs (ServiceMonitor); "
+                "set prometheus_operator_crds=True or service_monitor=False")
+
+
+def namespace_spec(vpc_cidr: str, service_cidr: str, mode: GpuEnablementMode) -> SystemNamespaceSpec:
+    operator = mode is GpuEnablementMode.GPU_OPERATOR
+    return SystemNamespaceSpec(
+        name=NAMESPACE, pod_security=PodSecurityLevel.PRIVILEGED, pod_security_reason=POD_SECURITY_REASON,
+        vpc_cidr=vpc_cidr, service_cidr=service_cidr,
+        metrics_ports=(DCGM_METRICS_PORT, GPU_OPERATOR_METRICS_PORT) if operator else (DCGM_METRICS_PORT,),
+        # The operator's components (NFD master/worker, validators) talk to each other.
+        same_namespace=operator,
+    )
 
 
 class GpuEnablement(pulumi.ComponentResource):
     def __init__(self, name: str, args: GpuEnablementArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("mlplatform:gpu_enablement:GpuEnablement", name, None, opts)
+        cluster = args.cluster
+        objects = namespace_objects(namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr, args.mode))
+        self.namespace = apply_object(f"{name}-namespace", objects[0], pulumi.ResourceOptions(parent=self))
+        in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
+        self.network_policies = [
+            apply_object(f"{name}-netpol-{obj['metadata']['name']}", obj, in_namespace) for obj in objects[1:]]
+        # Helm waits for the pods of an atomic release; they need nodes and DNS to start.
+        self._depends_on: list[pulumi.Resource] = [
+            self.namespace, *self.network_policies, cluster.node_group, cluster.addons["coredns"]]
         self.releases: dict[str, k8s.helm.v3.Release] = {}
+        if args.prometheus_operator_crds:
+            self._release(name, "prometheus-operator-crds", "prometheus-operator-crds", PROMETHEUS_OPERATOR_CRDS_REPO,
+                          PROMETHEUS_OPERATOR_CRDS_VERSION, {})
+            # ServiceMonitor objects in the charts below need these CRDs.
+            self._depends_on.append(self.releases["prometheus-operator-crds"])
         if args.mode is GpuEnablementMode.GPU_OPERATOR:
             self._release(name, "gpu-operator", "gpu-operator", NVIDIA_GPU_OPERATOR_REPO, NVIDIA_GPU_OPERATOR_VERSION,
                           gpu_operator_values(service_monitor=args.service_monitor))
@@ -115,7 +165,7 @@ class GpuEnablement(pulumi.ComponentResource):
     def _release(self, name: str, key: str, chart: str, repo: str, version: str, values: dict[str, Any]) -> None:
         self.releases[key] = k8s.helm.v3.Release(
             f"{name}-{key}", name=key, chart=chart, version=version,
-            repository_opts={"repo": repo}, namespace=NAMESPACE, create_namespace=True,
+            repository_opts={"repo": repo}, namespace=NAMESPACE,
             values=values, atomic=True, cleanup_on_fail=True, timeout=600,
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self._depends_on)),
         )

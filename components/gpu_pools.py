@@ -1,7 +1,7 @@
 """GPU pools (and the general CPU pool) as Karpenter NodePools + EC2NodeClasses.
 
 The manifests come from ``workloads.karpenter`` (pure, golden-tested); this component applies
-them after the Karpenter release (which installs the CRDs).
+them after the karpenter-crd release (which installs the CRDs) and the controller.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class GpuPoolsArgs:
 
     cluster: discovery tag value, cluster security group.
     prerequisites: the Karpenter node role (EC2NodeClass ``role``).
-    karpenter: the release that owns the CRDs; pools are applied after it.
+    karpenter: its CRD and controller releases; pools are applied after both.
     gpu_pools: one NodePool + EC2NodeClass each.
     cpu_pool: the general CPU pool, or None.
     tags: cost-allocation tags on every instance, volume and interface Karpenter launches.
@@ -45,7 +45,10 @@ class GpuPools(pulumi.ComponentResource):
             cluster_security_group_id=args.cluster.cluster_security_group_id,
             tags=dict(args.tags),
         )
-        after = pulumi.ResourceOptions(parent=self, depends_on=[args.karpenter.release])
+        # NodePool/EC2NodeClass kinds exist once the karpenter-crd release is in; the controller
+        # reconciles them.
+        karpenter = [args.karpenter.crds, args.karpenter.release]
+        after = pulumi.ResourceOptions(parent=self, depends_on=karpenter)
         self.node_pools: dict[str, pulumi.CustomResource] = {}
         self.node_classes: dict[str, pulumi.CustomResource] = {}
         for pool in args.gpu_pools:
@@ -53,7 +56,7 @@ class GpuPools(pulumi.ComponentResource):
             self.node_classes[pool.name] = node_class_resource
             self.node_pools[pool.name] = apply_object(
                 f"{name}-{pool.name}-nodepool", gpu_node_pool(pool),
-                pulumi.ResourceOptions(parent=self, depends_on=[args.karpenter.release, node_class_resource]),
+                pulumi.ResourceOptions(parent=self, depends_on=[*karpenter, node_class_resource]),
             )
         if args.cpu_pool is not None:
             cpu = args.cpu_pool
@@ -61,6 +64,6 @@ class GpuPools(pulumi.ComponentResource):
             self.node_classes[cpu.name] = cpu_class
             self.node_pools[cpu.name] = apply_object(
                 f"{name}-{cpu.name}-nodepool", cpu_node_pool(cpu),
-                pulumi.ResourceOptions(parent=self, depends_on=[args.karpenter.release, cpu_class]),
+                pulumi.ResourceOptions(parent=self, depends_on=[*karpenter, cpu_class]),
             )
         self.register_outputs({"node_pools": sorted(self.node_pools)})

@@ -23,6 +23,7 @@ _BUILTIN_GROUPS = {
     "networking.k8s.io": "networking",
     "rbac.authorization.k8s.io": "rbac",
     "autoscaling": "autoscaling",
+    "flowcontrol.apiserver.k8s.io": "flowcontrol",
 }
 
 

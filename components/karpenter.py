@@ -12,18 +12,30 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from components.cluster import Cluster, pod_identity_role
-from components.versions import KARPENTER_CHART, KARPENTER_VERSION
+from components.k8s import apply_object
+from components.versions import KARPENTER_CHART, KARPENTER_CRD_CHART, KARPENTER_VERSION
 from workloads.placement import system_pod_placement
+from workloads.system_namespaces import (
+    PodSecurityLevel, SystemNamespaceSpec, karpenter_flow_schemas, namespace_objects,
+)
 
 SERVICE_ACCOUNT = "karpenter"
-NAMESPACE = "kube-system"
+# Karpenter's own namespace, not kube-system: kube-system runs privileged node agents (CNI,
+# kube-proxy, CSI node plugins) and cannot enforce `restricted`, while the Karpenter controller
+# meets `restricted` as shipped (non-root, no privilege escalation, all capabilities dropped,
+# RuntimeDefault seccomp). Upstream's guide allows another namespace and gives the FlowSchemas
+# that keep its API priority (applied below); the Pod Identity association follows it.
+NAMESPACE = "karpenter"
+# Controller ports (chart values controller.metrics.port / healthProbe.port, v1.14.1).
+METRICS_PORT = 8080
+HEALTH_PROBE_PORT = 8081
 
 # Node role: join the cluster, run the VPC CNI, pull images, be reachable by SSM (no SSH).
 NODE_MANAGED_POLICIES = (
@@ -33,12 +45,16 @@ NODE_MANAGED_POLICIES = (
     "AmazonSSMManagedInstanceCore",
 )
 
-# EventBridge events Karpenter acts on (exact patterns from Karpenter's CloudFormation).
+# EventBridge events Karpenter acts on: the five rules of Karpenter v1.14.1's reference
+# CloudFormation (ScheduledChangeRule, SpotInterruptionRule, RebalanceRule,
+# InstanceStateChangeRule, CapacityReservationInterruptionRule), patterns verbatim.
 INTERRUPTION_EVENT_PATTERNS: dict[str, dict[str, list[str]]] = {
     "health": {"source": ["aws.health"], "detail-type": ["AWS Health Event"]},
     "spot-interruption": {"source": ["aws.ec2"], "detail-type": ["EC2 Spot Instance Interruption Warning"]},
     "rebalance": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance Rebalance Recommendation"]},
     "instance-state-change": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance State-change Notification"]},
+    "capacity-reservation-interruption": {
+        "source": ["aws.ec2"], "detail-type": ["EC2 Capacity Reservation Instance Interruption Warning"]},
 }
 # Karpenter acts on a message within seconds; older ones describe instances already gone.
 QUEUE_RETENTION_SECONDS = 300
@@ -46,10 +62,16 @@ QUEUE_RETENTION_SECONDS = 300
 
 def controller_policy(*, partition: str, region: str, account_id: str, cluster_name: str,
                       queue_arn: str, node_role_arn: str, cluster_arn: str) -> dict[str, Any]:
-    """Karpenter v1 controller policy, scoped as upstream's CloudFormation scopes it.
+    """Karpenter v1.14.1 controller policy: upstream's reference CloudFormation, statement by statement.
 
+    Source: aws/karpenter-provider-aws v1.14.1,
+    website/content/en/docs/getting-started/getting-started-with-karpenter/cloudformation.yaml
+    (NodeLifecyclePolicy, IAMIntegrationPolicy, EKSIntegrationPolicy, InterruptionPolicy,
+    ZonalShiftPolicy, ResourceDiscoveryPolicy), merged into one document with the same Sids.
     Everything Karpenter launches, tags or deletes must carry this cluster's
-    ``kubernetes.io/cluster/<name>=owned`` tag and a ``karpenter.sh/nodepool`` tag.
+    ``kubernetes.io/cluster/<name>=owned`` tag and a ``karpenter.sh/nodepool`` tag; the only
+    ``Resource: "*"`` statements are upstream's read-only ones (region- or resource-scoped by
+    condition where upstream scopes them).
     """
     arn = f"arn:{partition}:ec2:{region}:*"
     cluster_tag = f"kubernetes.io/cluster/{cluster_name}"
@@ -71,7 +93,10 @@ def controller_policy(*, partition: str, region: str, account_id: str, cluster_n
                          "aws:RequestTag/topology.kubernetes.io/region": region},
         "StringLike": {"aws:RequestTag/karpenter.k8s.aws/ec2nodeclass": "*"},
     }
+    tagged = [f"{arn}:fleet/*", f"{arn}:instance/*", f"{arn}:volume/*", f"{arn}:network-interface/*",
+              f"{arn}:launch-template/*", f"{arn}:spot-instances-request/*"]
     statements = [
+        # -- NodeLifecyclePolicy
         {"Sid": "AllowScopedEC2InstanceAccessActions", "Effect": "Allow",
          "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
          "Resource": [f"arn:{partition}:ec2:{region}::image/*", f"arn:{partition}:ec2:{region}::snapshot/*",
@@ -82,12 +107,9 @@ def controller_policy(*, partition: str, region: str, account_id: str, cluster_n
          "Condition": owned_resource},
         {"Sid": "AllowScopedEC2InstanceActionsWithTags", "Effect": "Allow",
          "Action": ["ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate"],
-         "Resource": [f"{arn}:fleet/*", f"{arn}:instance/*", f"{arn}:volume/*", f"{arn}:network-interface/*",
-                      f"{arn}:launch-template/*", f"{arn}:spot-instances-request/*"],
-         "Condition": owned_request},
+         "Resource": tagged, "Condition": owned_request},
         {"Sid": "AllowScopedResourceCreationTagging", "Effect": "Allow", "Action": "ec2:CreateTags",
-         "Resource": [f"{arn}:fleet/*", f"{arn}:instance/*", f"{arn}:volume/*", f"{arn}:network-interface/*",
-                      f"{arn}:launch-template/*", f"{arn}:spot-instances-request/*"],
+         "Resource": tagged,
          "Condition": {**owned_request, "StringEquals": {
              **owned_request["StringEquals"], "ec2:CreateAction": ["RunInstances", "CreateFleet", "CreateLaunchTemplate"]}}},
         {"Sid": "AllowScopedResourceTagging", "Effect": "Allow", "Action": "ec2:CreateTags",
@@ -101,43 +123,63 @@ def controller_policy(*, partition: str, region: str, account_id: str, cluster_n
         {"Sid": "AllowScopedDeletion", "Effect": "Allow",
          "Action": ["ec2:TerminateInstances", "ec2:DeleteLaunchTemplate"],
          "Resource": [f"{arn}:instance/*", f"{arn}:launch-template/*"], "Condition": owned_resource},
-        {"Sid": "AllowRegionalReadActions", "Effect": "Allow",
-         "Action": ["ec2:DescribeAvailabilityZones", "ec2:DescribeCapacityReservations", "ec2:DescribeImages",
-                    "ec2:DescribeInstances", "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes",
-                    "ec2:DescribeLaunchTemplates", "ec2:DescribePlacementGroups", "ec2:DescribeSecurityGroups",
-                    "ec2:DescribeSpotPriceHistory", "ec2:DescribeSubnets"],
-         "Resource": "*", "Condition": {"StringEquals": {"aws:RequestedRegion": region}}},
-        {"Sid": "AllowSSMReadActions", "Effect": "Allow", "Action": "ssm:GetParameter",
-         "Resource": f"arn:{partition}:ssm:{region}::parameter/aws/service/*"},
-        {"Sid": "AllowPricingReadActions", "Effect": "Allow", "Action": "pricing:GetProducts", "Resource": "*"},
-        {"Sid": "AllowInterruptionQueueActions", "Effect": "Allow",
-         "Action": ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"], "Resource": queue_arn},
+        # -- IAMIntegrationPolicy
         {"Sid": "AllowPassingInstanceRole", "Effect": "Allow", "Action": "iam:PassRole", "Resource": node_role_arn,
-         "Condition": {"StringEquals": {"iam:PassedToService": ["ec2.amazonaws.com"]}}},
-        {"Sid": "AllowScopedInstanceProfileCreationActions", "Effect": "Allow", "Action": "iam:CreateInstanceProfile",
+         "Condition": {"StringEquals": {"iam:PassedToService": ["ec2.amazonaws.com", "ec2.amazonaws.com.cn"]}}},
+        {"Sid": "AllowScopedInstanceProfileCreationActions", "Effect": "Allow", "Action": ["iam:CreateInstanceProfile"],
          "Resource": profile_arn, "Condition": profile_request},
-        {"Sid": "AllowScopedInstanceProfileTagActions", "Effect": "Allow", "Action": "iam:TagInstanceProfile",
+        {"Sid": "AllowScopedInstanceProfileTagActions", "Effect": "Allow", "Action": ["iam:TagInstanceProfile"],
          "Resource": profile_arn,
          "Condition": {"StringEquals": {**profile_resource["StringEquals"], **profile_request["StringEquals"]},
                        "StringLike": {**profile_resource["StringLike"], **profile_request["StringLike"]}}},
         {"Sid": "AllowScopedInstanceProfileActions", "Effect": "Allow",
          "Action": ["iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile"],
          "Resource": profile_arn, "Condition": profile_resource},
-        {"Sid": "AllowInstanceProfileReadActions", "Effect": "Allow", "Action": "iam:GetInstanceProfile",
-         "Resource": profile_arn},
+        # -- EKSIntegrationPolicy
         {"Sid": "AllowAPIServerEndpointDiscovery", "Effect": "Allow", "Action": "eks:DescribeCluster",
          "Resource": cluster_arn},
+        # -- InterruptionPolicy
+        {"Sid": "AllowInterruptionQueueActions", "Effect": "Allow",
+         "Action": ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"], "Resource": queue_arn},
+        # -- ZonalShiftPolicy (read-only; used when settings.enableZonalShift is on)
+        {"Sid": "AllowZonalShiftStatusReadOnly", "Effect": "Allow", "Action": ["arc-zonal-shift:GetManagedResource"],
+         "Resource": "*", "Condition": {"StringEquals": {"arc-zonal-shift:ResourceIdentifier": cluster_arn}}},
+        # -- ResourceDiscoveryPolicy
+        {"Sid": "AllowRegionalReadActions", "Effect": "Allow",
+         "Action": ["ec2:DescribeCapacityReservations", "ec2:DescribeImages", "ec2:DescribeInstances",
+                    "ec2:DescribeInstanceStatus", "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes",
+                    "ec2:DescribeLaunchTemplates", "ec2:DescribePlacementGroups", "ec2:DescribeSecurityGroups",
+                    "ec2:DescribeSpotPriceHistory", "ec2:DescribeSubnets"],
+         "Resource": "*", "Condition": {"StringEquals": {"aws:RequestedRegion": region}}},
+        {"Sid": "AllowSSMReadActions", "Effect": "Allow", "Action": "ssm:GetParameter",
+         "Resource": f"arn:{partition}:ssm:{region}::parameter/aws/service/*"},
+        {"Sid": "AllowPricingReadActions", "Effect": "Allow", "Action": "pricing:GetProducts", "Resource": "*"},
+        # EC2NodeClass finalizers list instance profiles; without it deletion hangs.
+        {"Sid": "AllowUnscopedInstanceProfileListAction", "Effect": "Allow", "Action": "iam:ListInstanceProfiles",
+         "Resource": "*"},
+        {"Sid": "AllowInstanceProfileReadActions", "Effect": "Allow", "Action": "iam:GetInstanceProfile",
+         "Resource": profile_arn},
     ]
     return {"Version": "2012-10-17", "Statement": statements}
 
 
-def queue_policy(queue_arn: str) -> dict[str, Any]:
+def queue_policy(queue_arn: str, rule_arns: Sequence[str] = ()) -> dict[str, Any]:
+    """Only this stack's EventBridge rules may send to the queue, over TLS.
+
+    ``aws:SourceArn`` names each rule, as the EventBridge User Guide documents for SQS
+    targets ("Using resource-based policies for Amazon EventBridge", Amazon SQS permissions).
+    Upstream's reference CloudFormation also admits ``sqs.amazonaws.com`` with no
+    condition; nothing of ours sends as that principal, so it is left out.
+    """
+    send: dict[str, Any] = {"Sid": "EventBridgeWrite", "Effect": "Allow",
+                            "Principal": {"Service": "events.amazonaws.com"},
+                            "Action": "sqs:SendMessage", "Resource": queue_arn}
+    if rule_arns:
+        send["Condition"] = {"ArnEquals": {"aws:SourceArn": sorted(rule_arns)}}
     return {
         "Version": "2012-10-17",
         "Statement": [
-            {"Sid": "EventBridgeAndSqsWrite", "Effect": "Allow",
-             "Principal": {"Service": ["events.amazonaws.com", "sqs.amazonaws.com"]},
-             "Action": "sqs:SendMessage", "Resource": queue_arn},
+            send,
             {"Sid": "DenyHTTP", "Effect": "Deny", "Principal": "*", "Action": "sqs:*", "Resource": queue_arn,
              "Condition": {"Bool": {"aws:SecureTransport": "false"}}},
         ],
@@ -180,10 +222,6 @@ class KarpenterPrerequisites(pulumi.ComponentResource):
             sqs_managed_sse_enabled=True,
             tags=tags, opts=child,
         )
-        aws.sqs.QueuePolicy(
-            f"{name}-interruption-policy", queue_url=self.queue.id,
-            policy=self.queue.arn.apply(lambda a: json.dumps(queue_policy(a))), opts=child,
-        )
         self.rules: dict[str, aws.cloudwatch.EventRule] = {}
         for key, pattern in INTERRUPTION_EVENT_PATTERNS.items():
             rule = aws.cloudwatch.EventRule(
@@ -195,6 +233,13 @@ class KarpenterPrerequisites(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=rule),
             )
             self.rules[key] = rule
+        # Registered after the rules so that it can name each one as the only allowed sender.
+        aws.sqs.QueuePolicy(
+            f"{name}-interruption-policy", queue_url=self.queue.id,
+            policy=pulumi.Output.all(self.queue.arn, *[r.arn for r in self.rules.values()]).apply(
+                lambda arns: json.dumps(queue_policy(arns[0], arns[1:]))),
+            opts=child,
+        )
 
         self.node_role = aws.iam.Role(
             f"{name}-node-role",
@@ -271,12 +316,49 @@ def helm_values(*, cluster_name: Any, queue_name: Any, replicas: int, log_level:
     }
 
 
+def namespace_spec(vpc_cidr: str, service_cidr: str) -> SystemNamespaceSpec:
+    # Karpenter 1.14 serves no webhooks; it calls the API server and AWS (through Pod Identity).
+    return SystemNamespaceSpec(
+        name=NAMESPACE, pod_security=PodSecurityLevel.RESTRICTED, vpc_cidr=vpc_cidr, service_cidr=service_cidr,
+        metrics_ports=(METRICS_PORT,), probe_ports=(HEALTH_PROBE_PORT,), uses_aws=True,
+    )
+
+
 class Karpenter(pulumi.ComponentResource):
+    """The ``karpenter`` namespace (PSA restricted, default-deny network policies), the
+    ``karpenter-crd`` release and the controller release (``skip_crds``), both pinned to the
+    same version. The controller waits for what it needs to start: the CRDs, its namespace,
+    Pod Identity association and node access entry, the static node group it runs on and
+    CoreDNS (it resolves AWS endpoints at start and exits without DNS)."""
+
     release: k8s.helm.v3.Release
+    crds: k8s.helm.v3.Release
 
     def __init__(self, name: str, args: KarpenterArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("mlplatform:karpenter:Karpenter", name, None, opts)
-        values = helm_values(cluster_name=args.cluster.cluster_name, queue_name=args.prerequisites.queue.name,
+        cluster = args.cluster
+        child = pulumi.ResourceOptions(parent=self)
+        objects = namespace_objects(namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr))
+        self.namespace = apply_object(f"{name}-namespace", objects[0], child)
+        in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
+        self.network_policies = [
+            apply_object(f"{name}-netpol-{obj['metadata']['name']}", obj, in_namespace) for obj in objects[1:]]
+        self.flow_schemas = [apply_object(f"{name}-flowschema-{obj['metadata']['name']}", obj, child)
+                             for obj in karpenter_flow_schemas(NAMESPACE, SERVICE_ACCOUNT)]
+
+        runs_on = [cluster.node_group, cluster.addons["coredns"]]
+        self.crds = k8s.helm.v3.Release(
+            f"{name}-crds",
+            name="karpenter-crd",
+            chart=KARPENTER_CRD_CHART,
+            version=KARPENTER_VERSION,
+            namespace=NAMESPACE,
+            atomic=True,
+            cleanup_on_fail=True,
+            timeout=300,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.namespace]),
+        )
+        values = helm_values(cluster_name=cluster.cluster_name, queue_name=args.prerequisites.queue.name,
                              replicas=args.replicas, log_level=args.log_level)
         values = {k: v for k, v in values.items() if v is not None}
         self.release = k8s.helm.v3.Release(
@@ -286,12 +368,13 @@ class Karpenter(pulumi.ComponentResource):
             version=KARPENTER_VERSION,
             namespace=NAMESPACE,
             values=values,
-            # CRDs come with the chart; upgrades of the CRDs follow the pinned version.
-            skip_crds=False,
+            # CRDs come from the karpenter-crd release above, which Helm upgrades.
+            skip_crds=True,
             atomic=True,
             cleanup_on_fail=True,
             timeout=600,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[args.prerequisites.pod_identity,
-                                                                 args.prerequisites.node_access_entry]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[
+                self.crds, self.namespace, *self.network_policies, *self.flow_schemas,
+                args.prerequisites.pod_identity, args.prerequisites.node_access_entry, *runs_on]),
         )
         self.register_outputs({"release_status": self.release.status})

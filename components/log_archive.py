@@ -1,4 +1,11 @@
-"""Central log archive in the logging account: VPC flow logs, ALB logs, CloudTrail."""
+"""Central log archive in the logging account: VPC flow logs and the CloudTrail audit trail.
+
+Every service that writes here is admitted by the bucket policy and the key policy only
+on behalf of the resources that write (``aws:SourceArn``) in the accounts that own them
+(``aws:SourceAccount``), with the statement shapes each service documents. S3 server access
+logs and ALB access logs cannot use an SSE-KMS bucket: they go to SSE-S3 buckets of their
+own (``components.bucket.AccessLogBucket``, ``components.tracking.AlbAccessLogs``).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,16 +14,60 @@ from typing import Any, Mapping, Optional, Sequence
 import pulumi
 import pulumi_aws as aws
 
-from components.bucket import SELF_ARN, LifecycleRule, SecureBucket, SecureBucketArgs
-from components.kms import create_key
-
-# Services that write into the archive, each only on behalf of the writer accounts.
-LOG_DELIVERY_SERVICES = (
-    "delivery.logs.amazonaws.com",  # VPC flow logs
-    "cloudtrail.amazonaws.com",
-    "logdelivery.elasticloadbalancing.amazonaws.com",  # ALB access logs
-    "logging.s3.amazonaws.com",  # S3 server access logs
+from components.bucket import (
+    SELF_ARN,
+    AccessLogBucket,
+    LifecycleRule,
+    ObjectLock,
+    SecureBucket,
+    SecureBucketArgs,
+    lifecycle_problems,
 )
+from components.kms import create_key
+from components.validation import Problem, raise_if_any
+
+# Key prefixes inside the archive, one per log source.
+FLOW_LOGS_PREFIX = "vpc-flow-logs"
+CLOUDTRAIL_PREFIX = "cloudtrail"
+
+
+@dataclass(frozen=True)
+class AuditTrailSources:
+    """Which CloudTrail trails deliver to the archive.
+
+    Either one trail of the same name in each of ``account_ids`` (account trails), or one
+    organization trail: created by the logging account as CloudTrail delegated administrator,
+    owned (and its ARN named) by the organization's management account, delivering under
+    ``AWSLogs/<organization id>/`` and ``AWSLogs/<management account id>/``.
+    """
+
+    trail_name: str
+    account_ids: Sequence[str] = ()
+    organization_id: Optional[str] = None
+    management_account_id: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        org = (self.organization_id, self.management_account_id)
+        if any(org) and not all(org):
+            raise ValueError("AuditTrailSources: an organization trail needs organization_id and management_account_id")
+        if all(org) and self.account_ids:
+            raise ValueError("AuditTrailSources: give account_ids (account trails) or an organization, not both")
+        if not all(org) and not self.account_ids:
+            raise ValueError("AuditTrailSources: give account_ids (account trails) or an organization")
+
+    @property
+    def is_organization(self) -> bool:
+        return self.organization_id is not None
+
+    @property
+    def trail_account_ids(self) -> list[str]:
+        """Accounts in whose name a trail's ARN is written."""
+        return [self.management_account_id] if self.is_organization else sorted(set(self.account_ids))  # type: ignore[list-item]
+
+    @property
+    def log_path_ids(self) -> list[str]:
+        """The ``AWSLogs/<id>/`` directories CloudTrail writes."""
+        return [self.organization_id, self.management_account_id] if self.is_organization else self.trail_account_ids  # type: ignore[list-item]
 
 
 @dataclass(frozen=True)
@@ -24,100 +75,201 @@ class LogArchiveArgs:
     """Inputs of ``LogArchive``.
 
     Attributes:
-        writer_account_ids: accounts whose services may deliver logs here.
+        flow_log_account_ids: accounts whose VPC flow logs are delivered here.
+        audit_trail: CloudTrail trails that deliver here (None: no trail is admitted).
         transition_to_infrequent_access_days / transition_to_glacier_days / expiration_days:
-            lifecycle of every log object.
+            lifecycle of every log object (None turns a step off); checked by
+            ``components.bucket.lifecycle_problems``.
         noncurrent_version_expiration_days: how long overwritten versions stay.
+        object_lock_retention_days: Object Lock (GOVERNANCE) default retention; None: off.
+        access_logs_bucket: this account's ``AccessLogBucket`` for the archive's own
+            S3 server access logs (CIS: log access to the CloudTrail bucket).
         kms_key_deletion_window_days: waiting period before a deleted key is gone.
         protect: Pulumi ``protect`` on the bucket and key (prod).
         tags: tags on every taggable child.
     """
 
-    writer_account_ids: Sequence[str]
-    transition_to_infrequent_access_days: int = 30
-    transition_to_glacier_days: int = 90
-    expiration_days: int = 365
+    flow_log_account_ids: Sequence[str]
+    audit_trail: Optional[AuditTrailSources] = None
+    transition_to_infrequent_access_days: Optional[int] = 30
+    transition_to_glacier_days: Optional[int] = 90
+    expiration_days: Optional[int] = 365
     noncurrent_version_expiration_days: int = 30
+    object_lock_retention_days: Optional[int] = None
+    access_logs_bucket: Optional[AccessLogBucket] = None
     kms_key_deletion_window_days: int = 30
     protect: bool = False
     tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        days = (self.transition_to_infrequent_access_days, self.transition_to_glacier_days, self.expiration_days)
-        if not days[0] < days[1] < days[2]:
-            raise ValueError(
-                f"LogArchiveArgs: lifecycle days must increase (infrequent access {days[0]} < glacier {days[1]} "
-                f"< expiration {days[2]}); reorder them"
-            )
+        raise_if_any("LogArchiveArgs", archive_problems(
+            "LogArchiveArgs", ia_days=self.transition_to_infrequent_access_days,
+            glacier_days=self.transition_to_glacier_days, expiration_days=self.expiration_days,
+            object_lock_retention_days=self.object_lock_retention_days))
 
 
-def lifecycle_problems(path: str, ia_days: int, glacier_days: int, expiration_days: int):
-    """Config-side twin of ``LogArchiveArgs.__post_init__``: all problems as ``Problem``s."""
-    from components.validation import Problem
-
-    if not ia_days < glacier_days:
-        yield Problem(f"{path}.transitionToGlacierDays", glacier_days,
-                      f"must come after the infrequent-access transition ({ia_days} days)",
-                      f"set it above {ia_days}")
-    if not glacier_days < expiration_days:
-        yield Problem(f"{path}.expirationDays", expiration_days,
-                      f"logs would expire before or when they reach Glacier ({glacier_days} days)",
-                      f"set it above {glacier_days}")
+def archive_problems(path: str, *, ia_days: Optional[int], glacier_days: Optional[int], expiration_days: Optional[int],
+                     object_lock_retention_days: Optional[int]):
+    """Lifecycle rules S3 refuses or bills early, and a lock that outlives the lifecycle."""
+    yield from lifecycle_problems(path, ia_days=ia_days, glacier_days=glacier_days, expiration_days=expiration_days)
+    if object_lock_retention_days is not None and expiration_days is not None and object_lock_retention_days > expiration_days:
+        yield Problem(f"{path}.objectLockRetentionDays", object_lock_retention_days,
+                      f"locked logs outlive expirationDays ({expiration_days}): S3 cannot delete a version before its "
+                      "retention ends, so the lifecycle and the lock contradict each other",
+                      f"set it to {expiration_days} or less, or raise expirationDays")
 
 
 class LogArchive(pulumi.ComponentResource):
-    """Write-only destination for every log of the platform, in its own account."""
+    """Write-only destination for the platform's flow logs and audit trail, in its own account."""
 
     bucket: aws.s3.Bucket
     key: aws.kms.Key
+    policy: aws.s3.BucketPolicy
 
     def __init__(self, name: str, args: LogArchiveArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("mlplatform:logarchive:LogArchive", name, None, opts)
-        writers = list(args.writer_account_ids)
-        source_accounts = {"StringEquals": {"aws:SourceAccount": writers}}
+        invoke = pulumi.InvokeOutputOptions(parent=self)
+        partition = aws.get_partition_output(opts=invoke).partition
+        region = aws.get_region_output(opts=invoke).region
         self.key = create_key(
             f"{name}", description="Encrypts the platform log archive", parent=self, tags=args.tags,
             deletion_window_days=args.kms_key_deletion_window_days, protect=args.protect,
-            service_statements=[{
-                "Sid": "LogDeliveryEncrypts", "Effect": "Allow",
-                "Principal": {"Service": list(LOG_DELIVERY_SERVICES)},
-                "Action": ["kms:GenerateDataKey*", "kms:Decrypt", "kms:DescribeKey"], "Resource": "*",
-                "Condition": source_accounts,
-            }],
+            service_statements=_key_statements(args, partition, region),
         )
-        statements = _delivery_statements(writers)
+        lifecycle = LifecycleRule(
+            id="expire-logs",
+            transition_to_infrequent_access_days=args.transition_to_infrequent_access_days,
+            transition_to_glacier_days=args.transition_to_glacier_days,
+            expiration_days=args.expiration_days,
+            noncurrent_version_expiration_days=args.noncurrent_version_expiration_days,
+        )
         self.archive = SecureBucket(
             f"{name}-logs",
             SecureBucketArgs(
                 kms_key=self.key,
-                lifecycle_rules=[LifecycleRule(
-                    id="expire-logs",
-                    transition_to_infrequent_access_days=args.transition_to_infrequent_access_days,
-                    transition_to_glacier_days=args.transition_to_glacier_days,
-                    expiration_days=args.expiration_days,
-                    noncurrent_version_expiration_days=args.noncurrent_version_expiration_days,
-                )],
-                policy_statements=statements,
+                lifecycle_rules=[lifecycle],
+                policy_statements=_bucket_statements(args, partition, region),
+                access_logs_bucket=args.access_logs_bucket,
+                access_logs_prefix=f"s3-access/{name}-logs/",
+                object_lock=ObjectLock(args.object_lock_retention_days) if args.object_lock_retention_days else None,
                 protect=args.protect,
                 tags=args.tags,
             ),
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.bucket = self.archive.bucket
+        # Deliveries must wait for this: flow-log creation fails, and trails refuse to start,
+        # while the policy does not admit them yet.
+        self.policy = self.archive.policy
         self.register_outputs({"bucket": self.bucket.bucket, "bucket_arn": self.bucket.arn, "key_arn": self.key.arn})
 
 
-def _delivery_statements(writers: list[str]) -> list[dict[str, Any]]:
-    source = {"StringEquals": {"aws:SourceAccount": writers}}
-    objects = [f"{SELF_ARN}/{prefix}/AWSLogs/{account}/*" for prefix in ("vpc-flow-logs", "cloudtrail", "alb")
-               for account in writers]
-    objects.append(f"{SELF_ARN}/s3-access/*")
-    return [
-        {"Sid": "LogDeliveryAclCheck", "Effect": "Allow",
-         "Principal": {"Service": list(LOG_DELIVERY_SERVICES)},
-         "Action": ["s3:GetBucketAcl", "s3:ListBucket"], "Resource": SELF_ARN, "Condition": source},
-        {"Sid": "LogDeliveryWrite", "Effect": "Allow",
-         "Principal": {"Service": list(LOG_DELIVERY_SERVICES)},
-         "Action": "s3:PutObject", "Resource": objects, "Condition": source},
-    ]
+def trail_arn(partition: pulumi.Input[str], region: pulumi.Input[str], account_id: str, trail_name: str) -> pulumi.Output[str]:
+    return pulumi.Output.concat("arn:", partition, ":cloudtrail:", region, ":", account_id, ":trail/", trail_name)
 
+
+def _logs_source_arns(accounts: Sequence[str], partition, region) -> list[pulumi.Output[str]]:
+    return [pulumi.Output.concat("arn:", partition, ":logs:", region, ":", account, ":*") for account in accounts]
+
+
+def _key_statements(args: LogArchiveArgs, partition, region) -> list[dict[str, Any]]:
+    statements: list[dict[str, Any]] = []
+    flow_accounts = sorted(set(args.flow_log_account_ids))
+    if flow_accounts:
+        # CloudWatch Logs User Guide, "Logs sent to Amazon S3" (SSE-KMS key policy).
+        statements.append({
+            "Sid": "FlowLogDeliveryEncrypts", "Effect": "Allow",
+            "Principal": {"Service": "delivery.logs.amazonaws.com"},
+            "Action": ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:DescribeKey"],
+            "Resource": "*",
+            "Condition": {"StringEquals": {"aws:SourceAccount": flow_accounts},
+                          "ArnLike": {"aws:SourceArn": _logs_source_arns(flow_accounts, partition, region)}},
+        })
+    trail = args.audit_trail
+    if trail is not None:
+        # CloudTrail User Guide, "Configure AWS KMS key policies for CloudTrail".
+        arns = [trail_arn(partition, region, a, trail.trail_name) for a in trail.trail_account_ids]
+        contexts = [pulumi.Output.concat("arn:", partition, ":cloudtrail:*:", a, ":trail/*") for a in trail.trail_account_ids]
+        statements += [
+            {"Sid": "CloudTrailEncrypts", "Effect": "Allow", "Principal": {"Service": "cloudtrail.amazonaws.com"},
+             "Action": "kms:GenerateDataKey*", "Resource": "*",
+             "Condition": {"StringEquals": {"aws:SourceArn": arns},
+                           "StringLike": {"kms:EncryptionContext:aws:cloudtrail:arn": contexts}}},
+            {"Sid": "CloudTrailDescribesKey", "Effect": "Allow", "Principal": {"Service": "cloudtrail.amazonaws.com"},
+             "Action": "kms:DescribeKey", "Resource": "*", "Condition": {"StringEquals": {"aws:SourceArn": arns}}},
+        ]
+    return statements
+
+
+def _bucket_statements(args: LogArchiveArgs, partition, region) -> list[dict[str, Any]]:
+    statements: list[dict[str, Any]] = []
+    flow_accounts = sorted(set(args.flow_log_account_ids))
+    if flow_accounts:
+        # VPC User Guide, "Amazon S3 bucket permissions for flow logs": with Hive-compatible
+        # partitions the objects live under AWSLogs/aws-account-id=<id>/.
+        source = {"StringEquals": {"aws:SourceAccount": flow_accounts},
+                  "ArnLike": {"aws:SourceArn": _logs_source_arns(flow_accounts, partition, region)}}
+        statements += [
+            {"Sid": "FlowLogDeliveryAclCheck", "Effect": "Allow", "Principal": {"Service": "delivery.logs.amazonaws.com"},
+             "Action": ["s3:GetBucketAcl", "s3:ListBucket"], "Resource": SELF_ARN, "Condition": source},
+            {"Sid": "FlowLogDeliveryWrite", "Effect": "Allow", "Principal": {"Service": "delivery.logs.amazonaws.com"},
+             "Action": "s3:PutObject",
+             "Resource": [f"{SELF_ARN}/{FLOW_LOGS_PREFIX}/AWSLogs/aws-account-id={a}/*" for a in flow_accounts],
+             "Condition": {"StringEquals": {**source["StringEquals"], "s3:x-amz-acl": "bucket-owner-full-control"},
+                           "ArnLike": source["ArnLike"]}},
+        ]
+    trail = args.audit_trail
+    if trail is not None:
+        # CloudTrail User Guide, "Amazon S3 bucket policy for CloudTrail" (and its
+        # organization-trail variant).
+        arns = [trail_arn(partition, region, a, trail.trail_name) for a in trail.trail_account_ids]
+        statements += [
+            {"Sid": "CloudTrailAclCheck", "Effect": "Allow", "Principal": {"Service": "cloudtrail.amazonaws.com"},
+             "Action": "s3:GetBucketAcl", "Resource": SELF_ARN, "Condition": {"StringEquals": {"aws:SourceArn": arns}}},
+            {"Sid": "CloudTrailWrite", "Effect": "Allow", "Principal": {"Service": "cloudtrail.amazonaws.com"},
+             "Action": "s3:PutObject",
+             "Resource": [f"{SELF_ARN}/{CLOUDTRAIL_PREFIX}/AWSLogs/{i}/*" for i in trail.log_path_ids],
+             "Condition": {"StringEquals": {"aws:SourceArn": arns, "s3:x-amz-acl": "bucket-owner-full-control"}}},
+        ]
+    return statements
+
+
+# -- the audit trail ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AuditTrailArgs:
+    """Inputs of ``AuditTrail``.
+
+    Attributes:
+        archive: the log archive (bucket, key, and the policy the trail must wait for).
+        trail_name: must be the name the archive's ``AuditTrailSources`` admits.
+        organization: an organization trail (the provider must be the management account or
+            a CloudTrail delegated administrator).
+        tags: tags on the trail.
+    """
+
+    archive: LogArchive
+    trail_name: str
+    organization: bool = False
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+
+class AuditTrail(pulumi.ComponentResource):
+    """A multi-region CloudTrail trail (management events, global services) into the archive,
+    encrypted with the archive's key, with log file integrity validation (digest files)."""
+
+    trail: aws.cloudtrail.Trail
+
+    def __init__(self, name: str, args: AuditTrailArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("mlplatform:logarchive:AuditTrail", name, None, opts)
+        archive = args.archive
+        self.trail = aws.cloudtrail.Trail(
+            f"{name}-trail", name=args.trail_name,
+            s3_bucket_name=archive.bucket.bucket, s3_key_prefix=CLOUDTRAIL_PREFIX,
+            kms_key_id=archive.key.arn, enable_log_file_validation=True,
+            is_multi_region_trail=True, include_global_service_events=True,
+            is_organization_trail=args.organization, enable_logging=True,
+            tags={**args.tags, "Name": args.trail_name},
+            # CreateTrail checks the bucket policy and fails with InsufficientS3BucketPolicyException.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[archive.policy]),
+        )
+        self.register_outputs({"arn": self.trail.arn})

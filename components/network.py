@@ -87,6 +87,9 @@ class NetworkArgs:
         cluster_name: tagged on private subnets for Karpenter discovery and on all subnets
             for the AWS Load Balancer Controller.
         flow_logs_bucket: bucket (usually the log archive's) receiving VPC flow logs.
+        flow_logs_prefix: key prefix of the flow logs in that bucket (no slashes at the ends).
+        flow_logs_bucket_policy: the bucket policy that admits the flow log; creation fails
+            (and nothing is delivered) until it exists, so the flow log waits for it.
         flow_logs_traffic_type / flow_logs_max_aggregation_interval_seconds: flow log knobs.
         tags: tags on every taggable child.
     """
@@ -99,6 +102,8 @@ class NetworkArgs:
     flow_logs_bucket: aws.s3.Bucket
     nat: NatStrategy = NatStrategy.SINGLE
     interface_endpoints: bool = True
+    flow_logs_prefix: str = "vpc-flow-logs"
+    flow_logs_bucket_policy: Optional[pulumi.Resource] = None
     flow_logs_traffic_type: str = "ALL"
     flow_logs_max_aggregation_interval_seconds: int = 600
     tags: Mapping[str, str] = field(default_factory=dict)
@@ -202,10 +207,13 @@ class Network(pulumi.ComponentResource):
         self.flow_log = aws.ec2.FlowLog(
             f"{name}-flow-log", vpc_id=self.vpc.id, traffic_type=args.flow_logs_traffic_type,
             log_destination_type="s3",
-            log_destination=pulumi.Output.concat(args.flow_logs_bucket.arn, "/vpc-flow-logs/"),
+            # Objects land under <prefix>/AWSLogs/aws-account-id=<id>/aws-service=vpcflowlogs/...
+            # (Hive-compatible partitions; VPC User Guide, "Flow log files" for S3).
+            log_destination=pulumi.Output.concat(args.flow_logs_bucket.arn, "/", args.flow_logs_prefix.strip("/")),
             max_aggregation_interval=args.flow_logs_max_aggregation_interval_seconds,
             destination_options={"file_format": "parquet", "per_hour_partition": True, "hive_compatible_partitions": True},
-            tags=tags("flow-log"), opts=vpc_child,
+            tags=tags("flow-log"),
+            opts=pulumi.ResourceOptions(parent=self.vpc, depends_on=[args.flow_logs_bucket_policy] if args.flow_logs_bucket_policy else None),
         )
 
         self.vpc_id = self.vpc.id

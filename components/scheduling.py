@@ -11,12 +11,30 @@ from typing import Any, Optional, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components.cluster import Cluster
 from components.k8s import apply_object
 from components.versions import KUEUE_CHART, KUEUE_VERSION
 from workloads import kueue, scheduling
 from workloads.placement import system_pod_placement
+from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
 
 KUEUE_NAMESPACE = "kueue-system"
+# Kueue 0.19.2 chart: webhook server 9443 and visibility API 8082 (called by the API server),
+# metrics 8443, health probes 8081 (charts/kueue/values.yaml, templates/manager/manager.yaml).
+KUEUE_WEBHOOK_PORT = 9443
+KUEUE_VISIBILITY_PORT = 8082
+KUEUE_METRICS_PORT = 8443
+KUEUE_HEALTH_PORT = 8081
+
+
+def kueue_namespace_spec(vpc_cidr: str, service_cidr: str) -> SystemNamespaceSpec:
+    # The manager runs non-root, read-only, no privilege escalation, all capabilities dropped,
+    # RuntimeDefault seccomp (chart defaults): `restricted` admits it.
+    return SystemNamespaceSpec(
+        name=KUEUE_NAMESPACE, pod_security=PodSecurityLevel.RESTRICTED, vpc_cidr=vpc_cidr, service_cidr=service_cidr,
+        api_server_ingress_ports=(KUEUE_WEBHOOK_PORT, KUEUE_VISIBILITY_PORT),
+        metrics_ports=(KUEUE_METRICS_PORT,), probe_ports=(KUEUE_HEALTH_PORT,),
+    )
 
 
 def kueue_values(manager: kueue.ManagerConfigSpec, *, replicas: int) -> dict[str, Any]:
@@ -35,6 +53,7 @@ def kueue_values(manager: kueue.ManagerConfigSpec, *, replicas: int) -> dict[str
 class SchedulingArgs:
     """Priority classes, team namespaces and Kueue.
 
+    cluster: the platform cluster; Kueue waits for its static node group and CoreDNS.
     teams: one namespace + ClusterQueue + LocalQueue each.
     flavors: one Kueue ResourceFlavor per GPU pool.
     manager: Kueue manager configuration (waitForPodsReady, fair sharing).
@@ -42,6 +61,7 @@ class SchedulingArgs:
     depends_on: resources the namespaces' workloads need first (e.g. the GPU pools).
     """
 
+    cluster: Cluster
     teams: Sequence[tuple[scheduling.TeamNamespaceSpec, kueue.TeamQueueSpec]]
     flavors: Sequence[kueue.FlavorSpec]
     manager: kueue.ManagerConfigSpec = field(default_factory=kueue.ManagerConfigSpec)
@@ -55,11 +75,20 @@ class Scheduling(pulumi.ComponentResource):
         for pc in scheduling.priority_classes():
             apply_object(f"{name}-priority-{pc['metadata']['name']}", pc, child)
 
+        cluster = args.cluster
+        objects = namespace_objects(kueue_namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr))
+        self.kueue_namespace = apply_object(f"{name}-kueue-namespace", objects[0], child)
+        in_kueue_ns = pulumi.ResourceOptions(parent=self, depends_on=[self.kueue_namespace])
+        self.kueue_network_policies = [
+            apply_object(f"{name}-kueue-netpol-{obj['metadata']['name']}", obj, in_kueue_ns) for obj in objects[1:]]
+        # The atomic release waits for the manager's pods: they need nodes and DNS.
         self.kueue = k8s.helm.v3.Release(
             f"{name}-kueue", name="kueue", chart=KUEUE_CHART, version=KUEUE_VERSION,
-            namespace=KUEUE_NAMESPACE, create_namespace=True,
+            namespace=KUEUE_NAMESPACE,
             values=kueue_values(args.manager, replicas=args.kueue_replicas),
-            atomic=True, cleanup_on_fail=True, timeout=600, opts=child,
+            atomic=True, cleanup_on_fail=True, timeout=600,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[
+                self.kueue_namespace, *self.kueue_network_policies, cluster.node_group, cluster.addons["coredns"]]),
         )
         after_kueue = pulumi.ResourceOptions(parent=self, depends_on=[self.kueue])
         for flavor in args.flavors:

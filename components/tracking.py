@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_aws as aws
@@ -254,7 +254,9 @@ class TrackingArgs:
             internet-facing, the public record; None = create the validation records yourself.
         scheme: internal only, or internal plus internet-facing.
         ingress_cidrs: who may reach the load balancers besides the VPC.
-        access_logs_bucket: log archive (S3 server access logs of the artifacts bucket).
+        access_logs_bucket: S3 server access log target in the workload account
+            (``components.bucket.AccessLogBucket``; S3 delivers only within an account).
+        log_kms_key: key of the ECS log group (its policy must admit CloudWatch Logs for it).
         alb_logs_bucket: SSE-S3 bucket for load balancer logs (``AlbAccessLogs``).
         namespaces: team namespaces that get the ``mlflow-tracking`` Secret.
         protect: ``protect``, deletion protection and a final snapshot (prod).
@@ -276,8 +278,9 @@ class TrackingArgs:
     desired_count: int = 1
     admin_username: str = "admin"
     log_retention_days: int = 30
+    log_kms_key: Optional[aws.kms.Key] = None
     artifacts_lifecycle: Sequence[LifecycleRule] = ()
-    access_logs_bucket: Optional[aws.s3.Bucket] = None
+    access_logs_bucket: Optional[Any] = None  # AccessLogBucket (or any bucket of this account)
     alb_logs_bucket: Optional[aws.s3.Bucket] = None
     protect: bool = False
     tags: Mapping[str, str] = field(default_factory=dict)
@@ -377,7 +380,9 @@ class Tracking(pulumi.ComponentResource):
 
         # -- ECS ------------------------------------------------------------------------------
         self.log_group = aws.cloudwatch.LogGroup(f"{name}-logs", name=f"/ecs/{name}",
-                                                 retention_in_days=args.log_retention_days, tags=tags, opts=child)
+                                                 retention_in_days=args.log_retention_days,
+                                                 kms_key_id=args.log_kms_key.arn if args.log_kms_key is not None else None,
+                                                 tags=tags, opts=child)
         self.ecs_cluster = aws.ecs.Cluster(f"{name}-ecs", settings=[{"name": "containerInsights", "value": "enabled"}],
                                            tags=tags, opts=child)
         ecs_trust = pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [{

@@ -8,6 +8,8 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass
 
+from workloads.prices import HOURS_PER_MONTH, STACK_PRICES  # noqa: F401  (re-exported for the plan)
+
 # -- EKS ---------------------------------------------------------------------------------
 DEFAULT_EKS_VERSION = "1.32"
 
@@ -27,18 +29,37 @@ EKS_VERSIONS: dict[str, EksVersionSupport] = {
     "1.34": EksVersionSupport(_dt.date(2026, 12, 2), _dt.date(2027, 12, 2)),
 }
 
-# Control-plane price per cluster-hour (USD); extended support adds $0.50/h.
-EKS_STANDARD_USD_PER_HOUR = 0.10
-EKS_EXTENDED_USD_PER_HOUR = 0.60
-HOURS_PER_MONTH = 730
+# Control-plane price per cluster-hour (USD), from the one price table; extended support adds $0.50/h.
+EKS_STANDARD_USD_PER_HOUR = STACK_PRICES["eks_standard_hour"].usd
+EKS_EXTENDED_USD_PER_HOUR = STACK_PRICES["eks_extended_hour"].usd
 
-# EKS managed add-ons (aws eks describe-addon-versions --kubernetes-version 1.32).
+# EKS managed add-ons for Kubernetes 1.32, each build with where it is published. AWS's user
+# guide lists "the latest version of the Amazon EKS add-on type for each Kubernetes version"
+# for vpc-cni, coredns and kube-proxy; the other add-ons have no such table, so their builds
+# are cited from AWS's own pages or repositories. Check a change with
+# `aws eks describe-addon-versions --kubernetes-version 1.32 --addon-name <name>`.
 EKS_ADDON_VERSIONS: dict[str, str] = {
-    "vpc-cni": "v1.20.4-eksbuild.2",
+    # EKS User Guide, "Assign IPs to Pods with the Amazon VPC CNI" (managing-vpc-cni), version
+    # table row 1.32 (docs.aws.amazon.com/ja_jp/eks/latest/userguide/pod-networking.html).
+    "vpc-cni": "v1.20.1-eksbuild.3",
+    # EKS User Guide, "Manage CoreDNS" (managing-coredns.html), version table row 1.32.
     "coredns": "v1.11.4-eksbuild.24",
+    # EKS User Guide, "Manage kube-proxy" (managing-kube-proxy.html), version table row 1.32
+    # (docs.amazonaws.cn/eks/latest/userguide/managing-kube-proxy.html, same table revision
+    # as the docs.aws.amazon.com page listing 1.33 v1.33.5-eksbuild.2).
     "kube-proxy": "v1.32.9-eksbuild.2",
+    # No AWS document maps agent builds to Kubernetes versions (aws/eks-pod-identity-agent tags
+    # are v0.1.x). This is the 1.32 default build that describe-addon-versions returns, as
+    # recorded by public EKS API fixtures and Terraform pins (2025-2026); weaker than a doc.
     "eks-pod-identity-agent": "v1.3.10-eksbuild.1",
+    # Driver release v1.53.0 (kubernetes-sigs/aws-ebs-csi-driver CHANGELOG.md, tag of
+    # 2025-11-17); its EKS build eksbuild.1 is the one public EKS clusters report ACTIVE. No AWS
+    # version table exists for this add-on.
     "aws-ebs-csi-driver": "v1.53.0-eksbuild.1",
+    # Driver release v1.7.0 (kubernetes-sigs/aws-fsx-csi-driver tag v1.7.0, Nov 2025); the EKS
+    # build is named in the EKS User Guide's hybrid-nodes add-on table ("Amazon FSx CSI driver
+    # v1.7.0-eksbuild.1 and above", awsdocs/amazon-eks-user-guide PR #1215,
+    # latest/ug/nodes/hybrid-nodes-add-ons.adoc).
     "aws-fsx-csi-driver": "v1.7.0-eksbuild.1",
 }
 
@@ -56,12 +77,20 @@ MLFLOW_VERSION = "3.17.2"
 # Karpenter 1.14.1 supports Kubernetes 1.30-1.36 (EKS 1.32 needs >= 1.2); CRDs pinned in tests.
 KARPENTER_CHART = "oci://public.ecr.aws/karpenter/karpenter"
 KARPENTER_VERSION = "1.14.1"
+# CRDs as their own release, so Helm upgrades them with the controller (a chart's crds/ are
+# installed once and never upgraded); same version as the controller (Karpenter upgrade guide,
+# "CRD Upgrades").
+KARPENTER_CRD_CHART = "oci://public.ecr.aws/karpenter/karpenter-crd"
 NVIDIA_DEVICE_PLUGIN_REPO = "https://nvidia.github.io/k8s-device-plugin"
 NVIDIA_DEVICE_PLUGIN_VERSION = "0.17.1"
 NVIDIA_GPU_OPERATOR_REPO = "https://helm.ngc.nvidia.com/nvidia"
 NVIDIA_GPU_OPERATOR_VERSION = "v25.3.0"
 DCGM_EXPORTER_REPO = "https://nvidia.github.io/dcgm-exporter/helm-charts"
 DCGM_EXPORTER_VERSION = "4.1.1"
+# Prometheus operator CRDs (ServiceMonitor and friends) as templates, so Helm upgrades them:
+# prometheus-community/helm-charts tag prometheus-operator-crds-31.0.1 (operator v0.93.1).
+PROMETHEUS_OPERATOR_CRDS_REPO = "https://prometheus-community.github.io/helm-charts"
+PROMETHEUS_OPERATOR_CRDS_VERSION = "31.0.1"
 EKS_CHARTS_REPO = "https://aws.github.io/eks-charts"
 EFA_DEVICE_PLUGIN_VERSION = "v0.5.6"
 KUEUE_CHART = "oci://registry.k8s.io/kueue/charts/kueue"

@@ -25,7 +25,8 @@ def account_provider(key: str, account: AccountConfig, config: PlatformConfig) -
     assume_role = aws.ProviderAssumeRoleArgs(
         role_arn=account.role_arn,
         session_name=f"{account.session_name}-{config.name}",
-        external_id=account.external_id,
+        # A secret Output: never in plain text in the state or the plan.
+        external_id=pulumi.Output.secret(account.external_id.get_secret_value()) if account.external_id else None,
     )
     return aws.Provider(
         f"{key}-account",

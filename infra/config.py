@@ -15,18 +15,24 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import re
+import unicodedata
 from enum import Enum
 from typing import Annotated, Any, Callable, Iterable, Iterator, Optional, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, PlainSerializer, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, PlainSerializer, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
+from pydantic.fields import FieldInfo
 
 from components.cluster import UpgradePolicy
-from components.log_archive import lifecycle_problems
+from components.bucket import lifecycle_problems
+from components.log_archive import archive_problems
 from components.network import NatStrategy, subnet_problems
 from components.validation import InvalidInputError, Problem
 from components.datasets import DataRepositoryAssociationSpec, DatasetBucket, FsxEvent, FsxLogLevel, association_problems, fsx_capacity_problems
 from components.tracking import LoadBalancerScheme, tracking_problems
+from infra.regions import PARTITION_OF_REGION, partition_of
+from infra import limits
+from infra.limits import at_most
 from components.versions import DEFAULT_EKS_VERSION, EKS_VERSIONS
 from components.gpu_enablement import GpuEnablementMode
 from workloads.karpenter import CapacityType as KarpenterCapacityType, ConsolidationPolicy
@@ -36,9 +42,12 @@ PROJECT = "ml-training-platform"
 
 _ACCOUNT_ID = re.compile(r"^\d{12}$")
 _ROLE_ARN = re.compile(r"^arn:(aws|aws-us-gov|aws-cn):iam::(\d{12}):role/[\w+=,.@/-]{1,512}$")
-_REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 _NAME = re.compile(r"^[a-z][a-z0-9-]{1,22}[a-z0-9]$")
+PROD_OBJECT_LOCK_RETENTION_DAYS = 365
+# Log retention floor in prod (CIS AWS Foundations / EKS Best Practices: keep audit logs a year).
+PROD_MIN_LOG_RETENTION_DAYS = 365
 # CloudWatch Logs accepts only these retention periods.
+RETENTION_SOURCE = "CloudWatch Logs PutRetentionPolicy (https://docs.aws.amazon.com/AmazonCloudWatchLogs/latest/APIReference/API_PutRetentionPolicy.html)"
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
 
 
@@ -68,7 +77,9 @@ class CapacityType(str, Enum):
 class _Model(BaseModel):
     # camelCase in the stack file (Pulumi's convention), snake_case in Python.
     model_config = ConfigDict(
-        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True, use_enum_values=False
+        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True, use_enum_values=False,
+        # .inf and .nan are valid YAML floats that no AWS size or period accepts.
+        allow_inf_nan=False,
     )
 
 
@@ -102,18 +113,53 @@ def _check_name(value: str) -> str:
 
 
 def _check_region(value: str) -> str:
-    if not _REGION.match(value):
-        raise invalid("is not an AWS region name", "use a region such as us-west-2")
+    if partition_of(value) is None:
+        close = difflib.get_close_matches(value, sorted(PARTITION_OF_REGION), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise invalid(
+            "is not a region of the aws, aws-cn or aws-us-gov partitions (table: infra/regions.py, from botocore's endpoints.json)",
+            f"{hint}use a region name such as us-west-2",
+        )
     return value
 
 
-def _check_tags(value: dict[str, str]) -> dict[str, str]:
-    bad = [k for k in value if k.lower().startswith("aws:") or not 1 <= len(k) <= 128]
+# AWS tag rules (the pattern AWS APIs enforce, e.g. EFS API_Tag:
+# ^(?![aA][wW][sS]:)([\p{L}\p{Z}\p{N}_.:/=+\-@]+)$, and "Tag naming limits and requirements",
+# https://docs.aws.amazon.com/tag-editor/latest/userguide/best-practices-and-strats.html):
+# key 1-128 characters, value 0-256, letters, digits, spaces and _ . : / = + - @,
+# no aws: prefix on keys or values, at most 50 user tags per resource.
+MAX_TAGS_PER_RESOURCE = 50
+# The platform adds its own tags (platform, environment, managed-by, Name, kubernetes.io/cluster/...,
+# karpenter.sh/discovery ...): leave them room under AWS's 50.
+NUM_PLATFORM_TAGS_RESERVED = 10
+_TAG_SPECIALS = set("_.:/=+-@")
+
+
+def _tag_text_problem(text: str, kind: str, max_length: int, min_length: int) -> Optional[str]:
+    if not min_length <= len(text) <= max_length:
+        return f"{kind} is {len(text)} characters (AWS allows {min_length}-{max_length})"
+    if text[:4].lower() == "aws:":
+        return f"{kind} starts with the reserved 'aws:' prefix"
+    bad = sorted({c for c in text if not (c in _TAG_SPECIALS or unicodedata.category(c)[0] in "LNZ")})
     if bad:
-        raise invalid(f"tag keys {bad} are reserved or too long", "use 1-128 characters without the 'aws:' prefix")
-    long_values = [k for k, v in value.items() if len(v) > 256]
-    if long_values:
-        raise invalid(f"values of tags {long_values} are too long", "shorten them to at most 256 characters")
+        return f"{kind} has characters AWS tags refuse: {bad}"
+    return None
+
+
+def _check_tags(value: dict[str, str]) -> dict[str, str]:
+    limit = MAX_TAGS_PER_RESOURCE - NUM_PLATFORM_TAGS_RESERVED
+    if len(value) > limit:
+        raise invalid(
+            f"{len(value)} tags: AWS allows {MAX_TAGS_PER_RESOURCE} per resource and the platform adds up to "
+            f"{NUM_PLATFORM_TAGS_RESERVED} of its own", f"keep at most {limit} tags")
+    found = []
+    for key, tag_value in value.items():
+        reason = _tag_text_problem(key, f"key {key!r}", 128, 1) or _tag_text_problem(tag_value, f"value of {key!r}", 256, 0)
+        if reason:
+            found.append(reason)
+    if found:
+        raise invalid("; ".join(found), "AWS tag rules: keys 1-128 and values 0-256 characters of letters, digits, "
+                      "spaces and _ . : / = + - @, no 'aws:' prefix")
     return value
 
 
@@ -128,7 +174,8 @@ class AccountConfig(_Model):
 
     id: str = Field(description="12-digit AWS account id, quoted in YAML so leading zeros survive.")
     role_arn: str = Field(description="IAM role Pulumi assumes in this account (must be in `id`).")
-    external_id: Optional[str] = Field(None, description="sts:ExternalId the role's trust policy requires, if any.")
+    external_id: Optional[SecretStr] = Field(None, description=(
+        "sts:ExternalId the role's trust policy requires, if any; may be stored with `pulumi config set --secret`."))
     session_name: str = Field("ml-training-platform", description="STS session name, visible in CloudTrail.")
 
     @field_validator("id")
@@ -146,22 +193,59 @@ class AccountConfig(_Model):
         return value
 
 
+class AccountLayout(str, Enum):
+    """Whether the three roles live in three accounts (the isolation the layout exists for)."""
+
+    SEPARATE = "separate"  # automation, workload and logging are three different accounts
+    SINGLE_ACCOUNT = "single-account"  # explicit opt-out: some or all roles share one account
+
+
 class AccountsConfig(_Model):
     """The three accounts of the platform: CI/images, workloads, and the log archive."""
 
     automation: AccountConfig = Field(description="CI and shared artifacts (ECR images).")
-    workload: AccountConfig = Field(description="VPC, cluster, GPU nodes, storage, MLflow.")
+    workload: AccountConfig = Field(description="VPC, cluster, GPU nodes, storage, MLflow. No externalId (see README).")
     logging: AccountConfig = Field(description="Central, write-once log archive.")
+    layout: AccountLayout = Field(AccountLayout.SEPARATE, description=(
+        "separate | single-account. Two roles in one account are refused unless single-account is set."))
+
+
+class AuditTrailMode(str, Enum):
+    """Where the CloudTrail trails that deliver to the log archive live."""
+
+    ACCOUNT = "account"  # one trail in the workload and one in the automation account
+    ORGANIZATION = "organization"  # one organization trail, created by the logging account
+
+
+class AuditTrailConfig(_Model):
+    """CloudTrail audit trail delivered to the log archive (multi-region, KMS, log file validation)."""
+
+    mode: AuditTrailMode = Field(AuditTrailMode.ACCOUNT, description=(
+        "account | organization. organization: the logging account must be a CloudTrail delegated "
+        "administrator of the organization, which owns the trail in its management account."))
+    organization_id: Optional[str] = Field(None, pattern=r"^o-[a-z0-9]{10,32}$", description="o-...; organization mode only.")
+    management_account_id: Optional[str] = Field(None, description="12-digit id of the organization's management account; organization mode only.")
+
+    @field_validator("management_account_id")
+    @classmethod
+    def _management(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not _ACCOUNT_ID.match(value):
+            raise invalid("is not a 12-digit AWS account id", "use the 12-digit id, quoted in YAML")
+        return value
 
 
 class LogArchiveConfig(_Model):
-    """Central log bucket in the logging account."""
+    """Central log bucket in the logging account, the audit trail, and S3 access-log buckets."""
 
-    transition_to_infrequent_access_days: int = Field(30, ge=30, description="S3 requires >= 30 for STANDARD_IA.")
-    transition_to_glacier_days: int = Field(90, ge=1)
-    expiration_days: int = Field(365, ge=1, description="Logs are deleted this many days after creation.")
+    transition_to_infrequent_access_days: Optional[int] = Field(30, ge=30, description="S3 requires >= 30 for STANDARD_IA; null: no transition.")
+    transition_to_glacier_days: Optional[int] = Field(90, ge=1, description="GLACIER_IR bills >= 90 days: expirationDays must be >= this + 90; null: none.")
+    expiration_days: Optional[int] = Field(365, ge=1, description="Logs are deleted this many days after creation; null: never.")
     noncurrent_version_expiration_days: int = Field(30, ge=1)
-    kms_key_deletion_window_days: int = Field(30, ge=7, le=30)
+    object_lock_retention_days: Optional[int] = Field(None, ge=1, le=36500, description=(
+        "Object Lock (GOVERNANCE) retention of every archived object. Default: 365 in prod, off in dev."))
+    access_log_expiration_days: int = Field(365, ge=1, le=36500, description="S3 server access logs (one SSE-S3 bucket per account) are deleted after this.")
+    audit_trail: AuditTrailConfig = Field(default_factory=AuditTrailConfig)
+    kms_key_deletion_window_days: Annotated[int, at_most(limits.KMS_PENDING_WINDOW_DAYS)] = Field(30, ge=7)
 
 
 class FlowLogsConfig(_Model):
@@ -184,7 +268,9 @@ class NetworkConfig(_Model):
     private_subnet_cidrs: list[Cidr] = Field(description="One per AZ; nodes and pods live here, size them for GPU pods.")
     public_subnet_cidrs: list[Cidr] = Field(description="One per AZ; NAT gateways and internet-facing load balancers.")
     nat: NatStrategy = Field(NatStrategy.SINGLE, description="none | single | one_per_az.")
-    interface_endpoints: bool = Field(True, description="ECR api+dkr, STS, CloudWatch Logs, SQS, EC2 endpoints.")
+    interface_endpoints: Optional[bool] = Field(None, description=(
+        "ECR api+dkr, STS, CloudWatch Logs, SQS, EC2 endpoints (about $88/month with 2 AZs). Default: on in prod, "
+        "off in dev (traffic goes through the NAT gateway)."))
     flow_logs: FlowLogsConfig = Field(default_factory=FlowLogsConfig)
 
 
@@ -193,10 +279,10 @@ class NodeGroupConfig(_Model):
 
     instance_types: list[str] = Field(min_length=1, description="e.g. [m7i.xlarge]")
     capacity_type: CapacityType = CapacityType.ON_DEMAND
-    min_size: int = Field(ge=0)
-    max_size: int = Field(ge=1)
-    desired_size: int = Field(ge=0)
-    disk_size_gib: int = Field(50, ge=20, le=16384)
+    min_size: Annotated[int, at_most(limits.EKS_NODES_PER_MANAGED_NODE_GROUP)] = Field(ge=0)
+    max_size: Annotated[int, at_most(limits.EKS_NODES_PER_MANAGED_NODE_GROUP)] = Field(ge=1)
+    desired_size: Annotated[int, at_most(limits.EKS_NODES_PER_MANAGED_NODE_GROUP)] = Field(ge=0)
+    disk_size_gib: Annotated[int, at_most(limits.EBS_GP3_VOLUME_GIB)] = Field(50, ge=20)
 
     @field_validator("instance_types")
     @classmethod
@@ -217,7 +303,7 @@ class ClusterConfig(_Model):
     )
     admin_role_arns: list[str] = Field(default_factory=list, description="Roles given cluster-admin access entries.")
     deploy_role_arn: Optional[str] = Field(None, description="CI role given a cluster-admin access entry.")
-    log_retention_days: int = Field(30, description="Control-plane log retention in CloudWatch.")
+    log_retention_days: int = Field(30, description="Control-plane log retention in CloudWatch; prod: 365 or more.")
     deletion_protection: Optional[bool] = Field(None, description="Defaults to true in prod.")
     system_node_group: NodeGroupConfig
 
@@ -247,7 +333,7 @@ class ClusterConfig(_Model):
     @classmethod
     def _retention(cls, value: int) -> int:
         if value not in LOG_RETENTION_DAYS:
-            raise invalid("is not a CloudWatch Logs retention period", f"use one of {LOG_RETENTION_DAYS}")
+            raise invalid(f"is not a retention period {RETENTION_SOURCE} accepts", f"use one of {LOG_RETENTION_DAYS}")
         return value
 
 
@@ -270,21 +356,21 @@ class DataRepositoryAssociationConfig(_Model):
     import_events: list[FsxEvent] = Field(default_factory=lambda: list(FsxEvent), description="S3 -> FSx: NEW, CHANGED, DELETED.")
     export_events: list[FsxEvent] = Field(default_factory=lambda: list(FsxEvent), description="FSx -> S3: NEW, CHANGED, DELETED.")
     batch_import_metadata_on_create: bool = Field(True, description="List the S3 objects into the file system at creation.")
-    imported_file_chunk_size_mib: int = 1024
+    imported_file_chunk_size_mib: Annotated[int, at_most(limits.FSX_IMPORTED_FILE_CHUNK_MIB)] = Field(1024, ge=1)
 
 
 class FsxConfig(_Model):
     """FSx for Lustre PERSISTENT_2 file system shared by all team namespaces."""
 
-    storage_capacity_gib: int = Field(description="1200, then multiples of 2400.")
+    storage_capacity_gib: Annotated[int, at_most(limits.FSX_LUSTRE_STORAGE_GIB)] = Field(description="1200, then multiples of 2400.")
     per_unit_storage_throughput_mb_per_tib: int = Field(description="125 | 250 | 500 | 1000 MB/s per TiB.")
     subnet_index: int = Field(0, ge=0, description="Index of the private subnet (AZ) that holds the file system.")
     data_repository_associations: list[DataRepositoryAssociationConfig] = Field(default_factory=list, description="At most 8.")
-    automatic_backup_retention_days: int = Field(0, ge=0, le=90, description="0 disables daily backups.")
+    automatic_backup_retention_days: Annotated[int, at_most(limits.FSX_BACKUP_RETENTION_DAYS)] = Field(0, ge=0, description="0 disables daily backups.")
     daily_automatic_backup_start_time: str = Field("05:00", pattern=r"^([01]\d|2[0-3]):[0-5]\d$")
     weekly_maintenance_start_time: str = Field("7:06:00", pattern=r"^[1-7]:([01]\d|2[0-3]):[0-5]\d$")
     log_level: FsxLogLevel = FsxLogLevel.WARN_ERROR
-    log_retention_days: int = Field(30, description="CloudWatch retention of FSx event logs.")
+    log_retention_days: int = Field(30, description="CloudWatch retention of FSx event logs; prod: 365 or more.")
     data_compression: bool = True
     namespaces: list[str] = Field(default_factory=list, description=(
         "Team namespaces that get the PVC (and the MLflow Secret). Stand-in until the scheduling "
@@ -294,7 +380,7 @@ class FsxConfig(_Model):
     @classmethod
     def _retention(cls, value: int) -> int:
         if value not in LOG_RETENTION_DAYS:
-            raise ValueError(f"is not a CloudWatch retention period; use one of {LOG_RETENTION_DAYS}")
+            raise invalid(f"is not a retention period {RETENTION_SOURCE} accepts", f"use one of {LOG_RETENTION_DAYS}")
         return value
 
     @field_validator("namespaces")
@@ -319,10 +405,10 @@ class DatasetsConfig(_Model):
 class TrackingDatabaseConfig(_Model):
     """Aurora PostgreSQL Serverless v2 behind MLflow."""
 
-    min_capacity_acu: float = Field(0, description="0 lets the cluster pause when idle.")
-    max_capacity_acu: float = Field(4)
+    min_capacity_acu: Annotated[float, at_most(limits.AURORA_SERVERLESS_V2_MAX_ACU)] = Field(0, description="0 lets the cluster pause when idle.")
+    max_capacity_acu: Annotated[float, at_most(limits.AURORA_SERVERLESS_V2_MAX_ACU)] = Field(4, description="At most 256.")
     seconds_until_auto_pause: Optional[int] = Field(600, description="300-86400; only with minCapacityAcu 0.")
-    backup_retention_days: int = Field(7, ge=1, le=35)
+    backup_retention_days: Annotated[int, at_most(limits.RDS_BACKUP_RETENTION_DAYS)] = Field(7, ge=1)
 
 
 class TrackingConfig(_Model):
@@ -333,12 +419,15 @@ class TrackingConfig(_Model):
     route53_zone_id: Optional[str] = Field(None, description="Public hosted zone for certificate validation (and the public record).")
     load_balancer_scheme: LoadBalancerScheme = Field(LoadBalancerScheme.INTERNAL, description="internal | internet-facing.")
     ingress_cidrs: list[Cidr] = Field(default_factory=list, description="Clients outside the VPC (VPN, office).")
+    allow_internet_ingress: bool = Field(False, description=(
+        "Named opt-in: lets a prod internet-facing load balancer admit the whole internet (ingressCidrs covering "
+        "0.0.0.0/0 together). Refused otherwise."))
     num_workers: int = Field(2, ge=1, le=16)
     cpu_units: int = 1024
     memory_mib: int = 2048
     desired_count: int = Field(1, ge=1, le=10)
     admin_username: str = Field("admin", pattern=r"^[a-zA-Z][a-zA-Z0-9_.-]{2,63}$")
-    log_retention_days: int = 30
+    log_retention_days: int = Field(30, description="CloudWatch retention of the MLflow task logs; prod: 365 or more.")
     alb_log_expiration_days: int = Field(90, ge=1)
     ecr_untagged_expiration_days: int = Field(14, ge=1)
     artifacts_bucket: BucketLifecycleConfig = Field(default_factory=BucketLifecycleConfig)
@@ -355,7 +444,7 @@ class TrackingConfig(_Model):
     @classmethod
     def _retention(cls, value: int) -> int:
         if value not in LOG_RETENTION_DAYS:
-            raise ValueError(f"is not a CloudWatch retention period; use one of {LOG_RETENTION_DAYS}")
+            raise invalid(f"is not a retention period {RETENTION_SOURCE} accepts", f"use one of {LOG_RETENTION_DAYS}")
         return value
 
 
@@ -371,7 +460,7 @@ class CpuPoolConfig(_Model):
         default_factory=lambda: [KarpenterCapacityType.SPOT, KarpenterCapacityType.ON_DEMAND], min_length=1)
     max_cpu: int = Field(256, ge=1, description="NodePool limit on vCPUs.")
     max_memory_gib: int = Field(1024, ge=1)
-    root_volume_gib: int = Field(100, ge=20, le=16384)
+    root_volume_gib: Annotated[int, at_most(limits.EBS_GP3_VOLUME_GIB)] = Field(100, ge=20)
 
 
 class KarpenterConfig(_Model):
@@ -395,7 +484,7 @@ class GpuPoolConfig(_Model):
     max_gpus: int = Field(ge=1, description="NodePool limit on nvidia.com/gpu; at least one node's GPUs.")
     efa: bool = Field(False, description="Attach EFA interfaces (multi-node NCCL); the type must support EFA.")
     zones: list[str] = Field(default_factory=list, description="Restrict to these AZs (default: every AZ of the network).")
-    root_volume_gib: int = Field(200, ge=50, le=16384, description="Encrypted gp3 root volume.")
+    root_volume_gib: Annotated[int, at_most(limits.EBS_GP3_VOLUME_GIB)] = Field(200, ge=50, description="Encrypted gp3 root volume.")
     consolidation_policy: ConsolidationPolicy = Field(ConsolidationPolicy.WHEN_EMPTY, description="WhenEmpty keeps running training safe.")
     consolidate_after: str = Field("10m", pattern=_DURATION, description="Idle time before an empty node goes away.")
     expire_after: str = Field("720h", pattern=_DURATION, description="Node lifetime; an expiring node is drained like a spot notice.")
@@ -418,7 +507,9 @@ class GpuEnablementConfig(_Model):
 
     mode: GpuEnablementMode = Field(GpuEnablementMode.DEVICE_PLUGIN, description="device-plugin | gpu-operator (driver and toolkit off).")
     dcgm_exporter: bool = Field(True, description="GPU metrics (DCGM exporter) on GPU nodes.")
-    service_monitor: bool = Field(True, description="ServiceMonitor for DCGM (needs the Prometheus operator CRDs).")
+    service_monitor: bool = Field(False, description="ServiceMonitor for DCGM; needs prometheusOperatorCrds.")
+    prometheus_operator_crds: bool = Field(
+        False, description="Install the pinned prometheus-operator-crds chart (ServiceMonitor CRDs); serviceMonitor needs it.")
 
 
 class TeamConfig(_Model):
@@ -429,6 +520,15 @@ class TeamConfig(_Model):
     priority: Priority = Field(Priority.DEFAULT, description="production | research | default, for jobs that name none.")
     fair_sharing_weight: int = Field(1, ge=1, le=100)
     borrowing: bool = Field(True, description="May use other teams' idle GPUs (reclaimed by preemption).")
+    role_arns: list[str] = Field(default_factory=list, description="IAM roles given namespace-scoped edit access (EKS access entries) to team-<name>.")
+
+    @field_validator("role_arns")
+    @classmethod
+    def _roles(cls, value: list[str]) -> list[str]:
+        bad = [arn for arn in value if not _ROLE_ARN.match(arn)]
+        if bad:
+            raise invalid(f"{bad} are not IAM role ARNs", "use arn:aws:iam::<account id>:role/<name>")
+        return value
 
 
 class SchedulingConfig(_Model):
@@ -444,6 +544,24 @@ class TrainingConfig(_Model):
     trainer_v2: bool = Field(False, description="Also install Kubeflow Trainer 2.3 (TrainJob, torch-distributed runtime).")
 
 
+class BudgetAccount(str, Enum):
+    AUTOMATION = "automation"
+    WORKLOAD = "workload"
+    LOGGING = "logging"
+
+
+class BudgetsConfig(_Model):
+    """A monthly AWS Budget per account, with e-mail alerts (operations capability)."""
+
+    # AWS Budgets quotas: 10 e-mail subscribers per notification, 5 notifications per budget.
+    alert_emails: list[str] = Field(min_length=1, max_length=10, description="Who gets the alerts (1-10 addresses).")
+    monthly_limit_usd: dict[BudgetAccount, Annotated[float, Field(gt=0)]] = Field(min_length=1, description=(
+        "Monthly budget in USD per account (automation, workload, logging); accounts left out get no budget."))
+    actual_thresholds_percent: list[Annotated[float, Field(gt=0)]] = Field(
+        default_factory=lambda: [80.0, 100.0], max_length=5,
+        description="Alert when actual spend passes these percentages of the limit.")
+    forecast_threshold_percent: Optional[Annotated[float, Field(gt=0)]] = Field(100.0, description=(
+        "Alert when the month's forecast passes this percentage; null: no forecast alert."))
 # -- gitops (Argo CD + Argo Workflows) -------------------------------------------------------
 _GIT_URL = r"^(https://[\w.-]+(:\d+)?/[\w./~-]+|ssh://[\w.@-]+(:\d+)?/[\w./~-]+|git@[\w.-]+:[\w./~-]+)$"
 _CRON = r"^(\S+\s+){4}\S+$"
@@ -518,6 +636,7 @@ class PlatformConfig(_Model):
     gpu_enablement: GpuEnablementConfig = Field(default_factory=GpuEnablementConfig)
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig, description="Training operators (training capability).")
+    budgets: Optional[BudgetsConfig] = Field(None, description="AWS Budgets per account (operations capability).")
     gitops: Optional[GitopsConfig] = Field(None, description="Argo CD + Argo Workflows (gitops capability).")
 
     # -- derived values: one place decides what "prod" means ------------------------------
@@ -529,6 +648,18 @@ class PlatformConfig(_Model):
     def protect_stateful(self) -> bool:
         """`protect` and deletion protection on buckets, file systems, databases, keys."""
         return self.is_prod
+
+    @property
+    def interface_endpoints(self) -> bool:
+        """Interface endpoints: as configured, else on in prod only."""
+        configured = self.network.interface_endpoints
+        return self.is_prod if configured is None else configured
+
+    @property
+    def object_lock_retention_days(self) -> Optional[int]:
+        """Object Lock on the log archive: as configured, else 365 days in prod, off in dev."""
+        configured = self.log_archive.object_lock_retention_days
+        return configured if configured is not None else (PROD_OBJECT_LOCK_RETENTION_DAYS if self.is_prod else None)
 
     @property
     def cluster_name(self) -> str:
@@ -577,6 +708,55 @@ for _key in ("automation", "workload", "logging"):
     _account_role_rule(_key)
 
 
+@check("accounts")
+def _account_isolation(accounts: AccountsConfig) -> Iterator[Problem]:
+    if accounts.layout is AccountLayout.SINGLE_ACCOUNT:
+        return
+    keys = ("automation", "workload", "logging")
+    for index, first in enumerate(keys):
+        for second in keys[index + 1:]:
+            account_id = getattr(accounts, first).id
+            if account_id == getattr(accounts, second).id:
+                yield Problem(
+                    f"accounts.{second}.id", account_id,
+                    f"is also the {first} account: the {first} and {second} roles would share one account, losing "
+                    "the isolation the three-account layout exists for (a compromised workload could rewrite its own audit logs)",
+                    f"use a separate account for {second}, or set accounts.layout: single-account to accept one account",
+                )
+
+
+@check("accounts.workload")
+def _kubeconfig_role(workload: AccountConfig) -> Iterator[Problem]:
+    # pulumi-eks writes the kubeconfig Pulumi's Kubernetes provider uses as
+    # `aws --region R eks get-token --cluster-name N --output json --role <roleArn>`
+    # (pulumi/pulumi-eks nodejs/eks/cluster/cluster.ts, generateKubeconfig): the AWS CLI's
+    # `eks get-token` has no option for an external id, so such a role cannot be assumed there.
+    if workload.external_id is not None:
+        yield Problem(
+            "accounts.workload.externalId", "[redacted]",
+            "the workload role is also assumed by the cluster's kubeconfig (`aws eks get-token --role`), "
+            "which cannot pass an sts:ExternalId: every Kubernetes resource would fail with AccessDenied",
+            "remove externalId and restrict the workload role's trust policy by principal (and aws:PrincipalOrgID or "
+            "source identity) instead; automation and logging roles may keep theirs",
+        )
+
+
+def _arn_partition(arn: str) -> str:
+    return arn.split(":", 2)[1]
+
+
+@check("region", "accounts", "cluster.adminRoleArns", "cluster.deployRoleArn")
+def _arn_partitions(region: str, accounts: AccountsConfig, admin_role_arns, deploy_role_arn) -> Iterator[Problem]:
+    partition = partition_of(region)
+    arns = [(f"accounts.{key}.roleArn", getattr(accounts, key).role_arn) for key in ("automation", "workload", "logging")]
+    arns += [(f"cluster.adminRoleArns[{i}]", arn) for i, arn in enumerate(admin_role_arns)]
+    arns += [("cluster.deployRoleArn", deploy_role_arn)] if deploy_role_arn else []
+    for path, arn in arns:
+        if _arn_partition(arn) != partition:
+            yield Problem(path, arn, f"is in partition {_arn_partition(arn)}, but region {region} is in partition {partition}",
+                          f"use arn:{partition}:iam::<account id>:role/<name> (a role of the region's partition)")
+
+
 @check("region", "network.cidr", "network.availabilityZones", "network.privateSubnetCidrs",
        "network.publicSubnetCidrs", "network.nat")
 def _network_rules(region, cidr, availability_zones, private_subnet_cidrs, public_subnet_cidrs, nat) -> Iterator[Problem]:
@@ -591,12 +771,56 @@ def _network_rules(region, cidr, availability_zones, private_subnet_cidrs, publi
     )
 
 
-@check("logArchive")
-def _log_lifecycle(log_archive: LogArchiveConfig) -> Iterator[Problem]:
-    yield from lifecycle_problems(
-        "logArchive", log_archive.transition_to_infrequent_access_days,
-        log_archive.transition_to_glacier_days, log_archive.expiration_days,
-    )
+@check("environment", "network.nat", "network.interfaceEndpoints")
+def _private_egress(environment: Environment, nat: NatStrategy, interface_endpoints: Optional[bool]) -> Iterator[Problem]:
+    endpoints = environment is Environment.PROD if interface_endpoints is None else interface_endpoints
+    if nat is NatStrategy.NONE and not endpoints:
+        why = "is off" if interface_endpoints is False else f"defaults to off in {environment.value}"
+        yield Problem("network.interfaceEndpoints", interface_endpoints,
+                      f"with nat: none and no interface endpoints nodes reach neither ECR, STS nor EC2 (it {why})",
+                      "set network.interfaceEndpoints: true, or choose nat: single")
+
+
+@check("environment", "logArchive")
+def _log_archive_rules(environment: Environment, log_archive: LogArchiveConfig) -> Iterator[Problem]:
+    lock = log_archive.object_lock_retention_days
+    if lock is None and environment is Environment.PROD:
+        lock = PROD_OBJECT_LOCK_RETENTION_DAYS
+    problems = list(archive_problems(
+        "logArchive", ia_days=log_archive.transition_to_infrequent_access_days,
+        glacier_days=log_archive.transition_to_glacier_days, expiration_days=log_archive.expiration_days,
+        object_lock_retention_days=lock))
+    if log_archive.object_lock_retention_days is None:
+        # The lock came from the prod default: say so rather than blame a key that is not in the file.
+        problems = [Problem(p.path, p.value, p.message + f" (prod default {PROD_OBJECT_LOCK_RETENTION_DAYS} days)", p.fix)
+                    if p.path.endswith("objectLockRetentionDays") else p for p in problems]
+    yield from problems
+    trail = log_archive.audit_trail
+    org = {"organizationId": trail.organization_id, "managementAccountId": trail.management_account_id}
+    if trail.mode is AuditTrailMode.ORGANIZATION:
+        for key, value in org.items():
+            if value is None:
+                yield Problem(f"logArchive.auditTrail.{key}", None, "an organization trail needs it",
+                              f"set logArchive.auditTrail.{key}, or use mode: account")
+    else:
+        for key, value in org.items():
+            if value is not None:
+                yield Problem(f"logArchive.auditTrail.{key}", value, "is only used by mode: organization",
+                              "remove it, or set mode: organization")
+
+
+def _prod_retention_rule(path: str) -> None:
+    @check("environment", path)
+    def rule(environment: Environment, retention_days: int) -> Iterator[Problem]:
+        if environment is Environment.PROD and retention_days < PROD_MIN_LOG_RETENTION_DAYS:
+            allowed = [d for d in LOG_RETENTION_DAYS if d >= PROD_MIN_LOG_RETENTION_DAYS]
+            yield Problem(path, retention_days,
+                          f"prod keeps CloudWatch logs at least {PROD_MIN_LOG_RETENTION_DAYS} days (audit and incident response)",
+                          f"use one of {allowed}")
+
+
+for _path in ("cluster.logRetentionDays", "datasets.fsx.logRetentionDays", "tracking.logRetentionDays"):
+    _prod_retention_rule(_path)
 
 
 @check("cluster.systemNodeGroup.minSize", "cluster.systemNodeGroup.maxSize", "cluster.systemNodeGroup.desiredSize")
@@ -615,14 +839,34 @@ def _node_group_sizes(min_size: int, max_size: int, desired_size: int) -> Iterat
                       "set minSize to 2 or more")
 
 
+# Judged by what a list covers together: 0.0.0.0/1 + 128.0.0.0/1 is the whole internet too.
+# No office or VPN egress needs more than a /8 of public addresses.
+MAX_OPEN_ADDRESSES = 2 ** 24
+
+
+def _exposure(path: str, cidrs: list[ipaddress.IPv4Network]) -> Optional[tuple[str, Any, str]]:
+    """(path, value, description) when ``cidrs`` together are (nearly) the whole internet."""
+    union = list(ipaddress.collapse_addresses(cidrs))
+    num_addresses = sum(n.num_addresses for n in union)
+    everything = ipaddress.IPv4Network("0.0.0.0/0")
+    if num_addresses <= MAX_OPEN_ADDRESSES:
+        return None
+    single = next((i for i, c in enumerate(cidrs) if c.num_addresses == num_addresses), None)
+    at, value = (f"{path}[{single}]", str(cidrs[single])) if single is not None else (path, [str(c) for c in cidrs])
+    if union == [everything]:
+        return at, value, "the whole internet"
+    return at, value, f"{num_addresses:,} addresses ({num_addresses / everything.num_addresses:.0%} of IPv4), more than a /8"
+
+
 @check("environment", "cluster.publicAccessCidrs", "cluster.deletionProtection")
 def _endpoint_and_protection(environment: Environment, public_access_cidrs, deletion_protection) -> Iterator[Problem]:
-    for index, cidr in enumerate(public_access_cidrs):
-        if cidr.prefixlen == 0:
-            yield Problem(
-                f"cluster.publicAccessCidrs[{index}]", str(cidr), "opens the Kubernetes API to the whole internet",
-                "list your VPN or office egress CIDRs, or leave publicAccessCidrs empty for a private endpoint",
-            )
+    exposed = _exposure("cluster.publicAccessCidrs", list(public_access_cidrs))
+    if exposed:
+        at, value, what = exposed
+        yield Problem(
+            at, value, f"opens the Kubernetes API to {what}",
+            "list your VPN or office egress CIDRs, or leave publicAccessCidrs empty for a private endpoint",
+        )
     if environment is not Environment.PROD:
         return
     if public_access_cidrs:
@@ -638,8 +882,8 @@ def _endpoint_and_protection(environment: Environment, public_access_cidrs, dele
         )
 
 
-@check("accounts.workload", "cluster.adminRoleArns", "cluster.deployRoleArn")
-def _access_entries(workload: AccountConfig, admin_role_arns, deploy_role_arn) -> Iterator[Problem]:
+@check("accounts.workload", "cluster.adminRoleArns", "cluster.deployRoleArn", "scheduling.teams")
+def _access_entries(workload: AccountConfig, admin_role_arns, deploy_role_arn, teams) -> Iterator[Problem]:
     arns = list(admin_role_arns) + ([deploy_role_arn] if deploy_role_arn else [])
     seen: set[str] = set()
     for arn in arns:
@@ -652,8 +896,27 @@ def _access_entries(workload: AccountConfig, admin_role_arns, deploy_role_arn) -
     if workload.role_arn in seen:
         yield Problem(
             "cluster.adminRoleArns", workload.role_arn,
-            "the workload deploy role creates the cluster and is its admin already; a second access entry fails",
+            "the workload deploy role (accounts.workload.roleArn) gets its own access entry; a second one fails",
             "remove it from adminRoleArns/deployRoleArn",
+        )
+    for index, team in enumerate(teams):
+        for arn in team.role_arns:
+            if arn in seen or arn == workload.role_arn:
+                yield Problem(
+                    f"scheduling.teams[{index}].roleArns", arn,
+                    "the role already has cluster-wide access (admin or deploy role); EKS allows one access entry per role",
+                    "give teams their own roles",
+                )
+
+
+@check("gpuEnablement.serviceMonitor", "gpuEnablement.prometheusOperatorCrds")
+def _service_monitor_needs_crds(service_monitor: bool, prometheus_operator_crds: bool) -> Iterator[Problem]:
+    if service_monitor and not prometheus_operator_crds:
+        yield Problem(
+            "gpuEnablement.serviceMonitor", True,
+            "a ServiceMonitor needs the Prometheus operator CRDs; without them Helm refuses the chart and rolls it back",
+            "set gpuEnablement.prometheusOperatorCrds: true (installs the pinned prometheus-operator-crds chart) "
+            "or serviceMonitor: false",
         )
 
 
@@ -692,6 +955,18 @@ def _tracking_rules(environment: Environment, image: str, db: TrackingDatabaseCo
     )
 
 
+@check("environment", "tracking.loadBalancerScheme", "tracking.ingressCidrs", "tracking.allowInternetIngress")
+def _tracking_exposure(environment: Environment, scheme: LoadBalancerScheme, ingress_cidrs, allow_internet_ingress: bool) -> Iterator[Problem]:
+    exposed = _exposure("tracking.ingressCidrs", list(ingress_cidrs))
+    if not exposed or scheme is not LoadBalancerScheme.INTERNET_FACING:
+        return
+    at, value, what = exposed
+    if environment is Environment.PROD and not allow_internet_ingress:
+        yield Problem(at, value, f"admits {what} to the prod internet-facing MLflow load balancer",
+                      "list your VPN or office egress CIDRs, use loadBalancerScheme: internal, or set "
+                      "tracking.allowInternetIngress: true to accept a public tracking server")
+
+
 @check("tracking.artifactsBucket")
 def _artifacts_lifecycle(artifacts_bucket: BucketLifecycleConfig) -> Iterator[Problem]:
     yield from bucket_lifecycle_problems("tracking.artifactsBucket", artifacts_bucket)
@@ -707,14 +982,10 @@ def dra_spec(dra: DataRepositoryAssociationConfig) -> DataRepositoryAssociationS
 
 
 def bucket_lifecycle_problems(path: str, lifecycle: BucketLifecycleConfig) -> Iterator[Problem]:
-    steps = [("transitionToInfrequentAccessDays", lifecycle.transition_to_infrequent_access_days),
-             ("transitionToGlacierDays", lifecycle.transition_to_glacier_days),
-             ("expirationDays", lifecycle.expiration_days)]
-    present = [(key, days) for key, days in steps if days is not None]
-    for (first, first_days), (second, second_days) in zip(present, present[1:]):
-        if not first_days < second_days:
-            yield Problem(f"{path}.{second}", second_days, f"must come after {first} ({first_days} days)",
-                          f"set it above {first_days} or remove {first}")
+    """S3's transition rules and minimum storage durations (``components.bucket.lifecycle_problems``)."""
+    yield from lifecycle_problems(
+        path, ia_days=lifecycle.transition_to_infrequent_access_days,
+        glacier_days=lifecycle.transition_to_glacier_days, expiration_days=lifecycle.expiration_days)
 
 
 @check("environment", "karpenter.amiAlias", "gpuPools")
@@ -744,6 +1015,16 @@ def _team_rules(gpu_pools: list[GpuPoolConfig], teams: list[TeamConfig]) -> Iter
     yield from team_quota_problems("scheduling.teams", teams, gpu_pools)
 
 
+@check("budgets")
+def _budget_rules(budgets: Optional[BudgetsConfig]) -> Iterator[Problem]:
+    from components.budgets import alert_problems
+
+    if budgets is not None:
+        yield from alert_problems("budgets", actual_thresholds_percent=budgets.actual_thresholds_percent,
+                                  forecast_threshold_percent=budgets.forecast_threshold_percent,
+                                  alert_emails=budgets.alert_emails)
+
+
 @check("environment", "gitops")
 def _gitops_rules(environment: Environment, gitops: Optional[GitopsConfig]) -> Iterator[Problem]:
     if gitops is None:
@@ -766,11 +1047,83 @@ def _gitops_rules(environment: Environment, gitops: Optional[GitopsConfig]) -> I
 
 
 # -- loading -----------------------------------------------------------------------------
-def load_platform_config(raw: dict[str, Any], *, source: str = "stack config") -> PlatformConfig:
+SECRET_PLACEHOLDER = "[secret]"
+
+
+def load_platform_config(raw: dict[str, Any], *, source: str = "stack config",
+                         secret_paths: Iterable[str] = ()) -> PlatformConfig:
     """Validate the project's config values (keys without namespace, camelCase).
+
+    ``secret_paths`` are the dotted paths (``accounts``, ``accounts.workload.externalId``) the
+    stack file stores encrypted (``secure:``): their values never appear in a message, and each
+    must lead to a secret field (``SecretStr``) or a section holding one, since any other field
+    would carry the value into resources in plain text.
 
     Raises ``ConfigError`` with every problem found; returns a frozen model otherwise.
     """
+    secret_paths = tuple(secret_paths)
+    problems = list(_secret_path_problems(secret_paths))
+    not_secret_fields = tuple(p.path for p in problems)  # their other problems would only repeat this one
+    try:
+        config = _load(raw, source)
+    except ConfigError as error:
+        problems += [_redacted(p, secret_paths) for p in error.problems if not _under_secret(p.path, not_secret_fields)]
+    else:
+        if not problems:
+            return config
+    raise ConfigError(f"invalid configuration in {source}", problems)
+
+
+def _under_secret(path: str, secret_paths: Iterable[str]) -> bool:
+    return any(path == s or path.startswith((s + ".", s + "[")) for s in secret_paths)
+
+
+def _redacted(problem: Problem, secret_paths: Iterable[str]) -> Problem:
+    if _under_secret(problem.path, secret_paths):
+        return Problem(problem.path, SECRET_PLACEHOLDER, problem.message, problem.fix)
+    return problem
+
+
+def _secret_path_problems(secret_paths: Iterable[str]) -> Iterator[Problem]:
+    for path in secret_paths:
+        if not _secret_capable(path):
+            yield Problem(
+                path, SECRET_PLACEHOLDER,
+                "is stored encrypted (secure:), but it is not a secret field: the program would pass it to "
+                "resources in plain text (and the offline plan cannot decrypt it)",
+                "store it in plain text (`pulumi config set` without --secret); only fields documented as secrets "
+                "(e.g. accounts.<key>.externalId) may be encrypted",
+            )
+
+
+def _secret_capable(path: str) -> bool:
+    """Whether ``path`` is a SecretStr field or a section that holds one."""
+    annotation: Any = PlatformConfig
+    for part in re.sub(r"\[\d+\]", "", path).split("."):
+        model = _unwrap(annotation)
+        if get_origin(model) is list:
+            model = _unwrap(get_args(model)[0])
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return False
+        field = next((f for n, f in model.model_fields.items() if (f.alias or n) == part or n == part), None)
+        if field is None:
+            return False
+        annotation = field.annotation
+    return _holds_secret(annotation)
+
+
+def _holds_secret(annotation: Any) -> bool:
+    target = _unwrap(annotation)
+    if get_origin(target) is list:
+        target = _unwrap(get_args(target)[0])
+    if target is SecretStr:
+        return True
+    if isinstance(target, type) and issubclass(target, BaseModel):
+        return any(_holds_secret(f.annotation) for f in target.model_fields.values())
+    return False
+
+
+def _load(raw: dict[str, Any], source: str) -> PlatformConfig:
     problems: list[Problem] = []
     fields = PlatformConfig.model_fields
     by_alias = {(f.alias or name): name for name, f in fields.items()}
@@ -796,7 +1149,7 @@ def load_platform_config(raw: dict[str, Any], *, source: str = "stack config") -
             continue
         value = raw.get(alias, raw.get(name))
         try:
-            sections[name] = TypeAdapter(field.annotation).validate_python(value)
+            sections[name] = _adapter(field).validate_python(value)
         except ValidationError as exc:
             problems.extend(_from_pydantic(exc, alias, field.annotation))
             _collect(alias, field.annotation, value, _FAILED, values)
@@ -807,12 +1160,70 @@ def load_platform_config(raw: dict[str, Any], *, source: str = "stack config") -
         if all(p in values for p in paths):
             problems.extend(rule(*(values[p] for p in paths)))
 
+    reported = {p.path for p in problems}
+    for name, section in sections.items():
+        alias = fields[name].alias or name
+        problems.extend(p for p in _list_problems(alias, section)
+                        if p.path not in reported and p.path.rsplit("[", 1)[0] not in reported)
+
     if problems:
         raise ConfigError(f"invalid configuration in {source}", problems)
-    return PlatformConfig.model_validate(sections)
+    try:
+        return PlatformConfig.model_validate(sections)
+    except ValidationError as exc:  # a model-level rule not in the per-section pass: still no traceback
+        raise ConfigError(f"invalid configuration in {source}", _from_pydantic(exc, "", PlatformConfig)) from None
+
+
+def _list_problems(path: str, value: Any) -> Iterator[Problem]:
+    """Every list of plain values holds each value once; a CIDR list holds no block inside another."""
+    if isinstance(value, BaseModel):
+        for name, field in type(value).model_fields.items():
+            yield from _list_problems(f"{path}.{field.alias or name}", getattr(value, name))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _list_problems(f"{path}.{key}", item)
+    elif isinstance(value, (list, tuple)):
+        seen: dict[Any, int] = {}
+        for index, item in enumerate(value):
+            if isinstance(item, (BaseModel, dict, list)):
+                yield from _list_problems(f"{path}[{index}]", item)
+                continue
+            shown = item.value if isinstance(item, Enum) else str(item) if isinstance(item, ipaddress.IPv4Network) else item
+            if item in seen:
+                yield Problem(f"{path}[{index}]", shown, f"repeats {path}[{seen[item]}]", "list each value once")
+                continue
+            seen[item] = index
+            if isinstance(item, ipaddress.IPv4Network):
+                outer = next((i for i, other in enumerate(value) if i != index and other != item
+                              and isinstance(other, ipaddress.IPv4Network) and item.subnet_of(other)), None)
+                if outer is not None:
+                    yield Problem(f"{path}[{index}]", shown, f"lies inside {path}[{outer}] ({value[outer]})",
+                                  "remove it (the larger block already covers it)")
 
 
 _FAILED = object()  # marks a value that did not parse
+_ADAPTERS: dict[int, TypeAdapter] = {}
+
+
+def _adapter(field: FieldInfo) -> TypeAdapter:
+    """Validates one field as the model would: its type *and* its constraints and validators.
+
+    ``field.annotation`` alone drops what ``Annotated[...]`` and ``Field(...)`` attach (name,
+    region and tag validators, ``max_length``, ``ge``/``le``): those live in ``field.metadata``.
+    """
+    adapter = _ADAPTERS.get(id(field))
+    if adapter is None:
+        annotation = Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
+        adapter = _ADAPTERS[id(field)] = TypeAdapter(annotation, config=None if _is_model(field.annotation) else _FIELD_CONFIG)
+    return adapter
+
+
+_FIELD_CONFIG = ConfigDict(allow_inf_nan=False)
+
+
+def _is_model(annotation: Any) -> bool:
+    model = _unwrap(annotation)
+    return isinstance(model, type) and issubclass(model, BaseModel)
 
 
 def _collect(path: str, annotation: Any, raw: Any, parsed: Any, values: dict[str, Any]) -> None:
@@ -837,7 +1248,7 @@ def _collect(path: str, annotation: Any, raw: Any, parsed: Any, values: dict[str
             continue
         child_raw = raw.get(alias, raw.get(name))
         try:
-            child = TypeAdapter(field.annotation).validate_python(child_raw)
+            child = _adapter(field).validate_python(child_raw)
         except ValidationError:
             child = _FAILED
         _collect(child_path, field.annotation, child_raw, child, values)
@@ -859,8 +1270,12 @@ def _from_pydantic(exc: ValidationError, root: str, annotation: Any) -> list[Pro
         if kind == "missing":
             problems.append(Problem(path, None, "required key is missing", f"add `{loc[-1]}` (see the config reference in README.md)"))
             continue
-        if kind == "string_type" and isinstance(value, int) and re.match(r"^\d{1,12}$", str(value)):
-            problems.append(Problem(path, value, "must be a string", f"quote it in YAML: '{value:012d}'"))
+        if kind == "string_type" and isinstance(value, int) and not isinstance(value, bool):
+            quoted = f"{value:012d}" if path.endswith(("id", "Id")) and re.match(r"^\d{1,12}$", str(value)) else str(value)
+            problems.append(Problem(path, value, "must be a string", f"quote it in YAML: '{quoted}'"))
+            continue
+        if kind == "finite_number":
+            problems.append(Problem(path, value, "must be a finite number", "write a number (.inf and .nan are not sizes)"))
             continue
         if kind == "enum":
             expected = error.get("ctx", {}).get("expected", "")
@@ -883,6 +1298,8 @@ def _generic_fix(kind: str, ctx: dict[str, Any]) -> str:
         return f"write a {kind.split('_')[0]} here"
     if kind == "too_short":
         return f"list at least {ctx.get('min_length')} item(s)"
+    if kind == "too_long":
+        return f"list at most {ctx.get('max_length')} item(s)"
     if kind == "string_pattern_mismatch":
         return f"match the pattern {ctx.get('pattern')}"
     return "see the config reference in README.md"
@@ -892,7 +1309,7 @@ def _path(root: str, loc: list[Any]) -> str:
     path = root
     for part in loc:
         path += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return path
+    return path.lstrip(".")
 
 
 def _model_at(annotation: Any, loc: list[Any]) -> Optional[type[BaseModel]]:
@@ -924,3 +1341,25 @@ def _unknown_key(path: str, key: str, allowed: list[str]) -> Problem:
     close = difflib.get_close_matches(key, allowed, n=1)
     fix = f"did you mean `{close[0]}`?" if close else f"remove it; allowed keys here: {', '.join(sorted(allowed))}"
     return Problem(path, key, "unknown key", fix)
+
+
+@check("gpuPools")
+def _pool_node_limits(gpu_pools: list[GpuPoolConfig]) -> Iterator[Problem]:
+    limit = limits.KUBERNETES_NODES_PER_CLUSTER
+    for index, pool in enumerate(gpu_pools):
+        num_nodes = pool.max_gpus // pool.gpus_per_node
+        if num_nodes > limit.maximum:
+            yield Problem(f"gpuPools[{index}].maxGpus", pool.max_gpus,
+                          f"allows {num_nodes} nodes, above {limit.what} (source: {limit.source})",
+                          f"use at most {int(limit.maximum) * pool.gpus_per_node} GPUs")
+
+
+@check("gpuPools", "cluster.systemNodeGroup.maxSize")
+def _cluster_node_limit(gpu_pools: list[GpuPoolConfig], system_max_size: int) -> Iterator[Problem]:
+    limit = limits.KUBERNETES_NODES_PER_CLUSTER
+    num_nodes = [pool.max_gpus // pool.gpus_per_node for pool in gpu_pools]
+    total = system_max_size + sum(num_nodes)
+    if total > limit.maximum and all(n <= limit.maximum for n in num_nodes):
+        yield Problem("gpuPools", [p.name for p in gpu_pools],
+                      f"the GPU pools and the system node group together allow {total} nodes, above {limit.what} "
+                      f"(source: {limit.source})", "lower the pools' maxGpus")

@@ -38,6 +38,8 @@ def _type_name(annotation: Any) -> str:
         return "object"
     if getattr(annotation, "__name__", "") == "IPv4Network":
         return "CIDR"
+    if getattr(annotation, "__name__", "") == "SecretStr":
+        return "secret str"
     return getattr(annotation, "__name__", str(annotation))
 
 

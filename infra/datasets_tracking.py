@@ -16,6 +16,7 @@ from components.datasets import (
     DatasetsArgs,
     FsxArgs,
     checkpoint_seconds,
+    fsx_log_group_name,
     write_throughput_mb_per_s,
 )
 from components.tracking import (
@@ -58,6 +59,24 @@ def team_namespaces(config: PlatformConfig) -> list[str]:
     return list(config.datasets.fsx.namespaces) if config.datasets else []
 
 
+def datasets_name(config: PlatformConfig) -> str:
+    return f"{config.name}-datasets"
+
+
+def tracking_name(config: PlatformConfig) -> str:
+    return f"{config.name}-mlflow"
+
+
+def log_group_names(config: PlatformConfig) -> list[str]:
+    """CloudWatch log groups this capability creates (the platform's log key must admit them)."""
+    names = []
+    if config.datasets is not None:
+        names.append(fsx_log_group_name(datasets_name(config)))
+    if config.tracking is not None:
+        names.append(f"/ecs/{tracking_name(config)}")  # components.tracking names its group /ecs/<name>
+    return names
+
+
 def deploy(platform: "Platform") -> dict[str, Any]:
     config = platform.config
     tags = config.resource_tags
@@ -67,7 +86,7 @@ def deploy(platform: "Platform") -> dict[str, Any]:
         ds = config.datasets
         fsx = ds.fsx
         datasets = Datasets(
-            f"{config.name}-datasets",
+            datasets_name(config),
             DatasetsArgs(
                 network=platform.network, cluster=platform.cluster,
                 fsx=FsxArgs(
@@ -82,7 +101,8 @@ def deploy(platform: "Platform") -> dict[str, Any]:
                     data_compression=fsx.data_compression,
                 ),
                 namespaces=namespaces,
-                access_logs_bucket=platform.log_archive.bucket,
+                access_logs_bucket=platform.access_log_bucket("workload"),
+                log_kms_key=platform.log_group_key.key if platform.log_group_key else None,
                 datasets_lifecycle=_lifecycle("datasets", ds.datasets_bucket),
                 checkpoints_lifecycle=_lifecycle("checkpoints", ds.checkpoints_bucket),
                 protect=config.protect_stateful, tags=tags,
@@ -117,7 +137,7 @@ def deploy(platform: "Platform") -> dict[str, Any]:
         )
         db = tr.database
         tracking = Tracking(
-            f"{config.name}-mlflow",
+            tracking_name(config),
             TrackingArgs(
                 network=platform.network, cluster=platform.cluster, image=tr.image, domain_name=tr.domain_name,
                 namespaces=namespaces,
@@ -132,7 +152,9 @@ def deploy(platform: "Platform") -> dict[str, Any]:
                 cpu_units=tr.cpu_units, memory_mib=tr.memory_mib, desired_count=tr.desired_count,
                 admin_username=tr.admin_username, log_retention_days=tr.log_retention_days,
                 artifacts_lifecycle=_lifecycle("artifacts", tr.artifacts_bucket),
-                access_logs_bucket=platform.log_archive.bucket, alb_logs_bucket=alb_logs.bucket,
+                # S3 delivers server access logs only within the source bucket's account.
+                access_logs_bucket=platform.access_log_bucket("workload"), alb_logs_bucket=alb_logs.bucket,
+                log_kms_key=platform.log_group_key.key if platform.log_group_key else None,
                 protect=config.protect_stateful, tags=tags,
             ),
             opts=platform.kubernetes_opts(),

@@ -110,14 +110,15 @@ def deploy(platform: Any) -> dict[str, Any]:
     enablement = config.gpu_enablement
     GpuEnablement(
         f"{config.name}-gpu-enablement",
-        GpuEnablementArgs(mode=enablement.mode, dcgm_exporter=enablement.dcgm_exporter,
-                          service_monitor=enablement.service_monitor, efa=any(p.efa for p in pools)),
+        GpuEnablementArgs(cluster=cluster, mode=enablement.mode, dcgm_exporter=enablement.dcgm_exporter,
+                          service_monitor=enablement.service_monitor,
+                          prometheus_operator_crds=enablement.prometheus_operator_crds, efa=any(p.efa for p in pools)),
         opts=platform.kubernetes_opts(),
     )
     # The gateway endpoint's cidr_blocks are S3's prefix-list ranges for the region.
     platform.components["scheduling"] = Scheduling(
         f"{config.name}-scheduling",
-        SchedulingArgs(teams=team_specs(config, platform.network.s3_endpoint.cidr_blocks), flavors=flavor_specs(config),
+        SchedulingArgs(cluster=cluster, teams=team_specs(config, platform.network.s3_endpoint.cidr_blocks), flavors=flavor_specs(config),
                        manager=kueue.ManagerConfigSpec(wait_for_pods_ready_timeout=config.scheduling.wait_for_pods_ready_timeout),
                        kueue_replicas=2 if config.is_prod else 1),
         opts=platform.kubernetes_opts(),

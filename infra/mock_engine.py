@@ -20,8 +20,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from google.protobuf import struct_pb2
 
@@ -62,6 +63,10 @@ class RecordedResource:
     inputs: dict[str, Any]
     outputs: dict[str, Any] = field(default_factory=dict)
     id: Optional[str] = None
+    # input key -> URNs of the resources whose outputs that input was built from
+    property_dependencies: dict[str, list[str]] = field(default_factory=dict)
+    # URNs this resource declared in `aliases` (renames keep their identity).
+    alias_urns: list[str] = field(default_factory=list)
 
     @property
     def package(self) -> str:
@@ -102,7 +107,9 @@ class RecordingMocks(pulumi_mocks.Mocks):
         resource = self.current
         account, region = self.account_and_region(resource)
         inputs = dict(args.inputs)
-        digest = hashlib.sha256(f"{args.typ}/{args.name}".encode()).hexdigest()
+        # Derived from the URN: unique within a stack and the same on every run, so ids
+        # (and the ARNs and names built from them) can be resolved back to one resource.
+        digest = hashlib.sha256((resource.urn if resource else f"{args.typ}/{args.name}").encode()).hexdigest()
         resource_id = f"{args.name}-{digest[:8]}"
         outputs = dict(inputs)
         service = args.typ.split(":")[1].split("/")[0] if ":" in args.typ else "mock"
@@ -255,6 +262,9 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         self.records: list[RecordedResource] = []
         self.project = project
         self.stack = stack
+        # URNs of resources only the mock knows (a remote component's children such as the
+        # eksCluster it returns) -> the recorded resource that stands for them.
+        self.aliases: dict[str, str] = {}
 
     def make_urn(self, parent: str, type_: str, name: str) -> str:
         if parent:
@@ -281,6 +291,8 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             retain_on_delete=bool(request.retainOnDelete) if request.HasField("retainOnDelete") else False,
             dependencies=list(request.dependencies),
             inputs=decode_struct(request.object),
+            property_dependencies={key: list(deps.urns) for key, deps in request.propertyDependencies.items()},
+            alias_urns=self._alias_urns(request),
         )
         if record.is_provider:
             # Providers receive structured config JSON-encoded, as the engine passes it.
@@ -292,14 +304,32 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             resource_id=request.importId, custom=request.custom or False,
         )
         id_, state = self.mocks.new_resource(args)
-        state = self._materialize_refs(urn, state)
+        state = self._materialize_refs(urn, state, record, list(request.transforms))
         record.id = id_
         record.outputs = state
         self.records.append(record)
         self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, id_ or "", state)
         return resource_pb2.RegisterResourceResponse(urn=urn, id=id_ or "", object=encode_struct(state))
 
-    def _materialize_refs(self, parent_urn: str, state: dict) -> dict:
+    def _alias_urns(self, request) -> list[str]:
+        """The URNs a resource's `aliases` say it used to have (what a rename must carry)."""
+        urns = list(request.aliasURNs)
+        for alias in request.aliases:
+            if alias.urn:
+                urns.append(alias.urn)
+                continue
+            spec = alias.spec
+            parent = "" if spec.noParent else (spec.parentUrn or request.parent)
+            urn = self.make_urn(parent, spec.type or request.type, spec.name or request.name)
+            if spec.stack or spec.project:
+                _, _, rest = urn.partition("::")
+                _, _, rest = rest.partition("::")
+                urn = f"urn:pulumi:{spec.stack or self.stack}::{spec.project or self.project}::{rest}"
+            urns.append(urn)
+        return urns
+
+    def _materialize_refs(self, parent_urn: str, state: dict, parent: Optional[RecordedResource] = None,
+                          transforms: Sequence[Any] = ()) -> dict:
         out = dict(state)
         for key, value in state.items():
             if isinstance(value, _EksClusterRef):
@@ -315,8 +345,44 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                                   "vpcId": value.inputs.get("vpcId")},
                 }
                 self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, value.cluster_name, cluster_state)
+                if parent is not None:
+                    self._record_remote_child(parent, urn, value, cluster_state, transforms)
                 out[key] = ResourceReference(urn, value.cluster_name)
         return out
+
+    def _record_remote_child(self, parent: RecordedResource, urn: str, ref: "_EksClusterRef", state: dict,
+                             transforms: Sequence[Any]) -> None:
+        """Record pulumi-eks's ``aws:eks/cluster:Cluster`` child with the inputs that decide access,
+        as the engine would register it: first through the transforms given to the component.
+
+        pulumi-eks sends ``accessConfig`` with ``bootstrapClusterCreatorAdminPermissions: true``
+        whenever ``authenticationMode`` is set (nodejs/eks/cluster/cluster.ts).
+        """
+        inputs: dict[str, Any] = {"name": ref.cluster_name, "version": ref.inputs.get("version"),
+                                  "tags": {"Name": f"{parent.name}-eksCluster", **(ref.inputs.get("clusterTags") or {}),
+                                           **(ref.inputs.get("tags") or {})}}
+        # The rest as pulumi-eks maps its component inputs onto the child (cluster.ts), so checks
+        # written for the child (endpoint, secrets encryption, logs) see what a real preview sees.
+        component = ref.inputs
+        inputs["vpcConfig"] = {key: component[key] for key in
+                               ("endpointPrivateAccess", "endpointPublicAccess", "publicAccessCidrs", "subnetIds")
+                               if component.get(key) is not None}
+        if component.get("encryptionConfigKeyArn"):
+            inputs["encryptionConfig"] = {"provider": {"keyArn": component["encryptionConfigKeyArn"]},
+                                          "resources": ["secrets"]}
+        for key in ("enabledClusterLogTypes", "upgradePolicy", "kubernetesServiceIpAddressRange"):
+            if component.get(key) is not None:
+                inputs[key] = component[key]
+        if ref.inputs.get("authenticationMode"):
+            inputs["accessConfig"] = {"authenticationMode": ref.inputs["authenticationMode"],
+                                      "bootstrapClusterCreatorAdminPermissions": True}
+        for callback in transforms:
+            inputs = _run_transform(callback, "aws:eks/cluster:Cluster", urn.rsplit("::", 1)[-1], parent.urn, inputs)
+        self.records.append(RecordedResource(
+            urn=urn, type="aws:eks/cluster:Cluster", name=urn.rsplit("::", 1)[-1], custom=True, remote=False,
+            parent=parent.urn, provider=parent.provider_for("aws"), providers={}, protect=parent.protect,
+            retain_on_delete=False, dependencies=[], inputs=inputs, outputs=state, id=ref.cluster_name,
+        ))
 
     def Invoke(self, request):  # noqa: N802 - gRPC method name
         args = decode_struct(request.args)
@@ -336,6 +402,20 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
 
     def SupportsFeature(self, request):  # noqa: N802 - gRPC method name
         return type("SupportsFeatureResponse", (object,), {"hasSupport": request.id not in ("outputValues",)})
+
+
+def _run_transform(callback: Any, type_: str, name: str, parent_urn: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Call a program's transform through its callback server, as the engine does."""
+    import grpc
+    from pulumi.runtime.proto import callback_pb2, callback_pb2_grpc
+
+    request = resource_pb2.TransformRequest(type=type_, name=name, custom=True, parent=parent_urn,
+                                            properties=encode_struct(inputs))
+    with grpc.insecure_channel(callback.target) as channel:
+        response = callback_pb2_grpc.CallbacksStub(channel).Invoke(
+            callback_pb2.CallbackInvokeRequest(token=callback.token, request=request.SerializeToString()), timeout=30)
+    result = resource_pb2.TransformResponse.FromString(response.response)
+    return decode_struct(result.properties)
 
 
 @dataclass(frozen=True)
@@ -427,11 +507,82 @@ def _encode_into(target: struct_pb2.Value, value: Any) -> None:
 # -- running a program --------------------------------------------------------------------
 @dataclass
 class Recording:
+    """Every registered resource, with a small graph API over ids, ARNs and dependencies."""
+
     resources: list[RecordedResource]
     stack_outputs: dict[str, Any]
+    # URN of a resource only the mock knows (a remote component's child) -> recorded stand-in
+    aliases: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._urns: dict[str, RecordedResource] = {r.urn: r for r in self.resources}
+        for alias, urn in self.aliases.items():
+            if urn in self._urns:
+                self._urns.setdefault(alias, self._urns[urn])
+        self._keys: dict[str, list[RecordedResource]] = {}
+        for resource in self.resources:
+            for key in _reference_keys(resource):
+                owners = self._keys.setdefault(key, [])
+                if resource not in owners:
+                    owners.append(resource)
 
     def by_type(self, resource_type: str) -> list[RecordedResource]:
         return [r for r in self.resources if r.type == resource_type]
+
+    # -- graph --------------------------------------------------------------------------
+    def resolve(self, value: str, resource_type: Optional[str] = None) -> RecordedResource:
+        """The resource an id, ARN or URN names (``securityGroupId``, ``targetBucket``, a role ARN).
+
+        Raises ``LookupError`` when no resource, or more than one, has that id or ARN.
+        """
+        found = self.resolve_all(value, resource_type)
+        if len(found) != 1:
+            names = [f"{r.type} {r.name}" for r in found]
+            raise LookupError(f"{value!r} names {len(found)} recorded resources{' of type ' + resource_type if resource_type else ''}: {names}")
+        return found[0]
+
+    def resolve_all(self, value: str, resource_type: Optional[str] = None) -> list[RecordedResource]:
+        found = [self._urns[value]] if value in self._urns else list(self._keys.get(value, []))
+        return [r for r in found if resource_type is None or r.type == resource_type]
+
+    def try_resolve(self, value: Any, resource_type: Optional[str] = None) -> Optional[RecordedResource]:
+        found = self.resolve_all(value, resource_type) if isinstance(value, str) else []
+        return found[0] if len(found) == 1 else None
+
+    def dependencies_of(self, resource: RecordedResource, *, transitive: bool = False) -> list[RecordedResource]:
+        """Resources ``resource`` was registered with as dependencies (explicit ``depends_on``
+        and every resource whose output fed one of its inputs); with ``transitive``, theirs too."""
+        seen: dict[str, RecordedResource] = {}
+        pending = list(resource.dependencies)
+        while pending:
+            dependency = self._urns.get(pending.pop())
+            if dependency is None or dependency.urn in seen or dependency is resource:
+                continue
+            seen[dependency.urn] = dependency
+            if transitive:
+                pending.extend(dependency.dependencies)
+        return list(seen.values())
+
+    def depends_on(self, resource: RecordedResource, other: RecordedResource, *, transitive: bool = True) -> bool:
+        """Whether the engine creates ``other`` before ``resource`` (directly, or through a chain)."""
+        return other in self.dependencies_of(resource, transitive=transitive)
+
+    def dependents_of(self, resource: RecordedResource) -> list[RecordedResource]:
+        return [r for r in self.resources if resource in self.dependencies_of(r)]
+
+    def property_dependencies_of(self, resource: RecordedResource, input_key: str) -> list[RecordedResource]:
+        """Resources whose outputs the input ``input_key`` was built from."""
+        return [self._urns[u] for u in resource.property_dependencies.get(input_key, []) if u in self._urns]
+
+    def references(self, resource: RecordedResource) -> list[RecordedResource]:
+        """Resources whose id or ARN appears anywhere in ``resource``'s inputs."""
+        found: dict[str, RecordedResource] = {}
+        for text in _strings(resource.inputs):
+            for candidate in (text, *_embedded_arns(text)):
+                target = self.try_resolve(candidate)
+                if target is not None and target is not resource:
+                    found[target.urn] = target
+        return list(found.values())
 
     def one(self, resource_type: str, name: Optional[str] = None) -> RecordedResource:
         found = [r for r in self.by_type(resource_type) if name is None or r.name == name]
@@ -441,7 +592,46 @@ class Recording:
         return found[0]
 
     def by_urn(self, urn: Optional[str]) -> Optional[RecordedResource]:
-        return next((r for r in self.resources if r.urn == urn), None) if urn else None
+        return self._urns.get(urn) if urn else None
+
+
+def _reference_keys(resource: RecordedResource) -> list[str]:
+    """The values other resources use to point at this one: its id, its ARN, and the ids
+    and ARNs the mock generated for it (e.g. a remote EKS cluster's ``clusterSecurityGroupId``)."""
+    if resource.is_provider:
+        return []
+    keys = [resource.id] if resource.id else []
+    for key, value in resource.outputs.items():
+        generated = key not in resource.inputs or key in ("arn", "id")
+        if generated and isinstance(value, str) and value and (key == "arn" or key.endswith(("Id", "Arn"))):
+            keys.append(value)
+        if isinstance(value, ResourceReference):
+            keys.append(value.id)
+    return keys
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+
+
+def _embedded_arns(text: str) -> list[str]:
+    """ARNs inside a JSON policy document or a wildcard resource (``arn:...:bucket/*``)."""
+    if "arn:" not in text:
+        return []
+    found = []
+    for token in re.findall(r"arn:[a-z-]+:[^\s\"',\]]+", text):
+        found.append(token)
+        for suffix in ("/*", "*", "/"):
+            if token.endswith(suffix):
+                found.append(token[: -len(suffix)])
+    return found
 
 
 def run_recorded(
@@ -450,6 +640,7 @@ def run_recorded(
     project: str,
     stack: str,
     config: Optional[dict[str, str]] = None,
+    secret_keys: Sequence[str] = (),
 ) -> Recording:
     """Run ``program`` under the recording engine (preview off, so every apply runs).
 
@@ -459,7 +650,7 @@ def run_recorded(
     monitor = RecordingMonitor(mocks, project, stack)
     logger = logging.getLogger("mlplatform.mock_engine")
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor, logger=logger)
-    pulumi.runtime.set_all_config(dict(config or {}), [])
+    pulumi.runtime.set_all_config(dict(config or {}), list(secret_keys))
     settings = pulumi.runtime.settings.SETTINGS
     settings.rpc_manager.clear()
     settings.outputs.clear()
@@ -476,7 +667,7 @@ def run_recorded(
         resolved = {key: _sync_await(_resolve(value)) for key, value in exported.items()}
     finally:
         pulumi.export = original_export  # type: ignore[assignment]
-    return Recording(resources=list(monitor.records), stack_outputs=resolved)
+    return Recording(resources=list(monitor.records), stack_outputs=resolved, aliases=dict(monitor.aliases))
 
 
 async def _resolve(value: Any) -> Any:

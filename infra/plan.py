@@ -7,13 +7,14 @@ runs ``infra.program.main`` under the recording mock engine and prints the resou
 a count per account and the warnings a platform engineer must read before ``pulumi up``.
 ``--json`` writes the resource graph, one object per resource (a stable interface):
 ``{"type", "name", "parent", "provider", "account", "remote", "protect",
-"retain_on_delete", "inputs"}``.
+"retain_on_delete", "inputs", "urn", "id", "dependencies"}`` (README, "The offline plan").
 """
 from __future__ import annotations
 
 import argparse
 import datetime as dt
 import json
+import re
 import sys
 import time
 from collections import Counter
@@ -23,10 +24,10 @@ from typing import Any, Callable, Iterable, Optional
 
 import yaml
 
-from components.validation import InvalidInputError
+from components.validation import InvalidInputError, Problem
 from components.versions import EKS_EXTENDED_USD_PER_HOUR, EKS_STANDARD_USD_PER_HOUR, EKS_VERSIONS, HOURS_PER_MONTH
 from infra.config import PROJECT, PlatformConfig, load_platform_config
-from infra.mock_engine import Recording, RecordedResource, run_recorded
+from infra.mock_engine import SECRET_PLACEHOLDER, Recording, RecordedResource, run_recorded
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,18 +82,56 @@ def available_stacks(project_dir: Path = ROOT) -> list[str]:
     return sorted(p.name[len("Pulumi."):-len(".yaml")] for p in project_dir.glob("Pulumi.*.yaml"))
 
 
+class StackFileError(InvalidInputError):
+    """A stack file that is not valid YAML, or not shaped like one."""
+
+
 def read_stack_file(path: Path) -> tuple[dict[str, str], list[str]]:
-    """Config as the CLI passes it to a program: full keys, structured values as JSON."""
-    document = yaml.safe_load(path.read_text()) or {}
+    """Config as the CLI passes it to a program: full keys, structured values as JSON.
+
+    Also returns the paths stored encrypted (``secure:``, from ``pulumi config set --secret``,
+    top-level or nested with ``--path``), e.g. ``ml-training-platform:accounts.logging.externalId``.
+    Their ciphertext is replaced by ``[secret]``: the offline plan never decrypts, prints or
+    writes it.
+    """
+    text = path.read_text()
+    try:
+        document = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (0, 0)
+        source_line = text.splitlines()[line - 1].strip() if 0 < line <= len(text.splitlines()) else ""
+        what = " ".join(filter(None, (exc.context, exc.problem)))
+        raise StackFileError(path.name, [Problem(
+            f"{path.name} line {line}, column {column}", source_line, f"is not valid YAML: {what}",
+            "fix the syntax there: indent with spaces (not tabs) consistently, put ': ' after every key, "
+            "quote values that contain ': ' or start with '*', '&', '!', '%' or '@'",
+        )]) from None
+    except yaml.YAMLError as exc:
+        raise StackFileError(path.name, [Problem(path.name, None, f"is not valid YAML: {exc}", "fix the YAML syntax")]) from None
+    document = document if document is not None else {}
+    config = document.get("config") if isinstance(document, dict) else None
+    if not isinstance(document, dict) or not isinstance(config or {}, dict):
+        raise StackFileError(path.name, [Problem(f"{path.name}: config", type(config or document).__name__,
+                                                 "the stack file must be a mapping with a `config:` mapping",
+                                                 f"write `config:` and below it `{PROJECT}:<key>: <value>` lines")])
     values: dict[str, str] = {}
-    secret_keys: list[str] = []
-    for key, value in (document.get("config") or {}).items():
-        if isinstance(value, dict) and set(value) == {"secure"}:
-            secret_keys.append(key)
-            values[key] = "[secret]"
-            continue
-        values[key] = value if isinstance(value, str) else json.dumps(value)
-    return values, secret_keys
+    secret_paths: list[str] = []
+    for key, value in (config or {}).items():
+        value = _redact_secure(value, str(key), secret_paths)
+        values[str(key)] = value if isinstance(value, str) else json.dumps(value)
+    return values, secret_paths
+
+
+def _redact_secure(value: Any, path: str, found: list[str]) -> Any:
+    if isinstance(value, dict) and set(value) == {"secure"}:
+        found.append(path)
+        return SECRET_PLACEHOLDER
+    if isinstance(value, dict):
+        return {k: _redact_secure(v, f"{path}.{k}", found) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact_secure(v, f"{path}[{i}]", found) for i, v in enumerate(value)]
+    return value
 
 
 def raw_project_config(values: dict[str, str]) -> dict[str, Any]:
@@ -109,17 +148,22 @@ def build_plan(stack: str, project_dir: Path = ROOT) -> Plan:
         raise FileNotFoundError(
             f"no stack file {path.name} in {project_dir}; available stacks: {', '.join(available_stacks(project_dir)) or 'none'}"
         )
-    values, _ = read_stack_file(path)
-    return plan_from_values(stack, values, source=path.name)
+    values, secret_paths = read_stack_file(path)
+    return plan_from_values(stack, values, source=path.name, secret_paths=secret_paths)
 
 
-def plan_from_values(stack: str, values: dict[str, str], *, source: str = "config") -> Plan:
+def plan_from_values(stack: str, values: dict[str, str], *, source: str = "config",
+                     secret_paths: Iterable[str] = ()) -> Plan:
     """Plan config values given as the CLI passes them (full keys, JSON for structures)."""
-    config = load_platform_config(raw_project_config(values), source=f"stack '{stack}' ({source})")
+    prefix = f"{PROJECT}:"
+    project_secrets = [p[len(prefix):] for p in secret_paths if p.startswith(prefix)]
+    config = load_platform_config(raw_project_config(values), source=f"stack '{stack}' ({source})",
+                                  secret_paths=project_secrets)
 
     from infra import program
 
-    recording = run_recorded(program.main, project=PROJECT, stack=stack, config=values)
+    top_level_secrets = sorted({re.split(r"[.\[]", p, maxsplit=1)[0] for p in secret_paths})
+    recording = run_recorded(program.main, project=PROJECT, stack=stack, config=values, secret_keys=top_level_secrets)
     graph = resource_graph(recording, config)
     warnings = [w for check in PLAN_WARNINGS for w in check(config, recording)]
     sections = [s for section in PLAN_SECTIONS if (s := section(config, recording))]
@@ -156,6 +200,12 @@ def resource_graph(recording: Recording, config: PlatformConfig) -> list[dict[st
             "protect": resource.protect,
             "retain_on_delete": resource.retain_on_delete,
             "inputs": resource.inputs,
+            "urn": resource.urn,
+            # The mock engine's id: what other resources' inputs (securityGroupId, targetBucket...) hold.
+            "id": resource.id,
+            # Explicit depends_on plus every resource an input was built from (the engine's
+            # `dependencies`); the parent is in "parent", not here.
+            "dependencies": sorted({d.name for d in recording.dependencies_of(resource)}),
         })
     return graph
 
@@ -262,7 +312,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except InvalidInputError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    except (FileNotFoundError, yaml.YAMLError) as error:
+    except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     print(render(plan))

@@ -52,3 +52,51 @@ def price(instance_type: str) -> InstancePrice:
         return PRICES[instance_type]
     except KeyError:
         raise KeyError(f"no price for {instance_type!r}; add it to workloads/prices.py with its source") from None
+
+
+# -- the rest of the stack: unit prices of what runs while no job does ---------------------------
+# us-east-1 / us-west-2 list prices (the same in both), USD, from each service's public pricing
+# page as recorded on the date below. The offline plan's cost report multiplies these by what
+# the recorded graph creates (infra/costs.py); check them before quoting a budget.
+STACK_PRICES_AS_OF = "2026-11"
+HOURS_PER_MONTH = 730  # AWS's own monthly estimates use 730 hours
+
+
+@dataclass(frozen=True)
+class UnitPrice:
+    usd: float
+    unit: str
+    source: str
+    as_of: str = STACK_PRICES_AS_OF
+
+
+STACK_PRICES: Mapping[str, UnitPrice] = {
+    "eks_standard_hour": UnitPrice(0.10, "cluster-hour (standard support)", "https://aws.amazon.com/eks/pricing/"),
+    "eks_extended_hour": UnitPrice(0.60, "cluster-hour (extended support)", "https://aws.amazon.com/eks/pricing/"),
+    "nat_gateway_hour": UnitPrice(0.045, "NAT gateway-hour", "https://aws.amazon.com/vpc/pricing/"),
+    "nat_gateway_gb": UnitPrice(0.045, "GB processed by a NAT gateway", "https://aws.amazon.com/vpc/pricing/"),
+    "public_ipv4_hour": UnitPrice(0.005, "public IPv4 address-hour", "https://aws.amazon.com/vpc/pricing/"),
+    "interface_endpoint_hour": UnitPrice(0.01, "interface endpoint ENI-hour (per AZ)", "https://aws.amazon.com/privatelink/pricing/"),
+    "alb_hour": UnitPrice(0.0225, "Application Load Balancer-hour", "https://aws.amazon.com/elasticloadbalancing/pricing/"),
+    "alb_lcu_hour": UnitPrice(0.008, "LCU-hour", "https://aws.amazon.com/elasticloadbalancing/pricing/"),
+    "aurora_serverless_v2_acu_hour": UnitPrice(0.12, "ACU-hour (Aurora Standard)", "https://aws.amazon.com/rds/aurora/pricing/"),
+    "aurora_storage_gb_month": UnitPrice(0.10, "GB-month of Aurora storage", "https://aws.amazon.com/rds/aurora/pricing/"),
+    "fsx_lustre_p2_125_gb_month": UnitPrice(0.145, "GB-month, PERSISTENT_2 125 MB/s/TiB", "https://aws.amazon.com/fsx/lustre/pricing/"),
+    "fsx_lustre_p2_250_gb_month": UnitPrice(0.210, "GB-month, PERSISTENT_2 250 MB/s/TiB", "https://aws.amazon.com/fsx/lustre/pricing/"),
+    "fsx_lustre_p2_500_gb_month": UnitPrice(0.340, "GB-month, PERSISTENT_2 500 MB/s/TiB", "https://aws.amazon.com/fsx/lustre/pricing/"),
+    "fsx_lustre_p2_1000_gb_month": UnitPrice(0.600, "GB-month, PERSISTENT_2 1000 MB/s/TiB", "https://aws.amazon.com/fsx/lustre/pricing/"),
+    "fargate_vcpu_hour": UnitPrice(0.04048, "vCPU-hour (Linux/x86)", "https://aws.amazon.com/fargate/pricing/"),
+    "fargate_gb_hour": UnitPrice(0.004445, "GB-hour (Linux/x86)", "https://aws.amazon.com/fargate/pricing/"),
+    "ebs_gp3_gb_month": UnitPrice(0.08, "GB-month of gp3", "https://aws.amazon.com/ebs/pricing/"),
+    "s3_standard_gb_month": UnitPrice(0.023, "GB-month of S3 Standard (first 50 TB)", "https://aws.amazon.com/s3/pricing/"),
+    "kms_key_month": UnitPrice(1.00, "customer-managed key-month", "https://aws.amazon.com/kms/pricing/"),
+    "secret_month": UnitPrice(0.40, "secret-month", "https://aws.amazon.com/secrets-manager/pricing/"),
+}
+
+# On-demand prices of the CPU instance types the stacks' static node groups use.
+_CPU_ON_DEMAND = {
+    "m7i.large": 0.1008, "m7i.xlarge": 0.2016, "m7i.2xlarge": 0.4032,
+    "m6i.large": 0.096, "m6i.xlarge": 0.192, "m6i.2xlarge": 0.384,
+    "t3.medium": 0.0416, "t3.large": 0.0832, "m5.large": 0.096, "m5.xlarge": 0.192,
+}
+PRICES = {**PRICES, **{k: InstancePrice(k, v) for k, v in _CPU_ON_DEMAND.items()}}

@@ -1,7 +1,6 @@
 """Datasets capability: buckets, FSx PERSISTENT_2 + DRAs, CSI add-on, static PV/PVC, config rules."""
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -80,36 +79,41 @@ def test_data_repository_associations_link_s3_with_import_and_export_events(plan
     assert set(checkpoints.inputs["s3"]["autoExportPolicy"]["events"]) == {"NEW", "CHANGED", "DELETED"}
 
 
+def _rules_on(plan, kind, group):
+    return [r for r in plan.recording.by_type(f"aws:vpc/securityGroup{kind}Rule:SecurityGroup{kind}Rule")
+            if r.inputs["securityGroupId"] == group.id]
+
+
 def test_fsx_security_group_admits_only_lustre_ports_from_the_node_group(plan):
     name = plan.config.name
     sg = plan.recording.one("aws:ec2/securityGroup:SecurityGroup", f"{name}-datasets-fsx-sg")
     node_sg = plan.recording.one("aws:ec2/securityGroup:SecurityGroup", f"{name}-cluster-node-sg")
     assert _fs(plan).inputs["securityGroupIds"] == [sg.id]
-    for direction in ("ingress", "egress"):
-        rules = sg.inputs[direction]
-        ranges = {(r["fromPort"], r["toPort"]) for r in rules}
-        assert ranges == LUSTRE_PORT_RANGES
+    # Standalone rules only: inline rules would make the provider revoke the standalone ones.
+    assert not sg.inputs.get("ingress") and not sg.inputs.get("egress")
+    for kind in ("Ingress", "Egress"):
+        rules = _rules_on(plan, kind, sg)
         for rule in rules:
-            assert rule["protocol"] == "tcp"
-            assert not rule.get("cidrBlocks") and not rule.get("ipv6CidrBlocks")
-            assert rule.get("securityGroups") == [node_sg.id] or (rule.get("self") is True and not rule.get("securityGroups"))
-        assert {(r["fromPort"], r["toPort"]) for r in rules if r.get("securityGroups") == [node_sg.id]} == LUSTRE_PORT_RANGES
+            assert rule.inputs["ipProtocol"] == "tcp"
+            assert not rule.inputs.get("cidrIpv4") and not rule.inputs.get("cidrIpv6")
+            assert rule.inputs["referencedSecurityGroupId"] in (node_sg.id, sg.id)
+        for peer in (node_sg, sg):
+            assert {(r.inputs["fromPort"], r.inputs["toPort"]) for r in rules
+                    if r.inputs["referencedSecurityGroupId"] == peer.id} == LUSTRE_PORT_RANGES
     back = [r for r in plan.recording.by_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
-            if r.inputs.get("referencedSecurityGroupId") == sg.id]
+            if r.inputs.get("referencedSecurityGroupId") == sg.id and r.inputs["securityGroupId"] != sg.id]
     assert {(r.inputs["fromPort"], r.inputs["toPort"]) for r in back} == LUSTRE_PORT_RANGES
     assert all(r.inputs["securityGroupId"] == node_sg.id for r in back)
 
 
-def test_fsx_csi_addon_is_pinned_and_uses_pod_identity(plan):
+def test_fsx_csi_addon_is_pinned_and_has_no_aws_role(plan):
+    # Static volumes only: the controller makes no AWS calls, so it gets no role at all.
     addon = plan.recording.one("aws:eks/addon:Addon", f"{plan.config.name}-datasets-aws-fsx-csi-driver")
     assert addon.inputs["addonVersion"] == EKS_ADDON_VERSIONS["aws-fsx-csi-driver"]
-    (association,) = addon.inputs["podIdentityAssociations"]
-    role = plan.recording.one("aws:iam/role:Role", f"{plan.config.name}-datasets-fsx-csi-role")
-    assert association["roleArn"] == role.outputs["arn"]
-    trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]
-    assert trust["Principal"] == {"Service": "pods.eks.amazonaws.com"}
-    agent = plan.recording.one("aws:eks/addon:Addon", f"{plan.config.name}-cluster-eks-pod-identity-agent")
-    assert agent.urn in addon.dependencies
+    assert not addon.inputs.get("podIdentityAssociations") and not addon.inputs.get("serviceAccountRoleArn")
+    assert not [r for r in plan.recording.by_type("aws:iam/role:Role") if "fsx-csi" in r.name]
+    node_group = plan.recording.one("aws:eks/nodeGroup:NodeGroup")
+    assert node_group.urn in addon.dependencies
 
 
 # -- plan: buckets ----------------------------------------------------------------------------
@@ -126,8 +130,9 @@ def test_platform_buckets_are_private_kms_encrypted_versioned_and_logged(plan, b
     assert recording.one("aws:s3/bucketVersioning:BucketVersioning", f"{name}-versioning").inputs[
         "versioningConfiguration"] == {"status": "Enabled"}
     logging = recording.one("aws:s3/bucketLogging:BucketLogging", f"{name}-access-logs").inputs
-    archive = recording.one("aws:s3/bucket:Bucket", f"{plan.config.name}-log-archive-logs-bucket")
-    assert logging["targetBucket"] == archive.id
+    # S3 delivers access logs only within the account: the workload account's SSE-S3 log bucket.
+    target = recording.one("aws:s3/bucket:Bucket", f"{plan.config.name}-workload-access-logs-bucket")
+    assert logging["targetBucket"] == target.id
     assert logging["targetPrefix"].startswith("s3-access/")
     resource = recording.one("aws:s3/bucket:Bucket", f"{name}-bucket")
     assert resource.protect is plan.config.protect_stateful

@@ -33,7 +33,10 @@ def test_cluster_endpoint_encryption_logging_and_access(plan):
     secrets_key = plan.recording.one("aws:kms/key:Key", f"{plan.config.name}-cluster-secrets-key")
     assert secrets_key.inputs["enableKeyRotation"] is True
     assert inputs["encryptionConfigKeyArn"] == secrets_key.outputs["arn"]
-    admins = {entry["principalArn"] for entry in inputs["accessEntries"].values()}
+    assert "accessEntries" not in inputs  # every entry is a visible aws:eks resource
+    admin_policy = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+    admins = {r.inputs["principalArn"] for r in plan.recording.by_type("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
+              if r.inputs["policyArn"] == admin_policy and r.inputs["accessScope"] == {"type": "cluster"}}
     assert set(plan.config.cluster.admin_role_arns) <= admins
     if plan.config.cluster.deploy_role_arn:
         assert plan.config.cluster.deploy_role_arn in admins
@@ -99,9 +102,9 @@ def test_flow_logs_go_to_the_log_archive(plan):
     assert flow_log["account"] == "workload"
     policy = json.loads(plan.recording.one("aws:s3/bucketPolicy:BucketPolicy",
                                           f"{plan.config.name}-log-archive-logs-policy").inputs["policy"])
-    delivery = next(s for s in policy["Statement"] if s.get("Sid") == "LogDeliveryWrite")
-    assert delivery["Condition"]["StringEquals"]["aws:SourceAccount"] == sorted(
-        {plan.config.accounts.workload.id, plan.config.accounts.automation.id})
+    delivery = next(s for s in policy["Statement"] if s.get("Sid") == "FlowLogDeliveryWrite")
+    # Only the account whose VPC writes flow logs (see test_security_aws for the delivery path).
+    assert delivery["Condition"]["StringEquals"]["aws:SourceAccount"] == [plan.config.accounts.workload.id]
     assert any(s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
                for s in policy["Statement"])
 
@@ -135,7 +138,23 @@ def test_network_layout_follows_config(plan):
     num_nats = {"none": 0, "single": 1, "one_per_az": len(net.availability_zones)}[net.nat.value]
     assert len(nodes(plan, "aws:ec2/natGateway:NatGateway")) == num_nats
     services = {n["inputs"]["serviceName"].split(f"{plan.config.region}.", 1)[1] for n in nodes(plan, "aws:ec2/vpcEndpoint:VpcEndpoint")}
-    assert services == {"s3", "ecr.api", "ecr.dkr", "sts", "logs", "sqs", "ec2"}
+    interface = {"ecr.api", "ecr.dkr", "sts", "logs", "sqs", "ec2"} if plan.config.interface_endpoints else set()
+    assert services == {"s3"} | interface
+
+
+def test_interface_endpoints_default_on_in_prod_off_in_dev(dev_plan, prod_plan, plan_config):
+    from infra.config import load_platform_config
+    from tests.conftest import stack_config
+
+    assert dev_plan.config.interface_endpoints is False and prod_plan.config.interface_endpoints is True
+    for stack in ("dev", "prod"):
+        raw = stack_config(stack)
+        raw["network"].pop("interfaceEndpoints", None)
+        assert load_platform_config(raw).interface_endpoints is (stack == "prod")
+    raw = stack_config("dev")
+    raw["network"]["interfaceEndpoints"] = True  # asked for explicitly
+    endpoints = plan_config("dev", raw).recording.by_type("aws:ec2/vpcEndpoint:VpcEndpoint")
+    assert len([e for e in endpoints if e.inputs["vpcEndpointType"] == "Interface"]) == 6
 
 
 def test_one_nat_per_az_in_prod_routes_each_az_to_its_own_gateway(prod_plan):

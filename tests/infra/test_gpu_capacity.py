@@ -141,13 +141,17 @@ def test_interruption_rules_have_exact_patterns_and_target_the_queue(plan):
         {"source": ["aws.ec2"], "detail-type": ["EC2 Spot Instance Interruption Warning"]},
         {"source": ["aws.ec2"], "detail-type": ["EC2 Instance Rebalance Recommendation"]},
         {"source": ["aws.ec2"], "detail-type": ["EC2 Instance State-change Notification"]},
+        # Karpenter v1.14.1 reference CloudFormation: CapacityReservationInterruptionRule.
+        {"source": ["aws.ec2"], "detail-type": ["EC2 Capacity Reservation Instance Interruption Warning"]},
     ], key=json.dumps)
     targets = [r for r in plan.recording.by_type("aws:cloudwatch/eventTarget:EventTarget") if "karpenter" in r.name]
-    assert len(targets) == 4 and all(t.inputs["arn"] == queue.outputs["arn"] for t in targets)
+    assert len(targets) == 5 and all(t.inputs["arn"] == queue.outputs["arn"] for t in targets)
     assert {t.inputs["rule"] for t in targets} == {r.outputs["name"] for r in rules}
     policy = json.loads(plan.recording.one("aws:sqs/queuePolicy:QueuePolicy", queue.name + "-policy").inputs["policy"])
     allow, deny = policy["Statement"]
-    assert allow["Principal"]["Service"] == ["events.amazonaws.com", "sqs.amazonaws.com"] and allow["Action"] == "sqs:SendMessage"
+    assert allow["Principal"] == {"Service": "events.amazonaws.com"} and allow["Action"] == "sqs:SendMessage"
+    # Only the stack's own rules may send (aws:SourceArn, as EventBridge documents for SQS targets).
+    assert allow["Condition"] == {"ArnEquals": {"aws:SourceArn": sorted(r.outputs["arn"] for r in rules)}}
     assert deny["Effect"] == "Deny" and deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
 
 
@@ -169,14 +173,15 @@ def test_helm_values_carry_queue_name_and_run_on_system_nodes(plan):
 
 def test_controller_role_trusts_pod_identity_only_and_policy_is_scoped(plan):
     role = next(r for r in plan.recording.by_type("aws:iam/role:Role") if r.name.endswith("karpenter-aws-controller-role"))
-    [statement] = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
+    trust = json.loads(role.inputs["assumeRolePolicy"])
+    (statement,) = trust["Statement"]
     assert statement["Principal"] == {"Service": "pods.eks.amazonaws.com"}
     assert statement["Action"] == ["sts:AssumeRole", "sts:TagSession"]
+    assert statement["Condition"]["StringEquals"]["aws:RequestTag/kubernetes-namespace"] == "karpenter"
     association = next(r for r in plan.recording.by_type("aws:eks/podIdentityAssociation:PodIdentityAssociation") if "karpenter" in r.name)
-    assert (association.inputs["namespace"], association.inputs["serviceAccount"]) == ("kube-system", "karpenter")
-    # Only this association's session (its namespace and service account) may assume the role.
+    assert (association.inputs["namespace"], association.inputs["serviceAccount"]) == ("karpenter", "karpenter")
+    # Only this association's session (its namespace and service account, on this cluster) may assume the role.
     tags = statement["Condition"]["StringEquals"]
-    assert tags["aws:RequestTag/kubernetes-namespace"] == association.inputs["namespace"]
     assert tags["aws:RequestTag/kubernetes-service-account"] == association.inputs["serviceAccount"]
     assert tags["aws:RequestTag/eks-cluster-arn"].endswith(f":cluster/{plan.config.cluster_name}")
     assert association.inputs["roleArn"] == role.outputs["arn"]
@@ -191,7 +196,8 @@ def test_controller_role_trusts_pod_identity_only_and_policy_is_scoped(plan):
     assert by_sid["AllowInterruptionQueueActions"]["Resource"] == queue.outputs["arn"]
     assert by_sid["AllowAPIServerEndpointDiscovery"]["Resource"].endswith(f":cluster/{cluster}")
     wildcard = [s["Sid"] for s in policy["Statement"] if s["Resource"] == "*" and "Condition" not in s]
-    assert wildcard == ["AllowPricingReadActions"]
+    # Upstream's only unconditioned "*" statements: pricing and listing instance profiles.
+    assert wildcard == ["AllowPricingReadActions", "AllowUnscopedInstanceProfileListAction"]
     assert len(json.dumps(policy, separators=(",", ":"))) < 10240  # inline policy size limit
 
 

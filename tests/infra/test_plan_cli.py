@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-GRAPH_KEYS = {"type", "name", "parent", "provider", "account", "remote", "protect", "retain_on_delete", "inputs"}
+GRAPH_KEYS = {"type", "name", "parent", "provider", "account", "remote", "protect", "retain_on_delete", "inputs",
+              "urn", "id", "dependencies"}
 
 
 def run_plan(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:

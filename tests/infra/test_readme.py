@@ -24,3 +24,16 @@ def test_quick_start_is_two_make_targets_and_ci_runs_the_test_one():
     for target in ("demo", "test"):
         assert re.search(rf"^{target}:", makefile, re.M), target
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_component_example_runs_and_its_flow_log_waits_for_the_archive_policy():
+    from infra.mock_engine import run_recorded
+
+    text = (ROOT / "README.md").read_text()
+    code = text.split("## Using the components in your own stack", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    code = code.replace("<your account>", "123456789012")
+    recording = run_recorded(lambda: exec(code, {}), project="example", stack="dev")
+    policy = recording.one("aws:s3/bucketPolicy:BucketPolicy", "logs-logs-policy")
+    flow_log = recording.one("aws:ec2/flowLog:FlowLog")
+    assert policy.urn in flow_log.dependencies
+    assert "aws-account-id=123456789012" in policy.inputs["policy"]

@@ -1,0 +1,182 @@
+"""What a stack costs idle, per month, line by line, from the recorded graph and one price table.
+
+"Idle" is the platform with no training job running: the control plane, the static nodes, the
+network, MLflow, the file system. GPU pools scale to zero, so they appear as a rate per node-hour
+(on-demand and the spot estimate) instead. Every line names its unit price, the price's source and
+its date (``workloads/prices.py``). The offline plan prints the report for every stack.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Union
+
+from components.versions import EKS_VERSIONS
+from infra.config import PlatformConfig
+from infra.mock_engine import Recording
+from infra.plan import plan_section
+from workloads.gpu_catalog import gpu_type
+from workloads.prices import HOURS_PER_MONTH, STACK_PRICES, InstancePrice, UnitPrice, price
+
+# Stated assumptions of an idle month (traffic that happens with no job running).
+IDLE_NAT_GB_PER_MONTH = 20  # image pulls of restarted controllers, OS updates, API calls
+IDLE_AURORA_STORAGE_GB = 1  # MLflow's metadata tables with a few hundred runs
+
+# The operations issue's target for dev, with the control-plane fee set aside.
+DEV_IDLE_GOAL_USD_PER_MONTH = 287.0
+
+
+@dataclass(frozen=True)
+class CostLine:
+    item: str
+    quantity: float
+    unit_price: Union[UnitPrice, InstancePrice]
+    usd_per_month: float
+
+    @property
+    def unit(self) -> str:
+        if isinstance(self.unit_price, UnitPrice):
+            return self.unit_price.unit
+        return f"{self.unit_price.instance_type} instance-hour"
+
+    @property
+    def usd_per_unit(self) -> float:
+        if isinstance(self.unit_price, UnitPrice):
+            return self.unit_price.usd
+        return self.unit_price.on_demand_usd_per_hour
+
+    @property
+    def source(self) -> str:
+        return f"{self.unit_price.source} ({self.unit_price.as_of})"
+
+
+def _hourly(item: str, count: float, key: str) -> CostLine:
+    unit = STACK_PRICES[key]
+    return CostLine(item, count, unit, count * unit.usd * HOURS_PER_MONTH)
+
+
+def _monthly(item: str, count: float, key: str) -> CostLine:
+    unit = STACK_PRICES[key]
+    return CostLine(item, count, unit, count * unit.usd)
+
+
+def eks_control_plane(recording: Recording, today: dt.date) -> Iterator[CostLine]:
+    for cluster in recording.by_type("eks:index:Cluster"):
+        version = str(cluster.inputs.get("version") or "")
+        support = EKS_VERSIONS.get(version)
+        extended = support is not None and today > support.standard_support_ends
+        key = "eks_extended_hour" if extended else "eks_standard_hour"
+        yield _hourly(f"EKS control plane {version} ({'extended' if extended else 'standard'} support)", 1, key)
+
+
+def static_nodes(recording: Recording) -> Iterator[CostLine]:
+    templates = {t.urn: t for t in recording.by_type("aws:ec2/launchTemplate:LaunchTemplate")}
+    for group in recording.by_type("aws:eks/nodeGroup:NodeGroup"):
+        desired = int(group.inputs["scalingConfig"]["desiredSize"])
+        instance = price(group.inputs["instanceTypes"][0])
+        yield CostLine(f"static nodes {group.name}: {desired} x {instance.instance_type}", desired, instance,
+                       desired * instance.on_demand_usd_per_hour * HOURS_PER_MONTH)
+        for template in (templates[u] for u in group.dependencies if u in templates):
+            disk_gib = sum(int(m["ebs"]["volumeSize"]) for m in template.inputs.get("blockDeviceMappings") or [])
+            yield _monthly(f"root volumes {group.name}: {desired} x {disk_gib} GiB gp3", desired * disk_gib, "ebs_gp3_gb_month")
+
+
+def network(recording: Recording) -> Iterator[CostLine]:
+    nat = len(recording.by_type("aws:ec2/natGateway:NatGateway"))
+    if nat:
+        yield _hourly(f"NAT gateways ({nat})", nat, "nat_gateway_hour")
+        yield _monthly(f"NAT processing, {IDLE_NAT_GB_PER_MONTH} GB assumed idle", IDLE_NAT_GB_PER_MONTH, "nat_gateway_gb")
+    enis = sum(len(e.inputs.get("subnetIds") or []) for e in recording.by_type("aws:ec2/vpcEndpoint:VpcEndpoint")
+               if e.inputs.get("vpcEndpointType") == "Interface")
+    if enis:
+        yield _hourly(f"interface endpoints ({enis} ENIs: endpoints x AZs)", enis, "interface_endpoint_hour")
+    # An internet-facing ALB holds one public IPv4 address per subnet (AZ).
+    public_ips = len(recording.by_type("aws:ec2/eip:Eip")) + sum(
+        len(lb.inputs.get("subnets") or []) for lb in recording.by_type("aws:lb/loadBalancer:LoadBalancer")
+        if not lb.inputs.get("internal"))
+    if public_ips:
+        yield _hourly(f"public IPv4 addresses ({public_ips})", public_ips, "public_ipv4_hour")
+    albs = [lb for lb in recording.by_type("aws:lb/loadBalancer:LoadBalancer") if lb.inputs.get("loadBalancerType") == "application"]
+    if albs:
+        # LCUs at idle are a small fraction of one: not counted.
+        yield _hourly(f"application load balancers ({len(albs)})", len(albs), "alb_hour")
+
+
+def tracking(recording: Recording) -> Iterator[CostLine]:
+    for db in recording.by_type("aws:rds/cluster:Cluster"):
+        scaling = db.inputs.get("serverlessv2ScalingConfiguration") or {}
+        instances = sum(1 for i in recording.by_type("aws:rds/clusterInstance:ClusterInstance") if db.urn in i.dependencies)
+        min_acu = float(scaling.get("minCapacity") or 0)
+        note = " (auto-pauses: 0 while idle)" if min_acu == 0 else ""
+        yield _hourly(f"Aurora Serverless v2 {db.name}: {instances} x {min_acu:g} ACU minimum{note}",
+                      instances * min_acu, "aurora_serverless_v2_acu_hour")
+        yield _monthly(f"Aurora storage, {IDLE_AURORA_STORAGE_GB} GB assumed", IDLE_AURORA_STORAGE_GB, "aurora_storage_gb_month")
+    tasks = {t.urn: t for t in recording.by_type("aws:ecs/taskDefinition:TaskDefinition")}
+    for service in recording.by_type("aws:ecs/service:Service"):
+        count = int(service.inputs.get("desiredCount") or 0)
+        for task in (tasks[u] for u in service.dependencies if u in tasks):
+            vcpu, gib = int(task.inputs["cpu"]) / 1024, int(task.inputs["memory"]) / 1024
+            yield _hourly(f"Fargate {service.name}: {count} x {vcpu:g} vCPU", count * vcpu, "fargate_vcpu_hour")
+            yield _hourly(f"Fargate {service.name}: {count} x {gib:g} GB", count * gib, "fargate_gb_hour")
+
+
+def storage_and_keys(recording: Recording) -> Iterator[CostLine]:
+    for fs in recording.by_type("aws:fsx/lustreFileSystem:LustreFileSystem"):
+        capacity, tier = int(fs.inputs["storageCapacity"]), int(fs.inputs["perUnitStorageThroughput"])
+        yield _monthly(f"FSx for Lustre {fs.name}: {capacity} GiB PERSISTENT_2 at {tier} MB/s/TiB", capacity,
+                       f"fsx_lustre_p2_{tier}_gb_month")
+    buckets = len(recording.by_type("aws:s3/bucket:Bucket"))
+    if buckets:
+        yield _monthly(f"S3 ({buckets} buckets; grows with data, empty when new)", 0, "s3_standard_gb_month")
+    keys = len(recording.by_type("aws:kms/key:Key"))
+    if keys:
+        yield _monthly(f"KMS keys ({keys})", keys, "kms_key_month")
+    secrets = len(recording.by_type("aws:secretsmanager/secret:Secret"))
+    if secrets:
+        yield _monthly(f"Secrets Manager secrets ({secrets})", secrets, "secret_month")
+
+
+def idle_costs(recording: Recording, today: Optional[dt.date] = None) -> list[CostLine]:
+    today = today or dt.date.today()
+    return [*eks_control_plane(recording, today), *static_nodes(recording), *network(recording),
+            *tracking(recording), *storage_and_keys(recording)]
+
+
+def gpu_pool_rates(config: PlatformConfig) -> list[str]:
+    lines = []
+    for pool in getattr(config, "gpu_pools", None) or []:
+        for shape in gpu_type(pool.gpu_type).shapes_for(pool.gpus_per_node, efa=pool.efa):
+            try:
+                rate = price(shape.instance_type)
+            except KeyError:
+                lines.append(f"GPU pool {pool.name}: {shape.instance_type}: no price in workloads/prices.py")
+                continue
+            lines.append(f"GPU pool {pool.name}: {shape.instance_type} ${rate.on_demand_usd_per_hour:,.2f}/node-hour "
+                         f"on-demand, ~${rate.spot_usd_per_hour:,.2f} spot (estimate), 0 while scaled to zero")
+        if pool.capacity_reservation_ids:
+            # An On-Demand Capacity Reservation is billed at the on-demand rate whether or not an
+            # instance runs in it (EC2 user guide, "Capacity Reservation pricing and billing").
+            lines.append(f"GPU pool {pool.name}: capacity reservations {list(pool.capacity_reservation_ids)} are billed "
+                         "while they exist, used or not: not in the idle total (this stack does not create them)")
+    return lines
+
+
+def report(config: PlatformConfig, recording: Recording, today: Optional[dt.date] = None) -> list[str]:
+    lines = idle_costs(recording, today)
+    total = sum(line.usd_per_month for line in lines)
+    control_plane = sum(line.usd_per_month for line in lines if line.item.startswith("EKS control plane"))
+    out = [f"{line.usd_per_month:>9,.2f} $/month  {line.item}  [{line.quantity:g} x ${line.usd_per_unit:g} per "
+           f"{line.unit}; {line.source}]" for line in lines]
+    out.append(f"{total:>9,.2f} $/month  TOTAL idle ({total - control_plane:,.2f} without the EKS control-plane fee)")
+    if not config.is_prod:
+        verdict = "within" if total - control_plane <= DEV_IDLE_GOAL_USD_PER_MONTH else "ABOVE"
+        biggest = max((line for line in lines if not line.item.startswith("EKS control plane")),
+                      key=lambda line: line.usd_per_month, default=None)
+        out.append(f"dev goal: <= ${DEV_IDLE_GOAL_USD_PER_MONTH:,.0f}/month without the control-plane fee: {verdict}"
+                   + (f"; largest line: {biggest.item} (${biggest.usd_per_month:,.2f})" if biggest else ""))
+    return out + gpu_pool_rates(config)
+
+
+@plan_section
+def _cost_section(config: PlatformConfig, recording: Recording) -> tuple[str, list[str]]:
+    return "Idle cost per month (no job running)", report(config, recording)

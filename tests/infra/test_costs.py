@@ -1,0 +1,67 @@
+"""The idle cost report: every line priced from the table with its source, counted from the graph."""
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from components.versions import EKS_VERSIONS
+from infra.costs import idle_costs, report
+from workloads.prices import HOURS_PER_MONTH, STACK_PRICES
+
+
+def _line(lines, prefix):
+    return next(line for line in lines if line.item.startswith(prefix))
+
+
+def test_every_line_names_its_unit_price_source_and_date(plan):
+    lines = idle_costs(plan.recording)
+    assert lines
+    for line in lines:
+        assert line.source.startswith("https://aws.amazon.com/") and "2026" in line.source
+        assert line.usd_per_month == pytest.approx(line.quantity * line.usd_per_unit * (
+            HOURS_PER_MONTH if "hour" in line.unit else 1))
+    text = report(plan.config, plan.recording)
+    total = next(t for t in text if "TOTAL idle" in t)
+    assert float(total.split()[0].replace(",", "")) == pytest.approx(sum(line.usd_per_month for line in lines), abs=0.01)
+
+
+def test_network_lines_count_what_the_graph_creates(plan):
+    recording = plan.recording
+    lines = idle_costs(recording)
+    nat = len(recording.by_type("aws:ec2/natGateway:NatGateway"))
+    assert _line(lines, "NAT gateways").quantity == nat
+    interface = [e for e in recording.by_type("aws:ec2/vpcEndpoint:VpcEndpoint") if e.inputs["vpcEndpointType"] == "Interface"]
+    if interface:
+        assert _line(lines, "interface endpoints").quantity == sum(len(e.inputs["subnetIds"]) for e in interface)
+    fs = recording.by_type("aws:fsx/lustreFileSystem:LustreFileSystem")[0]
+    fsx = _line(lines, "FSx for Lustre")
+    tier = STACK_PRICES[f"fsx_lustre_p2_{fs.inputs['perUnitStorageThroughput']}_gb_month"]
+    assert fsx.usd_per_month == pytest.approx(fs.inputs["storageCapacity"] * tier.usd)
+
+
+def test_removing_the_nat_gateway_removes_its_cost(plan_config):
+    from tests.conftest import stack_config
+
+    raw = stack_config("dev")
+    raw["network"]["nat"] = "none"
+    raw["network"]["interfaceEndpoints"] = True
+    lines = idle_costs(plan_config("dev", raw).recording)
+    assert not any(line.item.startswith("NAT") for line in lines)
+
+
+def test_the_control_plane_is_priced_by_its_support_window(dev_plan):
+    version = dev_plan.recording.by_type("eks:index:Cluster")[0].inputs["version"]
+    ends = EKS_VERSIONS[version].standard_support_ends
+    before = _line(idle_costs(dev_plan.recording, today=ends - dt.timedelta(days=1)), "EKS control plane")
+    after = _line(idle_costs(dev_plan.recording, today=ends + dt.timedelta(days=1)), "EKS control plane")
+    assert before.usd_per_unit == STACK_PRICES["eks_standard_hour"].usd
+    assert after.usd_per_unit == STACK_PRICES["eks_extended_hour"].usd
+
+
+def test_dev_report_states_the_goal_and_gpu_pools_are_rates(dev_plan):
+    text = report(dev_plan.config, dev_plan.recording)
+    assert any(t.startswith("dev goal: <= $287/month") for t in text)
+    pools = [t for t in text if t.startswith("GPU pool")]
+    assert {p.split(":")[0] for p in pools} == {f"GPU pool {pool.name}" for pool in dev_plan.config.gpu_pools}
+    assert all("/node-hour on-demand" in p and "spot (estimate)" in p for p in pools)
