@@ -15,14 +15,29 @@ from typing import Any, Optional, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.argocd import namespace_manifest
+from components.cluster import Cluster
 from components.k8s import apply_object
 from components.validation import Problem, raise_if_any
 from components.versions import ARGO_HELM_REPO, ARGO_WORKFLOWS_APP_VERSION, ARGO_WORKFLOWS_CHART_VERSION
 from workloads.placement import system_node_selector, system_tolerations
+from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
 
 NAMESPACE = "argo-workflows"
 SERVICE_ACCOUNT = "pipeline-runner"
+# argo-workflows chart: server port 2746, controller metrics 9090, controller health 6060.
+SERVER_PORT = 2746
+METRICS_PORT = 9090
+HEALTH_PORT = 6060
+
+
+def namespace_spec(vpc_cidr: str, service_cidr: str) -> SystemNamespaceSpec:
+    # Controller and server run non-root, read-only, no privilege escalation, all capabilities
+    # dropped, RuntimeDefault seccomp (helm_values sets it): `restricted` admits them. Workflow
+    # pods run in the team namespaces, under those namespaces' policies.
+    return SystemNamespaceSpec(
+        name=NAMESPACE, pod_security=PodSecurityLevel.RESTRICTED, vpc_cidr=vpc_cidr, service_cidr=service_cidr,
+        probe_ports=(SERVER_PORT, HEALTH_PORT), metrics_ports=(METRICS_PORT,),
+    )
 
 # What the train step's resource template does with its PyTorchJob (kubectl apply + watch), and
 # the evaluate step's output parameter needs nothing beyond the chart's executor rules.
@@ -36,10 +51,12 @@ PIPELINE_RULES: tuple[dict[str, Any], ...] = (
 class ArgoWorkflowsArgs:
     """Argo Workflows for the training pipelines.
 
+    cluster: the platform cluster (its static nodes run the controller and server).
     namespaces: team namespaces whose workflows this controller runs (they must exist).
     ha: two controllers (leader election) and two servers, each with a PDB.
     """
 
+    cluster: Cluster
     namespaces: Sequence[str]
     ha: bool = False
 
@@ -79,12 +96,17 @@ class ArgoWorkflows(pulumi.ComponentResource):
     def __init__(self, name: str, args: ArgoWorkflowsArgs, opts: Optional[pulumi.ResourceOptions] = None):
         raise_if_any(f"ArgoWorkflows {name}", args_problems(args))
         super().__init__("mlplatform:argo_workflows:ArgoWorkflows", name, None, opts)
-        self.namespace = apply_object(f"{name}-namespace", namespace_manifest(NAMESPACE),
-                                      pulumi.ResourceOptions(parent=self))
+        cluster = args.cluster
+        objects = namespace_objects(namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr))
+        self.namespace = apply_object(f"{name}-namespace", objects[0], pulumi.ResourceOptions(parent=self))
+        in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
+        self.network_policies = [apply_object(f"{name}-netpol-{obj['metadata']['name']}", obj, in_namespace)
+                                 for obj in objects[1:]]
         self.release = k8s.helm.v3.Release(
             f"{name}-chart", name="argo-workflows", chart="argo-workflows", version=ARGO_WORKFLOWS_CHART_VERSION,
             repository_opts={"repo": ARGO_HELM_REPO}, namespace=NAMESPACE, values=helm_values(args),
             skip_crds=False, atomic=True, cleanup_on_fail=True, timeout=600,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.namespace]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[
+                self.namespace, *self.network_policies, cluster.node_group, cluster.addons["coredns"]]),
         )
         self.register_outputs({"release_status": self.release.status, "namespaces": sorted(args.namespaces)})

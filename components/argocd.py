@@ -24,11 +24,13 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 import yaml
 
+from components.cluster import Cluster
 from components.k8s import apply_object
 from components.validation import Problem, raise_if_any
 from components.versions import ARGO_HELM_REPO, ARGOCD_CHART_VERSION
 from workloads import gitops
 from workloads.placement import system_node_selector, system_tolerations
+from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
 
 NAMESPACE = gitops.ARGOCD_NAMESPACE
 REPO_CREDS_SECRET = "argocd-repo-creds"
@@ -63,6 +65,7 @@ class SsoArgs:
 class ArgoCDArgs:
     """Argo CD for one stack.
 
+    cluster: the platform cluster (its static nodes run Argo CD; network and Service CIDRs).
     gitops: repository, rendered path, team namespaces and sync policy (workloads.gitops).
     domain: host name of the UI/API; the SSO callback is https://<domain>/auth/callback.
     ha: Redis HA plus two replicas (and a PDB) of server, repo server and ApplicationSet controller.
@@ -70,6 +73,7 @@ class ArgoCDArgs:
     sso: OIDC; when set the local admin user is disabled.
     """
 
+    cluster: Cluster
     gitops: gitops.GitOpsSpec
     domain: str
     ha: bool = False
@@ -133,15 +137,39 @@ def helm_values(*, domain: str, ha: bool, sso: Optional[SsoArgs]) -> dict[str, A
     }
 
 
-def namespace_manifest(name: str) -> dict[str, Any]:
-    # Argo CD's and Argo Workflows' pods run as non-root with dropped capabilities; baseline is
-    # enforced and restricted reported so a chart upgrade that loosens them shows up in audits.
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {
-        "pod-security.kubernetes.io/enforce": "baseline",
-        "pod-security.kubernetes.io/enforce-version": "v1.32",
-        "pod-security.kubernetes.io/warn": "restricted",
-        "pod-security.kubernetes.io/audit": "restricted",
-    }}}
+# Container ports of the argo-cd chart (values.yaml `containerPorts`): server 8080, repo server
+# 8081, application controller metrics 8082, server metrics 8083, repo server metrics 8084,
+# ApplicationSet webhook 7000 and metrics 8080 (the same port as the server's, another pod).
+ARGOCD_SERVER_PORT = 8080
+ARGOCD_METRICS_PORTS = (8082, 8083, 8084)
+GIT_SSH_PORT = 22
+
+
+def namespace_spec(cluster_vpc_cidr: str, service_cidr: str) -> SystemNamespaceSpec:
+    return SystemNamespaceSpec(
+        name=NAMESPACE, pod_security=PodSecurityLevel.BASELINE, vpc_cidr=cluster_vpc_cidr, service_cidr=service_cidr,
+        pod_security_reason=("the redis-ha subchart (Redis + HAProxy, prod) is not verified against `restricted` "
+                             "(seccomp profile and dropped capabilities are not all set by its defaults)"),
+        # The UI/API behind an internal load balancer or a port-forward: from inside the VPC.
+        probe_ports=(ARGOCD_SERVER_PORT,), metrics_ports=ARGOCD_METRICS_PORTS,
+        # Git hosts, Helm repositories and the OIDC issuer are outside the VPC: HTTPS anywhere.
+        uses_aws=True,
+        # server <-> repo server <-> Redis <-> controller.
+        same_namespace=True,
+    )
+
+
+def git_ssh_policy() -> dict[str, Any]:
+    """Egress to Git over SSH, only for ssh:// or git@ repository URLs."""
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "allow-git-ssh", "namespace": NAMESPACE},
+            "spec": {"podSelector": {}, "policyTypes": ["Egress"],
+                     "egress": [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}],
+                                 "ports": [{"protocol": "TCP", "port": GIT_SSH_PORT}]}]}}
+
+
+def is_ssh_url(url: str) -> bool:
+    return url.startswith(("ssh://", "git@"))
 
 
 def secret_fields(secret_id: str, secret_json: str, required: Sequence[str] = ()) -> dict[str, Any]:
@@ -175,8 +203,14 @@ class ArgoCD(pulumi.ComponentResource):
         raise_if_any(f"ArgoCD {name}", args_problems(args))
         super().__init__("mlplatform:argocd:ArgoCD", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.namespace = apply_object(f"{name}-namespace", namespace_manifest(NAMESPACE), child)
+        cluster = args.cluster
+        objects = namespace_objects(namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr))
+        if is_ssh_url(args.gitops.repo_url):
+            objects.append(git_ssh_policy())
+        self.namespace = apply_object(f"{name}-namespace", objects[0], child)
         in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
+        self.network_policies = [apply_object(f"{name}-netpol-{obj['metadata']['name']}", obj, in_namespace)
+                                 for obj in objects[1:]]
         secrets: list[pulumi.Resource] = []
 
         creds = args.repo_credentials
@@ -205,7 +239,9 @@ class ArgoCD(pulumi.ComponentResource):
             repository_opts={"repo": ARGO_HELM_REPO}, namespace=NAMESPACE,
             values=helm_values(domain=args.domain, ha=args.ha, sso=sso),
             skip_crds=False, atomic=True, cleanup_on_fail=True, timeout=900,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, *secrets]),
+            # The atomic release waits for its pods: they need the static nodes and DNS.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[
+                self.namespace, *self.network_policies, *secrets, cluster.node_group, cluster.addons["coredns"]]),
         )
         # The CRDs arrive with the chart: the bootstrap objects wait for it.
         after_chart = pulumi.ResourceOptions(parent=self, depends_on=[self.release])

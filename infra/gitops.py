@@ -63,14 +63,14 @@ def _source(source: Optional[SecretSourceConfig]) -> Optional[SecretSource]:
     return SecretSource(secrets_manager_secret_id=source.secrets_manager_secret_id, existing_secret=source.existing_secret)
 
 
-def argocd_args(config: PlatformConfig, stack: str) -> ArgoCDArgs:
+def argocd_args(config: PlatformConfig, stack: str, cluster: Any) -> ArgoCDArgs:
     g: GitopsConfig = config.gitops  # type: ignore[assignment]
     sso = None
     if g.sso is not None:
         sso = SsoArgs(issuer=g.sso.issuer, client_id=g.sso.client_id, client_secret=_source(g.sso.client_secret),  # type: ignore[arg-type]
                       admin_groups=tuple(g.sso.admin_groups), readonly_groups=tuple(g.sso.readonly_groups),
                       scopes=tuple(g.sso.scopes))
-    return ArgoCDArgs(gitops=gitops_spec(config, stack), domain=g.domain, ha=is_ha(config),
+    return ArgoCDArgs(cluster=cluster, gitops=gitops_spec(config, stack), domain=g.domain, ha=is_ha(config),
                       repo_credentials=_source(g.repo_credentials), sso=sso)
 
 
@@ -79,12 +79,12 @@ def deploy(platform: Any) -> Optional[dict[str, Any]]:
     if config.gitops is None:
         return None
     stack = pulumi.get_stack()
-    argocd = ArgoCD(f"{config.name}-argocd", argocd_args(config, stack), opts=platform.kubernetes_opts())
+    argocd = ArgoCD(f"{config.name}-argocd", argocd_args(config, stack, platform.cluster), opts=platform.kubernetes_opts())
     outputs: dict[str, Any] = {"argocdRootApplication": argocd.root_application.metadata["name"],
                                "gitopsRenderedPath": rendered_path(config, stack)}
     if config.gitops.argo_workflows and config.scheduling.teams:
         ArgoWorkflows(f"{config.name}-argo-workflows",
-                      ArgoWorkflowsArgs(namespaces=team_namespaces(config), ha=is_ha(config)),
+                      ArgoWorkflowsArgs(cluster=platform.cluster, namespaces=team_namespaces(config), ha=is_ha(config)),
                       opts=platform.kubernetes_opts())
     return outputs
 

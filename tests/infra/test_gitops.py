@@ -131,13 +131,32 @@ def test_bootstrap_objects_validate_and_wait_for_the_chart(plan, schemas):
     assert root.inputs["spec"]["source"]["path"] == f"workloads/rendered/{plan.stack}/apps"
 
 
-def test_namespaces_carry_pod_security_labels(plan):
-    for r in plan.recording.by_type("kubernetes:core/v1:Namespace"):
-        if r.inputs["metadata"]["name"] in ("argocd", "argo-workflows"):
-            labels = r.inputs["metadata"]["labels"]
-            assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
-            assert labels["pod-security.kubernetes.io/audit"] == "restricted"
-            assert validate_core({k: r.inputs[k] for k in ("apiVersion", "kind", "metadata")}) == []
+def test_namespaces_carry_pod_security_labels_and_default_deny(plan):
+    levels = {"argocd": "baseline", "argo-workflows": "restricted"}
+    found = {r.inputs["metadata"]["name"]: r for r in plan.recording.by_type("kubernetes:core/v1:Namespace")
+             if r.inputs["metadata"]["name"] in levels}
+    assert set(found) == set(levels)
+    for name, r in found.items():
+        labels = r.inputs["metadata"]["labels"]
+        assert labels["pod-security.kubernetes.io/enforce"] == levels[name]
+        assert validate_core({k: r.inputs[k] for k in ("apiVersion", "kind", "metadata")}) == []
+        policies = {p.inputs["metadata"]["name"]: p for p in plan.recording.by_type("kubernetes:networking.k8s.io/v1:NetworkPolicy")
+                    if p.inputs["metadata"]["namespace"] == name}
+        assert "default-deny" in policies and "allow-dns" in policies
+        for policy in policies.values():
+            assert validate_core({k: policy.inputs[k] for k in ("apiVersion", "kind", "metadata", "spec")}) == []
+        # Git over SSH only when the repository URL needs it.
+        assert "allow-git-ssh" not in policies
+
+
+def test_an_ssh_repository_opens_port_22_only(plan_config):
+    raw = stack_config("dev")
+    raw["gitops"]["repoUrl"] = "git@github.com:example-org/ml-training-platform.git"
+    plan = plan_config("dev", raw)
+    ssh = [p for p in plan.recording.by_type("kubernetes:networking.k8s.io/v1:NetworkPolicy")
+           if p.inputs["metadata"]["name"] == "allow-git-ssh"]
+    assert len(ssh) == 1 and ssh[0].inputs["metadata"]["namespace"] == "argocd"
+    assert ssh[0].inputs["spec"]["egress"][0]["ports"] == [{"protocol": "TCP", "port": 22}]
 
 
 def test_component_refuses_two_secret_sources():
@@ -145,7 +164,7 @@ def test_component_refuses_two_secret_sources():
 
     spec = gitops.GitOpsSpec(platform="p", repo_url="https://x/y.git", target_revision="main",
                              rendered_path="workloads/rendered/p", namespaces=("team-a",))
-    args = argocd_component.ArgoCDArgs(gitops=spec, domain="argocd.example.com",
+    args = argocd_component.ArgoCDArgs(cluster=None, gitops=spec, domain="argocd.example.com",
                                        repo_credentials=argocd_component.SecretSource("a", "b"))
     with pytest.raises(InvalidInputError, match="exactly one secret source"):
         argocd_component.ArgoCD("bad", args)
