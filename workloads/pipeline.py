@@ -5,12 +5,8 @@ same function ``python -m workloads pipeline --local`` runs on CPU, so the local
 commands the cluster will run.
 
 - prepare: ``python -m trainer prepare-data`` on the CPU pool, tokens written to FSx.
-- train: the PyTorchJob from the training-jobs renderer, created by a resource step that waits
-  for the Master replica to succeed. Retryable exits of the trainer (143 after a checkpoint,
-  128+signal) are retried in place by the operator (``restartPolicy: ExitCode``); the workflow
-  retries the step only when the step itself errored (``lastRetry.status == "Error"``: the
-  executor pod lost with its CPU node, an API-server error), and ``action: apply`` re-attaches to
-  the same job instead of starting a second one. A job the operator failed is never resubmitted.
+- train: the PyTorchJob from the training-jobs renderer, applied by a resource step that waits
+  for the Master replica to succeed or fail (see "The train step's conditions" below).
 - evaluate: validation loss of the final checkpoint, written as JSON (an output parameter).
 - register: ``python -m trainer export`` of exactly the checkpoint evaluate scored: a Hugging Face
   model logged to the training run (its lineage tags, and the pipeline's that evaluate set on the
@@ -18,7 +14,25 @@ commands the cluster will run.
 
 Checked against Argo Workflows v4.1.2: resource conditions are Kubernetes label selectors whose
 keys are gjson paths (workflow/executor/resource.go, so a key must be a plain dotted path), and
-retry expressions see ``lastRetry.status`` / ``lastRetry.exitCode`` (docs/retries.md).
+retry expressions see ``lastRetry.status`` / ``lastRetry.duration`` (docs/retries.md).
+
+The train step's conditions (Training Operator v1.9.4, pkg/controller.v1/common/pod.go and
+pytorch/pytorchjob_controller.go):
+- Retryable exits (128-255: 143 after a checkpoint, a rank killed by a signal) are retried in
+  place by the operator under ``restartPolicy: ExitCode``: it deletes the failed pod and creates
+  a new one, which resumes from the last checkpoint. The workflow never resubmits for that.
+- A permanent exit (1-127) marks the job Failed and leaves the failed Master pod, so
+  ``replicaStatuses.Master.failed`` stays > 0. The operator does not set ``completionTime`` on
+  this path, and a label-selector key cannot query ``conditions`` by type, so the failure
+  condition reads the Master's failed count.
+- That count also shows a retryable failure for the moment between the pod failing and the
+  operator deleting it. So a failure seen after the step has waited a while is checked once
+  more (``TRAIN_RETRY_EXPRESSION``): the retry re-applies the unchanged job (``action: apply``
+  re-attaches, it never starts a second job) and waits again; a permanent failure is still
+  there and ends the step within seconds (too short to be retried again), a restarted pod has
+  replaced a retryable one and the wait goes on. An executor error (pod lost with its CPU
+  node, API-server error) is retried too. The limit is the job's own restart budget.
+- A job that runs past its deadline is bounded by the step's ``activeDeadlineSeconds``.
 """
 from __future__ import annotations
 
@@ -30,11 +44,15 @@ import yaml
 
 WORKFLOW_PARAMS = ("dataset", "model-name", "job-spec")
 STEP_NAMES = ("prepare", "train", "evaluate", "register")
-# Label selector keys (gjson paths) the train step waits on: the Master pod succeeded, or the
-# operator gave the job a completion time without a Master success (backoff limit or deadline).
+# Label selector keys (gjson paths) the train step waits on (see the module docstring).
 TRAIN_SUCCESS_CONDITION = "status.replicaStatuses.Master.succeeded > 0"
-TRAIN_FAILURE_CONDITION = "status.completionTime,!status.replicaStatuses.Master.succeeded"
-TRAIN_RETRY_EXPRESSION = 'lastRetry.status == "Error"'
+TRAIN_FAILURE_CONDITION = "status.replicaStatuses.Master.failed > 0"
+# Seconds a failing attempt must have waited for its failure to be checked again: a re-check
+# of a permanent failure ends well within it.
+RECHECK_AFTER_SECONDS = 120
+TRAIN_RETRY_EXPRESSION = f'lastRetry.status == "Error" || asInt(lastRetry.duration) > {RECHECK_AFTER_SECONDS}'
+# Time after the job's own deadline before the train step gives up on it.
+TRAIN_DEADLINE_MARGIN_SECONDS = 15 * 60
 
 
 @dataclass(frozen=True)
@@ -111,7 +129,8 @@ class PipelineSpec:
     tracking_secret: Secret with MLFLOW_TRACKING_URI/USERNAME/PASSWORD of the team's MLflow user.
     cpu_node_selector / cpu_tolerations: the Karpenter CPU pool.
     service_account: the namespace's workflow service account (Pulumi creates it and its Role).
-    train_retry_limit: retries of the train step after an executor error.
+    train_retry_limit: re-checks and re-attaches of the train step beyond the job's restart budget
+        (``runPolicy.backoffLimit``: each operator restart can cause at most one re-check).
     active_deadline_seconds: the whole workflow's limit (the job's own plus prepare/evaluate).
     """
 
@@ -174,6 +193,16 @@ def train_job(spec: PipelineSpec) -> dict[str, Any]:
     return job
 
 
+def job_deadline_seconds(job: Mapping[str, Any]) -> int:
+    return int(job["spec"].get("runPolicy", {}).get("activeDeadlineSeconds") or 7 * 24 * 3600)
+
+
+def job_backoff_limit(job: Mapping[str, Any]) -> int:
+    # The operator's default backoff limit is 6 (kubeflow.org/v1 RunPolicy).
+    limit = job["spec"].get("runPolicy", {}).get("backoffLimit")
+    return int(limit) if limit is not None else 6
+
+
 def _container_step(spec: PipelineSpec, name: str, command: list[str], *, outputs: Optional[dict] = None) -> dict[str, Any]:
     env_from = [{"secretRef": {"name": spec.tracking_secret}}] if spec.tracking_secret else []
     template: dict[str, Any] = {
@@ -230,9 +259,10 @@ def workflow_template(spec: PipelineSpec) -> dict[str, Any]:
                 _container_step(spec, "prepare", commands["prepare"]),
                 {
                     "name": "train",
-                    "retryStrategy": {"limit": spec.train_retry_limit, "retryPolicy": "Always",
-                                      "expression": TRAIN_RETRY_EXPRESSION,
-                                      "backoff": {"duration": "1m", "factor": 2, "maxDuration": "30m"}},
+                    "activeDeadlineSeconds": job_deadline_seconds(spec.train_job) + TRAIN_DEADLINE_MARGIN_SECONDS,
+                    "retryStrategy": {"limit": job_backoff_limit(spec.train_job) + spec.train_retry_limit,
+                                      "retryPolicy": "Always", "expression": TRAIN_RETRY_EXPRESSION,
+                                      "backoff": {"duration": "30s"}},
                     "resource": {
                         # apply, not create: a retried step re-attaches to the job it already started.
                         "action": "apply",
@@ -324,7 +354,7 @@ def pipeline_spec(declaration: PipelineDeclaration, train_job: Mapping[str, Any]
     """The WorkflowTemplate's spec: the job's namespace and image, the declaration's defaults."""
     master = train_job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     image = next(c["image"] for c in master["containers"] if c["name"] == "pytorch")
-    deadline = int(train_job["spec"].get("runPolicy", {}).get("activeDeadlineSeconds") or 7 * 24 * 3600)
+    deadline = job_deadline_seconds(train_job)
     return PipelineSpec(
         name=declaration.name, namespace=train_job["metadata"]["namespace"], image=image, train_job=train_job,
         dataset=declaration.dataset, model_name=declaration.model_name, job_spec=declaration.job_spec,

@@ -132,14 +132,26 @@ def test_steps_run_in_order_with_the_shared_commands():
     assert {p["name"] for p in template["spec"]["arguments"]["parameters"]} == set(pipeline.WORKFLOW_PARAMS)
 
 
-def test_only_the_train_step_retries_and_only_after_an_error():
+def _retries(expression: str, status: str, duration_seconds: int) -> bool:
+    """Evaluate the retry expression the way Argo's expr does for these two variables."""
+    python = expression.replace("||", " or ").replace("&&", " and ").replace("asInt(", "int(")
+    return bool(eval(python, {"lastRetry": type("R", (), {"status": status, "duration": str(duration_seconds)})}))
+
+
+def test_only_the_train_step_retries_and_a_confirmed_failure_is_final():
     template = pipeline.workflow_template(PIPELINE)
     retrying = {t["name"]: t["retryStrategy"] for t in template["spec"]["templates"] if "retryStrategy" in t}
     assert list(retrying) == ["train"]
-    assert retrying["train"]["expression"] == 'lastRetry.status == "Error"'
+    expression = retrying["train"]["expression"]
+    assert _retries(expression, "Error", 5)            # executor pod lost, API error: re-attach
+    assert _retries(expression, "Failed", 3600)        # failure seen after a long wait: check once more
+    assert not _retries(expression, "Failed", 10)      # still failed at once on the re-check: permanent
+    # Each operator restart can cause at most one re-check: the job's budget plus the declaration's.
+    assert retrying["train"]["limit"] == TRAIN_JOB["spec"]["runPolicy"]["backoffLimit"] + PIPELINE.train_retry_limit
     train = next(t for t in template["spec"]["templates"] if t["name"] == "train")
     # apply re-attaches a retried step to the job already running; create would fail with AlreadyExists.
     assert train["resource"]["action"] == "apply"
+    assert train["activeDeadlineSeconds"] == 86400 + pipeline.TRAIN_DEADLINE_MARGIN_SECONDS
 
 
 def _selector_keys(expression: str) -> list[str]:
