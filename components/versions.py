@@ -68,7 +68,22 @@ SYSTEM_NODE_AMI_TYPE = "AL2023_x86_64_STANDARD"
 
 # -- tracking (MLflow) --------------------------------------------------------------------
 # Aurora PostgreSQL 16.x from 16.3 can scale Serverless v2 to 0 ACU (auto-pause).
+# The version a new cluster is created with; AWS then applies minor upgrades (the cluster
+# ignores later differences, components/tracking.py). AWS retires old minors for creation
+# ("Cannot find version 16.x"): keep this at a minor `aws rds describe-db-engine-versions
+# --engine aurora-postgresql` still lists.
 AURORA_POSTGRESQL_VERSION = "16.6"
+# AWS's single-user PostgreSQL password rotation function (Serverless Application Repository),
+# per partition: application ARN and semantic version, as aws-cdk-lib pins them
+# (packages/aws-cdk-lib/aws-secretsmanager/lib/secret-rotation.ts, POSTGRES_ROTATION_SINGLE_USER).
+SECRETS_MANAGER_POSTGRES_ROTATION_APP = {
+    "aws": ("arn:aws:serverlessrepo:us-east-1:297356227824:applications/SecretsManagerRDSPostgreSQLRotationSingleUser",
+            "1.1.671"),
+    "aws-cn": ("arn:aws-cn:serverlessrepo:cn-north-1:193023089310:applications/SecretsManagerRDSPostgreSQLRotationSingleUser",
+               "1.1.440"),
+    "aws-us-gov": ("arn:aws-us-gov:serverlessrepo:us-gov-west-1:023102451235:applications/"
+                   "SecretsManagerRDSPostgreSQLRotationSingleUser", "1.1.383"),
+}
 # The MLflow server image is built from docker/mlflow (requirements pinned there); the
 # stack takes its registry reference, digest-pinned in prod, from `tracking.image`.
 MLFLOW_VERSION = "3.17.2"

@@ -409,12 +409,14 @@ class TrackingDatabaseConfig(_Model):
     max_capacity_acu: Annotated[float, at_most(limits.AURORA_SERVERLESS_V2_MAX_ACU)] = Field(4, description="At most 256.")
     seconds_until_auto_pause: Optional[int] = Field(600, description="300-86400; only with minCapacityAcu 0.")
     backup_retention_days: Annotated[int, at_most(limits.RDS_BACKUP_RETENTION_DAYS)] = Field(7, ge=1)
+    password_rotation_days: int = Field(30, description="Rotation period of the MLflow server's own database password (1-1000).")
 
 
 class TrackingConfig(_Model):
     """MLflow on ECS Fargate with Aurora, behind HTTPS load balancers."""
 
-    image: str = Field(description="MLflow server image built from docker/mlflow; repo@sha256:... in prod.")
+    image: Optional[str] = Field(None, description="MLflow server image built from docker/mlflow; repo@sha256:... in prod. "
+                                 "Unset on a first deploy (no ECS service until the image is pushed; README First deploy order).")
     domain_name: str = Field(description="Tracking host name, e.g. mlflow.dev.example.com.")
     route53_zone_id: Optional[str] = Field(None, description="Public hosted zone for certificate validation (and the public record).")
     load_balancer_scheme: LoadBalancerScheme = Field(LoadBalancerScheme.INTERNAL, description="internal | internet-facing.")
@@ -945,13 +947,14 @@ def _fsx_subnet(availability_zones, subnet_index: int) -> Iterator[Problem]:
 
 @check("environment", "tracking.image", "tracking.database", "tracking.loadBalancerScheme", "tracking.ingressCidrs",
        "tracking.cpuUnits", "tracking.memoryMib")
-def _tracking_rules(environment: Environment, image: str, db: TrackingDatabaseConfig, scheme, ingress_cidrs,
+def _tracking_rules(environment: Environment, image: Optional[str], db: TrackingDatabaseConfig, scheme, ingress_cidrs,
                     cpu_units: int, memory_mib: int) -> Iterator[Problem]:
     yield from tracking_problems(
         "tracking", is_prod=environment is Environment.PROD, image=image,
         min_capacity_acu=db.min_capacity_acu, max_capacity_acu=db.max_capacity_acu,
         seconds_until_auto_pause=db.seconds_until_auto_pause, scheme=scheme,
         num_ingress_cidrs=len(ingress_cidrs), cpu_units=cpu_units, memory_mib=memory_mib,
+        password_rotation_days=db.password_rotation_days,
     )
 
 

@@ -20,6 +20,7 @@ from components.datasets import (
     write_throughput_mb_per_s,
 )
 from components.tracking import (
+    ROTATION_EXCEPTIONS,
     AlbAccessLogs,
     DatabaseArgs,
     ImageRepositories,
@@ -27,6 +28,9 @@ from components.tracking import (
     Tracking,
     TrackingArgs,
 )
+from components.mlflow_server import APP_DATABASE_USER
+from components.tracking import MASTER_USERNAME
+from components.versions import AURORA_POSTGRESQL_VERSION
 from infra.config import BucketLifecycleConfig, PlatformConfig, dra_spec
 from infra.mock_engine import Recording, register_outputs
 from infra.plan import plan_section, plan_warning
@@ -133,6 +137,7 @@ def deploy(platform: "Platform") -> dict[str, Any]:
         alb_logs = AlbAccessLogs(
             f"{config.name}-alb-logs", writer_account_ids=[config.accounts.workload.id],
             expiration_days=tr.alb_log_expiration_days, protect=config.protect_stateful, tags=tags,
+            region=config.region,
             opts=pulumi.ResourceOptions(providers={"aws": platform.providers.logging}),
         )
         db = tr.database
@@ -144,6 +149,7 @@ def deploy(platform: "Platform") -> dict[str, Any]:
                 database=DatabaseArgs(min_capacity_acu=db.min_capacity_acu, max_capacity_acu=db.max_capacity_acu,
                                       seconds_until_auto_pause=db.seconds_until_auto_pause,
                                       backup_retention_days=db.backup_retention_days,
+                                      password_rotation_days=db.password_rotation_days,
                                       # prod: a reader in a second AZ takes over when the writer fails
                                       num_instances=2 if config.is_prod else 1),
                 image_repository_arn=images.repositories["mlflow"].arn,
@@ -154,6 +160,7 @@ def deploy(platform: "Platform") -> dict[str, Any]:
                 artifacts_lifecycle=_lifecycle("artifacts", tr.artifacts_bucket),
                 # S3 delivers server access logs only within the source bucket's account.
                 access_logs_bucket=platform.access_log_bucket("workload"), alb_logs_bucket=alb_logs.bucket,
+                alb_logs_policy=alb_logs.policy,
                 log_kms_key=platform.log_group_key.key if platform.log_group_key else None,
                 protect=config.protect_stateful, tags=tags,
             ),
@@ -218,6 +225,22 @@ def _tracking_warnings(config: PlatformConfig, recording: Recording) -> Iterator
                "(stack output mlflowCertificateValidation) or the HTTPS listeners cannot be created")
     if not team_namespaces(config):
         yield "no team namespaces (scheduling.teams or datasets.fsx.namespaces): no namespace gets the FSx claim or the MLflow Secret"
+    yield from first_deploy_warnings(config)
+    if ROTATION_EXCEPTIONS:
+        yield (f"MLflow secrets without automatic rotation (written exceptions, reasons in the 'Datasets and tracking' "
+               f"section and in each secret's description): {', '.join(ROTATION_EXCEPTIONS)}")
+
+
+def first_deploy_warnings(config: PlatformConfig) -> Iterator[str]:
+    """The MLflow service needs its image in the ECR repository this stack creates."""
+    tr = config.tracking
+    if tr is None:
+        return
+    repository = f"{config.accounts.automation.id}.dkr.ecr.{config.region}.amazonaws.com/{config.name}/mlflow"
+    if tr.image is None:
+        yield (f"tracking.image is not set: the MLflow task definition and ECS service are not created (first deploy "
+               f"order, README). After this up: docker build docker/mlflow, push it to {repository} (stack output "
+               "mlflowImageRepository), set tracking.image to <repository>@sha256:<digest>, and run up again")
 
 
 @plan_section
@@ -232,6 +255,18 @@ def _datasets_tracking_section(config: PlatformConfig, recording: Recording) -> 
         tr, db = config.tracking, config.tracking.database
         lines.append(f"MLflow https://{tr.domain_name} ({tr.load_balancer_scheme.value}), Aurora {db.min_capacity_acu}-"
                      f"{db.max_capacity_acu} ACU, pause after {db.seconds_until_auto_pause} s")
+        lines.append(f"MLflow server: {tr.image or 'NOT DEPLOYED (tracking.image unset: push the image first)'}")
+        lines.append(f"Aurora aurora-postgresql created at {AURORA_POSTGRESQL_VERSION}; minor upgrades by AWS "
+                     "(auto minor upgrade on, engine_version changes ignored)")
+        lines.append(f"Secret db master ({MASTER_USERNAME}): RDS-managed, rotated every 7 days by RDS; read only by the "
+                     "db-bootstrap container at task start")
+        lines.append(f"Secret db app ({APP_DATABASE_USER}, owner of database mlflow, no superuser/createrole/createdb): "
+                     f"rotated every {db.password_rotation_days} days (Secrets Manager, single-user function); "
+                     "the server re-reads it on authentication failure")
+        for secret, reason in ROTATION_EXCEPTIONS.items():
+            lines.append(f"Secret {secret}: NOT ROTATED (exception): {reason}")
+        teams = team_namespaces(config)
+        lines.append(f"MLflow team users (EDIT on their experiment, READ elsewhere): {', '.join(teams) or 'none'}")
     return ("Datasets and tracking", lines) if lines else None
 
 
@@ -275,4 +310,7 @@ register_outputs("aws:rds/cluster:Cluster", _aurora)
 register_outputs("aws:lb/loadBalancer:LoadBalancer", _alb)
 register_outputs("aws:acm/certificate:Certificate", _certificate)
 register_outputs("aws:ecr/repository:Repository", _ecr)
+register_outputs("aws:serverlessrepository/cloudFormationStack:CloudFormationStack",
+                 lambda name, inputs, account, region, digest: {"outputs": {
+                     "RotationLambdaARN": f"arn:aws:lambda:{region}:{account}:function:{inputs.get('parameters', {}).get('functionName', name)}"}})
 register_outputs("aws:route53/zone:Zone", lambda name, inputs, account, region, digest: {"zoneId": f"Z{digest[:20].upper()}"})

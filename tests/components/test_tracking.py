@@ -2,11 +2,21 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from components.mlflow_server import HEALTH_CHECK_PATH, SECRET_ENV_NAMES, MlflowServerSettings, mlflow_server_command
-from components.versions import AURORA_POSTGRESQL_VERSION
+from components.mlflow_server import (
+    BOOTSTRAP_SECRET_ENV_NAMES,
+    HEALTH_CHECK_PATH,
+    SECRET_ENV_NAMES,
+    MlflowServerSettings,
+    mlflow_bootstrap_command,
+    mlflow_server_command,
+)
+from components.tracking import ROTATION_EXCEPTION_PREFIX, ROTATION_EXCEPTIONS, team_tracking_secret
+from components.versions import AURORA_POSTGRESQL_VERSION, SECRETS_MANAGER_POSTGRES_ROTATION_APP
+from infra import plan as plan_module
 from infra.config import ConfigError, load_platform_config
 from infra.datasets_tracking import team_namespaces
 from tests.conftest import stack_config
@@ -21,10 +31,29 @@ def _name(plan, suffix):
     return f"{plan.config.name}-mlflow-{suffix}"
 
 
-def _container(plan):
+def _containers(plan):
     task = plan.recording.one("aws:ecs/taskDefinition:TaskDefinition")
-    (container,) = json.loads(task.inputs["containerDefinitions"])
-    return task, container
+    return task, {c["name"]: c for c in json.loads(task.inputs["containerDefinitions"])}
+
+
+def _container(plan):
+    task, containers = _containers(plan)
+    return task, containers["mlflow"]
+
+
+def _master_secret_arn(plan):
+    return plan.recording.one("aws:rds/cluster:Cluster").outputs["masterUserSecrets"][0]["secretArn"]
+
+
+def _policy_statements(plan, role_name):
+    role = plan.recording.one("aws:iam/role:Role", _name(plan, role_name))
+    return [st for p in plan.recording.by_type("aws:iam/rolePolicy:RolePolicy") if p.inputs["role"] == role.id
+            for st in json.loads(p.inputs["policy"])["Statement"]]
+
+
+def _resources(statement):
+    resources = statement["Resource"]
+    return resources if isinstance(resources, list) else [resources]
 
 
 # -- Aurora ------------------------------------------------------------------------------------
@@ -67,15 +96,21 @@ def test_dev_database_pauses_at_zero_acu(dev_plan):
     assert scaling["minCapacity"] == 0 and 300 <= scaling["secondsUntilAutoPause"] <= 86400
 
 
-def test_database_admits_postgres_from_the_mlflow_service_only(plan):
+def test_database_admits_postgres_from_the_mlflow_service_and_its_rotation_function_only(plan):
     db_sg = plan.recording.one("aws:ec2/securityGroup:SecurityGroup", _name(plan, "db-sg"))
     service_sg = plan.recording.one("aws:ec2/securityGroup:SecurityGroup", _name(plan, "service-sg"))
+    rotation_sg = plan.recording.one("aws:ec2/securityGroup:SecurityGroup", _name(plan, "db-rotation-sg"))
     assert plan.recording.one("aws:rds/cluster:Cluster").inputs["vpcSecurityGroupIds"] == [db_sg.id]
     assert not db_sg.inputs.get("ingress") and not db_sg.inputs.get("egress")
     rules = [r.inputs for r in plan.recording.by_type(SG_IN) if r.inputs["securityGroupId"] == db_sg.id]
-    assert rules == [{**rules[0], "referencedSecurityGroupId": service_sg.id, "fromPort": 5432, "toPort": 5432,
-                      "ipProtocol": "tcp"}]
-    assert "cidrIpv4" not in rules[0]
+    assert sorted(r["referencedSecurityGroupId"] for r in rules) == sorted([service_sg.id, rotation_sg.id])
+    assert all((r["fromPort"], r["toPort"], r["ipProtocol"]) == (5432, 5432, "tcp") and "cidrIpv4" not in r
+               for r in rules)
+    # The rotation function reaches the database and the Secrets Manager API (443), nothing else.
+    rotation_out = [r.inputs for r in plan.recording.by_type("aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule")
+                    if r.inputs["securityGroupId"] == rotation_sg.id]
+    assert sorted((r["fromPort"], r.get("referencedSecurityGroupId", r.get("cidrIpv4"))) for r in rotation_out) == sorted(
+        [(443, "0.0.0.0/0"), (5432, db_sg.id)])
 
 
 # -- ECS -----------------------------------------------------------------------------------------
@@ -96,9 +131,14 @@ def test_task_runs_the_same_command_as_the_integration_test(plan):
     task, container = _container(plan)
     bucket = plan.recording.one("aws:s3/bucket:Bucket", _name(plan, "artifacts-bucket")).outputs["bucket"]
     db = plan.recording.one("aws:rds/cluster:Cluster")
-    expected_command, expected_env = mlflow_server_command(MlflowServerSettings(
+    app_secret = plan.recording.one("aws:secretsmanager/secret:Secret", _name(plan, "db-app"))
+    team_secrets = {ns: plan.recording.one("aws:secretsmanager/secret:Secret", _name(plan, f"user-{ns}")).outputs["arn"]
+                    for ns in team_namespaces(plan.config)}
+    settings = MlflowServerSettings(
         artifacts_destination=f"s3://{bucket}/artifacts", allowed_hosts=[plan.config.tracking.domain_name],
-        database_host=db.outputs["endpoint"], num_workers=plan.config.tracking.num_workers))
+        database_host=db.outputs["endpoint"], num_workers=plan.config.tracking.num_workers,
+        database_secret_id=app_secret.outputs["arn"], team_secret_ids=team_secrets)
+    expected_command, expected_env = mlflow_server_command(settings)
     assert container["command"] == expected_command
     assert {e["name"]: e["value"] for e in container["environment"]} == expected_env
     assert "--serve-artifacts" in expected_command
@@ -109,15 +149,18 @@ def test_task_runs_the_same_command_as_the_integration_test(plan):
     assert container["logConfiguration"]["logDriver"] == "awslogs"
     secrets = {s["name"]: s["valueFrom"] for s in container["secrets"]}
     assert set(secrets) == set(SECRET_ENV_NAMES)
-    db_secret = db.outputs["masterUserSecrets"][0]["secretArn"]
-    assert secrets["MLFLOW_DB_PASSWORD"] == f"{db_secret}:password::"
     # No secret value in the plain environment.
     assert not set(expected_env) & set(SECRET_ENV_NAMES)
+    bootstrap = _containers(plan)[1]["db-bootstrap"]
+    bootstrap_command, bootstrap_env = mlflow_bootstrap_command(settings)
+    assert bootstrap["command"] == bootstrap_command
+    assert {e["name"]: e["value"] for e in bootstrap["environment"]} == bootstrap_env
+    assert {s["name"] for s in bootstrap["secrets"]} == set(BOOTSTRAP_SECRET_ENV_NAMES)
     assert task.inputs["networkMode"] == "awsvpc" and task.inputs["requiresCompatibilities"] == ["FARGATE"]
 
 
 def test_prod_image_is_digest_pinned(prod_plan):
-    assert "@sha256:" in _container(prod_plan)[1]["image"]
+    assert all("@sha256:" in c["image"] for c in _containers(prod_plan)[1].values())
 
 
 def test_roles_are_separate_and_least_privilege(plan):
@@ -129,20 +172,24 @@ def test_roles_are_separate_and_least_privilege(plan):
                 if p.inputs["role"] in (execution.id, task_role.id)}
     execution_policy = policies[_name(plan, "execution-policy")]
     secret_reads = [s for s in execution_policy["Statement"] if s["Action"] == "secretsmanager:GetSecretValue"]
-    assert len(secret_reads) == 1 and len(secret_reads[0]["Resource"]) == 3 and "*" not in secret_reads[0]["Resource"]
+    # Exactly the secrets the containers reference (ECS resolves them at task start).
+    referenced = {s["valueFrom"].split(":password::")[0].split(":username::")[0]
+                  for c in _containers(plan)[1].values() for s in c["secrets"]}
+    assert len(secret_reads) == 1 and set(secret_reads[0]["Resource"]) == referenced
     artifacts_policy = policies[f"{_name(plan, 'artifacts')}-read-write-{_name(plan, 'task')}"]
     bucket_arn = plan.recording.one("aws:s3/bucket:Bucket", _name(plan, "artifacts-bucket")).outputs["arn"]
     resources = {r for s in artifacts_policy["Statement"] for r in s["Resource"]}
     assert bucket_arn in resources and all(r.startswith(bucket_arn) or ":kms:" in r for r in resources)
-    # The task role reads no secrets, the execution role touches no artifacts.
+    # The artifacts grant reads no secrets, the execution role touches no artifacts.
     assert not any("secretsmanager" in str(s["Action"]) for s in artifacts_policy["Statement"])
     assert not any("s3:" in str(s["Action"]) for s in execution_policy["Statement"])
 
 
-def test_flask_key_never_enters_the_state(plan):
+def test_flask_key_admin_password_and_database_password_never_enter_the_state(plan):
     versions = {v.name: v.inputs for v in plan.recording.by_type("aws:secretsmanager/secretVersion:SecretVersion")}
-    flask = versions[_name(plan, "flask-secret-key-value")]
-    assert "secretString" not in flask and flask["secretStringWoVersion"] == 1
+    for secret in ("flask-secret-key", "admin-password", "db-app"):
+        value = versions[_name(plan, f"{secret}-value")]
+        assert "secretString" not in value and value["secretStringWoVersion"] == 1, secret
 
 
 # -- load balancers -------------------------------------------------------------------------------
@@ -268,3 +315,274 @@ def test_stateful_resources_of_datasets_and_tracking_are_protected_in_prod_only(
     stateful = [r for t in STATEFUL_TYPES for r in plan.recording.by_type(t) if r.name.startswith(prefixes)]
     assert {r.type for r in stateful} == set(STATEFUL_TYPES)
     assert [r.name for r in stateful if r.protect is not plan.config.is_prod] == []
+
+
+# -- database users and secrets (issue 8 item 11, issue 9 item 5) ------------------------------------
+def test_the_server_never_gets_the_rds_master_secret_only_the_one_off_bootstrap_does(plan):
+    master = _master_secret_arn(plan)
+    _, containers = _containers(plan)
+    server, bootstrap = containers["mlflow"], containers["db-bootstrap"]
+    # The long-running server: neither its environment nor its secrets reference the master secret.
+    assert master not in json.dumps(server)
+    # Its runtime identity (the task role) cannot read it either, nor any secret by wildcard.
+    for statement in _policy_statements(plan, "task"):
+        if "secretsmanager" in str(statement["Action"]):
+            assert master not in _resources(statement) and "*" not in _resources(statement)
+    # Only the bootstrap container gets it, and it runs to completion before the server starts.
+    assert {s["valueFrom"] for s in bootstrap["secrets"]} >= {f"{master}:username::", f"{master}:password::"}
+    assert bootstrap["essential"] is False
+    assert server["dependsOn"] == [{"containerName": "db-bootstrap", "condition": "SUCCESS"}]
+    assert bootstrap["image"] == server["image"]
+
+
+def test_the_servers_database_user_is_not_the_master_user_and_its_password_rotates(plan):
+    db = plan.recording.one("aws:rds/cluster:Cluster")
+    server_env = {e["name"]: e["value"] for e in _container(plan)[1]["environment"]}
+    assert server_env["MLFLOW_DB_USERNAME"] != db.inputs["masterUsername"]
+    app_secret = plan.recording.one("aws:secretsmanager/secret:Secret", _name(plan, "db-app"))
+    assert server_env["MLFLOW_DB_SECRET_ID"] == app_secret.outputs["arn"]
+    # The server reads that secret at run time (rotation), so its task role may.
+    task_reads = {r for st in _policy_statements(plan, "task") if st["Action"] == "secretsmanager:GetSecretValue"
+                  for r in _resources(st)}
+    assert app_secret.outputs["arn"] in task_reads
+    # Rotated by AWS's single-user PostgreSQL function, on the configured schedule, not at creation
+    # (the user exists only once the first task has bootstrapped it).
+    rotation = plan.recording.one("aws:secretsmanager/secretRotation:SecretRotation")
+    assert rotation.inputs["secretId"] == app_secret.id
+    assert rotation.inputs["rotationRules"] == {
+        "automaticallyAfterDays": plan.config.tracking.database.password_rotation_days}
+    assert rotation.inputs["rotateImmediately"] is False
+    app = plan.recording.one("aws:serverlessrepository/cloudFormationStack:CloudFormationStack")
+    assert (app.inputs["applicationId"], app.inputs["semanticVersion"]) == SECRETS_MANAGER_POSTGRES_ROTATION_APP["aws"]
+    assert app.inputs["applicationId"].endswith("/SecretsManagerRDSPostgreSQLRotationSingleUser")
+    assert rotation.inputs["rotationLambdaArn"] == app.outputs["outputs"]["RotationLambdaARN"]
+    params = app.inputs["parameters"]
+    assert params["kmsKeyArn"] == plan.recording.one("aws:kms/key:Key", _name(plan, "tracking-key")).outputs["arn"]
+    private_ids = sorted(s.id for s in plan.recording.by_type("aws:ec2/subnet:Subnet") if "-private-" in s.name)
+    assert sorted(params["vpcSubnetIds"].split(",")) == private_ids
+    # The secret's shape is what the rotation function reads.
+    version = plan.recording.one("aws:secretsmanager/secretVersion:SecretVersion", _name(plan, "db-app-value"))
+    assert version.inputs["secretStringWo"] == "[secret]" or set(json.loads(version.inputs["secretStringWo"])) >= {
+        "engine", "host", "username", "password", "dbname", "port"}
+
+
+def test_every_tracking_secret_rotates_or_states_its_exception_in_the_secret_and_the_plan(plan):
+    secrets = [s for s in plan.recording.by_type("aws:secretsmanager/secret:Secret") if s.name.startswith(_name(plan, ""))]
+    rotated = {r.inputs["secretId"] for r in plan.recording.by_type("aws:secretsmanager/secretRotation:SecretRotation")}
+    exceptions = [s for s in secrets if s.id not in rotated]
+    assert exceptions and len(exceptions) < len(secrets)
+    for secret in exceptions:
+        description = secret.inputs.get("description", "")
+        assert ROTATION_EXCEPTION_PREFIX in description, secret.name
+        assert any(reason in description for reason in ROTATION_EXCEPTIONS.values()), secret.name
+    section = dict(plan.sections)["Datasets and tracking"]
+    for name, reason in ROTATION_EXCEPTIONS.items():
+        assert any(name in line and "NOT ROTATED" in line and reason in line for line in section), name
+    assert any("without automatic rotation" in w and "written exceptions" in w for w in plan.warnings)
+
+
+def test_each_team_namespace_gets_only_its_own_mlflow_login(plan):
+    namespaces = team_namespaces(plan.config)
+    assert namespaces
+    server_env = {e["name"]: e["value"] for e in _container(plan)[1]["environment"]}
+    team_secret_ids = json.loads(server_env["MLFLOW_TEAM_SECRET_IDS"])
+    assert set(team_secret_ids) == set(namespaces)
+    admin_secret = plan.recording.one("aws:secretsmanager/secret:Secret", _name(plan, "admin-password"))
+    for secret in plan.recording.by_type("kubernetes:core/v1:Secret"):
+        if secret.inputs["metadata"]["name"] != "mlflow-tracking":
+            continue
+        namespace = secret.inputs["metadata"]["namespace"]
+        # The provider makes stringData and data secret: the login is named by an annotation.
+        assert secret.inputs["stringData"] == secret.inputs["data"] == "[secret]"
+        user = secret.inputs["metadata"]["annotations"]["mlplatform.io/mlflow-user"]
+        assert user == namespace != plan.config.tracking.admin_username
+        # ... whose password the server syncs from that team's own secret.
+        team_secret = plan.recording.one("aws:secretsmanager/secret:Secret", _name(plan, f"user-{namespace}"))
+        assert team_secret_ids[user] == team_secret.outputs["arn"] != admin_secret.outputs["arn"]
+        version = plan.recording.one("aws:secretsmanager/secretVersion:SecretVersion", _name(plan, f"user-{namespace}-value"))
+        assert version.inputs["secretId"] == team_secret.id
+
+
+# -- Aurora engine version (issue 8 item 13) ---------------------------------------------------------
+# AWS: the minimum Aurora PostgreSQL versions whose Serverless v2 instances can scale to 0 ACU
+# (https://docs.aws.amazon.com/AmazonRDS/latest/AuroraUserGuide/aurora-serverless-v2-auto-pause.html,
+# "Aurora Serverless v2 capacity"; AWS launch blog "Introducing scaling to 0 capacity with Amazon
+# Aurora Serverless v2"): 13.15, 14.12, 15.7, 16.3 and later; 17.4 is the first Aurora 17.
+ZERO_ACU_MINIMUM = {13: (13, 15), 14: (14, 12), 15: (15, 7), 16: (16, 3), 17: (17, 4)}
+
+
+def test_aurora_keeps_what_aws_upgrades_and_starts_at_a_version_that_can_pause(plan):
+    db = plan.recording.one("aws:rds/cluster:Cluster")
+    # Minor upgrades are AWS's: on for the cluster and every instance; the instances carry no
+    # engine version of their own that a later `up` could hold back.
+    assert db.inputs["autoMinorVersionUpgrade"] is True
+    for instance in plan.recording.by_type("aws:rds/clusterInstance:ClusterInstance"):
+        assert "engineVersion" not in instance.inputs
+        assert instance.inputs.get("autoMinorVersionUpgrade", True) is True
+    major, minor = (int(x) for x in db.inputs["engineVersion"].split(".")[:2])
+    if plan.config.tracking.database.min_capacity_acu == 0:
+        assert (major, minor) >= ZERO_ACU_MINIMUM[major]
+
+
+# -- first deploy order (issue 8 item 12) -------------------------------------------------------------
+def test_without_an_image_the_service_waits_and_the_plan_says_what_to_do(plan_config):
+    raw = stack_config("dev")
+    del raw["tracking"]["image"]
+    plan = plan_config("dev", raw)
+    assert not plan.recording.by_type("aws:ecs/service:Service")
+    assert not plan.recording.by_type("aws:ecs/taskDefinition:TaskDefinition")
+    repo = plan.recording.one("aws:ecr/repository:Repository", f"{plan.config.name}-images-mlflow")
+    (warning,) = [w for w in plan.warnings if "tracking.image is not set" in w]
+    assert repo.inputs["name"] in warning and "docker/mlflow" in warning
+    # The rest of tracking (database, load balancers, team logins) is there for the second up.
+    assert plan.recording.by_type("aws:rds/cluster:Cluster") and plan.recording.by_type("aws:lb/loadBalancer:LoadBalancer")
+
+
+def test_a_service_is_only_planned_with_an_image(plan):
+    assert plan.config.tracking.image is not None
+    service = plan.recording.one("aws:ecs/service:Service")
+    assert service.inputs["taskDefinition"] == plan.recording.one("aws:ecs/taskDefinition:TaskDefinition").outputs["arn"]
+    assert not [w for w in plan.warnings if "tracking.image is not set" in w]
+
+
+# -- ALB access logs (issue 8 item 7, second half) -----------------------------------------------------
+def test_load_balancers_depend_on_the_bucket_policy_that_admits_log_delivery(plan):
+    bucket = plan.recording.one("aws:s3/bucket:Bucket", f"{plan.config.name}-alb-logs-bucket")
+    policy = plan.recording.one("aws:s3/bucketPolicy:BucketPolicy", f"{plan.config.name}-alb-logs-policy")
+    assert policy.inputs["bucket"] == bucket.id
+    document = json.loads(policy.inputs["policy"])
+    lbs = plan.recording.by_type("aws:lb/loadBalancer:LoadBalancer")
+    for lb in lbs:
+        logs = lb.inputs["accessLogs"]
+        assert logs["bucket"] == bucket.outputs["bucket"] and logs["enabled"] is True
+        assert policy.urn in lb.dependencies, lb.name
+        # ELB writes <bucket>/<prefix>/AWSLogs/<account-id>/...: some PutObject grant covers it.
+        account = plan.config.accounts.workload.id
+        key = f"{bucket.outputs['arn']}/{logs['prefix']}/AWSLogs/{account}/elasticloadbalancing/x.log.gz"
+        assert any(st["Effect"] == "Allow" and st["Action"] == "s3:PutObject"
+                   and any(_arn_like(key, r) for r in _resources(st)) for st in document["Statement"])
+    assert lbs
+
+
+def _arn_like(value: str, pattern: str) -> bool:
+    import fnmatch
+
+    return fnmatch.fnmatchcase(value, pattern)
+
+
+def test_the_tracking_secret_has_exactly_the_keys_the_training_job_renderer_reads():
+    manifest = team_tracking_secret("team-a", "https://mlflow.example.com", "cGFzcw==")
+    assert manifest["metadata"]["name"] == "mlflow-tracking" and manifest["metadata"]["namespace"] == "team-a"
+    assert manifest["metadata"]["annotations"] == {"mlplatform.io/mlflow-user": "team-a"}
+    assert set(manifest["stringData"]) | set(manifest["data"]) == {
+        "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"}
+    assert manifest["stringData"]["MLFLOW_TRACKING_USERNAME"] == "team-a"
+    assert manifest["data"] == {"MLFLOW_TRACKING_PASSWORD": "cGFzcw=="}
+
+
+def _alb_log_writers(plan):
+    policy = plan.recording.one("aws:s3/bucketPolicy:BucketPolicy", f"{plan.config.name}-alb-logs-policy")
+    return [st["Principal"] for st in json.loads(policy.inputs["policy"])["Statement"]
+            if st["Effect"] == "Allow" and st["Action"] == "s3:PutObject"]
+
+
+def test_alb_log_delivery_principal_follows_the_region(plan_config, dev_plan):
+    # us-west-2 (before August 2022): the regional ELB account; the service principal as well.
+    assert {json.dumps(p, sort_keys=True) for p in _alb_log_writers(dev_plan)} >= {
+        json.dumps({"Service": "logdelivery.elasticloadbalancing.amazonaws.com"})}
+    assert any("AWS" in p for p in _alb_log_writers(dev_plan))
+    # eu-central-2 (November 2022): only the service principal; the ELB-account lookup, which
+    # fails there with "Unknown region", is not made.
+    raw = stack_config("dev")
+    raw["region"] = "eu-central-2"
+    raw["network"]["availabilityZones"] = [f"eu-central-2{z}" for z in "abc"][:len(raw["network"]["availabilityZones"])]
+    plan = plan_config("dev", raw)
+    assert _alb_log_writers(plan) == [{"Service": "logdelivery.elasticloadbalancing.amazonaws.com"}]
+
+
+# -- the server's credential hook and entrypoint helpers (pure parts; the integration test runs them for real) --
+def _docker_module(name):
+    import importlib
+    import sys
+
+    path = str(Path(__file__).resolve().parents[2] / "docker" / "mlflow")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return importlib.import_module(name)
+
+
+class _AuthFailed(Exception):
+    sqlstate = "28P01"
+
+
+class _FakeDialect:
+    class loaded_dbapi:  # noqa: N801 - mirrors SQLAlchemy's attribute
+        Error = Exception
+
+    def __init__(self, accepted):
+        self.accepted = accepted
+        self.tried = []
+
+    def connect(self, *cargs, **cparams):
+        self.tried.append(cparams["password"])
+        if cparams["password"] != self.accepted:
+            raise _AuthFailed("password authentication failed for user")
+        return "connection"
+
+
+def test_connection_hook_recovers_through_the_pending_version_and_leaves_other_logins_alone(monkeypatch):
+    credentials = _docker_module("mlflow_db_credentials")
+    stages = {"AWSCURRENT": "old", "AWSPENDING": "new"}
+    calls = []
+
+    def fetch(secret_id, stage):
+        calls.append(stage)
+        return stages.get(stage)
+
+    password = credentials.SecretPassword("arn:aws:secretsmanager:us-west-2:1:secret:x", fetch=fetch)
+    hook = credentials.connect_hook("mlflow_app", password)
+    dialect = _FakeDialect(accepted="old")
+    assert hook(dialect, None, [], {"user": "mlflow_app", "host": "db"}) == "connection"
+    assert calls == ["AWSCURRENT"]  # cached from now on
+    # The database now has the pending password (rotation half-way). Right after a read, a
+    # failure does not trigger another one (a burst of failing requests reads once)...
+    dialect.accepted = "new"
+    with pytest.raises(_AuthFailed):
+        hook(dialect, None, [], {"user": "mlflow_app", "host": "db"})
+    assert calls == ["AWSCURRENT"]
+    # ... later it does, and finds the pending version.
+    monkeypatch.setattr(credentials, "REFRESH_MIN_INTERVAL_SECONDS", 0.0)
+    assert hook(dialect, None, [], {"user": "mlflow_app", "host": "db"}) == "connection"
+    assert calls == ["AWSCURRENT", "AWSCURRENT", "AWSPENDING"]
+    assert dialect.tried[-2:] == ["old", "new"] and password.current() == "new"
+    # Another user, or a URL with its own password: SQLAlchemy's default connect.
+    assert hook(dialect, None, [], {"user": "someone_else"}) is None
+    assert hook(dialect, None, [], {"user": "mlflow_app", "password": "given"}) is None
+
+
+def test_connection_hook_raises_other_errors_and_gives_up_when_no_version_works():
+    credentials = _docker_module("mlflow_db_credentials")
+    password = credentials.SecretPassword("s", fetch=lambda secret_id, stage: {"AWSCURRENT": "a"}.get(stage))
+    hook = credentials.connect_hook("mlflow_app", password)
+    with pytest.raises(_AuthFailed):
+        hook(_FakeDialect(accepted="zzz"), None, [], {"user": "mlflow_app"})
+
+    class Down(_FakeDialect):
+        def connect(self, *cargs, **cparams):
+            raise OSError("connection refused")
+
+    with pytest.raises(OSError):
+        hook(Down(accepted="a"), None, [], {"user": "mlflow_app"})
+
+
+def test_the_server_uri_and_auth_config_carry_no_password():
+    entrypoint = _docker_module("mlflow_entrypoint")
+    env = {"MLFLOW_DB_HOST": "db.example", "MLFLOW_DB_NAME": "mlflow", "MLFLOW_DB_USERNAME": "mlflow_app",
+           "MLFLOW_DB_SECRET_ID": "arn", "MLFLOW_AUTH_DEFAULT_PERMISSION": "READ"}
+    uri = entrypoint.database_uri(env)
+    assert uri == "postgresql://mlflow_app@db.example:5432/mlflow?sslmode=require"
+    config = entrypoint.auth_config(env, uri)
+    assert "default_permission = READ" in config and "database_uri = " + uri in config
+    with pytest.raises(RuntimeError, match="empty"):
+        entrypoint.read_team_secrets({"team-a": "arn:a"}, fetch=lambda secret_id: "")
+    assert entrypoint.read_team_secrets({"team-a": "arn:a"}, fetch=lambda secret_id: "pw") == {"team-a": "pw"}

@@ -1,13 +1,17 @@
-"""The MLflow server exactly as the ECS task runs it, against real servers on loopback.
+"""The MLflow task exactly as ECS runs it, against real servers on loopback.
 
-PostgreSQL (Debian's package, with TLS like Aurora), moto's S3 server, and ``mlflow
-server`` started from ``mlflow_server_command`` - the same function that writes the
-task definition. Only endpoints and credentials differ: the port, the database address,
-``MLFLOW_S3_ENDPOINT_URL``, and the values ECS would inject from Secrets Manager.
+PostgreSQL (Debian's package, with TLS like Aurora, and a non-superuser master user with
+CREATEROLE that owns the ``mlflow`` database, like Aurora's), moto's S3 and Secrets
+Manager, the one-off ``db-bootstrap`` container from ``mlflow_bootstrap_command`` and
+``mlflow server`` from ``mlflow_server_command`` - the functions that write the task
+definition. Only endpoints and credentials differ: ports, the database address,
+``MLFLOW_S3_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_SECRETS_MANAGER``, and the values ECS
+would inject from Secrets Manager.
 """
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import signal
@@ -25,13 +29,17 @@ from pathlib import Path
 import pytest
 
 from components.mlflow_server import (
+    APP_DATABASE_USER,
+    BOOTSTRAP_SECRET_ENV_NAMES,
     HEALTH_CHECK_PATH,
     SECRET_ENV_ADMIN_PASSWORD,
-    SECRET_ENV_DB_PASSWORD,
-    SECRET_ENV_DB_USERNAME,
+    SECRET_ENV_APP_PASSWORD,
     SECRET_ENV_FLASK_SECRET_KEY,
+    SECRET_ENV_MASTER_PASSWORD,
+    SECRET_ENV_MASTER_USERNAME,
     SECRET_ENV_NAMES,
     MlflowServerSettings,
+    mlflow_bootstrap_command,
     mlflow_server_command,
 )
 
@@ -40,10 +48,15 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE_APP_DIR = ROOT / "docker" / "mlflow"  # what the Dockerfile copies to /app (its PYTHONPATH)
 BUCKET = "mlp-test-artifacts"
-DB_USER = "mlflow_owner"
+SUPERUSER = "postgres"  # stands in for AWS's rdsadmin: the test's own control of the server
+SUPERUSER_PASSWORD = "superuser-Test-1"
+MASTER_USER = "mlflow_owner"  # the Aurora master user (RDS-managed secret)
+MASTER_PASSWORD = "master-Test-7"
 # Characters a generated secret may contain and a URI must escape.
-DB_PASSWORD = "p@ss:w/rd%#?1"
+APP_PASSWORD = "p@ss:w/rd%#?1"
 ADMIN_PASSWORD = "admin-Integration-Test-42"
+TEAMS = {"team-research": "research-Password-1", "team-vision": "vision-Password-2"}
+REGION = "us-east-1"
 STARTUP_TIMEOUT_SECONDS = 90
 
 
@@ -99,16 +112,28 @@ class Postgres:
 
     def init(self) -> None:
         password_file = self.base / "pw"
-        password_file.write_text(DB_PASSWORD + "\n")
+        password_file.write_text(SUPERUSER_PASSWORD + "\n")
         _self_signed_certificate(self.base / "server.crt", self.base / "server.key")
         if self.as_root:
             shutil.chown(self.base, "postgres", "postgres")
             for path in self.base.iterdir():
                 shutil.chown(path, "postgres", "postgres")
-        self.run(str(self.bin_dir / "initdb"), "-D", str(self.data), "-U", DB_USER, "--pwfile", str(password_file),
+        self.run(str(self.bin_dir / "initdb"), "-D", str(self.data), "-U", SUPERUSER, "--pwfile", str(password_file),
                  "--auth-host=scram-sha-256", "--auth-local=trust", "-E", "UTF8", "--no-sync")
         self.start()
-        self.run(str(self.bin_dir / "createdb"), "-h", str(self.base), "-p", str(self.port), "-U", DB_USER, "mlflow")
+        # Like Aurora's master user: not a superuser, may create roles and databases, and owns
+        # the database named in the cluster's database_name.
+        self.sql(f"CREATE ROLE {MASTER_USER} LOGIN CREATEROLE CREATEDB PASSWORD '{MASTER_PASSWORD}'")
+        self.sql(f"CREATE DATABASE mlflow OWNER {MASTER_USER}")
+        # What an earlier server that connected as the master user left behind: the bootstrap
+        # hands it to the server's own user.
+        self.sql(f"SET ROLE {MASTER_USER}; CREATE TABLE public.created_by_master (id serial PRIMARY KEY)",
+                 database="mlflow")
+
+    def sql(self, statement: str, database: str = "postgres") -> str:
+        """Run one statement as the superuser over the local socket; returns unaligned output."""
+        return self.run(str(self.bin_dir / "psql"), "-h", str(self.base), "-p", str(self.port), "-U", SUPERUSER,
+                        "-d", database, "-v", "ON_ERROR_STOP=1", "-At", "-c", statement).stdout.strip()
 
     def start(self) -> None:
         options = (f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories={self.base} "
@@ -153,45 +178,113 @@ def s3_endpoint():
         server.stop()
 
 
-def _s3(endpoint: str):
+def _aws(service: str, endpoint: str):
     import boto3
 
-    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+    return boto3.client(service, endpoint_url=endpoint, region_name=REGION,
                         aws_access_key_id="testing", aws_secret_access_key="testing")
 
 
+def _s3(endpoint: str):
+    return _aws("s3", endpoint)
+
+
 @pytest.fixture(scope="module")
-def mlflow_server(postgres, s3_endpoint, tmp_path_factory):
-    port = _free_port()
-    scratch = tmp_path_factory.mktemp("mlflow-scratch")
-    settings = MlflowServerSettings(
+def secrets(s3_endpoint, postgres):  # moto serves S3 and Secrets Manager on one port
+    """What the stack creates: the server user's secret (the rotation functions' JSON format)
+    and one secret per team."""
+    client = _aws("secretsmanager", s3_endpoint)
+    app = client.create_secret(Name="mlflow-db-app", SecretString=json.dumps({
+        "engine": "postgres", "host": "127.0.0.1", "port": postgres.port, "dbname": "mlflow",
+        "username": APP_DATABASE_USER, "password": APP_PASSWORD}))["ARN"]
+    teams = {user: client.create_secret(Name=f"mlflow-user-{user}", SecretString=password)["ARN"]
+             for user, password in TEAMS.items()}
+    return {"app": app, "teams": teams}
+
+
+def _settings(postgres, secrets, port: int, scratch: Path) -> MlflowServerSettings:
+    return MlflowServerSettings(
         artifacts_destination=f"s3://{BUCKET}/artifacts",
         allowed_hosts=[f"127.0.0.1:{port}"],
         database_host="127.0.0.1",
         database_port=postgres.port,
+        database_secret_id=secrets["app"],
+        team_secret_ids=secrets["teams"],
         port=port,
         scratch_dir=str(scratch),
     )
-    command, environment = mlflow_server_command(settings)
-    secrets = {  # what ECS injects from Secrets Manager
-        SECRET_ENV_DB_USERNAME: DB_USER,
-        SECRET_ENV_DB_PASSWORD: DB_PASSWORD,
-        SECRET_ENV_ADMIN_PASSWORD: ADMIN_PASSWORD,
-        SECRET_ENV_FLASK_SECRET_KEY: "integration-test-flask-secret",
-    }
-    assert set(secrets) == set(SECRET_ENV_NAMES)
-    env = {
+
+
+def _base_env(endpoint: str) -> dict[str, str]:
+    return {
         # The host's basics (PATH with this interpreter's bin first, as the image's python/mlflow).
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "LANG": "C.UTF-8",
         "PYTHONPATH": str(IMAGE_APP_DIR),
-        **environment,
-        **secrets,
-        # Task role credentials and the S3 endpoint, pointed at moto.
-        "MLFLOW_S3_ENDPOINT_URL": s3_endpoint,
+        # Task role credentials and the AWS endpoints, pointed at moto.
+        "AWS_ENDPOINT_URL_SECRETS_MANAGER": endpoint,
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": REGION,
+    }
+
+
+@pytest.fixture(scope="module")
+def bootstrapped(postgres, secrets, s3_endpoint, tmp_path_factory):
+    """The db-bootstrap container: master login in, the server's own user out."""
+    scratch = tmp_path_factory.mktemp("bootstrap-scratch")
+    command, environment = mlflow_bootstrap_command(_settings(postgres, secrets, 5000, scratch))
+    injected = {  # what ECS injects into this container only
+        SECRET_ENV_MASTER_USERNAME: MASTER_USER,
+        SECRET_ENV_MASTER_PASSWORD: MASTER_PASSWORD,
+        SECRET_ENV_APP_PASSWORD: APP_PASSWORD,
+    }
+    assert set(injected) == set(BOOTSTRAP_SECRET_ENV_NAMES)
+    env = {**_base_env(s3_endpoint), **environment, **injected}
+    # Two tasks starting together (desired count 2) bootstrap one at a time: while another
+    # session holds the bootstrap lock, both wait; then both succeed and one does the work.
+    import psycopg
+
+    sys.path.insert(0, str(IMAGE_APP_DIR))
+    from mlflow_bootstrap import BOOTSTRAP_LOCK_ID
+
+    holder = psycopg.connect(host="127.0.0.1", port=postgres.port, dbname="mlflow", user=SUPERUSER,
+                             password=SUPERUSER_PASSWORD, sslmode="require", autocommit=True)
+    holder.execute("SELECT pg_advisory_lock(%s)", (BOOTSTRAP_LOCK_ID,))
+    first = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    time.sleep(3)
+    waiting = [p.poll() is None for p in first]
+    holder.execute("SELECT pg_advisory_unlock(%s)", (BOOTSTRAP_LOCK_ID,))
+    holder.close()
+    assert waiting == [True, True], "bootstrap did not wait for the lock"
+    results = [(*p.communicate(timeout=120),) for p in first]
+    results = [(p.returncode, out, err) for p, (out, err) in zip(first, results)]
+    assert [rc for rc, _, _ in results] == [0, 0], results
+    outputs = sorted(out for _, out, _ in results)
+    assert sum("created role" in out for out in outputs) == 1, outputs
+    assert any("handed from" in out for out in outputs), outputs
+    # It runs on every task start: a later run changes nothing and succeeds.
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "nothing to change" in again.stdout, (again.stdout, again.stderr)
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(postgres, s3_endpoint, secrets, bootstrapped, tmp_path_factory):
+    port = _free_port()
+    scratch = tmp_path_factory.mktemp("mlflow-scratch")
+    command, environment = mlflow_server_command(_settings(postgres, secrets, port, scratch))
+    injected = {  # what ECS injects from Secrets Manager
+        SECRET_ENV_ADMIN_PASSWORD: ADMIN_PASSWORD,
+        SECRET_ENV_FLASK_SECRET_KEY: "integration-test-flask-secret",
+    }
+    assert set(injected) == set(SECRET_ENV_NAMES)
+    env = {
+        **_base_env(s3_endpoint),
+        **environment,
+        **injected,
+        "MLFLOW_S3_ENDPOINT_URL": s3_endpoint,
     }
     log_path = scratch / "server.log"
     log = open(log_path, "w")
@@ -200,7 +293,8 @@ def mlflow_server(postgres, s3_endpoint, tmp_path_factory):
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, process, log_path)
-        yield url, process
+        _wait_for_log(log_path, process, "team users ")
+        yield url, process, log_path
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)
@@ -210,6 +304,17 @@ def mlflow_server(postgres, s3_endpoint, tmp_path_factory):
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=15)
         log.close()
+
+
+def _wait_for_log(log_path: Path, process: subprocess.Popen, text: str) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if text in log_path.read_text():
+            return
+        if process.poll() is not None:
+            pytest.fail(f"entrypoint exited with {process.returncode}:\n{log_path.read_text()[-4000:]}")
+        time.sleep(0.25)
+    pytest.fail(f"no {text!r} in the log after {STARTUP_TIMEOUT_SECONDS} s:\n{log_path.read_text()[-4000:]}")
 
 
 def _wait_healthy(url: str, process: subprocess.Popen, log_path: Path) -> None:
@@ -243,19 +348,19 @@ def _status(url: str, auth: tuple[str, str] | None) -> int:
 def client(mlflow_server, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    url, _ = mlflow_server
+    url = mlflow_server[0]
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", ADMIN_PASSWORD)
     # Short backoff so a database outage of a second or two is ridden out quickly.
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "6")
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "MLFLOW_S3_ENDPOINT_URL"):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "MLFLOW_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_SECRETS_MANAGER"):
         monkeypatch.delenv(name, raising=False)  # the client must not need S3 credentials
     return MlflowClient(tracking_uri=url)
 
 
 def test_logs_and_reads_back_with_basic_auth_and_s3_artifacts(mlflow_server, client, s3_endpoint, tmp_path):
-    url, process = mlflow_server
+    url, process, _ = mlflow_server
     assert _status(url, None) == 401
     assert _status(url, ("admin", "wrong-password")) == 401
     assert _status(url, ("admin", ADMIN_PASSWORD)) == 200
@@ -285,7 +390,7 @@ def test_logs_and_reads_back_with_basic_auth_and_s3_artifacts(mlflow_server, cli
 
 
 def test_survives_a_database_restart(mlflow_server, client, postgres):
-    url, process = mlflow_server
+    process = mlflow_server[1]
     experiment_id = client.create_experiment("database-restart")
     run_id = client.create_run(experiment_id).info.run_id
     client.log_metric(run_id, "loss", 3.0, step=0)
@@ -311,3 +416,137 @@ def test_survives_a_database_restart(mlflow_server, client, postgres):
 
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")] == [(0, 3.0), (1, 2.0)]
     assert process.poll() is None
+
+
+# -- the server's database user -------------------------------------------------------------------
+def test_server_user_is_its_own_least_privilege_owner_not_the_master(mlflow_server, postgres):
+    role = postgres.sql(f"SELECT rolsuper, rolcreaterole, rolcreatedb, rolreplication, rolbypassrls FROM pg_roles "
+                        f"WHERE rolname = '{APP_DATABASE_USER}'")
+    assert role == "f|f|f|f|f"
+    assert APP_DATABASE_USER != MASTER_USER
+    # Member of no role (on Aurora: not rds_superuser), and owner of its database and schema.
+    assert postgres.sql(f"SELECT count(*) FROM pg_auth_members WHERE member = "
+                        f"(SELECT oid FROM pg_roles WHERE rolname = '{APP_DATABASE_USER}')") == "0"
+    assert postgres.sql("SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = 'mlflow'") == APP_DATABASE_USER
+    owners = postgres.sql("SELECT DISTINCT pg_get_userbyid(relowner) FROM pg_class c JOIN pg_namespace n "
+                          "ON n.oid = c.relnamespace WHERE n.nspname = 'public'", database="mlflow")
+    assert owners.split() == [APP_DATABASE_USER]  # MLflow's tables, created by the server's migrations
+    # What it cannot do.
+    app = _as_app_user(postgres)
+    for statement in ("CREATE ROLE intruder", "CREATE DATABASE other", "SELECT pg_read_file('PG_VERSION')"):
+        result = app(statement)
+        assert result.returncode != 0 and "permission denied" in result.stderr, (statement, result.stderr)
+
+
+def _as_app_user(postgres):
+    def run(statement: str, password: str = APP_PASSWORD) -> subprocess.CompletedProcess:
+        return subprocess.run([str(postgres.bin_dir / "psql"), f"host=127.0.0.1 port={postgres.port} dbname=mlflow "
+                               f"user={APP_DATABASE_USER} sslmode=require", "-At", "-v", "ON_ERROR_STOP=1",
+                               "-c", statement], env={**os.environ, "PGPASSWORD": password},
+                              capture_output=True, text=True, timeout=30)
+    return run
+
+
+def test_server_processes_never_hold_the_master_or_database_password(mlflow_server):
+    process = mlflow_server[1]
+    pids = [process.pid]
+    children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+    # The entrypoint, mlflow server and its uvicorn workers.
+    for _ in range(3):
+        found = []
+        for pid in pids:
+            path = Path(f"/proc/{pid}/task/{pid}/children")
+            if path.exists():
+                found += [int(c) for c in path.read_text().split()]
+        pids = sorted(set(pids + found))
+    assert children.exists() and len(pids) >= 3, pids
+    for pid in pids:
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        assert MASTER_PASSWORD.encode() not in environ and MASTER_USER.encode() not in environ
+        assert APP_PASSWORD.encode() not in environ
+        assert b"MLFLOW_BOOTSTRAP_" not in environ
+
+
+def test_recovers_when_the_database_password_is_rotated(mlflow_server, client, postgres, secrets, s3_endpoint):
+    """AWS's single-user rotation: createSecret (AWSPENDING), setSecret (ALTER ROLE),
+    testSecret, finishSecret (AWSPENDING becomes AWSCURRENT). The server never restarts."""
+    process = mlflow_server[1]
+    experiment_id = client.create_experiment("password-rotation")
+    run_id = client.create_run(experiment_id).info.run_id
+    client.log_metric(run_id, "loss", 4.0, step=0)
+
+    secretsmanager = _aws("secretsmanager", s3_endpoint)
+    current = secretsmanager.get_secret_value(SecretId=secrets["app"])
+    rotated = dict(json.loads(current["SecretString"]), password="rotated-P4ssword-after-7-days")
+    pending = secretsmanager.put_secret_value(SecretId=secrets["app"], SecretString=json.dumps(rotated),
+                                              VersionStages=["AWSPENDING"])
+    postgres.sql(f"ALTER ROLE {APP_DATABASE_USER} PASSWORD '{rotated['password']}'")
+    # Half-way through the rotation the old password no longer works...
+    assert _as_app_user(postgres)("SELECT 1").returncode != 0
+    # ... and the server, still holding it, recovers through AWSPENDING.
+    client.log_metric(run_id, "loss", 3.0, step=1)
+
+    # finishSecret: the new value becomes AWSCURRENT. (As a new version: moto 5.2's
+    # update_secret_version_stage leaves the old version answering AWSCURRENT.)
+    secretsmanager.put_secret_value(SecretId=secrets["app"], SecretString=json.dumps(rotated))
+    secretsmanager.update_secret_version_stage(SecretId=secrets["app"], VersionStage="AWSPENDING",
+                                               RemoveFromVersionId=pending["VersionId"])
+    client.log_metric(run_id, "loss", 2.0, step=2)
+
+    # A second rotation straight to AWSCURRENT (a manual put-secret-value after ALTER ROLE).
+    again = dict(rotated, password="second-Rotation-0")
+    postgres.sql(f"ALTER ROLE {APP_DATABASE_USER} PASSWORD '{again['password']}'")
+    secretsmanager.put_secret_value(SecretId=secrets["app"], SecretString=json.dumps(again))
+    time.sleep(2.5)  # past the per-process refresh throttle of the pending-stage step above
+    client.log_metric(run_id, "loss", 1.0, step=3)
+
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")] == [
+        (0, 4.0), (1, 3.0), (2, 2.0), (3, 1.0)]
+    assert process.poll() is None
+
+
+# -- team users -----------------------------------------------------------------------------------
+def _team_client(url: str, user: str, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", user)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", TEAMS[user])
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    return MlflowClient(tracking_uri=url)
+
+
+def test_team_users_write_their_own_experiment_and_only_read_others(mlflow_server, monkeypatch):
+    from mlflow.exceptions import MlflowException
+
+    url = mlflow_server[0]
+    research = _team_client(url, "team-research", monkeypatch)
+    own = research.get_experiment_by_name("team-research")
+    run_id = research.create_run(own.experiment_id).info.run_id
+    research.log_metric(run_id, "loss", 0.5, step=0)
+    assert research.get_metric_history(run_id, "loss")[0].value == 0.5
+
+    vision = _team_client(url, "team-vision", monkeypatch)
+    assert vision.get_run(run_id).info.run_id == run_id  # READ elsewhere
+    with pytest.raises(MlflowException) as denied:
+        vision.log_metric(run_id, "loss", 9.9, step=1)
+    assert "PERMISSION_DENIED" in str(denied.value) or "403" in str(denied.value)
+    with pytest.raises(MlflowException):
+        vision.create_run(own.experiment_id)
+    # A team login is not an admin: it cannot create users.
+    assert _post_json(url, "/api/2.0/mlflow/users/create", {"username": "x", "password": "y"},
+                      ("team-vision", TEAMS["team-vision"])) == 403
+    assert _status(url, ("team-research", "wrong")) == 401
+
+
+def _post_json(url: str, path: str, body: dict, auth: tuple[str, str]) -> int:
+    request = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST")
+    request.add_header("Content-Type", "application/json")
+    request.add_header("Authorization", "Basic " + b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
