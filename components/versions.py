@@ -130,8 +130,9 @@ ARGO_HELM_REPO = "https://argoproj.github.io/argo-helm"
 # the version of the Application/AppProject CRDs the tests validate against.
 ARGOCD_CHART_VERSION = "10.3.3"
 ARGOCD_APP_VERSION = "v3.5.1"
-# Argo Workflows v4.1.2 (WorkflowTemplate CRD pinned in tests). The chart's own appVersion could not
-# be confirmed offline for 2.0.4 (argo-workflows-2.0.4 follows "support Argo Workflows v4.1
-# features", argoproj/argo-helm#3977), so the component pins the image tag to the app version.
-ARGO_WORKFLOWS_CHART_VERSION = "2.0.4"
+# Argo Workflows: chart 2.0.1 ships v4.1.1 (argoproj/argo-helm#4020, release argo-workflows-2.0.1,
+# 2026-08-17), the newest chart whose appVersion could be confirmed offline; the component pins the
+# image tag to v4.1.2, the patch release whose WorkflowTemplate CRD the tests validate against
+# (same minor: the chart's templates and values are unchanged by a patch of the images).
+ARGO_WORKFLOWS_CHART_VERSION = "2.0.1"
 ARGO_WORKFLOWS_APP_VERSION = "v4.1.2"
