@@ -130,9 +130,10 @@ ARGO_HELM_REPO = "https://argoproj.github.io/argo-helm"
 # the version of the Application/AppProject CRDs the tests validate against.
 ARGOCD_CHART_VERSION = "10.3.3"
 ARGOCD_APP_VERSION = "v3.5.1"
-# Argo Workflows: chart 2.0.1 ships v4.1.1 (argoproj/argo-helm#4020, release argo-workflows-2.0.1,
-# 2026-08-17), the newest chart whose appVersion could be confirmed offline; the component pins the
-# image tag to v4.1.2, the patch release whose WorkflowTemplate CRD the tests validate against
-# (same minor: the chart's templates and values are unchanged by a patch of the images).
-ARGO_WORKFLOWS_CHART_VERSION = "2.0.1"
+# Argo Workflows: chart 1.1.1 (release argo-workflows-1.1.1, 2026-08-11: "support Argo Workflows
+# v4.1 features", argoproj/argo-helm#3977; 1.1.0 moved the app to v4.1.0, #4013). The 1.x line is
+# the one whose values.yaml the component's keys were checked against (charts/argo-workflows at
+# 1.0.18); 2.0.x is a major bump whose notes could not be read offline. The image tag is pinned
+# to v4.1.2, the patch release whose WorkflowTemplate CRD the tests validate against.
+ARGO_WORKFLOWS_CHART_VERSION = "1.1.1"
 ARGO_WORKFLOWS_APP_VERSION = "v4.1.2"
