@@ -128,6 +128,9 @@ def helm_values(*, domain: str, ha: bool, sso: Optional[SsoArgs]) -> dict[str, A
         # OIDC goes straight to the IdP; Dex is only needed for connectors (GitHub, LDAP, SAML).
         "dex": {"enabled": False},
         # Redis HA runs 3 Redis + 3 HAProxy pods with hard anti-affinity: prod has >= 3 system nodes.
+        # The subchart places HAProxy with its top-level nodeSelector/tolerations
+        # (DandyDeveloper/charts redis-ha templates/redis-haproxy-deployment.yaml); newer releases
+        # also read haproxy.tolerations, so both are set.
         "redis-ha": {"enabled": ha, **placement, "haproxy": dict(placement)},
         # One application controller: more replicas shard clusters, they do not add availability.
         "controller": {"replicas": 1},
