@@ -198,3 +198,16 @@ def test_no_gitops_section_creates_nothing(plan_config):
     del raw["gitops"]
     plan = plan_config("dev", raw)
     assert not [r for r in plan.recording.resources if "argo" in r.type or r.inputs.get("chart", "").startswith("argo")]
+
+
+# -- plan ----------------------------------------------------------------------------------------
+def test_plan_section_says_how_each_stack_syncs(plan):
+    sections = dict(plan.sections)
+    lines = "\n".join(sections["GitOps"])
+    assert f"path workloads/rendered/{plan.stack}/apps" in lines
+    if plan.config.is_prod:
+        assert "HA" in lines and "manual, windows: allow '0 8 * * 1-4' for 8h UTC" in lines
+        assert "admin user disabled" in lines
+    else:
+        assert "automated (prune + self-heal)" in lines and "local admin user" in lines
+    assert any("no SSO" in w for w in plan.warnings) != plan.config.is_prod
