@@ -176,3 +176,20 @@ def test_cli_reports_a_stale_tree_with_the_fix(tmp_path):
                           cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 2 and "no stack file Pulumi.nosuch.yaml" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_no_object_is_applied_by_both_pulumi_and_argo_cd(stack):
+    from tests.conftest import _plan
+
+    plan = _plan(stack)
+    pulumi_objects = {(r.inputs.get("apiVersion", "").rpartition("/")[0], r.inputs.get("kind"),
+                       r.inputs.get("metadata", {}).get("namespace"), r.inputs.get("metadata", {}).get("name"))
+                      for r in plan.recording.resources if r.type.startswith("kubernetes:") and "kind" in r.inputs}
+    # Pulumi never creates a kind Argo CD's workloads project manages ...
+    assert not [o for o in pulumi_objects if (o[0], o[1]) in gitops.MANAGED_KINDS]
+    # ... and nothing Argo CD applies is also in Pulumi's graph (apps/ are Applications in argocd).
+    _, docs = _tree(stack)
+    for path, doc in docs.items():
+        key = (doc["apiVersion"].rpartition("/")[0], doc["kind"], doc["metadata"]["namespace"], doc["metadata"]["name"])
+        assert key not in pulumi_objects, path
