@@ -218,7 +218,7 @@ class ArgoCD(pulumi.ComponentResource):
 
         creds = args.repo_credentials
         if creds is not None and creds.secrets_manager_secret_id:
-            value = self._secret_json(name, "repo-credentials", creds.secrets_manager_secret_id)
+            value = self._secret_json(creds.secrets_manager_secret_id)
             secrets.append(apply_object(f"{name}-repo-creds", {
                 "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                 "metadata": {"name": REPO_CREDS_SECRET, "namespace": NAMESPACE,
@@ -228,7 +228,7 @@ class ArgoCD(pulumi.ComponentResource):
             }, in_namespace))
         sso = args.sso
         if sso is not None and sso.client_secret.secrets_manager_secret_id:
-            value = self._secret_json(name, "oidc", sso.client_secret.secrets_manager_secret_id)
+            value = self._secret_json(sso.client_secret.secrets_manager_secret_id)
             secrets.append(apply_object(f"{name}-oidc-secret", {
                 "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                 "metadata": {"name": OIDC_SECRET, "namespace": NAMESPACE,
@@ -257,7 +257,7 @@ class ArgoCD(pulumi.ComponentResource):
         self.register_outputs({"release_status": self.release.status,
                                "root_application": spec.root_application_name})
 
-    def _secret_json(self, name: str, suffix: str, secret_id: str) -> pulumi.Output[str]:
+    def _secret_json(self, secret_id: str) -> pulumi.Output[str]:
         version = aws.secretsmanager.get_secret_version_output(
             secret_id=secret_id, opts=pulumi.InvokeOutputOptions(parent=self))
         return pulumi.Output.secret(version.secret_string)

@@ -103,7 +103,7 @@ def gitops_lines(config: PlatformConfig, stack: str) -> list[str]:
         f"login            {'SSO ' + g.sso.issuer + ' (admin user disabled)' if g.sso else 'local admin user (no SSO)'}",
         f"repo credentials {_describe(g.repo_credentials) if g.repo_credentials else 'none (public repository)'}",
         f"namespaces       {', '.join(spec.namespaces) or 'none'}",
-        f"argo workflows   {'v' + ARGO_WORKFLOWS_APP_VERSION.lstrip('v') if g.argo_workflows else 'off'}",
+        f"argo workflows   {ARGO_WORKFLOWS_APP_VERSION if g.argo_workflows else 'off'}",
     ]
 
 

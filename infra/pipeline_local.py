@@ -33,7 +33,7 @@ from typing import Any, Mapping, Optional, Sequence
 import yaml
 
 from infra.plan import ROOT
-from infra.render import RenderError, default_job_renderer, load_config, _cpu_node_selector
+from infra.render import RenderError, default_job_renderer, load_config, cpu_node_selector
 from workloads import pipeline
 
 # MLflow is the trainer's dependency (not the infra extra's): its helpers live trainer-side.
@@ -85,7 +85,7 @@ def run_local(declaration_path: Path, stack: str, *, dataset: str, work_dir: Pat
     renderer = job_renderer or default_job_renderer(stack, root)
     job = renderer(root / declaration.job_spec)
     spec = pipeline.pipeline_spec(declaration, job, fsx_claim="local", tracking_secret=None,
-                                  cpu_node_selector=_cpu_node_selector(config))
+                                  cpu_node_selector=cpu_node_selector(config))
     pipeline.workflow_template(spec)  # the cluster's template must render from the same inputs
 
     work_dir = work_dir.resolve()

@@ -80,7 +80,7 @@ class RenderedObject:
         return f"{self.manifest['kind'].lower()}-{self.manifest['metadata']['name']}.yaml"
 
 
-def _cpu_node_selector(config: PlatformConfig) -> dict[str, str]:
+def cpu_node_selector(config: PlatformConfig) -> dict[str, str]:
     from infra.gpu_capacity import cpu_pool_spec
 
     cpu = cpu_pool_spec(config)
@@ -129,7 +129,7 @@ def declared_objects(config: PlatformConfig, stack: str, root: Path,
                             "train step waits on a PyTorchJob. Fix: runtime: pytorchjob in the job spec")
             continue
         spec = pipeline.pipeline_spec(declaration, job, fsx_claim=CLAIM_NAME, tracking_secret=K8S_SECRET_NAME,
-                                      cpu_node_selector=_cpu_node_selector(config))
+                                      cpu_node_selector=cpu_node_selector(config))
         objects.append(RenderedObject(spec.namespace, pipeline.workflow_template(spec)))
     if problems:
         raise RenderError(f"{len(problems)} problem{'s' if len(problems) != 1 else ''} in {DECLARED_ROOT}/{stack}:\n"
