@@ -4,8 +4,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# checkov lives in its own environment: its pins break pulumi and pytest (requirements-checkov.txt).
+CHECKOV_VENV ?= .venv-checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: demo plan local-run test docs benchmarks schemas clean
+.PHONY: demo plan local-run test pytest security docs benchmarks schemas clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,12 +26,25 @@ plan: $(STAMP)
 local-run: $(STAMP)
 	$(PY) -m trainer.local_run --output-dir runs/local
 
-test: $(STAMP)
+$(CHECKOV_STAMP): requirements-checkov.txt
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install -q --upgrade pip
+	$(CHECKOV_VENV)/bin/python -m pip install -q -r requirements-checkov.txt
+	touch $(CHECKOV_STAMP)
+
+# The security scan first, pytest last (its summary closes the output).
+test: security pytest
+
+pytest: $(STAMP)
 	$(PY) -m pytest
 
 # Pinned upstream CRDs and the pulumi-eks schema, verified by SHA-256 (workloads/schemas.py).
 schemas: $(STAMP)
 	$(PY) -m workloads.schemas fetch
+
+# checkov, offline, on the Dockerfiles and every Kubernetes object both plans render.
+security: $(STAMP) $(CHECKOV_STAMP)
+	$(PY) -m infra.security_scan --checkov $(CHECKOV_VENV)/bin/checkov
 
 docs: $(STAMP)
 	$(PY) -m infra.config_reference --write README.md
@@ -40,4 +56,4 @@ benchmarks: $(STAMP)
 	$(PY) benchmarks/torchrun_sigterm.py
 
 clean:
-	rm -rf $(VENV) out runs
+	rm -rf $(VENV) $(CHECKOV_VENV) out runs

@@ -18,6 +18,7 @@ from components.network import Network
 from components.versions import EKS_ADDON_VERSIONS, EKS_VERSIONS, SYSTEM_NODE_AMI_TYPE
 from workloads.placement import SYSTEM_NODE_LABEL_KEY, SYSTEM_NODE_LABEL_VALUE, SYSTEM_NODE_TAINT
 from workloads.storage import gp3_storage_class
+from components.validation import accepts_enum_values
 
 CONTROL_PLANE_LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 # EKS access policies (arn:<partition>:eks::aws:cluster-access-policy/<name>).
@@ -62,6 +63,7 @@ class NodeGroupArgs:
             )
 
 
+@accepts_enum_values
 @dataclass(frozen=True)
 class ClusterArgs:
     """Inputs of ``Cluster``.

@@ -19,7 +19,7 @@ from components.cluster import Cluster
 from components.k8s import apply_object
 from components.kms import create_key, set_key_policy
 from components.network import Network
-from components.validation import Problem
+from components.validation import Problem, accepts_enum_values
 from components.versions import EKS_ADDON_VERSIONS
 from workloads.fsx import FsxVolumeSpec, fsx_persistent_volume, fsx_persistent_volume_claim
 
@@ -57,6 +57,7 @@ class FsxLogLevel(str, Enum):
     WARN_ONLY = "WARN_ONLY"
 
 
+@accepts_enum_values
 @dataclass(frozen=True)
 class DataRepositoryAssociationSpec:
     """A directory of the file system mirrored to an S3 prefix of one platform bucket."""
@@ -165,6 +166,7 @@ def checkpoint_seconds(num_parameters: int, storage_capacity_gib: int, throughpu
 
 
 # -- component ------------------------------------------------------------------------------
+@accepts_enum_values
 @dataclass(frozen=True)
 class FsxArgs:
     """The Lustre file system.

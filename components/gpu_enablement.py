@@ -24,6 +24,7 @@ from components.versions import (
 from workloads.karpenter import EFA_LABEL, FSX_STARTUP_TAINT, GPU_TAINT, NODE_ROLE_LABEL
 from workloads.placement import system_pod_placement
 from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
+from components.validation import accepts_enum_values
 
 NAMESPACE = "gpu-system"
 DCGM_METRICS_PORT = 9400
@@ -90,6 +91,7 @@ def efa_device_plugin_values() -> dict[str, Any]:
     return {**efa_node_placement(), "priorityClassName": "system-node-critical"}
 
 
+@accepts_enum_values
 @dataclass(frozen=True)
 class GpuEnablementArgs:
     """GPU and EFA device plugins and GPU metrics.

@@ -9,7 +9,7 @@ from typing import Iterator, Mapping, Optional, Sequence
 import pulumi
 import pulumi_aws as aws
 
-from components.validation import Problem, raise_if_any
+from components.validation import Problem, raise_if_any, accepts_enum_values
 
 # AWS services the nodes reach without a NAT hop: image pulls (ECR api + dkr), IRSA/Pod
 # Identity tokens (STS), logs, Karpenter's interruption queue (SQS) and EC2 API calls.
@@ -74,6 +74,7 @@ def subnet_problems(
                       "add publicSubnetCidrs or set nat: none")
 
 
+@accepts_enum_values
 @dataclass(frozen=True)
 class NetworkArgs:
     """Inputs of ``Network``.
@@ -109,6 +110,13 @@ class NetworkArgs:
     tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        cidr_problems = [
+            Problem(f"NetworkArgs.{key}", value, "is not an IPv4 network CIDR", "use a block such as 10.0.0.0/16")
+            for key, values in (("cidr", [self.cidr]), ("private_subnet_cidrs", self.private_subnet_cidrs),
+                                ("public_subnet_cidrs", self.public_subnet_cidrs))
+            for value in values if _network(value) is None
+        ]
+        raise_if_any("NetworkArgs", cidr_problems)
         raise_if_any("NetworkArgs", subnet_problems(
             "NetworkArgs",
             vpc_cidr=ipaddress.IPv4Network(self.cidr),
@@ -117,6 +125,13 @@ class NetworkArgs:
             public_subnet_cidrs=[ipaddress.IPv4Network(c) for c in self.public_subnet_cidrs],
             nat=self.nat,
         ))
+
+
+def _network(value: object) -> Optional[ipaddress.IPv4Network]:
+    try:
+        return ipaddress.IPv4Network(value)  # strict: host bits set is an error too
+    except (ValueError, TypeError):
+        return None
 
 
 class Network(pulumi.ComponentResource):

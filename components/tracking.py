@@ -64,7 +64,7 @@ from components.mlflow_server import (
     mlflow_server_command,
 )
 from components.network import Network
-from components.validation import Problem
+from components.validation import Problem, accepts_enum_values
 from components.versions import AURORA_POSTGRESQL_VERSION, SECRETS_MANAGER_POSTGRES_ROTATION_APP
 
 TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"  # TLS 1.3 and 1.2 only
@@ -334,6 +334,7 @@ class DatabaseArgs:
     password_rotation_days: int = 30  # the server's own database user
 
 
+@accepts_enum_values
 @dataclass(frozen=True)
 class TrackingArgs:
     """Inputs of ``Tracking``.

@@ -24,12 +24,13 @@ import pulumi_kubernetes as k8s
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_object
 from components.versions import (
-    TRAINER_CHART, TRAINER_VERSION, TRAINING_OPERATOR_KUSTOMIZE, TRAINING_OPERATOR_VERSION,
+    BUSYBOX_IMAGE, TRAINER_CHART, TRAINER_VERSION, TRAINING_OPERATOR_KUSTOMIZE, TRAINING_OPERATOR_VERSION,
 )
 from workloads.jobspec import JobSpec
 from workloads.placement import system_pod_placement
 from workloads.platform_facts import PlatformFacts, TRAINER_SERVICE_ACCOUNT
-from workloads.trainingjob import render, TORCH_DISTRIBUTED_RUNTIME
+from workloads.fsx import CLAIM_NAME
+from workloads.trainingjob import TORCH_DISTRIBUTED_RUNTIME, checkpoint_root_job, render
 
 # Where the upstream manifests put the operator (overlays/standalone: namespace kubeflow).
 TRAINING_OPERATOR_NAMESPACE = "kubeflow"
@@ -117,11 +118,12 @@ def checkpoint_prefix_policy(*, bucket_arn: str, key_arn: str, prefix: str, regi
 
 
 def trainer_service_account(namespace: str) -> dict[str, Any]:
+    # The token stays mounted: EKS Pod Identity authenticates the pod with its service account
+    # token, and users report credential failures with automountServiceAccountToken: false
+    # (PeerDB-io/peerdb-enterprise#43). The account has no RBAC bindings.
     return {"apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": {"name": TRAINER_SERVICE_ACCOUNT, "namespace": namespace,
-                         "labels": {"app.kubernetes.io/managed-by": "pulumi", "mlplatform.io/role": "trainer"}},
-            # Training pods talk to AWS through Pod Identity only; no Kubernetes API token needed.
-            "automountServiceAccountToken": False}
+                         "labels": {"app.kubernetes.io/managed-by": "pulumi", "mlplatform.io/role": "trainer"}}}
 
 
 @dataclass(frozen=True)
@@ -130,13 +132,17 @@ class TeamTrainerAccessArgs:
     checkpoints_bucket: ``components.bucket.SecureBucket`` of checkpoints (arn, KMS key).
     namespaces: team namespaces (they must exist).
     namespace_resources: the Namespace objects, to order the ServiceAccounts after them.
-    region: the bucket's region (KMS via-service condition)."""
+    region: the bucket's region (KMS via-service condition).
+    fsx: the component owning the namespaces' FSx claims (the setup Job mounts them), or None.
+    setup_placement: nodeSelector/tolerations of the one-shot setup Job (the CPU pool)."""
 
     cluster: Cluster
     checkpoints_bucket: Any
     namespaces: Sequence[str]
     region: str
     namespace_resources: Mapping[str, pulumi.Resource] = field(default_factory=dict)
+    fsx: Optional[pulumi.Resource] = None
+    setup_placement: Mapping[str, Any] = field(default_factory=dict)
     tags: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -164,6 +170,12 @@ class TeamTrainerAccess(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self),
             )
             self.roles[namespace] = role
+            if args.fsx is not None:
+                # The team's checkpoint directory, owned by the trainer's uid (see checkpoint_root_job).
+                apply_object(f"{name}-{namespace}-checkpoint-root",
+                             checkpoint_root_job(namespace, claim_name=CLAIM_NAME, image=BUSYBOX_IMAGE,
+                                                 placement=dict(args.setup_placement)),
+                             pulumi.ResourceOptions(parent=self, depends_on=[args.fsx, *ns_dep]))
         self.register_outputs({"role_arns": {ns: r.arn for ns, r in self.roles.items()}})
 
 

@@ -493,7 +493,9 @@ class GpuPoolConfig(_Model):
     checkpoint_seconds: int = Field(60, ge=1, description="Measured time to save a checkpoint on this hardware.")
     termination_grace_period_seconds: int = Field(110, ge=10, le=3600, description="Drain budget; > checkpointSeconds, < 120 with spot.")
     ami_alias: Optional[str] = Field(None, pattern=r"^(al2023|bottlerocket)@(latest|v[0-9][0-9.]*)$", description="Overrides karpenter.amiAlias.")
-    weight: Optional[int] = Field(None, ge=0, le=100, description="Karpenter NodePool weight (higher is tried first).")
+    # NodePool CRD (karpenter 1.14.1, spec.weight): integer, minimum 1, maximum 100.
+    weight: Annotated[Optional[int], at_most(limits.KARPENTER_NODEPOOL_WEIGHT)] = Field(
+        None, ge=1, description="Karpenter NodePool weight 1-100 (higher is tried first).")
 
     @field_validator("capacity_reservation_ids")
     @classmethod
@@ -1071,6 +1073,8 @@ def load_platform_config(raw: dict[str, Any], *, source: str = "stack config",
         config = _load(raw, source)
     except ConfigError as error:
         problems += [_redacted(p, secret_paths) for p in error.problems if not _under_secret(p.path, not_secret_fields)]
+        # A secret field's value (or a section holding one) is never shown, encrypted or not.
+        problems = [_redacted(p, [p.path]) if p.value is not None and _secret_capable(p.path) else p for p in problems]
     else:
         if not problems:
             return config
@@ -1237,6 +1241,12 @@ def _collect(path: str, annotation: Any, raw: Any, parsed: Any, values: dict[str
         values[path] = parsed
     if not is_model or (parsed is not _FAILED and not isinstance(parsed, BaseModel)):
         return
+    failed_fields: set[Any] = set()
+    if parsed is _FAILED and isinstance(raw, dict):
+        try:
+            model.model_validate(raw)
+        except ValidationError as exc:
+            failed_fields = {error["loc"][0] for error in exc.errors() if error["loc"]}
     for name, field in model.model_fields.items():
         alias = field.alias or name
         child_path = f"{path}.{alias}"
@@ -1250,10 +1260,14 @@ def _collect(path: str, annotation: Any, raw: Any, parsed: Any, values: dict[str
                 values[child_path] = field.get_default(call_default_factory=True)
             continue
         child_raw = raw.get(alias, raw.get(name))
-        try:
-            child = _adapter(field).validate_python(child_raw)
-        except ValidationError:
+        if alias in failed_fields or name in failed_fields:
+            # Refused by the model itself (a @field_validator that the field's type alone lacks).
             child = _FAILED
+        else:
+            try:
+                child = _adapter(field).validate_python(child_raw)
+            except ValidationError:
+                child = _FAILED
         _collect(child_path, field.annotation, child_raw, child, values)
 
 
@@ -1274,8 +1288,9 @@ def _from_pydantic(exc: ValidationError, root: str, annotation: Any) -> list[Pro
             problems.append(Problem(path, None, "required key is missing", f"add `{loc[-1]}` (see the config reference in README.md)"))
             continue
         if kind == "string_type" and isinstance(value, int) and not isinstance(value, bool):
-            quoted = f"{value:012d}" if path.endswith(("id", "Id")) and re.match(r"^\d{1,12}$", str(value)) else str(value)
-            problems.append(Problem(path, value, "must be a string", f"quote it in YAML: '{quoted}'"))
+            quoted = f"{value:012d}" if path.endswith(".id") and re.match(r"^\d{1,12}$", str(value)) else str(value)
+            fix = "quote it in YAML" if _secret_capable(path) else f"quote it in YAML: '{quoted}'"
+            problems.append(Problem(path, value, "must be a string", fix))
             continue
         if kind == "finite_number":
             problems.append(Problem(path, value, "must be a finite number", "write a number (.inf and .nan are not sizes)"))

@@ -61,3 +61,8 @@ def at_most(limit: Limit) -> AfterValidator:
         return value
 
     return AfterValidator(check)
+
+
+KARPENTER_NODEPOOL_WEIGHT = Limit(
+    100, "Karpenter NodePool spec.weight (1-100)",
+    "karpenter 1.14.1 CRD karpenter.sh_nodepools.yaml, spec.weight: minimum 1, maximum 100")

@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -86,9 +87,19 @@ class RecordingMocks(pulumi_mocks.Mocks):
     def __init__(self) -> None:
         self.by_urn: dict[str, RecordedResource] = {}
 
-    # The monitor sets these before calling new_resource, so outputs can use the
-    # account and region of the resource's own provider.
-    current: Optional[RecordedResource] = None
+    # The monitor sets this before calling new_resource, so outputs can use the URN, account
+    # and region of the resource being registered. The SDK registers resources from a thread
+    # pool: one "current" per thread, or concurrent registrations would swap their records
+    # (and ids, derived from the URN, would change from run to run).
+    _local = threading.local()
+
+    @property
+    def current(self) -> Optional[RecordedResource]:
+        return getattr(self._local, "record", None)
+
+    @current.setter
+    def current(self, record: Optional[RecordedResource]) -> None:
+        self._local.record = record
 
     def account_and_region(self, resource: Optional[RecordedResource]) -> tuple[str, str]:
         provider = self.by_urn.get(resource.provider_for("aws") or "") if resource else None
@@ -97,7 +108,8 @@ class RecordingMocks(pulumi_mocks.Mocks):
         region = provider.inputs.get("region") or DEFAULT_REGION
         account = DEFAULT_ACCOUNT_ID
         roles = provider.inputs.get("assumeRoles") or []
-        if roles and isinstance(roles[0].get("roleArn"), str):
+        # A secret inside (an external id) makes the whole list a secret: fall back to allowedAccountIds.
+        if isinstance(roles, list) and roles and isinstance(roles[0], dict) and isinstance(roles[0].get("roleArn"), str):
             account = roles[0]["roleArn"].split(":")[4] or account
         elif provider.inputs.get("allowedAccountIds"):
             account = provider.inputs["allowedAccountIds"][0]

@@ -176,11 +176,17 @@ def account_of(resource: RecordedResource, recording: Recording, config: Platfor
     if provider is None or not provider.type == "pulumi:providers:aws":
         return None
     roles = provider.inputs.get("assumeRoles") or []
-    role_arn = roles[0].get("roleArn") if roles else None
-    for key in ("automation", "workload", "logging"):
+    # A secret inside (an external id) turns the whole list into "[secret]".
+    role_arn = roles[0].get("roleArn") if isinstance(roles, list) and roles and isinstance(roles[0], dict) else None
+    keys = ("automation", "workload", "logging")
+    for key in keys:
         if getattr(config.accounts, key).role_arn == role_arn:
             return key
-    return None
+    allowed = provider.inputs.get("allowedAccountIds") or []
+    matches = [key for key in keys if [getattr(config.accounts, key).id] == allowed]
+    if len(matches) > 1:  # single-account layout: the provider's name says which role it is
+        matches = [key for key in matches if provider.name == f"{key}-account"]
+    return matches[0] if len(matches) == 1 else None
 
 
 def resource_graph(recording: Recording, config: PlatformConfig) -> list[dict[str, Any]]:
@@ -312,7 +318,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except InvalidInputError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError) as error:
+    except (OSError, UnicodeDecodeError) as error:  # missing, unreadable or not UTF-8
         print(f"error: {error}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     print(render(plan))

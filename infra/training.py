@@ -22,6 +22,8 @@ from components.versions import TRAINER_VERSION, TRAINING_OPERATOR_VERSION
 from infra.config import PlatformConfig
 from infra.mock_engine import Recording
 from infra.plan import Plan, build_plan, plan_section
+from workloads.karpenter import NODE_ROLE_LABEL
+from workloads.placement import system_pod_placement
 from workloads.platform_facts import PlatformFacts, facts_from_manifests
 from workloads.trainingjob import TORCH_DISTRIBUTED_RUNTIME
 
@@ -50,12 +52,19 @@ def deploy(platform: "Platform") -> dict[str, Any]:
                 cluster=platform.cluster, checkpoints_bucket=datasets.buckets[DatasetBucket.CHECKPOINTS],
                 namespaces=list(namespaces), region=config.region,
                 namespace_resources={ns: ns_objects[team] for ns, team in namespaces.items() if team in ns_objects},
-                tags=config.resource_tags,
+                fsx=datasets, setup_placement=_setup_placement(config), tags=config.resource_tags,
             ),
             opts=platform.kubernetes_opts(),
         )
         outputs["trainerRoleArns"] = {ns: role.arn for ns, role in access.roles.items()}
     return outputs
+
+
+def _setup_placement(config: PlatformConfig) -> dict[str, Any]:
+    """One-shot setup pods go to the Karpenter CPU pool, or the system nodes when there is none."""
+    if config.karpenter.cpu_pool.enabled:
+        return {"nodeSelector": {NODE_ROLE_LABEL: "general"}}
+    return system_pod_placement()
 
 
 # -- facts for job specs -------------------------------------------------------------------

@@ -240,7 +240,10 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float) -> tu
             goodput.checkpoint_stall_seconds += stall
             last_stall_seconds[0] = stall
             last_save_monotonic = time.monotonic()
-            log.info("checkpoint step %d (%.2f s stall)%s", step, stall, " after " + preemption.signal_name if preempted else "")
+            # A rank whose node was not the one reclaimed learns of the stop only through the
+            # all-reduced flag: it has no signal name of its own, and still exits 143.
+            cause = f" after {preemption.signal_name or 'another rank was signalled'}" if preempted else ""
+            log.info("checkpoint step %d (%.2f s stall)%s", step, stall, cause)
         if preempted:
             reason = "preempted"
             break

@@ -74,12 +74,17 @@ class TrainerSpec(_Model):
     @field_validator("overrides")
     @classmethod
     def _overrides(cls, value: list[str]) -> list[str]:
+        messages, fixes = [], []
         bad = [o for o in value if not _OVERRIDE.match(o)]
         if bad:
-            raise ValueError(f"{bad} are not dotted key=value overrides. FIX: write them like optimizer.lr=3e-4")
+            messages.append(f"{bad} are not dotted key=value overrides")
+            fixes.append("write them like optimizer.lr=3e-4")
         owned = [o for o in value if o.split("=", 1)[0] in ("data.dir", "checkpoint.dir", "checkpoint.s3_uri", "tracking.job_id")]
         if owned:
-            raise ValueError(f"{owned} are set by the platform from the job spec. FIX: use dataset / checkpointDir instead")
+            messages.append(f"{owned} are set by the platform from the job spec")
+            fixes.append("use dataset / checkpointDir / s3Mirror instead")
+        if messages:
+            raise ValueError(f"{'; '.join(messages)}. FIX: {'; '.join(fixes)}")
         return value
 
 
@@ -118,7 +123,7 @@ class JobSpec(_Model):
     checkpoint_dir: Optional[str] = Field(None, description=f"Default {FSX_MOUNT_PATH}/checkpoints/team-<team>/<name>.")
     s3_mirror: bool = Field(False, description="Also mirror complete checkpoints to the team's prefix of the checkpoints bucket.")
     run_name: Optional[str] = None
-    experiment: Optional[str] = None
+    experiment: Optional[str] = Field(None, description="MLflow experiment; default: the team namespace (its login may write there).")
     priority: Optional[Priority] = Field(None, description="production | research | default; default: the team's.")
     max_runtime: str = Field("24h", description="Wall-clock limit of the whole job (activeDeadlineSeconds), e.g. 72h.")
     backoff_limit: int = Field(20, ge=0, le=1000, description="Pod restarts (preemptions included) before the job fails.")
@@ -216,6 +221,8 @@ def _problem_from_error(error: dict[str, Any], raw: Any) -> Problem:
             value = error.get("input")
             break
     message = str(error["msg"]).removeprefix("Value error, ")
+    if not loc and "pool and gpuType" in message:
+        path = "pool/gpuType"
     kind = error["type"]
     if _FIX in message:
         message, fix = message.split(_FIX, 1)
@@ -228,6 +235,9 @@ def _problem_from_error(error: dict[str, Any], raw: Any) -> Problem:
         message, fix = "is required", "add it (see examples/jobs/)"
     elif kind in ("enum", "literal_error"):
         fix = "use one of the listed values"
+    elif kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+        bound = {"greater_than_equal": ">=", "less_than_equal": "<=", "greater_than": ">", "less_than": "<"}[kind]
+        fix = f"use a value {bound} {next(iter((error.get('ctx') or {}).values()), '')}"
     else:
         fix = "correct the value"
     return Problem(path, value, message, fix)
@@ -239,7 +249,14 @@ def parse_job_spec(raw: Any, *, source: str = "job spec") -> JobSpec:
     try:
         return JobSpec.model_validate(raw)
     except ValidationError as exc:
-        raise JobSpecError(source, [_problem_from_error(e, raw) for e in exc.errors()]) from None
+        problems = [_problem_from_error(e, raw) for e in exc.errors()]
+        # The whole-spec rule runs only once every field parsed: check it here too, so a bad
+        # field never hides it.
+        given = [k for k in ("pool", "gpuType", "gpu_type") if raw.get(k) is not None]
+        if len(given) != 1 and not any(p.path == "pool/gpuType" for p in problems):
+            problems.append(Problem("pool/gpuType", {k: raw.get(k) for k in given} or None,
+                                    "give exactly one of pool and gpuType", "e.g. gpuType: h100, or pool: h100"))
+        raise JobSpecError(source, problems) from None
 
 
 def load_job_spec(path: Union[str, Path]) -> JobSpec:

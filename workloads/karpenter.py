@@ -12,6 +12,7 @@ from enum import Enum
 from typing import Any, Mapping, Optional, Sequence
 
 from workloads.gpu_catalog import InstanceShape, gpu_type
+from components.validation import accepts_enum_values
 
 NODE_POOL_API = "karpenter.sh/v1"
 NODE_CLASS_API = "karpenter.k8s.aws/v1"
@@ -59,6 +60,7 @@ class ConsolidationPolicy(str, Enum):
     WHEN_EMPTY_OR_UNDERUTILIZED = "WhenEmptyOrUnderutilized"
 
 
+@accepts_enum_values
 @dataclass(frozen=True)
 class NodeClassSpec:
     """What an EC2NodeClass needs from the cluster, shared by every pool."""
@@ -69,6 +71,7 @@ class NodeClassSpec:
     tags: Mapping[str, str] = field(default_factory=dict)
 
 
+@accepts_enum_values
 @dataclass(frozen=True)
 class GpuPoolSpec:
     """One GPU pool as an ML engineer declares it (see infra.config.GpuPoolConfig)."""
@@ -114,6 +117,7 @@ class GpuPoolSpec:
         return labels
 
 
+@accepts_enum_values
 @dataclass(frozen=True)
 class CpuPoolSpec:
     """The general CPU pool for non-GPU work (data prep, evaluation, CI)."""

@@ -12,15 +12,13 @@ WorkflowTemplate step can call it the same way the ``submit`` command does.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from workloads.fsx import CLAIM_NAME
 from workloads.karpenter import (
-    CAPACITY_TYPE_KEY, EFA_RESOURCE, GPU_RESOURCE, GPU_TYPE_LABEL, INSTANCE_TYPE_KEY, POOL_LABEL,
-    GPU_COUNT_KEY, GPU_NAME_KEY, FAMILY_KEY,
+    CAPACITY_TYPE_KEY, FAMILY_KEY, GPU_COUNT_KEY, GPU_NAME_KEY, GPU_RESOURCE, GPU_TYPE_LABEL, INSTANCE_TYPE_KEY, POOL_LABEL,
 )
-from workloads.kueue import QUEUE_LABEL
 
 # The Secret each team namespace receives from the tracking capability (components/tracking.py
 # K8S_SECRET_NAME) and the keys the MLflow client reads.
@@ -40,6 +38,7 @@ class PoolFacts:
     node_labels: Mapping[str, str]
     taints: tuple[Mapping[str, str], ...]
     termination_grace_period_seconds: int
+    max_gpus: int = 0  # NodePool limits: the most GPUs the pool launches
     # EFA devices the EFA device plugin advertises per node (= EFA interfaces of the node class).
     efa_devices_per_node: int = 0
     kueue_flavor: Optional[str] = None
@@ -156,6 +155,7 @@ def _gpu_pools(manifests: Sequence[Mapping[str, Any]], flavors: Mapping[str, Map
             capacity_types=tuple(requirements.get(CAPACITY_TYPE_KEY, [])),
             node_labels=labels, taints=tuple(dict(t) for t in spec.get("taints", [])),
             termination_grace_period_seconds=_seconds(spec.get("terminationGracePeriod")),
+            max_gpus=int(str((m["spec"].get("limits") or {}).get(GPU_RESOURCE, "0"))),
             efa_devices_per_node=efa_devices, kueue_flavor=_name(flavor) if flavor else None,
         ))
     return pools
@@ -205,11 +205,8 @@ def facts_from_manifests(
                 gpus = float(str(quota.get(GPU_RESOURCE, "0")))
                 if gpus > 0 and "cpu" in quota and "memory" in quota:
                     ratios.setdefault(flavor["name"], (float(str(quota["cpu"])) / gpus, _quantity_gib(quota["memory"]) / gpus))
-    pools = [PoolFacts(**{**asdict(p), "instance_types": p.instance_types, "capacity_types": p.capacity_types,
-                          "taints": p.taints,
-                          "cpu_per_gpu": ratios.get(p.kueue_flavor or "", (None, None))[0],
-                          "memory_gib_per_gpu": ratios.get(p.kueue_flavor or "", (None, None))[1]})
-             for p in pools]
+    pools = [replace(p, cpu_per_gpu=ratios[p.kueue_flavor][0], memory_gib_per_gpu=ratios[p.kueue_flavor][1])
+             if p.kueue_flavor in ratios else p for p in pools]
 
     teams = []
     for ns in namespaces:
@@ -250,6 +247,3 @@ def facts_from_manifests(
         trainer_v2_runtime=trainer_v2_runtime,
     )
 
-
-__all__ = ["PlatformFacts", "PoolFacts", "TeamFacts", "facts_from_manifests", "QUEUE_LABEL", "EFA_RESOURCE",
-           "TRACKING_SECRET_KEYS", "TRAINER_SERVICE_ACCOUNT"]

@@ -12,6 +12,7 @@ from enum import Enum
 from typing import Any, Sequence
 
 from workloads.karpenter import GPU_RESOURCE
+from components.validation import accepts_enum_values
 
 
 class Priority(str, Enum):
@@ -49,6 +50,7 @@ def priority_classes() -> list[dict[str, Any]]:
     ]
 
 
+@accepts_enum_values
 @dataclass(frozen=True)
 class TeamNamespaceSpec:
     team: str

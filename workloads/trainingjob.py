@@ -45,6 +45,8 @@ TRAINER_UID = 1000  # the image's `trainer` user (trainer/Dockerfile)
 LAUNCH_COMMAND = ("/usr/bin/tini", "--", "python", "-m", "trainer.launch")
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 SHM_MAX_GIB = 64
+# Instance families with GPUDirect RDMA over EFA (EC2 User Guide, "EFA and NCCL": p4d, p4de, p5, p5e, p5en).
+RDMA_FAMILIES = ("p4d.", "p4de.", "p5.", "p5e.", "p5en.")
 
 
 # -- the time budget -----------------------------------------------------------------------
@@ -221,6 +223,11 @@ def resolve(spec: JobSpec, facts: PlatformFacts) -> ResolvedJob:
         problems.append(Problem("priority", priority.value if priority else None,
                                 f"PriorityClass {priority_class} does not exist in stack {facts.stack}",
                                 f"use one of {[p.removeprefix('training-') for p in facts.priority_classes]}"))
+    team_root = team_checkpoint_root(spec.namespace)
+    if not spec.checkpoint_path.startswith(team_root + "/"):
+        problems.append(Problem("checkpointDir", spec.checkpoint_dir,
+                                f"is outside {team_root}/, the team's writable checkpoint directory (exported to its "
+                                "prefix of the checkpoints bucket)", f"use a path under {team_root}/, or leave it out"))
     if spec.s3_mirror and not facts.checkpoints_bucket:
         problems.append(Problem("s3Mirror", True, f"stack {facts.stack} has no checkpoints bucket",
                                 "set s3Mirror: false or configure datasets"))
@@ -266,7 +273,9 @@ def trainer_env(job: ResolvedJob) -> list[dict[str, Any]]:
         {"name": "TRAINER_CHECKPOINT_DIR", "value": spec.checkpoint_path},
         # Stable job identity: a recreated pod finds its MLflow run by it.
         {"name": "TRAINER_RUN_ID", "value": f"{spec.namespace}.{spec.name}"},
-        {"name": "MLFLOW_EXPERIMENT_NAME", "value": spec.experiment or spec.team},
+        # The platform grants each team's MLflow login EDIT on the experiment named after its
+        # namespace (components/tracking.py), READ elsewhere: log there unless told otherwise.
+        {"name": "MLFLOW_EXPERIMENT_NAME", "value": spec.experiment or spec.namespace},
         {"name": "DATASET_VERSION", "value": posixpath.basename(spec.dataset)},
         {"name": "IMAGE_DIGEST", "value": digest},
         {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(job.budget.shutdown_timeout_seconds)},
@@ -278,13 +287,11 @@ def trainer_env(job: ResolvedJob) -> list[dict[str, Any]]:
                     "value": f"s3://{facts.checkpoints_bucket}/{spec.namespace}/mirror/{spec.name}"})
     env += [_secret_env(key, job.team.tracking_secret or "") for key in facts.tracking_secret_keys]
     if job.efa_devices:
-        env += [
-            # libfabric's EFA provider; GPUDirect RDMA between GPU and EFA (p4d, p5, p5e/en).
-            {"name": "FI_PROVIDER", "value": "efa"},
-            {"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"},
-            {"name": "FI_EFA_FORK_SAFE", "value": "1"},
-            {"name": "NCCL_NET_GDR_LEVEL", "value": "SYS"},
-        ]
+        # libfabric's EFA provider (the aws-ofi-nccl plugin of the image uses it).
+        env += [{"name": "FI_PROVIDER", "value": "efa"}, {"name": "FI_EFA_FORK_SAFE", "value": "1"}]
+        if job.instance_type.startswith(RDMA_FAMILIES):
+            # GPUDirect RDMA between GPU and EFA exists on the P instances only (not on g5/g6/g6e).
+            env += [{"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"}, {"name": "NCCL_NET_GDR_LEVEL", "value": "SYS"}]
     else:
         # No EFA: NCCL's socket transport on the pod's VPC CNI interface.
         env.append({"name": "NCCL_SOCKET_IFNAME", "value": "eth0"})
@@ -377,6 +384,49 @@ def pod_template(job: ResolvedJob) -> dict[str, Any]:
 def job_labels(job: ResolvedJob) -> dict[str, str]:
     return {QUEUE_LABEL: job.team.local_queue or "", "mlplatform.io/team": job.spec.team,
             "mlplatform.io/pool": job.pool.name, "app.kubernetes.io/managed-by": "mlplatform"}
+
+
+# -- the team's checkpoint directory ------------------------------------------------------------
+def team_checkpoint_root(namespace: str) -> str:
+    """Where a team's jobs checkpoint on FSx; the /checkpoints association exports it to the
+    team's prefix of the checkpoints bucket (the prefix its trainer role may use)."""
+    return f"{FSX_MOUNT_PATH}/checkpoints/{namespace}"
+
+
+def checkpoint_root_job(namespace: str, *, claim_name: str, image: str, placement: dict[str, Any]) -> dict[str, Any]:
+    """A one-shot Job that creates the team's checkpoint directory owned by the trainer's uid.
+
+    Directories that FSx creates for a data repository association belong to root (0755), and
+    training pods run as uid 1000: without this, the trainer could not create its checkpoint
+    directory. Root here, with CHOWN as its only capability (allowed by Pod Security "baseline").
+    """
+    root = team_checkpoint_root(namespace)
+    script = f'set -eu; mkdir -p "{root}"; chmod 0750 "{root}"; chown {TRAINER_UID}:{TRAINER_UID} "{root}"'
+    amounts = {"cpu": "100m", "memory": "64Mi"}
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "checkpoint-root", "namespace": namespace,
+                     "labels": {"app.kubernetes.io/managed-by": "pulumi", "mlplatform.io/role": "setup"}},
+        "spec": {
+            "backoffLimit": 6,
+            "template": {
+                "metadata": {"labels": {"mlplatform.io/role": "setup"}},
+                "spec": {
+                    "restartPolicy": "OnFailure",
+                    **placement,
+                    "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{
+                        "name": "mkdir", "image": image, "command": ["sh", "-c", script],
+                        "resources": {"requests": dict(amounts), "limits": dict(amounts)},
+                        "volumeMounts": [{"name": "fsx", "mountPath": FSX_MOUNT_PATH}],
+                        "securityContext": {"runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False,
+                                            "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]}},
+                    }],
+                    "volumes": [{"name": "fsx", "persistentVolumeClaim": {"claimName": claim_name}}],
+                },
+            },
+        },
+    }
 
 
 # -- PyTorchJob -------------------------------------------------------------------------------

@@ -114,3 +114,22 @@ def test_graph_json_dependencies_match_the_recording(plan):
         # mock-only children map to the component).
         expected = {recording.by_urn(urn).name for urn in resource.dependencies}
         assert node["dependencies"] == sorted(expected)
+
+
+def test_mock_outputs_belong_to_the_resource_they_were_made_for(plan):
+    """Resources register from a thread pool: each mock output (id from the URN, ARN with the
+    provider's account) must be made from its own record, never a concurrent one's."""
+    from infra.plan import account_of
+
+    accounts = {key: getattr(plan.config.accounts, key).id for key in ("automation", "workload", "logging")}
+    checked = 0
+    for resource in plan.recording.resources:
+        if not resource.custom or resource.is_provider or resource.remote:
+            continue
+        arn = resource.outputs.get("arn")
+        key = account_of(resource, plan.recording, plan.config)
+        if isinstance(arn, str) and arn.startswith("arn:") and arn.split(":")[4] and key:
+            checked += 1
+            assert arn.split(":")[4] == accounts[key], (resource.name, arn, key)
+        assert resource.id, resource.name
+    assert checked > 50

@@ -29,8 +29,10 @@ L4 = GpuPoolSpec(name="l4", gpu_type="l4", gpus_per_node=1, capacity_types=(Capa
 RESERVED = GpuPoolSpec(name="a100-reserved", gpu_type="a100-80gb", gpus_per_node=8,
                        capacity_types=(CapacityType.RESERVED, CapacityType.ON_DEMAND), max_gpus=32,
                        capacity_reservation_ids=("cr-0a1b2c3d4e5f60718",), ami_alias="bottlerocket@v1.30.0")
-TEAM_NS = scheduling.TeamNamespaceSpec(team="research", namespace="team-research", gpu_quota=24, vpc_cidr="10.50.0.0/16")
-FLAVORS = [kueue.FlavorSpec("h100", H100.node_labels, 64, 8), kueue.FlavorSpec("l4", L4.node_labels, 4, 1)]
+TEAM_NS = scheduling.TeamNamespaceSpec(team="research", namespace="team-research", gpu_quota=24, vpc_cidr="10.50.0.0/16",
+                                       s3_prefix_list_cidrs=("198.18.16.0/20", "198.18.0.0/20"))
+FLAVORS = [kueue.FlavorSpec("h100", H100.node_labels, 64, 8, efa_devices_per_node=H100.shapes[0].num_efa_network_cards),
+           kueue.FlavorSpec("l4", L4.node_labels, 4, 1)]
 TEAM_Q = kueue.TeamQueueSpec(team="research", namespace="team-research", gpu_quota={"h100": 16, "l4": 2}, fair_sharing_weight=2)
 
 

@@ -1,0 +1,92 @@
+"""Preflight: memory arithmetic, quota, step time and cost, checkpoint time."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from workloads.jobspec import parse_job_spec
+from workloads.preflight import BYTES_PER_PARAMETER, GIB, memory_per_gpu, preflight, trainer_shape
+from workloads.prices import PRICES, SPOT_DISCOUNT
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = yaml.safe_load((ROOT / "examples" / "jobs" / "gpt2-pretrain.yaml").read_text())
+
+
+@pytest.fixture(scope="session")
+def prod_facts(prod_plan):
+    from infra.training import facts_from_plan
+
+    return facts_from_plan(prod_plan)
+
+
+@pytest.fixture(scope="module")
+def a100_40gb_facts(prod_facts):
+    """prod's A100 pool as the 40 GB p4d type (the catalog's `a100`)."""
+    pool = prod_facts.pool("a100-reserved")
+    a100 = dataclasses.replace(pool, gpu_type="a100", instance_types=("p4d.24xlarge",),
+                               node_labels={**pool.node_labels, "mlplatform.io/gpu-type": "a100"})
+    return dataclasses.replace(prod_facts, pools=tuple(p for p in prod_facts.pools if p.name != pool.name) + (a100,))
+
+
+def test_example_fits_and_prices_the_run(prod_facts):
+    report = preflight(parse_job_spec(EXAMPLE), prod_facts, repo_root=str(ROOT))
+    assert report.ok, report.render()
+    figures = report.figures
+    assert figures["instance_type"] == "p5.48xlarge" and figures["world_size"] == 16
+    assert 0 < figures["memory_per_gpu_gib"] < figures["usable_gpu_memory_gib"]
+    # cost = hours x nodes x price; spot at the stated discount.
+    price = PRICES["p5.48xlarge"].on_demand_usd_per_hour
+    assert figures["cost_on_demand_usd"] == pytest.approx(figures["run_hours"] * 2 * price, rel=0.01)
+    assert figures["cost_spot_usd"] == pytest.approx(figures["cost_on_demand_usd"] * (1 - SPOT_DISCOUNT), rel=0.01)
+    text = report.render()
+    assert "aws.amazon.com/ec2/pricing" in text and "MFU 35%" in text
+
+
+def test_8b_model_with_adamw_on_one_40gb_a100_is_refused_with_the_arithmetic(a100_40gb_facts):
+    raw = {**EXAMPLE, "gpuType": "a100", "nodes": 1, "gpusPerNode": 1, "spot": False,
+           "model": {"parameters": 8e9, "numLayers": 32, "hiddenSize": 4096}}
+    report = preflight(parse_job_spec(raw), a100_40gb_facts, repo_root=str(ROOT))
+    assert not report.ok
+    (memory,) = [p for p in report.problems if p.path == "gpusPerNode"]
+    # 8e9 x 16 B = 119.2 GiB of state alone, against 95% of 40 GiB.
+    assert "8.00B params x 16 B" in memory.message and "119.2 GiB state" in memory.message
+    assert "38.0 GiB usable on one 40 GiB a100" in memory.message
+    assert "REFUSED" in report.render()
+
+
+def test_fsdp_shards_the_state_over_the_world():
+    shape, problems = trainer_shape(parse_job_spec({**EXAMPLE, "trainer": {
+        "config": "trainer/configs/gpt2-124m.yaml", "overrides": ["parallelism.strategy=fsdp"]}}), str(ROOT))
+    assert not problems
+    ddp = dataclasses.replace(shape, strategy="ddp")
+    assert memory_per_gpu(shape, 16)["state"] == pytest.approx(shape.parameters * BYTES_PER_PARAMETER / 16)
+    assert memory_per_gpu(ddp, 16)["state"] == pytest.approx(shape.parameters * BYTES_PER_PARAMETER)
+
+
+def test_quota_without_borrowing_refuses(prod_facts):
+    team = prod_facts.team("foundation-models")
+    facts = dataclasses.replace(prod_facts, teams=tuple(
+        dataclasses.replace(t, borrowing=False, gpu_quota={**t.gpu_quota, "gpu-h100": 8}) if t is team else t
+        for t in prod_facts.teams))
+    report = preflight(parse_job_spec(EXAMPLE), facts, repo_root=str(ROOT))
+    assert [p.path for p in report.problems] == ["nodes"]
+    assert "16 GPUs exceed team foundation-models's quota of 8" in report.problems[0].message
+
+
+def test_checkpoint_slower_than_the_budget_is_refused(prod_facts):
+    slow = dataclasses.replace(prod_facts, fsx_write_mb_per_s=150.0)  # 1.2 TiB at 125 MB/s/TiB
+    raw = {**EXAMPLE, "trainer": {"config": "trainer/configs/gpt2-124m.yaml", "overrides": ["parallelism.strategy=fsdp"]},
+           "model": {"parameters": 8e9, "numLayers": 32, "hiddenSize": 4096}}
+    report = preflight(parse_job_spec(raw), slow, repo_root=str(ROOT))
+    problem = next(p for p in report.problems if p.path == "timeBudget.checkpointSeconds")
+    assert "150 MB/s" in problem.message and f"{8e9 * 16 / (150e6):.0f} s" in problem.message
+
+
+def test_memory_figures_are_arithmetic_not_constants():
+    shape, _ = trainer_shape(parse_job_spec(EXAMPLE), str(ROOT))
+    small, big = memory_per_gpu(shape, 1), memory_per_gpu(dataclasses.replace(shape, micro_batch_size=32), 1)
+    assert big["activations"] == pytest.approx(2 * small["activations"]) and big["state"] == small["state"]
+    assert small["total"] == pytest.approx(small["state"] + small["activations"] + small["logits"] + 2 * GIB)

@@ -1,0 +1,292 @@
+"""Job spec -> PyTorchJob / TrainJob: golden files, every setting of the job rendering, the time
+budget, the operator's environment, and what changing the GPU type changes.
+
+Facts come from the prod stack's offline plan (the README's example job runs there).
+Regenerate golden files after an intended change with ``UPDATE_GOLDEN=1`` and review the diff.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.validation import InvalidInputError
+from workloads.gpu_catalog import SPOT_NOTICE_SECONDS
+from workloads.jobspec import JobSpecError, load_job_spec, parse_job_spec
+from workloads.karpenter import EFA_RESOURCE, GPU_RESOURCE
+from workloads.local import Replica, expand, operator_env, replicas
+from workloads.trainingjob import render, render_pytorchjob, render_trainjob, resolve
+from workloads.validation import validate_custom_resource, validate_pod_template
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden"
+EXAMPLE = ROOT / "examples" / "jobs" / "gpt2-pretrain.yaml"
+
+
+@pytest.fixture(scope="session")
+def prod_facts(prod_plan):
+    from infra.training import facts_from_plan
+
+    return facts_from_plan(prod_plan)
+
+
+@pytest.fixture(scope="session")
+def example_raw():
+    return yaml.safe_load(EXAMPLE.read_text())
+
+
+def _job(raw, facts):
+    return resolve(parse_job_spec(raw), facts)
+
+
+def _golden(name: str, obj: dict) -> None:
+    path = GOLDEN / f"{name}.yaml"
+    text = yaml.safe_dump(obj, sort_keys=True)
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"missing golden file {path.name}; create it with UPDATE_GOLDEN=1 and review it"
+    assert text == path.read_text(), f"{path.name} changed; review and regenerate with UPDATE_GOLDEN=1"
+
+
+def _templates(job: dict) -> list[dict]:
+    if job["kind"] == "PyTorchJob":
+        return [s["template"] for s in job["spec"]["pytorchReplicaSpecs"].values()]
+    patch = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    return [patch["template"]["spec"]["template"]]
+
+
+# -- golden files and schemas -----------------------------------------------------------------
+def test_example_pytorchjob_golden_and_valid(prod_facts, example_raw, schemas):
+    job = render(parse_job_spec(example_raw), prod_facts)
+    _golden("pytorchjob-gpt2-pretrain", job)
+    assert validate_custom_resource(job, schemas) == []
+    for template in _templates(job):
+        assert validate_pod_template(template) == []
+
+
+def test_example_trainjob_golden_and_valid(prod_facts, example_raw, schemas):
+    facts = dataclasses.replace(prod_facts, trainer_v2_runtime="torch-distributed")
+    job = render(parse_job_spec({**example_raw, "runtime": "trainjob"}), facts)
+    _golden("trainjob-gpt2-pretrain", job)
+    assert job["spec"]["runtimeRef"] == {"name": "torch-distributed", "apiGroup": "trainer.kubeflow.org",
+                                         "kind": "ClusterTrainingRuntime"}
+    assert job["spec"]["trainer"]["numNodes"] == 2 and job["spec"]["trainer"]["numProcPerNode"] == 8
+    assert validate_custom_resource(job, schemas) == []
+    # The patched pod (plus the trainer container's fields) must still be a valid pod.
+    pod = copy.deepcopy(_templates(job)[0])
+    container = pod["spec"]["containers"][0]
+    trainer = job["spec"]["trainer"]
+    container.update(image=trainer["image"], command=trainer["command"], args=trainer["args"], env=trainer["env"],
+                     resources=trainer["resourcesPerNode"])
+    assert validate_pod_template(pod) == []
+
+
+def test_trainjob_needs_trainer_v2_installed(prod_facts, example_raw):
+    with pytest.raises(JobSpecError) as info:
+        render(parse_job_spec({**example_raw, "runtime": "trainjob"}), prod_facts)
+    assert [p.path for p in info.value.problems] == ["runtime"]
+
+
+# -- every setting of the rendering ----------------------------------------------------------
+def test_example_renders_every_training_setting(prod_facts, example_raw):
+    resolved = _job(example_raw, prod_facts)
+    job = render_pytorchjob(resolved)
+    pool = prod_facts.pool("h100")
+    team = prod_facts.team("foundation-models")
+    spec = job["spec"]
+    assert job["metadata"]["namespace"] == team.namespace
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == team.local_queue
+    assert spec["nprocPerNode"] == "8"
+    replica_specs = spec["pytorchReplicaSpecs"]
+    assert (replica_specs["Master"]["replicas"], replica_specs["Worker"]["replicas"]) == (1, 1)
+    assert {s["restartPolicy"] for s in replica_specs.values()} == {"ExitCode"}
+    run = spec["runPolicy"]
+    assert run["activeDeadlineSeconds"] == 72 * 3600 and run["backoffLimit"] > 0
+    assert run["cleanPodPolicy"] == "Running" and run["ttlSecondsAfterFinished"] > 0
+    assert run["schedulingPolicy"]["priorityClass"] == "training-production"
+
+    for template in _templates(job):
+        pod = template["spec"]
+        (container,) = pod["containers"]
+        assert template["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+        assert pod["priorityClassName"] == "training-production" and "training-production" in prod_facts.priority_classes
+        assert pod["serviceAccountName"] == team.trainer_service_account
+        # Node selection on the pool's own labels (read from its NodePool), GPU taint tolerated.
+        assert pod["nodeSelector"] == {k: pool.node_labels[k] for k in pod["nodeSelector"]}
+        assert set(pod["nodeSelector"]) == {"mlplatform.io/pool", "mlplatform.io/gpu-type"}
+        assert {(t["key"], t["effect"]) for t in pod["tolerations"]} == {(t["key"], t["effect"]) for t in pool.taints}
+        # Guaranteed resources, EFA from the node class's interfaces.
+        res = container["resources"]
+        assert res["requests"] == res["limits"]
+        assert res["requests"][GPU_RESOURCE] == "8" and res["requests"][EFA_RESOURCE] == str(pool.efa_devices_per_node) == "32"
+        # The trainer through the launcher, torchrun's rendezvous from the operator's variables.
+        assert container["command"][-3:] == ["python", "-m", "trainer.launch"]
+        args = container["args"]
+        for var in ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"):
+            assert any(f"$({var})" in a for a in args), var
+        assert args[args.index("--config") + 1] == "trainer/configs/gpt2-124m.yaml"
+        assert "data.dir=/fsx/datasets/fineweb-edu/gpt2-v1" in args and "optimizer.lr=6e-4" in args
+        assert container["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"}]
+        env = {e["name"]: e for e in container["env"]}
+        for key in prod_facts.tracking_secret_keys:
+            assert env[key]["valueFrom"]["secretKeyRef"] == {"name": team.tracking_secret, "key": key}
+        assert env["FI_PROVIDER"]["value"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"]["value"] == "1"
+        assert env["TRAINER_CHECKPOINT_DIR"]["value"] == "/fsx/checkpoints/team-foundation-models/gpt2-pretrain"
+        # Volumes: /dev/shm in memory, the team's FSx claim on /fsx.
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert volumes["dshm"]["emptyDir"]["medium"] == "Memory" and mounts["dshm"] == "/dev/shm"
+        assert volumes["fsx"]["persistentVolumeClaim"]["claimName"] == prod_facts.fsx_claim_name and mounts["fsx"] == "/fsx"
+        # Security: non-root, no escalation, every capability dropped.
+        sc = container["securityContext"]
+        assert sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"] == {"drop": ["ALL"]}
+        assert "add" not in sc["capabilities"]
+        # One time budget: torchrun's shutdown wait < pod grace < NodePool grace and < the spot notice.
+        shutdown = int(next(a for a in args if a.startswith("--shutdown-timeout=")).split("=")[1])
+        grace = pod["terminationGracePeriodSeconds"]
+        assert int(env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]["value"]) == shutdown
+        assert example_raw["timeBudget"]["checkpointSeconds"] < shutdown < grace < pool.termination_grace_period_seconds
+        assert grace < SPOT_NOTICE_SECONDS
+
+
+def test_changing_gpu_type_to_a100_changes_only_selection(prod_facts, example_raw):
+    h100 = render(parse_job_spec(example_raw), prod_facts)
+    a100 = render(parse_job_spec({**example_raw, "gpuType": "a100"}), prod_facts)
+
+    def flatten(obj, prefix=""):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                yield from flatten(v, f"{prefix}.{k}")
+        elif isinstance(obj, list):
+            for i, v in enumerate(obj):
+                yield from flatten(v, f"{prefix}[{i}]")
+        else:
+            yield prefix, obj
+
+    before, after = dict(flatten(h100)), dict(flatten(a100))
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    selection = ("nodeSelector.", "resources.requests.", "resources.limits.", "labels.mlplatform.io/pool")
+    assert changed and all(any(s in k for s in selection) for k in changed), sorted(changed)
+    assert any(k.endswith("nodeSelector.mlplatform.io/pool") for k in changed)
+    # Same gpus and time budget: the node's size and EFA count follow the pool, nothing else.
+    assert not any(k.endswith(GPU_RESOURCE) or "terminationGracePeriodSeconds" in k for k in changed)
+
+
+@pytest.mark.parametrize("checkpoint, spot, field", [(100, True, "timeBudget.checkpointSeconds"), (60, True, None)])
+def test_time_budget_is_validated_against_the_spot_notice_and_pool_grace(prod_facts, example_raw, checkpoint, spot, field):
+    raw = {**example_raw, "spot": spot, "timeBudget": {"maxStepSeconds": 10, "checkpointSeconds": checkpoint}}
+    if field is None:
+        assert _job(raw, prod_facts).budget.grace_seconds < SPOT_NOTICE_SECONDS
+        return
+    with pytest.raises(JobSpecError) as info:
+        _job(raw, prod_facts)
+    messages = [p.message for p in info.value.problems if p.path == field]
+    assert any("spot notice" in m for m in messages) and any("terminationGracePeriod" in m for m in messages)
+
+
+def test_on_demand_pool_with_long_grace_allows_a_longer_save(prod_facts, example_raw):
+    # a100-reserved: reserved/on-demand only, NodePool grace 150 s: no spot notice to fit.
+    job = _job({**example_raw, "gpuType": "a100", "timeBudget": {"maxStepSeconds": 10, "checkpointSeconds": 100}}, prod_facts)
+    assert not job.interruptible and SPOT_NOTICE_SECONDS <= job.budget.grace_seconds < 150
+
+
+def test_spot_false_keeps_the_job_off_spot_nodes(prod_facts, example_raw):
+    job = render(parse_job_spec({**example_raw, "spot": False}), prod_facts)
+    term = _templates(job)[0]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+    assert term["matchExpressions"] == [{"key": "karpenter.sh/capacity-type", "operator": "NotIn", "values": ["spot"]}]
+
+
+def test_unknown_team_and_pool_are_reported_together(prod_facts, example_raw):
+    with pytest.raises(JobSpecError) as info:
+        _job({**example_raw, "team": "foundation-model", "gpuType": None, "pool": "h10"}, prod_facts)
+    problems = {p.path: p for p in info.value.problems}
+    assert "did you mean 'foundation-models'" in problems["team"].fix and "did you mean 'h100'" in problems["pool"].fix
+
+
+def test_facts_follow_the_stack_config(plan_config, example_raw):
+    """Nothing is hard-coded: a pool's grace period and a team's queue come from the plan."""
+    from infra.training import facts_from_plan
+    from tests.conftest import stack_config
+
+    raw = stack_config("prod")
+    assert raw["gpuPools"][0]["name"] == "h100"
+    raw["gpuPools"][0].update(checkpointSeconds=40, terminationGracePeriodSeconds=60)
+    raw["scheduling"]["teams"][0]["gpuQuota"]["h100"] = 8
+    facts = facts_from_plan(plan_config("prod", raw))
+    assert facts.pool("h100").termination_grace_period_seconds == 60
+    assert facts.team("foundation-models").gpu_quota["gpu-h100"] == 8
+    with pytest.raises(JobSpecError) as info:
+        _job(example_raw, facts)  # pod grace 75 s is not below the pool's 60 s any more
+    assert any("terminationGracePeriod (60s)" in p.message for p in info.value.problems)
+
+
+# -- job spec errors ----------------------------------------------------------------------------
+def test_every_spec_mistake_is_reported_at_once():
+    raw = {"name": "Bad_Name", "team": "research", "image": "repo/trainer:latest",
+           "trainer": {"config": "trainer/configs/tiny.yaml", "overrides": ["checkpoint.dir=/x", "lr"]},
+           "nodes": 0, "gpusPerNode": 8, "gpuType": "h100", "pool": "h100", "dataset": "/data/x", "maxRuntim": "3h"}
+    with pytest.raises(JobSpecError) as info:
+        parse_job_spec(raw)
+    problems = {p.path: p for p in info.value.problems}
+    assert set(problems) == {"name", "image", "trainer.overrides", "nodes", "dataset", "maxRuntim", "pool/gpuType"}
+    assert problems["maxRuntim"].fix == "did you mean 'maxRuntime'?"
+    assert problems["nodes"].value == 0 and ">= 1" in problems["nodes"].fix
+    assert "checkpoint.dir" in problems["trainer.overrides"].message
+    assert isinstance(info.value, InvalidInputError) and "Traceback" not in str(info.value)
+
+
+def test_example_spec_file_loads():
+    spec = load_job_spec(EXAMPLE)
+    assert (spec.nodes, spec.gpus_per_node, spec.gpu_type, spec.spot) == (2, 8, "h100", True)
+
+
+# -- the operator's environment (what --local emulates) -----------------------------------------
+def test_operator_env_follows_training_operator_envvar_go(prod_facts, example_raw):
+    job = render(parse_job_spec({**example_raw, "nodes": 3}), prod_facts)
+    reps = replicas(job)
+    assert [(r.replica_type, r.index) for r in reps] == [("master", 0), ("worker", 0), ("worker", 1)]
+    envs = [operator_env(job, r, master_addr="10.0.0.1", master_port=23456) for r in reps]
+    # WORLD_SIZE = replicas x nprocPerNode; RANK = PET_NODE_RANK = index, +1 for workers.
+    assert {e["WORLD_SIZE"] for e in envs} == {"24"} and {e["PET_NNODES"] for e in envs} == {"3"}
+    assert [e["RANK"] for e in envs] == [e["PET_NODE_RANK"] for e in envs] == ["0", "1", "2"]
+    assert {e["PET_NPROC_PER_NODE"] for e in envs} == {"8"}
+    assert {(e["MASTER_ADDR"], e["PET_MASTER_ADDR"], e["MASTER_PORT"]) for e in envs} == {("10.0.0.1", "10.0.0.1", "23456")}
+
+
+def test_kubelet_expansion_of_args():
+    env = {"PET_NNODES": "2", "A": "x"}
+    assert expand("--nnodes=$(PET_NNODES)", env) == "--nnodes=2"
+    assert expand("$(UNDEFINED)-$$(A)-$(A)", env) == "$(UNDEFINED)-$(A)-x"
+
+
+def test_gpus_per_node_beyond_the_pool_instances_is_refused(prod_facts, example_raw):
+    with pytest.raises(JobSpecError) as info:
+        _job({**example_raw, "gpusPerNode": 16}, prod_facts)
+    (problem,) = [p for p in info.value.problems if p.path == "gpusPerNode"]
+    assert "p5.48xlarge" in problem.message and "8 GPUs per node" in problem.message
+
+
+def test_gpudirect_rdma_only_on_p_instances(prod_facts, example_raw):
+    def env_of(facts):
+        job = render(parse_job_spec(example_raw), facts)
+        return {e["name"] for e in _templates(job)[0]["spec"]["containers"][0]["env"]}
+
+    assert {"FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA"} <= env_of(prod_facts)
+    h100 = prod_facts.pool("h100")
+    g6e = dataclasses.replace(h100, instance_types=("g6e.48xlarge",), efa_devices_per_node=4)
+    facts = dataclasses.replace(prod_facts, pools=tuple(g6e if p is h100 else p for p in prod_facts.pools))
+    env = env_of(facts)
+    assert "FI_PROVIDER" in env and "FI_EFA_USE_DEVICE_RDMA" not in env and "NCCL_NET_GDR_LEVEL" not in env
+
+
+def test_without_an_experiment_the_job_logs_where_its_team_login_may_write(prod_facts, example_raw):
+    # The platform grants each team's MLflow login EDIT on the experiment named after its namespace.
+    raw = {k: v for k, v in copy.deepcopy(example_raw).items() if k != "experiment"}
+    job = _job(raw, prod_facts)
+    env = {e["name"]: e.get("value") for e in render_pytorchjob(job)["spec"]["pytorchReplicaSpecs"]["Master"]
+           ["template"]["spec"]["containers"][0]["env"]}
+    assert env["MLFLOW_EXPERIMENT_NAME"] == job.team.namespace

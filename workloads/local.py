@@ -1,0 +1,343 @@
+"""Run a rendered job's pods as local CPU processes: the exact command, arguments and environment.
+
+One process per replica (the pod), with what the cluster would add emulated on loopback:
+
+- the operator's rendezvous variables (``operator_env``: Training Operator 1.9 envvar.go /
+  master.go for a PyTorchJob; Trainer v2's torch plugin for a TrainJob), with MASTER_ADDR on
+  127.0.0.1 and a free port instead of the ``<job>-master-0`` Service;
+- the kubelet: ``valueFrom`` (secretKeyRef from local secrets, fieldRef), then ``$(VAR)``
+  expansion of command and args;
+- volumes: the FSx claim's mount path maps to a local directory; ``/dev/shm`` is the host's;
+- the image: its WORKDIR /app is this repository (same ``trainer/`` package), ``python`` is this
+  interpreter, and ``tini`` (PID 1 in the pod, forwarding signals) is left out when not installed.
+
+``shrink`` makes the job tiny first (one process per node, trainer/configs/tiny.yaml, a few dozen
+steps): the only changes to the rendered manifest, so the test that runs this proves the manifest's
+own wiring, not a copy of it. Interruption: SIGTERM to one replica (a reclaimed spot node), every
+pod must exit 128-255 (retried under ``restartPolicy: ExitCode``), and the recreated pods resume.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+from workloads.jobspec import FSX_MOUNT_PATH
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EXIT_PREEMPTED = 143
+TINY_CONFIG = "trainer/configs/tiny.yaml"
+CORPUS_MODULES = ("argparse", "textwrap", "string", "functools", "dataclasses")
+
+
+@dataclass(frozen=True)
+class LocalOverrides:
+    """What makes a GPU job run on a laptop CPU in a minute."""
+
+    num_steps: int = 40
+    checkpoint_every_steps: int = 10
+    nproc_per_node: int = 1
+    config: str = TINY_CONFIG
+    trainer_overrides: tuple[str, ...] = (
+        "model.kind=gpt", "model.size=tiny", "model.vocab_size=null", "model.hf_path=null",
+        "data.seq_len=64", "data.micro_batch_size=8", "schedule.warmup_steps=2", "schedule.grad_accum_steps=1",
+        "parallelism.strategy=auto", "parallelism.backend=auto", "parallelism.mixed_precision=auto",
+        "parallelism.compile=false", "parallelism.activation_checkpointing=false",
+        'checkpoint.async_mode="off"', "checkpoint.every_seconds=0", "tracking.log_every_steps=5",
+    )
+
+    def trainer_args(self) -> list[str]:
+        return [*self.trainer_overrides, f"schedule.num_steps={self.num_steps}",
+                f"checkpoint.every_steps={self.checkpoint_every_steps}"]
+
+
+# -- reading the rendered job ------------------------------------------------------------------
+@dataclass
+class Replica:
+    replica_type: str  # "master" / "worker" (PyTorchJob), "node" (TrainJob)
+    index: int
+    container: dict[str, Any]
+    volumes: list[dict[str, Any]]
+    mounts: list[dict[str, Any]]
+    pod_name: str
+
+
+def _pytorchjob_replicas(job: Mapping[str, Any]) -> list[Replica]:
+    out = []
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    for rtype in ("Master", "Worker"):
+        if rtype not in specs:
+            continue
+        template = specs[rtype]["template"]["spec"]
+        container = template["containers"][0]
+        for index in range(int(specs[rtype].get("replicas", 1))):
+            out.append(Replica(rtype.lower(), index, container, template.get("volumes", []), container.get("volumeMounts", []),
+                               f"{job['metadata']['name']}-{rtype.lower()}-{index}"))
+    return out
+
+
+def _trainjob_replicas(job: Mapping[str, Any]) -> list[Replica]:
+    trainer = job["spec"]["trainer"]
+    patch = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    pod = patch["template"]["spec"]["template"]["spec"]
+    mounts = pod["containers"][0].get("volumeMounts", [])
+    container = {"command": trainer["command"], "args": trainer["args"], "env": trainer.get("env", [])}
+    return [Replica("node", i, container, pod.get("volumes", []), mounts, f"{job['metadata']['name']}-node-0-{i}")
+            for i in range(int(trainer["numNodes"]))]
+
+
+def replicas(job: Mapping[str, Any]) -> list[Replica]:
+    return _pytorchjob_replicas(job) if job["kind"] == "PyTorchJob" else _trainjob_replicas(job)
+
+
+def nproc_per_node(job: Mapping[str, Any]) -> int:
+    if job["kind"] == "PyTorchJob":
+        return int(job["spec"].get("nprocPerNode", "1"))
+    return int(job["spec"]["trainer"].get("numProcPerNode", 1))
+
+
+def operator_env(job: Mapping[str, Any], replica: Replica, *, master_addr: str, master_port: int) -> dict[str, str]:
+    """The variables the operator adds to each pod, as its source sets them.
+
+    PyTorchJob (training-operator v1.9, pkg/controller.v1/pytorch/envvar.go setPodEnv and
+    master.go): PYTHONUNBUFFERED; MASTER_PORT/ADDR and PET_MASTER_PORT/ADDR; WORLD_SIZE =
+    replicas x nprocPerNode; RANK = PET_NODE_RANK = index (+1 for workers); PET_NPROC_PER_NODE;
+    PET_NNODES = replicas (no elasticPolicy). TrainJob (Trainer v2 torch plugin): PET_NNODES,
+    PET_NPROC_PER_NODE, PET_NODE_RANK (the Job completion index), PET_MASTER_ADDR/PORT.
+    """
+    nodes = len(replicas(job))
+    nproc = nproc_per_node(job)
+    if job["kind"] == "PyTorchJob":
+        rank = replica.index + (1 if replica.replica_type == "worker" else 0)
+        return {
+            "PYTHONUNBUFFERED": "1", "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+            "PET_MASTER_ADDR": master_addr, "PET_MASTER_PORT": str(master_port),
+            "WORLD_SIZE": str(nodes * nproc), "RANK": str(rank), "PET_NODE_RANK": str(rank),
+            "PET_NPROC_PER_NODE": str(nproc), "PET_NNODES": str(nodes),
+        }
+    return {"PET_NNODES": str(nodes), "PET_NPROC_PER_NODE": str(nproc), "PET_NODE_RANK": str(replica.index),
+            "PET_MASTER_ADDR": master_addr, "PET_MASTER_PORT": str(master_port)}
+
+
+def shrink(job: Mapping[str, Any], overrides: LocalOverrides = LocalOverrides()) -> dict[str, Any]:
+    """A copy of the rendered job, tiny for CPU: processes per node, the trainer config, and
+    trainer overrides appended to the args. Nothing else in the manifest changes."""
+    job = copy.deepcopy(dict(job))
+
+    def patch_args(args: list[str]) -> list[str]:
+        args = list(args)
+        if "--config" in args:
+            args[args.index("--config") + 1] = overrides.config
+        return args + overrides.trainer_args()
+
+    if job["kind"] == "PyTorchJob":
+        job["spec"]["nprocPerNode"] = str(overrides.nproc_per_node)
+        for spec in job["spec"]["pytorchReplicaSpecs"].values():
+            container = spec["template"]["spec"]["containers"][0]
+            container["args"] = patch_args(container["args"])
+    else:
+        trainer = job["spec"]["trainer"]
+        trainer["numProcPerNode"] = overrides.nproc_per_node
+        trainer["args"] = patch_args(trainer["args"])
+    return job
+
+
+# -- the kubelet's part ------------------------------------------------------------------------
+_VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def expand(value: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion: defined variables are replaced, $$ escapes, others stay."""
+    def sub(match: re.Match) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1)
+        return env[name] if name in env else match.group(0)
+
+    return _VAR.sub(sub, value)
+
+
+class LocalRunError(RuntimeError):
+    pass
+
+
+def container_env(replica: Replica, *, secrets: Mapping[str, Mapping[str, str]], pod_name: str, namespace: str) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in replica.container.get("env", []):
+        name = item["name"]
+        if "value" in item:
+            env[name] = expand(str(item["value"]), env)
+            continue
+        source = item.get("valueFrom", {})
+        if "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            try:
+                env[name] = secrets[ref["name"]][ref["key"]]
+            except KeyError:
+                raise LocalRunError(f"env {name}: no local value for Secret {ref['name']} key {ref['key']}") from None
+        elif "fieldRef" in source:
+            env[name] = {"metadata.name": pod_name, "metadata.namespace": namespace}.get(source["fieldRef"]["fieldPath"], "")
+        else:
+            raise LocalRunError(f"env {name}: unsupported valueFrom {sorted(source)}")
+    return env
+
+
+def fsx_mount_path(replica: Replica) -> str:
+    claims = {v["name"] for v in replica.volumes if "persistentVolumeClaim" in v}
+    return next((m["mountPath"] for m in replica.mounts if m["name"] in claims), FSX_MOUNT_PATH)
+
+
+def remap(value: str, mount_path: str, local_dir: str) -> str:
+    """Paths on the FSx mount point at the local stand-in directory."""
+    return re.sub(rf"(?<![\w/]){re.escape(mount_path)}(?=/|$)", local_dir, value)
+
+
+def local_command(command: list[str]) -> list[str]:
+    command = list(command)
+    if command[:2] == ["/usr/bin/tini", "--"] and shutil.which("tini") is None:
+        command = command[2:]
+    elif command[:1] == ["/usr/bin/tini"] and shutil.which("tini"):
+        command[0] = shutil.which("tini")  # type: ignore[assignment]
+    return [sys.executable if part == "python" else part for part in command]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- running ------------------------------------------------------------------------------------
+@dataclass
+class Attempt:
+    exit_codes: list[int]
+    interrupted: bool
+    logs: list[Path]
+
+
+@dataclass
+class LocalResult:
+    attempts: list[Attempt] = field(default_factory=list)
+    checkpoint_dir: Optional[Path] = None
+    succeeded: bool = False
+
+    @property
+    def steps(self) -> list[int]:
+        if not self.checkpoint_dir or not self.checkpoint_dir.is_dir():
+            return []
+        return sorted(int(p.name.split("-")[1]) for p in self.checkpoint_dir.glob("step-*") if (p / "complete.json").exists())
+
+
+def prepare_dataset(data_dir: Path) -> None:
+    """A byte-level dataset from a few stdlib modules, where the job's dataset path maps locally."""
+    if (data_dir / "manifest.json").exists():
+        return
+    import importlib
+
+    from trainer.prepare import prepare
+
+    prepare([importlib.import_module(m).__file__ for m in CORPUS_MODULES], str(data_dir), show_progress=False)
+
+
+def _logged_step(metrics: Path) -> int:
+    if not metrics.exists():
+        return 0
+    last = 0
+    for line in metrics.read_text().splitlines():
+        try:
+            last = max(last, int(json.loads(line).get("step", 0)))
+        except (ValueError, AttributeError):
+            pass
+    return last
+
+
+def run_local(
+    job: Mapping[str, Any],
+    *,
+    workdir: Path,
+    secrets: Optional[Mapping[str, Mapping[str, str]]] = None,
+    interrupt_at_step: Optional[int] = None,
+    max_attempts: int = 3,
+    timeout_seconds: float = 600,
+    say: Callable[[str], None] = print,
+) -> LocalResult:
+    """Run the (already shrunk) job's replicas until it succeeds, fails permanently, or runs out of attempts."""
+    workdir = Path(workdir).resolve()
+    fsx_dir = workdir / "fsx"
+    fsx_dir.mkdir(parents=True, exist_ok=True)
+    reps = replicas(job)
+    namespace = job["metadata"].get("namespace", "default")
+    secrets = secrets or {}
+    result = LocalResult()
+    for attempt_no in range(1, max_attempts + 1):
+        port = free_port()
+        procs: list[subprocess.Popen] = []
+        logs: list[Path] = []
+        checkpoint_dir: Optional[Path] = None
+        try:
+            for replica in reps:
+                mount = fsx_mount_path(replica)
+                env = container_env(replica, secrets=secrets, pod_name=replica.pod_name, namespace=namespace)
+                env.update(operator_env(job, replica, master_addr="127.0.0.1", master_port=port))
+                env = {k: remap(v, mount, str(fsx_dir)) for k, v in env.items()}
+                # No AWS here: the S3 mirror stays off (FSx's own export is what the cluster relies on).
+                env.pop("TRAINER_CHECKPOINT_S3_URI", None)
+                command = [remap(expand(c, env), mount, str(fsx_dir)) for c in replica.container["command"]]
+                args = [remap(expand(a, env), mount, str(fsx_dir)) for a in replica.container["args"]]
+                data_dir = next((a.split("=", 1)[1] for a in args if a.startswith("data.dir=")), None)
+                if data_dir:
+                    prepare_dataset(Path(data_dir))
+                if "TRAINER_CHECKPOINT_DIR" in env:
+                    checkpoint_dir = Path(env["TRAINER_CHECKPOINT_DIR"])
+                # A pod's environment is its own: only what a base image provides comes from the host.
+                process_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir), "LANG": "C.UTF-8",
+                               "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", **env}
+                log = workdir / f"attempt-{attempt_no}-{replica.pod_name}.log"
+                logs.append(log)
+                with open(log, "w") as handle:
+                    procs.append(subprocess.Popen(local_command(command) + args, cwd=REPO_ROOT, env=process_env,
+                                                  stdout=handle, stderr=subprocess.STDOUT, start_new_session=True))
+            result.checkpoint_dir = checkpoint_dir
+            say(f"attempt {attempt_no}: {len(procs)} pod(s) started ({', '.join(r.pod_name for r in reps)}), master 127.0.0.1:{port}")
+            interrupted = False
+            deadline = time.monotonic() + timeout_seconds
+            while any(p.poll() is None for p in procs):
+                if time.monotonic() > deadline:
+                    raise LocalRunError(f"attempt {attempt_no} did not finish within {timeout_seconds:.0f} s; logs: {logs}")
+                if (interrupt_at_step and attempt_no == 1 and not interrupted and checkpoint_dir is not None
+                        and _logged_step(checkpoint_dir / "metrics.jsonl") >= interrupt_at_step):
+                    # One node is reclaimed: Karpenter drains it, its pod gets SIGTERM.
+                    victim = procs[-1]
+                    say(f"  SIGTERM to pod {reps[-1].pod_name} at step >= {interrupt_at_step} (its node is reclaimed)")
+                    victim.send_signal(signal.SIGTERM)
+                    interrupted = True
+                time.sleep(0.05)
+            # A container killed by a signal reports 128 + the signal number.
+            codes = [128 - p.returncode if p.returncode < 0 else p.returncode for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+        result.attempts.append(Attempt(codes, interrupted, logs))
+        say(f"  exit codes {codes}")
+        if all(c == 0 for c in codes):
+            result.succeeded = True
+            return result
+        permanent = [c for c in codes if 0 < c < 128]
+        if permanent:
+            # restartPolicy ExitCode: 1-127 are permanent failures; the operator fails the job.
+            say(f"  permanent failure (exit {permanent}): the operator would fail the job; logs: {[str(l) for l in logs]}")
+            return result
+        say("  retryable exit (128-255): the operator recreates the pods; they resume from the newest checkpoint")
+    return result

@@ -1,0 +1,249 @@
+"""Will this job fit, how long will a step take, what will it cost? One screen, before any GPU.
+
+Checks, each with its arithmetic in the message:
+
+- GPUs per node: what the pool's instances offer (``trainingjob.resolve``).
+- Memory per GPU: training state = parameters x 16 bytes (fp32 weights 4 + fp32 gradients 4 +
+  AdamW first and second moments 8; bf16 autocast keeps fp32 master weights), divided by the
+  world size under FSDP (DDP replicates it), plus activations (per layer s*b*h*34 bytes in bf16,
+  Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", with
+  fused attention; s*b*h*2 with activation checkpointing), fp32 logits and their gradient
+  (s*b*V*8), and a fixed 2 GiB for the CUDA context and NCCL buffers; against 95% of the GPU's memory.
+- World size vs the team's Kueue quota on the pool, and the pool's NodePool limit.
+- Step time from FLOPs per token (6N + 12*L*h*s, as trainer/metrics.py) at an assumed MFU,
+  run time for ``schedule.num_steps``, and its cost on-demand and on spot from workloads/prices.py.
+- Checkpoint time: the whole state over the FSx write throughput, against the time budget.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import yaml
+
+from components.validation import Problem
+from workloads.gpu_catalog import GPU_TYPES
+from workloads.instances import PEAK_BF16_TFLOPS
+from workloads.jobspec import JobSpec, JobSpecError
+from workloads.platform_facts import PlatformFacts
+from workloads.prices import PRICES, PRICES_AS_OF, SOURCE_URL, SPOT_DISCOUNT
+from workloads.trainingjob import ResolvedJob, resolve
+
+BYTES_PER_PARAMETER = 16  # fp32 weights + fp32 grads + AdamW m and v
+ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN_PER_LAYER = 34
+CHECKPOINTED_ACTIVATION_BYTES = 2
+CUDA_RESERVE_GIB = 2.0
+USABLE_MEMORY_FRACTION = 0.95
+DEFAULT_MFU = 0.35  # a well-tuned dense GPT on H100/A100 reaches 35-50%; 35% is the planning figure
+DEFAULT_VOCAB = 50304
+GIB = 1024**3
+
+# Built-in GPT sizes (trainer/model.py GPT_SIZES), repeated here without importing torch.
+GPT_SIZES = {
+    "tiny": (2, 2, 64), "small": (4, 4, 128), "gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024),
+    "gpt2-large": (36, 20, 1280), "gpt2-xl": (48, 25, 1600),
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    parameters: float
+    num_layers: Optional[int]
+    hidden_size: Optional[int]
+    vocab_size: int
+    seq_len: int
+    micro_batch_size: int
+    grad_accum_steps: int
+    num_steps: int
+    strategy: str
+    activation_checkpointing: bool
+    source: str
+
+
+@dataclass
+class Preflight:
+    job: Optional[ResolvedJob]
+    lines: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def render(self) -> str:
+        out = list(self.lines)
+        out += [f"  ! {w}" for w in self.warnings]
+        if self.problems:
+            out.append(f"REFUSED: {len(self.problems)} problem(s)")
+            out += [f"  - {p.render()}" for p in self.problems]
+        else:
+            out.append("OK: the job fits")
+        return "\n".join(out)
+
+
+def trainer_shape(spec: JobSpec, repo_root: str) -> tuple[Optional[ModelShape], list[Problem]]:
+    """The model and batch from the trainer config file + overrides (the trainer's own parser)."""
+    from trainer.config import ConfigError, TrainerConfig, _build, _floatify, _set_dotted, parse_overrides
+
+    path = os.path.join(repo_root, spec.trainer.config)
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f) or {}
+        _floatify(raw)
+        for dotted, value in parse_overrides(list(spec.trainer.overrides)):
+            _set_dotted(raw, dotted, value)
+    except FileNotFoundError:
+        return None, [Problem("trainer.config", spec.trainer.config, "no such trainer config in this checkout",
+                              "give a path relative to the repository root, e.g. trainer/configs/gpt2-124m.yaml")]
+    except ConfigError as exc:
+        return None, [Problem("trainer.overrides", spec.trainer.overrides, "; ".join(exc.problems), "fix the overrides")]
+    problems: list[str] = []
+    cfg = _build(TrainerConfig, raw, "", problems)
+    if problems:
+        return None, [Problem("trainer", spec.trainer.config, "; ".join(problems), "fix the trainer config or overrides")]
+    m, d, s, par = cfg.model, cfg.data, cfg.schedule, cfg.parallelism
+    vocab = m.vocab_size or DEFAULT_VOCAB
+    layers = hidden = None
+    parameters: Optional[float] = None
+    source = "job spec model.parameters"
+    if m.kind == "gpt" and m.size in GPT_SIZES:
+        layers, _, hidden = GPT_SIZES[m.size]
+        layers, hidden = m.num_layers or layers, m.embed_dim or hidden
+        # 12 L h^2 in the blocks, token and position embeddings, an untied output head.
+        parameters = 12.0 * layers * hidden**2 + 2 * vocab * hidden + d.seq_len * hidden
+        source = f"trainer config (GPT {m.size}: {layers} layers x {hidden})"
+    if spec.model is not None:
+        parameters = spec.model.parameters
+        layers = spec.model.num_layers or layers
+        hidden = spec.model.hidden_size or hidden
+        source = "job spec model"
+    if parameters is None:
+        return None, [Problem("model.parameters", None, f"the trainer config uses a {m.kind} model whose size preflight cannot read",
+                              "add model: {parameters: 8e9, numLayers: 32, hiddenSize: 4096} to the job spec")]
+    return ModelShape(parameters, layers, hidden, vocab, d.seq_len, d.micro_batch_size, s.grad_accum_steps, s.num_steps,
+                      par.strategy, par.activation_checkpointing, source), []
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:,.1f} GiB"
+
+
+def memory_per_gpu(shape: ModelShape, world_size: int) -> dict[str, float]:
+    sharded = shape.strategy == "fsdp"
+    state = shape.parameters * BYTES_PER_PARAMETER / (world_size if sharded else 1)
+    tokens = shape.seq_len * shape.micro_batch_size
+    if shape.num_layers and shape.hidden_size:
+        per_layer = (CHECKPOINTED_ACTIVATION_BYTES if shape.activation_checkpointing
+                     else ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN_PER_LAYER)
+        activations = tokens * shape.hidden_size * shape.num_layers * per_layer
+    else:
+        activations = 0.0
+    logits = tokens * shape.vocab_size * 8
+    return {"state": state, "activations": activations, "logits": logits, "reserve": CUDA_RESERVE_GIB * GIB,
+            "total": state + activations + logits + CUDA_RESERVE_GIB * GIB}
+
+
+def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: float = DEFAULT_MFU) -> Preflight:
+    try:
+        job = resolve(spec, facts)
+    except JobSpecError as exc:
+        return Preflight(None, [f"Preflight of job {spec.name} on stack {facts.stack}"], list(exc.problems))
+    report = Preflight(job, warnings=list(job.warnings))
+    pool, gpu = job.pool, GPU_TYPES[job.pool.gpu_type]
+    world = spec.world_size
+    price = PRICES.get(job.instance_type)
+    report.lines += [
+        f"Preflight of job {spec.name} on stack {facts.stack} ({', '.join(facts.notes) or 'facts from the plan'})",
+        f"placement      pool {pool.name}: {spec.nodes} x {job.instance_type} ({spec.gpus_per_node} of {pool.gpus_per_node} "
+        f"{gpu.description} per node), {'spot or ' if job.interruptible else ''}{'/'.join(c for c in pool.capacity_types if c != 'spot') or 'spot'}"
+        f"{', EFA x' + str(job.efa_devices) if job.efa_devices else ''}",
+        f"queue          {job.team.namespace}/{job.team.local_queue}, priority {job.priority_class}",
+        f"pod            {job.cpu} CPU, {job.memory_gib} GiB, /dev/shm {job.shm_gib} GiB; {job.budget.describe()} "
+        f"(pool grace {pool.termination_grace_period_seconds}s{', spot notice 120s' if job.interruptible else ''})",
+    ]
+    report.figures.update({"pool": pool.name, "instance_type": job.instance_type, "gpu_memory_gib": gpu.gpu_memory_gib,
+                           "world_size": world})
+
+    # -- quota ------------------------------------------------------------------------------
+    quota = job.team.gpu_quota.get(pool.kueue_flavor or "", 0)
+    report.lines.append(f"quota          {world} GPUs requested; team {spec.team} has {quota} nominal on {pool.name}"
+                        f"{' (may borrow idle GPUs)' if job.team.borrowing else ''}; the pool launches at most {pool.max_gpus}")
+    if pool.max_gpus and world > pool.max_gpus:
+        report.problems.append(Problem("nodes", spec.nodes, f"{spec.nodes} x {spec.gpus_per_node} = {world} GPUs, more than pool "
+                                       f"{pool.name} can ever launch ({pool.max_gpus})", f"use at most {pool.max_gpus // spec.gpus_per_node} nodes"))
+    elif world > quota and not job.team.borrowing:
+        report.problems.append(Problem("nodes", spec.nodes, f"{world} GPUs exceed team {spec.team}'s quota of {quota} on {pool.name} "
+                                       "and the team may not borrow", f"use at most {quota // spec.gpus_per_node} nodes or raise the quota"))
+    elif world > quota:
+        report.warnings.append(f"{world} GPUs exceed the team's nominal {quota} on {pool.name}: admitted only while others' GPUs "
+                               "are idle, and preempted when they reclaim them")
+
+    # -- memory -------------------------------------------------------------------------------
+    repo = repo_root
+    shape, problems = trainer_shape(spec, repo)
+    report.problems += problems
+    if shape is None:
+        return report
+    mem = memory_per_gpu(shape, world)
+    usable = gpu.gpu_memory_gib * GIB * USABLE_MEMORY_FRACTION
+    sharding = f"/ {world} ranks (FSDP)" if shape.strategy == "fsdp" else "(replicated: DDP)"
+    arithmetic = (f"{shape.parameters / 1e9:.2f}B params x {BYTES_PER_PARAMETER} B (fp32 weights 4 + grads 4 + AdamW 8) "
+                  f"{sharding} = {_gib(mem['state'])} state + {_gib(mem['activations'])} activations "
+                  f"({shape.micro_batch_size} x {shape.seq_len} tokens{', checkpointed' if shape.activation_checkpointing else ''}) "
+                  f"+ {_gib(mem['logits'])} logits + {_gib(mem['reserve'])} CUDA/NCCL = {_gib(mem['total'])} per GPU")
+    report.lines.append(f"memory         {arithmetic}; {gpu.name} has {gpu.gpu_memory_gib} GiB ({USABLE_MEMORY_FRACTION:.0%} usable "
+                        f"= {_gib(usable)}) [{shape.source}]")
+    report.figures.update({"memory_per_gpu_gib": round(mem["total"] / GIB, 2), "usable_gpu_memory_gib": round(usable / GIB, 2)})
+    if mem["total"] > usable:
+        fixes = []
+        if shape.strategy != "fsdp" and world > 1:
+            fixes.append(f"shard it with FSDP (parallelism.strategy=fsdp: state {_gib(shape.parameters * BYTES_PER_PARAMETER / world)} per GPU)")
+        fixes += ["more GPUs", "a GPU with more memory", "activation checkpointing / a smaller micro-batch"]
+        report.problems.append(Problem("gpusPerNode", spec.gpus_per_node,
+                                       f"does not fit: {arithmetic} > {_gib(usable)} usable on one {gpu.gpu_memory_gib} GiB {gpu.name}",
+                                       "; or ".join(fixes)))
+
+    # -- step time and cost -----------------------------------------------------------------------
+    peak = PEAK_BF16_TFLOPS[pool.gpu_type]
+    layers, hidden = shape.num_layers or 0, shape.hidden_size or 0
+    flops_per_token = 6.0 * shape.parameters + 12.0 * layers * hidden * shape.seq_len
+    tokens_per_step = shape.micro_batch_size * shape.seq_len * shape.grad_accum_steps * world
+    step_seconds = tokens_per_step * flops_per_token / (world * peak * 1e12 * mfu)
+    hours = step_seconds * shape.num_steps / 3600
+    report.lines.append(f"step time      {tokens_per_step:,} tokens x {flops_per_token / 1e9:.2f} GFLOP/token / ({world} x {peak:.0f} "
+                        f"TFLOP/s x MFU {mfu:.0%}) = {step_seconds:.2f} s; {shape.num_steps:,} steps = {hours:.1f} h")
+    report.figures.update({"step_seconds": round(step_seconds, 3), "run_hours": round(hours, 2)})
+    if price is not None:
+        on_demand = hours * spec.nodes * price.on_demand_usd_per_hour
+        line = (f"cost           {spec.nodes} x {job.instance_type} x {hours:.1f} h: on-demand ${on_demand:,.0f} "
+                f"(${price.on_demand_usd_per_hour:.2f}/h)")
+        report.figures["cost_on_demand_usd"] = round(on_demand, 2)
+        if job.interruptible:
+            spot = hours * spec.nodes * price.spot_usd_per_hour
+            line += f", spot ~${spot:,.0f} (assumes {SPOT_DISCOUNT:.0%} below on-demand, plus re-done steps after interruptions)"
+            report.figures["cost_spot_usd"] = round(spot, 2)
+        report.lines.append(line)
+        report.lines.append(f"               prices: {SOURCE_URL} ({PRICES_AS_OF})")
+    if step_seconds > spec.time_budget.max_step_seconds:
+        report.problems.append(Problem("timeBudget.maxStepSeconds", spec.time_budget.max_step_seconds,
+                                       f"the estimated step takes {step_seconds:.1f} s, longer than the budget the grace period is sized for",
+                                       "lower data.micro_batch_size or schedule.grad_accum_steps, or raise maxStepSeconds (within the grace period)"))
+    if hours * 3600 > spec.max_runtime_seconds:
+        report.warnings.append(f"the estimated {hours:.1f} h exceed maxRuntime {spec.max_runtime}: the job will be stopped before the end")
+
+    # -- checkpoint time ------------------------------------------------------------------------
+    if facts.fsx_write_mb_per_s:
+        ckpt_bytes = shape.parameters * BYTES_PER_PARAMETER
+        seconds = ckpt_bytes / (facts.fsx_write_mb_per_s * 1e6)
+        report.lines.append(f"checkpoint     {_gib(ckpt_bytes)} state / FSx {facts.fsx_write_mb_per_s:,.0f} MB/s = {seconds:.1f} s; "
+                            f"budget {spec.time_budget.checkpoint_seconds}s, pod grace {job.budget.grace_seconds}s")
+        report.figures["checkpoint_seconds"] = round(seconds, 2)
+        if seconds > spec.time_budget.checkpoint_seconds:
+            report.problems.append(Problem("timeBudget.checkpointSeconds", spec.time_budget.checkpoint_seconds,
+                                           f"saving {_gib(ckpt_bytes)} at {facts.fsx_write_mb_per_s:,.0f} MB/s takes ~{seconds:.0f} s, "
+                                           "more than the budget: an interruption would kill the save",
+                                           "raise the FSx throughput, shard/async the save, or use on-demand (spot: false) with a larger budget"))
+    return report
