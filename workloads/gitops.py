@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Mapping, Sequence
 
+from components.validation import accepts_enum_values
+
 ARGOCD_NAMESPACE = "argocd"
 # The in-cluster destination Argo CD registers by default.
 IN_CLUSTER = "https://kubernetes.default.svc"
@@ -52,6 +54,7 @@ class WindowKind(str, Enum):
     DENY = "deny"
 
 
+@accepts_enum_values
 @dataclass(frozen=True)
 class SyncWindowSpec:
     """An AppProject sync window: cron ``schedule`` (when it opens) for ``duration`` (e.g. 2h)."""
@@ -64,6 +67,7 @@ class SyncWindowSpec:
     manual_sync: bool = True
 
 
+@accepts_enum_values
 @dataclass(frozen=True)
 class GitOpsSpec:
     """What Argo CD needs to know about one stack.
