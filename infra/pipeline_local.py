@@ -1,23 +1,24 @@
 """`python -m workloads pipeline --local`: a declared pipeline's steps, run on this machine on CPU.
 
-    python -m workloads pipeline workloads/declared/dev/pipelines/tiny-gpt.yaml --stack dev --local \
+    python -m workloads pipeline workloads/declared/dev/pipelines/shakespeare-gpt.yaml --stack dev --local \
         --dataset ./my-texts --work-dir runs/pipeline
 
-The commands are the WorkflowTemplate's own (``workloads.pipeline.step_commands`` builds both),
-with local paths in place of the FSx ones and ``python`` the current interpreter:
+Everything comes from the WorkflowTemplate that ``render`` writes for the cluster, run the way
+the cluster would run it, with ``<work-dir>/<run>/fsx`` standing in for the FSx volume:
 
-1. prepare   the same ``prepare-data`` command, text files -> token shards (+ validation split)
-2. train     the trainer command of the rendered PyTorchJob's Master container, plus the
-             pipeline's overrides, under ``trainer.launch`` with one process; ``--override``s
-             (tiny by default) shrink the model so it runs on a laptop CPU
-3. evaluate  the same ``trainer.evaluate`` command: validation loss of the final checkpoint
-4. register  the same ``trainer export`` command: Hugging Face export, registered in MLflow
+1. prepare   the template's ``prepare-data`` command (``workloads.pipeline.step_commands``),
+             text files -> token shards with a validation split
+2. train     the PyTorchJob embedded in the template's train step, ``{{workflow.name}}``
+             substituted as Argo does, made tiny by ``workloads.local.shrink`` and run by
+             ``workloads.local.run_local``: each pod's exact command, arguments and environment
+             (the operator's rendezvous variables on loopback, Secrets from a local stand-in),
+             retryable exits retried as ``restartPolicy: ExitCode`` would
+3. evaluate  the template's ``trainer.evaluate`` command: validation loss of the final checkpoint
+4. register  the template's ``trainer export`` command, with the checkpoint evaluate wrote
 
-MLflow is a local sqlite registry in the work directory. Every step runs with the work directory
-as its current directory, beside a ``trainer`` link to this checkout's trainer package, as the
-image runs from /app: relative config paths in job specs resolve the same way.
-Exit code: 0 when a model version was registered with the training run's lineage, else the
-failing step's exit code (2 for bad input).
+MLflow is a sqlite registry in the run directory, given to the pods through their tracking
+Secret as the cluster's MLflow is. Exit code: 0 when a model version was registered from the
+training run, else the failing step's exit code (2 for bad input).
 """
 from __future__ import annotations
 
@@ -28,42 +29,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Sequence
 
 import yaml
 
+from components.tracking import K8S_SECRET_NAME
 from infra.plan import ROOT
-from infra.render import RenderError, default_job_renderer, load_config, cpu_node_selector
+from infra.render import RenderError, cpu_node_selector, default_job_renderer, load_config
 from workloads import pipeline
+from workloads.jobspec import FSX_MOUNT_PATH
+from workloads.local import LocalOverrides, LocalRunError, remap, run_local as run_pods, shrink
 
 # MLflow is the trainer's dependency (not the infra extra's): its helpers live trainer-side.
-from trainer.local_registry import create_run, registered_versions  # noqa: E402
+from trainer.local_registry import create_experiment, registered_versions  # noqa: E402
 
-# What makes any job spec small enough for a CPU in about a minute (same keys as trainer overrides).
-TINY_OVERRIDES = (
-    "model.size=tiny", "model.vocab_size=null", "data.seq_len=64", "data.micro_batch_size=8",
-    "schedule.num_steps=40", "schedule.warmup_steps=4", "schedule.grad_accum_steps=1",
-    "parallelism.strategy=auto", "parallelism.compile=false", "parallelism.mixed_precision=fp32",
-    "checkpoint.every_steps=20", "checkpoint.async_mode=off", "tracking.log_every_steps=10",
-)
-
-
-def trainer_command(job: Mapping[str, Any]) -> list[str]:
-    """``-m trainer train ...`` of the job's Master container (what torchrun runs in each process)."""
-    container = next(c for c in job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
-                     if c["name"] == "pytorch")
-    args = list(container.get("args", []))
-    for index in range(len(args) - 2):
-        if args[index:index + 3] == ["-m", "trainer", "train"]:
-            return args[index:]
-    raise RenderError(f"PyTorchJob {job['metadata']['name']}: the pytorch container does not run `-m trainer train`")
-
-
-def plain_env(job: Mapping[str, Any]) -> dict[str, str]:
-    """The container's literal environment (secret references are the cluster's business)."""
-    container = next(c for c in job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
-                     if c["name"] == "pytorch")
-    return {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e and "$(" not in str(e["value"])}
+FAILED_TRAIN_EXIT = 5
 
 
 def _run(step: str, command: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_dir: Path) -> int:
@@ -77,44 +57,40 @@ def _run(step: str, command: Sequence[str], *, cwd: Path, env: Mapping[str, str]
     return code
 
 
-def run_local(declaration_path: Path, stack: str, *, dataset: str, work_dir: Path, overrides: Sequence[str],
+def local_train_job(template: Mapping[str, Any], run_name: str, steps: int) -> dict[str, Any]:
+    """The train step's PyTorchJob as Argo would create it for this run, shrunk for a CPU."""
+    train = next(t for t in template["spec"]["templates"] if t["name"] == "train")
+    job = yaml.safe_load(train["resource"]["manifest"].replace("{{workflow.name}}", run_name))
+    return shrink(job, LocalOverrides(num_steps=steps, checkpoint_every_steps=max(1, steps // 2)))
+
+
+def run_local(declaration_path: Path, stack: str, *, dataset: str, work_dir: Path, steps: int = 40,
               root: Path = ROOT, job_renderer=None) -> dict[str, Any]:
     source = str(declaration_path)
     declaration = pipeline.parse_declaration(yaml.safe_load(declaration_path.read_text()), source=source)
     config = load_config(stack, root)
     renderer = job_renderer or default_job_renderer(stack, root)
-    job = renderer(root / declaration.job_spec)
-    spec = pipeline.pipeline_spec(declaration, job, fsx_claim="local", tracking_secret=None,
-                                  cpu_node_selector=cpu_node_selector(config))
-    pipeline.workflow_template(spec)  # the cluster's template must render from the same inputs
+    spec = pipeline.pipeline_spec(declaration, renderer(root / declaration.job_spec), fsx_claim="local",
+                                  tracking_secret=K8S_SECRET_NAME, cpu_node_selector=cpu_node_selector(config))
+    template = pipeline.workflow_template(spec)
 
-    work_dir = work_dir.resolve()
     run_name = f"{declaration.name}-local"
-    paths = pipeline.StepPaths(str(work_dir / run_name))
-    run_dir = Path(paths.work_dir)
+    run_dir = work_dir.resolve() / run_name
+    fsx = run_dir / "fsx"  # the FSx stand-in (workloads.local maps the pods' mount here too)
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    link = run_dir / "trainer"
-    if not link.exists():
-        link.symlink_to(root / "trainer", target_is_directory=True)
+    # The cluster's paths for this run, on the stand-in.
+    paths = pipeline.StepPaths(remap(pipeline.cluster_paths(spec).work_dir.replace("{{workflow.name}}", run_name),
+                                     FSX_MOUNT_PATH, str(fsx)))
     mlflow_uri = f"sqlite:///{run_dir}/mlflow.db"
-    env = {**os.environ, **plain_env(job), "MLFLOW_TRACKING_URI": mlflow_uri, "PYTHONPATH": str(root),
-           "TRAINER_RUN_ID": run_name, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
     dataset_path = str(Path(dataset).resolve())
+    result: dict[str, Any] = {"run_dir": str(run_dir), "mlflow_uri": mlflow_uri, "exit_codes": {}}
 
     def commands(final_checkpoint: str) -> dict[str, list[str]]:
         return pipeline.step_commands(paths=paths, dataset=dataset_path, model_name=declaration.model_name,
                                       run_name=run_name, pipeline=declaration.name, job_spec=declaration.job_spec,
                                       final_checkpoint=final_checkpoint, python=sys.executable)
-
-    result: dict[str, Any] = {"run_dir": str(run_dir), "mlflow_uri": mlflow_uri, "exit_codes": {}}
-    # In the cluster the MLflow server is up before the job and the trainer records its run in
-    # every checkpoint. A fresh sqlite file needs seconds of migrations, longer than a tiny run
-    # takes to its first checkpoint: the run is created here and named to every step through
-    # MLFLOW_RUN_ID, which the trainer, evaluate and export all honour.
-    env["MLFLOW_RUN_ID"] = create_run(mlflow_uri, run_dir, env.get("MLFLOW_EXPERIMENT_NAME") or declaration.name,
-                                      run_name)
-    result["mlflow_run_id"] = env["MLFLOW_RUN_ID"]
 
     def step(name: str, command: Sequence[str]) -> bool:
         code = _run(name, command, cwd=run_dir, env=env, log_dir=logs)
@@ -123,14 +99,31 @@ def run_local(declaration_path: Path, stack: str, *, dataset: str, work_dir: Pat
 
     if not step("prepare", commands("")["prepare"]):
         return result
-    train = [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node=1",
-             *trainer_command(job), *pipeline.train_overrides(paths, run_name), *overrides]
-    if not step("train", train):
+
+    job = local_train_job(template, run_name, steps)
+    container_env = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0].get("env", [])
+    experiment = next((e["value"] for e in container_env if e["name"] == "MLFLOW_EXPERIMENT_NAME"), declaration.name)
+    # The pods run from the repository (the image's /app): the experiment is created here first,
+    # so its artifacts land in the run directory, and the sqlite schema exists before the
+    # trainer's tracker connects.
+    create_experiment(mlflow_uri, experiment, run_dir / "mlruns")
+    secrets = {K8S_SECRET_NAME: {"MLFLOW_TRACKING_URI": mlflow_uri, "MLFLOW_TRACKING_USERNAME": "local",
+                                 "MLFLOW_TRACKING_PASSWORD": "local"}}
+    print(f"[train] PyTorchJob {job['metadata']['name']} ({steps} steps), pods run locally", flush=True)
+    try:
+        pods = run_pods(job, workdir=run_dir, secrets=secrets, timeout_seconds=900,
+                        say=lambda line: print(f"[train] {line}", flush=True))
+    except LocalRunError as exc:
+        print(f"[train] {exc}", file=sys.stderr)
+        pods = None
+    result["exit_codes"]["train"] = 0 if pods is not None and pods.succeeded else FAILED_TRAIN_EXIT
+    if result["exit_codes"]["train"] != 0:
         return result
+
     if not step("evaluate", commands("")["evaluate"]):
         return result
-    final_checkpoint = Path(paths.final_checkpoint_file).read_text().strip()
     result["evaluation"] = json.loads(Path(paths.evaluation).read_text())
+    final_checkpoint = Path(paths.final_checkpoint_file).read_text().strip()
     if not step("register", commands(final_checkpoint)["register"]):
         return result
     result["registered"] = registered_versions(mlflow_uri, declaration.model_name)
@@ -143,19 +136,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("declaration", help="pipeline declaration, e.g. workloads/declared/dev/pipelines/NAME.yaml")
     parser.add_argument("--stack", required=True)
     parser.add_argument("--local", action="store_true", required=True,
-                        help="run the steps here on CPU (on the cluster, submit the WorkflowTemplate with argo submit)")
+                        help="run the steps here on CPU (on the cluster: argo submit --from workflowtemplate/NAME)")
     parser.add_argument("--dataset", required=True, help="local text files (directory or glob) in place of the FSx path")
     parser.add_argument("--work-dir", default="runs/pipeline")
-    parser.add_argument("--override", action="append", default=None,
-                        help=f"trainer override for the train step (default: {' '.join(TINY_OVERRIDES)})")
+    parser.add_argument("--steps", type=int, default=40, help="training steps of the tiny local run")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    overrides = args.override if args.override is not None else list(TINY_OVERRIDES)
     try:
         result = run_local(Path(args.declaration), args.stack, dataset=args.dataset, work_dir=Path(args.work_dir),
-                           overrides=overrides)
+                           steps=args.steps)
     except (RenderError, ValueError, FileNotFoundError) as exc:
         print(f"pipeline: {exc}", file=sys.stderr)
         return 2

@@ -5,14 +5,13 @@ from pathlib import Path
 from typing import Any
 
 
-def create_run(mlflow_uri: str, run_dir: Path, experiment: str, run_name: str) -> str:
+def create_experiment(mlflow_uri: str, name: str, artifacts_dir: Path) -> str:
+    """The experiment (created once, artifacts under ``artifacts_dir``); also creates the sqlite schema."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=mlflow_uri)
-    found = client.get_experiment_by_name(experiment)
-    experiment_id = found.experiment_id if found else client.create_experiment(
-        experiment, artifact_location=(run_dir / "mlruns").as_uri())
-    return client.create_run(experiment_id, run_name=run_name).info.run_id
+    found = client.get_experiment_by_name(name)
+    return found.experiment_id if found else client.create_experiment(name, artifact_location=artifacts_dir.as_uri())
 
 
 def registered_versions(mlflow_uri: str, model_name: str) -> list[dict[str, Any]]:

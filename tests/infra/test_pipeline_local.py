@@ -39,9 +39,11 @@ def test_local_pipeline_registers_a_model_with_the_runs_lineage(tmp_path):
                 "--work-dir", str(tmp_path / "runs"))
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     run_dir = tmp_path / "runs" / "shakespeare-gpt-local"
-    evaluation = json.loads((run_dir / "evaluation.json").read_text())
+    # The cluster's paths (/fsx/pipelines/<run>/...) on the local FSx stand-in.
+    work = run_dir / "fsx" / "pipelines" / "shakespeare-gpt-local"
+    evaluation = json.loads((work / "evaluation.json").read_text())
     assert evaluation["step"] == 40 and 0 < evaluation["val_loss"] < 6  # bytes: ln(256) = 5.5 untrained
-    assert (run_dir / "final-checkpoint").read_text() == evaluation["checkpoint"]
+    assert (work / "final-checkpoint").read_text() == evaluation["checkpoint"]
 
     from mlflow.tracking import MlflowClient
 
@@ -54,11 +56,13 @@ def test_local_pipeline_registers_a_model_with_the_runs_lineage(tmp_path):
     # Lineage: the version points at the training run, which carries the training curve, the
     # validation loss of exactly the exported checkpoint, and the pipeline's tags.
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")][-1] == 40
+    # The train step ran the rendered pod: its environment named the run after the job spec.
+    assert run.data.tags.get("trainer.job_id") == "shakespeare-gpt-local"
     assert run.data.metrics["final_val_loss"] == pytest.approx(evaluation["val_loss"])
     assert run.data.tags["mlplatform.pipeline"] == "shakespeare-gpt"
     assert run.data.tags["mlplatform.job_spec"] == "workloads/declared/dev/pipelines/jobs/shakespeare-gpt.yaml"
     assert run.data.tags["dataset_hash"] == evaluation["dataset_hash"]
-    export = run_dir / "model"
+    export = work / "model"
     assert (export / "model.safetensors").is_file() and (export / "config.json").is_file()
 
 
