@@ -41,7 +41,7 @@ from workloads.jobspec import FSX_MOUNT_PATH
 from workloads.local import LocalOverrides, LocalRunError, remap, run_local as run_pods, shrink
 
 # MLflow is the trainer's dependency (not the infra extra's): its helpers live trainer-side.
-from trainer.local_registry import create_experiment, registered_versions  # noqa: E402
+from trainer.local_registry import create_experiment, create_run, registered_versions  # noqa: E402
 
 FAILED_TRAIN_EXIT = 5
 
@@ -104,9 +104,16 @@ def run_local(declaration_path: Path, stack: str, *, dataset: str, work_dir: Pat
     container_env = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0].get("env", [])
     experiment = next((e["value"] for e in container_env if e["name"] == "MLFLOW_EXPERIMENT_NAME"), declaration.name)
     # The pods run from the repository (the image's /app): the experiment is created here first,
-    # so its artifacts land in the run directory, and the sqlite schema exists before the
-    # trainer's tracker connects.
-    create_experiment(mlflow_uri, experiment, run_dir / "mlruns")
+    # so its artifacts land in the run directory. The run is created here too and named to the
+    # pods by MLFLOW_RUN_ID, which the trainer honours for a first attempt: its tracker connects
+    # in the background, and a tiny run on a cold sqlite store ends before it has, which would
+    # leave the checkpoints without their run (in the cluster the server is up and jobs run for
+    # hours, so the trainer creates the run itself).
+    run_id = create_run(mlflow_uri, create_experiment(mlflow_uri, experiment, run_dir / "mlruns"), run_name)
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        for container in replica["template"]["spec"]["containers"]:
+            container.setdefault("env", []).append({"name": "MLFLOW_RUN_ID", "value": run_id})
+    result["mlflow_run_id"] = run_id
     secrets = {K8S_SECRET_NAME: {"MLFLOW_TRACKING_URI": mlflow_uri, "MLFLOW_TRACKING_USERNAME": "local",
                                  "MLFLOW_TRACKING_PASSWORD": "local"}}
     print(f"[train] PyTorchJob {job['metadata']['name']} ({steps} steps), pods run locally", flush=True)

@@ -14,6 +14,12 @@ def create_experiment(mlflow_uri: str, name: str, artifacts_dir: Path) -> str:
     return found.experiment_id if found else client.create_experiment(name, artifact_location=artifacts_dir.as_uri())
 
 
+def create_run(mlflow_uri: str, experiment_id: str, run_name: str) -> str:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=mlflow_uri).create_run(experiment_id, run_name=run_name).info.run_id
+
+
 def registered_versions(mlflow_uri: str, model_name: str) -> list[dict[str, Any]]:
     from mlflow.tracking import MlflowClient
 
