@@ -79,9 +79,15 @@ def test_loss_of_the_newest_checkpoint_matches_an_independent_load(trained, spli
     assert evaluate.evaluate(str(older), split_data)["val_loss"] != pytest.approx(result["val_loss"])
 
 
-def test_bad_inputs_exit_2_with_the_fix(trained, data_dir, tmp_path, capsys):
+def test_bad_inputs_exit_2_with_the_fix(trained, split_data, tmp_path, capsys):
     out = str(tmp_path / "e.json")
-    # The session corpus has no validation split.
+    data_dir = tmp_path / "no-split"
+    shutil.copytree(split_data, data_dir)
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    manifest["val_shards"] = []
+    (data_dir / "manifest.json").write_text(json.dumps(manifest))
+    data_dir = str(data_dir)
+    # A dataset prepared without --val-fraction has no validation split.
     assert evaluate.main(["--checkpoint-dir", trained, "--data-dir", data_dir, "--output", out]) == 2
     assert "--val-fraction" in capsys.readouterr().err
     assert evaluate.main(["--checkpoint-dir", str(tmp_path), "--data-dir", data_dir, "--output", out]) == 2
