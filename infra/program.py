@@ -32,6 +32,7 @@ from infra import costs, policy_gate  # noqa: F401  (register the cost report an
 from infra import operations, training
 from infra.mock_engine import Recording
 from infra.plan import plan_section, plan_warning
+from infra import gitops as gitops_capability
 
 
 @dataclass
@@ -277,7 +278,7 @@ def _dev_object_lock(config: PlatformConfig, recording: Recording):
 
 # Capabilities added on top of the foundation, in deployment order.
 CAPABILITIES: tuple[Callable[[Platform], Optional[dict[str, Any]]], ...] = (
-    gpu_capacity.deploy, datasets_tracking.deploy, training.deploy, operations.deploy)
+    gpu_capacity.deploy, datasets_tracking.deploy, training.deploy, operations.deploy, gitops_capability.deploy)
 
 
 def main() -> Platform:
