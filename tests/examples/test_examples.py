@@ -170,3 +170,67 @@ def test_example_job_passes_submit_dry_run(path, stack_facts, tmp_path, capsys):
     rendered = [d for d in yaml.safe_load_all(captured.out) if d]
     assert rendered and rendered[0]["kind"] == "PyTorchJob"
     assert rendered[0]["metadata"]["name"] == yaml.safe_load(path.read_text())["name"]
+
+
+# -- pipeline parameters ------------------------------------------------------------------------------
+PIPELINES = sorted((ROOT / "examples" / "pipelines").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", PIPELINES, ids=[p.stem for p in PIPELINES])
+def test_example_pipeline_renders_a_valid_workflow_template(path, stack_facts, schemas):
+    """The parameter file through the same functions `python -m workloads render` uses: the
+    WorkflowTemplate and the PyTorchJob of its train step validate against the pinned CRDs, and
+    the file's values are the template's parameter defaults."""
+    from components.tracking import K8S_SECRET_NAME
+    from infra.render import cpu_node_selector, load_config
+    from workloads import pipeline
+    from workloads.fsx import CLAIM_NAME
+    from workloads.jobspec import load_job_spec
+    from workloads.trainingjob import render
+    from workloads.validation import validate_custom_resource, validate_pod_template
+
+    stack = _stack_of(path)
+    declaration = pipeline.parse_declaration(yaml.safe_load(path.read_text()), source=str(path))
+    job_spec = load_job_spec(ROOT / declaration.job_spec)
+    job = render(job_spec, stack_facts[stack])
+    spec = pipeline.pipeline_spec(declaration, job, fsx_claim=CLAIM_NAME, tracking_secret=K8S_SECRET_NAME,
+                                  cpu_node_selector=cpu_node_selector(load_config(stack)))
+    template = pipeline.workflow_template(spec)
+    assert validate_custom_resource(template, schemas) == []
+    assert template["metadata"] == {**template["metadata"], "name": declaration.name, "namespace": job_spec.namespace}
+    params = {p["name"]: p.get("value") for p in template["spec"]["arguments"]["parameters"]}
+    assert params["dataset"] == declaration.dataset
+    assert params["model-name"] == declaration.model_name
+    assert params["job-spec"] == declaration.job_spec
+    steps = {t["name"] for t in template["spec"]["templates"]}
+    assert set(pipeline.STEP_NAMES) <= steps
+    train_job = pipeline.embedded_job(template)
+    assert validate_custom_resource(train_job, schemas) == []
+    for replica in train_job["spec"]["pytorchReplicaSpecs"].values():
+        assert validate_pod_template(replica["template"]) == []
+        assert replica["template"]["spec"]["nodeSelector"] == job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["nodeSelector"]
+
+
+@pytest.mark.parametrize("path", PIPELINES, ids=[p.stem for p in PIPELINES])
+def test_example_pipeline_runs_locally_to_a_registered_model(path, tmp_path):
+    """The command in the file's header: the pipeline's steps on CPU, tiny, from raw text to a
+    model version in a local MLflow registry."""
+    import argparse
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    shutil.copy(argparse.__file__, texts / "argparse.txt")  # a corpus that ships with Python
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    result = subprocess.run(
+        [sys.executable, "-m", "workloads", "pipeline", str(path.relative_to(ROOT)), "--stack", _stack_of(path),
+         "--local", "--dataset", str(texts), "--steps", "6", "--work-dir", str(tmp_path / "run")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    model_name = yaml.safe_load(path.read_text())["modelName"]
+    assert "registered version 1" in result.stdout, result.stdout[-2000:]
+    assert f"--registered-model-name {model_name}" in result.stdout
