@@ -87,7 +87,7 @@ def _run(commands: list[list[str]]) -> int:
 
 
 def cmd_preflight(args) -> int:
-    from components.validation import InvalidInputError
+    from workloads.problems import InvalidInputError
     from workloads.jobspec import load_job_spec
     from workloads.preflight import preflight
 
@@ -103,7 +103,7 @@ def cmd_preflight(args) -> int:
 
 
 def cmd_submit(args) -> int:
-    from components.validation import InvalidInputError
+    from workloads.problems import InvalidInputError
     from workloads.jobspec import load_job_spec
     from workloads.preflight import preflight
     from workloads.trainingjob import render
@@ -167,7 +167,7 @@ def _containers_env(manifest: dict) -> list[dict]:
 def cmd_readiness(args) -> int:
     from workloads.readiness import readiness_job, readiness_namespace
 
-    from components.validation import InvalidInputError
+    from workloads.problems import InvalidInputError
 
     try:
         facts = _facts(args.stack, not args.offline, args.facts)

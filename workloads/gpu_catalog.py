@@ -15,7 +15,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
-from components.validation import Problem
+from workloads.problems import Problem
 
 # EC2 gives a spot instance two minutes between the interruption notice and reclaiming it.
 SPOT_NOTICE_SECONDS = 120

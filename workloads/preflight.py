@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 import yaml
 
-from components.validation import Problem
+from workloads.problems import Problem
 from workloads.gpu_catalog import GPU_TYPES
 from workloads.instances import PEAK_BF16_TFLOPS
 from workloads.jobspec import JobSpec, JobSpecError
