@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Sequence
 
+from workloads.problems import accepts_enum_values
+
 PSA_VERSION = "v1.32"
 POD_IDENTITY_AGENT_CIDR = "169.254.170.23/32"
 POD_IDENTITY_AGENT_PORT = 80
@@ -32,6 +34,7 @@ class PodSecurityLevel(str, Enum):
     PRIVILEGED = "privileged"
 
 
+@accepts_enum_values
 @dataclass(frozen=True)
 class SystemNamespaceSpec:
     """One controller namespace.
