@@ -32,7 +32,7 @@ from components.mlflow_server import APP_DATABASE_USER
 from components.tracking import MASTER_USERNAME
 from components.versions import AURORA_POSTGRESQL_VERSION
 from infra.config import BucketLifecycleConfig, PlatformConfig, dra_spec
-from infra.mock_engine import Recording, register_outputs
+from infra.mock_engine import Recording
 from infra.plan import plan_section, plan_warning
 
 if TYPE_CHECKING:
@@ -268,49 +268,3 @@ def _datasets_tracking_section(config: PlatformConfig, recording: Recording) -> 
         teams = team_namespaces(config)
         lines.append(f"MLflow team users (EDIT on their experiment, READ elsewhere): {', '.join(teams) or 'none'}")
     return ("Datasets and tracking", lines) if lines else None
-
-
-# -- outputs the mock engine must know (read by the components) --------------------------------
-def _lustre(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    fs_id = f"fs-{digest[:17]}"
-    return {"id": fs_id, "dnsName": f"{fs_id}.fsx.{region}.amazonaws.com", "mountName": digest[:8],
-            "arn": f"arn:aws:fsx:{region}:{account}:file-system/{fs_id}"}
-
-
-def _aurora(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    ident = inputs.get("clusterIdentifier") or name
-    return {"id": ident, "endpoint": f"{ident}.cluster-{digest[:12]}.{region}.rds.amazonaws.com",
-            "arn": f"arn:aws:rds:{region}:{account}:cluster:{ident}",
-            "masterUserSecrets": [{"secretArn": f"arn:aws:secretsmanager:{region}:{account}:secret:rds!cluster-{digest[:8]}",
-                                   "kmsKeyId": inputs.get("masterUserSecretKmsKeyId"), "secretStatus": "active"}]}
-
-
-def _alb(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    scheme = "internal-" if inputs.get("internal") else ""
-    return {"dnsName": f"{scheme}{name[:20]}-{digest[:8]}.{region}.elb.amazonaws.com", "zoneId": "Z1H1FL5HABSF5",
-            "arn": f"arn:aws:elasticloadbalancing:{region}:{account}:loadbalancer/app/{name[:20]}/{digest[:16]}"}
-
-
-def _certificate(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    domain = inputs.get("domainName", "example.com")
-    return {"arn": f"arn:aws:acm:{region}:{account}:certificate/{digest[:8]}-{digest[8:12]}",
-            "domainValidationOptions": [{"domainName": domain, "resourceRecordName": f"_{digest[:32]}.{domain}.",
-                                         "resourceRecordType": "CNAME",
-                                         "resourceRecordValue": f"_{digest[32:64]}.acm-validations.aws."}]}
-
-
-def _ecr(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    repo = inputs.get("name") or name
-    return {"repositoryUrl": f"{account}.dkr.ecr.{region}.amazonaws.com/{repo}",
-            "arn": f"arn:aws:ecr:{region}:{account}:repository/{repo}"}
-
-
-register_outputs("aws:fsx/lustreFileSystem:LustreFileSystem", _lustre)
-register_outputs("aws:rds/cluster:Cluster", _aurora)
-register_outputs("aws:lb/loadBalancer:LoadBalancer", _alb)
-register_outputs("aws:acm/certificate:Certificate", _certificate)
-register_outputs("aws:ecr/repository:Repository", _ecr)
-register_outputs("aws:serverlessrepository/cloudFormationStack:CloudFormationStack",
-                 lambda name, inputs, account, region, digest: {"outputs": {
-                     "RotationLambdaARN": f"arn:aws:lambda:{region}:{account}:function:{inputs.get('parameters', {}).get('functionName', name)}"}})
-register_outputs("aws:route53/zone:Zone", lambda name, inputs, account, region, digest: {"zoneId": f"Z{digest[:20].upper()}"})

@@ -14,27 +14,13 @@ from components.gpu_pools import GpuPools, GpuPoolsArgs
 from components.karpenter import Karpenter, KarpenterArgs, KarpenterPrerequisites, KarpenterPrerequisitesArgs
 from components.scheduling import Scheduling, SchedulingArgs
 from infra.config import GpuPoolConfig, PlatformConfig, TeamConfig
-from infra.mock_engine import Recording, RecordedResource, register_outputs
+from infra.mock_engine import Recording, RecordedResource
 from infra.plan import plan_section, plan_warning
 from workloads import kueue, scheduling
 from workloads.gpu_catalog import SPOT_NOTICE_SECONDS, gpu_type
 from workloads.karpenter import CapacityType, CpuPoolSpec, GpuPoolSpec
 
 NODE_POOL_TYPE = "kubernetes:karpenter.sh/v1:NodePool"
-# Offline stand-in for S3's prefix-list ranges (RFC 2544 benchmarking space, never AWS's): the
-# recorded NetworkPolicy shows where the real ranges go; a deploy reads them from the endpoint.
-MOCK_S3_PREFIX_LIST_CIDRS = ("198.18.0.0/20", "198.18.16.0/20")
-
-
-def _vpc_endpoint_outputs(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    outputs = {"id": f"vpce-{digest[:17]}"}
-    if inputs.get("vpcEndpointType") == "Gateway":
-        outputs["cidrBlocks"] = list(MOCK_S3_PREFIX_LIST_CIDRS)
-        outputs["prefixListId"] = f"pl-{digest[:8]}"
-    return outputs
-
-
-register_outputs("aws:ec2/vpcEndpoint:VpcEndpoint", _vpc_endpoint_outputs)
 
 
 def pool_spec(config: PlatformConfig, pool: GpuPoolConfig) -> GpuPoolSpec:
