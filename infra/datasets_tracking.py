@@ -5,7 +5,8 @@ scheduling capability owns team namespaces.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+import datetime as dt
+from typing import Any, Iterator
 
 import pulumi
 
@@ -31,12 +32,12 @@ from components.tracking import (
 from components.mlflow_server import APP_DATABASE_USER
 from components.tracking import MASTER_USERNAME
 from components.versions import AURORA_POSTGRESQL_VERSION
+from infra import costs
+from infra.capability import Capability
 from infra.config import BucketLifecycleConfig, PlatformConfig, dra_spec
+from infra.costs import CostLine
 from infra.mock_engine import Recording
-from infra.plan import plan_section, plan_warning
-
-if TYPE_CHECKING:
-    from infra.program import Platform
+from infra.platform import Platform
 
 
 def _lifecycle(rule_id: str, lifecycle: BucketLifecycleConfig) -> list[LifecycleRule]:
@@ -57,9 +58,7 @@ def team_namespaces(config: PlatformConfig) -> list[str]:
     """
     teams = getattr(getattr(config, "scheduling", None), "teams", None) or []
     if teams:
-        from infra.gpu_capacity import team_namespace
-
-        return [team_namespace(team) for team in teams]
+        return [team.namespace for team in teams]
     return list(config.datasets.fsx.namespaces) if config.datasets else []
 
 
@@ -81,7 +80,7 @@ def log_group_names(config: PlatformConfig) -> list[str]:
     return names
 
 
-def deploy(platform: "Platform") -> dict[str, Any]:
+def deploy(platform: Platform) -> dict[str, Any]:
     config = platform.config
     tags = config.resource_tags
     outputs: dict[str, Any] = {}
@@ -193,11 +192,6 @@ def spot_save_warnings(config: PlatformConfig) -> Iterator[str]:
                "datasets.fsx.storageCapacityGib or perUnitStorageThroughputMbPerTib, or train it on on-demand capacity")
 
 
-@plan_warning
-def _spot_save(config: PlatformConfig, recording: Recording) -> Iterator[str]:
-    yield from spot_save_warnings(config)
-
-
 def cross_az_warnings(config: PlatformConfig) -> Iterator[str]:
     """GPU pools that may launch outside the file system's AZ pay cross-AZ latency and traffic."""
     if config.datasets is None:
@@ -210,12 +204,6 @@ def cross_az_warnings(config: PlatformConfig) -> Iterator[str]:
                f"across AZs (higher latency, $0.01/GB each way): set their zones to [{fsx_az}] for training pools")
 
 
-@plan_warning
-def _cross_az(config: PlatformConfig, recording: Recording) -> Iterator[str]:
-    yield from cross_az_warnings(config)
-
-
-@plan_warning
 def _tracking_warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
     tr = config.tracking
     if tr is None:
@@ -243,8 +231,7 @@ def first_deploy_warnings(config: PlatformConfig) -> Iterator[str]:
                "mlflowImageRepository), set tracking.image to <repository>@sha256:<digest>, and run up again")
 
 
-@plan_section
-def _datasets_tracking_section(config: PlatformConfig, recording: Recording) -> Optional[tuple[str, list[str]]]:
+def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tuple[str, list[str]]]:
     lines = []
     if config.datasets is not None:
         fsx = config.datasets.fsx
@@ -267,4 +254,20 @@ def _datasets_tracking_section(config: PlatformConfig, recording: Recording) -> 
             lines.append(f"Secret {secret}: NOT ROTATED (exception): {reason}")
         teams = team_namespaces(config)
         lines.append(f"MLflow team users (EDIT on their experiment, READ elsewhere): {', '.join(teams) or 'none'}")
-    return ("Datasets and tracking", lines) if lines else None
+    if lines:
+        yield "Datasets and tracking", lines
+
+
+def warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
+    yield from spot_save_warnings(config)
+    yield from cross_az_warnings(config)
+    yield from _tracking_warnings(config, recording)
+
+
+def cost_lines(recording: Recording, today: dt.date) -> Iterator[CostLine]:
+    yield from costs.tracking(recording)
+    yield from costs.file_systems(recording)
+
+
+CAPABILITY = Capability("datasets and tracking", deploy=deploy, plan_sections=plan_sections, warnings=warnings,
+                        cost_lines=cost_lines)

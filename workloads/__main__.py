@@ -46,7 +46,7 @@ def _facts(stack: str, use_outputs: bool, facts_file: Optional[str] = None):
         return PlatformFacts.from_dict(json.loads(Path(facts_file).read_text()))
     # The CLI is an entry point like infra/__main__: it may use the offline plan; the renderer
     # and preflight modules themselves stay free of infra/.
-    from infra.training import facts_for_stack
+    from infra.facts import facts_for_stack
 
     return facts_for_stack(stack, use_outputs=use_outputs)
 

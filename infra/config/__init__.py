@@ -51,11 +51,7 @@ RETENTION_SOURCE = "CloudWatch Logs PutRetentionPolicy (https://docs.aws.amazon.
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
 
 
-FIX = " FIX: "  # separates what is wrong from how to fix it in validator messages
-
-
-def invalid(message: str, fix: str) -> ValueError:
-    return ValueError(f"{message}{FIX}{fix}")
+from infra.config.engine import FIX, invalid  # noqa: E402
 
 
 class ConfigError(InvalidInputError):
@@ -525,6 +521,10 @@ class TeamConfig(_Model):
     fair_sharing_weight: int = Field(1, ge=1, le=100)
     borrowing: bool = Field(True, description="May use other teams' idle GPUs (reclaimed by preemption).")
     role_arns: list[str] = Field(default_factory=list, description="IAM roles given namespace-scoped edit access (EKS access entries) to team-<name>.")
+
+    @property
+    def namespace(self) -> str:
+        return f"team-{self.name}"
 
     @field_validator("role_arns")
     @classmethod
