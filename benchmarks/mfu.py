@@ -1,8 +1,11 @@
-"""Model FLOPs utilisation of the trainer on a GPU: GPT-2 124M, bf16, the trainer's own loop.
+"""Model FLOPs utilisation of the trainer on one GPU: GPT-2 124M (tied, 124.4M parameters),
+bf16, torch.compile, the trainer's own loop, next to a bare compiled loop of the same model.
 
-    .venv/bin/python benchmarks/mfu.py [--steps 30] [--compile]
+    .venv/bin/python benchmarks/mfu.py [--steps 50] [--micro-batch-size 16] [--no-compile]
 
-Without a GPU it says so and exits 0: CPU MFU against a GPU peak would be meaningless.
+Prints tokens/s, MFU (6N + 12·L·H·T FLOPs per token, N = 123.65M as nanoGPT counts it, over
+the dense bf16 peak of the GPU from trainer.metrics) and the ratio trainer / bare loop.
+Without a GPU it says "not measured" and exits 0: CPU MFU against a GPU peak is meaningless.
 """
 from __future__ import annotations
 
@@ -11,44 +14,94 @@ import json
 import os
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def bare_loop(cfg, num_steps: int, compile_model: bool) -> float:
+    """Tokens/s of the same model, data and optimizer without the trainer around it."""
+    import torch.nn.functional as F
+
+    from trainer.data import DistributedBatches, TokenShards
+    from trainer.model import build_model
+    from trainer.train import build_optimizer
+
+    device = torch.device("cuda")
+    shards = TokenShards(cfg.data.dir, cfg.data.seq_len)
+    batches = DistributedBatches(shards, cfg.data.micro_batch_size, 0, 1, cfg.seed, device, prefetch=2)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, shards.vocab_size, cfg.data.seq_len).to(device)
+    forward = torch.compile(model) if compile_model else model
+    optimizer = build_optimizer(model, cfg, device)
+    tokens = cfg.data.micro_batch_size * cfg.data.seq_len
+    warmup = min(10, num_steps // 2)
+    for step in range(num_steps):
+        if step == warmup:
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+        inputs, targets = batches.next_batch()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = forward(inputs)
+        F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    batches.close()
+    return (num_steps - warmup) * tokens / (time.perf_counter() - started)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--micro-batch-size", type=int, default=16)
-    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--no-compile", action="store_true")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        print("MFU benchmark: no CUDA GPU on this machine; nothing measured (run it on a GPU node).")
+        print("MFU benchmark: no CUDA GPU on this machine: not measured (run it on a GPU node).")
         return
     from trainer.config import load_config
-    from trainer.metrics import peak_tflops_for
+    from trainer.metrics import flops_per_token, peak_tflops_for
+    from trainer.model import build_model, count_params
     from trainer.prepare import prepare
     from trainer.train import main as train_main
 
+    compile_model = not args.no_compile
     work = tempfile.mkdtemp(prefix="bench-mfu-")
     import argparse as a, logging, string, textwrap
 
+    # Byte-level tokens: vocab 257 here, but model.vocab_size=50304 keeps GPT-2's head size.
     prepare([m.__file__ for m in (a, logging, string, textwrap)], f"{work}/data", show_progress=False)
-    config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "trainer", "configs", "gpt2-124m.yaml")
+    config = os.path.join(REPO, "trainer", "configs", "gpt2-124m.yaml")
     cfg = load_config(config, [f"data.dir={work}/data", f"checkpoint.dir={work}/ckpt", f"schedule.num_steps={args.steps}",
                                "schedule.warmup_steps=2", "schedule.grad_accum_steps=1", "parallelism.strategy=none",
-                               f"data.micro_batch_size={args.micro_batch_size}", f"parallelism.compile={str(args.compile).lower()}",
-                               "checkpoint.every_steps=100000", "tracking.log_every_steps=10", "tracking.enabled=false"],
+                               f"data.micro_batch_size={args.micro_batch_size}", f"parallelism.compile={str(compile_model).lower()}",
+                               "checkpoint.every_steps=100000", "tracking.log_every_steps=10", "tracking.enabled=false",
+                               "evaluation.at_end=false", "export.at_end=false"],
                       environ={})
     assert train_main(cfg) == 0
     rows = [json.loads(line) for line in open(f"{work}/ckpt/metrics.jsonl") if '"mfu"' in line]
     last = rows[-1]  # the first interval includes warm-up (and compilation)
+    bare = bare_loop(cfg, args.steps, compile_model)
+
     name = torch.cuda.get_device_name()
-    print(f"GPU {name} (peak {peak_tflops_for(name)} bf16 TFLOP/s), GPT-2 124M, T=1024, B={args.micro_batch_size}, "
-          f"compile={args.compile}")
-    print(f"tokens/s {last['tokens_per_second']:.0f}, step {last['step_seconds'] * 1000:.0f} ms, "
+    peak = peak_tflops_for(name)
+    with torch.device("meta"):
+        model = build_model(cfg.model, 257, cfg.data.seq_len)
+    flops = flops_per_token(count_params(model), 12, 768, cfg.data.seq_len)
+    print(f"GPU {name} (dense bf16 peak {peak} TFLOP/s), GPT-2 124M "
+          f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, N={count_params(model) / 1e6:.2f}M), "
+          f"T={cfg.data.seq_len}, B={args.micro_batch_size}, compile={compile_model}")
+    print(f"trainer: {last['tokens_per_second']:.0f} tokens/s, step {last['step_seconds'] * 1000:.0f} ms, "
           f"MFU {100 * last['mfu']:.1f}%, peak memory {last['peak_gpu_memory_gib']:.1f} GiB")
+    bare_mfu = f"{100 * bare * flops / (peak * 1e12):.1f}%" if peak else "n/a"
+    print(f"bare loop: {bare:.0f} tokens/s, MFU {bare_mfu}")
+    print(f"ratio trainer / bare loop: {last['tokens_per_second'] / bare:.3f}")
 
 
 if __name__ == "__main__":

@@ -30,8 +30,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILES = ("trainer/Dockerfile", "docker/mlflow/Dockerfile")
 DEFAULT_STACKS = ("dev", "prod")
-# Not renderable offline: a Helm release is values for a chart the engine renders at deploy.
-NOT_RENDERED = ("kubernetes:helm.sh/v3:Release", "kubernetes:helm.sh/v4:Chart")
+# Not renderable offline: a Helm release is values for a chart, a kustomize Directory a remote
+# overlay (the training operator), both rendered by the engine at deploy.
+NOT_RENDERED = ("kubernetes:helm.sh/v3:Release", "kubernetes:helm.sh/v4:Chart", "kubernetes:kustomize/v2:Directory")
 SKIP_ANNOTATION = re.compile(r"^checkov\.io/skip\d+$")
 
 

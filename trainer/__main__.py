@@ -5,6 +5,8 @@ import argparse
 import sys
 import time
 
+DEFAULT_VAL_FRACTION = 0.005  # trainer.prepare.DEFAULT_VAL_FRACTION, without importing numpy for --help
+
 
 def main(argv: list[str] | None = None) -> int:
     process_start = time.time()
@@ -20,27 +22,46 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("--output-dir", required=True)
     prep.add_argument("--tokenizer-dir", help="local Hugging Face tokenizer directory; default: byte-level")
     prep.add_argument("--shard-tokens", type=int, default=50_000_000)
+    prep.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION,
+                      help="tail of every shard held out as the validation split (0 disables); default 0.005")
+
+    sub.add_parser("export", help="Hugging Face export of a checkpoint, logged to MLflow (see --help)", add_help=False)
 
     local = sub.add_parser("local-run", help="the README demo: 2 CPU ranks, SIGTERM half way, resume, summary")
     local.add_argument("--output-dir", default="runs/local")
 
-    args = parser.parse_args(argv)
-    if args.command == "train":
-        from trainer.config import ConfigError, load_config
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["export"]:
+        from trainer.config import ConfigError
+        from trainer.export import main as export_main
 
         try:
-            cfg = load_config(args.config, args.overrides)
+            return export_main(argv[1:])
         except ConfigError as exc:
             print(exc, file=sys.stderr)
             return 2
+    args = parser.parse_args(argv)
+    if args.command == "train":
+        from trainer.config import ConfigError, load_config
+        from trainer.preflight import preflight, prepare_runtime_dirs
+
+        try:
+            cfg = load_config(args.config, args.overrides)
+            preflight(cfg)  # file system, data and memory checks, before any process group starts
+        except ConfigError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        prepare_runtime_dirs()
         from trainer.train import main as train_main
 
         return train_main(cfg, process_start)
     if args.command == "prepare-data":
         from trainer.prepare import prepare
 
-        manifest = prepare(args.input, args.output_dir, args.tokenizer_dir, args.shard_tokens)
-        print(f"{manifest['num_tokens']} tokens in {len(manifest['shards'])} shard(s), vocab {manifest['vocab_size']}, "
+        manifest = prepare(args.input, args.output_dir, args.tokenizer_dir, args.shard_tokens,
+                           val_fraction=args.val_fraction)
+        print(f"{manifest['num_tokens']} training + {manifest['num_val_tokens']} validation tokens in "
+              f"{len(manifest['shards'])} shard(s), vocab {manifest['vocab_size']}, "
               f"hash {manifest['hash']} -> {args.output_dir}")
         return 0
     from trainer.local_run import main as local_main

@@ -9,6 +9,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ class ModelConfig:
     # None: taken from the dataset manifest so the embedding always covers every token.
     vocab_size: Optional[int] = None
     dropout: float = 0.0
+    # Share the token embedding with the output projection (GPT-2); built-in GPT only.
+    tie_embeddings: bool = True
     # Local directory of a Hugging Face causal LM (e.g. on FSx); never downloaded.
     hf_path: Optional[str] = None
 
@@ -37,6 +40,8 @@ class DataConfig:
     dir: Optional[str] = None
     seq_len: int = 128
     micro_batch_size: int = 8
+    # Micro-batches read ahead by a background thread (0: read on the loop's thread).
+    prefetch_batches: int = 2
 
 
 @dataclass
@@ -98,6 +103,40 @@ class TrackingConfig:
 
 
 @dataclass
+class EvaluationConfig:
+    # Validation loss on the split `prepare-data` holds out (--val-fraction): every N steps
+    # (0: only at the end) and at the end; never changes the training RNG or data cursor.
+    every_steps: int = 0
+    at_end: bool = True
+    # Micro-batches per rank and evaluation (the same windows every time, so points compare).
+    num_batches: int = 8
+
+
+@dataclass
+class ExportConfig:
+    # A Hugging Face directory (safetensors + config.json) of the final model at the end of
+    # a completed run; `python -m trainer export` does the same from any checkpoint.
+    at_end: bool = True
+    # Default: <checkpoint.dir>/export/step-N.
+    dir: Optional[str] = None
+    # Logged to MLflow as a model of the run when tracking is on.
+    log_to_mlflow: bool = True
+    # Also registered in the MLflow Model Registry under this name (a new version each time).
+    registered_model_name: Optional[str] = None
+
+
+@dataclass
+class ProfilerConfig:
+    # torch.profiler trace of steps [start_step, start_step + num_steps) (0: off), written
+    # under <checkpoint.dir>/profile/ and logged to MLflow as an artifact.
+    start_step: int = 0
+    num_steps: int = 3
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+
+
+@dataclass
 class TrainerConfig:
     seed: int = 1337
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -107,6 +146,9 @@ class TrainerConfig:
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -125,9 +167,11 @@ class TrainerConfig:
         """Hash of what determines the training math; paths and tracking are left out
         so moving a checkpoint or renaming an experiment does not look like a new run."""
         d = self.to_dict()
-        for volatile in ("checkpoint", "tracking"):
+        # Evaluation, export and profiling only observe the run (evaluation restores the RNG).
+        for volatile in ("checkpoint", "tracking", "evaluation", "export", "profiler"):
             d.pop(volatile)
         d["data"].pop("dir")
+        d["data"].pop("prefetch_batches")
         d["model"].pop("hf_path")
         blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
@@ -151,37 +195,102 @@ class ConfigError(ValueError):
         )
 
 
+class PlainScalar(str):
+    """An unquoted YAML scalar, kept as its text until the field it lands in gives it a type.
+
+    PyYAML implements YAML 1.1, where `off`, `no`, `on`, `y` are booleans and `3e-4` is a
+    string: `checkpoint.async_mode=off` arrived as False and was refused. Typing by the target
+    field instead means `off` is the string "off" for an enum, `3e-4` a float for a float, and
+    `007` stays "007" for a string field.
+    """
+
+
+class _FieldTypedLoader(yaml.SafeLoader):
+    pass
+
+
+# Only null stays implicitly typed; every other plain scalar is text, typed by its field.
+_FieldTypedLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag == "tag:yaml.org,2002:null"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def _construct_str(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> str:
+    text = loader.construct_scalar(node)
+    # A quoted scalar is a string on purpose ("off" in quotes is never a boolean).
+    return PlainScalar(text) if node.style is None else str(text)
+
+
+_FieldTypedLoader.add_constructor("tag:yaml.org,2002:str", _construct_str)
+
+_TRUE = ("true", "yes", "on")  # YAML 1.1 spellings still mean a boolean where a boolean is expected
+_FALSE = ("false", "no", "off")
+
+
+def yaml_load(text_or_stream) -> Any:
+    return yaml.load(text_or_stream, Loader=_FieldTypedLoader)
+
+
+def _parse_number(text: str) -> float | None:
+    cleaned = text.strip().lower().replace("_", "")
+    yaml_special = {".inf": math.inf, "+.inf": math.inf, "-.inf": -math.inf, ".nan": math.nan}
+    if cleaned in yaml_special:
+        return yaml_special[cleaned]
+    try:
+        return float(cleaned)
+    except ValueError:
+        return None
+
+
 def _coerce(value: Any, annotation: Any, path: str, problems: list[str]) -> Any:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
+    plain = isinstance(value, PlainScalar)
     if origin is typing.Union:  # Optional[X]
         if value is None:
             return None
         inner = [a for a in args if a is not type(None)][0]
         return _coerce(value, inner, path, problems)
     if origin is Literal:
-        if value not in args:
-            problems.append(f"{path}={value!r}: must be one of {', '.join(map(repr, args))}")
-        return value
+        text = str(value) if plain else value
+        if text not in args:
+            problems.append(f"{path}={text!r}: must be one of {', '.join(map(repr, args))}")
+        return text
     if annotation is bool:
+        if plain and value.lower() in _TRUE + _FALSE:
+            return value.lower() in _TRUE
         if isinstance(value, bool):
             return value
-        problems.append(f"{path}={value!r}: must be true or false")
+        problems.append(f"{path}={str(value) if plain else value!r}: must be true or false")
         return value
     if annotation is int:
+        if plain:
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                number = _parse_number(value)
+                if number is not None and math.isfinite(number) and number == int(number):
+                    return int(number)  # 1e6 steps
+                problems.append(f"{path}={str(value)!r}: must be an integer")
+                return value
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         problems.append(f"{path}={value!r}: must be an integer")
         return value
     if annotation is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        problems.append(f"{path}={value!r}: must be a number")
-        return value
+        number = _parse_number(value) if plain else (
+            float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None)
+        if number is None:
+            problems.append(f"{path}={str(value) if plain else value!r}: must be a number")
+            return value
+        if not math.isfinite(number):
+            problems.append(f"{path}={str(value) if plain else value!r}: must be a finite number, not infinity or NaN")
+        return number
     if annotation is str:
         if isinstance(value, str):
-            return value
-        problems.append(f"{path}={value!r}: must be a string")
+            return str(value)
+        problems.append(f"{path}={value!r}: must be a string (quote it)")
         return value
     return value
 
@@ -225,36 +334,28 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
         if not sep or not key:
             problems.append(f"{item!r}: overrides are key=value with a dotted key, e.g. optimizer.lr=3e-4")
             continue
-        # YAML typing so `lr=3e-4`, `compile=true` and `hf_path=null` mean what they look like.
-        value = yaml.safe_load(text) if text else ""
-        if isinstance(value, str) and _looks_like_float(value):
-            value = float(value)
+        # Typed later by the field it sets: `lr=3e-4`, `compile=true`, `async_mode=off`,
+        # `hf_path=null` mean what they look like.
+        try:
+            value = yaml_load(text) if text else ""
+        except yaml.YAMLError as exc:
+            problems.append(f"{item!r}: the value is not valid YAML ({str(exc).splitlines()[0]}); quote it")
+            continue
         parsed.append((key.strip(), value))
     if problems:
         raise ConfigError(problems)
     return parsed
 
 
-def _looks_like_float(text: str) -> bool:
-    # PyYAML (YAML 1.1) reads "3e-4" as a string; users mean a number.
-    try:
-        float(text)
-        return text.strip().lower() not in ("nan", "inf", "-inf", "infinity")
-    except ValueError:
-        return False
-
-
-def load_config(
+def build_config(
     path: str | None = None, overrides: list[str] | None = None, environ: dict[str, str] | None = None
 ) -> TrainerConfig:
+    """The typed config of a file + environment + overrides, field checks only (no cross-field
+    rules): what the job preflight reads before the pod's runtime settings exist."""
     environ = os.environ if environ is None else environ
     raw: dict[str, Any] = {}
     if path:
-        with open(path) as f:
-            raw = yaml.safe_load(f) or {}
-        if not isinstance(raw, dict):
-            raise ConfigError([f"{path}: the config file must be a YAML mapping"])
-        _floatify(raw)
+        raw = _read_config_file(path)
     for env_name, dotted in ENV_OVERRIDES.items():
         if environ.get(env_name):
             _set_dotted(raw, dotted, environ[env_name])
@@ -264,16 +365,39 @@ def load_config(
     cfg = _build(TrainerConfig, raw, "", problems)
     if problems:
         raise ConfigError(problems)
+    return cfg
+
+
+def load_config(
+    path: str | None = None, overrides: list[str] | None = None, environ: dict[str, str] | None = None
+) -> TrainerConfig:
+    cfg = build_config(path, overrides, environ)
     validate(cfg)
     return cfg
 
 
-def _floatify(node: dict) -> None:
-    for k, v in node.items():
-        if isinstance(v, dict):
-            _floatify(v)
-        elif isinstance(v, str) and _looks_like_float(v):
-            node[k] = float(v)
+def _read_config_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            raw = yaml_load(f)
+    except FileNotFoundError:
+        raise ConfigError([f"--config={path!r}: file not found; pass the path of a YAML config such as "
+                           "trainer/configs/tiny.yaml"]) from None
+    except IsADirectoryError:
+        raise ConfigError([f"--config={path!r}: is a directory; pass a YAML file"]) from None
+    except OSError as exc:
+        raise ConfigError([f"--config={path!r}: cannot be read ({exc.strerror}); check the path and permissions"]) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError([f"--config={path!r}: not valid YAML{where} ({problem}); fix the syntax there"]) from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError([f"--config={path!r}: the config file must be a YAML mapping of sections "
+                           f"(model:, data:, ...), not a {type(raw).__name__}"])
+    return raw
 
 
 def validate(cfg: TrainerConfig) -> None:
@@ -330,8 +454,45 @@ def validate(cfg: TrainerConfig) -> None:
     need(t.log_every_steps >= 1, f"tracking.log_every_steps={t.log_every_steps}: must be >= 1")
     if t.peak_tflops is not None:
         need(t.peak_tflops > 0, f"tracking.peak_tflops={t.peak_tflops}: must be > 0")
+    if t.uri:
+        problem = tracking_uri_problem(t.uri)
+        need(problem is None, f"tracking.uri={t.uri!r} (or MLFLOW_TRACKING_URI): {problem}")
+    need(d.prefetch_batches >= 0, f"data.prefetch_batches={d.prefetch_batches}: must be >= 0 (0 reads on the loop's thread)")
+    e, x, pr = cfg.evaluation, cfg.export, cfg.profiler
+    need(e.every_steps >= 0, f"evaluation.every_steps={e.every_steps}: must be >= 0 (0: only at the end)")
+    need(e.num_batches >= 1, f"evaluation.num_batches={e.num_batches}: must be >= 1")
+    if x.registered_model_name is not None:
+        need(bool(x.registered_model_name.strip()) and "/" not in x.registered_model_name and ":" not in x.registered_model_name,
+             f"export.registered_model_name={x.registered_model_name!r}: must be a non-empty name without '/' or ':'")
+    need(pr.start_step >= 0, f"profiler.start_step={pr.start_step}: must be >= 0 (0 disables profiling)")
+    need(pr.num_steps >= 1, f"profiler.num_steps={pr.num_steps}: must be >= 1")
+    # Programmatic configs skip the parser's finiteness check; floats are checked here too.
+    for section in (m, o, s, c, t):
+        for f in dataclasses.fields(section):
+            value = getattr(section, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                p.append(f"{type(section).__name__}.{f.name}={value}: must be a finite number")
     if p:
         raise ConfigError(p)
+
+
+TRACKING_SCHEMES = ("http", "https", "file", "sqlite")
+
+
+def tracking_uri_problem(uri: str) -> str | None:
+    """MLflow would accept more (a bare path, databricks, postgresql); the trainer talks to a
+    tracking server over http(s), or to a local file/sqlite store in tests and demos."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        return ("has no scheme; use http(s)://host:port for the tracking server, or file:///path or "
+                "sqlite:///path.db locally")
+    if scheme.lower() not in TRACKING_SCHEMES:
+        return f"scheme {scheme!r} is not supported; use one of {', '.join(s + '://' for s in TRACKING_SCHEMES)}"
+    if scheme.lower() in ("http", "https") and not rest.split("/")[0]:
+        return "has no host; use http(s)://host:port"
+    if scheme.lower() in ("file", "sqlite") and not rest.strip("/"):
+        return f"has no path; use {scheme}:///absolute/path"
+    return None
 
 
 def dump_yaml(cfg: TrainerConfig) -> str:

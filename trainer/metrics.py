@@ -8,8 +8,19 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-# bf16 dense tensor-core peak, TFLOP/s per device (vendor datasheets, no sparsity).
-# Matched in order against torch.cuda.get_device_name(), most specific first.
+# bf16 dense tensor-core peak, TFLOP/s per device (vendor datasheets, no sparsity; the
+# datasheets print the sparse figure, twice these, with an asterisk). Matched in order
+# against torch.cuda.get_device_name(), most specific first ("A10G" before "A10", "L40S"
+# before "L40" before "L4"). Every GPU type of workloads/gpu_catalog.py is covered
+# (tests/trainer/test_model_flops.py checks it):
+#   H100 SXM 989 / PCIe 756 / NVL 835: nvidia.com/en-us/data-center/h100 (datasheet table)
+#   H200 989: nvidia.com/en-us/data-center/h200
+#   A100 312: nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
+#   L40S 362: nvidia.com/en-us/data-center/l40s ; L40 181: L40 datasheet
+#   L4 121: nvidia.com/en-us/data-center/l4
+#   A10 125: nvidia.com/en-us/data-center/products/a10-gpu
+#   A10G 70: AWS's g5 variant of the A10 has no NVIDIA datasheet; 70 is the dense bf16
+#     figure in the A10 vs A10G spec comparison (baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference)
 PEAK_BF16_TFLOPS = [
     ("GB200", 2500.0),
     ("B200", 2250.0),
@@ -22,7 +33,10 @@ PEAK_BF16_TFLOPS = [
     ("A100", 312.0),
     ("A800", 312.0),
     ("L40S", 362.0),
+    ("L40", 181.0),
     ("L4", 121.0),
+    ("A10G", 70.0),
+    ("A10", 125.0),
     ("V100", 125.0),  # fp16; V100 has no bf16
 ]
 

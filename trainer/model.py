@@ -31,6 +31,7 @@ class GPTShape:
     vocab_size: int
     max_seq_len: int
     dropout: float = 0.0
+    tie_embeddings: bool = True
 
 
 class CausalSelfAttention(nn.Module):
@@ -83,9 +84,13 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.num_layers))
         self.ln_f = nn.LayerNorm(shape.embed_dim)
         self.lm_head = nn.Linear(shape.embed_dim, shape.vocab_size, bias=False)
-        # Weight tying is left out on purpose: FSDP2 shards modules separately and a
-        # parameter shared between two shard units is not supported.
         self.apply(self._init_weights)
+        if shape.tie_embeddings:
+            # GPT-2 (and nanoGPT, llm.c) share the token embedding with the output projection:
+            # 124M parameters instead of 163M. FSDP2 accepts it because wte and lm_head are
+            # both in the root shard unit (trainer.distributed.FSDPStrategy wraps only the
+            # blocks separately); a shared parameter across two units would not be.
+            self.lm_head.weight = self.wte.weight
         # GPT-2 scales residual projections by 1/sqrt(2 * layers) to keep activations stable.
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):
@@ -141,7 +146,8 @@ def build_model(cfg: ModelConfig, vocab_size: int, seq_len: int) -> nn.Module:
     for key in ("num_layers", "num_heads", "embed_dim"):
         if getattr(cfg, key) is not None:
             sizes[key] = getattr(cfg, key)
-    shape = GPTShape(vocab_size=cfg.vocab_size or vocab_size, max_seq_len=seq_len, dropout=cfg.dropout, **sizes)
+    shape = GPTShape(vocab_size=cfg.vocab_size or vocab_size, max_seq_len=seq_len, dropout=cfg.dropout,
+                     tie_embeddings=cfg.tie_embeddings, **sizes)
     return GPT(shape)
 
 
@@ -159,18 +165,22 @@ def load_hf_model(path: str, dataset_vocab_size: int) -> nn.Module:
 
 
 def count_params(model: nn.Module, exclude_embeddings: bool = True) -> int:
-    """Parameters that cost 6 FLOPs per token; position/token lookups do no matmul."""
-    total = 0
-    for name, p in model.named_parameters():
-        if exclude_embeddings and isinstance(_owner(model, name), nn.Embedding):
-            continue
-        total += p.numel()
-    return total
-
-
-def _owner(model: nn.Module, param_name: str) -> nn.Module:
-    module_name = param_name.rsplit(".", 1)[0] if "." in param_name else ""
-    return model.get_submodule(module_name)
+    """N of the 6·N FLOPs-per-token estimate (PaLM appendix B; nanoGPT's get_num_params):
+    every parameter once, even when shared, minus those that only an embedding lookup uses
+    (a lookup does no matmul). A tied token embedding is also the output projection, a
+    matmul, so it counts, once; an untied one (Llama) does not, its lm_head does. For the
+    GPT-2 124M shape this gives 123.65M, nanoGPT's figure, for the built-in GPT and for
+    transformers' GPT2LMHeadModel alike."""
+    lookup_only: dict[int, bool] = {}
+    sizes: dict[int, int] = {}
+    for module in model.modules():
+        is_lookup = isinstance(module, nn.Embedding)
+        for p in module._parameters.values():
+            if p is None:
+                continue
+            sizes[id(p)] = p.numel()
+            lookup_only[id(p)] = lookup_only.get(id(p), True) and is_lookup
+    return sum(n for key, n in sizes.items() if not (exclude_embeddings and lookup_only[key]))
 
 
 def model_dims(model: nn.Module) -> tuple[int, int]:

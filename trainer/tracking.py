@@ -29,6 +29,9 @@ class NullTracker:
     def log_summary(self, summary: dict[str, Any]) -> None:
         pass
 
+    def log_artifact(self, local_dir: str, artifact_path: str) -> None:
+        """Uploads a directory (e.g. a profiler trace) to the run; files stay where they are."""
+
     def close(self, status: str, timeout_seconds: float = 30.0) -> None:
         pass
 
@@ -80,6 +83,7 @@ class MLflowTracker(NullTracker):
         self._max_logged_step = -1
         self._points: list[tuple[int, str, float, int]] = []
         self._summary: dict | None = None
+        self._artifacts: list[tuple[str, str]] = []
         self._final_status: str | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -98,6 +102,11 @@ class MLflowTracker(NullTracker):
     def log_summary(self, summary: dict[str, Any]) -> None:
         with self._lock:
             self._summary = summary
+        self._wake.set()
+
+    def log_artifact(self, local_dir: str, artifact_path: str) -> None:
+        with self._lock:
+            self._artifacts.append((local_dir, artifact_path))
         self._wake.set()
 
     def close(self, status: str, timeout_seconds: float = 30.0) -> None:
@@ -193,6 +202,15 @@ class MLflowTracker(NullTracker):
                 self._points = fresh[num_sent:] + self._points
             raise
         with self._lock:
+            artifacts, self._artifacts = self._artifacts, []
+        for i, (local_dir, artifact_path) in enumerate(artifacts):
+            try:
+                self._client_().log_artifacts(self.run_id, local_dir, artifact_path)
+            except Exception:
+                with self._lock:
+                    self._artifacts = artifacts[i:] + self._artifacts
+                raise
+        with self._lock:
             summary, self._summary = self._summary, None
         if summary is not None:
             self._client_().log_dict(self.run_id, summary, "goodput.json")
@@ -220,6 +238,10 @@ class Trackers(NullTracker):
     def log_summary(self, summary: dict[str, Any]) -> None:
         for t in self.trackers:
             t.log_summary(summary)
+
+    def log_artifact(self, local_dir: str, artifact_path: str) -> None:
+        for t in self.trackers:
+            t.log_artifact(local_dir, artifact_path)
 
     def close(self, status: str, timeout_seconds: float = 30.0) -> None:
         for t in self.trackers:

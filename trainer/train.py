@@ -18,9 +18,11 @@ from trainer import distributed
 from trainer.checkpoint import Checkpointer, ModelAndOptimizer, resolve_resume
 from trainer.config import TrainerConfig, dump_yaml
 from trainer.data import DistributedBatches, TokenShards
+from trainer.evaluation import evaluator_for
 from trainer.metrics import Goodput, Heartbeat, flops_per_token, memory_meter, mfu_meter
 from trainer.model import apply_activation_checkpointing, build_model, count_params, model_dims
 from trainer.preemption import EXIT_PREEMPTED, PreemptionFlag, report_exit
+from trainer.profiling import profiler_for
 from trainer.s3 import NoMirror, mirror_for
 from trainer.tracking import JsonlTracker, MLflowTracker, NullTracker, Trackers
 
@@ -53,8 +55,19 @@ def job_identity(cfg: TrainerConfig) -> str:
     return cfg.tracking.job_id or "job-" + hashlib.sha256(os.path.abspath(cfg.checkpoint.dir).encode()).hexdigest()[:12]
 
 
+def mlflow_system_tags() -> dict[str, str]:
+    """MLflow's standard system tags (mlflow/utils/mlflow_tags.py, "System tags" in the MLflow
+    tracking docs), so the UI links a run to its commit and image like any MLflow run."""
+    tags = {"mlflow.source.name": "python -m trainer train", "mlflow.source.type": "JOB"}
+    optional = {"mlflow.source.git.commit": "GIT_COMMIT", "mlflow.source.git.repoURL": "GIT_REPO_URL",
+                "mlflow.docker.image.uri": "IMAGE_URI", "mlflow.docker.image.id": "IMAGE_DIGEST"}
+    tags.update({tag: os.environ[var] for tag, var in optional.items() if os.environ.get(var)})
+    return tags
+
+
 def run_tags(cfg: TrainerConfig, env: distributed.Env, shards: TokenShards) -> dict[str, str]:
     return {
+        **mlflow_system_tags(),
         "git_commit": os.environ.get("GIT_COMMIT", "unknown"),
         "image_digest": os.environ.get("IMAGE_DIGEST", "unknown"),
         "dataset_version": os.environ.get("DATASET_VERSION", os.path.basename(os.path.abspath(cfg.data.dir))),
@@ -75,10 +88,30 @@ def build_tracker(cfg: TrainerConfig, env, shards, run_id: str | None, resume_st
     if cfg.tracking.enabled and uri:
         trackers.append(MLflowTracker(
             uri=uri, experiment=cfg.tracking.experiment, job_id=job_identity(cfg), run_name=cfg.tracking.run_name,
-            run_id=run_id, params=cfg.flat(), tags=run_tags(cfg, env, shards), config_yaml=dump_yaml(cfg)))
+            # MLFLOW_RUN_ID (MLflow's own variable) names the run for a first attempt; a resumed
+            # attempt keeps the run recorded in its checkpoint.
+            run_id=run_id or os.environ.get("MLFLOW_RUN_ID") or None, params=cfg.flat(),
+            tags=run_tags(cfg, env, shards), config_yaml=dump_yaml(cfg)))
     elif cfg.tracking.enabled:
         log.warning("tracking.enabled but no MLFLOW_TRACKING_URI: metrics go to metrics.jsonl only")
     return Trackers(*trackers)
+
+
+def export_final_model(cfg: TrainerConfig, step: int, run_id: str | None) -> None:
+    """Rank 0, after the final checkpoint is on disk: the Hugging Face export of it, logged
+    to MLflow (and registered) when tracking is on. The other ranks wait in teardown's
+    barrier meanwhile (seconds for a 124M model)."""
+    from trainer.checkpoint import step_dir
+    from trainer.export import export_and_log
+
+    out_dir = os.path.join(cfg.export.dir or os.path.join(cfg.checkpoint.dir, "export"), f"step-{step:06d}")
+    uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        export_and_log(step_dir(cfg.checkpoint.dir, step), out_dir, cfg, run_id, uri)
+    except Exception:  # noqa: BLE001 - the run is complete and checkpointed; a restart would not help
+        # Failing here would make the operator restart a finished job, only to fail again.
+        log.exception("export of step %d failed; the final checkpoint is intact: run `python -m trainer export "
+                      "--checkpoint %s --out %s` once the cause is fixed", step, step_dir(cfg.checkpoint.dir, step), out_dir)
 
 
 def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
@@ -98,7 +131,8 @@ def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
 def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float) -> tuple[str, int]:
     preemption = PreemptionFlag().install()
     shards = TokenShards(cfg.data.dir, cfg.data.seq_len)
-    batches = DistributedBatches(shards, cfg.data.micro_batch_size, env.rank, env.world_size, cfg.seed, env.device)
+    batches = DistributedBatches(shards, cfg.data.micro_batch_size, env.rank, env.world_size, cfg.seed, env.device,
+                                 prefetch=cfg.data.prefetch_batches)
 
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank (FSDP2 relies on it)
     model = build_model(cfg.model, shards.vocab_size, cfg.data.seq_len)
@@ -115,6 +149,8 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float) -> tu
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and strategy.name != "fsdp"
                 else contextlib.nullcontext())
     optimizer = build_optimizer(model, cfg, env.device)
+    evaluator = evaluator_for(cfg, model, env, lambda: autocast)
+    profiler = profiler_for(cfg.profiler, cfg.checkpoint.dir, env.rank, env.device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, cosine_with_warmup(cfg.schedule.warmup_steps, cfg.schedule.num_steps, cfg.schedule.min_lr_ratio))
     torch.manual_seed(cfg.seed + env.rank)  # dropout differs per rank, as separate data does
@@ -164,6 +200,7 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float) -> tu
 
     while step < cfg.schedule.num_steps:
         checkpointer.poll()
+        profiler.before_step(step + 1)
         step_start = time.perf_counter()
         data_wait = 0.0
         step_loss = torch.zeros((), device=env.device)
@@ -182,6 +219,7 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float) -> tu
         optimizer.zero_grad(set_to_none=True)
         step += 1
         tokens_seen += tokens_per_step
+        profiler.after_step(step)
         pending_losses.append((step, step_loss))
         step_seconds = time.perf_counter() - step_start
         goodput.productive_seconds += step_seconds
@@ -220,6 +258,14 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float) -> tu
             pending_losses.clear()
             interval = {"start": time.perf_counter(), "steps": 0, "data_wait": 0.0, "compute": 0.0}
 
+        # A preempted step saves instead: the signal's time budget is for the checkpoint.
+        val_metrics = None if preempted else evaluator.maybe_evaluate(step, last_step)
+        if val_metrics is not None:
+            tracker.log(step, val_metrics)
+            interval["start"] += val_metrics["eval_seconds"]  # tokens/s measures training only
+            if env.is_main:
+                log.info("step %d val_loss %.4f (%.1f s)", step, val_metrics["val_loss"], val_metrics["eval_seconds"])
+
         if step % cfg.checkpoint.every_steps == 0 or save_due_to_time or preempted or last_step:
             goodput.wall_seconds = wall_at_attempt_start + (time.time() - attempt_start)
             meta = {
@@ -228,6 +274,7 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float) -> tu
                 "scheduler": scheduler.state_dict(),
                 "config": cfg.to_dict(),
                 "config_hash": cfg.hash(),
+                "dataset_hash": shards.dataset_hash,
                 "mlflow_run_id": tracker.run_id,
                 "world_size": env.world_size,
                 "goodput": dataclasses.asdict(goodput),
@@ -249,6 +296,10 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float) -> tu
             break
 
     checkpointer.close()
+    batches.close()
+    profiler.close()
+    if env.is_main and profiler.trace_dir and os.path.isdir(profiler.trace_dir):
+        tracker.log_artifact(profiler.trace_dir, "profile")
     goodput.wall_seconds = wall_at_attempt_start + (time.time() - attempt_start)
     summary = {"final_step": step, "tokens_seen": tokens_seen, "reason": reason, **goodput.summary()}
     if reason == "completed":
@@ -256,6 +307,8 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float) -> tu
     log.info("%s at step %d: %s", reason, step, summary)
     tracker.close(status="FINISHED" if reason == "completed" else "SCHEDULED",
                   timeout_seconds=30.0 if reason == "completed" else 10.0)
+    if reason == "completed" and cfg.export.at_end and env.is_main:
+        export_final_model(cfg, step, tracker.run_id)
     if env.is_main:
         heartbeat.beat(step)
     return reason, step

@@ -20,7 +20,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-import yaml
 
 from workloads.problems import Problem
 from workloads.gpu_catalog import GPU_TYPES
@@ -86,24 +85,16 @@ class Preflight:
 
 def trainer_shape(spec: JobSpec, repo_root: str) -> tuple[Optional[ModelShape], list[Problem]]:
     """The model and batch from the trainer config file + overrides (the trainer's own parser)."""
-    from trainer.config import ConfigError, TrainerConfig, _build, _floatify, _set_dotted, parse_overrides
+    from trainer.config import ConfigError, build_config
 
     path = os.path.join(repo_root, spec.trainer.config)
-    try:
-        with open(path) as f:
-            raw = yaml.safe_load(f) or {}
-        _floatify(raw)
-        for dotted, value in parse_overrides(list(spec.trainer.overrides)):
-            _set_dotted(raw, dotted, value)
-    except FileNotFoundError:
+    if not os.path.isfile(path):
         return None, [Problem("trainer.config", spec.trainer.config, "no such trainer config in this checkout",
                               "give a path relative to the repository root, e.g. trainer/configs/gpt2-124m.yaml")]
+    try:
+        cfg = build_config(path, list(spec.trainer.overrides), environ={})
     except ConfigError as exc:
-        return None, [Problem("trainer.overrides", spec.trainer.overrides, "; ".join(exc.problems), "fix the overrides")]
-    problems: list[str] = []
-    cfg = _build(TrainerConfig, raw, "", problems)
-    if problems:
-        return None, [Problem("trainer", spec.trainer.config, "; ".join(problems), "fix the trainer config or overrides")]
+        return None, [Problem("trainer", spec.trainer.config, "; ".join(exc.problems), "fix the trainer config or overrides")]
     m, d, s, par = cfg.model, cfg.data, cfg.schedule, cfg.parallelism
     vocab = m.vocab_size or DEFAULT_VOCAB
     layers = hidden = None

@@ -24,7 +24,7 @@ def data_dir(tmp_path_factory, corpus_files):
     from trainer.prepare import prepare
 
     out = str(tmp_path_factory.mktemp("data"))
-    prepare(corpus_files, out, show_progress=False)
+    prepare(corpus_files, out, show_progress=False, val_fraction=0.05)  # a validation split for evaluation
     return out
 
 

@@ -5,8 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.data import DistributedBatches, TokenShards
+from trainer.data import (DistributedBatches, FeistelPermutation, TokenShards, ValidationBatches, epoch_key,
+                          splitmix64)
 from trainer.prepare import BYTE_EOT, prepare
+
+# FeistelPermutation(1000, epoch_key(1337, 0))[0:8], computed once; see the test using it.
+PINNED_ORDER = [168, 62, 239, 243, 394, 198, 995, 712]
 
 
 def batches(data_dir, rank, world_size, seed=1, micro=3, seq_len=16):
@@ -86,5 +90,83 @@ def test_resume_with_another_global_batch_is_refused(data_dir):
 
 def test_epochs_are_reshuffled(data_dir):
     loader = batches(data_dir, 0, 1)
-    assert not np.array_equal(loader._order(0), loader._order(1))
-    assert sorted(loader._order(1)) == list(range(loader.shards.num_samples))
+    n = loader.shards.num_samples
+    epoch0 = [loader.sample_at(i) for i in range(n)]
+    epoch1 = [loader.sample_at(n + i) for i in range(n)]
+    assert epoch0 != epoch1
+    assert sorted(epoch0) == sorted(epoch1) == list(range(n))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 16, 17, 255, 256, 257, 1000, 4099])
+def test_feistel_permutation_is_a_bijection(n):
+    for key in (0, 1, 2**63 + 12345):
+        perm = FeistelPermutation(n, key)
+        assert sorted(perm[i] for i in range(n)) == list(range(n))
+    if n >= 16:
+        # Not the identity and keyed: two keys give different orders.
+        a, b = FeistelPermutation(n, 1), FeistelPermutation(n, 2)
+        assert [a[i] for i in range(n)] != list(range(n))
+        assert [a[i] for i in range(n)] != [b[i] for i in range(n)]
+
+
+def test_sample_order_is_pinned_and_independent_of_numpy_rng(monkeypatch):
+    """The order is our own arithmetic: pinned values (a change of algorithm must be a
+    conscious, documented break of resumability) and no call into NumPy's generators."""
+    def no_numpy_rng(*args, **kwargs):
+        raise AssertionError("the sample order must not use NumPy's RNG")
+
+    monkeypatch.setattr(np.random, "default_rng", no_numpy_rng)
+    monkeypatch.setattr(np.random, "permutation", no_numpy_rng)
+    perm = FeistelPermutation(1000, epoch_key(1337, 0))
+    assert [perm[i] for i in range(8)] == PINNED_ORDER
+    assert splitmix64(0) == 0xE220A8397B1DCDAF  # SplitMix64's published first output for seed 0
+
+
+def test_huge_datasets_need_no_permutation_array():
+    # 10^12 windows (about 10^15 tokens): an array permutation would need 8 TB per rank.
+    perm = FeistelPermutation(10**12, 7)
+    values = [perm[i] for i in range(0, 10**12, 10**10)]
+    assert all(0 <= v < 10**12 for v in values) and len(set(values)) == len(values)
+
+
+def test_prefetch_returns_the_same_batches_and_resumes_exactly(data_dir):
+    plain = batches(data_dir, 1, 2)
+    expected = [plain.next_batch()[0] for _ in range(30)]
+    shards = TokenShards(data_dir, 16)
+    ahead = DistributedBatches(shards, 3, 1, 2, 1, torch.device("cpu"), prefetch=4)
+    for i in range(11):
+        assert torch.equal(ahead.next_batch()[0], expected[i])
+    state = ahead.state_dict()  # 4 batches are read ahead at this point: the cursor must not count them
+    assert state["cursor"] == 11 * 3 * 2
+    ahead.close()
+    resumed = DistributedBatches(shards, 3, 1, 2, 1, torch.device("cpu"), prefetch=2)
+    resumed.load_state_dict(state)
+    for i in range(11, 30):
+        assert torch.equal(resumed.next_batch()[0], expected[i])
+    # Rewinding a live loader (load_state_dict with batches in flight) drops them.
+    resumed.load_state_dict(state)
+    assert torch.equal(resumed.next_batch()[0], expected[11])
+    resumed.close()
+
+
+def test_validation_split_is_held_out_and_fixed(tmp_path, corpus_files):
+    manifest = prepare(corpus_files, str(tmp_path / "d"), show_progress=False, val_fraction=0.1)
+    train = TokenShards(str(tmp_path / "d"), 16)
+    val = TokenShards(str(tmp_path / "d"), 16, split="val")
+    total = manifest["num_tokens"] + manifest["num_val_tokens"]
+    assert manifest["num_val_tokens"] == int(np.ceil(total * 0.1))  # one shard: its last 10%
+    assert val.num_samples > 0 and train.num_samples > 0
+    # The held-out tokens are the tail of the stream: training never reads them.
+    stream = np.concatenate([np.load(tmp_path / "d" / s["file"]) for s in manifest["shards"]])
+    held_out = np.load(tmp_path / "d" / manifest["val_shards"][0]["file"])
+    assert len(stream) + len(held_out) == total
+    no_split = prepare(corpus_files, str(tmp_path / "e"), show_progress=False)
+    assert np.array_equal(np.concatenate([stream, held_out]), np.load(tmp_path / "e" / no_split["shards"][0]["file"]))
+    assert no_split["hash"] != manifest["hash"] and no_split["val_shards"] == []
+    # Each rank gets its own windows, the same ones at every evaluation.
+    ranks = [ValidationBatches(val, 2, 3, r, 2, torch.device("cpu")) for r in range(2)]
+    picks = [[s for batch in v.batches for s in batch] for v in ranks]
+    assert len(picks[0]) == len(picks[1]) == 6 and not set(picks[0]) & set(picks[1])
+    first = [x for x, _ in ranks[0]]
+    again = [x for x, _ in ranks[0]]
+    assert all(torch.equal(a, b) for a, b in zip(first, again))

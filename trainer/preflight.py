@@ -1,0 +1,162 @@
+"""Checks that need the file system, the dataset or the machine, run by `python -m trainer
+train` after the config parsed and before any process group starts: every problem at once,
+as a ConfigError (exit code 2, field, value and fix; no traceback).
+
+`trainer.config.validate` stays pure (types, ranges, cross-field rules); this module looks at
+the world: can the checkpoint directory be written, does the data hold one global micro-batch
+of windows, does the model's training state fit in the device's memory.
+"""
+from __future__ import annotations
+
+import os
+
+from trainer.config import ConfigError, TrainerConfig
+
+# Bytes of training state per parameter with AdamW in fp32: weights 4, gradients 4, two
+# moments 8 (the ZeRO paper's accounting, Rajbhandari et al. 2020, section 3.1, without
+# the fp16 copy). Activations come on top; they are not estimated here.
+STATE_BYTES_PER_PARAM = 16
+
+
+def nearest_existing(path: str) -> str:
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def checkpoint_dir_problem(path: str) -> str | None:
+    existing = nearest_existing(path)
+    if not os.path.isdir(existing):
+        return f"{existing!r} is a file, so the directory cannot be created there"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "the directory" if existing == os.path.abspath(path) else f"its nearest existing parent {existing!r}"
+        return f"{what} is not writable by uid {os.getuid()} (read-only mount or permissions)"
+    return None
+
+
+def world_size_from_env() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def device_memory_bytes() -> tuple[int, str] | None:
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", "0")))
+        return props.total_memory, props.name
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "host memory"
+    except (ValueError, OSError):
+        return None
+
+
+def num_model_params(cfg: TrainerConfig, vocab_size: int) -> int | None:
+    """Parameter count without allocating: the built-in GPT on the meta device; None for HF."""
+    if cfg.model.kind != "gpt":
+        return None
+    import torch
+
+    from trainer.model import GPT_SIZES, build_model
+
+    if cfg.model.size not in GPT_SIZES:
+        return None
+    with torch.device("meta"):
+        model = build_model(cfg.model, vocab_size, cfg.data.seq_len)
+    return sum(p.numel() for p in model.parameters())
+
+
+def preflight(cfg: TrainerConfig, world_size: int | None = None, memory: tuple[int, str] | None = None) -> None:
+    world_size = world_size or world_size_from_env()
+    problems: list[str] = []
+    c, d, m = cfg.checkpoint, cfg.data, cfg.model
+    problem = checkpoint_dir_problem(c.dir)
+    if problem:
+        problems.append(f"checkpoint.dir={c.dir!r}: {problem}; point it (or TRAINER_CHECKPOINT_DIR) at a writable "
+                        "volume such as the FSx mount")
+    if c.resume not in ("auto", "none") and not os.path.isdir(c.resume):
+        problems.append(f"checkpoint.resume={c.resume!r}: no such directory; use auto, none or a step-N directory")
+
+    from trainer.data import num_windows, read_manifest
+
+    manifest = read_manifest(d.dir)
+    windows = sum(num_windows(s["num_tokens"], d.seq_len) for s in manifest["shards"])
+    global_micro_batch = d.micro_batch_size * world_size
+    if windows == 0:
+        longest = max(s["num_tokens"] for s in manifest["shards"])
+        problems.append(f"data.seq_len={d.seq_len}: no shard of {d.dir!r} holds seq_len + 1 tokens "
+                        f"(longest {longest}); lower data.seq_len or prepare more data")
+    elif windows < global_micro_batch:
+        problems.append(f"data.micro_batch_size={d.micro_batch_size}: one micro-step needs {global_micro_batch} windows "
+                        f"(x world size {world_size}) but {d.dir!r} holds {windows} of {d.seq_len + 1} tokens; "
+                        "lower data.micro_batch_size or data.seq_len, or prepare more data")
+    val_windows = sum(num_windows(s["num_tokens"], d.seq_len) for s in manifest.get("val_shards", []))
+    if cfg.evaluation.every_steps > 0 and val_windows == 0:
+        problems.append(f"evaluation.every_steps={cfg.evaluation.every_steps}: {d.dir!r} has no validation split with "
+                        f"windows of {d.seq_len + 1} tokens; run prepare-data with --val-fraction (default 0.005) "
+                        "or set evaluation.every_steps=0")
+
+    vocab = int(manifest["vocab_size"])
+    if m.kind == "gpt" and m.vocab_size is not None and m.vocab_size < vocab:
+        problems.append(f"model.vocab_size={m.vocab_size}: the dataset uses {vocab} token ids; set it >= {vocab} "
+                        "or leave it unset (taken from the manifest)")
+    if m.kind == "hf" and m.hf_path and os.path.isdir(m.hf_path):
+        problems += _hf_problems(m.hf_path, d.seq_len, vocab)
+
+    num_params = num_model_params(cfg, m.vocab_size or vocab)
+    memory = memory or device_memory_bytes()
+    if num_params and memory:
+        total_bytes, where = memory
+        shards = world_size if cfg.parallelism.strategy == "fsdp" else 1
+        need_bytes = num_params * STATE_BYTES_PER_PARAM / shards
+        if need_bytes > total_bytes:
+            problems.append(
+                f"model.size={m.size!r}: {num_params / 1e6:.0f}M parameters need {need_bytes / 2**30:.1f} GiB of "
+                f"weights, gradients and AdamW state per rank ({STATE_BYTES_PER_PARAM} bytes/parameter"
+                f"{f' / {shards} FSDP shards' if shards > 1 else ''}) but {where} has {total_bytes / 2**30:.1f} GiB; "
+                "use a smaller size, parallelism.strategy=fsdp, or more ranks")
+    if problems:
+        raise ConfigError(problems)
+
+
+def _hf_problems(path: str, seq_len: int, vocab: int) -> list[str]:
+    import json
+
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            hf = json.load(f)
+    except (OSError, ValueError) as exc:
+        return [f"model.hf_path={path!r}: no readable config.json ({exc}); save the model with save_pretrained"]
+    problems = []
+    positions = hf.get("max_position_embeddings") or hf.get("n_positions")
+    if positions and seq_len > positions:
+        problems.append(f"data.seq_len={seq_len}: the model at {path!r} has {positions} positions; lower data.seq_len")
+    model_vocab = hf.get("vocab_size")
+    if model_vocab and model_vocab < vocab:
+        problems.append(f"model.hf_path={path!r}: {model_vocab} token embeddings but the dataset uses {vocab}; "
+                        "prepare the data with this model's tokenizer (--tokenizer-dir)")
+    return problems
+
+
+# Directories the image's environment points at (trainer/Dockerfile): on a freshly mounted
+# FSx volume they do not exist yet, and the flight recorder does not create its dump directory.
+RUNTIME_DIR_VARIABLES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+RUNTIME_FILE_PREFIX_VARIABLES = ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE")
+
+
+def prepare_runtime_dirs(environ=None) -> list[str]:
+    """Creates them (best effort: a failure only loses a cache or a dump, never the run)."""
+    environ = os.environ if environ is None else environ
+    wanted = [environ[v] for v in RUNTIME_DIR_VARIABLES if environ.get(v)]
+    wanted += [os.path.dirname(environ[v]) for v in RUNTIME_FILE_PREFIX_VARIABLES if environ.get(v)]
+    made = []
+    for path in wanted:
+        try:
+            os.makedirs(path, exist_ok=True)
+            made.append(path)
+        except OSError:
+            pass
+    return made
