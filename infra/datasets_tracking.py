@@ -20,17 +20,16 @@ from components.datasets import (
     fsx_log_group_name,
     write_throughput_mb_per_s,
 )
+from components.images import ImageRepositories, ImageRepositoriesArgs
+from components.mlflow_server import APP_DATABASE_USER
 from components.tracking import (
+    MASTER_USERNAME,
     ROTATION_EXCEPTIONS,
     AlbAccessLogs,
     DatabaseArgs,
-    ImageRepositories,
-    ImageRepositoriesArgs,
     Tracking,
     TrackingArgs,
 )
-from components.mlflow_server import APP_DATABASE_USER
-from components.tracking import MASTER_USERNAME
 from components.versions import AURORA_POSTGRESQL_VERSION
 from infra import costs
 from infra.capability import Capability
