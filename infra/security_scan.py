@@ -32,7 +32,9 @@ DOCKERFILES = ("trainer/Dockerfile", "docker/mlflow/Dockerfile")
 DEFAULT_STACKS = ("dev", "prod")
 # Not renderable offline: a Helm release is values for a chart, a kustomize Directory a remote
 # overlay (the training operator), both rendered by the engine at deploy.
-NOT_RENDERED = ("kubernetes:helm.sh/v3:Release", "kubernetes:helm.sh/v4:Chart", "kubernetes:kustomize/v2:Directory")
+# A DeploymentPatch is a partial object merged into the upstream Deployment at apply time.
+NOT_RENDERED = ("kubernetes:helm.sh/v3:Release", "kubernetes:helm.sh/v4:Chart", "kubernetes:kustomize/v2:Directory",
+                "kubernetes:apps/v1:DeploymentPatch")
 SKIP_ANNOTATION = re.compile(r"^checkov\.io/skip\d+$")
 
 

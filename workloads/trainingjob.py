@@ -393,6 +393,19 @@ def team_checkpoint_root(namespace: str) -> str:
     return f"{FSX_MOUNT_PATH}/checkpoints/{namespace}"
 
 
+# checkov findings this Job cannot avoid, each with its reason (infra/security_scan.py requires one).
+_ROOT_REASON = "chown of the FSx directory FSx created as root needs uid 0 and CHOWN; nothing else is granted"
+CHECKPOINT_ROOT_CHECKOV_SKIPS = {
+    "checkov.io/skip1": f"CKV_K8S_23={_ROOT_REASON}",
+    "checkov.io/skip2": f"CKV_K8S_40={_ROOT_REASON}",
+    "checkov.io/skip3": f"CKV_K8S_25={_ROOT_REASON}",
+    "checkov.io/skip4": "CKV_K8S_8=a run-to-completion Job of one shell command has nothing to probe",
+    "checkov.io/skip5": "CKV_K8S_9=a run-to-completion Job of one shell command has nothing to probe",
+    "checkov.io/skip6": ("CKV_K8S_43=busybox is pinned by version tag in components/versions.py; its digest cannot be "
+                         "resolved offline: pin it (crane digest) before a prod deploy"),
+}
+
+
 def checkpoint_root_job(namespace: str, *, claim_name: str, image: str, placement: dict[str, Any]) -> dict[str, Any]:
     """A one-shot Job that creates the team's checkpoint directory owned by the trainer's uid.
 
@@ -406,20 +419,24 @@ def checkpoint_root_job(namespace: str, *, claim_name: str, image: str, placemen
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": "checkpoint-root", "namespace": namespace,
-                     "labels": {"app.kubernetes.io/managed-by": "pulumi", "mlplatform.io/role": "setup"}},
+                     "labels": {"app.kubernetes.io/managed-by": "pulumi", "mlplatform.io/role": "setup"},
+                     "annotations": dict(CHECKPOINT_ROOT_CHECKOV_SKIPS)},
         "spec": {
             "backoffLimit": 6,
             "template": {
-                "metadata": {"labels": {"mlplatform.io/role": "setup"}},
+                "metadata": {"labels": {"mlplatform.io/role": "setup"}, "annotations": dict(CHECKPOINT_ROOT_CHECKOV_SKIPS)},
                 "spec": {
                     "restartPolicy": "OnFailure",
                     **placement,
+                    # It talks to no API: no token in the pod.
+                    "automountServiceAccountToken": False,
                     "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [{
-                        "name": "mkdir", "image": image, "command": ["sh", "-c", script],
+                        "name": "mkdir", "image": image, "imagePullPolicy": "Always", "command": ["sh", "-c", script],
                         "resources": {"requests": dict(amounts), "limits": dict(amounts)},
                         "volumeMounts": [{"name": "fsx", "mountPath": FSX_MOUNT_PATH}],
                         "securityContext": {"runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False,
+                                            "readOnlyRootFilesystem": True,
                                             "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]}},
                     }],
                     "volumes": [{"name": "fsx", "persistentVolumeClaim": {"claimName": claim_name}}],
