@@ -129,3 +129,23 @@ def test_the_checks_catch_what_they_name():
         "workloads.gpu_catalog imports components.validation (workloads may import only itself)",
     ]
     assert [set(cycle) for cycle in cycles(edges, "infra")] == [{"infra.plan", "infra.program"}]
+
+
+def test_the_program_and_the_plan_use_the_one_capability_tuple(dev_plan, monkeypatch):
+    from infra import capabilities, plan as plan_module, program
+    from infra.foundation import FOUNDATION
+
+    assert program.CAPABILITIES is capabilities.CAPABILITIES is plan_module.CAPABILITIES
+    assert capabilities.CAPABILITIES[0] is FOUNDATION
+    names = [c.name for c in capabilities.CAPABILITIES]
+    assert len(set(names)) == len(names)
+    titles = [title for title, _ in plan_module.plan_sections(dev_plan.config, dev_plan.recording)]
+    assert titles == [title for c in capabilities.CAPABILITIES for title, _ in c.plan_sections(dev_plan.config, dev_plan.recording)] + [
+        "Idle cost per month (no job running)"]
+    # Nothing is registered behind the tuple's back: without a capability, its sections,
+    # warnings and cost lines are gone from the plan.
+    datasets = next(c for c in capabilities.CAPABILITIES if c.name == "datasets and tracking")
+    monkeypatch.setattr(plan_module, "CAPABILITIES", tuple(c for c in capabilities.CAPABILITIES if c is not datasets))
+    titles = [title for title, _ in plan_module.plan_sections(dev_plan.config, dev_plan.recording)]
+    assert "Datasets and tracking" not in titles and "Logs and audit" in titles
+    assert not any(line.item.startswith(("Aurora", "Fargate", "FSx")) for line in plan_module.idle_costs(dev_plan.recording))
