@@ -294,7 +294,7 @@ class AccessLogBucketArgs:
         tags: tags on every taggable child.
     """
 
-    expiration_days: int  # default in the stack config (logArchive.accessLogExpirationDays)
+    expiration_days: int = 365
     noncurrent_version_expiration_days: int = 30
     protect: bool = False
     tags: Mapping[str, str] = field(default_factory=dict)

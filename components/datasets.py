@@ -182,17 +182,16 @@ class FsxArgs:
         data_compression: LZ4 halves storage for text datasets at no throughput cost.
     """
 
-    # No defaults: the stack config's model (infra/config/datasets.py, FsxConfig) holds them.
     storage_capacity_gib: int
     throughput_mb_per_tib: int
     associations: Sequence[DataRepositoryAssociationSpec]
-    subnet_index: int
-    automatic_backup_retention_days: int
-    daily_automatic_backup_start_time: str
-    weekly_maintenance_start_time: str
-    log_level: FsxLogLevel
-    log_retention_days: int
-    data_compression: bool
+    subnet_index: int = 0
+    automatic_backup_retention_days: int = 0
+    daily_automatic_backup_start_time: str = "05:00"
+    weekly_maintenance_start_time: str = "7:06:00"
+    log_level: FsxLogLevel = FsxLogLevel.WARN_ERROR
+    log_retention_days: int = 30
+    data_compression: bool = True
 
 
 @dataclass(frozen=True)

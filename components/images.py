@@ -30,7 +30,7 @@ class ImageRepositoriesArgs:
 
     repository_names: Mapping[str, str]
     puller_account_ids: Sequence[str]
-    untagged_expiration_days: int  # default in the stack config (tracking.ecrUntaggedExpirationDays)
+    untagged_expiration_days: int = 14
     protect: bool = False
     tags: Mapping[str, str] = field(default_factory=dict)
 

@@ -89,17 +89,15 @@ class LogArchiveArgs:
         tags: tags on every taggable child.
     """
 
-    # No defaults for what the stack config sets: its model (infra/config/log_archive.py) is the
-    # one place a default lives.
     flow_log_account_ids: Sequence[str]
-    transition_to_infrequent_access_days: Optional[int]
-    transition_to_glacier_days: Optional[int]
-    expiration_days: Optional[int]
-    noncurrent_version_expiration_days: int
-    kms_key_deletion_window_days: int
     audit_trail: Optional[AuditTrailSources] = None
+    transition_to_infrequent_access_days: Optional[int] = 30
+    transition_to_glacier_days: Optional[int] = 90
+    expiration_days: Optional[int] = 365
+    noncurrent_version_expiration_days: int = 30
     object_lock_retention_days: Optional[int] = None
     access_logs_bucket: Optional[AccessLogBucket] = None
+    kms_key_deletion_window_days: int = 30
     protect: bool = False
     tags: Mapping[str, str] = field(default_factory=dict)
 

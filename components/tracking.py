@@ -243,14 +243,12 @@ class AlbAccessLogs(pulumi.ComponentResource):
 # -- the tracking service --------------------------------------------------------------------
 @dataclass(frozen=True)
 class DatabaseArgs:
-    """Aurora Serverless v2; defaults live in the stack config (``tracking.database``)."""
-
-    min_capacity_acu: float
-    max_capacity_acu: float
-    seconds_until_auto_pause: Optional[int]
-    backup_retention_days: int
-    password_rotation_days: int  # the server's own database user
+    min_capacity_acu: float = 0
+    max_capacity_acu: float = 4
+    seconds_until_auto_pause: Optional[int] = 600
+    backup_retention_days: int = 7
     num_instances: int = 1  # 2+ puts a reader in another AZ that takes over on failure
+    password_rotation_days: int = 30  # the server's own database user
 
 
 @accepts_enum_values
@@ -288,18 +286,17 @@ class TrackingArgs:
     image: Optional[str]
     domain_name: str
     namespaces: Sequence[str]
-    # No defaults for what the stack config sets: its model (infra/config/tracking.py) holds them.
-    database: DatabaseArgs
-    scheme: LoadBalancerScheme
-    num_workers: int
-    cpu_units: int
-    memory_mib: int
-    desired_count: int
-    admin_username: str
-    log_retention_days: int
+    database: DatabaseArgs = DatabaseArgs()
     image_repository_arn: Optional[pulumi.Input[str]] = None
     route53_zone_id: Optional[str] = None
+    scheme: LoadBalancerScheme = LoadBalancerScheme.INTERNAL
     ingress_cidrs: Sequence[str] = ()
+    num_workers: int = 2
+    cpu_units: int = 1024
+    memory_mib: int = 2048
+    desired_count: int = 1
+    admin_username: str = "admin"
+    log_retention_days: int = 30
     log_kms_key: Optional[aws.kms.Key] = None
     artifacts_lifecycle: Sequence[LifecycleRule] = ()
     access_logs_bucket: Optional[Any] = None  # AccessLogBucket (or any bucket of this account)

@@ -58,9 +58,7 @@ def test_components_refuse_the_same_lifecycles_as_the_config():
     with pytest.raises(InvalidInputError, match="transitionToInfrequentAccessDays"):
         LifecycleRule(id="x", transition_to_infrequent_access_days=7)
     with pytest.raises(InvalidInputError, match="expirationDays"):
-        LogArchiveArgs(flow_log_account_ids=["111122223333"], transition_to_infrequent_access_days=None,
-                       transition_to_glacier_days=60, expiration_days=90, noncurrent_version_expiration_days=30,
-                       kms_key_deletion_window_days=30)
+        LogArchiveArgs(flow_log_account_ids=["111122223333"], transition_to_glacier_days=60, expiration_days=90)
     LifecycleRule(id="ok", transition_to_infrequent_access_days=30, transition_to_glacier_days=60, expiration_days=150)
 
 
