@@ -7,6 +7,7 @@ from typing import Annotated, Iterator, Optional
 from pydantic import Field, field_validator
 
 from components.cluster import UpgradePolicy
+from components.cluster import ClusterArgs, NodeGroupArgs
 from components.validation import Problem
 from components.versions import DEFAULT_EKS_VERSION, EKS_VERSIONS
 from infra import limits
@@ -26,7 +27,7 @@ class NodeGroupConfig(_Model):
     min_size: Annotated[int, at_most(limits.EKS_NODES_PER_MANAGED_NODE_GROUP)] = Field(ge=0)
     max_size: Annotated[int, at_most(limits.EKS_NODES_PER_MANAGED_NODE_GROUP)] = Field(ge=1)
     desired_size: Annotated[int, at_most(limits.EKS_NODES_PER_MANAGED_NODE_GROUP)] = Field(ge=0)
-    disk_size_gib: Annotated[int, at_most(limits.EBS_GP3_VOLUME_GIB)] = Field(50, ge=20)
+    disk_size_gib: Annotated[int, at_most(limits.EBS_GP3_VOLUME_GIB)] = Field(NodeGroupArgs.disk_size_gib, ge=20)
 
     @field_validator("instance_types")
     @classmethod
@@ -47,7 +48,7 @@ class ClusterConfig(_Model):
     )
     admin_role_arns: list[str] = Field(default_factory=list, description="Roles given cluster-admin access entries.")
     deploy_role_arn: Optional[str] = Field(None, description="CI role given a cluster-admin access entry.")
-    log_retention_days: int = Field(30, description="Control-plane log retention in CloudWatch; prod: 365 or more.")
+    log_retention_days: int = Field(ClusterArgs.log_retention_days, description="Control-plane log retention in CloudWatch; prod: 365 or more.")
     deletion_protection: Optional[bool] = Field(None, description="Defaults to true in prod.")
     system_node_group: NodeGroupConfig
 

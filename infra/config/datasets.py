@@ -7,9 +7,11 @@ from typing import Annotated, Iterator, Optional
 from pydantic import Field, field_validator
 
 from components.bucket import lifecycle_problems
+from components.bucket import LifecycleRule
 from components.datasets import (
     DataRepositoryAssociationSpec, DatasetBucket, FsxEvent, FsxLogLevel, association_problems, fsx_capacity_problems,
 )
+from components.datasets import FsxArgs
 from components.validation import Problem
 from infra import limits
 from infra.config.common import prod_retention_rule, LOG_RETENTION_DAYS, RETENTION_SOURCE, _Model
@@ -23,7 +25,7 @@ class BucketLifecycleConfig(_Model):
     transition_to_infrequent_access_days: Optional[int] = Field(None, ge=30, description="S3 requires >= 30.")
     transition_to_glacier_days: Optional[int] = Field(None, ge=1)
     expiration_days: Optional[int] = Field(None, ge=1, description="Current objects are deleted after this.")
-    noncurrent_version_expiration_days: int = Field(30, ge=1, description="Overwritten/deleted versions kept this long.")
+    noncurrent_version_expiration_days: int = Field(LifecycleRule.noncurrent_version_expiration_days, ge=1, description="Overwritten/deleted versions kept this long.")
 
 
 class DataRepositoryAssociationConfig(_Model):
@@ -35,7 +37,7 @@ class DataRepositoryAssociationConfig(_Model):
     import_events: list[FsxEvent] = Field(default_factory=lambda: list(FsxEvent), description="S3 -> FSx: NEW, CHANGED, DELETED.")
     export_events: list[FsxEvent] = Field(default_factory=lambda: list(FsxEvent), description="FSx -> S3: NEW, CHANGED, DELETED.")
     batch_import_metadata_on_create: bool = Field(True, description="List the S3 objects into the file system at creation.")
-    imported_file_chunk_size_mib: Annotated[int, at_most(limits.FSX_IMPORTED_FILE_CHUNK_MIB)] = Field(1024, ge=1)
+    imported_file_chunk_size_mib: Annotated[int, at_most(limits.FSX_IMPORTED_FILE_CHUNK_MIB)] = Field(DataRepositoryAssociationSpec.imported_file_chunk_size_mib, ge=1)
 
 
 class FsxConfig(_Model):
@@ -43,14 +45,14 @@ class FsxConfig(_Model):
 
     storage_capacity_gib: Annotated[int, at_most(limits.FSX_LUSTRE_STORAGE_GIB)] = Field(description="1200, then multiples of 2400.")
     per_unit_storage_throughput_mb_per_tib: int = Field(description="125 | 250 | 500 | 1000 MB/s per TiB.")
-    subnet_index: int = Field(0, ge=0, description="Index of the private subnet (AZ) that holds the file system.")
+    subnet_index: int = Field(FsxArgs.subnet_index, ge=0, description="Index of the private subnet (AZ) that holds the file system.")
     data_repository_associations: list[DataRepositoryAssociationConfig] = Field(default_factory=list, description="At most 8.")
-    automatic_backup_retention_days: Annotated[int, at_most(limits.FSX_BACKUP_RETENTION_DAYS)] = Field(0, ge=0, description="0 disables daily backups.")
-    daily_automatic_backup_start_time: str = Field("05:00", pattern=r"^([01]\d|2[0-3]):[0-5]\d$")
-    weekly_maintenance_start_time: str = Field("7:06:00", pattern=r"^[1-7]:([01]\d|2[0-3]):[0-5]\d$")
-    log_level: FsxLogLevel = FsxLogLevel.WARN_ERROR
-    log_retention_days: int = Field(30, description="CloudWatch retention of FSx event logs; prod: 365 or more.")
-    data_compression: bool = True
+    automatic_backup_retention_days: Annotated[int, at_most(limits.FSX_BACKUP_RETENTION_DAYS)] = Field(FsxArgs.automatic_backup_retention_days, ge=0, description="0 disables daily backups.")
+    daily_automatic_backup_start_time: str = Field(FsxArgs.daily_automatic_backup_start_time, pattern=r"^([01]\d|2[0-3]):[0-5]\d$")
+    weekly_maintenance_start_time: str = Field(FsxArgs.weekly_maintenance_start_time, pattern=r"^[1-7]:([01]\d|2[0-3]):[0-5]\d$")
+    log_level: FsxLogLevel = FsxArgs.log_level
+    log_retention_days: int = Field(FsxArgs.log_retention_days, description="CloudWatch retention of FSx event logs; prod: 365 or more.")
+    data_compression: bool = FsxArgs.data_compression
     namespaces: list[str] = Field(default_factory=list, description=(
         "Team namespaces that get the PVC (and the MLflow Secret). Stand-in until the scheduling "
         "capability owns team namespaces; they must exist."))

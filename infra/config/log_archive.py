@@ -6,7 +6,9 @@ from typing import Annotated, Iterator, Optional
 
 from pydantic import Field, field_validator
 
+from components.bucket import AccessLogBucketArgs
 from components.log_archive import archive_problems
+from components.log_archive import LogArchiveArgs as _ARCHIVE
 from components.validation import Problem
 from infra import limits
 from infra.config.common import PROD_OBJECT_LOCK_RETENTION_DAYS, _ACCOUNT_ID, Environment, _Model
@@ -41,15 +43,15 @@ class AuditTrailConfig(_Model):
 class LogArchiveConfig(_Model):
     """Central log bucket in the logging account, the audit trail, and S3 access-log buckets."""
 
-    transition_to_infrequent_access_days: Optional[int] = Field(30, ge=30, description="S3 requires >= 30 for STANDARD_IA; null: no transition.")
-    transition_to_glacier_days: Optional[int] = Field(90, ge=1, description="GLACIER_IR bills >= 90 days: expirationDays must be >= this + 90; null: none.")
-    expiration_days: Optional[int] = Field(365, ge=1, description="Logs are deleted this many days after creation; null: never.")
-    noncurrent_version_expiration_days: int = Field(30, ge=1)
+    transition_to_infrequent_access_days: Optional[int] = Field(_ARCHIVE.transition_to_infrequent_access_days, ge=30, description="S3 requires >= 30 for STANDARD_IA; null: no transition.")
+    transition_to_glacier_days: Optional[int] = Field(_ARCHIVE.transition_to_glacier_days, ge=1, description="GLACIER_IR bills >= 90 days: expirationDays must be >= this + 90; null: none.")
+    expiration_days: Optional[int] = Field(_ARCHIVE.expiration_days, ge=1, description="Logs are deleted this many days after creation; null: never.")
+    noncurrent_version_expiration_days: int = Field(_ARCHIVE.noncurrent_version_expiration_days, ge=1)
     object_lock_retention_days: Optional[int] = Field(None, ge=1, le=36500, description=(
         "Object Lock (GOVERNANCE) retention of every archived object. Default: 365 in prod, off in dev."))
-    access_log_expiration_days: int = Field(365, ge=1, le=36500, description="S3 server access logs (one SSE-S3 bucket per account) are deleted after this.")
+    access_log_expiration_days: int = Field(AccessLogBucketArgs.expiration_days, ge=1, le=36500, description="S3 server access logs (one SSE-S3 bucket per account) are deleted after this.")
     audit_trail: AuditTrailConfig = Field(default_factory=AuditTrailConfig)
-    kms_key_deletion_window_days: Annotated[int, at_most(limits.KMS_PENDING_WINDOW_DAYS)] = Field(30, ge=7)
+    kms_key_deletion_window_days: Annotated[int, at_most(limits.KMS_PENDING_WINDOW_DAYS)] = Field(_ARCHIVE.kms_key_deletion_window_days, ge=7)
 
 
 def _log_archive_rules(environment: Environment, log_archive: LogArchiveConfig) -> Iterator[Problem]:

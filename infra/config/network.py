@@ -6,14 +6,15 @@ from typing import Iterator, Optional
 from pydantic import Field, field_validator
 
 from components.network import NatStrategy, subnet_problems
+from components.network import NetworkArgs
 from components.validation import Problem
 from infra.config.common import Cidr, Environment, _Model
 from infra.config.engine import Rule, invalid
 
 
 class FlowLogsConfig(_Model):
-    traffic_type: str = Field("ALL", pattern="^(ALL|ACCEPT|REJECT)$")
-    max_aggregation_interval_seconds: int = Field(600, description="60 or 600.")
+    traffic_type: str = Field(NetworkArgs.flow_logs_traffic_type, pattern="^(ALL|ACCEPT|REJECT)$")
+    max_aggregation_interval_seconds: int = Field(NetworkArgs.flow_logs_max_aggregation_interval_seconds, description="60 or 600.")
 
     @field_validator("max_aggregation_interval_seconds")
     @classmethod
@@ -30,7 +31,7 @@ class NetworkConfig(_Model):
     availability_zones: list[str] = Field(description="At least 2 AZ names of the region (e.g. us-west-2a).")
     private_subnet_cidrs: list[Cidr] = Field(description="One per AZ; nodes and pods live here, size them for GPU pods.")
     public_subnet_cidrs: list[Cidr] = Field(description="One per AZ; NAT gateways and internet-facing load balancers.")
-    nat: NatStrategy = Field(NatStrategy.SINGLE, description="none | single | one_per_az.")
+    nat: NatStrategy = Field(NetworkArgs.nat, description="none | single | one_per_az.")
     interface_endpoints: Optional[bool] = Field(None, description=(
         "ECR api+dkr, STS, CloudWatch Logs, SQS, EC2 endpoints (about $88/month with 2 AZs). Default: on in prod, "
         "off in dev (traffic goes through the NAT gateway)."))

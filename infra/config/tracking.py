@@ -6,7 +6,9 @@ from typing import Annotated, Iterator, Optional
 
 from pydantic import Field, field_validator
 
+from components.images import ImageRepositoriesArgs
 from components.tracking import LoadBalancerScheme, tracking_problems
+from components.tracking import DatabaseArgs, TrackingArgs
 from components.validation import Problem
 from infra import limits
 from infra.config.common import prod_retention_rule, LOG_RETENTION_DAYS, RETENTION_SOURCE, Cidr, Environment, _Model, _exposure
@@ -18,11 +20,11 @@ from infra.limits import at_most
 class TrackingDatabaseConfig(_Model):
     """Aurora PostgreSQL Serverless v2 behind MLflow."""
 
-    min_capacity_acu: Annotated[float, at_most(limits.AURORA_SERVERLESS_V2_MAX_ACU)] = Field(0, description="0 lets the cluster pause when idle.")
-    max_capacity_acu: Annotated[float, at_most(limits.AURORA_SERVERLESS_V2_MAX_ACU)] = Field(4, description="At most 256.")
-    seconds_until_auto_pause: Optional[int] = Field(600, description="300-86400; only with minCapacityAcu 0.")
-    backup_retention_days: Annotated[int, at_most(limits.RDS_BACKUP_RETENTION_DAYS)] = Field(7, ge=1)
-    password_rotation_days: int = Field(30, description="Rotation period of the MLflow server's own database password (1-1000).")
+    min_capacity_acu: Annotated[float, at_most(limits.AURORA_SERVERLESS_V2_MAX_ACU)] = Field(DatabaseArgs.min_capacity_acu, description="0 lets the cluster pause when idle.")
+    max_capacity_acu: Annotated[float, at_most(limits.AURORA_SERVERLESS_V2_MAX_ACU)] = Field(DatabaseArgs.max_capacity_acu, description="At most 256.")
+    seconds_until_auto_pause: Optional[int] = Field(DatabaseArgs.seconds_until_auto_pause, description="300-86400; only with minCapacityAcu 0.")
+    backup_retention_days: Annotated[int, at_most(limits.RDS_BACKUP_RETENTION_DAYS)] = Field(DatabaseArgs.backup_retention_days, ge=1)
+    password_rotation_days: int = Field(DatabaseArgs.password_rotation_days, description="Rotation period of the MLflow server's own database password (1-1000).")
 
 
 class TrackingConfig(_Model):
@@ -32,19 +34,19 @@ class TrackingConfig(_Model):
                                  "Unset on a first deploy (no ECS service until the image is pushed; README First deploy order).")
     domain_name: str = Field(description="Tracking host name, e.g. mlflow.dev.example.com.")
     route53_zone_id: Optional[str] = Field(None, description="Public hosted zone for certificate validation (and the public record).")
-    load_balancer_scheme: LoadBalancerScheme = Field(LoadBalancerScheme.INTERNAL, description="internal | internet-facing.")
+    load_balancer_scheme: LoadBalancerScheme = Field(TrackingArgs.scheme, description="internal | internet-facing.")
     ingress_cidrs: list[Cidr] = Field(default_factory=list, description="Clients outside the VPC (VPN, office).")
     allow_internet_ingress: bool = Field(False, description=(
         "Named opt-in: lets a prod internet-facing load balancer admit the whole internet (ingressCidrs covering "
         "0.0.0.0/0 together). Refused otherwise."))
-    num_workers: int = Field(2, ge=1, le=16)
-    cpu_units: int = 1024
-    memory_mib: int = 2048
-    desired_count: int = Field(1, ge=1, le=10)
-    admin_username: str = Field("admin", pattern=r"^[a-zA-Z][a-zA-Z0-9_.-]{2,63}$")
-    log_retention_days: int = Field(30, description="CloudWatch retention of the MLflow task logs; prod: 365 or more.")
+    num_workers: int = Field(TrackingArgs.num_workers, ge=1, le=16)
+    cpu_units: int = TrackingArgs.cpu_units
+    memory_mib: int = TrackingArgs.memory_mib
+    desired_count: int = Field(TrackingArgs.desired_count, ge=1, le=10)
+    admin_username: str = Field(TrackingArgs.admin_username, pattern=r"^[a-zA-Z][a-zA-Z0-9_.-]{2,63}$")
+    log_retention_days: int = Field(TrackingArgs.log_retention_days, description="CloudWatch retention of the MLflow task logs; prod: 365 or more.")
     alb_log_expiration_days: int = Field(90, ge=1)
-    ecr_untagged_expiration_days: int = Field(14, ge=1)
+    ecr_untagged_expiration_days: int = Field(ImageRepositoriesArgs.untagged_expiration_days, ge=1)
     artifacts_bucket: BucketLifecycleConfig = Field(default_factory=BucketLifecycleConfig)
     database: TrackingDatabaseConfig = Field(default_factory=TrackingDatabaseConfig)
 
