@@ -126,3 +126,17 @@ TRAINER_VERSION = "2.3.0"
 # One-shot setup Jobs (team checkpoint directories on FSx); Docker's official image mirrored on
 # ECR Public. Pin its digest in prod.
 BUSYBOX_IMAGE = "public.ecr.aws/docker/library/busybox:1.37.0"
+
+# -- GitOps (Argo CD, Argo Workflows) ---------------------------------------------------------
+ARGO_HELM_REPO = "https://argoproj.github.io/argo-helm"
+# argo-cd chart 10.3.3 ships Argo CD v3.5.1 (argoproj/argo-helm#4015, release argo-cd-10.3.3),
+# the version of the Application/AppProject CRDs the tests validate against.
+ARGOCD_CHART_VERSION = "10.3.3"
+ARGOCD_APP_VERSION = "v3.5.1"
+# Argo Workflows: chart 1.1.1 (release argo-workflows-1.1.1, 2026-08-11: "support Argo Workflows
+# v4.1 features", argoproj/argo-helm#3977; 1.1.0 moved the app to v4.1.0, #4013). The 1.x line is
+# the one whose values.yaml the component's keys were checked against (charts/argo-workflows at
+# 1.0.18); 2.0.x is a major bump whose notes could not be read offline. The image tag is pinned
+# to v4.1.2, the patch release whose WorkflowTemplate CRD the tests validate against.
+ARGO_WORKFLOWS_CHART_VERSION = "1.1.1"
+ARGO_WORKFLOWS_APP_VERSION = "v4.1.2"

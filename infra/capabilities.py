@@ -6,7 +6,7 @@ and adds up their idle-cost lines. The policy gate deploys nothing: it checks th
 """
 from __future__ import annotations
 
-from infra import datasets_tracking, gpu_capacity, operations, policy_gate, training
+from infra import datasets_tracking, gitops, gpu_capacity, operations, policy_gate, training
 from infra.capability import Capability
 from infra.foundation import FOUNDATION
 
@@ -16,5 +16,6 @@ CAPABILITIES: tuple[Capability, ...] = (
     datasets_tracking.CAPABILITY,
     training.CAPABILITY,
     operations.CAPABILITY,
+    gitops.CAPABILITY,
     policy_gate.CAPABILITY,
 )

@@ -157,6 +157,12 @@ class RecordingMocks(pulumi_mocks.Mocks):
             return {"partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"}, None
         if token == "aws:elb/getServiceAccount:getServiceAccount":
             return {"arn": "arn:aws:iam::127311923021:root", "id": "127311923021"}, None
+        if token == "aws:secretsmanager/getSecretVersion:getSecretVersion":
+            # A stand-in value with every key the platform reads (Git and OIDC credentials).
+            secret_id = args.args.get("secretId", "mock")
+            value = {"username": "mock-user", "password": "mock-password", "clientSecret": "mock-client-secret"}
+            return {"secretId": secret_id, "secretString": json.dumps(value), "versionId": "mock-version",
+                    "arn": f"arn:aws:secretsmanager:{region}:{account}:secret:{secret_id}", "id": secret_id}, None
         return {}, None
 
 

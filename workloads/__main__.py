@@ -8,6 +8,8 @@
     python -m workloads logs NAME --team TEAM [--worker N] [-f]
     python -m workloads readiness --stack prod --pool h100 --image IMAGE   # the pool's GPU/NCCL check
     python -m workloads facts --stack prod > facts.json   # then --facts facts.json anywhere (GitOps, Argo)
+    python -m workloads render --stack dev [--check]     # the stack's GitOps tree (what Argo CD applies)
+    python -m workloads pipeline PIPELINE.yaml --stack dev --local --dataset DIR   # a pipeline's steps on CPU
 
 Platform facts come from the stack's offline plan, with deployed names from `pulumi stack
 output` when the Pulumi CLI can read them. Exit codes: 0 done, 2 bad job spec or stack,
@@ -16,6 +18,7 @@ output` when the Pulumi CLI can read them. Exit codes: 0 done, 2 bad job spec or
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import shutil
 import subprocess
@@ -228,7 +231,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     facts = sub.add_parser("facts", help="print the platform facts jobs are rendered against, as JSON")
     stack_args(facts)
 
+    # The GitOps commands live in infra/ (they read the stack configuration); each registers its
+    # subcommand with add_parser(sub) and sets `run` (args -> exit code).
+    for module in ("infra.render", "infra.pipeline_local"):
+        importlib.import_module(module).add_parser(sub)
+
     args = parser.parse_args(argv)
+    if hasattr(args, "run"):
+        return args.run(args)
     if args.command == "facts":
         import json
 

@@ -30,6 +30,7 @@ from infra.config.datasets import (
     dra_spec,
 )
 from infra.config.engine import FIX, PROJECT, SECRET_PLACEHOLDER, ConfigError, Rule, invalid
+from infra.config.gitops import GitopsConfig, SecretSourceConfig, SsoConfig, SyncWindowConfig
 from infra.config.gpu import CpuPoolConfig, GpuEnablementConfig, GpuPoolConfig, KarpenterConfig
 from infra.config.log_archive import AuditTrailConfig, AuditTrailMode, LogArchiveConfig
 from infra.config.network import FlowLogsConfig, NetworkConfig
@@ -40,7 +41,7 @@ from infra.config.tracking import TrackingConfig, TrackingDatabaseConfig
 __all__ = [
     "AccountConfig", "AccountLayout", "AccountsConfig", "AuditTrailConfig", "AuditTrailMode", "BucketLifecycleConfig",
     "BudgetAccount", "BudgetsConfig", "CapacityType", "ClusterConfig", "ConfigError", "CpuPoolConfig",
-    "DataRepositoryAssociationConfig", "DatasetsConfig", "Environment", "FIX", "FlowLogsConfig", "FsxConfig",
+    "DataRepositoryAssociationConfig", "DatasetsConfig", "Environment", "FIX", "FlowLogsConfig", "FsxConfig", "GitopsConfig", "SecretSourceConfig", "SsoConfig", "SyncWindowConfig",
     "GpuEnablementConfig", "GpuPoolConfig", "KarpenterConfig", "LOG_RETENTION_DAYS", "LogArchiveConfig",
     "NetworkConfig", "NodeGroupConfig", "PROD_MIN_LOG_RETENTION_DAYS", "PROD_OBJECT_LOCK_RETENTION_DAYS", "PROJECT",
     "PlatformConfig", "RULES", "Rule", "SECRET_PLACEHOLDER", "SchedulingConfig", "TeamConfig", "TrackingConfig",

@@ -7,13 +7,14 @@ from typing import Any, Iterable, Optional
 
 from pydantic import Field
 
-from infra.config import accounts, budgets, cluster, datasets, gpu, log_archive, network, scheduling, tracking
+from infra.config import accounts, budgets, cluster, datasets, gitops, gpu, log_archive, network, scheduling, tracking
 from infra.config.accounts import AccountsConfig
 from infra.config.budgets import BudgetsConfig
 from infra.config.cluster import ClusterConfig
 from infra.config.common import PROD_OBJECT_LOCK_RETENTION_DAYS, Environment, PlatformName, Region, Tags, _Model
 from infra.config.datasets import DatasetsConfig
 from infra.config.engine import PROJECT, Rule, load
+from infra.config.gitops import GitopsConfig
 from infra.config.gpu import GpuEnablementConfig, GpuPoolConfig, KarpenterConfig
 from infra.config.log_archive import LogArchiveConfig
 from infra.config.network import NetworkConfig
@@ -40,6 +41,7 @@ class PlatformConfig(_Model):
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig, description="Training operators (training capability).")
     budgets: Optional[BudgetsConfig] = Field(None, description="AWS Budgets per account (operations capability).")
+    gitops: Optional[GitopsConfig] = Field(None, description="Argo CD + Argo Workflows (gitops capability).")
 
     # -- derived values: one place decides what "prod" means ------------------------------
     @property
@@ -75,7 +77,7 @@ class PlatformConfig(_Model):
 
 RULES: tuple[Rule, ...] = (
     *accounts.RULES, *network.RULES, *log_archive.RULES, *cluster.RULES, *datasets.RULES, *tracking.RULES,
-    *gpu.RULES, *scheduling.RULES, *budgets.RULES,
+    *gpu.RULES, *scheduling.RULES, *budgets.RULES, *gitops.RULES,
 )
 
 

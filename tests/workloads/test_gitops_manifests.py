@@ -1,0 +1,205 @@
+"""Argo CD projects/applications and the pipeline WorkflowTemplate: CRD schemas, golden files, rules.
+
+Regenerate golden files after an intended change with ``UPDATE_GOLDEN=1`` and review the diff.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from workloads import gitops, pipeline
+from workloads.validation import validate_custom_resource, validate_pod_template
+
+GOLDEN = Path(__file__).parent / "golden"
+REPO = "https://github.com/example-org/ml-training-platform.git"
+NAMESPACES = ("team-research", "team-platform")
+DEV = gitops.GitOpsSpec(platform="mlp-dev", repo_url=REPO, target_revision="main",
+                        rendered_path="workloads/rendered/dev", namespaces=NAMESPACES,
+                        sync_mode=gitops.SyncMode.AUTOMATED)
+PROD = gitops.GitOpsSpec(
+    platform="mlp-prod", repo_url=REPO, target_revision="main", rendered_path="workloads/rendered/prod",
+    namespaces=("team-research",), sync_mode=gitops.SyncMode.MANUAL,
+    sync_windows=(gitops.SyncWindowSpec(gitops.WindowKind.ALLOW, "0 9 * * 1-4", "6h", "Europe/Berlin"),),
+)
+
+# A PyTorchJob as the training-jobs renderer produces it (trimmed to what the pipeline touches).
+TRAIN_JOB = {
+    "apiVersion": "kubeflow.org/v1",
+    "kind": "PyTorchJob",
+    "metadata": {"name": "gpt2-small", "namespace": "team-research",
+                 "labels": {"kueue.x-k8s.io/queue-name": "research", "kueue.x-k8s.io/priority-class": "training-research"}},
+    "spec": {
+        "nprocPerNode": "1",
+        "runPolicy": {"backoffLimit": 20, "cleanPodPolicy": "None", "ttlSecondsAfterFinished": 86400,
+                      "activeDeadlineSeconds": 86400},
+        "pytorchReplicaSpecs": {
+            "Master": {"replicas": 1, "restartPolicy": "ExitCode", "template": {"spec": {"containers": [{
+                "name": "pytorch", "image": "111122223333.dkr.ecr.us-west-2.amazonaws.com/trainer:1",
+                "args": ["--nproc-per-node=1", "-m", "trainer", "train", "--config", "/app/trainer/configs/tiny.yaml"],
+                "resources": {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}},
+            }]}}},
+        },
+    },
+}
+PIPELINE = pipeline.PipelineSpec(
+    name="gpt2-small-pipeline", namespace="team-research", image="111122223333.dkr.ecr.us-west-2.amazonaws.com/trainer:1",
+    train_job=TRAIN_JOB, dataset="/fsx/datasets/raw/shakespeare", model_name="gpt2-small-research",
+    job_spec="workloads/declared/dev/jobs/gpt2-small.yaml", fsx_claim="fsx-training-data", tracking_secret="mlflow-tracking",
+    cpu_node_selector={"mlplatform.io/pool": "general"},
+)
+
+
+def _golden(name: str, documents: list[dict]) -> None:
+    path = GOLDEN / f"{name}.yaml"
+    text = yaml.safe_dump_all(documents, sort_keys=True)
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"missing golden file {path.name}; create it with UPDATE_GOLDEN=1 and review it"
+    assert text == path.read_text(), f"{path.name} changed; review and regenerate with UPDATE_GOLDEN=1"
+
+
+CASES = {
+    "argocd-dev": lambda: [gitops.bootstrap_project(DEV), gitops.workloads_project(DEV), gitops.root_application(DEV),
+                           *(gitops.child_application(DEV, ns) for ns in NAMESPACES)],
+    "argocd-prod": lambda: [gitops.bootstrap_project(PROD), gitops.workloads_project(PROD),
+                            gitops.root_application(PROD), gitops.child_application(PROD, "team-research")],
+    "workflowtemplate-pipeline": lambda: [pipeline.workflow_template(PIPELINE)],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden(case):
+    _golden(case, CASES[case]())
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_against_crds(case, schemas):
+    for doc in CASES[case]():
+        assert validate_custom_resource(doc, schemas) == [], doc["metadata"]["name"]
+
+
+def test_validation_catches_a_wrong_field(schemas):
+    app = gitops.root_application(DEV)
+    app["spec"]["syncPolicy"]["automated"]["selfheal"] = True  # wrong case: the API server would drop it
+    assert any("selfheal" in e for e in validate_custom_resource(app, schemas))
+
+
+def test_train_fixture_is_a_valid_pytorchjob(schemas):
+    assert validate_custom_resource(TRAIN_JOB, schemas) == []
+
+
+def test_embedded_train_job_is_valid_and_carries_the_pipeline_paths(schemas):
+    template = pipeline.workflow_template(PIPELINE)
+    job = pipeline.embedded_job(template)
+    assert validate_custom_resource(job, schemas) == []
+    assert job["metadata"]["name"] == "{{workflow.name}}-train"
+    args = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"]
+    # The job's own arguments first, then the pipeline's overrides: later overrides win in the trainer.
+    assert args[:6] == TRAIN_JOB["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"]
+    assert "data.dir=/fsx/pipelines/{{workflow.name}}/tokens" in args
+    assert "checkpoint.dir=/fsx/pipelines/{{workflow.name}}/checkpoints" in args
+    # The renderer's object is not mutated.
+    assert "data.dir" not in " ".join(TRAIN_JOB["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"])
+
+
+def test_pod_templates_validate_against_kubernetes_1_32():
+    pods = pipeline.pod_templates(pipeline.workflow_template(PIPELINE))
+    assert [name for name, _ in pods] == ["prepare", "evaluate", "register"]
+    for name, pod in pods:
+        assert validate_pod_template(pod) == [], name
+
+
+def test_pod_template_validation_can_fail():
+    _, pod = pipeline.pod_templates(pipeline.workflow_template(PIPELINE))[0]
+    pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = {"bad": 1}
+    assert validate_pod_template(pod) != []
+
+
+def test_steps_run_in_order_with_the_shared_commands():
+    template = pipeline.workflow_template(PIPELINE)
+    main = next(t for t in template["spec"]["templates"] if t["name"] == "pipeline")
+    assert [group[0]["name"] for group in main["steps"]] == list(pipeline.STEP_NAMES)
+    by_name = {t["name"]: t for t in template["spec"]["templates"]}
+    commands = pipeline.cluster_commands(PIPELINE)
+    for step in ("prepare", "evaluate", "register"):
+        container = by_name[step]["container"]
+        assert container["command"] + container["args"] == commands[step]
+        assert by_name[step]["nodeSelector"] == {"mlplatform.io/pool": "general"}
+    assert commands["prepare"][:4] == ["python", "-m", "trainer", "prepare-data"]
+    assert {p["name"] for p in template["spec"]["arguments"]["parameters"]} == set(pipeline.WORKFLOW_PARAMS)
+
+
+def _retries(expression: str, status: str, duration_seconds: int) -> bool:
+    """Evaluate the retry expression the way Argo's expr does for these two variables."""
+    python = expression.replace("||", " or ").replace("&&", " and ").replace("asInt(", "int(")
+    return bool(eval(python, {"lastRetry": type("R", (), {"status": status, "duration": str(duration_seconds)})}))
+
+
+def test_only_the_train_step_retries_and_a_confirmed_failure_is_final():
+    template = pipeline.workflow_template(PIPELINE)
+    retrying = {t["name"]: t["retryStrategy"] for t in template["spec"]["templates"] if "retryStrategy" in t}
+    assert list(retrying) == ["train"]
+    expression = retrying["train"]["expression"]
+    assert _retries(expression, "Error", 5)            # executor pod lost, API error: re-attach
+    assert _retries(expression, "Failed", 3600)        # failure seen after a long wait: check once more
+    assert not _retries(expression, "Failed", 10)      # still failed at once on the re-check: permanent
+    # Each operator restart can cause at most one re-check: the job's budget plus the declaration's.
+    assert retrying["train"]["limit"] == TRAIN_JOB["spec"]["runPolicy"]["backoffLimit"] + PIPELINE.train_retry_limit
+    train = next(t for t in template["spec"]["templates"] if t["name"] == "train")
+    # apply re-attaches a retried step to the job already running; create would fail with AlreadyExists.
+    assert train["resource"]["action"] == "apply"
+    assert train["activeDeadlineSeconds"] == 86400 + pipeline.TRAIN_DEADLINE_MARGIN_SECONDS
+
+
+def _selector_keys(expression: str) -> list[str]:
+    keys = []
+    for requirement in expression.split(","):
+        key = requirement.strip().lstrip("!").split(" ")[0]
+        keys.append(key)
+    return keys
+
+
+def test_resource_conditions_are_label_selectors_over_plain_paths():
+    # Argo parses them with labels.Parse: keys must be qualified names (no gjson queries).
+    import re
+
+    qualified = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+    for expression in (pipeline.TRAIN_SUCCESS_CONDITION, pipeline.TRAIN_FAILURE_CONDITION):
+        for key in _selector_keys(expression):
+            assert qualified.match(key), key
+
+
+def test_projects_admit_only_this_repository_the_team_namespaces_and_rendered_kinds():
+    project = gitops.workloads_project(DEV)
+    assert project["spec"]["sourceRepos"] == [REPO]
+    assert {d["namespace"] for d in project["spec"]["destinations"]} == set(NAMESPACES)
+    assert project["spec"]["clusterResourceWhitelist"] == []
+    assert {(k["group"], k["kind"]) for k in project["spec"]["namespaceResourceWhitelist"]} == set(gitops.MANAGED_KINDS)
+    boot = gitops.bootstrap_project(DEV)
+    assert boot["spec"]["namespaceResourceWhitelist"] == [{"group": "argoproj.io", "kind": "Application"}]
+    assert boot["spec"]["destinations"] == [{"server": gitops.IN_CLUSTER, "namespace": "argocd"}]
+
+
+def test_sync_policy_dev_automated_prod_manual_with_windows():
+    dev = gitops.root_application(DEV)["spec"]["syncPolicy"]
+    assert dev["automated"] == {"enabled": True, "prune": True, "selfHeal": True, "allowEmpty": False}
+    prod = gitops.child_application(PROD, "team-research")["spec"]["syncPolicy"]
+    assert "automated" not in prod
+    windows = gitops.workloads_project(PROD)["spec"]["syncWindows"]
+    assert windows == [{"kind": "allow", "schedule": "0 9 * * 1-4", "duration": "6h", "timeZone": "Europe/Berlin",
+                        "manualSync": True, "applications": ["*"]}]
+
+
+def test_children_ignore_the_fields_kueue_mutates():
+    app = gitops.child_application(DEV, "team-research")
+    pointers = {(d["kind"], p) for d in app["spec"]["ignoreDifferences"] for p in d["jsonPointers"]}
+    assert ("PyTorchJob", "/spec/runPolicy/suspend") in pointers
+    assert "RespectIgnoreDifferences=true" in app["spec"]["syncPolicy"]["syncOptions"]
+
+
+def test_child_for_an_unknown_namespace_is_refused():
+    with pytest.raises(ValueError, match="team-unknown"):
+        gitops.child_application(DEV, "team-unknown")

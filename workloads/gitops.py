@@ -1,0 +1,230 @@
+"""Argo CD objects for the app-of-apps over ``workloads/rendered/<stack>`` (pure: spec in, dict out).
+
+Ownership (never both, see README "GitOps"):
+- Pulumi owns everything cluster-scoped or tied to AWS: CRD-installing Helm releases, NodePools
+  and their IAM roles, namespaces (quota, limits, network policies, Pod Identity), RBAC, and the
+  two Argo CD objects below that bootstrap the rest (the AppProjects and the root Application).
+- Argo CD owns what teams change often and review as rendered YAML: training jobs, pipeline
+  WorkflowTemplates, and the child Applications that point at them, all namespaced.
+
+Layout of one stack's rendered directory (written by ``python -m workloads render``)::
+
+    <rendered_path>/apps/application-<ns>.yaml        child Applications (the root syncs this)
+    <rendered_path>/namespaces/<ns>/<kind>-<name>.yaml what each child Application syncs
+
+Checked against the Argo CD v3.5.1 CRDs (argoproj/argo-cd manifests/crds) and the declarative
+setup docs (https://argo-cd.readthedocs.io/en/stable/operator-manual/declarative-setup/).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Mapping, Sequence
+
+from workloads.problems import accepts_enum_values
+
+ARGOCD_NAMESPACE = "argocd"
+# The in-cluster destination Argo CD registers by default.
+IN_CLUSTER = "https://kubernetes.default.svc"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+
+# Namespaced kinds Argo CD may create in team namespaces: the kinds `render` writes. Nothing
+# cluster-scoped: those belong to Pulumi.
+MANAGED_KINDS: tuple[tuple[str, str], ...] = (
+    ("argoproj.io", "WorkflowTemplate"),
+    ("kubeflow.org", "PyTorchJob"),
+    ("trainer.kubeflow.org", "TrainJob"),
+)
+
+# Kueue suspends a job on admission control and un-suspends it when admitted; self-heal would
+# fight it without these (https://kueue.sigs.k8s.io/docs/tasks/run/kubeflow/pytorchjobs/).
+KUEUE_MUTATED_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("kubeflow.org", "PyTorchJob", "/spec/runPolicy/suspend"),
+    ("trainer.kubeflow.org", "TrainJob", "/spec/suspend"),
+)
+
+
+class SyncMode(str, Enum):
+    AUTOMATED = "automated"
+    MANUAL = "manual"
+
+
+class WindowKind(str, Enum):
+    ALLOW = "allow"
+    DENY = "deny"
+
+
+@accepts_enum_values
+@dataclass(frozen=True)
+class SyncWindowSpec:
+    """An AppProject sync window: cron ``schedule`` (when it opens) for ``duration`` (e.g. 2h)."""
+
+    kind: WindowKind
+    schedule: str
+    duration: str
+    time_zone: str = "UTC"
+    # Whether a person may still sync by hand while the window forbids it.
+    manual_sync: bool = True
+
+
+@accepts_enum_values
+@dataclass(frozen=True)
+class GitOpsSpec:
+    """What Argo CD needs to know about one stack.
+
+    platform: the platform name (object name prefix).
+    repo_url: this repository, the only source the projects admit.
+    target_revision: branch (or tag) Argo CD follows.
+    rendered_path: the stack's rendered directory inside the repository.
+    namespaces: team namespaces Argo CD may deploy into.
+    sync_mode: automated (prune + self-heal) or manual.
+    sync_windows: windows of the workloads project (prod: when syncs may happen).
+    """
+
+    platform: str
+    repo_url: str
+    target_revision: str
+    rendered_path: str
+    namespaces: Sequence[str]
+    sync_mode: SyncMode = SyncMode.MANUAL
+    sync_windows: Sequence[SyncWindowSpec] = field(default_factory=tuple)
+    argocd_namespace: str = ARGOCD_NAMESPACE
+
+    @property
+    def apps_path(self) -> str:
+        return f"{self.rendered_path}/apps"
+
+    def namespace_path(self, namespace: str) -> str:
+        return f"{self.rendered_path}/namespaces/{namespace}"
+
+    @property
+    def bootstrap_project_name(self) -> str:
+        return f"{self.platform}-bootstrap"
+
+    @property
+    def workloads_project_name(self) -> str:
+        return f"{self.platform}-workloads"
+
+    @property
+    def root_application_name(self) -> str:
+        return f"{self.platform}-root"
+
+    def child_application_name(self, namespace: str) -> str:
+        return f"{self.platform}-{namespace}"
+
+
+def _labels(spec: GitOpsSpec) -> dict[str, str]:
+    return {"mlplatform.io/platform": spec.platform}
+
+
+def _sync_policy(spec: GitOpsSpec) -> dict[str, Any]:
+    policy: dict[str, Any] = {
+        # PruneLast: deletions go after every other change of a sync has applied and is healthy.
+        "syncOptions": ["PruneLast=true", "RespectIgnoreDifferences=true"],
+        "retry": {"limit": 5, "backoff": {"duration": "10s", "factor": 2, "maxDuration": "5m"}},
+    }
+    if spec.sync_mode is SyncMode.AUTOMATED:
+        # allowEmpty false: an accidentally empty directory must not prune everything.
+        policy["automated"] = {"enabled": True, "prune": True, "selfHeal": True, "allowEmpty": False}
+    return policy
+
+
+def _window(window: SyncWindowSpec) -> dict[str, Any]:
+    return {
+        "kind": window.kind.value,
+        "schedule": window.schedule,
+        "duration": window.duration,
+        "timeZone": window.time_zone,
+        "manualSync": window.manual_sync,
+        "applications": ["*"],
+    }
+
+
+def bootstrap_project(spec: GitOpsSpec) -> dict[str, Any]:
+    """The root Application's project: it may only create Applications in Argo CD's namespace."""
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "AppProject",
+        "metadata": {"name": spec.bootstrap_project_name, "namespace": spec.argocd_namespace, "labels": _labels(spec)},
+        "spec": {
+            "description": f"{spec.platform}: the root Application and the child Applications it syncs",
+            "sourceRepos": [spec.repo_url],
+            "destinations": [{"server": IN_CLUSTER, "namespace": spec.argocd_namespace}],
+            "clusterResourceWhitelist": [],
+            "namespaceResourceWhitelist": [{"group": "argoproj.io", "kind": "Application"}],
+            "orphanedResources": {"warn": True},
+            "syncWindows": [_window(w) for w in spec.sync_windows],
+        },
+    }
+
+
+def workloads_project(spec: GitOpsSpec) -> dict[str, Any]:
+    """Team workloads: this repository only, the team namespaces only, the rendered kinds only."""
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "AppProject",
+        "metadata": {"name": spec.workloads_project_name, "namespace": spec.argocd_namespace, "labels": _labels(spec)},
+        "spec": {
+            "description": f"{spec.platform}: training jobs and pipelines rendered from this repository",
+            "sourceRepos": [spec.repo_url],
+            "destinations": [{"server": IN_CLUSTER, "namespace": ns} for ns in sorted(spec.namespaces)],
+            # An empty whitelist admits no cluster-scoped kind at all.
+            "clusterResourceWhitelist": [],
+            "namespaceResourceWhitelist": [{"group": g, "kind": k} for g, k in MANAGED_KINDS],
+            "orphanedResources": {"warn": True},
+            "syncWindows": [_window(w) for w in spec.sync_windows],
+        },
+    }
+
+
+def root_application(spec: GitOpsSpec) -> dict[str, Any]:
+    """App of apps: syncs the child Applications under ``<rendered_path>/apps``."""
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Application",
+        "metadata": {
+            "name": spec.root_application_name,
+            "namespace": spec.argocd_namespace,
+            "labels": _labels(spec),
+            # Deleting the root deletes the children (and their workloads) in the foreground.
+            "finalizers": ["resources-finalizer.argocd.argoproj.io"],
+        },
+        "spec": {
+            "project": spec.bootstrap_project_name,
+            "source": {"repoURL": spec.repo_url, "targetRevision": spec.target_revision, "path": spec.apps_path,
+                       "directory": {"recurse": False}},
+            "destination": {"server": IN_CLUSTER, "namespace": spec.argocd_namespace},
+            "syncPolicy": _sync_policy(spec),
+            "revisionHistoryLimit": 10,
+        },
+    }
+
+
+def child_application(spec: GitOpsSpec, namespace: str) -> dict[str, Any]:
+    """One team namespace's jobs and pipelines."""
+    if namespace not in spec.namespaces:
+        raise ValueError(f"namespace {namespace!r} is not one of the platform's team namespaces {sorted(spec.namespaces)}")
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Application",
+        "metadata": {
+            "name": spec.child_application_name(namespace),
+            "namespace": spec.argocd_namespace,
+            "labels": {**_labels(spec), "mlplatform.io/namespace": namespace},
+            "finalizers": ["resources-finalizer.argocd.argoproj.io"],
+        },
+        "spec": {
+            "project": spec.workloads_project_name,
+            "source": {"repoURL": spec.repo_url, "targetRevision": spec.target_revision,
+                       "path": spec.namespace_path(namespace), "directory": {"recurse": False}},
+            "destination": {"server": IN_CLUSTER, "namespace": namespace},
+            "syncPolicy": _sync_policy(spec),
+            "ignoreDifferences": [{"group": g, "kind": k, "jsonPointers": [p]} for g, k, p in KUEUE_MUTATED_FIELDS],
+            "revisionHistoryLimit": 10,
+        },
+    }
+
+
+def is_managed_kind(obj: Mapping[str, Any]) -> bool:
+    group = obj.get("apiVersion", "").rpartition("/")[0]
+    return (group, obj.get("kind")) in MANAGED_KINDS

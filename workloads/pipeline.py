@@ -1,0 +1,365 @@
+"""The training pipeline as an Argo WorkflowTemplate: prepare data -> train -> evaluate -> register.
+
+Pure functions (spec in, dict out). The commands of every step come from ``step_commands``, the
+same function ``python -m workloads pipeline --local`` runs on CPU, so the local run proves the
+commands the cluster will run.
+
+- prepare: ``python -m trainer prepare-data`` on the CPU pool, tokens written to FSx.
+- train: the PyTorchJob from the training-jobs renderer, applied by a resource step that waits
+  for the Master replica to succeed or fail (see "The train step's conditions" below).
+- evaluate: validation loss of the final checkpoint, written as JSON (an output parameter).
+- register: ``python -m trainer export`` of exactly the checkpoint evaluate scored: a Hugging Face
+  model logged to the training run (its lineage tags, and the pipeline's that evaluate set on the
+  run) and registered as a new version in the MLflow Model Registry.
+
+Checked against Argo Workflows v4.1.2: resource conditions are Kubernetes label selectors whose
+keys are gjson paths (workflow/executor/resource.go, so a key must be a plain dotted path), and
+retry expressions see ``lastRetry.status`` / ``lastRetry.duration`` (docs/retries.md).
+
+The train step's conditions (Training Operator v1.9.4, pkg/controller.v1/common/pod.go and
+pytorch/pytorchjob_controller.go):
+- Retryable exits (128-255: 143 after a checkpoint, a rank killed by a signal) are retried in
+  place by the operator under ``restartPolicy: ExitCode``: it deletes the failed pod and creates
+  a new one, which resumes from the last checkpoint. The workflow never resubmits for that.
+- A permanent exit (1-127) marks the job Failed and leaves the failed Master pod, so
+  ``replicaStatuses.Master.failed`` stays > 0. The operator does not set ``completionTime`` on
+  this path, and a label-selector key cannot query ``conditions`` by type, so the failure
+  condition reads the Master's failed count.
+- That count also shows a retryable failure for the moment between the pod failing and the
+  operator deleting it. So a failure seen after the step has waited a while is checked once
+  more (``TRAIN_RETRY_EXPRESSION``): the retry re-applies the unchanged job (``action: apply``
+  re-attaches, it never starts a second job) and waits again; a permanent failure is still
+  there and ends the step within seconds (too short to be retried again), a restarted pod has
+  replaced a retryable one and the wait goes on. An executor error (pod lost with its CPU
+  node, API-server error) is retried too. The limit is the job's own restart budget.
+- A job that runs past its deadline is bounded by the step's ``activeDeadlineSeconds``.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+import yaml
+
+WORKFLOW_PARAMS = ("dataset", "model-name", "job-spec")
+STEP_NAMES = ("prepare", "train", "evaluate", "register")
+# Label selector keys (gjson paths) the train step waits on (see the module docstring).
+TRAIN_SUCCESS_CONDITION = "status.replicaStatuses.Master.succeeded > 0"
+TRAIN_FAILURE_CONDITION = "status.replicaStatuses.Master.failed > 0"
+# Seconds a failing attempt must have waited for its failure to be checked again: a re-check
+# of a permanent failure ends well within it.
+RECHECK_AFTER_SECONDS = 120
+TRAIN_RETRY_EXPRESSION = f'lastRetry.status == "Error" || asInt(lastRetry.duration) > {RECHECK_AFTER_SECONDS}'
+# Time after the job's own deadline before the train step gives up on it.
+TRAIN_DEADLINE_MARGIN_SECONDS = 15 * 60
+
+
+@dataclass(frozen=True)
+class StepPaths:
+    """Where one run's files live (on FSx in the cluster, in a temp dir locally)."""
+
+    work_dir: str
+
+    @property
+    def tokens(self) -> str:
+        return f"{self.work_dir}/tokens"
+
+    @property
+    def checkpoints(self) -> str:
+        return f"{self.work_dir}/checkpoints"
+
+    @property
+    def evaluation(self) -> str:
+        return f"{self.work_dir}/evaluation.json"
+
+    @property
+    def final_checkpoint_file(self) -> str:
+        return f"{self.work_dir}/final-checkpoint"
+
+    @property
+    def export_dir(self) -> str:
+        return f"{self.work_dir}/model"
+
+
+def train_overrides(paths: StepPaths, run_name: str) -> list[str]:
+    """Trainer overrides the pipeline adds after the job's own (the last value of a key wins): its
+    data, its checkpoints, and its own MLflow run: ``tracking.job_id`` is the run's identity, and
+    the job spec's would make every pipeline run resume the same MLflow run. The register step
+    exports the checkpoint evaluate scored, so the trainer's own end-of-run export is off."""
+    return [f"data.dir={paths.tokens}", f"checkpoint.dir={paths.checkpoints}", f"tracking.job_id={run_name}",
+            f"tracking.run_name={run_name}", "export.at_end=false"]
+
+
+def step_commands(*, paths: StepPaths, dataset: str, model_name: str, run_name: str, pipeline: str,
+                  job_spec: str, final_checkpoint: str, python: str = "python") -> dict[str, list[str]]:
+    """The command of every container step (train runs inside the PyTorchJob: see ``train_job``).
+
+    ``final_checkpoint`` is what evaluate wrote to ``paths.final_checkpoint_file``: an Argo output
+    parameter in the cluster, the file's content locally.
+    """
+    lineage = [f"mlplatform.pipeline={pipeline}", f"mlplatform.pipeline.run={run_name}",
+               f"mlplatform.job_spec={job_spec}", f"mlplatform.dataset={dataset}"]
+    return {
+        "prepare": [python, "-m", "trainer", "prepare-data", "--input", dataset, "--output-dir", paths.tokens],
+        "evaluate": [python, "-m", "trainer.evaluate", "--checkpoint-dir", paths.checkpoints,
+                     "--data-dir", paths.tokens, "--output", paths.evaluation,
+                     "--final-checkpoint-file", paths.final_checkpoint_file,
+                     *[arg for tag in lineage for arg in ("--tag", tag)]],
+        # Export (Hugging Face format) of the evaluated checkpoint, logged to the training run
+        # and registered as a new version of the model (trainer/export.py).
+        "register": [python, "-m", "trainer", "export", "--checkpoint", final_checkpoint,
+                     "--out", paths.export_dir, "--registered-model-name", model_name],
+    }
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """One team's pipeline.
+
+    name: WorkflowTemplate name.
+    namespace: the team namespace it runs in.
+    image: the trainer image (digest-pinned in prod) for the container steps.
+    train_job: the PyTorchJob the training-jobs renderer produced for ``job_spec``.
+    dataset: default of the ``dataset`` parameter: raw text files (directory or glob) on FSx.
+    model_name: default of the ``model-name`` parameter (MLflow registered model).
+    job_spec: repository path of the job spec (default of ``job-spec``, recorded as lineage).
+    fsx_claim: the team namespace's FSx PersistentVolumeClaim.
+    work_root: per-run directories are created under it (on the FSx mount).
+    tracking_secret: Secret with MLFLOW_TRACKING_URI/USERNAME/PASSWORD of the team's MLflow user.
+    cpu_node_selector / cpu_tolerations: the Karpenter CPU pool.
+    service_account: the namespace's workflow service account (Pulumi creates it and its Role).
+    train_retry_limit: re-checks and re-attaches of the train step beyond the job's restart budget
+        (``runPolicy.backoffLimit``: each operator restart can cause at most one re-check).
+    active_deadline_seconds: the whole workflow's limit (the job's own plus prepare/evaluate).
+    """
+
+    name: str
+    namespace: str
+    image: str
+    train_job: Mapping[str, Any]
+    dataset: str
+    model_name: str
+    job_spec: str
+    fsx_claim: str
+    fsx_mount_path: str = "/fsx"
+    work_root: str = "/fsx/pipelines"
+    tracking_secret: Optional[str] = None
+    cpu_node_selector: Mapping[str, str] = field(default_factory=dict)
+    cpu_tolerations: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
+    service_account: str = "pipeline-runner"
+    train_retry_limit: int = 2
+    active_deadline_seconds: int = 7 * 24 * 3600
+    cpu_request: str = "2"
+    memory_request: str = "8Gi"
+
+
+RUN = "{{workflow.name}}"
+
+
+def _param(name: str) -> str:
+    return "{{workflow.parameters.%s}}" % name
+
+
+def cluster_paths(spec: PipelineSpec) -> StepPaths:
+    return StepPaths(f"{spec.work_root.rstrip('/')}/{RUN}")
+
+
+def cluster_commands(spec: PipelineSpec) -> dict[str, list[str]]:
+    return step_commands(paths=cluster_paths(spec), dataset=_param("dataset"), model_name=_param("model-name"),
+                         run_name=RUN, pipeline=spec.name, job_spec=_param("job-spec"),
+                         final_checkpoint="{{steps.evaluate.outputs.parameters.checkpoint}}")
+
+
+def _trainer_container(job: Mapping[str, Any], replica: str) -> dict[str, Any]:
+    spec = job["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]
+    containers = [c for c in spec["containers"] if c["name"] == "pytorch"]
+    if not containers:
+        raise ValueError(f"PyTorchJob {job['metadata'].get('name')}: {replica} has no 'pytorch' container")
+    return containers[0]
+
+
+def train_job(spec: PipelineSpec) -> dict[str, Any]:
+    """The rendered PyTorchJob, renamed per workflow run, with the pipeline's trainer overrides."""
+    if spec.train_job.get("kind") != "PyTorchJob":
+        raise ValueError(f"pipeline {spec.name}: train_job must be a PyTorchJob, got {spec.train_job.get('kind')!r}")
+    job = copy.deepcopy(dict(spec.train_job))
+    job["metadata"] = {**job["metadata"], "name": f"{RUN}-train", "namespace": spec.namespace}
+    job["metadata"]["labels"] = {**job["metadata"].get("labels", {}), "mlplatform.io/pipeline": spec.name}
+    extra = train_overrides(cluster_paths(spec), RUN)
+    for replica in job["spec"]["pytorchReplicaSpecs"]:
+        container = _trainer_container(job, replica)
+        container["args"] = [*container.get("args", []), *extra]
+    return job
+
+
+def job_deadline_seconds(job: Mapping[str, Any]) -> int:
+    return int(job["spec"].get("runPolicy", {}).get("activeDeadlineSeconds") or 7 * 24 * 3600)
+
+
+def job_backoff_limit(job: Mapping[str, Any]) -> int:
+    # The operator's default backoff limit is 6 (kubeflow.org/v1 RunPolicy).
+    limit = job["spec"].get("runPolicy", {}).get("backoffLimit")
+    return int(limit) if limit is not None else 6
+
+
+def _container_step(spec: PipelineSpec, name: str, command: list[str], *, outputs: Optional[dict] = None) -> dict[str, Any]:
+    env_from = [{"secretRef": {"name": spec.tracking_secret}}] if spec.tracking_secret else []
+    template: dict[str, Any] = {
+        "name": name,
+        # The CPU pool consolidates under-used nodes; a half-done tokenisation would start over.
+        "metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}},
+        "nodeSelector": dict(spec.cpu_node_selector),
+        "tolerations": [dict(t) for t in spec.cpu_tolerations],
+        "container": {
+            "name": "main",
+            "image": spec.image,
+            "command": command[:1],
+            "args": command[1:],
+            "envFrom": env_from,
+            "resources": {"requests": {"cpu": spec.cpu_request, "memory": spec.memory_request},
+                          "limits": {"memory": spec.memory_request}},
+            "volumeMounts": [{"name": "fsx", "mountPath": spec.fsx_mount_path}],
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
+        },
+    }
+    if outputs:
+        template["outputs"] = outputs
+    return template
+
+
+def workflow_template(spec: PipelineSpec) -> dict[str, Any]:
+    commands = cluster_commands(spec)
+    paths = cluster_paths(spec)
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "WorkflowTemplate",
+        "metadata": {"name": spec.name, "namespace": spec.namespace,
+                     "labels": {"mlplatform.io/pipeline": spec.name}},
+        "spec": {
+            "entrypoint": "pipeline",
+            "serviceAccountName": spec.service_account,
+            "activeDeadlineSeconds": spec.active_deadline_seconds,
+            "arguments": {"parameters": [
+                {"name": "dataset", "value": spec.dataset, "description": "raw text files (directory or glob) on FSx"},
+                {"name": "model-name", "value": spec.model_name, "description": "MLflow registered model name"},
+                {"name": "job-spec", "value": spec.job_spec, "description": "job spec the train step was rendered from"},
+            ]},
+            "volumes": [{"name": "fsx", "persistentVolumeClaim": {"claimName": spec.fsx_claim}}],
+            "podGC": {"strategy": "OnWorkflowSuccess"},
+            "ttlStrategy": {"secondsAfterSuccess": 7 * 24 * 3600, "secondsAfterFailure": 14 * 24 * 3600},
+            "templates": [
+                {"name": "pipeline", "steps": [
+                    [{"name": "prepare", "template": "prepare"}],
+                    [{"name": "train", "template": "train"}],
+                    [{"name": "evaluate", "template": "evaluate"}],
+                    [{"name": "register", "template": "register"}],
+                ]},
+                _container_step(spec, "prepare", commands["prepare"]),
+                {
+                    "name": "train",
+                    "activeDeadlineSeconds": job_deadline_seconds(spec.train_job) + TRAIN_DEADLINE_MARGIN_SECONDS,
+                    "retryStrategy": {"limit": job_backoff_limit(spec.train_job) + spec.train_retry_limit,
+                                      "retryPolicy": "Always", "expression": TRAIN_RETRY_EXPRESSION,
+                                      "backoff": {"duration": "30s"}},
+                    "resource": {
+                        # apply, not create: a retried step re-attaches to the job it already started.
+                        "action": "apply",
+                        "setOwnerReference": True,
+                        "successCondition": TRAIN_SUCCESS_CONDITION,
+                        "failureCondition": TRAIN_FAILURE_CONDITION,
+                        "manifest": yaml.safe_dump(train_job(spec), sort_keys=True),
+                    },
+                },
+                _container_step(spec, "evaluate", commands["evaluate"], outputs={"parameters": [
+                    {"name": "evaluation", "valueFrom": {"path": paths.evaluation}},
+                    {"name": "checkpoint", "valueFrom": {"path": paths.final_checkpoint_file}}]}),
+                _container_step(spec, "register", commands["register"]),
+            ],
+        },
+    }
+
+
+def pod_templates(template: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Each container step as the pod template Argo would create (for Kubernetes 1.32 validation)."""
+    volumes = template["spec"].get("volumes", [])
+    out = []
+    for step in template["spec"]["templates"]:
+        if "container" not in step:
+            continue
+        pod_spec = {"containers": [step["container"]], "volumes": volumes, "restartPolicy": "Never",
+                    "serviceAccountName": template["spec"]["serviceAccountName"]}
+        for key in ("nodeSelector", "tolerations"):
+            if step.get(key):
+                pod_spec[key] = step[key]
+        metadata = {"labels": {"step": step["name"]}, **step.get("metadata", {})}
+        out.append((step["name"], {"metadata": metadata, "spec": pod_spec}))
+    return out
+
+
+def embedded_job(template: Mapping[str, Any]) -> dict[str, Any]:
+    """The PyTorchJob inside the train step, parsed back (for CRD validation)."""
+    step = next(t for t in template["spec"]["templates"] if t["name"] == "train")
+    return yaml.safe_load(step["resource"]["manifest"])
+
+
+# -- declarations (workloads/declared/<stack>/pipelines/*.yaml) -------------------------------
+@dataclass(frozen=True)
+class PipelineDeclaration:
+    """What a team commits: the pipeline's name, the job spec its train step runs, the defaults
+    of its parameters. Namespace and image come from the job spec."""
+
+    name: str
+    job_spec: str
+    dataset: str
+    model_name: str
+    train_retry_limit: int = 2
+    work_root: str = "/fsx/pipelines"
+
+
+_DNS_LABEL = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+_DECLARATION_KEYS = {"name": "name", "jobSpec": "job_spec", "dataset": "dataset", "modelName": "model_name",
+                     "trainRetryLimit": "train_retry_limit", "workRoot": "work_root"}
+
+
+def parse_declaration(raw: Any, *, source: str) -> PipelineDeclaration:
+    """A pipeline declaration, or ValueError listing every problem (field, value, fix)."""
+    import re
+
+    if not isinstance(raw, dict):
+        raise ValueError(f"{source}: must be a YAML mapping with keys {sorted(_DECLARATION_KEYS)}")
+    problems = []
+    for key in raw:
+        if key not in _DECLARATION_KEYS:
+            problems.append(f"{key}: unknown key (got {raw[key]!r}). Fix: use one of {sorted(_DECLARATION_KEYS)}")
+    for key in ("name", "jobSpec", "dataset", "modelName"):
+        if not isinstance(raw.get(key), str) or not raw.get(key):
+            problems.append(f"{key}: required string (got {raw.get(key)!r}). Fix: add `{key}: ...`")
+    if isinstance(raw.get("name"), str) and not re.match(_DNS_LABEL, raw["name"]):
+        problems.append(f"name: not a DNS label (got {raw['name']!r}). Fix: lowercase letters, digits and '-'")
+    if isinstance(raw.get("dataset"), str) and not raw["dataset"].startswith("/fsx/"):
+        problems.append(f"dataset: must be on the FSx mount (got {raw['dataset']!r}). Fix: a path under /fsx/")
+    retries = raw.get("trainRetryLimit", 2)
+    if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= 10:
+        problems.append(f"trainRetryLimit: must be an integer 0-10 (got {retries!r}). Fix: e.g. 2")
+    if problems:
+        raise ValueError(f"{source}: {len(problems)} problem{'s' if len(problems) != 1 else ''}\n"
+                         + "\n".join(f"  - {p}" for p in problems))
+    return PipelineDeclaration(**{_DECLARATION_KEYS[k]: v for k, v in raw.items()})
+
+
+def pipeline_spec(declaration: PipelineDeclaration, train_job: Mapping[str, Any], *, fsx_claim: str,
+                  tracking_secret: Optional[str], cpu_node_selector: Mapping[str, str]) -> PipelineSpec:
+    """The WorkflowTemplate's spec: the job's namespace and image, the declaration's defaults."""
+    master = train_job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    image = next(c["image"] for c in master["containers"] if c["name"] == "pytorch")
+    deadline = job_deadline_seconds(train_job)
+    return PipelineSpec(
+        name=declaration.name, namespace=train_job["metadata"]["namespace"], image=image, train_job=train_job,
+        dataset=declaration.dataset, model_name=declaration.model_name, job_spec=declaration.job_spec,
+        fsx_claim=fsx_claim, work_root=declaration.work_root, tracking_secret=tracking_secret,
+        cpu_node_selector=dict(cpu_node_selector), train_retry_limit=declaration.train_retry_limit,
+        # The job's own deadline plus a day for preparing the data, evaluating and registering.
+        active_deadline_seconds=deadline + 24 * 3600,
+    )
