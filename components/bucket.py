@@ -116,6 +116,40 @@ class ObjectLock:
             raise ValueError(f"ObjectLock.retention_days: {self.retention_days} must be 1 or more")
 
 
+def private_bucket(name: str, *, parent: pulumi.Resource, encryption: Mapping[str, Any],
+                   lifecycle_rules: Sequence[LifecycleRule] = (), versioning: bool = True, protect: bool = False,
+                   force_destroy: bool = False, tags: Mapping[str, str]) -> tuple[aws.s3.Bucket, aws.s3.BucketPublicAccessBlock, Optional[aws.s3.BucketVersioning]]:
+    """A bucket (child of ``parent``) with the controls every platform bucket has (children of the bucket).
+
+    Owner-enforced objects (permissions from the bucket policy, not ACLs), every public access
+    block on, default encryption ``encryption`` (an ``apply_server_side_encryption_by_default``
+    rule), versioning, lifecycle. Returns the bucket, its public access block (a bucket policy
+    must depend on it) and its versioning (Object Lock must depend on it). Shared by
+    ``SecureBucket``, ``AccessLogBucket`` and ``components.tracking.AlbAccessLogs``.
+    """
+    bucket = aws.s3.Bucket(f"{name}-bucket", force_destroy=force_destroy, tags={**tags, "Name": name},
+                           opts=pulumi.ResourceOptions(parent=parent, protect=protect))
+    child = pulumi.ResourceOptions(parent=bucket)
+    aws.s3.BucketOwnershipControls(
+        f"{name}-ownership", bucket=bucket.id, rule={"object_ownership": "BucketOwnerEnforced"}, opts=child)
+    public_access = aws.s3.BucketPublicAccessBlock(
+        f"{name}-public-access", bucket=bucket.id, block_public_acls=True, block_public_policy=True,
+        ignore_public_acls=True, restrict_public_buckets=True, opts=child)
+    aws.s3.BucketServerSideEncryptionConfiguration(f"{name}-encryption", bucket=bucket.id, rules=[dict(encryption)], opts=child)
+    versioned = None
+    if versioning:
+        versioned = aws.s3.BucketVersioning(
+            f"{name}-versioning", bucket=bucket.id, versioning_configuration={"status": "Enabled"}, opts=child)
+    if lifecycle_rules:
+        aws.s3.BucketLifecycleConfiguration(
+            f"{name}-lifecycle", bucket=bucket.id, rules=[_rule(r) for r in lifecycle_rules], opts=child)
+    return bucket, public_access, versioned
+
+
+# S3 server access logs and ELB access logs: SSE-S3 is the only encryption either delivers to.
+SSE_S3 = {"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}}
+
+
 @dataclass(frozen=True)
 class SecureBucketArgs:
     """Inputs of ``SecureBucket``.
@@ -166,30 +200,14 @@ class SecureBucket(pulumi.ComponentResource):
         super().__init__("mlplatform:bucket:SecureBucket", name, None, opts)
         self.args = args
         self.kms_key = args.kms_key
-        self.bucket = aws.s3.Bucket(
-            f"{name}-bucket", force_destroy=args.force_destroy, tags={**args.tags, "Name": name},
-            opts=pulumi.ResourceOptions(parent=self, protect=args.protect),
+        self.bucket, public_access, versioning = private_bucket(
+            name, parent=self, protect=args.protect, force_destroy=args.force_destroy, tags=args.tags,
+            versioning=args.versioning, lifecycle_rules=args.lifecycle_rules,
+            encryption={"apply_server_side_encryption_by_default": {"sse_algorithm": "aws:kms",
+                                                                    "kms_master_key_id": args.kms_key.arn},
+                        "bucket_key_enabled": True},
         )
         bucket_child = pulumi.ResourceOptions(parent=self.bucket)
-        aws.s3.BucketOwnershipControls(
-            f"{name}-ownership", bucket=self.bucket.id, rule={"object_ownership": "BucketOwnerEnforced"}, opts=bucket_child,
-        )
-        public_access = aws.s3.BucketPublicAccessBlock(
-            f"{name}-public-access", bucket=self.bucket.id, block_public_acls=True, block_public_policy=True,
-            ignore_public_acls=True, restrict_public_buckets=True, opts=bucket_child,
-        )
-        aws.s3.BucketServerSideEncryptionConfiguration(
-            f"{name}-encryption", bucket=self.bucket.id,
-            rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": "aws:kms",
-                                                                 "kms_master_key_id": args.kms_key.arn},
-                    "bucket_key_enabled": True}],
-            opts=bucket_child,
-        )
-        versioning = None
-        if args.versioning:
-            versioning = aws.s3.BucketVersioning(
-                f"{name}-versioning", bucket=self.bucket.id, versioning_configuration={"status": "Enabled"}, opts=bucket_child,
-            )
         if args.object_lock is not None:
             # Object Lock used to be possible only at bucket creation (or with a token from AWS
             # Support); PutObjectLockConfiguration now enables it on an existing versioned bucket
@@ -201,10 +219,6 @@ class SecureBucket(pulumi.ComponentResource):
                 f"{name}-object-lock", bucket=self.bucket.id, object_lock_enabled="Enabled",
                 rule={"default_retention": {"mode": args.object_lock.mode, "days": args.object_lock.retention_days}},
                 opts=pulumi.ResourceOptions(parent=self.bucket, depends_on=[versioning]),
-            )
-        if args.lifecycle_rules:
-            aws.s3.BucketLifecycleConfiguration(
-                f"{name}-lifecycle", bucket=self.bucket.id, rules=[_rule(r) for r in args.lifecycle_rules], opts=bucket_child,
             )
         prefix = args.access_logs_prefix or f"s3-access/{name}/"
         if isinstance(args.access_logs_bucket, AccessLogBucket):
@@ -311,26 +325,10 @@ class AccessLogBucket(pulumi.ComponentResource):
         super().__init__("mlplatform:bucket:AccessLogBucket", name, None, opts)
         self._base_name = name
         self.args = args
-        self.bucket = aws.s3.Bucket(
-            f"{name}-bucket", force_destroy=not args.protect, tags={**args.tags, "Name": name},
-            opts=pulumi.ResourceOptions(parent=self, protect=args.protect),
-        )
-        child = pulumi.ResourceOptions(parent=self.bucket)
-        aws.s3.BucketOwnershipControls(
-            f"{name}-ownership", bucket=self.bucket.id, rule={"object_ownership": "BucketOwnerEnforced"}, opts=child)
-        self._public_access = aws.s3.BucketPublicAccessBlock(
-            f"{name}-public-access", bucket=self.bucket.id, block_public_acls=True, block_public_policy=True,
-            ignore_public_acls=True, restrict_public_buckets=True, opts=child)
-        aws.s3.BucketServerSideEncryptionConfiguration(
-            f"{name}-encryption", bucket=self.bucket.id,
-            rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}}], opts=child)
-        aws.s3.BucketVersioning(
-            f"{name}-versioning", bucket=self.bucket.id, versioning_configuration={"status": "Enabled"}, opts=child)
-        aws.s3.BucketLifecycleConfiguration(
-            f"{name}-lifecycle", bucket=self.bucket.id,
-            rules=[_rule(LifecycleRule(id="expire-access-logs", expiration_days=args.expiration_days,
-                                       noncurrent_version_expiration_days=args.noncurrent_version_expiration_days))],
-            opts=child)
+        self.bucket, self._public_access, _ = private_bucket(
+            name, parent=self, protect=args.protect, force_destroy=not args.protect, tags=args.tags, encryption=SSE_S3,
+            lifecycle_rules=[LifecycleRule(id="expire-access-logs", expiration_days=args.expiration_days,
+                                           noncurrent_version_expiration_days=args.noncurrent_version_expiration_days)])
         self._sources: list[tuple[str, aws.s3.Bucket, str]] = []
         self.policy = None
         self.arn = self.bucket.arn

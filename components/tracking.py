@@ -45,8 +45,9 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import pulumi
 import pulumi_aws as aws
 
-from components.bucket import LifecycleRule, SecureBucket, SecureBucketArgs
+from components.bucket import SSE_S3, LifecycleRule, SecureBucket, SecureBucketArgs, private_bucket
 from components.cluster import Cluster
+from components.images import ECR_PULL_ACTIONS
 from components.k8s import apply_object
 from components.kms import create_key
 from components.mlflow_server import (
@@ -102,7 +103,6 @@ ROTATION_EXCEPTIONS = {
 CONTAINER_USER = "10001"  # the image's non-root user
 K8S_SECRET_NAME = "mlflow-tracking"
 MLFLOW_USER_ANNOTATION = "mlplatform.io/mlflow-user"
-ECR_PULL_ACTIONS = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"]
 
 
 class LoadBalancerScheme(str, Enum):
@@ -176,75 +176,6 @@ def team_tracking_secret(namespace: str, tracking_uri: str, password_b64: pulumi
             "data": {"MLFLOW_TRACKING_PASSWORD": password_b64}}
 
 
-# -- image repositories (automation account) ------------------------------------------------
-@dataclass(frozen=True)
-class ImageRepositoriesArgs:
-    """ECR repositories in the automation account, pullable from the workload accounts.
-
-    Attributes:
-        repository_names: e.g. ``{"mlflow": "mlp/mlflow", "trainer": "mlp/trainer"}``.
-        puller_account_ids: accounts whose principals may pull.
-        untagged_expiration_days: untagged (superseded) images are deleted after this.
-    """
-
-    repository_names: Mapping[str, str]
-    puller_account_ids: Sequence[str]
-    untagged_expiration_days: int = 14
-    protect: bool = False
-    tags: Mapping[str, str] = field(default_factory=dict)
-
-
-class ImageRepositories(pulumi.ComponentResource):
-    """Immutable, scanned, KMS-encrypted repositories shared with the workload accounts."""
-
-    repositories: dict[str, aws.ecr.Repository]
-
-    def __init__(self, name: str, args: ImageRepositoriesArgs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("mlplatform:tracking:ImageRepositories", name, None, opts)
-        tags = dict(args.tags)
-        partition = aws.get_partition_output(opts=pulumi.InvokeOutputOptions(parent=self)).partition
-        pullers = [pulumi.Output.concat("arn:", partition, ":iam::", account, ":root") for account in args.puller_account_ids]
-        self.key = create_key(
-            f"{name}-ecr", description="Encrypts the platform's container images", parent=self, tags=tags,
-            protect=args.protect,
-            service_statements=[{
-                # Layers are decrypted by ECR on behalf of the pulling account.
-                "Sid": "PullersDecryptThroughEcr", "Effect": "Allow",
-                "Principal": {"AWS": pullers},
-                "Action": ["kms:Decrypt", "kms:DescribeKey"], "Resource": "*",
-                "Condition": {"StringLike": {"kms:ViaService": "ecr.*.amazonaws.com"}},
-            }],
-        )
-        self.repositories = {}
-        for key, repo_name in args.repository_names.items():
-            repo = aws.ecr.Repository(
-                f"{name}-{key}", name=repo_name, image_tag_mutability="IMMUTABLE",
-                image_scanning_configuration={"scan_on_push": True},
-                encryption_configurations=[{"encryption_type": "KMS", "kms_key": self.key.arn}],
-                force_delete=not args.protect, tags=tags,
-                opts=pulumi.ResourceOptions(parent=self, protect=args.protect),
-            )
-            aws.ecr.RepositoryPolicy(
-                f"{name}-{key}-policy", repository=repo.name,
-                policy=pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [{
-                    "Sid": "WorkloadAccountsPull", "Effect": "Allow",
-                    "Principal": {"AWS": pullers},
-                    "Action": ECR_PULL_ACTIONS}]}),
-                opts=pulumi.ResourceOptions(parent=repo),
-            )
-            aws.ecr.LifecyclePolicy(
-                f"{name}-{key}-lifecycle", repository=repo.name,
-                policy=json.dumps({"rules": [{
-                    "rulePriority": 1, "description": "expire untagged images",
-                    "selection": {"tagStatus": "untagged", "countType": "sinceImagePushed",
-                                  "countUnit": "days", "countNumber": args.untagged_expiration_days},
-                    "action": {"type": "expire"}}]}),
-                opts=pulumi.ResourceOptions(parent=repo),
-            )
-            self.repositories[key] = repo
-        self.register_outputs({key: repo.repository_url for key, repo in self.repositories.items()})
-
-
 # -- ALB access logs (logging account) -------------------------------------------------------
 # Regions where ELB delivers access logs as a regional ELB account (regions opened before
 # August 2022): the keys of terraform-provider-aws's elbAccountIdPerRegionMap, behind
@@ -268,9 +199,9 @@ class AlbAccessLogs(pulumi.ComponentResource):
     """Bucket for load balancer access logs, in the logging account.
 
     ALB log delivery supports only SSE-S3 buckets, while the log archive uses SSE-KMS: these
-    logs get their own bucket with every other control of the archive (versioning, public
-    access block, owner-enforced objects, TLS-only, lifecycle, deliveries scoped to the
-    writer accounts).
+    logs get their own bucket with the controls of every platform bucket
+    (``components.bucket.private_bucket``: versioning, public access block, owner-enforced
+    objects, lifecycle), TLS-only, and deliveries scoped to the writer accounts.
     """
 
     def __init__(self, name: str, *, writer_account_ids: Sequence[str], expiration_days: int,
@@ -280,24 +211,10 @@ class AlbAccessLogs(pulumi.ComponentResource):
         principals, for a region listed in ``ELB_ACCOUNT_LOG_DELIVERY_REGIONS``)."""
         super().__init__("mlplatform:tracking:AlbAccessLogs", name, None, opts)
         tags = dict(tags)
-        self.bucket = aws.s3.Bucket(f"{name}-bucket", force_destroy=not protect, tags={**tags, "Name": name},
-                                    opts=pulumi.ResourceOptions(parent=self, protect=protect))
-        child = pulumi.ResourceOptions(parent=self.bucket)
-        aws.s3.BucketOwnershipControls(f"{name}-ownership", bucket=self.bucket.id,
-                                       rule={"object_ownership": "BucketOwnerEnforced"}, opts=child)
-        public = aws.s3.BucketPublicAccessBlock(f"{name}-public-access", bucket=self.bucket.id, block_public_acls=True,
-                                                block_public_policy=True, ignore_public_acls=True,
-                                                restrict_public_buckets=True, opts=child)
-        aws.s3.BucketServerSideEncryptionConfiguration(
-            f"{name}-encryption", bucket=self.bucket.id,
-            rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}}], opts=child)
-        aws.s3.BucketVersioning(f"{name}-versioning", bucket=self.bucket.id,
-                                versioning_configuration={"status": "Enabled"}, opts=child)
-        aws.s3.BucketLifecycleConfiguration(
-            f"{name}-lifecycle", bucket=self.bucket.id,
-            rules=[{"id": "expire-logs", "status": "Enabled", "filter": {"prefix": ""},
-                    "expiration": {"days": expiration_days},
-                    "noncurrent_version_expiration": {"noncurrent_days": 7}}], opts=child)
+        self.bucket, public, _ = private_bucket(
+            name, parent=self, protect=protect, force_destroy=not protect, tags=tags, encryption=SSE_S3,
+            lifecycle_rules=[LifecycleRule(id="expire-logs", expiration_days=expiration_days,
+                                           noncurrent_version_expiration_days=7)])
         objects = [pulumi.Output.concat(self.bucket.arn, alb_log_object_arn_suffix(account))
                    for account in writer_account_ids]
         statements = [

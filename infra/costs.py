@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Iterator, Union
 
 from components.versions import EKS_VERSIONS
 from infra.config import PlatformConfig
 from infra.mock_engine import Recording
-from infra.plan import plan_section
 from workloads.gpu_catalog import gpu_type
 from workloads.prices import HOURS_PER_MONTH, STACK_PRICES, InstancePrice, UnitPrice, price
 
@@ -120,11 +119,15 @@ def tracking(recording: Recording) -> Iterator[CostLine]:
             yield _hourly(f"Fargate {service.name}: {count} x {gib:g} GB", count * gib, "fargate_gb_hour")
 
 
-def storage_and_keys(recording: Recording) -> Iterator[CostLine]:
+def file_systems(recording: Recording) -> Iterator[CostLine]:
     for fs in recording.by_type("aws:fsx/lustreFileSystem:LustreFileSystem"):
         capacity, tier = int(fs.inputs["storageCapacity"]), int(fs.inputs["perUnitStorageThroughput"])
         yield _monthly(f"FSx for Lustre {fs.name}: {capacity} GiB PERSISTENT_2 at {tier} MB/s/TiB", capacity,
                        f"fsx_lustre_p2_{tier}_gb_month")
+
+
+def storage_and_keys(recording: Recording) -> Iterator[CostLine]:
+    """Every S3 bucket, KMS key and secret of the stack, whichever capability made it."""
     buckets = len(recording.by_type("aws:s3/bucket:Bucket"))
     if buckets:
         yield _monthly(f"S3 ({buckets} buckets; grows with data, empty when new)", 0, "s3_standard_gb_month")
@@ -134,12 +137,6 @@ def storage_and_keys(recording: Recording) -> Iterator[CostLine]:
     secrets = len(recording.by_type("aws:secretsmanager/secret:Secret"))
     if secrets:
         yield _monthly(f"Secrets Manager secrets ({secrets})", secrets, "secret_month")
-
-
-def idle_costs(recording: Recording, today: Optional[dt.date] = None) -> list[CostLine]:
-    today = today or dt.date.today()
-    return [*eks_control_plane(recording, today), *static_nodes(recording), *network(recording),
-            *tracking(recording), *storage_and_keys(recording)]
 
 
 def gpu_pool_rates(config: PlatformConfig) -> list[str]:
@@ -161,8 +158,8 @@ def gpu_pool_rates(config: PlatformConfig) -> list[str]:
     return lines
 
 
-def report(config: PlatformConfig, recording: Recording, today: Optional[dt.date] = None) -> list[str]:
-    lines = idle_costs(recording, today)
+def report(config: PlatformConfig, lines: list[CostLine]) -> list[str]:
+    """The cost section: ``lines`` (every capability's idle cost), the total, GPU pool rates."""
     total = sum(line.usd_per_month for line in lines)
     control_plane = sum(line.usd_per_month for line in lines if line.item.startswith("EKS control plane"))
     out = [f"{line.usd_per_month:>9,.2f} $/month  {line.item}  [{line.quantity:g} x ${line.usd_per_unit:g} per "
@@ -175,8 +172,3 @@ def report(config: PlatformConfig, recording: Recording, today: Optional[dt.date
         out.append(f"dev goal: <= ${DEV_IDLE_GOAL_USD_PER_MONTH:,.0f}/month without the control-plane fee: {verdict}"
                    + (f"; largest line: {biggest.item} (${biggest.usd_per_month:,.2f})" if biggest else ""))
     return out + gpu_pool_rates(config)
-
-
-@plan_section
-def _cost_section(config: PlatformConfig, recording: Recording) -> tuple[str, list[str]]:
-    return "Idle cost per month (no job running)", report(config, recording)

@@ -5,7 +5,8 @@ scheduling capability owns team namespaces.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+import datetime as dt
+from typing import Any, Iterator
 
 import pulumi
 
@@ -19,24 +20,23 @@ from components.datasets import (
     fsx_log_group_name,
     write_throughput_mb_per_s,
 )
+from components.images import ImageRepositories, ImageRepositoriesArgs
+from components.mlflow_server import APP_DATABASE_USER
 from components.tracking import (
+    MASTER_USERNAME,
     ROTATION_EXCEPTIONS,
     AlbAccessLogs,
     DatabaseArgs,
-    ImageRepositories,
-    ImageRepositoriesArgs,
     Tracking,
     TrackingArgs,
 )
-from components.mlflow_server import APP_DATABASE_USER
-from components.tracking import MASTER_USERNAME
 from components.versions import AURORA_POSTGRESQL_VERSION
+from infra import costs
+from infra.capability import Capability
 from infra.config import BucketLifecycleConfig, PlatformConfig, dra_spec
-from infra.mock_engine import Recording, register_outputs
-from infra.plan import plan_section, plan_warning
-
-if TYPE_CHECKING:
-    from infra.program import Platform
+from infra.costs import CostLine
+from infra.mock_engine import Recording
+from infra.platform import Platform
 
 
 def _lifecycle(rule_id: str, lifecycle: BucketLifecycleConfig) -> list[LifecycleRule]:
@@ -57,9 +57,7 @@ def team_namespaces(config: PlatformConfig) -> list[str]:
     """
     teams = getattr(getattr(config, "scheduling", None), "teams", None) or []
     if teams:
-        from infra.gpu_capacity import team_namespace
-
-        return [team_namespace(team) for team in teams]
+        return [team.namespace for team in teams]
     return list(config.datasets.fsx.namespaces) if config.datasets else []
 
 
@@ -81,7 +79,7 @@ def log_group_names(config: PlatformConfig) -> list[str]:
     return names
 
 
-def deploy(platform: "Platform") -> dict[str, Any]:
+def deploy(platform: Platform) -> dict[str, Any]:
     config = platform.config
     tags = config.resource_tags
     outputs: dict[str, Any] = {}
@@ -193,11 +191,6 @@ def spot_save_warnings(config: PlatformConfig) -> Iterator[str]:
                "datasets.fsx.storageCapacityGib or perUnitStorageThroughputMbPerTib, or train it on on-demand capacity")
 
 
-@plan_warning
-def _spot_save(config: PlatformConfig, recording: Recording) -> Iterator[str]:
-    yield from spot_save_warnings(config)
-
-
 def cross_az_warnings(config: PlatformConfig) -> Iterator[str]:
     """GPU pools that may launch outside the file system's AZ pay cross-AZ latency and traffic."""
     if config.datasets is None:
@@ -210,12 +203,6 @@ def cross_az_warnings(config: PlatformConfig) -> Iterator[str]:
                f"across AZs (higher latency, $0.01/GB each way): set their zones to [{fsx_az}] for training pools")
 
 
-@plan_warning
-def _cross_az(config: PlatformConfig, recording: Recording) -> Iterator[str]:
-    yield from cross_az_warnings(config)
-
-
-@plan_warning
 def _tracking_warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
     tr = config.tracking
     if tr is None:
@@ -243,8 +230,7 @@ def first_deploy_warnings(config: PlatformConfig) -> Iterator[str]:
                "mlflowImageRepository), set tracking.image to <repository>@sha256:<digest>, and run up again")
 
 
-@plan_section
-def _datasets_tracking_section(config: PlatformConfig, recording: Recording) -> Optional[tuple[str, list[str]]]:
+def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tuple[str, list[str]]]:
     lines = []
     if config.datasets is not None:
         fsx = config.datasets.fsx
@@ -267,50 +253,20 @@ def _datasets_tracking_section(config: PlatformConfig, recording: Recording) -> 
             lines.append(f"Secret {secret}: NOT ROTATED (exception): {reason}")
         teams = team_namespaces(config)
         lines.append(f"MLflow team users (EDIT on their experiment, READ elsewhere): {', '.join(teams) or 'none'}")
-    return ("Datasets and tracking", lines) if lines else None
+    if lines:
+        yield "Datasets and tracking", lines
 
 
-# -- outputs the mock engine must know (read by the components) --------------------------------
-def _lustre(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    fs_id = f"fs-{digest[:17]}"
-    return {"id": fs_id, "dnsName": f"{fs_id}.fsx.{region}.amazonaws.com", "mountName": digest[:8],
-            "arn": f"arn:aws:fsx:{region}:{account}:file-system/{fs_id}"}
+def warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
+    yield from spot_save_warnings(config)
+    yield from cross_az_warnings(config)
+    yield from _tracking_warnings(config, recording)
 
 
-def _aurora(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    ident = inputs.get("clusterIdentifier") or name
-    return {"id": ident, "endpoint": f"{ident}.cluster-{digest[:12]}.{region}.rds.amazonaws.com",
-            "arn": f"arn:aws:rds:{region}:{account}:cluster:{ident}",
-            "masterUserSecrets": [{"secretArn": f"arn:aws:secretsmanager:{region}:{account}:secret:rds!cluster-{digest[:8]}",
-                                   "kmsKeyId": inputs.get("masterUserSecretKmsKeyId"), "secretStatus": "active"}]}
+def cost_lines(recording: Recording, today: dt.date) -> Iterator[CostLine]:
+    yield from costs.tracking(recording)
+    yield from costs.file_systems(recording)
 
 
-def _alb(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    scheme = "internal-" if inputs.get("internal") else ""
-    return {"dnsName": f"{scheme}{name[:20]}-{digest[:8]}.{region}.elb.amazonaws.com", "zoneId": "Z1H1FL5HABSF5",
-            "arn": f"arn:aws:elasticloadbalancing:{region}:{account}:loadbalancer/app/{name[:20]}/{digest[:16]}"}
-
-
-def _certificate(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    domain = inputs.get("domainName", "example.com")
-    return {"arn": f"arn:aws:acm:{region}:{account}:certificate/{digest[:8]}-{digest[8:12]}",
-            "domainValidationOptions": [{"domainName": domain, "resourceRecordName": f"_{digest[:32]}.{domain}.",
-                                         "resourceRecordType": "CNAME",
-                                         "resourceRecordValue": f"_{digest[32:64]}.acm-validations.aws."}]}
-
-
-def _ecr(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    repo = inputs.get("name") or name
-    return {"repositoryUrl": f"{account}.dkr.ecr.{region}.amazonaws.com/{repo}",
-            "arn": f"arn:aws:ecr:{region}:{account}:repository/{repo}"}
-
-
-register_outputs("aws:fsx/lustreFileSystem:LustreFileSystem", _lustre)
-register_outputs("aws:rds/cluster:Cluster", _aurora)
-register_outputs("aws:lb/loadBalancer:LoadBalancer", _alb)
-register_outputs("aws:acm/certificate:Certificate", _certificate)
-register_outputs("aws:ecr/repository:Repository", _ecr)
-register_outputs("aws:serverlessrepository/cloudFormationStack:CloudFormationStack",
-                 lambda name, inputs, account, region, digest: {"outputs": {
-                     "RotationLambdaARN": f"arn:aws:lambda:{region}:{account}:function:{inputs.get('parameters', {}).get('functionName', name)}"}})
-register_outputs("aws:route53/zone:Zone", lambda name, inputs, account, region, digest: {"zoneId": f"Z{digest[:20].upper()}"})
+CAPABILITY = Capability("datasets and tracking", deploy=deploy, plan_sections=plan_sections, warnings=warnings,
+                        cost_lines=cost_lines)

@@ -6,16 +6,17 @@ components in the cluster, and adds a plan section. The same ``gitops_spec`` fee
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Any, Iterator, Optional
 
 import pulumi
 
 from components.argo_workflows import ArgoWorkflows, ArgoWorkflowsArgs
 from components.argocd import ArgoCD, ArgoCDArgs, SecretSource, SsoArgs
 from components.versions import ARGO_WORKFLOWS_APP_VERSION, ARGOCD_APP_VERSION, ARGOCD_CHART_VERSION
+from infra.capability import Capability
 from infra.config import GitopsConfig, PlatformConfig, SecretSourceConfig
 from infra.mock_engine import Recording
-from infra.plan import plan_section, plan_warning
+from infra.platform import Platform
 from workloads import gitops
 
 RENDERED_ROOT = "workloads/rendered"
@@ -27,9 +28,7 @@ def rendered_path(config: PlatformConfig, stack: str) -> str:
 
 
 def team_namespaces(config: PlatformConfig) -> list[str]:
-    from infra.gpu_capacity import team_namespace
-
-    return sorted(team_namespace(t) for t in config.scheduling.teams)
+    return sorted(t.namespace for t in config.scheduling.teams)
 
 
 def is_ha(config: PlatformConfig) -> bool:
@@ -74,10 +73,10 @@ def argocd_args(config: PlatformConfig, stack: str, cluster: Any) -> ArgoCDArgs:
                       repo_credentials=_source(g.repo_credentials), sso=sso)
 
 
-def deploy(platform: Any) -> Optional[dict[str, Any]]:
+def deploy(platform: Platform) -> dict[str, Any]:
     config: PlatformConfig = platform.config
     if config.gitops is None:
-        return None
+        return {}
     stack = pulumi.get_stack()
     argocd = ArgoCD(f"{config.name}-argocd", argocd_args(config, stack, platform.cluster), opts=platform.kubernetes_opts())
     outputs: dict[str, Any] = {"argocdRootApplication": argocd.root_application.metadata["name"],
@@ -113,17 +112,15 @@ def _describe(source: SecretSourceConfig) -> str:
     return f"existing Secret argocd/{source.existing_secret}"
 
 
-@plan_section
-def _gitops_section(config: PlatformConfig, recording: Recording) -> Optional[tuple[str, list[str]]]:
+def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tuple[str, list[str]]]:
     if config.gitops is None:
-        return None
+        return
     # The program exported the rendered path it used; its last component is the stack by default.
     path = recording.stack_outputs.get("gitopsRenderedPath") or f"{RENDERED_ROOT}/{config.environment.value}"
-    return "GitOps", gitops_lines(config, path.rsplit("/", 1)[-1])
+    yield "GitOps", gitops_lines(config, path.rsplit("/", 1)[-1])
 
 
-@plan_warning
-def _gitops_warnings(config: PlatformConfig, recording: Recording) -> Iterable[str]:
+def warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
     g = config.gitops
     if g is None:
         return
@@ -131,3 +128,6 @@ def _gitops_warnings(config: PlatformConfig, recording: Recording) -> Iterable[s
         yield "gitops: no SSO; Argo CD's local admin user is enabled (its password is in argocd-initial-admin-secret)"
     if g.argo_workflows and not config.scheduling.teams:
         yield "gitops: argoWorkflows is on but scheduling.teams is empty: no namespace runs pipelines, Argo Workflows is not installed"
+
+
+CAPABILITY = Capability("gitops", deploy=deploy, plan_sections=plan_sections, warnings=warnings)

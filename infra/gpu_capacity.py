@@ -13,28 +13,15 @@ from components.gpu_enablement import GpuEnablement, GpuEnablementArgs
 from components.gpu_pools import GpuPools, GpuPoolsArgs
 from components.karpenter import Karpenter, KarpenterArgs, KarpenterPrerequisites, KarpenterPrerequisitesArgs
 from components.scheduling import Scheduling, SchedulingArgs
+from infra.capability import Capability
 from infra.config import GpuPoolConfig, PlatformConfig, TeamConfig
-from infra.mock_engine import Recording, RecordedResource, register_outputs
-from infra.plan import plan_section, plan_warning
+from infra.mock_engine import Recording, RecordedResource
+from infra.platform import Platform
 from workloads import kueue, scheduling
 from workloads.gpu_catalog import SPOT_NOTICE_SECONDS, gpu_type
 from workloads.karpenter import CapacityType, CpuPoolSpec, GpuPoolSpec
 
 NODE_POOL_TYPE = "kubernetes:karpenter.sh/v1:NodePool"
-# Offline stand-in for S3's prefix-list ranges (RFC 2544 benchmarking space, never AWS's): the
-# recorded NetworkPolicy shows where the real ranges go; a deploy reads them from the endpoint.
-MOCK_S3_PREFIX_LIST_CIDRS = ("198.18.0.0/20", "198.18.16.0/20")
-
-
-def _vpc_endpoint_outputs(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    outputs = {"id": f"vpce-{digest[:17]}"}
-    if inputs.get("vpcEndpointType") == "Gateway":
-        outputs["cidrBlocks"] = list(MOCK_S3_PREFIX_LIST_CIDRS)
-        outputs["prefixListId"] = f"pl-{digest[:8]}"
-    return outputs
-
-
-register_outputs("aws:ec2/vpcEndpoint:VpcEndpoint", _vpc_endpoint_outputs)
 
 
 def pool_spec(config: PlatformConfig, pool: GpuPoolConfig) -> GpuPoolSpec:
@@ -58,7 +45,7 @@ def cpu_pool_spec(config: PlatformConfig) -> Optional[CpuPoolSpec]:
 
 
 def team_namespace(team: TeamConfig) -> str:
-    return f"team-{team.name}"
+    return team.namespace
 
 
 def team_specs(config: PlatformConfig, s3_prefix_list_cidrs: Any = None) -> list[tuple[scheduling.TeamNamespaceSpec, kueue.TeamQueueSpec]]:
@@ -86,7 +73,7 @@ def flavor_specs(config: PlatformConfig) -> list[kueue.FlavorSpec]:
             for s in specs]
 
 
-def deploy(platform: Any) -> dict[str, Any]:
+def deploy(platform: Platform) -> dict[str, Any]:
     config: PlatformConfig = platform.config
     tags = config.resource_tags
     cluster = platform.cluster
@@ -174,13 +161,11 @@ def eviction_risks(config: PlatformConfig, node_pool: dict[str, Any]) -> Iterato
                "every expiry interrupts running training")
 
 
-@plan_warning
 def _gpu_pool_eviction(config: PlatformConfig, recording: Recording) -> Iterable[str]:
     for resource in recorded_gpu_node_pools(recording):
         yield from eviction_risks(config, resource.inputs)
 
 
-@plan_warning
 def _gpu_quota_oversubscribed(config: PlatformConfig, recording: Recording) -> Iterable[str]:
     for pool in config.gpu_pools:
         total = sum(t.gpu_quota.get(pool.name, 0) for t in config.scheduling.teams)
@@ -208,17 +193,14 @@ def pool_lines(config: PlatformConfig, pool: GpuPoolConfig) -> list[str]:
     ]
 
 
-def _pool_section(index: int):
-    def section(config: PlatformConfig, recording: Recording) -> Optional[tuple[str, list[str]]]:
-        if index >= len(config.gpu_pools):
-            return None
-        pool = config.gpu_pools[index]
-        return f"GPU pool {pool.name}", pool_lines(config, pool)
-
-    return section
+def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tuple[str, list[str]]]:
+    for pool in config.gpu_pools:
+        yield f"GPU pool {pool.name}", pool_lines(config, pool)
 
 
-# One plan section per pool; sections are registered up front, so the pool count is bounded.
-MAX_GPU_POOLS = 32
-for _index in range(MAX_GPU_POOLS):
-    plan_section(_pool_section(_index))
+def warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
+    yield from _gpu_pool_eviction(config, recording)
+    yield from _gpu_quota_oversubscribed(config, recording)
+
+
+CAPABILITY = Capability("gpu capacity", deploy=deploy, plan_sections=plan_sections, warnings=warnings)

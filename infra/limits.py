@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import AfterValidator
 
+from infra.config.engine import invalid
+
 
 @dataclass(frozen=True)
 class Limit:
@@ -51,7 +53,6 @@ KMS_PENDING_WINDOW_DAYS = Limit(
 
 def at_most(limit: Limit) -> AfterValidator:
     """A field validator refusing values above ``limit``, naming it and its source."""
-    from infra.config import invalid  # late: config imports this module
 
     def check(value: Any) -> Any:
         if value is not None and value > limit.maximum:

@@ -33,6 +33,8 @@ from pulumi.runtime.proto import resource_pb2
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
+from infra import mock_outputs
+
 _SIG = "4dabf18193072939515e22adb298388d"
 _SIG_SECRET = "1b47061264138c4ac30d75fd1eb44270"
 _SIG_RESOURCE = "5cf8f73096256a8f31e491e813e4eb8e"
@@ -257,12 +259,9 @@ _TYPE_OUTPUTS: dict[str, Callable[..., dict]] = {
     "aws:iam/policy:Policy": _iam_policy,
     "aws:cloudwatch/logGroup:LogGroup": _log_group,
     "aws:sqs/queue:Queue": _sqs_queue,
+    # The types only some capabilities create (FSx, Aurora, ALB, ACM, ECR...).
+    **mock_outputs.TYPE_OUTPUTS,
 }
-
-
-def register_outputs(resource_type: str, fn: Callable[[str, dict, str, str, str], dict]) -> None:
-    """Let later components teach the mock the outputs of a type they read (ids, ARNs)."""
-    _TYPE_OUTPUTS[resource_type] = fn
 
 
 class RecordingMonitor(pulumi_mocks.MockMonitor):

@@ -1,20 +1,18 @@
 """Operations capability: a monthly AWS Budget per account, alerts by e-mail."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Iterator
 
 import pulumi
 
 from components.budgets import AccountBudget, AccountBudgetArgs
+from infra.capability import Capability
 from infra.config import PlatformConfig
 from infra.mock_engine import Recording
-from infra.plan import plan_section
-
-if TYPE_CHECKING:
-    from infra.program import Platform
+from infra.platform import Platform
 
 
-def deploy(platform: "Platform") -> dict[str, Any]:
+def deploy(platform: Platform) -> dict[str, Any]:
     budgets = platform.config.budgets
     if budgets is None:
         return {}
@@ -34,10 +32,10 @@ def deploy(platform: "Platform") -> dict[str, Any]:
     return {"budgets": names}
 
 
-@plan_section
-def _budgets(config: PlatformConfig, recording: Recording) -> Any:
+def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tuple[str, list[str]]]:
     if config.budgets is None:
-        return "Budgets", ["none: set `budgets` to be alerted when an account's monthly spend runs away"]
+        yield "Budgets", ["none: set `budgets` to be alerted when an account's monthly spend runs away"]
+        return
     lines: list[str] = []
     for key, limit in sorted(config.budgets.monthly_limit_usd.items()):
         account = key.value
@@ -45,4 +43,7 @@ def _budgets(config: PlatformConfig, recording: Recording) -> Any:
         forecast = (f", forecast {config.budgets.forecast_threshold_percent:g}%"
                     if config.budgets.forecast_threshold_percent else "")
         lines.append(f"{account}: ${limit:,.0f}/month, alerts at {alerts}{forecast} to {len(config.budgets.alert_emails)} address(es)")
-    return "Budgets", lines
+    yield "Budgets", lines
+
+
+CAPABILITY = Capability("operations", deploy=deploy, plan_sections=plan_sections)

@@ -20,13 +20,15 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import yaml
 
 from components.validation import InvalidInputError, Problem
-from components.versions import EKS_EXTENDED_USD_PER_HOUR, EKS_STANDARD_USD_PER_HOUR, EKS_VERSIONS, HOURS_PER_MONTH
+from infra import costs, program
+from infra.capabilities import CAPABILITIES
 from infra.config import PROJECT, PlatformConfig, load_platform_config
+from infra.costs import CostLine
 from infra.mock_engine import SECRET_PLACEHOLDER, Recording, RecordedResource, run_recorded
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,23 +56,6 @@ class Plan:
     graph: list[dict[str, Any]]
     warnings: list[str]
     sections: list[tuple[str, list[str]]]
-
-
-# -- extension points: later capabilities add warnings and plan sections -------------------
-PlanWarning = Callable[[PlatformConfig, Recording], Iterable[str]]
-PlanSection = Callable[[PlatformConfig, Recording], Optional[tuple[str, list[str]]]]
-PLAN_WARNINGS: list[PlanWarning] = []
-PLAN_SECTIONS: list[PlanSection] = []
-
-
-def plan_warning(fn: PlanWarning) -> PlanWarning:
-    PLAN_WARNINGS.append(fn)
-    return fn
-
-
-def plan_section(fn: PlanSection) -> PlanSection:
-    PLAN_SECTIONS.append(fn)
-    return fn
 
 
 # -- reading stack files -----------------------------------------------------------------
@@ -135,10 +120,8 @@ def _redact_secure(value: Any, path: str, found: list[str]) -> Any:
 
 
 def raw_project_config(values: dict[str, str]) -> dict[str, Any]:
-    from infra.program import _decode
-
     prefix = f"{PROJECT}:"
-    return {k[len(prefix):]: _decode(v) for k, v in values.items() if k.startswith(prefix)}
+    return {k[len(prefix):]: program.decode(v) for k, v in values.items() if k.startswith(prefix)}
 
 
 # -- building the plan -------------------------------------------------------------------
@@ -160,14 +143,30 @@ def plan_from_values(stack: str, values: dict[str, str], *, source: str = "confi
     config = load_platform_config(raw_project_config(values), source=f"stack '{stack}' ({source})",
                                   secret_paths=project_secrets)
 
-    from infra import program
-
     top_level_secrets = sorted({re.split(r"[.\[]", p, maxsplit=1)[0] for p in secret_paths})
     recording = run_recorded(program.main, project=PROJECT, stack=stack, config=values, secret_keys=top_level_secrets)
     graph = resource_graph(recording, config)
-    warnings = [w for check in PLAN_WARNINGS for w in check(config, recording)]
-    sections = [s for section in PLAN_SECTIONS if (s := section(config, recording))]
-    return Plan(stack, config, recording, graph, warnings, sections)
+    return Plan(stack, config, recording, graph, plan_warnings(config, recording), plan_sections(config, recording))
+
+
+def plan_sections(config: PlatformConfig, recording: Recording) -> list[tuple[str, list[str]]]:
+    """Each capability's sections, in deployment order, then the idle cost of them all."""
+    sections = [section for capability in CAPABILITIES for section in capability.plan_sections(config, recording)]
+    return sections + [("Idle cost per month (no job running)", cost_report(config, recording))]
+
+
+def plan_warnings(config: PlatformConfig, recording: Recording) -> list[str]:
+    return [warning for capability in CAPABILITIES for warning in capability.warnings(config, recording)]
+
+
+def idle_costs(recording: Recording, today: Optional[dt.date] = None) -> list[CostLine]:
+    """Every capability's idle monthly cost lines, from the recorded graph."""
+    today = today or dt.date.today()
+    return [line for capability in CAPABILITIES for line in capability.cost_lines(recording, today)]
+
+
+def cost_report(config: PlatformConfig, recording: Recording, today: Optional[dt.date] = None) -> list[str]:
+    return costs.report(config, idle_costs(recording, today))
 
 
 def account_of(resource: RecordedResource, recording: Recording, config: PlatformConfig) -> Optional[str]:
@@ -214,57 +213,6 @@ def resource_graph(recording: Recording, config: PlatformConfig) -> list[dict[st
             "dependencies": sorted({d.name for d in recording.dependencies_of(resource)}),
         })
     return graph
-
-
-# -- foundation warnings -----------------------------------------------------------------
-@plan_warning
-def _eks_support(config: PlatformConfig, recording: Recording) -> Iterable[str]:
-    version = config.cluster.version
-    support = EKS_VERSIONS[version]
-    today = dt.date.today()
-    extra = (EKS_EXTENDED_USD_PER_HOUR - EKS_STANDARD_USD_PER_HOUR) * HOURS_PER_MONTH
-    total = EKS_EXTENDED_USD_PER_HOUR * HOURS_PER_MONTH
-    policy = config.cluster.upgrade_policy.value
-    if today > support.extended_support_ends:
-        yield f"EKS {version} is past the end of extended support ({support.extended_support_ends}): upgrade now."
-    elif today > support.standard_support_ends:
-        if policy == "EXTENDED":
-            yield (f"EKS {version} is in extended support since {support.standard_support_ends} (ends "
-                   f"{support.extended_support_ends}): the control plane costs ${EKS_EXTENDED_USD_PER_HOUR:.2f}/h "
-                   f"instead of ${EKS_STANDARD_USD_PER_HOUR:.2f}/h, about ${total:,.0f}/month (+${extra:,.0f}/month). "
-                   f"Plan the upgrade to a standard-support version.")
-        else:
-            yield (f"EKS {version} left standard support on {support.standard_support_ends} and upgradePolicy is "
-                   f"STANDARD: AWS will upgrade the control plane on its own schedule. Set EXTENDED "
-                   f"(+${extra:,.0f}/month) or upgrade first.")
-    elif policy == "EXTENDED":
-        yield (f"upgradePolicy EXTENDED: when EKS {version} leaves standard support on "
-               f"{support.standard_support_ends} the control plane will cost +${extra:,.0f}/month.")
-
-
-@plan_warning
-def _egress(config: PlatformConfig, recording: Recording) -> Iterable[str]:
-    nat = config.network.nat.value
-    if nat == "none":
-        yield ("network.nat is none: nodes reach only VPC endpoints; images from public registries "
-               "(Docker Hub, nvcr.io, ghcr.io) and Hugging Face cannot be pulled.")
-    if nat == "single" and config.is_prod:
-        yield "network.nat is single in prod: one AZ outage cuts internet egress for every node. Use one_per_az."
-
-
-@plan_warning
-def _public_endpoint(config: PlatformConfig, recording: Recording) -> Iterable[str]:
-    if config.cluster.public_access_cidrs:
-        cidrs = ", ".join(str(c) for c in config.cluster.public_access_cidrs)
-        yield f"the Kubernetes API endpoint is public for {cidrs} (private access stays on)."
-
-
-@plan_warning
-def _wiring(config: PlatformConfig, recording: Recording) -> Iterable[str]:
-    for resource in recording.resources:
-        if resource.custom and resource.package in ("aws", "kubernetes") and not resource.is_provider:
-            if resource.provider is None:
-                yield f"ERROR {resource.type} {resource.name} has no explicit provider."
 
 
 # -- printing ----------------------------------------------------------------------------
@@ -332,8 +280,4 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run as `python -m infra.plan`, this module is `__main__`, while capabilities register
-    # their warnings and sections with `infra.plan`: use that one.
-    from infra import plan as _registered
-
-    sys.exit(_registered.main())
+    sys.exit(main())

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
+from infra.capability import Capability
 from infra.config import PlatformConfig
 from infra.mock_engine import Recording
-from infra.plan import plan_section, plan_warning
 from policypack.rules import MANDATORY, RULES, Resource
 
 
@@ -41,18 +41,20 @@ def evaluate(resources: list[Resource]) -> list[Violation]:
     return found
 
 
-@plan_warning
-def _policy_violations(config: PlatformConfig, recording: Recording) -> Iterator[str]:
+def warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
     for violation in evaluate(graph_resources(recording)):
         prefix = "ERROR" if violation.enforcement == MANDATORY else "advisory"
         yield f"{prefix} policy {violation.policy} ({violation.references}): {violation.message}"
 
 
-@plan_section
-def _policy_summary(config: PlatformConfig, recording: Recording):
+def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tuple[str, list[str]]]:
     violations = evaluate(graph_resources(recording))
     mandatory = sum(v.enforcement == MANDATORY for v in violations)
     lines = [f"{len(RULES)} rules of policypack/ evaluated: {mandatory} mandatory and "
              f"{len(violations) - mandatory} advisory violations"]
     lines += [f"{rule.name:32} {rule.enforcement:9} {rule.references}" for rule in RULES]
-    return "Policies", lines
+    yield "Policies", lines
+
+
+# Deploys nothing: the same rules run in `pulumi preview --policy-pack policypack`.
+CAPABILITY = Capability("policies", plan_sections=plan_sections, warnings=warnings)

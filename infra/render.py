@@ -65,7 +65,7 @@ def default_job_renderer(stack: str, root: Path) -> JobRenderer:
 @functools.lru_cache(maxsize=None)
 def _plan_facts(stack: str):
     # Building the offline plan takes seconds; one render (or test session) needs it once per stack.
-    from infra.training import facts_for_stack
+    from infra.facts import facts_for_stack
 
     return facts_for_stack(stack, use_outputs=False)
 

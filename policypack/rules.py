@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequenc
 MANDATORY = "mandatory"
 ADVISORY = "advisory"
 
-# Tags every platform resource carries (infra/config.py adds them to the stack's own tags).
+# Tags every platform resource carries (infra/config/platform.py adds them to the stack's own tags).
 REQUIRED_TAG_KEYS = ("platform", "environment", "managed-by")
 
 # ELB security policies that negotiate TLS 1.2 or newer only. Source: "Security policies for

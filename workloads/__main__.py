@@ -49,7 +49,7 @@ def _facts(stack: str, use_outputs: bool, facts_file: Optional[str] = None):
         return PlatformFacts.from_dict(json.loads(Path(facts_file).read_text()))
     # The CLI is an entry point like infra/__main__: it may use the offline plan; the renderer
     # and preflight modules themselves stay free of infra/.
-    from infra.training import facts_for_stack
+    from infra.facts import facts_for_stack
 
     return facts_for_stack(stack, use_outputs=use_outputs)
 
@@ -90,7 +90,7 @@ def _run(commands: list[list[str]]) -> int:
 
 
 def cmd_preflight(args) -> int:
-    from components.validation import InvalidInputError
+    from workloads.problems import InvalidInputError
     from workloads.jobspec import load_job_spec
     from workloads.preflight import preflight
 
@@ -106,7 +106,7 @@ def cmd_preflight(args) -> int:
 
 
 def cmd_submit(args) -> int:
-    from components.validation import InvalidInputError
+    from workloads.problems import InvalidInputError
     from workloads.jobspec import load_job_spec
     from workloads.preflight import preflight
     from workloads.trainingjob import render
@@ -170,7 +170,7 @@ def _containers_env(manifest: dict) -> list[dict]:
 def cmd_readiness(args) -> int:
     from workloads.readiness import readiness_job, readiness_namespace
 
-    from components.validation import InvalidInputError
+    from workloads.problems import InvalidInputError
 
     try:
         facts = _facts(args.stack, not args.offline, args.facts)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Mapping, Sequence
 
-from components.validation import accepts_enum_values
+from workloads.problems import accepts_enum_values
 
 ARGOCD_NAMESPACE = "argocd"
 # The in-cluster destination Argo CD registers by default.

@@ -15,7 +15,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
-from components.validation import Problem
+from workloads.problems import Problem
 
 # EC2 gives a spot instance two minutes between the interruption notice and reclaiming it.
 SPOT_NOTICE_SECONDS = 120
@@ -126,7 +126,7 @@ def gpu_type(name: str) -> GpuType:
         raise KeyError(f"unknown GPU type {name!r}; known: {', '.join(sorted(GPU_TYPES))}") from None
 
 
-# -- config rules (pure; called from infra.config @check functions) ---------------------------
+# -- config rules (pure; called from the infra.config section rules) ----------------------------
 def gpu_pool_problems(path: str, pools: Sequence[Any], *, is_prod: bool, default_ami_alias: str) -> Iterator[Problem]:
     """Every problem of the GPU pool list at once. ``pools`` are infra.config.GpuPoolConfig."""
     seen: dict[str, int] = {}

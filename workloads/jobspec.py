@@ -27,7 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from components.validation import InvalidInputError, Problem
+from workloads.problems import InvalidInputError, Problem
 from workloads.scheduling import Priority
 
 FSX_MOUNT_PATH = "/fsx"

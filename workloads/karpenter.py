@@ -12,7 +12,7 @@ from enum import Enum
 from typing import Any, Mapping, Optional, Sequence
 
 from workloads.gpu_catalog import InstanceShape, gpu_type
-from components.validation import accepts_enum_values
+from workloads.problems import accepts_enum_values
 
 NODE_POOL_API = "karpenter.sh/v1"
 NODE_CLASS_API = "karpenter.k8s.aws/v1"

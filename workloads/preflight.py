@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 
-from components.validation import Problem
+from workloads.problems import Problem
 from workloads.gpu_catalog import GPU_TYPES
 from workloads.instances import PEAK_BF16_TFLOPS
 from workloads.jobspec import JobSpec, JobSpecError

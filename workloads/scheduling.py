@@ -12,7 +12,7 @@ from enum import Enum
 from typing import Any, Sequence
 
 from workloads.karpenter import GPU_RESOURCE
-from components.validation import accepts_enum_values
+from workloads.problems import accepts_enum_values
 
 
 class Priority(str, Enum):

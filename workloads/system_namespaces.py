@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Sequence
 
-from components.validation import accepts_enum_values
+from workloads.problems import accepts_enum_values
 
 PSA_VERSION = "v1.32"
 POD_IDENTITY_AGENT_CIDR = "169.254.170.23/32"

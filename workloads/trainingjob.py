@@ -21,7 +21,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from components.validation import Problem
+from workloads.problems import Problem
 from workloads.gpu_catalog import GPU_TYPES, SPOT_NOTICE_SECONDS
 from workloads.instances import instance
 from workloads.jobspec import FSX_MOUNT_PATH, JobSpec, JobSpecError, Runtime

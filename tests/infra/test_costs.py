@@ -6,7 +6,7 @@ import datetime as dt
 import pytest
 
 from components.versions import EKS_VERSIONS
-from infra.costs import idle_costs, report
+from infra.plan import cost_report as report, idle_costs
 from workloads.prices import HOURS_PER_MONTH, STACK_PRICES
 
 

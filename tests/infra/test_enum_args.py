@@ -11,7 +11,7 @@ import pytest
 import components
 import workloads
 from components.network import NatStrategy, NetworkArgs
-from components.validation import InvalidInputError, _enum_in, _type_hints
+from workloads.problems import InvalidInputError, _enum_in, _type_hints
 from workloads.karpenter import CapacityType, GpuPoolSpec
 
 

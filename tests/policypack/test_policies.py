@@ -142,5 +142,5 @@ def test_a_mandatory_violation_makes_the_plan_fail(dev_plan, monkeypatch):
     resources = _graph(dev_plan)
     _set("enabledClusterLogTypes", ["api"])(_first(resources, "eks:index:Cluster"))
     monkeypatch.setattr(policy_gate, "graph_resources", lambda recording: resources)
-    warnings = [w for check in plan_module.PLAN_WARNINGS for w in check(dev_plan.config, dev_plan.recording)]
+    warnings = plan_module.plan_warnings(dev_plan.config, dev_plan.recording)
     assert any(w.startswith("ERROR policy eks-control-plane-logs") for w in warnings)

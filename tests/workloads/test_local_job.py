@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def rendered(prod_plan):
-    from infra.training import facts_from_plan
+    from infra.facts import facts_from_plan
 
     spec = parse_job_spec(yaml.safe_load((ROOT / "examples" / "jobs" / "gpt2-pretrain.yaml").read_text()))
     return render(spec, facts_from_plan(prod_plan))
@@ -69,7 +69,7 @@ def test_trainjob_pods_run_locally_with_trainer_v2_env(prod_plan, tmp_path):
     """The same arguments work under Trainer v2's torch plugin (PET_* only, no MASTER_ADDR/RANK)."""
     import dataclasses
 
-    from infra.training import facts_from_plan
+    from infra.facts import facts_from_plan
 
     facts = dataclasses.replace(facts_from_plan(prod_plan), trainer_v2_runtime="torch-distributed")
     raw = yaml.safe_load((ROOT / "examples" / "jobs" / "gpt2-pretrain.yaml").read_text())

@@ -17,7 +17,7 @@ EXAMPLE = yaml.safe_load((ROOT / "examples" / "jobs" / "gpt2-pretrain.yaml").rea
 
 @pytest.fixture(scope="session")
 def prod_facts(prod_plan):
-    from infra.training import facts_from_plan
+    from infra.facts import facts_from_plan
 
     return facts_from_plan(prod_plan)
 

@@ -29,7 +29,7 @@ EXAMPLE = ROOT / "examples" / "jobs" / "gpt2-pretrain.yaml"
 
 @pytest.fixture(scope="session")
 def prod_facts(prod_plan):
-    from infra.training import facts_from_plan
+    from infra.facts import facts_from_plan
 
     return facts_from_plan(prod_plan)
 
@@ -209,7 +209,7 @@ def test_unknown_team_and_pool_are_reported_together(prod_facts, example_raw):
 
 def test_facts_follow_the_stack_config(plan_config, example_raw):
     """Nothing is hard-coded: a pool's grace period and a team's queue come from the plan."""
-    from infra.training import facts_from_plan
+    from infra.facts import facts_from_plan
     from tests.conftest import stack_config
 
     raw = stack_config("prod")

@@ -1,0 +1,128 @@
+"""The ``datasets`` section: datasets and checkpoints buckets and the FSx for Lustre file system; its rules."""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Iterator, Optional
+
+from pydantic import Field, field_validator
+
+from components.bucket import lifecycle_problems
+from components.bucket import LifecycleRule
+from components.datasets import (
+    DataRepositoryAssociationSpec, DatasetBucket, FsxEvent, FsxLogLevel, association_problems, fsx_capacity_problems,
+)
+from components.datasets import FsxArgs
+from components.validation import Problem
+from infra import limits
+from infra.config.common import prod_retention_rule, LOG_RETENTION_DAYS, RETENTION_SOURCE, _Model
+from infra.config.engine import Rule, invalid
+from infra.limits import at_most
+
+
+class BucketLifecycleConfig(_Model):
+    """Lifecycle of one platform bucket; omitted steps are off."""
+
+    transition_to_infrequent_access_days: Optional[int] = Field(None, ge=30, description="S3 requires >= 30.")
+    transition_to_glacier_days: Optional[int] = Field(None, ge=1)
+    expiration_days: Optional[int] = Field(None, ge=1, description="Current objects are deleted after this.")
+    noncurrent_version_expiration_days: int = Field(LifecycleRule.noncurrent_version_expiration_days, ge=1, description="Overwritten/deleted versions kept this long.")
+
+
+class DataRepositoryAssociationConfig(_Model):
+    """A file system directory linked to an S3 prefix of the datasets or checkpoints bucket."""
+
+    file_system_path: str = Field(description="Absolute directory, e.g. /datasets; no two may nest.")
+    bucket: DatasetBucket = Field(description="datasets | checkpoints")
+    prefix: str = Field("", description="S3 prefix inside the bucket ('' = whole bucket).")
+    import_events: list[FsxEvent] = Field(default_factory=lambda: list(FsxEvent), description="S3 -> FSx: NEW, CHANGED, DELETED.")
+    export_events: list[FsxEvent] = Field(default_factory=lambda: list(FsxEvent), description="FSx -> S3: NEW, CHANGED, DELETED.")
+    batch_import_metadata_on_create: bool = Field(True, description="List the S3 objects into the file system at creation.")
+    imported_file_chunk_size_mib: Annotated[int, at_most(limits.FSX_IMPORTED_FILE_CHUNK_MIB)] = Field(DataRepositoryAssociationSpec.imported_file_chunk_size_mib, ge=1)
+
+
+class FsxConfig(_Model):
+    """FSx for Lustre PERSISTENT_2 file system shared by all team namespaces."""
+
+    storage_capacity_gib: Annotated[int, at_most(limits.FSX_LUSTRE_STORAGE_GIB)] = Field(description="1200, then multiples of 2400.")
+    per_unit_storage_throughput_mb_per_tib: int = Field(description="125 | 250 | 500 | 1000 MB/s per TiB.")
+    subnet_index: int = Field(FsxArgs.subnet_index, ge=0, description="Index of the private subnet (AZ) that holds the file system.")
+    data_repository_associations: list[DataRepositoryAssociationConfig] = Field(default_factory=list, description="At most 8.")
+    automatic_backup_retention_days: Annotated[int, at_most(limits.FSX_BACKUP_RETENTION_DAYS)] = Field(FsxArgs.automatic_backup_retention_days, ge=0, description="0 disables daily backups.")
+    daily_automatic_backup_start_time: str = Field(FsxArgs.daily_automatic_backup_start_time, pattern=r"^([01]\d|2[0-3]):[0-5]\d$")
+    weekly_maintenance_start_time: str = Field(FsxArgs.weekly_maintenance_start_time, pattern=r"^[1-7]:([01]\d|2[0-3]):[0-5]\d$")
+    log_level: FsxLogLevel = FsxArgs.log_level
+    log_retention_days: int = Field(FsxArgs.log_retention_days, description="CloudWatch retention of FSx event logs; prod: 365 or more.")
+    data_compression: bool = FsxArgs.data_compression
+    namespaces: list[str] = Field(default_factory=list, description=(
+        "Team namespaces that get the PVC (and the MLflow Secret). Stand-in until the scheduling "
+        "capability owns team namespaces; they must exist."))
+
+    @field_validator("log_retention_days")
+    @classmethod
+    def _retention(cls, value: int) -> int:
+        if value not in LOG_RETENTION_DAYS:
+            raise invalid(f"is not a retention period {RETENTION_SOURCE} accepts", f"use one of {LOG_RETENTION_DAYS}")
+        return value
+
+    @field_validator("namespaces")
+    @classmethod
+    def _namespaces(cls, value: list[str]) -> list[str]:
+        bad = [n for n in value if not re.match(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", n)]
+        if bad:
+            raise ValueError(f"{bad} are not Kubernetes namespace names; use lowercase letters, digits and '-'")
+        return value
+
+
+class DatasetsConfig(_Model):
+    """Datasets and checkpoints buckets and the FSx file system linked to them."""
+
+    datasets_bucket: BucketLifecycleConfig = Field(default_factory=BucketLifecycleConfig)
+    checkpoints_bucket: BucketLifecycleConfig = Field(default_factory=BucketLifecycleConfig)
+    fsx: FsxConfig
+    largest_model_parameters: int = Field(gt=0, description="Parameters of the largest model trained here (spot-save check).")
+    spot_notice_margin_seconds: int = Field(30, ge=0, lt=120, description="Part of the 120 s spot notice not available for saving.")
+
+
+def _fsx_capacity(storage_capacity_gib: int, throughput_mb_per_tib: int) -> Iterator[Problem]:
+    yield from fsx_capacity_problems("datasets.fsx", storage_capacity_gib, throughput_mb_per_tib)
+
+
+def _fsx_associations(associations: list[DataRepositoryAssociationConfig]) -> Iterator[Problem]:
+    yield from association_problems("datasets.fsx", [dra_spec(d) for d in associations])
+
+
+def _datasets_lifecycles(datasets_bucket: BucketLifecycleConfig, checkpoints_bucket: BucketLifecycleConfig) -> Iterator[Problem]:
+    yield from bucket_lifecycle_problems("datasets.datasetsBucket", datasets_bucket)
+    yield from bucket_lifecycle_problems("datasets.checkpointsBucket", checkpoints_bucket)
+
+
+def _fsx_subnet(availability_zones, subnet_index: int) -> Iterator[Problem]:
+    if subnet_index >= len(availability_zones):
+        yield Problem("datasets.fsx.subnetIndex", subnet_index,
+                      f"there are {len(availability_zones)} private subnets", f"use 0-{len(availability_zones) - 1}")
+
+
+def dra_spec(dra: DataRepositoryAssociationConfig) -> DataRepositoryAssociationSpec:
+    return DataRepositoryAssociationSpec(
+        file_system_path=dra.file_system_path, bucket=dra.bucket, prefix=dra.prefix,
+        import_events=tuple(dra.import_events), export_events=tuple(dra.export_events),
+        batch_import_metadata_on_create=dra.batch_import_metadata_on_create,
+        imported_file_chunk_size_mib=dra.imported_file_chunk_size_mib,
+    )
+
+
+def bucket_lifecycle_problems(path: str, lifecycle: BucketLifecycleConfig) -> Iterator[Problem]:
+    """S3's transition rules and minimum storage durations (``components.bucket.lifecycle_problems``)."""
+    yield from lifecycle_problems(
+        path, ia_days=lifecycle.transition_to_infrequent_access_days,
+        glacier_days=lifecycle.transition_to_glacier_days, expiration_days=lifecycle.expiration_days)
+
+
+# Listed in the order the loader runs them (infra.config.platform.RULES).
+RULES: tuple[Rule, ...] = (
+    prod_retention_rule("datasets.fsx.logRetentionDays"),
+    Rule(("datasets.fsx.storageCapacityGib", "datasets.fsx.perUnitStorageThroughputMbPerTib"), _fsx_capacity),
+    Rule(("datasets.fsx.dataRepositoryAssociations",), _fsx_associations),
+    Rule(("datasets.datasetsBucket", "datasets.checkpointsBucket"), _datasets_lifecycles),
+    Rule(("network.availabilityZones", "datasets.fsx.subnetIndex"), _fsx_subnet),
+)

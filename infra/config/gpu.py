@@ -1,0 +1,137 @@
+"""The GPU capacity sections: ``karpenter``, ``gpuPools`` and ``gpuEnablement``; their rules."""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Iterator, Optional
+
+from pydantic import Field, field_validator
+
+from components.gpu_enablement import GpuEnablementMode
+from components.validation import Problem
+from infra import limits
+from infra.config.common import Environment, _Model
+from infra.config.engine import Rule, invalid
+from infra.limits import at_most
+from workloads.gpu_catalog import gpu_pool_problems
+from workloads.karpenter import CapacityType as KarpenterCapacityType, ConsolidationPolicy
+
+
+_DURATION = r"^(([0-9]+(s|m|h))+|Never)$"
+
+
+class CpuPoolConfig(_Model):
+    """Karpenter's general CPU pool for non-GPU work (spot + on-demand, consolidation on)."""
+
+    enabled: bool = True
+    capacity_types: list[KarpenterCapacityType] = Field(
+        default_factory=lambda: [KarpenterCapacityType.SPOT, KarpenterCapacityType.ON_DEMAND], min_length=1)
+    max_cpu: int = Field(256, ge=1, description="NodePool limit on vCPUs.")
+    max_memory_gib: int = Field(1024, ge=1)
+    root_volume_gib: Annotated[int, at_most(limits.EBS_GP3_VOLUME_GIB)] = Field(100, ge=20)
+
+
+class KarpenterConfig(_Model):
+    """Karpenter controller (Helm) and defaults shared by every pool."""
+
+    ami_alias: str = Field("al2023@latest", pattern=r"^(al2023|bottlerocket)@(latest|v[0-9][0-9.]*)$",
+                           description="EKS AMI alias, e.g. al2023@v20251023; prod must pin a version.")
+    replicas: Optional[int] = Field(None, ge=1, le=5, description="Controller replicas; default 2 in prod (with a PDB), 1 in dev.")
+    log_level: str = Field("info", pattern="^(debug|info|error)$")
+    cpu_pool: CpuPoolConfig = Field(default_factory=CpuPoolConfig)
+
+
+class GpuPoolConfig(_Model):
+    """One GPU pool: what an ML engineer means (GPU type, GPUs per node, capacity, EFA)."""
+
+    name: str = Field(pattern=r"^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$", description="Pool name; nodes get label mlplatform.io/pool=<name>.")
+    gpu_type: str = Field(description="a100 | a100-80gb | h100 | h200 | l4 | a10g | l40s")
+    gpus_per_node: int = Field(ge=1, description="GPUs per node; the type must offer it (e.g. h100: 1 or 8).")
+    capacity_types: list[KarpenterCapacityType] = Field(min_length=1, description="spot | on-demand | reserved, in preference order.")
+    capacity_reservation_ids: list[str] = Field(default_factory=list, description="cr-... ids; required with `reserved`.")
+    max_gpus: int = Field(ge=1, description="NodePool limit on nvidia.com/gpu; at least one node's GPUs.")
+    efa: bool = Field(False, description="Attach EFA interfaces (multi-node NCCL); the type must support EFA.")
+    zones: list[str] = Field(default_factory=list, description="Restrict to these AZs (default: every AZ of the network).")
+    root_volume_gib: Annotated[int, at_most(limits.EBS_GP3_VOLUME_GIB)] = Field(200, ge=50, description="Encrypted gp3 root volume.")
+    consolidation_policy: ConsolidationPolicy = Field(ConsolidationPolicy.WHEN_EMPTY, description="WhenEmpty keeps running training safe.")
+    consolidate_after: str = Field("10m", pattern=_DURATION, description="Idle time before an empty node goes away.")
+    expire_after: str = Field("720h", pattern=_DURATION, description="Node lifetime; an expiring node is drained like a spot notice.")
+    checkpoint_seconds: int = Field(60, ge=1, description="Measured time to save a checkpoint on this hardware.")
+    termination_grace_period_seconds: int = Field(110, ge=10, le=3600, description="Drain budget; > checkpointSeconds, < 120 with spot.")
+    ami_alias: Optional[str] = Field(None, pattern=r"^(al2023|bottlerocket)@(latest|v[0-9][0-9.]*)$", description="Overrides karpenter.amiAlias.")
+    # NodePool CRD (karpenter 1.14.1, spec.weight): integer, minimum 1, maximum 100.
+    weight: Annotated[Optional[int], at_most(limits.KARPENTER_NODEPOOL_WEIGHT)] = Field(
+        None, ge=1, description="Karpenter NodePool weight 1-100 (higher is tried first).")
+
+    @field_validator("capacity_reservation_ids")
+    @classmethod
+    def _reservations(cls, value: list[str]) -> list[str]:
+        bad = [v for v in value if not re.match(r"^cr-[0-9a-z]+$", v)]
+        if bad:
+            raise invalid(f"{bad} are not capacity reservation ids", "use ids such as cr-0123456789abcdef0")
+        return value
+
+
+class GpuEnablementConfig(_Model):
+    """How GPUs become schedulable: NVIDIA device plugin or GPU Operator, plus DCGM and EFA plugins."""
+
+    mode: GpuEnablementMode = Field(GpuEnablementMode.DEVICE_PLUGIN, description="device-plugin | gpu-operator (driver and toolkit off).")
+    dcgm_exporter: bool = Field(True, description="GPU metrics (DCGM exporter) on GPU nodes.")
+    service_monitor: bool = Field(False, description="ServiceMonitor for DCGM; needs prometheusOperatorCrds.")
+    prometheus_operator_crds: bool = Field(
+        False, description="Install the pinned prometheus-operator-crds chart (ServiceMonitor CRDs); serviceMonitor needs it.")
+
+
+def _service_monitor_needs_crds(service_monitor: bool, prometheus_operator_crds: bool) -> Iterator[Problem]:
+    if service_monitor and not prometheus_operator_crds:
+        yield Problem(
+            "gpuEnablement.serviceMonitor", True,
+            "a ServiceMonitor needs the Prometheus operator CRDs; without them Helm refuses the chart and rolls it back",
+            "set gpuEnablement.prometheusOperatorCrds: true (installs the pinned prometheus-operator-crds chart) "
+            "or serviceMonitor: false",
+        )
+
+
+def _gpu_pool_rules(environment: Environment, ami_alias: str, gpu_pools: list[GpuPoolConfig]) -> Iterator[Problem]:
+    yield from gpu_pool_problems(
+        "gpuPools", gpu_pools, is_prod=environment is Environment.PROD, default_ami_alias=ami_alias)
+    if environment is Environment.PROD and ami_alias.endswith("@latest"):
+        yield Problem("karpenter.amiAlias", ami_alias, "prod nodes must not follow @latest (every AMI release drifts every node)",
+                      "pin a release, e.g. al2023@v20251023")
+
+
+def _gpu_pool_zones(availability_zones: list[str], gpu_pools: list[GpuPoolConfig]) -> Iterator[Problem]:
+    for index, pool in enumerate(gpu_pools):
+        for zone in pool.zones:
+            if zone not in availability_zones:
+                yield Problem(f"gpuPools[{index}].zones", zone, "is not an AZ of the network (no subnet there)",
+                              f"use one of {availability_zones}")
+
+
+def _pool_node_limits(gpu_pools: list[GpuPoolConfig]) -> Iterator[Problem]:
+    limit = limits.KUBERNETES_NODES_PER_CLUSTER
+    for index, pool in enumerate(gpu_pools):
+        num_nodes = pool.max_gpus // pool.gpus_per_node
+        if num_nodes > limit.maximum:
+            yield Problem(f"gpuPools[{index}].maxGpus", pool.max_gpus,
+                          f"allows {num_nodes} nodes, above {limit.what} (source: {limit.source})",
+                          f"use at most {int(limit.maximum) * pool.gpus_per_node} GPUs")
+
+
+def _cluster_node_limit(gpu_pools: list[GpuPoolConfig], system_max_size: int) -> Iterator[Problem]:
+    limit = limits.KUBERNETES_NODES_PER_CLUSTER
+    num_nodes = [pool.max_gpus // pool.gpus_per_node for pool in gpu_pools]
+    total = system_max_size + sum(num_nodes)
+    if total > limit.maximum and all(n <= limit.maximum for n in num_nodes):
+        yield Problem("gpuPools", [p.name for p in gpu_pools],
+                      f"the GPU pools and the system node group together allow {total} nodes, above {limit.what} "
+                      f"(source: {limit.source})", "lower the pools' maxGpus")
+
+
+# Listed in the order the loader runs them (infra.config.platform.RULES).
+RULES: tuple[Rule, ...] = (
+    Rule(("gpuEnablement.serviceMonitor", "gpuEnablement.prometheusOperatorCrds"), _service_monitor_needs_crds),
+    Rule(("environment", "karpenter.amiAlias", "gpuPools"), _gpu_pool_rules),
+    Rule(("network.availabilityZones", "gpuPools"), _gpu_pool_zones),
+    Rule(("gpuPools",), _pool_node_limits),
+    Rule(("gpuPools", "cluster.systemNodeGroup.maxSize"), _cluster_node_limit),
+)

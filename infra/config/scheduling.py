@@ -1,0 +1,59 @@
+"""The ``scheduling`` section (team namespaces, quotas, priorities) and ``training``; their rules."""
+from __future__ import annotations
+
+from typing import Iterator
+
+from pydantic import Field, field_validator
+
+from components.validation import Problem
+from infra.config.common import _ROLE_ARN, _Model
+from infra.config.engine import Rule, invalid
+from infra.config.gpu import _DURATION, GpuPoolConfig
+from workloads.gpu_catalog import team_quota_problems
+from workloads.scheduling import Priority
+
+
+class TeamConfig(_Model):
+    """A team: its namespace, GPU quota per pool and default priority."""
+
+    name: str = Field(pattern=r"^[a-z]([a-z0-9-]{0,40}[a-z0-9])?$", description="Namespace is team-<name>.")
+    gpu_quota: dict[str, int] = Field(default_factory=dict, description="Pool name -> GPUs guaranteed to this team.")
+    priority: Priority = Field(Priority.DEFAULT, description="production | research | default, for jobs that name none.")
+    fair_sharing_weight: int = Field(1, ge=1, le=100)
+    borrowing: bool = Field(True, description="May use other teams' idle GPUs (reclaimed by preemption).")
+    role_arns: list[str] = Field(default_factory=list, description="IAM roles given namespace-scoped edit access (EKS access entries) to team-<name>.")
+
+    @property
+    def namespace(self) -> str:
+        return f"team-{self.name}"
+
+    @field_validator("role_arns")
+    @classmethod
+    def _roles(cls, value: list[str]) -> list[str]:
+        bad = [arn for arn in value if not _ROLE_ARN.match(arn)]
+        if bad:
+            raise invalid(f"{bad} are not IAM role ARNs", "use arn:aws:iam::<account id>:role/<name>")
+        return value
+
+
+class SchedulingConfig(_Model):
+    """Priority classes, team namespaces with quotas, Kueue queues."""
+
+    teams: list[TeamConfig] = Field(default_factory=list)
+    wait_for_pods_ready_timeout: str = Field("10m", pattern=_DURATION, description="All-or-nothing admission timeout.")
+
+
+class TrainingConfig(_Model):
+    """Training jobs: Training Operator 1.9 (PyTorchJob) always; Trainer 2.3 (TrainJob) on request."""
+
+    trainer_v2: bool = Field(False, description="Also install Kubeflow Trainer 2.3 (TrainJob, torch-distributed runtime).")
+
+
+def _team_rules(gpu_pools: list[GpuPoolConfig], teams: list[TeamConfig]) -> Iterator[Problem]:
+    yield from team_quota_problems("scheduling.teams", teams, gpu_pools)
+
+
+# Listed in the order the loader runs them (infra.config.platform.RULES).
+RULES: tuple[Rule, ...] = (
+    Rule(("gpuPools", "scheduling.teams"), _team_rules),
+)

@@ -1,0 +1,261 @@
+"""The foundation capability: accounts, log archive and audit trails, network, cluster.
+
+``build_platform`` creates what every other capability builds on; the capability object adds
+the foundation's stack outputs, its plan section and warnings, and the idle cost of the control
+plane, static nodes, network and the stack's storage and keys.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Iterable, Iterator
+
+import pulumi
+
+from components.cluster import Cluster, ClusterArgs, NodeGroupArgs, control_plane_log_group_name
+from components.kms import LogGroupKey, LogGroupKeyArgs
+from components.log_archive import (
+    FLOW_LOGS_PREFIX,
+    AuditTrail,
+    AuditTrailArgs,
+    AuditTrailSources,
+    LogArchive,
+    LogArchiveArgs,
+)
+from components.network import Network, NetworkArgs
+from components.versions import EKS_EXTENDED_USD_PER_HOUR, EKS_STANDARD_USD_PER_HOUR, EKS_VERSIONS, HOURS_PER_MONTH
+from infra import costs, datasets_tracking
+from infra.accounts import AccountProviders, create_account_providers
+from infra.capability import Capability
+from infra.config import AuditTrailMode, PlatformConfig
+from infra.costs import CostLine
+from infra.mock_engine import Recording
+from infra.platform import Platform, access_log_bucket
+
+
+def audit_trail_name(config: PlatformConfig) -> str:
+    return f"{config.name}-audit"
+
+
+def _trail_sources(config: PlatformConfig) -> AuditTrailSources:
+    trail = config.log_archive.audit_trail
+    if trail.mode is AuditTrailMode.ORGANIZATION:
+        return AuditTrailSources(audit_trail_name(config), organization_id=trail.organization_id,
+                                 management_account_id=trail.management_account_id)
+    return AuditTrailSources(audit_trail_name(config),
+                             account_ids=[config.accounts.workload.id, config.accounts.automation.id])
+
+
+def _audit_trails(config: PlatformConfig, providers: AccountProviders, archive: LogArchive) -> list[AuditTrail]:
+    tags = config.resource_tags
+    if config.log_archive.audit_trail.mode is AuditTrailMode.ORGANIZATION:
+        # Created by the logging account as CloudTrail delegated administrator (README).
+        return [AuditTrail(f"{config.name}-audit-organization",
+                           AuditTrailArgs(archive=archive, trail_name=audit_trail_name(config), organization=True, tags=tags),
+                           opts=pulumi.ResourceOptions(providers={"aws": providers.logging}))]
+    trails, seen = [], set()
+    for key in ("workload", "automation"):
+        account_id = getattr(config.accounts, key).id
+        if account_id in seen:  # one trail per account, whatever roles it plays
+            continue
+        seen.add(account_id)
+        trails.append(AuditTrail(f"{config.name}-audit-{key}",
+                                 AuditTrailArgs(archive=archive, trail_name=audit_trail_name(config), tags=tags),
+                                 opts=pulumi.ResourceOptions(providers={"aws": getattr(providers, key)})))
+    return trails
+
+
+def log_group_names(config: PlatformConfig) -> list[str]:
+    """Every CloudWatch log group of the workload account the platform creates."""
+    return [control_plane_log_group_name(config.cluster_name), *datasets_tracking.log_group_names(config)]
+
+
+def build_platform(config: PlatformConfig) -> Platform:
+    providers = create_account_providers(config)
+    tags = config.resource_tags
+
+    archive_access_logs = access_log_bucket(config, providers, "logging")
+    log_archive = LogArchive(
+        f"{config.name}-log-archive",
+        LogArchiveArgs(
+            flow_log_account_ids=[config.accounts.workload.id],
+            audit_trail=_trail_sources(config),
+            transition_to_infrequent_access_days=config.log_archive.transition_to_infrequent_access_days,
+            transition_to_glacier_days=config.log_archive.transition_to_glacier_days,
+            expiration_days=config.log_archive.expiration_days,
+            noncurrent_version_expiration_days=config.log_archive.noncurrent_version_expiration_days,
+            object_lock_retention_days=config.object_lock_retention_days,
+            access_logs_bucket=archive_access_logs,
+            kms_key_deletion_window_days=config.log_archive.kms_key_deletion_window_days,
+            protect=config.protect_stateful,
+            tags=tags,
+        ),
+        opts=pulumi.ResourceOptions(providers={"aws": providers.logging}),
+    )
+    audit_trails = _audit_trails(config, providers, log_archive)
+    log_group_key = LogGroupKey(
+        f"{config.name}-logs",
+        LogGroupKeyArgs(log_group_names=log_group_names(config), protect=config.protect_stateful, tags=tags),
+        opts=pulumi.ResourceOptions(providers={"aws": providers.workload}),
+    )
+    net = config.network
+    network = Network(
+        f"{config.name}-network",
+        NetworkArgs(
+            cidr=str(net.cidr),
+            availability_zones=list(net.availability_zones),
+            private_subnet_cidrs=[str(c) for c in net.private_subnet_cidrs],
+            public_subnet_cidrs=[str(c) for c in net.public_subnet_cidrs],
+            cluster_name=config.cluster_name,
+            flow_logs_bucket=log_archive.bucket,
+            flow_logs_prefix=FLOW_LOGS_PREFIX,
+            flow_logs_bucket_policy=log_archive.policy,
+            nat=net.nat,
+            interface_endpoints=config.interface_endpoints,
+            flow_logs_traffic_type=net.flow_logs.traffic_type,
+            flow_logs_max_aggregation_interval_seconds=net.flow_logs.max_aggregation_interval_seconds,
+            tags=tags,
+        ),
+        opts=pulumi.ResourceOptions(providers={"aws": providers.workload}),
+    )
+    cl = config.cluster
+    group = cl.system_node_group
+    namespace_editors: dict[str, list[str]] = {}
+    for team in config.scheduling.teams:
+        for arn in team.role_arns:
+            namespace_editors.setdefault(arn, []).append(team.namespace)
+    cluster = Cluster(
+        f"{config.name}-cluster",
+        ClusterArgs(
+            cluster_name=config.cluster_name,
+            version=cl.version,
+            upgrade_policy=cl.upgrade_policy,
+            network=network,
+            system_node_group=NodeGroupArgs(
+                instance_types=list(group.instance_types), min_size=group.min_size, max_size=group.max_size,
+                desired_size=group.desired_size, disk_size_gib=group.disk_size_gib,
+                capacity_type=group.capacity_type.value,
+            ),
+            public_access_cidrs=[str(c) for c in cl.public_access_cidrs],
+            admin_role_arns=list(cl.admin_role_arns) + ([cl.deploy_role_arn] if cl.deploy_role_arn else []),
+            kubeconfig_role_arn=config.accounts.workload.role_arn,
+            namespace_editors=namespace_editors,
+            log_retention_days=cl.log_retention_days,
+            log_kms_key=log_group_key.key,
+            deletion_protection=cl.deletion_protection if cl.deletion_protection is not None else config.is_prod,
+            protect=config.protect_stateful,
+            tags=tags,
+        ),
+        opts=pulumi.ResourceOptions(providers={"aws": providers.workload}),
+    )
+    return Platform(config=config, providers=providers, log_archive=log_archive, network=network, cluster=cluster,
+                    log_group_key=log_group_key, audit_trails=audit_trails,
+                    access_log_buckets={"logging": archive_access_logs})
+
+
+
+
+def deploy(platform: Platform) -> dict[str, Any]:
+    """The foundation's stack outputs (``build_platform`` created its components)."""
+    return {
+        "clusterName": platform.cluster.cluster_name,
+        "clusterEndpoint": platform.cluster.endpoint,
+        "kubeconfig": platform.cluster.kubeconfig,
+        "oidcIssuer": platform.cluster.oidc_issuer,
+        "vpcId": platform.network.vpc_id,
+        "privateSubnetIds": platform.network.private_subnet_ids,
+        "publicSubnetIds": platform.network.public_subnet_ids,
+        "nodeSecurityGroupId": platform.cluster.node_security_group.id,
+        "clusterSecurityGroupId": platform.cluster.cluster_security_group_id,
+        "logArchiveBucket": platform.log_archive.bucket.bucket,
+    }
+
+
+# -- offline plan ------------------------------------------------------------------------
+def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tuple[str, list[str]]]:
+    archive = config.log_archive
+    steps = [f"STANDARD_IA day {archive.transition_to_infrequent_access_days}" if archive.transition_to_infrequent_access_days else "",
+             f"GLACIER_IR day {archive.transition_to_glacier_days}" if archive.transition_to_glacier_days else "",
+             f"expire day {archive.expiration_days}" if archive.expiration_days else "kept forever"]
+    lock = config.object_lock_retention_days
+    trail = archive.audit_trail
+    trails = ("organization trail (logging account, delegated administrator)" if trail.mode is AuditTrailMode.ORGANIZATION
+              else "account trails in workload and automation")
+    access = sorted({r.name.removeprefix(f"{config.name}-").removesuffix("-access-logs")
+                     for r in recording.by_type("mlplatform:bucket:AccessLogBucket")})
+    yield ("Logs and audit", [
+        f"log archive (logging account, SSE-KMS): VPC flow logs + CloudTrail {trails}; "
+        f"{', '.join(s for s in steps if s)}; Object Lock {f'GOVERNANCE {lock} days' if lock else 'off'}",
+        f"S3 server access logs: an SSE-S3 bucket in each of {', '.join(access) or 'no account'}, "
+        f"expire after {archive.access_log_expiration_days} days",
+        f"CloudWatch log groups: KMS-encrypted ({len(log_group_names(config))} groups), control plane kept "
+        f"{config.cluster.log_retention_days} days",
+        f"interface endpoints: {'on' if config.interface_endpoints else 'off (AWS APIs through the NAT gateway)'}",
+    ])
+
+
+def _eks_support(config: PlatformConfig, recording: Recording) -> Iterable[str]:
+    version = config.cluster.version
+    support = EKS_VERSIONS[version]
+    today = dt.date.today()
+    extra = (EKS_EXTENDED_USD_PER_HOUR - EKS_STANDARD_USD_PER_HOUR) * HOURS_PER_MONTH
+    total = EKS_EXTENDED_USD_PER_HOUR * HOURS_PER_MONTH
+    policy = config.cluster.upgrade_policy.value
+    if today > support.extended_support_ends:
+        yield f"EKS {version} is past the end of extended support ({support.extended_support_ends}): upgrade now."
+    elif today > support.standard_support_ends:
+        if policy == "EXTENDED":
+            yield (f"EKS {version} is in extended support since {support.standard_support_ends} (ends "
+                   f"{support.extended_support_ends}): the control plane costs ${EKS_EXTENDED_USD_PER_HOUR:.2f}/h "
+                   f"instead of ${EKS_STANDARD_USD_PER_HOUR:.2f}/h, about ${total:,.0f}/month (+${extra:,.0f}/month). "
+                   f"Plan the upgrade to a standard-support version.")
+        else:
+            yield (f"EKS {version} left standard support on {support.standard_support_ends} and upgradePolicy is "
+                   f"STANDARD: AWS will upgrade the control plane on its own schedule. Set EXTENDED "
+                   f"(+${extra:,.0f}/month) or upgrade first.")
+    elif policy == "EXTENDED":
+        yield (f"upgradePolicy EXTENDED: when EKS {version} leaves standard support on "
+               f"{support.standard_support_ends} the control plane will cost +${extra:,.0f}/month.")
+
+
+def _egress(config: PlatformConfig, recording: Recording) -> Iterable[str]:
+    nat = config.network.nat.value
+    if nat == "none":
+        yield ("network.nat is none: nodes reach only VPC endpoints; images from public registries "
+               "(Docker Hub, nvcr.io, ghcr.io) and Hugging Face cannot be pulled.")
+    if nat == "single" and config.is_prod:
+        yield "network.nat is single in prod: one AZ outage cuts internet egress for every node. Use one_per_az."
+
+
+def _public_endpoint(config: PlatformConfig, recording: Recording) -> Iterable[str]:
+    if config.cluster.public_access_cidrs:
+        cidrs = ", ".join(str(c) for c in config.cluster.public_access_cidrs)
+        yield f"the Kubernetes API endpoint is public for {cidrs} (private access stays on)."
+
+
+def _wiring(config: PlatformConfig, recording: Recording) -> Iterable[str]:
+    for resource in recording.resources:
+        if resource.custom and resource.package in ("aws", "kubernetes") and not resource.is_provider:
+            if resource.provider is None:
+                yield f"ERROR {resource.type} {resource.name} has no explicit provider."
+
+
+def _dev_object_lock(config: PlatformConfig, recording: Recording):
+    if not config.is_prod and config.object_lock_retention_days:
+        yield (f"logArchive.objectLockRetentionDays is set in {config.environment.value}: `pulumi destroy` cannot delete "
+               f"archived logs for {config.object_lock_retention_days} days (GOVERNANCE mode needs s3:BypassGovernanceRetention)")
+
+
+
+def warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
+    for check in (_eks_support, _egress, _public_endpoint, _wiring, _dev_object_lock):
+        yield from check(config, recording)
+
+
+def cost_lines(recording: Recording, today: dt.date) -> Iterator[CostLine]:
+    yield from costs.eks_control_plane(recording, today)
+    yield from costs.static_nodes(recording)
+    yield from costs.network(recording)
+    yield from costs.storage_and_keys(recording)
+
+
+FOUNDATION = Capability("foundation", deploy=deploy, plan_sections=plan_sections, warnings=warnings, cost_lines=cost_lines)

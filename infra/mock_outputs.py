@@ -1,0 +1,77 @@
+"""Outputs the recording engine fabricates for the resource types whose outputs the platform reads
+(ids, ARNs, DNS names): plausible, deterministic values derived from the URN digest.
+
+Owned by ``infra.mock_engine`` (the offline plan and the tests); no production module imports it.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+# Offline stand-in for S3's prefix-list ranges (RFC 2544 benchmarking space, never AWS's): the
+# recorded NetworkPolicy shows where the real ranges go; a deploy reads them from the endpoint.
+MOCK_S3_PREFIX_LIST_CIDRS = ("198.18.0.0/20", "198.18.16.0/20")
+
+
+def _vpc_endpoint_outputs(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    outputs = {"id": f"vpce-{digest[:17]}"}
+    if inputs.get("vpcEndpointType") == "Gateway":
+        outputs["cidrBlocks"] = list(MOCK_S3_PREFIX_LIST_CIDRS)
+        outputs["prefixListId"] = f"pl-{digest[:8]}"
+    return outputs
+
+
+def _lustre(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    fs_id = f"fs-{digest[:17]}"
+    return {"id": fs_id, "dnsName": f"{fs_id}.fsx.{region}.amazonaws.com", "mountName": digest[:8],
+            "arn": f"arn:aws:fsx:{region}:{account}:file-system/{fs_id}"}
+
+
+def _aurora(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    ident = inputs.get("clusterIdentifier") or name
+    return {"id": ident, "endpoint": f"{ident}.cluster-{digest[:12]}.{region}.rds.amazonaws.com",
+            "arn": f"arn:aws:rds:{region}:{account}:cluster:{ident}",
+            "masterUserSecrets": [{"secretArn": f"arn:aws:secretsmanager:{region}:{account}:secret:rds!cluster-{digest[:8]}",
+                                   "kmsKeyId": inputs.get("masterUserSecretKmsKeyId"), "secretStatus": "active"}]}
+
+
+def _alb(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    scheme = "internal-" if inputs.get("internal") else ""
+    return {"dnsName": f"{scheme}{name[:20]}-{digest[:8]}.{region}.elb.amazonaws.com", "zoneId": "Z1H1FL5HABSF5",
+            "arn": f"arn:aws:elasticloadbalancing:{region}:{account}:loadbalancer/app/{name[:20]}/{digest[:16]}"}
+
+
+def _certificate(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    domain = inputs.get("domainName", "example.com")
+    return {"arn": f"arn:aws:acm:{region}:{account}:certificate/{digest[:8]}-{digest[8:12]}",
+            "domainValidationOptions": [{"domainName": domain, "resourceRecordName": f"_{digest[:32]}.{domain}.",
+                                         "resourceRecordType": "CNAME",
+                                         "resourceRecordValue": f"_{digest[32:64]}.acm-validations.aws."}]}
+
+
+def _ecr(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    repo = inputs.get("name") or name
+    return {"repositoryUrl": f"{account}.dkr.ecr.{region}.amazonaws.com/{repo}",
+            "arn": f"arn:aws:ecr:{region}:{account}:repository/{repo}"}
+
+
+
+def _serverless_app(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    function = inputs.get("parameters", {}).get("functionName", name)
+    return {"outputs": {"RotationLambdaARN": f"arn:aws:lambda:{region}:{account}:function:{function}"}}
+
+
+def _hosted_zone(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    return {"zoneId": f"Z{digest[:20].upper()}"}
+
+
+# Read by ``infra.mock_engine`` on top of its generic per-type outputs.
+TYPE_OUTPUTS: dict[str, Callable[[str, dict, str, str, str], dict]] = {
+    "aws:ec2/vpcEndpoint:VpcEndpoint": _vpc_endpoint_outputs,
+    "aws:fsx/lustreFileSystem:LustreFileSystem": _lustre,
+    "aws:rds/cluster:Cluster": _aurora,
+    "aws:lb/loadBalancer:LoadBalancer": _alb,
+    "aws:acm/certificate:Certificate": _certificate,
+    "aws:ecr/repository:Repository": _ecr,
+    "aws:serverlessrepository/cloudFormationStack:CloudFormationStack": _serverless_app,
+    "aws:route53/zone:Zone": _hosted_zone,
+}

@@ -1,0 +1,67 @@
+"""The foundation every capability builds on: accounts, log archive, network, cluster."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import pulumi
+
+from components.bucket import AccessLogBucket, AccessLogBucketArgs
+from components.cluster import Cluster
+from components.kms import LogGroupKey
+from components.log_archive import AuditTrail, LogArchive
+from components.network import Network
+from infra.accounts import AccountProviders
+from infra.config import PlatformConfig
+
+
+@dataclass
+class Platform:
+    """The foundation every capability builds on."""
+
+    config: PlatformConfig
+    providers: AccountProviders
+    log_archive: LogArchive
+    network: Network
+    cluster: Cluster
+    # Components a capability built that a later one uses (e.g. "datasets", "scheduling").
+    components: dict[str, Any] = field(default_factory=dict)
+    log_group_key: Optional[LogGroupKey] = None
+    audit_trails: list[AuditTrail] = field(default_factory=list)
+    # S3 server access log targets by account key; see ``access_log_bucket``.
+    access_log_buckets: dict[str, AccessLogBucket] = field(default_factory=dict)
+
+    def access_log_bucket(self, account: str) -> AccessLogBucket:
+        """The S3 server access log bucket of ``account`` (automation / workload / logging).
+
+        S3 delivers access logs only to a bucket in the source bucket's own account, so each
+        account that has buckets gets one, created on first use.
+        """
+        if account not in self.access_log_buckets:
+            self.access_log_buckets[account] = access_log_bucket(self.config, self.providers, account)
+        return self.access_log_buckets[account]
+
+    def seal_access_logs(self) -> None:
+        """Write each access-log bucket's policy for the buckets registered with it and turn
+        their logging on; call once every capability has created its buckets."""
+        for bucket in self.access_log_buckets.values():
+            bucket.seal()
+
+    def workload_opts(self, **kwargs: Any) -> pulumi.ResourceOptions:
+        """Options for an AWS component in the workload account."""
+        return pulumi.ResourceOptions(providers={"aws": self.providers.workload}, **kwargs)
+
+    def kubernetes_opts(self, **kwargs: Any) -> pulumi.ResourceOptions:
+        """Options for a component that deploys into the cluster (and may touch AWS)."""
+        return pulumi.ResourceOptions(
+            providers={"aws": self.providers.workload, "kubernetes": self.cluster.k8s_provider}, **kwargs
+        )
+
+
+def access_log_bucket(config: PlatformConfig, providers: AccountProviders, account: str) -> AccessLogBucket:
+    return AccessLogBucket(
+        f"{config.name}-{account}-access-logs",
+        AccessLogBucketArgs(expiration_days=config.log_archive.access_log_expiration_days,
+                            protect=config.protect_stateful, tags=config.resource_tags),
+        opts=pulumi.ResourceOptions(providers={"aws": getattr(providers, account)}),
+    )

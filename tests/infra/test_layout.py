@@ -1,0 +1,151 @@
+"""Dependencies point one way (infra -> components -> workloads) and infra/ has no import cycle.
+
+Every ``import`` counts: module level, inside functions, and under ``if TYPE_CHECKING`` (a cycle
+hidden in a function is still a cycle: it only moves the failure to the first call).
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("infra", "components", "workloads", "policypack")
+# A package may import itself and the packages listed here, nothing else of ours.
+ALLOWED = {
+    "infra": {"components", "workloads", "policypack"},
+    "components": {"workloads"},
+    "workloads": set(),
+    "policypack": set(),
+}
+# Entry points (``python -m ...``) are composition roots: nothing imports them, and they may
+# reach down into any layer. Each one is named here with why.
+ENTRY_POINTS = {
+    # `python -m workloads submit JOB --stack S` renders against the stack's offline plan.
+    "workloads.__main__",
+    "infra.__main__",
+    "policypack.__main__",
+}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules ``name`` imports (``from pkg import mod`` resolves to ``pkg.mod``)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports_of(name, path, set(found)) for name, path in found.items()}
+
+
+def upward_imports(edges: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for name, targets in sorted(edges.items()):
+        for target in sorted(targets):
+            source_package, target_package = name.split(".")[0], target.split(".")[0]
+            if target in ENTRY_POINTS:
+                bad.append(f"{name} imports the entry point {target}")
+            elif name in ENTRY_POINTS or source_package == target_package:
+                continue
+            elif target_package not in ALLOWED[source_package]:
+                bad.append(f"{name} imports {target} ({source_package} may import only {sorted(ALLOWED[source_package]) or 'itself'})")
+    return bad
+
+
+def cycles(edges: dict[str, set[str]], prefix: str) -> list[list[str]]:
+    """Import cycles among the modules under ``prefix`` (one path per strongly connected set)."""
+    nodes = sorted(n for n in edges if n.split(".")[0] == prefix)
+    found, state, stack = [], {}, []
+
+    def visit(node: str) -> None:
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(edges[node]):
+            if target not in nodes:
+                continue
+            if state.get(target) == "open":
+                found.append(stack[stack.index(target):] + [target])
+            elif target not in state:
+                visit(target)
+        stack.pop()
+        state[node] = "done"
+
+    for node in nodes:
+        if node not in state:
+            visit(node)
+    return found
+
+
+def test_the_walk_sees_the_imports_it_checks():
+    edges = graph()
+    assert "infra.capabilities" in edges["infra.program"]
+    assert "infra.gpu_capacity" in edges["infra.capabilities"]  # `from infra import gpu_capacity`
+    assert "workloads.problems" in edges["components.validation"]
+
+
+def test_no_module_imports_a_layer_above_it():
+    assert upward_imports(graph()) == []
+
+
+def test_no_import_cycle_in_any_package():
+    edges = graph()
+    for package in PACKAGES:
+        assert cycles(edges, package) == [], f"import cycle in {package}/"
+
+
+def test_the_checks_catch_what_they_name():
+    edges = {name: set(targets) for name, targets in graph().items()}
+    edges["workloads.gpu_catalog"].add("components.validation")
+    edges["components.bucket"].add("infra.config")
+    edges["infra.plan"].add("infra.program")
+    edges["infra.program"].add("infra.plan")
+    assert upward_imports(edges) == [
+        "components.bucket imports infra.config (components may import only ['workloads'])",
+        "workloads.gpu_catalog imports components.validation (workloads may import only itself)",
+    ]
+    assert [set(cycle) for cycle in cycles(edges, "infra")] == [{"infra.plan", "infra.program"}]
+
+
+def test_the_program_and_the_plan_use_the_one_capability_tuple(dev_plan, monkeypatch):
+    from infra import capabilities, plan as plan_module, program
+    from infra.foundation import FOUNDATION
+
+    assert program.CAPABILITIES is capabilities.CAPABILITIES is plan_module.CAPABILITIES
+    assert capabilities.CAPABILITIES[0] is FOUNDATION
+    names = [c.name for c in capabilities.CAPABILITIES]
+    assert len(set(names)) == len(names)
+    titles = [title for title, _ in plan_module.plan_sections(dev_plan.config, dev_plan.recording)]
+    assert titles == [title for c in capabilities.CAPABILITIES for title, _ in c.plan_sections(dev_plan.config, dev_plan.recording)] + [
+        "Idle cost per month (no job running)"]
+    # Nothing is registered behind the tuple's back: without a capability, its sections,
+    # warnings and cost lines are gone from the plan.
+    datasets = next(c for c in capabilities.CAPABILITIES if c.name == "datasets and tracking")
+    monkeypatch.setattr(plan_module, "CAPABILITIES", tuple(c for c in capabilities.CAPABILITIES if c is not datasets))
+    titles = [title for title, _ in plan_module.plan_sections(dev_plan.config, dev_plan.recording)]
+    assert "Datasets and tracking" not in titles and "Logs and audit" in titles
+    assert not any(line.item.startswith(("Aurora", "Fargate", "FSx")) for line in plan_module.idle_costs(dev_plan.recording))
