@@ -105,7 +105,7 @@ def _stack_of(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def stack_facts(dev_plan, prod_plan):
-    from infra.training import facts_from_plan
+    from infra.facts import facts_from_plan
 
     return {"dev": facts_from_plan(dev_plan), "prod": facts_from_plan(prod_plan)}
 
