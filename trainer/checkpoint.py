@@ -212,6 +212,10 @@ class Faults(NoFaults):
     `tools/fault_injection.py` drive it; unset, `NoFaults` is used and nothing is checked."""
 
     def __init__(self, spec: str, rank: int):
+        self.rank = rank
+        # With TRAINER_FAULTS_ONCE_DIR a fault fires once across restarts (torchrun
+        # --max-restarts keeps the environment): a file there records that it fired.
+        self.once_dir = os.environ.get("TRAINER_FAULTS_ONCE_DIR")
         self.rules: list[tuple[str, int, signal.Signals]] = []
         for item in filter(None, (x.strip() for x in spec.split(";"))):
             point, _, rest = item.partition("@")
@@ -224,6 +228,12 @@ class Faults(NoFaults):
     def at(self, point: str, step: int) -> None:
         for p, s, sig in self.rules:
             if p == point and s == step:
+                if self.once_dir:
+                    flag = os.path.join(self.once_dir, f"{point}-{step}-rank{self.rank}")
+                    if os.path.exists(flag):
+                        continue
+                    os.makedirs(self.once_dir, exist_ok=True)
+                    open(flag, "w").close()
                 log.warning("fault injection: %s at %s of step %d", sig.name, point, step)
                 os.kill(os.getpid(), sig)
 

@@ -51,9 +51,10 @@ def worker_reports(status_dir: str) -> dict[int, dict]:
         if report is None or not isinstance(report.get("reason"), str):
             continue
         try:
-            reports[int(name[len("rank-"):-len(".json")])] = report
+            rank = int(name[len("rank-"):-len(".json")])
         except ValueError:
             continue
+        reports[rank] = {**report, "rank": rank}
     latest = max((r.get("attempt", 0) for r in reports.values()), default=0)
     return {rank: r for rank, r in reports.items() if r.get("attempt", 0) == latest}
 
@@ -68,15 +69,27 @@ def exit_code(torchrun_code: int, signalled: bool, reasons: list[str],
         return EXIT_PREEMPTED
     if torchrun_code == 0:
         return 0
-    # A rank that raised on its own (not after a signal, not because a peer vanished) is the
-    # root cause, and an exception repeats on retry: permanent.
-    crashed = [r for r in reports or [] if r.get("reason") == "failed"
-               and not r.get("signalled") and not r.get("peer_lost")]
-    killed = sorted((f for f in failures or [] if isinstance(f.get("exitcode"), int) and f["exitcode"] < 0),
-                    # torchrun SIGTERMs the survivors once one worker died: prefer the other signals.
-                    key=lambda f: (f["exitcode"] == -signal.SIGTERM, f.get("timestamp", 0), f.get("rank", 0)))
-    if killed and not crashed:
-        return 128 - killed[0]["exitcode"]
+    by_rank = {r.get("rank"): r for r in reports or [] if "rank" in r}
+
+    def consequence(report: dict | None) -> bool:
+        return bool(report and (report.get("signalled") or report.get("peer_lost")))
+
+    # A rank that failed on its own (an exception, or an error exit such as a bad config)
+    # and not because of a signal or a vanished peer is the root cause; it would fail again
+    # on retry: permanent.
+    crashed = [r for r in reports or [] if r.get("reason") == "failed" and not consequence(r)]
+    crashed += [f for f in failures or [] if isinstance(f.get("exitcode"), int) and f["exitcode"] > 0
+                and not consequence(by_rank.get(f.get("rank")))]
+    if crashed:
+        return torchrun_code if torchrun_code > 0 else 1
+    signals = [-f["exitcode"] for f in sorted(failures or [], key=lambda f: (f.get("timestamp", 0), f.get("rank", 0)))
+               if isinstance(f.get("exitcode"), int) and f["exitcode"] < 0]
+    # Once one worker died, torchrun SIGTERMs the others: SIGTERM deaths are consequences,
+    # and the trainer itself handles SIGTERM by saving. Any other signal (SIGKILL from the
+    # OOM killer, SIGSEGV, SIGBUS) is the cause and a retry may well succeed.
+    causes = [s for s in signals if s != signal.SIGTERM] or signals
+    if causes:
+        return 128 + causes[0]
     # A negative code means torchrun itself died of a signal (e.g. -9): report it shell-style.
     return 128 - torchrun_code if torchrun_code < 0 else torchrun_code
 
