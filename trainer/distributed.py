@@ -120,6 +120,9 @@ class SingleProcess:
     def grad_sync(self, model: nn.Module, is_last_micro_step: bool):
         return contextlib.nullcontext()
 
+    def warm_up(self, model: nn.Module, sample: torch.Tensor, autocast) -> None:
+        pass
+
 
 class DDPStrategy:
     name = "ddp"
@@ -132,6 +135,22 @@ class DDPStrategy:
     def grad_sync(self, model: nn.Module, is_last_micro_step: bool):
         # Skipping the all-reduce on all but the last micro-step is what makes accumulation cheap.
         return contextlib.nullcontext() if is_last_micro_step else model.no_sync()
+
+    def warm_up(self, model: nn.Module, sample: torch.Tensor, autocast) -> None:
+        """One throw-away backward (zero loss, RNG untouched, gradients dropped) before the
+        first step, so every attempt trains with the same gradient-bucket layout.
+
+        DDP starts with buckets in reverse parameter order and, after the first backward,
+        rebuilds them once in the order gradients became ready (Reducer::rebuild_buckets,
+        torch/csrc/distributed/c10d/reducer.cpp). A resumed attempt's first step would use
+        the initial layout where the uninterrupted run used the rebuilt one; with 3+ gloo
+        ranks a gradient's position in the bucket changes its summation order, so the
+        resume is not bitwise (2 ranks add commutatively). After this warm-up the very
+        first real step of every attempt already runs on the rebuilt layout."""
+        devices = [model.device_ids[0]] if getattr(model, "device_ids", None) else []
+        with torch.random.fork_rng(devices=devices), autocast:
+            model(sample).float().sum().mul(0.0).backward()
+        model.zero_grad(set_to_none=True)
 
 
 class FSDPStrategy:
@@ -153,6 +172,9 @@ class FSDPStrategy:
     def grad_sync(self, model: nn.Module, is_last_micro_step: bool):
         model.set_requires_gradient_sync(is_last_micro_step)
         return contextlib.nullcontext()
+
+    def warm_up(self, model: nn.Module, sample: torch.Tensor, autocast) -> None:
+        pass  # FSDP2 reduce-scatters per layer in a fixed order: bitwise across resumes (tested)
 
 
 def strategy_for(cfg: ParallelismConfig, env: Env, bf16: bool):

@@ -128,6 +128,7 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
     # FSDP2 casts parameters itself; autocast is for the unsharded strategies.
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and strategy.name != "fsdp"
                 else contextlib.nullcontext())
+    strategy.warm_up(model, torch.zeros((1, cfg.data.seq_len), dtype=torch.long, device=env.device), autocast)
     optimizer = build_optimizer(model, cfg, env.device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, cosine_with_warmup(cfg.schedule.warmup_steps, cfg.schedule.num_steps, cfg.schedule.min_lr_ratio))
