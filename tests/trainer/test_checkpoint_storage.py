@@ -116,14 +116,14 @@ def test_s3_mirror_follows_retention_and_tolerates_vanished_directories(tmp_path
 
     root = str(tmp_path / "fsx")
     client = Recording(s3)
-    mirror = S3Mirror("s3://ckpts/jobs/j1", client=client)
+    mirror = S3Mirror("s3://ckpts/jobs/retention", client=client)
     mirror.upload(fake_checkpoint(root, 10))
     doomed = fake_checkpoint(root, 20)
     shutil.rmtree(doomed)  # retention removed it while its upload was queued
     mirror.upload(doomed)
     mirror.prune([10])
     mirror.close()  # no exception: a vanished directory is not a failure
-    assert keys(s3) == []
+    assert keys(s3, "jobs/retention/") == []
     deletes = [k for op, k in client.calls if op == "delete" and "step-000010" in k]
     assert deletes[0].endswith(MARKER)  # the marker goes first, as locally
 
@@ -132,11 +132,11 @@ def test_s3_mirror_respects_the_shutdown_budget(tmp_path, s3):
     import time
 
     root = str(tmp_path / "fsx")
-    mirror = S3Mirror("s3://ckpts/jobs/j1", client=Recording(s3, upload_delay=0.5))
+    mirror = S3Mirror("s3://ckpts/jobs/budget", client=Recording(s3, upload_delay=0.5))
     for step in (10, 20, 30):
         mirror.upload(fake_checkpoint(root, step))
     started = time.perf_counter()
     mirror.close(budget_seconds=0.2)
     assert time.perf_counter() - started < 1.5  # not the 3 s all uploads take
     time.sleep(1.0)  # the upload in progress stops before its marker
-    assert not [k for k in keys(s3) if k.endswith(MARKER)]
+    assert not [k for k in keys(s3, "jobs/budget/") if k.endswith(MARKER)]
