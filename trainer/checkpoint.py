@@ -265,19 +265,49 @@ class SyncSave:
         done.set_result(None)
         return done
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
         pass
+
+
+def shield_spawned_processes() -> str:
+    """Makes processes spawned by multiprocessing from here on ignore SIGTERM and SIGINT."""
+    import multiprocessing
+    import sys
+    import tempfile
+
+    wrapper = os.path.join(tempfile.mkdtemp(prefix="trainer-spawn-"), "python-ignoring-sigterm")
+    with open(wrapper, "w") as f:
+        f.write(f"#!/bin/sh\ntrap '' TERM INT\nexec '{sys.executable}' \"$@\"\n")
+    os.chmod(wrapper, 0o755)
+    multiprocessing.set_executable(wrapper)
+    return wrapper
 
 
 class AsyncSave:
     """Stages the state to CPU memory (a copy), then writes in a thread or a process; the
-    loop only stalls for the copy."""
+    loop only stalls for the copy.
+
+    Process mode: torchrun delivers SIGTERM to each worker's whole process group, which
+    includes DCP's background checkpoint process, so a preemption used to kill the very
+    save it should wait for ("Checkpoint background process is dead. Exit code: -15").
+    That process is started by multiprocessing's spawn, so its interpreter is whatever
+    `multiprocessing.set_executable` names: here a two-line shell wrapper that sets SIGTERM
+    and SIGINT to ignored (`trap '' TERM INT`; an ignored disposition survives exec) and
+    execs this Python. Only the trainer reacts to the signal and the save finishes.
+    (Blocking the signals around its creation does not work: CPython's spawn clears the
+    child's signal mask; nor does a hook in `trainer.__main__`: spawn does not re-import a
+    `__main__` module; both measured.) SIGKILL, torchrun's last resort, still ends it;
+    since it ignores SIGTERM, `close()` ends it explicitly (DCP's terminate message, then
+    SIGKILL)."""
 
     def __init__(self, env: Env, mode: str):
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
         self.env = env
         self.kind = AsyncCheckpointerType.PROCESS if mode == "process" else AsyncCheckpointerType.THREAD
+        self.process_mode = mode == "process"
+        if self.process_mode:
+            shield_spawned_processes()
 
     def start(self, state: dict, path: str) -> Future:
         from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
@@ -286,8 +316,24 @@ class AsyncSave:
                                 async_checkpointer_type=self.kind, no_dist=not self.env.distributed)
         return result.upload_completion if isinstance(result, AsyncSaveResponse) else result
 
-    def close(self) -> None:
-        pass
+    def close(self, graceful: bool = True) -> None:
+        if not self.process_mode:
+            return
+        # torch keeps its one background process in a module global (torch 2.13).
+        from torch.distributed.checkpoint import _async_process_executor as executor
+
+        background = getattr(executor, "_CHECKPOINT_PROCESS", None)
+        process = getattr(background, "_save_process", None)
+        if process is None:
+            return
+        if graceful and process.is_alive():
+            with contextlib.suppress(Exception):
+                background._send(executor._CheckpointSaveProcessControlOpts.TERMINATE)
+                process.join(timeout=10)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=5)
+        executor._CHECKPOINT_PROCESS = None
 
 
 class Checkpointer:
@@ -402,6 +448,11 @@ class Checkpointer:
         self.wait()
         self.writer.close()
         self.mirror.close(budget_seconds)
+
+    def abort(self) -> None:
+        """The failure path: no waiting on peers that may be gone."""
+        self.writer.close(graceful=False)
+        self.mirror.close(budget_seconds=0.0)
 
 
 def _rollback(root: str, source: str) -> None:

@@ -95,15 +95,18 @@ def exit_code(torchrun_code: int, signalled: bool, reasons: list[str],
 
 
 def checkpoint_line(reports: dict[int, dict]) -> str:
+    """Whether the workers' final checkpoint landed (is durable, marker written)."""
     main = reports.get(0)
     if not main or main.get("reason") == "running":
         return "final checkpoint: unknown (rank 0 did not report)"
-    durable = main.get("checkpoint_step")
-    if main.get("reason") in ("preempted", "completed"):
-        if durable is not None and durable == main.get("step"):
-            return f"final checkpoint: step {durable} landed"
-        return f"final checkpoint: step {main.get('step')} did NOT land (newest durable: {durable})"
-    return f"final checkpoint: none at exit (newest durable: {durable})"
+    durable, step = main.get("checkpoint_step"), main.get("step")
+    if main.get("reason") not in ("preempted", "completed"):
+        return f"no final checkpoint (the newest durable one is step {durable})"
+    if durable is None:
+        return f"final checkpoint: none landed (stopped at step {step})"
+    if isinstance(step, int) and step > durable:
+        return f"final checkpoint: step {durable} landed (steps {durable + 1}-{step} will be recomputed)"
+    return f"final checkpoint: step {durable} landed"
 
 
 def main(argv: list[str]) -> int:

@@ -315,7 +315,7 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
         # MLflow misses is in metrics.jsonl and is sent by the next attempt.
         log.error("training failed at step %d: %s", step, exc)
         tracker.close(status="FAILED", timeout_seconds=5.0)
-        checkpointer.mirror.close(budget_seconds=0.0)
+        checkpointer.abort()
         raise
     outcome["checkpoint_step"] = checkpointer.last_durable_step
     goodput.wall_seconds = wall_at_attempt_start + (time.time() - attempt_start)

@@ -91,7 +91,7 @@ class InstantWriter:
         done.set_result(None)
         return done
 
-    def close(self):
+    def close(self, graceful=True):
         pass
 
 

@@ -166,3 +166,17 @@ def test_ddp_with_three_ranks_resumes_bitwise(tmp_path, data_dir):
     assert losses(baseline) == losses(resumed)
     assert_same_tensors(checkpoint_tensors(step_dir(baseline, 30), tmp_path),
                         checkpoint_tensors(step_dir(resumed, 30), tmp_path))
+
+
+def test_async_process_mode_checkpoints_on_sigterm_and_resumes_identically(tmp_path, data_dir, ddp_baseline):
+    # Issue 10 item 11: torchrun's SIGTERM to the worker's process group used to kill DCP's
+    # background process mid-save; the launcher now also says whether the final save landed.
+    ckpt = str(tmp_path / "process")
+    cmd = torchrun_cmd(2, tiny_overrides(data_dir, ckpt, **EXTRA, **{"checkpoint.async_mode": "process"}))
+    interrupted = run_and_signal(cmd, launcher_env(), ckpt, at_step=30)
+    ok(interrupted, 143)
+    stopped_at = read_marker(latest_complete(ckpt))["step"]
+    assert f"final checkpoint: step {stopped_at} landed" in interrupted.stdout
+    assert "Checkpoint background process is dead" not in interrupted.stdout
+    ok(run(cmd, launcher_env()))
+    check_equivalent(ddp_baseline, ckpt, tmp_path)
