@@ -215,6 +215,12 @@ def run(seed: int, num_faults: int, steps: int, nproc: int, workdir: str, data_d
         return report
 
     mlflow_uri = f"sqlite:///{os.path.join(workdir, 'mlflow.db')}"
+    from mlflow.tracking import MlflowClient
+
+    # The sqlite file stands in for the MLflow server, whose database schema exists before any
+    # job runs. Created here, not by the first trainer attempt: a kill in the middle of that
+    # schema migration breaks the file for good (which a real server never exposes to a job).
+    MlflowClient(tracking_uri=mlflow_uri).create_experiment("fault-injection")
     env = base_env(MLFLOW_TRACKING_URI=mlflow_uri, TRAINER_RUN_ID=f"fault-injection-{seed}")
     cmd = launcher_cmd(nproc, overrides(data_dir, faulted, steps, every, keep, "thread"))
     faults_left = num_faults
@@ -257,8 +263,6 @@ def run(seed: int, num_faults: int, steps: int, nproc: int, workdir: str, data_d
     if a.keys() != b.keys() or different:
         report["problems"].append(f"final model/optimizer differ from the baseline: {different[:10]}")
     report["num_tensors_compared"] = len(a)
-
-    from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=mlflow_uri)
     experiment = client.get_experiment_by_name("fault-injection")

@@ -83,6 +83,7 @@ class JsonlTracker(NullTracker):
 
 
 class MLflowTracker(NullTracker):
+    MAX_BUFFERED_POINTS = 5000
     def __init__(self, *, uri: str, experiment: str, job_id: str, run_name: str | None, run_id: str | None,
                  params: dict[str, Any], tags: dict[str, str], config_yaml: str, retry_seconds: float = 5.0,
                  client=None, backfill: list[dict] | None = None):
@@ -121,7 +122,13 @@ class MLflowTracker(NullTracker):
         now_ms = int(time.time() * 1000)
         with self._lock:
             self._points += [(step, k, float(v), now_ms) for k, v in metrics.items() if v is not None]
-        self._wake.set()
+            many = len(self._points) >= self.MAX_BUFFERED_POINTS
+        # The thread sends what accumulated every `retry_seconds` (or when the buffer is
+        # large): one request per interval instead of one per logging step. Each request
+        # costs CPU on the training host (serialising, TLS; with a sqlite URI the whole
+        # store), measured as part of the trainer's overhead in benchmarks/throughput_overhead.py.
+        if many:
+            self._wake.set()
 
     def log_summary(self, summary: dict[str, Any]) -> None:
         with self._lock:

@@ -96,16 +96,31 @@ def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
     try:
         reason, step = _train(cfg, env, process_start or time.time(), outcome)
     except BaseException as exc:
+        preemption = outcome.get("preemption")
         # What the launcher needs to tell a root cause (permanent) from a consequence of a
         # peer's death or of a signal (retryable).
         details = {"exception": type(exc).__name__, "peer_lost": is_peer_lost(exc),
-                   "signalled": bool(outcome.get("signalled"))}
+                   "signalled": bool(outcome.get("signalled") or (preemption and preemption.raised))}
+        _close_after_failure(outcome, exc)
         raise
     finally:
         report_exit(env.rank, reason, outcome.get("step", step), checkpoint_step=outcome.get("checkpoint_step"),
                     **details)
         distributed.teardown(clean=reason != "failed")  # _train returned: its model and optimizer are garbage
     return EXIT_PREEMPTED if reason == "preempted" else 0
+
+
+def _close_after_failure(outcome: dict, exc: BaseException) -> None:
+    """The failure path closes the tracker too (status FAILED, a short flush; whatever MLflow
+    misses is in metrics.jsonl and is sent by the next attempt) and ends the checkpoint
+    writer and the S3 mirror without waiting on peers that may be gone."""
+    if "tracker" not in outcome:
+        return
+    log.error("training failed at step %s: %s", outcome.get("step", "?"), exc)
+    with contextlib.suppress(Exception):
+        outcome["tracker"].close(status="FAILED", timeout_seconds=5.0)
+    with contextlib.suppress(Exception):
+        outcome["checkpointer"].abort()
 
 
 def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outcome: dict) -> tuple[str, int]:
@@ -209,114 +224,106 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
         tracker.sync()  # metrics.jsonl up to this step is durable before the marker can be
         return checkpointer.save(step, app, meta, config_yaml)
 
-    try:
-        while step < cfg.schedule.num_steps:
-            checkpointer.poll()
-            outcome["checkpoint_step"] = checkpointer.last_durable_step
-            step_start = time.perf_counter()
-            data_wait = 0.0
-            step_loss = torch.zeros((), device=env.device)
-            for micro_step in range(num_accum):
-                fetch_start = time.perf_counter()
-                inputs, targets = batches.next_batch()
-                data_wait += time.perf_counter() - fetch_start
-                with strategy.grad_sync(model, micro_step == num_accum - 1), autocast:
-                    logits = forward(inputs)
-                    loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1)) / num_accum
-                if faults.nonfinite(step + 1):
-                    loss = loss * float("nan")
-                loss.backward()
-                step_loss += loss.detach()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-            norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-            # One all-reduce decides for every rank: a signal may reach the ranks at different
-            # steps, wall clocks differ, and a NaN may appear on one rank's loss only; yet they
-            # must skip, save and stop at the same step. (The finiteness test costs one device
-            # sync per step on GPU.)
-            time_due = (cfg.checkpoint.every_seconds > 0
-                        and time.monotonic() - last_save_monotonic >= cfg.checkpoint.every_seconds)
-            local_bad = not bool(torch.isfinite(torch.stack([step_loss.float(), norm.float()])).all().item())
-            preempted, save_due_to_time, bad = (bool(v) for v in distributed.all_reduce_max(
-                env, [preemption.raised, time_due, local_bad]))
-            if bad:
-                optimizer.zero_grad(set_to_none=True)  # the update is skipped; the step still counts
-            else:
-                optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            tokens_seen += tokens_per_step
-            faults.at("after_step", step)
-            pending_losses.append((step, step_loss))
-            step_seconds = time.perf_counter() - step_start
-            goodput.productive_seconds += step_seconds
-            interval["steps"] += 1
-            interval["data_wait"] += data_wait
-            interval["compute"] += step_seconds
-            last_step = step == cfg.schedule.num_steps
-            save_due = step % cfg.checkpoint.every_steps == 0 or save_due_to_time or preempted or last_step
+    outcome.update(tracker=tracker, checkpointer=checkpointer)
+    while step < cfg.schedule.num_steps:
+        checkpointer.poll()
+        outcome["checkpoint_step"] = checkpointer.last_durable_step
+        step_start = time.perf_counter()
+        data_wait = 0.0
+        step_loss = torch.zeros((), device=env.device)
+        for micro_step in range(num_accum):
+            fetch_start = time.perf_counter()
+            inputs, targets = batches.next_batch()
+            data_wait += time.perf_counter() - fetch_start
+            with strategy.grad_sync(model, micro_step == num_accum - 1), autocast:
+                logits = forward(inputs)
+                loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1)) / num_accum
+            if faults.nonfinite(step + 1):
+                loss = loss * float("nan")
+            loss.backward()
+            step_loss += loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        # One all-reduce decides for every rank: a signal may reach the ranks at different
+        # steps, wall clocks differ, and a NaN may appear on one rank's loss only; yet they
+        # must skip, save and stop at the same step. (The finiteness test costs one device
+        # sync per step on GPU.)
+        time_due = (cfg.checkpoint.every_seconds > 0
+                    and time.monotonic() - last_save_monotonic >= cfg.checkpoint.every_seconds)
+        local_bad = not bool(torch.isfinite(torch.stack([step_loss.float(), norm.float()])).all().item())
+        preempted, save_due_to_time, bad = (bool(v) for v in distributed.all_reduce_max(
+            env, [preemption.raised, time_due, local_bad]))
+        if bad:
+            optimizer.zero_grad(set_to_none=True)  # the update is skipped; the step still counts
+        else:
+            optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        tokens_seen += tokens_per_step
+        faults.at("after_step", step)
+        pending_losses.append((step, step_loss))
+        step_seconds = time.perf_counter() - step_start
+        goodput.productive_seconds += step_seconds
+        interval["steps"] += 1
+        interval["data_wait"] += data_wait
+        interval["compute"] += step_seconds
+        last_step = step == cfg.schedule.num_steps
+        save_due = step % cfg.checkpoint.every_steps == 0 or save_due_to_time or preempted or last_step
 
-            # A save logs what is pending first: a kill after the save must not lose the losses
-            # of steps the checkpoint covers (they are not recomputed after a resume).
-            if step % cfg.tracking.log_every_steps == 0 or save_due or bad:
-                elapsed = time.perf_counter() - interval["start"]
-                losses = distributed.all_reduce_mean(env, torch.stack([loss for _, loss in pending_losses])).tolist()
-                for (s, _), value in zip(pending_losses, losses):
-                    tracker.log(s, {"loss": value})
-                tokens_per_second = interval["steps"] * tokens_per_step / elapsed
-                tracker.log(step, {
-                    "learning_rate": scheduler.get_last_lr()[0],
-                    "grad_norm": norm.item(),
-                    "tokens_per_second": tokens_per_second,
-                    "mfu": mfu(tokens_per_second / env.world_size),
-                    "step_seconds": interval["compute"] / interval["steps"],
-                    "data_wait_seconds": interval["data_wait"] / interval["steps"],
-                    "checkpoint_seconds": last_stall_seconds[0],
-                    "peak_gpu_memory_gib": memory.peak_gib(),
-                    "tokens_seen": tokens_seen,
-                    "skipped_updates": nonfinite.num_skipped + (1 if bad else 0),
-                })
-                if env.is_main:
-                    heartbeat.beat(step)
-                    log.info("step %d/%d loss %.4f lr %.2e %.0f tok/s", step, cfg.schedule.num_steps, losses[-1],
-                             scheduler.get_last_lr()[0], tokens_per_second)
-                pending_losses.clear()
-                interval = {"start": time.perf_counter(), "steps": 0, "data_wait": 0.0, "compute": 0.0}
-            nonfinite.record(step, not bad, step_loss, norm)  # raises TrainingStopped after K in a row
+        # A save logs what is pending first: a kill after the save must not lose the losses
+        # of steps the checkpoint covers (they are not recomputed after a resume).
+        if step % cfg.tracking.log_every_steps == 0 or save_due or bad:
+            elapsed = time.perf_counter() - interval["start"]
+            losses = distributed.all_reduce_mean(env, torch.stack([loss for _, loss in pending_losses])).tolist()
+            for (s, _), value in zip(pending_losses, losses):
+                tracker.log(s, {"loss": value})
+            tokens_per_second = interval["steps"] * tokens_per_step / elapsed
+            tracker.log(step, {
+                "learning_rate": scheduler.get_last_lr()[0],
+                "grad_norm": norm.item(),
+                "tokens_per_second": tokens_per_second,
+                "mfu": mfu(tokens_per_second / env.world_size),
+                "step_seconds": interval["compute"] / interval["steps"],
+                "data_wait_seconds": interval["data_wait"] / interval["steps"],
+                "checkpoint_seconds": last_stall_seconds[0],
+                "peak_gpu_memory_gib": memory.peak_gib(),
+                "tokens_seen": tokens_seen,
+                "skipped_updates": nonfinite.num_skipped + (1 if bad else 0),
+            })
+            if env.is_main:
+                heartbeat.beat(step)
+                log.info("step %d/%d loss %.4f lr %.2e %.0f tok/s", step, cfg.schedule.num_steps, losses[-1],
+                         scheduler.get_last_lr()[0], tokens_per_second)
+            pending_losses.clear()
+            interval = {"start": time.perf_counter(), "steps": 0, "data_wait": 0.0, "compute": 0.0}
+        nonfinite.record(step, not bad, step_loss, norm)  # raises TrainingStopped after K in a row
 
-            if preempted:
-                outcome["signalled"] = True
-                _save_on_signal(step, save, checkpointer, preemption, env, goodput, last_stall_seconds,
-                                wall_at_attempt_start, attempt_start)
-            elif save_due:
-                goodput.wall_seconds = wall_at_attempt_start + (time.time() - attempt_start)
-                save_start = time.perf_counter()
-                stall = save(step, {})
-                if last_step:
-                    checkpointer.wait()  # the process is about to exit: the save must be on disk
-                    stall = time.perf_counter() - save_start
-                goodput.checkpoint_stall_seconds += stall
-                last_stall_seconds[0] = stall
-                last_save_monotonic = time.monotonic()
-                log.info("checkpoint step %d (%.2f s stall)", step, stall)
-            outcome["step"] = step
-            outcome["checkpoint_step"] = checkpointer.last_durable_step
-            if preempted:
-                reason = "preempted"
-                break
+        if preempted:
+            outcome["signalled"] = True
+            _save_on_signal(step, save, checkpointer, preemption, env, goodput, last_stall_seconds,
+                            wall_at_attempt_start, attempt_start)
+        elif save_due:
+            goodput.wall_seconds = wall_at_attempt_start + (time.time() - attempt_start)
+            save_start = time.perf_counter()
+            stall = save(step, {})
+            if last_step:
+                checkpointer.wait()  # the process is about to exit: the save must be on disk
+                stall = time.perf_counter() - save_start
+            goodput.checkpoint_stall_seconds += stall
+            last_stall_seconds[0] = stall
+            last_save_monotonic = time.monotonic()
+            log.info("checkpoint step %d (%.2f s stall)", step, stall)
+        outcome["step"] = step
+        outcome["checkpoint_step"] = checkpointer.last_durable_step
+        if preempted:
+            reason = "preempted"
+            break
 
-        # After a signal, S3 uploads get what is left of torchrun's shutdown wait, less the
-        # MLflow flush (10 s) and a margin; the FSx copy is already durable.
-        checkpointer.close(budget_seconds=max(0.0, preemption_budget_seconds() - preemption.seconds_since() - 12.0)
-                           if reason == "preempted" else None)
-    except BaseException as exc:
-        outcome["signalled"] = outcome.get("signalled") or preemption.raised
-        # The failure path closes the tracker too (status FAILED, a short flush): whatever
-        # MLflow misses is in metrics.jsonl and is sent by the next attempt.
-        log.error("training failed at step %d: %s", step, exc)
-        tracker.close(status="FAILED", timeout_seconds=5.0)
-        checkpointer.abort()
-        raise
+    # After a signal, S3 uploads get what is left of torchrun's shutdown wait, less the
+    # MLflow flush (10 s) and a margin; the FSx copy is already durable.
+    checkpointer.close(budget_seconds=max(0.0, preemption_budget_seconds() - preemption.seconds_since() - 12.0)
+                       if reason == "preempted" else None)
     outcome["checkpoint_step"] = checkpointer.last_durable_step
     goodput.wall_seconds = wall_at_attempt_start + (time.time() - attempt_start)
     summary = {"final_step": step, "tokens_seen": tokens_seen, "reason": reason, **goodput.summary()}
