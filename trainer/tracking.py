@@ -115,6 +115,7 @@ class MLflowTracker(NullTracker):
         self._stopping = False
         self._outage_since: float | None = None
         self._thread = threading.Thread(target=self._run, name="mlflow-tracker", daemon=True)
+        self._wake.set()  # connect at once: the run id goes into the first checkpoint's marker
         self._thread.start()
 
     # --- called from the training loop: never blocks on the network -------------------

@@ -2,14 +2,13 @@
 import json
 import os
 import shutil
-import signal
 from concurrent.futures import Future
 
 import pytest
 import torch
 
 import trainer.checkpoint as ckpt_mod
-from trainer.checkpoint import (MARKER, ROLLBACK, Checkpointer, Ownership, list_steps, read_marker, remove_checkpoint,
+from trainer.checkpoint import (MARKER, ROLLBACK, Checkpointer, Ownership, list_steps, remove_checkpoint,
                                 resolve_resume, step_dir, write_json_atomic)
 from trainer.distributed import Env
 from trainer.guards import NonFiniteSteps, TrainingStopped, apply_optimizer_config, check_resume_compatible
