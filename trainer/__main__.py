@@ -52,9 +52,14 @@ def main(argv: list[str] | None = None) -> int:
             print(exc, file=sys.stderr)
             return 2
         prepare_runtime_dirs()
+        from trainer.guards import TrainingStopped
         from trainer.train import main as train_main
 
-        return train_main(cfg, process_start)
+        try:
+            return train_main(cfg, process_start)
+        except TrainingStopped as exc:  # a deliberate stop: the message, not a traceback
+            print(f"trainer stopped: {exc}", file=sys.stderr)
+            return 1
     if args.command == "prepare-data":
         from trainer.prepare import prepare
 
