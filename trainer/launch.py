@@ -109,7 +109,53 @@ def checkpoint_line(reports: dict[int, dict]) -> str:
     return f"final checkpoint: step {durable} landed"
 
 
+EXIT_BAD_INPUT = 2
+
+
+def _option(argv: list[str], *names: str) -> str | None:
+    for index, arg in enumerate(argv):
+        for name in names:
+            if arg == name and index + 1 < len(argv):
+                return argv[index + 1]
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def launch_world_size(torchrun_argv: list[str]) -> int | None:
+    """nnodes x nproc-per-node from torchrun's own arguments (None when they do not say)."""
+    nnodes = _option(torchrun_argv, "--nnodes") or "1"
+    nproc = _option(torchrun_argv, "--nproc-per-node", "--nproc_per_node") or "1"
+    try:
+        return int(nnodes.split(":")[-1]) * int(nproc)
+    except ValueError:  # "gpu", "auto", an unexpanded variable: known only to torchrun
+        return None
+
+
+def check_trainer_input(argv: list[str]) -> int:
+    """The trainer's config checks, here, before torchrun starts any process.
+
+    Run inside torchrun, a bad config makes every rank exit 2 and torchrun exit 1: the same
+    verdict (permanent), but N copies of the message and the wrong code. Returns 0 or 2.
+    """
+    try:
+        start = next(i for i in range(len(argv) - 2) if argv[i:i + 3] == ["-m", "trainer", "train"])
+    except StopIteration:
+        return 0
+    from trainer.__main__ import train_input_problem
+
+    problem = train_input_problem(argv[start + 3:], world_size=launch_world_size(argv[:start]))
+    if problem:
+        print(problem, file=sys.stderr)
+        print(f"[trainer.launch] the trainer's input is invalid: not starting torchrun; exiting {EXIT_BAD_INPUT}",
+              file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if (code := check_trainer_input(argv)) != 0:
+        return code
     env = dict(os.environ)
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", DEFAULT_SHUTDOWN_TIMEOUT_SECONDS)
     with tempfile.TemporaryDirectory(prefix="trainer-exit-") as status_dir:
