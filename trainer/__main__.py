@@ -8,6 +8,34 @@ import time
 DEFAULT_VAL_FRACTION = 0.005  # trainer.prepare.DEFAULT_VAL_FRACTION, without importing numpy for --help
 
 
+def _add_train_arguments(train: argparse.ArgumentParser) -> None:
+    train.add_argument("--config", required=True, help="YAML config file")
+    train.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. optimizer.lr=3e-4")
+
+
+def train_input_problem(train_argv: list[str], world_size: int | None = None) -> str | None:
+    """Why `train` with these arguments must not start (config, file system, data, memory), or
+    None. `python -m trainer.launch` calls it before torchrun, the trainer again in each rank."""
+    from trainer.config import ConfigError, load_config
+    from trainer.preflight import preflight
+
+    parser = argparse.ArgumentParser(prog="python -m trainer train")
+    _add_train_arguments(parser)
+    try:
+        args = parser.parse_args(train_argv)
+    except SystemExit:
+        return "python -m trainer train: invalid arguments (see the usage above)"
+    try:
+        cfg = load_config(args.config, args.overrides)
+        # The data and memory checks depend on the world size: skipped when torchrun alone
+        # knows it (--nproc-per-node gpu); each rank runs them again.
+        if world_size is not None:
+            preflight(cfg, world_size=world_size)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     process_start = time.time()
     args_in = sys.argv[1:] if argv is None else argv
@@ -21,8 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="restore drill: load the newest complete checkpoint (dir or s3://), one step, verdict")
 
     train = sub.add_parser("train", help="train (single process, or one rank under torchrun)")
-    train.add_argument("--config", required=True, help="YAML config file")
-    train.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. optimizer.lr=3e-4")
+    _add_train_arguments(train)
 
     prep = sub.add_parser("prepare-data", help="tokenise text/JSONL files into token shards")
     prep.add_argument("--input", nargs="+", required=True, help="files, directories or globs (.txt, .jsonl with 'text')")
@@ -59,9 +86,14 @@ def main(argv: list[str] | None = None) -> int:
             print(exc, file=sys.stderr)
             return 2
         prepare_runtime_dirs()
+        from trainer.guards import TrainingStopped
         from trainer.train import main as train_main
 
-        return train_main(cfg, process_start)
+        try:
+            return train_main(cfg, process_start)
+        except TrainingStopped as exc:  # a deliberate stop: the message, not a traceback
+            print(f"trainer stopped: {exc}", file=sys.stderr)
+            return 1
     if args.command == "prepare-data":
         from trainer.prepare import prepare
 

@@ -8,16 +8,27 @@ Layout of one save, `<dir>/step-000120/`:
 
 A directory without `complete.json` is never resumed from: a kill at any point of a save
 leaves at worst an incomplete directory, which the next save's retention pass removes.
+The converse holds too: a directory with `complete.json` is always whole. A save into an
+existing step directory removes the old marker before writing anything, and a checkpoint
+is deleted by renaming its directory away (one atomic step) before its files are removed.
+
+Other names in `<dir>`: `owner.json` (the attempt allowed to finalise, prune and roll back,
+see `Ownership`), `rollback.json` and `abandoned/` (see `resolve_resume`), and
+`.trash-*` (checkpoints being deleted; swept by retention).
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import random
 import re
 import shutil
 import signal
+import socket
 import time
+import uuid
 from concurrent.futures import Future
 from typing import Any
 
@@ -32,6 +43,12 @@ from trainer.distributed import Env
 
 MARKER = "complete.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
+OWNER = "owner.json"
+ROLLBACK = "rollback.json"
+ABANDONED = "abandoned"
+TRASH_PREFIX = ".trash-"
+
+log = logging.getLogger(__name__)
 
 
 class ModelAndOptimizer(Stateful):
@@ -81,6 +98,83 @@ def write_json_atomic(path: str, payload: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path) or ".")  # the rename itself must survive a power loss
+
+
+def fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str) -> None:
+    try:
+        fsync_file(path)
+    except OSError:  # some file systems refuse fsync on a directory; the rename is still atomic
+        pass
+
+
+def remove_checkpoint(root: str, step: int, faults=None) -> None:
+    """Deletes a checkpoint so that no kill can leave a marker without its shards: the
+    directory is renamed away first (atomic), then its files are removed."""
+    path = step_dir(root, step)
+    trash = os.path.join(root, f"{TRASH_PREFIX}{os.path.basename(path)}-{uuid.uuid4().hex[:8]}")
+    try:
+        os.rename(path, trash)
+    except FileNotFoundError:
+        return
+    if faults is not None:
+        faults.at("in_retention", step)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def sweep_trash(root: str) -> None:
+    """Removes what a kill left of earlier deletions."""
+    for name in os.listdir(root):
+        if name.startswith(TRASH_PREFIX):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+class Ownership:
+    """Only one attempt acts on a checkpoint directory. Each attempt's rank 0 claims
+    `owner.json` (atomic replace) when it starts; before it writes a marker, prunes or
+    uploads, it checks that the claim is still its own. An older attempt still draining
+    (a pod on a lost node, a launcher that outlived its workers) then stops acting
+    instead of pruning the checkpoint a new attempt is loading. The check narrows the
+    window to one file read before each action; it is not a distributed lock."""
+
+    def __init__(self, root: str, attempt_id: str | None = None):
+        self.path = os.path.join(root, OWNER)
+        self.attempt_id = attempt_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+    def claim(self) -> None:
+        previous = self.current()
+        write_json_atomic(self.path, {"attempt_id": self.attempt_id, "host": socket.gethostname(),
+                                      "pid": os.getpid(), "since": time.time()})
+        if previous and previous != self.attempt_id:
+            log.info("checkpoint directory taken over from attempt %s by %s", previous, self.attempt_id)
+
+    def current(self) -> str | None:
+        try:
+            with open(self.path) as f:
+                return json.load(f).get("attempt_id")
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def holds(self) -> bool:
+        return self.current() == self.attempt_id
+
+
+class NoOwnership:
+    """Ranks other than 0 never act on the directory."""
+
+    def claim(self) -> None:
+        pass
+
+    def holds(self) -> bool:
+        return True
 
 
 def rng_state() -> dict[str, Any]:
@@ -99,26 +193,63 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 class NoFaults:
+    def at(self, point: str, step: int) -> None:
+        pass
+
     def in_save(self, step: int) -> None:
         pass
 
+    def nonfinite(self, step: int) -> bool:
+        return False
 
-class KillInSave:
-    """Test hook (TRAINER_FAULT_SIGKILL_IN_SAVE_AT_STEP): SIGKILL rank 0 after the shards of
-    that step are written and before the marker, the worst moment for a save to die."""
 
-    def __init__(self, step: int, env: Env):
-        self.step = step
-        self.env = env
+class Faults(NoFaults):
+    """Test hook: `TRAINER_FAULTS="<point>@<step>[:<rank>|*][:<SIGNAL>]; ..."` sends the signal
+    (default SIGKILL) to this process when it reaches the point at that step. Points:
+    `in_save` (shards written, marker not yet), `in_retention` (a checkpoint renamed away,
+    its files not yet removed), `after_step` (the update applied, nothing logged), and
+    `nonfinite` (that step's loss is made NaN, no signal). The fault-injection tests and
+    `tools/fault_injection.py` drive it; unset, `NoFaults` is used and nothing is checked."""
+
+    def __init__(self, spec: str, rank: int):
+        self.rank = rank
+        # With TRAINER_FAULTS_ONCE_DIR a fault fires once across restarts (torchrun
+        # --max-restarts keeps the environment): a file there records that it fired.
+        self.once_dir = os.environ.get("TRAINER_FAULTS_ONCE_DIR")
+        self.rules: list[tuple[str, int, signal.Signals]] = []
+        for item in filter(None, (x.strip() for x in spec.split(";"))):
+            point, _, rest = item.partition("@")
+            step, *more = rest.split(":")
+            who = more[0] if more else "0"
+            sig = signal.Signals["SIG" + more[1].upper().removeprefix("SIG")] if len(more) > 1 else signal.SIGKILL
+            if who in ("*", str(rank)):
+                self.rules.append((point, int(step), sig))
+
+    def at(self, point: str, step: int) -> None:
+        for p, s, sig in self.rules:
+            if p == point and s == step:
+                if self.once_dir:
+                    flag = os.path.join(self.once_dir, f"{point}-{step}-rank{self.rank}")
+                    if os.path.exists(flag):
+                        continue
+                    os.makedirs(self.once_dir, exist_ok=True)
+                    open(flag, "w").close()
+                log.warning("fault injection: %s at %s of step %d", sig.name, point, step)
+                os.kill(os.getpid(), sig)
 
     def in_save(self, step: int) -> None:
-        if step == self.step and self.env.is_main:
-            os.kill(os.getpid(), signal.SIGKILL)
+        self.at("in_save", step)
+
+    def nonfinite(self, step: int) -> bool:
+        return any(p == "nonfinite" and s == step for p, s, _ in self.rules)
 
 
 def fault_injector(env: Env):
-    step = os.environ.get("TRAINER_FAULT_SIGKILL_IN_SAVE_AT_STEP")
-    return KillInSave(int(step), env) if step else NoFaults()
+    spec = os.environ.get("TRAINER_FAULTS", "")
+    legacy = os.environ.get("TRAINER_FAULT_SIGKILL_IN_SAVE_AT_STEP")
+    if legacy:
+        spec += f";in_save@{legacy}:0:KILL"
+    return Faults(spec, env.rank) if spec.strip(";") else NoFaults()
 
 
 class SyncSave:
@@ -134,19 +265,49 @@ class SyncSave:
         done.set_result(None)
         return done
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
         pass
+
+
+def shield_spawned_processes() -> str:
+    """Makes processes spawned by multiprocessing from here on ignore SIGTERM and SIGINT."""
+    import multiprocessing
+    import sys
+    import tempfile
+
+    wrapper = os.path.join(tempfile.mkdtemp(prefix="trainer-spawn-"), "python-ignoring-sigterm")
+    with open(wrapper, "w") as f:
+        f.write(f"#!/bin/sh\ntrap '' TERM INT\nexec '{sys.executable}' \"$@\"\n")
+    os.chmod(wrapper, 0o755)
+    multiprocessing.set_executable(wrapper)
+    return wrapper
 
 
 class AsyncSave:
     """Stages the state to CPU memory (a copy), then writes in a thread or a process; the
-    loop only stalls for the copy."""
+    loop only stalls for the copy.
+
+    Process mode: torchrun delivers SIGTERM to each worker's whole process group, which
+    includes DCP's background checkpoint process, so a preemption used to kill the very
+    save it should wait for ("Checkpoint background process is dead. Exit code: -15").
+    That process is started by multiprocessing's spawn, so its interpreter is whatever
+    `multiprocessing.set_executable` names: here a two-line shell wrapper that sets SIGTERM
+    and SIGINT to ignored (`trap '' TERM INT`; an ignored disposition survives exec) and
+    execs this Python. Only the trainer reacts to the signal and the save finishes.
+    (Blocking the signals around its creation does not work: CPython's spawn clears the
+    child's signal mask; nor does a hook in `trainer.__main__`: spawn does not re-import a
+    `__main__` module; both measured.) SIGKILL, torchrun's last resort, still ends it;
+    since it ignores SIGTERM, `close()` ends it explicitly (DCP's terminate message, then
+    SIGKILL)."""
 
     def __init__(self, env: Env, mode: str):
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
         self.env = env
         self.kind = AsyncCheckpointerType.PROCESS if mode == "process" else AsyncCheckpointerType.THREAD
+        self.process_mode = mode == "process"
+        if self.process_mode:
+            shield_spawned_processes()
 
     def start(self, state: dict, path: str) -> Future:
         from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
@@ -155,20 +316,49 @@ class AsyncSave:
                                 async_checkpointer_type=self.kind, no_dist=not self.env.distributed)
         return result.upload_completion if isinstance(result, AsyncSaveResponse) else result
 
-    def close(self) -> None:
-        pass
+    def close(self, graceful: bool = True) -> None:
+        if not self.process_mode:
+            return
+        # torch keeps its one background process in a module global (torch 2.13).
+        from torch.distributed.checkpoint import _async_process_executor as executor
+
+        background = getattr(executor, "_CHECKPOINT_PROCESS", None)
+        process = getattr(background, "_save_process", None)
+        if process is None:
+            return
+        if graceful and process.is_alive():
+            with contextlib.suppress(Exception):
+                background._send(executor._CheckpointSaveProcessControlOpts.TERMINATE)
+                process.join(timeout=10)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=5)
+        executor._CHECKPOINT_PROCESS = None
 
 
 class Checkpointer:
-    def __init__(self, root: str, env: Env, keep_last: int, async_mode: str, mirror):
+    def __init__(self, root: str, env: Env, keep_last: int, async_mode: str, mirror, ownership=None):
         self.root = root
         self.env = env
         self.keep_last = keep_last
         self.writer = SyncSave(env) if async_mode == "off" else AsyncSave(env, async_mode)
         self.mirror = mirror
         self.faults = fault_injector(env)
-        self.pending: tuple[Future, int, dict] | None = None
+        self.ownership = ownership or (Ownership(root) if env.is_main else NoOwnership())
+        self.pending: tuple[Future, int, dict, float] | None = None
+        # Never pruned by this attempt: the checkpoint it resumed from (see resolve_resume).
+        self.protected: set[int] = set()
+        # Wall seconds of the last whole write (start to durable), for the preemption budget.
+        self.last_write_seconds: float | None = None
+        self.last_durable_step: int | None = None
         os.makedirs(root, exist_ok=True)
+        self.ownership.claim()
+
+    def protect(self, path: str | None) -> None:
+        if path and os.path.realpath(os.path.dirname(path)) == os.path.realpath(self.root):
+            match = STEP_DIR.match(os.path.basename(path))
+            if match:
+                self.protected.add(int(match.group(1)))
 
     def save(self, step: int, app: Stateful, meta: dict, config_yaml: str) -> float:
         """Starts a save of `step`; returns the seconds the loop was blocked."""
@@ -176,12 +366,22 @@ class Checkpointer:
         self.wait()  # one save in flight at most: two would race on retention and memory
         path = step_dir(self.root, step)
         os.makedirs(path, exist_ok=True)
-        torch.save(rng_state(), os.path.join(path, f"rng-rank-{self.env.rank}.pt"))
+        # A re-save into an existing directory (a rollback, a retry after a kill) must not
+        # leave the old marker standing over new, half-written shards. Every rank removes it
+        # before writing, and rank 0 writes the new one only after every rank has written.
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(path, MARKER))
+        rng_file = os.path.join(path, f"rng-rank-{self.env.rank}.pt")
+        torch.save(rng_state(), rng_file)
+        fsync_file(rng_file)
         if self.env.is_main:
-            with open(os.path.join(path, "config.yaml"), "w") as f:
+            config_file = os.path.join(path, "config.yaml")
+            with open(config_file, "w") as f:
                 f.write(config_yaml)
+                f.flush()
+                os.fsync(f.fileno())
         future = self.writer.start({"app": app}, path)
-        self.pending = (future, step, meta)
+        self.pending = (future, step, meta, started)
         self.poll()
         return time.perf_counter() - started
 
@@ -195,28 +395,46 @@ class Checkpointer:
             self.pending[0].result()
             self._finalize()
 
+    @property
+    def pending_step(self) -> int | None:
+        return self.pending[1] if self.pending else None
+
     def _finalize(self) -> None:
-        future, step, meta = self.pending
+        future, step, meta, started = self.pending
         self.pending = None
         future.result()  # re-raises a failed background write here, on the loop's thread
+        self.last_write_seconds = time.perf_counter() - started
         self.faults.in_save(step)
         if self.env.is_main:
+            if not self.ownership.holds():
+                log.error("checkpoint step %d written but not marked: another attempt (%s) owns %s now",
+                          step, self.ownership.current() if hasattr(self.ownership, "current") else "?", self.root)
+                return
             # DCP's coordinator writes .metadata only after gathering every rank's write
             # results, so on rank 0 a finished save means all shards are on disk.
             path = step_dir(self.root, step)
             write_json_atomic(os.path.join(path, MARKER), {**meta, "step": step, "saved_at": time.time()})
+            self.last_durable_step = step
             self._apply_retention()
             self.mirror.upload(path)
+        else:
+            self.last_durable_step = step
 
     def _apply_retention(self) -> None:
         complete = list_steps(self.root)
-        for old in complete[: -self.keep_last]:
-            shutil.rmtree(step_dir(self.root, old), ignore_errors=True)
+        keep = set(complete[-self.keep_last:]) | self.protected
+        removed = []
+        for old in complete:
+            if old not in keep and self.ownership.holds():
+                remove_checkpoint(self.root, old, self.faults)
+                removed.append(old)
         newest = complete[-1] if complete else -1
         # Incomplete directories older than the newest complete one are debris of a kill.
         for step in set(list_steps(self.root, complete_only=False)) - set(complete):
             if step < newest:
-                shutil.rmtree(step_dir(self.root, step), ignore_errors=True)
+                remove_checkpoint(self.root, step, self.faults)
+        sweep_trash(self.root)
+        self.mirror.prune(removed)
 
     def load(self, path: str, app: Stateful) -> dict:
         dcp.load({"app": app}, checkpoint_id=path, process_group=self.env.checkpoint_group,
@@ -226,23 +444,85 @@ class Checkpointer:
             set_rng_state(torch.load(rng_file, weights_only=False))
         return read_marker(path)
 
-    def close(self) -> None:
+    def close(self, budget_seconds: float | None = None) -> None:
         self.wait()
         self.writer.close()
-        self.mirror.close()
+        self.mirror.close(budget_seconds)
+
+    def abort(self) -> None:
+        """The failure path: no waiting on peers that may be gone."""
+        self.writer.close(graceful=False)
+        self.mirror.close(budget_seconds=0.0)
 
 
-def resolve_resume(root: str, resume: str, env: Env, mirror) -> str | None:
-    """The checkpoint to start from, identical on every rank."""
+def _rollback(root: str, source: str) -> None:
+    """Moves every checkpoint newer than `source` into `abandoned/<branch>/`: they belong
+    to a history the job no longer follows, and `resume: auto` must never pick them."""
+    source_step = read_marker(source)["step"]
+    newer = [s for s in list_steps(root, complete_only=False) if s > source_step]
+    branch = os.path.join(root, ABANDONED, f"from-step-{source_step:06d}-at-{time.strftime('%Y%m%dT%H%M%S')}")
+    if newer:
+        os.makedirs(branch, exist_ok=True)
+        for s in newer:
+            os.rename(step_dir(root, s), os.path.join(branch, os.path.basename(step_dir(root, s))))
+        log.warning("rollback to %s: %d newer checkpoint(s) (steps %s) moved to %s", source, len(newer),
+                    ", ".join(map(str, newer)), branch)
+    write_json_atomic(os.path.join(root, ROLLBACK), {
+        "source": os.path.realpath(source), "source_step": source_step, "time": time.time(),
+        "abandoned": os.path.relpath(branch, root) if newer else None, "abandoned_steps": newer})
+
+
+def _resolve_on_main(root: str, resume: str, mirror) -> str | None:
     if resume == "none":
         return None
     if resume != "auto":
         if not os.path.isfile(os.path.join(resume, MARKER)):
             raise FileNotFoundError(f"checkpoint.resume={resume!r} has no {MARKER}: not a complete checkpoint")
+        try:
+            record = read_json(os.path.join(root, ROLLBACK))
+        except (OSError, ValueError):
+            record = None
+        if record and record.get("source") == os.path.realpath(resume):
+            # A later attempt of the branch started by this rollback (the job spec still
+            # names the old checkpoint): continue the branch, do not roll back again.
+            newest = latest_complete(root)
+            if newest and read_marker(newest)["step"] >= record["source_step"]:
+                return newest
+            return resume
+        _rollback(root, resume)
         return resume
-    if env.is_main and latest_complete(root) is None:
+    if latest_complete(root) is None:
         # A fresh FSx volume (or a lost one) falls back to the S3 copy.
         mirror.download_latest(root)
-    if env.distributed:
-        dist.barrier(group=env.checkpoint_group)
     return latest_complete(root)
+
+
+def read_json(path: str) -> dict:
+    with open(path) as f:
+        value = json.load(f)
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return value
+
+
+def resolve_resume(root: str, resume: str, env: Env, mirror) -> str | None:
+    """The checkpoint to start from, decided by rank 0 and the same on every rank.
+
+    `auto`: the newest complete `step-N` in the directory (or in S3 when it has none).
+    An explicit path is a rollback: checkpoints newer than it are moved to `abandoned/`
+    (kept, never resumed automatically) and `rollback.json` records the branch point, so
+    that a restarted attempt whose spec still names that path continues the new branch
+    instead of rolling back again."""
+    if not env.distributed:
+        return _resolve_on_main(root, resume, mirror)
+    box: list = [None]
+    if env.is_main:
+        try:
+            box[0] = ("ok", _resolve_on_main(root, resume, mirror))
+        except Exception as exc:  # every rank must leave the broadcast, then fail alike
+            box[0] = ("error", f"{type(exc).__name__}: {exc}")
+    dist.broadcast_object_list(box, src=0, group=env.checkpoint_group)
+    status, value = box[0]
+    if status == "error":
+        raise RuntimeError(value)
+    return value

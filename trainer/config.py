@@ -53,6 +53,9 @@ class OptimizerConfig:
     eps: float = 1e-8
     # 0 disables clipping.
     grad_clip_norm: float = 1.0
+    # A step with a non-finite loss or gradient norm skips its update; this many in a row
+    # stop the run (non-zero exit, nothing saved).
+    max_nonfinite_steps: int = 5
 
 
 @dataclass
@@ -432,6 +435,7 @@ def validate(cfg: TrainerConfig) -> None:
     need(o.lr > 0, f"optimizer.lr={o.lr}: must be > 0")
     need(o.weight_decay >= 0, f"optimizer.weight_decay={o.weight_decay}: must be >= 0")
     need(0 <= o.beta1 < 1 and 0 <= o.beta2 < 1, f"optimizer.beta1/beta2={o.beta1}/{o.beta2}: must be in [0, 1)")
+    need(o.max_nonfinite_steps >= 1, f"optimizer.max_nonfinite_steps={o.max_nonfinite_steps}: must be >= 1")
     need(o.grad_clip_norm >= 0, f"optimizer.grad_clip_norm={o.grad_clip_norm}: must be >= 0 (0 disables clipping)")
     need(s.num_steps > 0, f"schedule.num_steps={s.num_steps}: must be > 0")
     need(0 <= s.warmup_steps <= s.num_steps, f"schedule.warmup_steps={s.warmup_steps}: must be in [0, schedule.num_steps={s.num_steps}]")

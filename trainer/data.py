@@ -193,11 +193,8 @@ class DistributedBatches:
         return {"cursor": self.cursor, "samples_per_micro_step": self.samples_per_micro_step}
 
     def load_state_dict(self, state: dict) -> None:
-        if state["samples_per_micro_step"] != self.samples_per_micro_step:
-            raise ValueError(
-                f"checkpoint consumed {state['samples_per_micro_step']} samples per micro-step, this run "
-                f"{self.samples_per_micro_step}: keep data.micro_batch_size x world size unchanged to resume"
-            )
+        # The order of samples does not depend on the world size: what must match is the
+        # global batch, checked from the marker before loading (trainer.guards).
         self._drop_prefetched()
         self.cursor = int(state["cursor"])
 

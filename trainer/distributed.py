@@ -54,10 +54,34 @@ def init(cfg: ParallelismConfig) -> Env:
     if world_size > 1 or "MASTER_ADDR" in os.environ:
         # cpu:gloo alongside nccl lets CPU tensors (flags, checkpoint plans) use the same group.
         pg_backend = "cpu:gloo,cuda:nccl" if use_cuda else "gloo"
-        dist.init_process_group(pg_backend, timeout=datetime.timedelta(minutes=10),
-                                device_id=device if use_cuda else None)
+        timeout = datetime.timedelta(minutes=10)
+        store = attempt_store(rank, world_size, timeout)
+        dist.init_process_group(pg_backend, timeout=timeout, device_id=device if use_cuda else None,
+                                **({"store": store, "rank": rank, "world_size": world_size} if store else {}))
         env.checkpoint_group = dist.new_group(backend="gloo")
     return env
+
+
+def attempt_store(rank: int, world_size: int, timeout: datetime.timedelta):
+    """The rendezvous store for this attempt's process groups, or None for env:// defaults.
+
+    Under torchrun the workers of every attempt talk to the agent's one TCPStore
+    (TORCHELASTIC_USE_AGENT_STORE=True), and torch 2.13 adds no per-attempt prefix
+    (torch/distributed/rendezvous.py, `_create_c10d_store`: "We create a new TCPStore for
+    every retry so no need to add prefix", but the agent's server lives on). The keys
+    gloo publishes to connect a group (default and `new_group` alike) are then found
+    already set by the previous attempt, and an attempt restarted by `--max-restarts`
+    connects to dead peers' ports: it hangs or fails in `new_group` (reproduced without
+    the trainer). Prefixing the store with TORCHELASTIC_RESTART_COUNT gives each attempt
+    its own keys. torchrun counts restarts per node: a multi-node job whose nodes restarted
+    a different number of times would not meet, so multi-node jobs keep --max-restarts=0
+    and rely on pod restarts (docs/trainer.md)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                           is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"trainer/attempt-{attempt}/", client)
 
 
 def teardown(clean: bool) -> None:
@@ -96,6 +120,9 @@ class SingleProcess:
     def grad_sync(self, model: nn.Module, is_last_micro_step: bool):
         return contextlib.nullcontext()
 
+    def warm_up(self, model: nn.Module, sample: torch.Tensor, autocast) -> None:
+        pass
+
 
 class DDPStrategy:
     name = "ddp"
@@ -108,6 +135,22 @@ class DDPStrategy:
     def grad_sync(self, model: nn.Module, is_last_micro_step: bool):
         # Skipping the all-reduce on all but the last micro-step is what makes accumulation cheap.
         return contextlib.nullcontext() if is_last_micro_step else model.no_sync()
+
+    def warm_up(self, model: nn.Module, sample: torch.Tensor, autocast) -> None:
+        """One throw-away backward (zero loss, RNG untouched, gradients dropped) before the
+        first step, so every attempt trains with the same gradient-bucket layout.
+
+        DDP starts with buckets in reverse parameter order and, after the first backward,
+        rebuilds them once in the order gradients became ready (Reducer::rebuild_buckets,
+        torch/csrc/distributed/c10d/reducer.cpp). A resumed attempt's first step would use
+        the initial layout where the uninterrupted run used the rebuilt one; with 3+ gloo
+        ranks a gradient's position in the bucket changes its summation order, so the
+        resume is not bitwise (2 ranks add commutatively). After this warm-up the very
+        first real step of every attempt already runs on the rebuilt layout."""
+        devices = [model.device_ids[0]] if getattr(model, "device_ids", None) else []
+        with torch.random.fork_rng(devices=devices), autocast:
+            model(sample).float().sum().mul(0.0).backward()
+        model.zero_grad(set_to_none=True)
 
 
 class FSDPStrategy:
@@ -129,6 +172,9 @@ class FSDPStrategy:
     def grad_sync(self, model: nn.Module, is_last_micro_step: bool):
         model.set_requires_gradient_sync(is_last_micro_step)
         return contextlib.nullcontext()
+
+    def warm_up(self, model: nn.Module, sample: torch.Tensor, autocast) -> None:
+        pass  # FSDP2 reduce-scatters per layer in a fixed order: bitwise across resumes (tested)
 
 
 def strategy_for(cfg: ParallelismConfig, env: Env, bf16: bool):

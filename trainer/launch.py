@@ -1,14 +1,20 @@
 """Container entrypoint: `python -m trainer.launch [torchrun args] -m trainer train --config ...`.
 
-It runs torchrun as a child and turns "the trainer checkpointed because of a signal" into
-exit code 143, which a PyTorchJob with `restartPolicy: ExitCode` retries. torchrun alone
-cannot be trusted with that (torch 2.13, measured by benchmarks/torchrun_sigterm.py): on
-SIGTERM it forwards the signal to its workers, waits up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT
-for them, then exits 1 — a permanent failure for the operator — even when every worker
-saved its checkpoint and exited cleanly.
+It runs torchrun as a child and turns how the workers ended into an exit code a PyTorchJob
+with `restartPolicy: ExitCode` acts on correctly (1-127 permanent, 128-255 retried).
+torchrun alone cannot be trusted with that (torch 2.13, measured by
+benchmarks/torchrun_sigterm.py): it exits 1 after a forwarded SIGTERM even when every worker
+saved its checkpoint, and 1 when a worker was SIGKILLed by the OOM killer.
 
-Exit codes: 0 finished; 143 preempted (a signal reached the launcher, or any rank reports it
-saved after a signal); anything else is torchrun's own code (a real failure).
+Exit codes:
+- 0: finished.
+- 143: preempted: a signal reached the launcher, or a rank reports it saved after a signal.
+- 128+N: a worker died of signal N (137 for SIGKILL: OOM killer, lost node; 139 for a
+  segfault) and no rank failed on its own: retryable, the job resumes from its newest
+  complete checkpoint. What torchrun records about each failed worker (exit code, negative
+  for a signal) comes from `trainer.elastic_run`.
+- anything else (1-127): a real failure, permanent: a rank raised an exception that neither
+  a signal nor a lost peer explains (a bug, a bad config, a non-finite loss).
 """
 from __future__ import annotations
 
@@ -25,29 +31,138 @@ EXIT_PREEMPTED = 143
 DEFAULT_SHUTDOWN_TIMEOUT_SECONDS = "90"
 
 
+def read_json_or_none(path: str):
+    try:
+        with open(path) as f:
+            value = json.load(f)
+        return value if isinstance(value, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def worker_reports(status_dir: str) -> dict[int, dict]:
+    """The latest attempt's report of each rank. Read defensively: a file that is missing,
+    half-written (from an older trainer) or not JSON is skipped, never a launcher crash."""
+    reports: dict[int, dict] = {}
+    for name in sorted(os.listdir(status_dir)) if os.path.isdir(status_dir) else []:
+        if not (name.startswith("rank-") and name.endswith(".json")):
+            continue
+        report = read_json_or_none(os.path.join(status_dir, name))
+        if report is None or not isinstance(report.get("reason"), str):
+            continue
+        try:
+            rank = int(name[len("rank-"):-len(".json")])
+        except ValueError:
+            continue
+        reports[rank] = {**report, "rank": rank}
+    latest = max((r.get("attempt", 0) for r in reports.values()), default=0)
+    return {rank: r for rank, r in reports.items() if r.get("attempt", 0) == latest}
+
+
 def worker_reasons(status_dir: str) -> list[str]:
-    reasons = []
-    for name in sorted(os.listdir(status_dir)):
-        with open(os.path.join(status_dir, name)) as f:
-            reasons.append(json.load(f)["reason"])
-    return reasons
+    return [r["reason"] for _, r in sorted(worker_reports(status_dir).items())]
 
 
-def exit_code(torchrun_code: int, signalled: bool, reasons: list[str]) -> int:
+def exit_code(torchrun_code: int, signalled: bool, reasons: list[str],
+              reports: list[dict] | None = None, failures: list[dict] | None = None) -> int:
     if signalled or "preempted" in reasons:
         return EXIT_PREEMPTED
     if torchrun_code == 0:
         return 0
+    by_rank = {r.get("rank"): r for r in reports or [] if "rank" in r}
+
+    def consequence(report: dict | None) -> bool:
+        return bool(report and (report.get("signalled") or report.get("peer_lost")))
+
+    # A rank that failed on its own (an exception, or an error exit such as a bad config)
+    # and not because of a signal or a vanished peer is the root cause; it would fail again
+    # on retry: permanent.
+    crashed = [r for r in reports or [] if r.get("reason") == "failed" and not consequence(r)]
+    crashed += [f for f in failures or [] if isinstance(f.get("exitcode"), int) and f["exitcode"] > 0
+                and not consequence(by_rank.get(f.get("rank")))]
+    if crashed:
+        return torchrun_code if torchrun_code > 0 else 1
+    signals = [-f["exitcode"] for f in sorted(failures or [], key=lambda f: (f.get("timestamp", 0), f.get("rank", 0)))
+               if isinstance(f.get("exitcode"), int) and f["exitcode"] < 0]
+    # Once one worker died, torchrun SIGTERMs the others: SIGTERM deaths are consequences,
+    # and the trainer itself handles SIGTERM by saving. Any other signal (SIGKILL from the
+    # OOM killer, SIGSEGV, SIGBUS) is the cause and a retry may well succeed.
+    causes = [s for s in signals if s != signal.SIGTERM] or signals
+    if causes:
+        return 128 + causes[0]
     # A negative code means torchrun itself died of a signal (e.g. -9): report it shell-style.
     return 128 - torchrun_code if torchrun_code < 0 else torchrun_code
 
 
+def checkpoint_line(reports: dict[int, dict]) -> str:
+    """Whether the workers' final checkpoint landed (is durable, marker written)."""
+    main = reports.get(0)
+    if not main or main.get("reason") == "running":
+        return "final checkpoint: unknown (rank 0 did not report)"
+    durable, step = main.get("checkpoint_step"), main.get("step")
+    if main.get("reason") not in ("preempted", "completed"):
+        return f"no final checkpoint (the newest durable one is step {durable})"
+    if durable is None:
+        return f"final checkpoint: none landed (stopped at step {step})"
+    if isinstance(step, int) and step > durable:
+        return f"final checkpoint: step {durable} landed (steps {durable + 1}-{step} will be recomputed)"
+    return f"final checkpoint: step {durable} landed"
+
+
+EXIT_BAD_INPUT = 2
+
+
+def _option(argv: list[str], *names: str) -> str | None:
+    for index, arg in enumerate(argv):
+        for name in names:
+            if arg == name and index + 1 < len(argv):
+                return argv[index + 1]
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def launch_world_size(torchrun_argv: list[str]) -> int | None:
+    """nnodes x nproc-per-node from torchrun's own arguments (None when they do not say)."""
+    nnodes = _option(torchrun_argv, "--nnodes") or "1"
+    nproc = _option(torchrun_argv, "--nproc-per-node", "--nproc_per_node") or "1"
+    try:
+        return int(nnodes.split(":")[-1]) * int(nproc)
+    except ValueError:  # "gpu", "auto", an unexpanded variable: known only to torchrun
+        return None
+
+
+def check_trainer_input(argv: list[str]) -> int:
+    """The trainer's config checks, here, before torchrun starts any process.
+
+    Run inside torchrun, a bad config makes every rank exit 2 and torchrun exit 1: the same
+    verdict (permanent), but N copies of the message and the wrong code. Returns 0 or 2.
+    """
+    try:
+        start = next(i for i in range(len(argv) - 2) if argv[i:i + 3] == ["-m", "trainer", "train"])
+    except StopIteration:
+        return 0
+    from trainer.__main__ import train_input_problem
+
+    problem = train_input_problem(argv[start + 3:], world_size=launch_world_size(argv[:start]))
+    if problem:
+        print(problem, file=sys.stderr)
+        print(f"[trainer.launch] the trainer's input is invalid: not starting torchrun; exiting {EXIT_BAD_INPUT}",
+              file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if (code := check_trainer_input(argv)) != 0:
+        return code
     env = dict(os.environ)
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", DEFAULT_SHUTDOWN_TIMEOUT_SECONDS)
     with tempfile.TemporaryDirectory(prefix="trainer-exit-") as status_dir:
         env["TRAINER_EXIT_STATUS_DIR"] = status_dir
-        child = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *argv], env=env)
+        failures_file = os.path.join(status_dir, "torchrun-failures.json")
+        env["TRAINER_TORCHRUN_FAILURES"] = failures_file
+        child = subprocess.Popen([sys.executable, "-m", "trainer.elastic_run", *argv], env=env)
         signalled = []
 
         def forward(signum, frame):
@@ -58,10 +173,14 @@ def main(argv: list[str]) -> int:
         for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             signal.signal(sig, forward)
         code = child.wait()
-        reasons = worker_reasons(status_dir)
-    final = exit_code(code, bool(signalled), reasons)
-    print(f"[trainer.launch] torchrun exited {code}; workers: {reasons or 'no report'}; "
-          f"signal: {bool(signalled)}; exiting {final}", file=sys.stderr, flush=True)
+        reports = worker_reports(status_dir)
+        failures = (read_json_or_none(failures_file) or {}).get("failures") or []
+    reasons = [r["reason"] for _, r in sorted(reports.items())]
+    final = exit_code(code, bool(signalled), reasons, list(reports.values()), failures)
+    dead = ", ".join(f"rank {f.get('rank')} {f.get('signal') or 'exit ' + str(f.get('exitcode'))}" for f in failures)
+    print(f"[trainer.launch] torchrun exited {code}; workers: {reasons or 'no report'}"
+          f"{'; failed workers: ' + dead if dead else ''}; signal: {bool(signalled)}; "
+          f"{checkpoint_line(reports)}; exiting {final}", file=sys.stderr, flush=True)
     return final
 
 

@@ -1,10 +1,16 @@
-"""Optional mirror of complete checkpoints to S3 (boto3), marker uploaded last."""
+"""Optional mirror of complete checkpoints to S3 (boto3), marker uploaded last.
+
+The mirror follows the local directory: a checkpoint pruned by retention is deleted from
+S3 too (its marker first, so an S3 marker, like a local one, always means a whole
+checkpoint); a directory pruned before its queued upload started is skipped; and on
+shutdown the mirror waits only as long as the caller's budget allows (the FSx copy is the
+durable one; S3 is the copy for a lost volume)."""
 from __future__ import annotations
 
 import logging
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from urllib.parse import urlparse
 
 log = logging.getLogger(__name__)
@@ -14,10 +20,16 @@ class NoMirror:
     def upload(self, path: str) -> None:
         pass
 
+    def prune(self, steps: list[int]) -> None:
+        pass
+
+    def ensure(self, path: str) -> None:
+        pass
+
     def download_latest(self, root: str) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, budget_seconds: float | None = None) -> None:
         pass
 
 
@@ -33,6 +45,7 @@ class S3Mirror:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="s3-mirror")
         self.futures: list[Future] = []
         self.lock = threading.Lock()
+        self.stopping = threading.Event()
 
     def _key(self, *parts: str) -> str:
         return "/".join(p for p in (self.prefix, *parts) if p)
@@ -44,12 +57,51 @@ class S3Mirror:
         from trainer.checkpoint import MARKER
 
         name = os.path.basename(path.rstrip("/"))
-        files = sorted(f for f in os.listdir(path) if f != MARKER)
         try:
+            files = sorted(f for f in os.listdir(path) if f != MARKER)
             for f in files + [MARKER]:  # marker last: a partial upload never looks complete
+                if self.stopping.is_set():
+                    log.warning("S3 mirror of %s abandoned at shutdown (no marker uploaded)", name)
+                    return
                 self.client.upload_file(os.path.join(path, f), self.bucket, self._key(name, f))
+        except FileNotFoundError:
+            # Retention removed it while the upload was queued: a newer checkpoint exists.
+            log.info("S3 mirror of %s skipped: pruned locally before its upload finished", name)
+            self._delete(name)
         except Exception as exc:  # the local checkpoint is what resume relies on first
             log.warning("S3 mirror of %s failed: %s", path, exc)
+
+    def ensure(self, path: str) -> None:
+        """Uploads `path` unless S3 already has its marker (a shutdown cut its upload short)."""
+        from trainer.checkpoint import MARKER
+
+        name = os.path.basename(path.rstrip("/"))
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(name, MARKER))
+        except Exception:
+            self.upload(path)
+
+    def prune(self, steps: list[int]) -> None:
+        """Deletes pruned checkpoints from S3, in upload order (after any queued upload)."""
+        from trainer.checkpoint import step_dir
+
+        for step in steps:
+            self.futures.append(self.pool.submit(self._delete, os.path.basename(step_dir("", step))))
+
+    def _delete(self, name: str) -> None:
+        from trainer.checkpoint import MARKER
+
+        try:
+            marker = self._key(name, MARKER)
+            self.client.delete_object(Bucket=self.bucket, Key=marker)  # the marker first
+            keys = []
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                               Prefix=self._key(name) + "/"):
+                keys += [{"Key": o["Key"]} for o in page.get("Contents", []) if o["Key"] != marker]
+            for i in range(0, len(keys), 1000):
+                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": keys[i:i + 1000], "Quiet": True})
+        except Exception as exc:
+            log.warning("S3 delete of %s failed: %s", name, exc)
 
     def download_latest(self, root: str) -> None:
         from trainer.checkpoint import MARKER, STEP_DIR
@@ -73,10 +125,18 @@ class S3Mirror:
             self.client.download_file(self.bucket, key, os.path.join(local, key.rsplit("/", 1)[-1]))
         log.info("restored %s from s3://%s/%s", newest, self.bucket, self._key(newest))
 
-    def close(self) -> None:
-        for f in self.futures:
-            f.result()
-        self.pool.shutdown()
+    def close(self, budget_seconds: float | None = None) -> None:
+        """Waits for queued uploads and deletions, at most `budget_seconds` (None: all).
+        Past the budget, queued work is dropped and a running upload stops before its
+        marker: the checkpoint stays on FSx and the next attempt mirrors again."""
+        done, not_done = wait(self.futures, timeout=budget_seconds)
+        if not_done:
+            self.stopping.set()
+            for f in not_done:
+                f.cancel()
+            log.warning("S3 mirror: %d queued upload(s)/deletion(s) dropped at shutdown after %.0f s",
+                        len(not_done), budget_seconds or 0)
+        self.pool.shutdown(wait=not not_done, cancel_futures=True)
 
 
 def mirror_for(uri: str | None):

@@ -2,8 +2,10 @@
 
 MLflow calls run on a background thread with a buffer, so an unreachable tracking server
 costs warnings, never training time; the buffer is flushed when the server is back.
-A resumed job reattaches to its run (by run id from the checkpoint, else by the job-id tag)
-and drops the points its previous attempt had already logged, so each step appears once.
+A resumed job reattaches to its run (by run id from the checkpoint, else by the job-id tag),
+drops the points its previous attempt had already logged, so each step appears once, and
+sends whatever MLflow lacks of the steps up to the checkpoint from `metrics.jsonl`, the
+durable record (points buffered in memory die with a killed process).
 """
 from __future__ import annotations
 
@@ -35,6 +37,9 @@ class NullTracker:
     def close(self, status: str, timeout_seconds: float = 30.0) -> None:
         pass
 
+    def sync(self) -> None:
+        """Makes what was logged so far durable (called before a checkpoint's marker)."""
+
 
 class JsonlTracker(NullTracker):
     """One line per step in `<checkpoint dir>/metrics.jsonl`; on resume, lines past the
@@ -42,12 +47,23 @@ class JsonlTracker(NullTracker):
 
     def __init__(self, path: str, resume_step: int):
         self.path = path
-        lines = []
+        self.rows: list[dict] = []  # what the checkpoint covers: MLflow's backfill source
         if os.path.exists(path):
             with open(path) as f:
-                lines = [line for line in f if line.strip() and json.loads(line)["step"] <= resume_step]
-        with open(path, "w") as f:
-            f.writelines(lines)
+                for line in f:
+                    try:
+                        row = json.loads(line)
+                    except ValueError:  # the last line of a killed writer
+                        continue
+                    if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= resume_step:
+                        self.rows.append(row)
+        # Rewritten whole, then renamed: a kill here leaves the old file or the new one.
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(row) + "\n" for row in self.rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
         self.file = open(path, "a")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -58,14 +74,22 @@ class JsonlTracker(NullTracker):
         with open(os.path.join(os.path.dirname(self.path), "summary.json"), "w") as f:
             json.dump(summary, f, indent=1)
 
+    def sync(self) -> None:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
     def close(self, status: str, timeout_seconds: float = 30.0) -> None:
-        self.file.close()
+        if not self.file.closed:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
 
 
 class MLflowTracker(NullTracker):
+    MAX_BUFFERED_POINTS = 5000
     def __init__(self, *, uri: str, experiment: str, job_id: str, run_name: str | None, run_id: str | None,
                  params: dict[str, Any], tags: dict[str, str], config_yaml: str, retry_seconds: float = 5.0,
-                 client=None):
+                 client=None, backfill: list[dict] | None = None):
         # A dead server must fail fast inside the worker, not retry for minutes.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
@@ -80,7 +104,12 @@ class MLflowTracker(NullTracker):
         self.retry_seconds = retry_seconds
         self._client = client
         self._connected = False
-        self._max_logged_step = -1
+        # (key -> steps MLflow already holds) for a reattached run; None: a run created here.
+        self._logged: dict[str, set[int]] | None = None
+        now_ms = int(time.time() * 1000)
+        self._backfill = [(row["step"], k, float(v), now_ms) for row in backfill or []
+                          for k, v in row.items() if k != "step" and isinstance(v, (int, float))
+                          and not isinstance(v, bool)]
         self._points: list[tuple[int, str, float, int]] = []
         self._summary: dict | None = None
         self._artifacts: list[tuple[str, str]] = []
@@ -90,6 +119,7 @@ class MLflowTracker(NullTracker):
         self._stopping = False
         self._outage_since: float | None = None
         self._thread = threading.Thread(target=self._run, name="mlflow-tracker", daemon=True)
+        self._wake.set()  # connect at once: the run id goes into the first checkpoint's marker
         self._thread.start()
 
     # --- called from the training loop: never blocks on the network -------------------
@@ -97,7 +127,13 @@ class MLflowTracker(NullTracker):
         now_ms = int(time.time() * 1000)
         with self._lock:
             self._points += [(step, k, float(v), now_ms) for k, v in metrics.items() if v is not None]
-        self._wake.set()
+            many = len(self._points) >= self.MAX_BUFFERED_POINTS
+        # The thread sends what accumulated every `retry_seconds` (or when the buffer is
+        # large): one request per interval instead of one per logging step. Each request
+        # costs CPU on the training host (serialising, TLS; with a sqlite URI the whole
+        # store), measured as part of the trainer's overhead in benchmarks/throughput_overhead.py.
+        if many:
+            self._wake.set()
 
     def log_summary(self, summary: dict[str, Any]) -> None:
         with self._lock:
@@ -165,9 +201,10 @@ class MLflowTracker(NullTracker):
             client.log_text(run.info.run_id, self.config_yaml, "config.yaml")
         else:
             client.update_run(run.info.run_id, status="RUNNING")
-            history = client.get_metric_history(run.info.run_id, LOSS)
-            self._max_logged_step = max((m.step for m in history), default=-1)
+            self._logged = {}
         self.run_id = run.info.run_id
+        with self._lock:  # what the previous attempts wrote to metrics.jsonl goes first
+            self._points, self._backfill = self._backfill + self._points, []
         self._log_params_and_tags(client, run)
         self._connected = True
 
@@ -189,14 +226,27 @@ class MLflowTracker(NullTracker):
 
         with self._lock:
             points, self._points = self._points, []
-        # Steps the previous attempt already logged are replays of identical computation.
-        fresh = [p for p in points if p[0] > self._max_logged_step]
+        if self._logged is not None:
+            for key in {p[1] for p in points} - self._logged.keys():
+                try:
+                    self._logged[key] = {m.step for m in self._client_().get_metric_history(self.run_id, key)}
+                except Exception:
+                    with self._lock:
+                        self._points = points + self._points
+                    raise
+        # Steps MLflow holds already are replays of identical computation (or were sent from
+        # metrics.jsonl); everything else, backfill included, is sent once.
+        seen = self._logged or {}
+        fresh = [p for p in points if p[0] not in seen.get(p[1], ())]
         num_sent = 0
         try:
             for i in range(0, len(fresh), 1000):
                 batch = fresh[i : i + 1000]
                 self._client_().log_batch(self.run_id, metrics=[Metric(k, v, ts, s) for s, k, v, ts in batch])
                 num_sent += len(batch)
+                if self._logged is not None:
+                    for s, k, _, _ in batch:
+                        self._logged.setdefault(k, set()).add(s)
         except Exception:
             with self._lock:
                 self._points = fresh[num_sent:] + self._points
@@ -246,3 +296,7 @@ class Trackers(NullTracker):
     def close(self, status: str, timeout_seconds: float = 30.0) -> None:
         for t in self.trackers:
             t.close(status, timeout_seconds)
+
+    def sync(self) -> None:
+        for t in self.trackers:
+            t.sync()

@@ -15,13 +15,15 @@ import torch
 import torch.nn.functional as F
 
 from trainer import distributed
-from trainer.checkpoint import Checkpointer, ModelAndOptimizer, resolve_resume
+from trainer.checkpoint import Checkpointer, ModelAndOptimizer, read_marker, resolve_resume
 from trainer.config import TrainerConfig, dump_yaml
+from trainer.guards import (NonFiniteSteps, TrainingStopped, apply_optimizer_config, check_resume_compatible,
+                            weights_finite)
 from trainer.data import DistributedBatches, TokenShards
 from trainer.evaluation import evaluator_for
 from trainer.metrics import Goodput, Heartbeat, flops_per_token, memory_meter, mfu_meter
 from trainer.model import apply_activation_checkpointing, build_model, count_params, model_dims
-from trainer.preemption import EXIT_PREEMPTED, PreemptionFlag, report_exit
+from trainer.preemption import EXIT_PREEMPTED, PreemptionFlag, is_peer_lost, preemption_budget_seconds, report_exit
 from trainer.profiling import profiler_for
 from trainer.s3 import NoMirror, mirror_for
 from trainer.tracking import JsonlTracker, MLflowTracker, NullTracker, Trackers
@@ -83,7 +85,8 @@ def run_tags(cfg: TrainerConfig, env: distributed.Env, shards: TokenShards) -> d
 def build_tracker(cfg: TrainerConfig, env, shards, run_id: str | None, resume_step: int):
     if not env.is_main:
         return NullTracker()
-    trackers = [JsonlTracker(os.path.join(cfg.checkpoint.dir, "metrics.jsonl"), resume_step)]
+    jsonl = JsonlTracker(os.path.join(cfg.checkpoint.dir, "metrics.jsonl"), resume_step)
+    trackers = [jsonl]
     uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
     if cfg.tracking.enabled and uri:
         trackers.append(MLflowTracker(
@@ -91,7 +94,7 @@ def build_tracker(cfg: TrainerConfig, env, shards, run_id: str | None, resume_st
             # MLFLOW_RUN_ID (MLflow's own variable) names the run for a first attempt; a resumed
             # attempt keeps the run recorded in its checkpoint.
             run_id=run_id or os.environ.get("MLFLOW_RUN_ID") or None, params=cfg.flat(),
-            tags=run_tags(cfg, env, shards), config_yaml=dump_yaml(cfg)))
+            tags=run_tags(cfg, env, shards), config_yaml=dump_yaml(cfg), backfill=jsonl.rows))
     elif cfg.tracking.enabled:
         log.warning("tracking.enabled but no MLFLOW_TRACKING_URI: metrics go to metrics.jsonl only")
     return Trackers(*trackers)
@@ -119,17 +122,42 @@ def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
     env = distributed.init(cfg.parallelism)
     logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
                         format=f"%(asctime)s [rank {env.rank}] %(name)s: %(message)s", force=True)
-    reason, step = "failed", -1
+    reason, step, details = "failed", -1, {}
+    outcome: dict = {}
+    report_exit(env.rank, "running", -1)
     try:
-        reason, step = _train(cfg, env, process_start or time.time())
+        reason, step = _train(cfg, env, process_start or time.time(), outcome)
+    except BaseException as exc:
+        preemption = outcome.get("preemption")
+        # What the launcher needs to tell a root cause (permanent) from a consequence of a
+        # peer's death or of a signal (retryable).
+        details = {"exception": type(exc).__name__, "peer_lost": is_peer_lost(exc),
+                   "signalled": bool(outcome.get("signalled") or (preemption and preemption.raised))}
+        _close_after_failure(outcome, exc)
+        raise
     finally:
-        report_exit(env.rank, reason, step)
+        report_exit(env.rank, reason, outcome.get("step", step), checkpoint_step=outcome.get("checkpoint_step"),
+                    **details)
         distributed.teardown(clean=reason != "failed")  # _train returned: its model and optimizer are garbage
     return EXIT_PREEMPTED if reason == "preempted" else 0
 
 
-def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float) -> tuple[str, int]:
+def _close_after_failure(outcome: dict, exc: BaseException) -> None:
+    """The failure path closes the tracker too (status FAILED, a short flush; whatever MLflow
+    misses is in metrics.jsonl and is sent by the next attempt) and ends the checkpoint
+    writer and the S3 mirror without waiting on peers that may be gone."""
+    if "tracker" not in outcome:
+        return
+    log.error("training failed at step %s: %s", outcome.get("step", "?"), exc)
+    with contextlib.suppress(Exception):
+        outcome["tracker"].close(status="FAILED", timeout_seconds=5.0)
+    with contextlib.suppress(Exception):
+        outcome["checkpointer"].abort()
+
+
+def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outcome: dict) -> tuple[str, int]:
     preemption = PreemptionFlag().install()
+    outcome["preemption"] = preemption
     shards = TokenShards(cfg.data.dir, cfg.data.seq_len)
     batches = DistributedBatches(shards, cfg.data.micro_batch_size, env.rank, env.world_size, cfg.seed, env.device,
                                  prefetch=cfg.data.prefetch_batches)
@@ -148,6 +176,7 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float) -> tu
     # FSDP2 casts parameters itself; autocast is for the unsharded strategies.
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and strategy.name != "fsdp"
                 else contextlib.nullcontext())
+    strategy.warm_up(model, torch.zeros((1, cfg.data.seq_len), dtype=torch.long, device=env.device), autocast)
     optimizer = build_optimizer(model, cfg, env.device)
     evaluator = evaluator_for(cfg, model, env, lambda: autocast)
     profiler = profiler_for(cfg.profiler, cfg.checkpoint.dir, env.rank, env.device)
@@ -164,10 +193,19 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float) -> tu
     step, tokens_seen, run_id = 0, 0, None
     resume_from = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume, env, mirror)
     if resume_from:
+        saved = read_marker(resume_from)
+        check_resume_compatible(saved["config"], saved["world_size"], cfg, env.world_size, resume_from)
         meta = checkpointer.load(resume_from, app)
         step, tokens_seen, run_id = meta["step"], meta["tokens_seen"], meta["mlflow_run_id"]
         batches.load_state_dict(meta["data"])
         scheduler.load_state_dict(meta["scheduler"])
+        for change in apply_optimizer_config(optimizer, scheduler, cfg, meta["config"]):
+            log.warning("%s changed on resume: applied from step %d on (the checkpoint's optimizer state "
+                        "carried the old value)", change, step + 1)
+        checkpointer.protect(resume_from)
+        checkpointer.last_durable_step = step
+        if os.path.realpath(os.path.dirname(resume_from)) == os.path.realpath(cfg.checkpoint.dir):
+            mirror.ensure(resume_from)  # a shutdown may have cut its upload short
         goodput = Goodput(**meta["goodput"])
         goodput.num_restarts += 1
         beat = heartbeat.read()
@@ -194,13 +232,39 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float) -> tu
     last_save_monotonic = time.monotonic()
     pending_losses: list[tuple[int, torch.Tensor]] = []
     interval = {"start": time.perf_counter(), "steps": 0, "data_wait": 0.0, "compute": 0.0}
+    nonfinite = NonFiniteSteps(cfg.optimizer.max_nonfinite_steps)
+    faults = checkpointer.faults
     reason = "completed"
+    outcome["checkpoint_step"] = checkpointer.last_durable_step
     log.info("training %s (%s, world size %d, %s) from step %d to %d", cfg.model.kind, strategy.name,
              env.world_size, env.device, step, cfg.schedule.num_steps)
 
+    def save(step: int, meta_extra: dict) -> float:
+        meta = {
+            "tokens_seen": tokens_seen,
+            "data": batches.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "config": cfg.to_dict(),
+            "config_hash": cfg.hash(),
+            "dataset_hash": shards.dataset_hash,
+            "mlflow_run_id": tracker.run_id,
+            "world_size": env.world_size,
+            "goodput": dataclasses.asdict(goodput),
+            **meta_extra,
+        }
+        # Never a checkpoint of NaN/inf weights: every retry would resume from it.
+        finite = not distributed.all_reduce_max(env, [not weights_finite(model)])[0]
+        if not finite:
+            raise TrainingStopped(f"weights are non-finite at step {step}: not saved; the newest checkpoint "
+                                  f"(step {checkpointer.last_durable_step}) stays the one to resume from")
+        tracker.sync()  # metrics.jsonl up to this step is durable before the marker can be
+        return checkpointer.save(step, app, meta, config_yaml)
+
+    outcome.update(tracker=tracker, checkpointer=checkpointer)
     while step < cfg.schedule.num_steps:
         checkpointer.poll()
         profiler.before_step(step + 1)
+        outcome["checkpoint_step"] = checkpointer.last_durable_step
         step_start = time.perf_counter()
         data_wait = 0.0
         step_loss = torch.zeros((), device=env.device)
@@ -211,35 +275,48 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float) -> tu
             with strategy.grad_sync(model, micro_step == num_accum - 1), autocast:
                 logits = forward(inputs)
                 loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1)) / num_accum
+            if faults.nonfinite(step + 1):
+                loss = loss * float("nan")
             loss.backward()
             step_loss += loss.detach()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        optimizer.step()
+        norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        # One all-reduce decides for every rank: a signal may reach the ranks at different
+        # steps, wall clocks differ, and a NaN may appear on one rank's loss only; yet they
+        # must skip, save and stop at the same step. (The finiteness test costs one device
+        # sync per step on GPU.)
+        time_due = (cfg.checkpoint.every_seconds > 0
+                    and time.monotonic() - last_save_monotonic >= cfg.checkpoint.every_seconds)
+        local_bad = not bool(torch.isfinite(torch.stack([step_loss.float(), norm.float()])).all().item())
+        preempted, save_due_to_time, bad = (bool(v) for v in distributed.all_reduce_max(
+            env, [preemption.raised, time_due, local_bad]))
+        if bad:
+            optimizer.zero_grad(set_to_none=True)  # the update is skipped; the step still counts
+        else:
+            optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
         tokens_seen += tokens_per_step
         profiler.after_step(step)
+        faults.at("after_step", step)
         pending_losses.append((step, step_loss))
         step_seconds = time.perf_counter() - step_start
         goodput.productive_seconds += step_seconds
         interval["steps"] += 1
         interval["data_wait"] += data_wait
         interval["compute"] += step_seconds
-
-        # One all-reduce decides for every rank: a signal may reach the ranks at different
-        # steps, and wall clocks differ, yet they must save (and stop) at the same step.
-        time_due = cfg.checkpoint.every_seconds > 0 and time.monotonic() - last_save_monotonic >= cfg.checkpoint.every_seconds
-        preempted, save_due_to_time = (bool(v) for v in distributed.all_reduce_max(env, [preemption.raised, time_due]))
         last_step = step == cfg.schedule.num_steps
+        save_due = step % cfg.checkpoint.every_steps == 0 or save_due_to_time or preempted or last_step
 
-        if step % cfg.tracking.log_every_steps == 0 or last_step or preempted:
+        # A save logs what is pending first: a kill after the save must not lose the losses
+        # of steps the checkpoint covers (they are not recomputed after a resume).
+        if step % cfg.tracking.log_every_steps == 0 or save_due or bad:
             elapsed = time.perf_counter() - interval["start"]
             losses = distributed.all_reduce_mean(env, torch.stack([loss for _, loss in pending_losses])).tolist()
             for (s, _), value in zip(pending_losses, losses):
                 tracker.log(s, {"loss": value})
             tokens_per_second = interval["steps"] * tokens_per_step / elapsed
-            norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
             tracker.log(step, {
                 "learning_rate": scheduler.get_last_lr()[0],
                 "grad_norm": norm.item(),
@@ -250,6 +327,7 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float) -> tu
                 "checkpoint_seconds": last_stall_seconds[0],
                 "peak_gpu_memory_gib": memory.peak_gib(),
                 "tokens_seen": tokens_seen,
+                "skipped_updates": nonfinite.num_skipped + (1 if bad else 0),
             })
             if env.is_main:
                 heartbeat.beat(step)
@@ -257,6 +335,7 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float) -> tu
                          scheduler.get_last_lr()[0], tokens_per_second)
             pending_losses.clear()
             interval = {"start": time.perf_counter(), "steps": 0, "data_wait": 0.0, "compute": 0.0}
+        nonfinite.record(step, not bad, step_loss, norm)  # raises TrainingStopped after K in a row
 
         # A preempted step saves instead: the signal's time budget is for the checkpoint.
         val_metrics = None if preempted else evaluator.maybe_evaluate(step, last_step)
@@ -266,36 +345,32 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float) -> tu
             if env.is_main:
                 log.info("step %d val_loss %.4f (%.1f s)", step, val_metrics["val_loss"], val_metrics["eval_seconds"])
 
-        if step % cfg.checkpoint.every_steps == 0 or save_due_to_time or preempted or last_step:
+        if preempted:
+            outcome["signalled"] = True
+            _save_on_signal(step, save, checkpointer, preemption, env, goodput, last_stall_seconds,
+                            wall_at_attempt_start, attempt_start)
+        elif save_due:
             goodput.wall_seconds = wall_at_attempt_start + (time.time() - attempt_start)
-            meta = {
-                "tokens_seen": tokens_seen,
-                "data": batches.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "config": cfg.to_dict(),
-                "config_hash": cfg.hash(),
-                "dataset_hash": shards.dataset_hash,
-                "mlflow_run_id": tracker.run_id,
-                "world_size": env.world_size,
-                "goodput": dataclasses.asdict(goodput),
-            }
             save_start = time.perf_counter()
-            stall = checkpointer.save(step, app, meta, config_yaml)
-            if preempted or last_step:
+            stall = save(step, {})
+            if last_step:
                 checkpointer.wait()  # the process is about to exit: the save must be on disk
                 stall = time.perf_counter() - save_start
             goodput.checkpoint_stall_seconds += stall
             last_stall_seconds[0] = stall
             last_save_monotonic = time.monotonic()
-            # A rank whose node was not the one reclaimed learns of the stop only through the
-            # all-reduced flag: it has no signal name of its own, and still exits 143.
-            cause = f" after {preemption.signal_name or 'another rank was signalled'}" if preempted else ""
-            log.info("checkpoint step %d (%.2f s stall)%s", step, stall, cause)
+            log.info("checkpoint step %d (%.2f s stall)", step, stall)
+        outcome["step"] = step
+        outcome["checkpoint_step"] = checkpointer.last_durable_step
         if preempted:
             reason = "preempted"
             break
 
-    checkpointer.close()
+    # After a signal, S3 uploads get what is left of torchrun's shutdown wait, less the
+    # MLflow flush (10 s) and a margin; the FSx copy is already durable.
+    checkpointer.close(budget_seconds=max(0.0, preemption_budget_seconds() - preemption.seconds_since() - 12.0)
+                       if reason == "preempted" else None)
+    outcome["checkpoint_step"] = checkpointer.last_durable_step
     batches.close()
     profiler.close()
     if env.is_main and profiler.trace_dir and os.path.isdir(profiler.trace_dir):
@@ -312,3 +387,42 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float) -> tu
     if env.is_main:
         heartbeat.beat(step)
     return reason, step
+
+
+def _save_on_signal(step, save, checkpointer, preemption, env, goodput, last_stall_seconds, wall_at_attempt_start,
+                    attempt_start) -> None:
+    """The fastest way to a durable checkpoint inside the time left after the signal.
+
+    With no save in flight: a synchronous save of this step. With an async save of an
+    older step in flight, finishing it is always the quickest durable checkpoint (it is
+    part written); a second, full save of this step is added only when the time left
+    (torchrun's SIGTERM-to-SIGKILL wait, less the exit margin) covers the measured write
+    time with room to spare. Every rank takes the same decision (one all-reduce)."""
+    started = time.perf_counter()
+    in_flight = checkpointer.pending_step
+    if in_flight is not None and in_flight < step:
+        checkpointer.wait()
+        budget = preemption_budget_seconds()
+        left = budget - preemption.seconds_since()
+        estimate = checkpointer.last_write_seconds or 0.0
+        skip = not (left > 2.0 * estimate + 1.0)
+        skip = bool(distributed.all_reduce_max(env, [skip])[0])
+        log.warning("%s with the save of step %d in flight: waited %.1f s for it; %.0f s of %.0f s left, a full "
+                    "save takes ~%.1f s: %s", preemption.signal_name or "another rank's signal", in_flight, time.perf_counter() - started, left,
+                    budget, estimate, f"stopping at step {in_flight} ({step - in_flight} steps to recompute)"
+                    if skip else f"saving step {step} too")
+        if skip:
+            stall = time.perf_counter() - started
+            goodput.checkpoint_stall_seconds += stall
+            last_stall_seconds[0] = stall
+            return
+    goodput.wall_seconds = wall_at_attempt_start + (time.time() - attempt_start)
+    save(step, {})
+    checkpointer.wait()  # the process is about to exit: the save must be on disk
+    stall = time.perf_counter() - started
+    goodput.checkpoint_stall_seconds += stall
+    last_stall_seconds[0] = stall
+    # A rank whose node was not the one reclaimed learns of the stop only through the
+    # all-reduced flag: it has no signal of its own, and still exits 143.
+    log.info("checkpoint step %d (%.2f s from the step boundary) after %s, %.1f s after the signal", step, stall,
+             preemption.signal_name or "another rank's signal", preemption.seconds_since())

@@ -65,3 +65,20 @@ def test_unwritable_checkpoint_dir_is_refused(tmp_path, data_dir, monkeypatch):
     monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(tmp_path / "ro") else real_access(p, mode))
     with pytest.raises(ConfigError, match=r"checkpoint.dir='.*/ro/ckpt': its nearest existing parent '.*/ro' is not writable"):
         preflight(cfg, world_size=1)
+
+
+def test_the_launcher_refuses_bad_input_with_exit_2_before_starting_torchrun(tmp_path):
+    """The production entry point (`python -m trainer.launch ... -m trainer train`): a bad config
+    is exit 2 with the trainer's message once, not torchrun's exit 1 after every rank failed."""
+    from trainer_helpers import launcher_env, torchrun_cmd
+
+    from trainer.launch import launch_world_size
+
+    cmd = torchrun_cmd(2, [f"data.dir={tmp_path}/missing", f"checkpoint.dir={tmp_path}/ckpt", "optimizer.lr=.nan"])
+    result = subprocess.run(cmd, env=launcher_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "optimizer.lr" in result.stderr and "not starting torchrun" in result.stderr
+    assert "torchrun exited" not in result.stderr and "Traceback" not in result.stderr
+    assert launch_world_size(["--nnodes=2", "--nproc-per-node", "8"]) == 16
+    assert launch_world_size(["--nproc-per-node=gpu"]) is None
+    assert launch_world_size(["--standalone"]) == 1

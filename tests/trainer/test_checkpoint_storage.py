@@ -63,3 +63,80 @@ def test_s3_mirror_uploads_marker_last_and_restores_newest_complete(tmp_path, s3
     with open(os.path.join(step_dir(fresh, 20), "__0_0.distcp"), "rb") as a, \
          open(os.path.join(step_dir(root, 20), "__0_0.distcp"), "rb") as b:
         assert a.read() == b.read()
+
+
+class Recording:
+    """Wraps a boto3 client, recording every object write and delete in order."""
+
+    def __init__(self, client, upload_delay=0.0):
+        self.client = client
+        self.calls = []
+        self.upload_delay = upload_delay
+
+    def upload_file(self, path, bucket, key):
+        import time
+
+        time.sleep(self.upload_delay)
+        self.calls.append(("put", key))
+        return self.client.upload_file(path, bucket, key)
+
+    def delete_object(self, Bucket, Key):
+        self.calls.append(("delete", Key))
+        return self.client.delete_object(Bucket=Bucket, Key=Key)
+
+    def delete_objects(self, Bucket, Delete):
+        self.calls += [("delete", o["Key"]) for o in Delete["Objects"]]
+        return self.client.delete_objects(Bucket=Bucket, Delete=Delete)
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+def keys(s3, prefix="jobs/j1/"):
+    return sorted(o["Key"] for o in s3.list_objects_v2(Bucket="ckpts", Prefix=prefix).get("Contents", []))
+
+
+def test_s3_marker_is_the_last_object_of_each_upload(tmp_path, s3):
+    root = str(tmp_path / "fsx")
+    client = Recording(s3)
+    mirror = S3Mirror("s3://ckpts/jobs/j1", client=client)
+    for step in (10, 20):
+        path = fake_checkpoint(root, step)
+        for extra in ("rng-rank-0.pt", "config.yaml", "zz-last-name.distcp"):  # names sorting after the marker
+            open(os.path.join(path, extra), "w").write("x")
+        mirror.upload(path)
+    mirror.close()
+    for step in ("step-000010", "step-000020"):
+        puts = [k for op, k in client.calls if op == "put" and f"/{step}/" in k]
+        assert len(puts) == 5 and puts[-1].endswith(MARKER), puts
+
+
+def test_s3_mirror_follows_retention_and_tolerates_vanished_directories(tmp_path, s3):
+    import shutil
+
+    root = str(tmp_path / "fsx")
+    client = Recording(s3)
+    mirror = S3Mirror("s3://ckpts/jobs/retention", client=client)
+    mirror.upload(fake_checkpoint(root, 10))
+    doomed = fake_checkpoint(root, 20)
+    shutil.rmtree(doomed)  # retention removed it while its upload was queued
+    mirror.upload(doomed)
+    mirror.prune([10])
+    mirror.close()  # no exception: a vanished directory is not a failure
+    assert keys(s3, "jobs/retention/") == []
+    deletes = [k for op, k in client.calls if op == "delete" and "step-000010" in k]
+    assert deletes[0].endswith(MARKER)  # the marker goes first, as locally
+
+
+def test_s3_mirror_respects_the_shutdown_budget(tmp_path, s3):
+    import time
+
+    root = str(tmp_path / "fsx")
+    mirror = S3Mirror("s3://ckpts/jobs/budget", client=Recording(s3, upload_delay=0.5))
+    for step in (10, 20, 30):
+        mirror.upload(fake_checkpoint(root, step))
+    started = time.perf_counter()
+    mirror.close(budget_seconds=0.2)
+    assert time.perf_counter() - started < 1.5  # not the 3 s all uploads take
+    time.sleep(1.0)  # the upload in progress stops before its marker
+    assert not [k for k in keys(s3, "jobs/budget/") if k.endswith(MARKER)]

@@ -1,0 +1,47 @@
+"""torchrun (`torch.distributed.run`), with what it records about failed workers written down.
+
+torchrun knows how each worker ended (`ChildFailedError.failures`: exit code, negative for
+a signal, pid, error file), but its own exit code is 1 whatever happened. The launcher
+needs that record to tell a worker killed by a signal (OOM killer, lost node: retryable)
+from a Python exception (permanent), so this module runs torchrun's own `main` in-process
+and writes the failures, as JSON, to `$TRAINER_TORCHRUN_FAILURES` before torchrun exits.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import main as torchrun_main
+
+
+def failure_records(exc: ChildFailedError) -> list[dict]:
+    records = []
+    for rank, failure in sorted(exc.failures.items()):
+        records.append({
+            "rank": rank,
+            "local_rank": failure.local_rank,
+            "pid": failure.pid,
+            "exitcode": failure.exitcode,
+            "signal": failure.signal_name() if failure.exitcode < 0 else None,
+            "timestamp": failure.timestamp,
+        })
+    return records
+
+
+def main(argv: list[str]) -> None:
+    try:
+        torchrun_main(argv)
+    except ChildFailedError as exc:
+        path = os.environ.get("TRAINER_TORCHRUN_FAILURES")
+        if path:
+            tmp = f"{path}.tmp"
+            with open(tmp, "w") as f:
+                json.dump({"failures": failure_records(exc)}, f)
+            os.replace(tmp, path)
+        raise
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
