@@ -173,14 +173,13 @@ def read_losses(ckpt: str) -> tuple[dict[int, float], list[int]]:
     return {r["step"]: r["loss"] for r in rows if "loss" in r}, steps
 
 
-def final_tensors(ckpt: str, steps: int, scratch: str) -> dict:
+def flat_tensors(step_directory: str, scratch: str) -> dict:
+    """Every tensor of a DCP checkpoint directory (model and optimizer), by dotted name."""
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    from trainer.checkpoint import step_dir
-
-    out = os.path.join(scratch, f"flat-{time.time_ns()}.pt")
-    dcp_to_torch_save(step_dir(ckpt, steps), out)
+    out = os.path.join(scratch, f"flat-{os.path.basename(step_directory)}-{time.time_ns()}.pt")
+    dcp_to_torch_save(step_directory, out)
     flat = {}
 
     def walk(prefix, node):
@@ -192,6 +191,12 @@ def final_tensors(ckpt: str, steps: int, scratch: str) -> dict:
 
     walk("", torch.load(out, weights_only=False))
     return flat
+
+
+def final_tensors(ckpt: str, steps: int, scratch: str) -> dict:
+    from trainer.checkpoint import step_dir
+
+    return flat_tensors(step_dir(ckpt, steps), scratch)
 
 
 def run(seed: int, num_faults: int, steps: int, nproc: int, workdir: str, data_dir: str | None = None,

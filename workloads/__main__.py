@@ -89,7 +89,9 @@ def _run(commands: list[list[str]]) -> int:
     return code
 
 
-def cmd_preflight(args) -> int:
+def _preflighted(args, *, report_to=None):
+    """(spec, facts, exit code): the job spec and platform facts, preflighted and shown; the code
+    is 0 when the job fits, else what the command exits with."""
     from workloads.problems import InvalidInputError
     from workloads.jobspec import load_job_spec
     from workloads.preflight import preflight
@@ -99,28 +101,23 @@ def cmd_preflight(args) -> int:
         facts = _facts(args.stack, not args.offline, args.facts)
     except (InvalidInputError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_SPEC
+        return None, None, EXIT_SPEC
     report = preflight(spec, facts, repo_root=str(ROOT), mfu=args.mfu)
-    print(report.render())
-    return 0 if report.ok else EXIT_REFUSED
+    print(report.render(), file=report_to or sys.stdout)
+    return spec, facts, 0 if report.ok else EXIT_REFUSED
+
+
+def cmd_preflight(args) -> int:
+    return _preflighted(args)[2]
 
 
 def cmd_submit(args) -> int:
-    from workloads.problems import InvalidInputError
-    from workloads.jobspec import load_job_spec
-    from workloads.preflight import preflight
     from workloads.trainingjob import render
 
-    try:
-        spec = load_job_spec(args.job)
-        facts = _facts(args.stack, not args.offline, args.facts)
-    except (InvalidInputError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_SPEC
-    report = preflight(spec, facts, repo_root=str(ROOT), mfu=args.mfu)
-    print(report.render(), file=sys.stderr if args.dry_run else sys.stdout)
-    if not report.ok:
-        return EXIT_REFUSED
+    # With --dry-run stdout carries the manifest alone.
+    spec, facts, code = _preflighted(args, report_to=sys.stderr if args.dry_run else sys.stdout)
+    if code:
+        return code
     manifest = render(spec, facts)
     if args.dry_run:
         print(_dump(manifest))

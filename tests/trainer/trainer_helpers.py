@@ -9,7 +9,6 @@ import sys
 import time
 
 import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY_CONFIG = os.path.join(REPO, "trainer", "configs", "tiny.yaml")
@@ -38,19 +37,9 @@ def losses(ckpt_dir: str) -> dict[int, float]:
 
 
 def checkpoint_tensors(step_dir: str, tmp_path) -> dict[str, torch.Tensor]:
-    out = os.path.join(str(tmp_path), f"flat-{os.path.basename(step_dir)}-{time.time_ns()}.pt")
-    dcp_to_torch_save(step_dir, out)
-    flat = {}
+    from tools.fault_injection import flat_tensors
 
-    def walk(prefix, node):
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-        elif isinstance(node, torch.Tensor):
-            flat[prefix] = node
-
-    walk("", torch.load(out, weights_only=False))
-    return flat
+    return flat_tensors(step_dir, str(tmp_path))
 
 
 def assert_same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
