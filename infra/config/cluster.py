@@ -13,7 +13,7 @@ from components.versions import DEFAULT_EKS_VERSION, EKS_VERSIONS
 from infra import limits
 from infra.config.accounts import AccountConfig
 from infra.config.common import (
-    LOG_RETENTION_DAYS, RETENTION_SOURCE, CapacityType, Cidr, Environment, _ROLE_ARN, _Model, _exposure, prod_retention_rule,
+    check_log_retention, CapacityType, Cidr, Environment, _ROLE_ARN, _Model, _exposure, prod_retention_rule,
 )
 from infra.config.engine import Rule, invalid
 from infra.limits import at_most
@@ -77,9 +77,7 @@ class ClusterConfig(_Model):
     @field_validator("log_retention_days")
     @classmethod
     def _retention(cls, value: int) -> int:
-        if value not in LOG_RETENTION_DAYS:
-            raise invalid(f"is not a retention period {RETENTION_SOURCE} accepts", f"use one of {LOG_RETENTION_DAYS}")
-        return value
+        return check_log_retention(value)
 
 
 def _node_group_sizes(min_size: int, max_size: int, desired_size: int) -> Iterator[Problem]:

@@ -153,6 +153,13 @@ def _exposure(path: str, cidrs: list[ipaddress.IPv4Network]) -> Optional[tuple[s
     return at, value, f"{num_addresses:,} addresses ({num_addresses / everything.num_addresses:.0%} of IPv4), more than a /8"
 
 
+def check_log_retention(value: int) -> int:
+    """A field validator's body: CloudWatch Logs accepts only the retention periods it lists."""
+    if value not in LOG_RETENTION_DAYS:
+        raise invalid(f"is not a retention period {RETENTION_SOURCE} accepts", f"use one of {LOG_RETENTION_DAYS}")
+    return value
+
+
 def prod_retention_rule(path: str) -> Rule:
     """CloudWatch log retention at ``path`` is at least a year in prod."""
 

@@ -14,7 +14,7 @@ from components.datasets import (
 from components.datasets import FsxArgs
 from components.validation import Problem
 from infra import limits
-from infra.config.common import prod_retention_rule, LOG_RETENTION_DAYS, RETENTION_SOURCE, _Model
+from infra.config.common import check_log_retention, prod_retention_rule, _Model
 from infra.config.engine import Rule, invalid
 from infra.limits import at_most
 
@@ -60,9 +60,7 @@ class FsxConfig(_Model):
     @field_validator("log_retention_days")
     @classmethod
     def _retention(cls, value: int) -> int:
-        if value not in LOG_RETENTION_DAYS:
-            raise invalid(f"is not a retention period {RETENTION_SOURCE} accepts", f"use one of {LOG_RETENTION_DAYS}")
-        return value
+        return check_log_retention(value)
 
     @field_validator("namespaces")
     @classmethod

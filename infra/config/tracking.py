@@ -11,7 +11,7 @@ from components.tracking import LoadBalancerScheme, tracking_problems
 from components.tracking import DatabaseArgs, TrackingArgs
 from components.validation import Problem
 from infra import limits
-from infra.config.common import prod_retention_rule, LOG_RETENTION_DAYS, RETENTION_SOURCE, Cidr, Environment, _Model, _exposure
+from infra.config.common import check_log_retention, prod_retention_rule, Cidr, Environment, _Model, _exposure
 from infra.config.datasets import BucketLifecycleConfig, bucket_lifecycle_problems
 from infra.config.engine import Rule, invalid
 from infra.limits import at_most
@@ -60,9 +60,7 @@ class TrackingConfig(_Model):
     @field_validator("log_retention_days")
     @classmethod
     def _retention(cls, value: int) -> int:
-        if value not in LOG_RETENTION_DAYS:
-            raise invalid(f"is not a retention period {RETENTION_SOURCE} accepts", f"use one of {LOG_RETENTION_DAYS}")
-        return value
+        return check_log_retention(value)
 
 
 def _tracking_rules(environment: Environment, image: Optional[str], db: TrackingDatabaseConfig, scheme, ingress_cidrs,

@@ -4,16 +4,14 @@ Regenerate golden files after an intended change with ``UPDATE_GOLDEN=1`` and re
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import pytest
 import yaml
 
 from workloads import gitops, pipeline
 from workloads.validation import validate_custom_resource, validate_pod_template
+from tests.workloads.golden_files import assert_golden
 
-GOLDEN = Path(__file__).parent / "golden"
 REPO = "https://github.com/example-org/ml-training-platform.git"
 NAMESPACES = ("team-research", "team-platform")
 DEV = gitops.GitOpsSpec(platform="mlp-dev", repo_url=REPO, target_revision="main",
@@ -53,12 +51,7 @@ PIPELINE = pipeline.PipelineSpec(
 
 
 def _golden(name: str, documents: list[dict]) -> None:
-    path = GOLDEN / f"{name}.yaml"
-    text = yaml.safe_dump_all(documents, sort_keys=True)
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.write_text(text)
-    assert path.exists(), f"missing golden file {path.name}; create it with UPDATE_GOLDEN=1 and review it"
-    assert text == path.read_text(), f"{path.name} changed; review and regenerate with UPDATE_GOLDEN=1"
+    assert_golden(name, yaml.safe_dump_all(documents, sort_keys=True))
 
 
 CASES = {

@@ -5,8 +5,6 @@ and review the diff.
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import pytest
 import yaml
@@ -17,8 +15,8 @@ from workloads.karpenter import (
     cpu_node_class, cpu_node_pool, efa_network_interfaces, gpu_node_class, gpu_node_pool,
 )
 from workloads.validation import validate_core, validate_custom_resource
+from tests.workloads.golden_files import assert_golden
 
-GOLDEN = Path(__file__).parent / "golden"
 NODE_CLASS = NodeClassSpec(cluster_name="mlp-test-eks", node_role_name="mlp-test-karpenter-node",
                            cluster_security_group_id="sg-0123456789abcdef0", tags={"team": "ml-platform"})
 H100 = GpuPoolSpec(name="h100", gpu_type="h100", gpus_per_node=8,
@@ -37,12 +35,7 @@ TEAM_Q = kueue.TeamQueueSpec(team="research", namespace="team-research", gpu_quo
 
 
 def _golden(name: str, documents: list[dict]) -> None:
-    path = GOLDEN / f"{name}.yaml"
-    text = yaml.safe_dump_all(documents, sort_keys=True)
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.write_text(text)
-    assert path.exists(), f"missing golden file {path.name}; create it with UPDATE_GOLDEN=1 and review it"
-    assert text == path.read_text(), f"{path.name} changed; review and regenerate with UPDATE_GOLDEN=1"
+    assert_golden(name, yaml.safe_dump_all(documents, sort_keys=True))
 
 
 CASES = {

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 from pathlib import Path
 
 import pytest
@@ -21,9 +20,9 @@ from workloads.karpenter import EFA_RESOURCE, GPU_RESOURCE
 from workloads.local import Replica, expand, operator_env, replicas
 from workloads.trainingjob import render, render_pytorchjob, render_trainjob, resolve
 from workloads.validation import validate_custom_resource, validate_pod_template
+from tests.workloads.golden_files import assert_golden
 
 ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = Path(__file__).parent / "golden"
 EXAMPLE = ROOT / "examples" / "jobs" / "gpt2-pretrain.yaml"
 
 
@@ -44,12 +43,7 @@ def _job(raw, facts):
 
 
 def _golden(name: str, obj: dict) -> None:
-    path = GOLDEN / f"{name}.yaml"
-    text = yaml.safe_dump(obj, sort_keys=True)
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.write_text(text)
-    assert path.exists(), f"missing golden file {path.name}; create it with UPDATE_GOLDEN=1 and review it"
-    assert text == path.read_text(), f"{path.name} changed; review and regenerate with UPDATE_GOLDEN=1"
+    assert_golden(name, yaml.safe_dump(obj, sort_keys=True))
 
 
 def _templates(job: dict) -> list[dict]:
