@@ -16,7 +16,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.cluster import Cluster
-from components.k8s import apply_object
+from components.k8s import apply_namespace_objects
 from components.validation import Problem, raise_if_any
 from components.versions import ARGO_HELM_REPO, ARGO_WORKFLOWS_APP_VERSION, ARGO_WORKFLOWS_CHART_VERSION
 from workloads.placement import system_node_selector, system_tolerations
@@ -98,10 +98,7 @@ class ArgoWorkflows(pulumi.ComponentResource):
         super().__init__("mlplatform:argo_workflows:ArgoWorkflows", name, None, opts)
         cluster = args.cluster
         objects = namespace_objects(namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr))
-        self.namespace = apply_object(f"{name}-namespace", objects[0], pulumi.ResourceOptions(parent=self))
-        in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
-        self.network_policies = [apply_object(f"{name}-netpol-{obj['metadata']['name']}", obj, in_namespace)
-                                 for obj in objects[1:]]
+        self.namespace, self.network_policies = apply_namespace_objects(name, objects, self)
         self.release = k8s.helm.v3.Release(
             f"{name}-chart", name="argo-workflows", chart="argo-workflows", version=ARGO_WORKFLOWS_CHART_VERSION,
             repository_opts={"repo": ARGO_HELM_REPO}, namespace=NAMESPACE, values=helm_values(args),

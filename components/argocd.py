@@ -25,7 +25,7 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from components.cluster import Cluster
-from components.k8s import apply_object
+from components.k8s import apply_namespace_objects, apply_object
 from components.validation import Problem, raise_if_any
 from components.versions import ARGO_HELM_REPO, ARGOCD_CHART_VERSION
 from workloads import gitops
@@ -205,15 +205,12 @@ class ArgoCD(pulumi.ComponentResource):
     def __init__(self, name: str, args: ArgoCDArgs, opts: Optional[pulumi.ResourceOptions] = None):
         raise_if_any(f"ArgoCD {name}", args_problems(args))
         super().__init__("mlplatform:argocd:ArgoCD", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
         cluster = args.cluster
         objects = namespace_objects(namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr))
         if is_ssh_url(args.gitops.repo_url):
             objects.append(git_ssh_policy())
-        self.namespace = apply_object(f"{name}-namespace", objects[0], child)
+        self.namespace, self.network_policies = apply_namespace_objects(name, objects, self)
         in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
-        self.network_policies = [apply_object(f"{name}-netpol-{obj['metadata']['name']}", obj, in_namespace)
-                                 for obj in objects[1:]]
         secrets: list[pulumi.Resource] = []
 
         creds = args.repo_credentials

@@ -15,7 +15,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.cluster import Cluster
-from components.k8s import apply_object
+from components.k8s import apply_namespace_objects
 from components.versions import (
     DCGM_EXPORTER_REPO, DCGM_EXPORTER_VERSION, EFA_DEVICE_PLUGIN_VERSION, EKS_CHARTS_REPO,
     NVIDIA_DEVICE_PLUGIN_REPO, NVIDIA_DEVICE_PLUGIN_VERSION, NVIDIA_GPU_OPERATOR_REPO, NVIDIA_GPU_OPERATOR_VERSION,
@@ -137,10 +137,7 @@ class GpuEnablement(pulumi.ComponentResource):
         super().__init__("mlplatform:gpu_enablement:GpuEnablement", name, None, opts)
         cluster = args.cluster
         objects = namespace_objects(namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr, args.mode))
-        self.namespace = apply_object(f"{name}-namespace", objects[0], pulumi.ResourceOptions(parent=self))
-        in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
-        self.network_policies = [
-            apply_object(f"{name}-netpol-{obj['metadata']['name']}", obj, in_namespace) for obj in objects[1:]]
+        self.namespace, self.network_policies = apply_namespace_objects(name, objects, self)
         # Helm waits for the pods of an atomic release; they need nodes and DNS to start.
         self._depends_on: list[pulumi.Resource] = [
             self.namespace, *self.network_policies, cluster.node_group, cluster.addons["coredns"]]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -42,3 +42,14 @@ def apply_object(name: str, obj: Mapping[str, Any], opts: pulumi.ResourceOptions
         resource_class = getattr(module, kind)
         return resource_class(name, opts=opts, **{_snake(k): v for k, v in fields.items()})
     return k8s.apiextensions.CustomResource(name, api_version=api_version, kind=kind, opts=opts, **fields)
+
+
+def apply_namespace_objects(
+    prefix: str, objects: Sequence[Mapping[str, Any]], parent: pulumi.Resource,
+) -> tuple[pulumi.CustomResource, list[pulumi.CustomResource]]:
+    """A namespace and the objects that live in it (``namespace_objects``: the namespace first),
+    named ``<prefix>-namespace`` and ``<prefix>-netpol-<name>``; the rest wait for the namespace."""
+    namespace = apply_object(f"{prefix}-namespace", objects[0], pulumi.ResourceOptions(parent=parent))
+    in_namespace = pulumi.ResourceOptions(parent=parent, depends_on=[namespace])
+    return namespace, [apply_object(f"{prefix}-netpol-{obj['metadata']['name']}", obj, in_namespace)
+                       for obj in objects[1:]]

@@ -19,7 +19,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from components.cluster import Cluster, pod_identity_role
-from components.k8s import apply_object
+from components.k8s import apply_namespace_objects, apply_object
 from components.versions import KARPENTER_CHART, KARPENTER_CRD_CHART, KARPENTER_VERSION
 from workloads.placement import system_pod_placement
 from workloads.system_namespaces import (
@@ -339,10 +339,7 @@ class Karpenter(pulumi.ComponentResource):
         cluster = args.cluster
         child = pulumi.ResourceOptions(parent=self)
         objects = namespace_objects(namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr))
-        self.namespace = apply_object(f"{name}-namespace", objects[0], child)
-        in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
-        self.network_policies = [
-            apply_object(f"{name}-netpol-{obj['metadata']['name']}", obj, in_namespace) for obj in objects[1:]]
+        self.namespace, self.network_policies = apply_namespace_objects(name, objects, self)
         self.flow_schemas = [apply_object(f"{name}-flowschema-{obj['metadata']['name']}", obj, child)
                              for obj in karpenter_flow_schemas(NAMESPACE, SERVICE_ACCOUNT)]
 

@@ -12,7 +12,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.cluster import Cluster
-from components.k8s import apply_object
+from components.k8s import apply_namespace_objects, apply_object
 from components.versions import KUEUE_CHART, KUEUE_VERSION
 from workloads import kueue, scheduling
 from workloads.placement import system_pod_placement
@@ -77,10 +77,7 @@ class Scheduling(pulumi.ComponentResource):
 
         cluster = args.cluster
         objects = namespace_objects(kueue_namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr))
-        self.kueue_namespace = apply_object(f"{name}-kueue-namespace", objects[0], child)
-        in_kueue_ns = pulumi.ResourceOptions(parent=self, depends_on=[self.kueue_namespace])
-        self.kueue_network_policies = [
-            apply_object(f"{name}-kueue-netpol-{obj['metadata']['name']}", obj, in_kueue_ns) for obj in objects[1:]]
+        self.kueue_namespace, self.kueue_network_policies = apply_namespace_objects(f"{name}-kueue", objects, self)
         # The atomic release waits for the manager's pods: they need nodes and DNS.
         self.kueue = k8s.helm.v3.Release(
             f"{name}-kueue", name="kueue", chart=KUEUE_CHART, version=KUEUE_VERSION,

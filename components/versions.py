@@ -107,6 +107,11 @@ DCGM_EXPORTER_VERSION = "4.1.1"
 PROMETHEUS_OPERATOR_CRDS_REPO = "https://prometheus-community.github.io/helm-charts"
 PROMETHEUS_OPERATOR_CRDS_VERSION = "31.0.1"
 EKS_CHARTS_REPO = "https://aws.github.io/eks-charts"
+# CloudWatch agent + its operator for Container Insights (enhanced observability), the source of
+# the GPU-idle alarm's metric: aws-observability/helm-charts chart amazon-cloudwatch-observability
+# 6.2.0 ("Release 6.2.0", #315, 2026-06-10), the chart behind EKS add-on v6.2.0-eksbuild.1.
+CLOUDWATCH_OBSERVABILITY_REPO = "https://aws-observability.github.io/helm-charts"
+CLOUDWATCH_OBSERVABILITY_VERSION = "6.2.0"
 EFA_DEVICE_PLUGIN_VERSION = "v0.5.6"
 KUEUE_CHART = "oci://registry.k8s.io/kueue/charts/kueue"
 KUEUE_VERSION = "0.19.2"

@@ -139,6 +139,13 @@ def storage_and_keys(recording: Recording) -> Iterator[CostLine]:
         yield _monthly(f"Secrets Manager secrets ({secrets})", secrets, "secret_month")
 
 
+def alarms(recording: Recording) -> Iterator[CostLine]:
+    """CloudWatch bills each standard-resolution alarm per metric it evaluates, monthly."""
+    found = recording.by_type("aws:cloudwatch/metricAlarm:MetricAlarm")
+    if found:
+        yield _monthly(f"CloudWatch alarms ({len(found)})", len(found), "cloudwatch_alarm_metric_month")
+
+
 def gpu_pool_rates(config: PlatformConfig) -> list[str]:
     lines = []
     for pool in getattr(config, "gpu_pools", None) or []:

@@ -6,7 +6,6 @@ warnings for any setting that lets Karpenter (or quotas) disturb running trainin
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Iterable, Iterator, Optional
 
 from components.gpu_enablement import GpuEnablement, GpuEnablementArgs
@@ -19,7 +18,7 @@ from infra.mock_engine import Recording, RecordedResource
 from infra.platform import Platform
 from workloads import kueue, scheduling
 from workloads.gpu_catalog import SPOT_NOTICE_SECONDS, gpu_type
-from workloads.karpenter import CapacityType, CpuPoolSpec, GpuPoolSpec
+from workloads.karpenter import CapacityType, CpuPoolSpec, GpuPoolSpec, duration_seconds
 
 NODE_POOL_TYPE = "kubernetes:karpenter.sh/v1:NodePool"
 
@@ -119,13 +118,6 @@ def deploy(platform: Platform) -> dict[str, Any]:
 
 
 # -- offline plan ------------------------------------------------------------------------
-def _seconds(duration: str) -> Optional[int]:
-    if duration == "Never":
-        return None
-    units = {"s": 1, "m": 60, "h": 3600}
-    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([smh])", duration))
-
-
 def recorded_gpu_node_pools(recording: Recording) -> list[RecordedResource]:
     return [r for r in recording.by_type(NODE_POOL_TYPE)
             if r.inputs.get("metadata", {}).get("name", "").startswith("gpu-")]
@@ -145,7 +137,7 @@ def eviction_risks(config: PlatformConfig, node_pool: dict[str, Any]) -> Iterato
     if not blocks_drift:
         yield (f"GPU pool {name}: no disruption budget with nodes \"0\" for Drifted: an AMI or pool change drains "
                "running training; add {nodes: \"0\", reasons: [Drifted]}")
-    grace = _seconds(template.get("terminationGracePeriod") or "0s") or 0
+    grace = duration_seconds(template.get("terminationGracePeriod")) or 0
     requirements = {r["key"]: r.get("values", []) for r in template.get("requirements", [])}
     capacity = requirements.get("karpenter.sh/capacity-type", [])
     if grace < 30:
@@ -155,7 +147,7 @@ def eviction_risks(config: PlatformConfig, node_pool: dict[str, Any]) -> Iterato
                "the instance disappears before the grace period ends")
     if config.is_prod and capacity == ["spot"]:
         yield f"GPU pool {name}: spot only in prod; add on-demand (or reserved) as a fallback"
-    expire = _seconds(template.get("expireAfter") or "Never")
+    expire = duration_seconds(template.get("expireAfter"))
     if expire is not None and expire < 24 * 3600:
         yield (f"GPU pool {name}: expireAfter {template.get('expireAfter')} recycles nodes daily or faster; "
                "every expiry interrupts running training")

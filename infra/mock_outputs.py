@@ -64,6 +64,14 @@ def _hosted_zone(name: str, inputs: dict, account: str, region: str, digest: str
     return {"zoneId": f"Z{digest[:20].upper()}"}
 
 
+def _sns_topic(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    return {"arn": f"arn:aws:sns:{region}:{account}:{inputs.get('name', name)}"}
+
+
+def _metric_alarm(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    return {"arn": f"arn:aws:cloudwatch:{region}:{account}:alarm:{inputs.get('name', name)}"}
+
+
 # Read by ``infra.mock_engine`` on top of its generic per-type outputs.
 TYPE_OUTPUTS: dict[str, Callable[[str, dict, str, str, str], dict]] = {
     "aws:ec2/vpcEndpoint:VpcEndpoint": _vpc_endpoint_outputs,
@@ -74,4 +82,6 @@ TYPE_OUTPUTS: dict[str, Callable[[str, dict, str, str, str], dict]] = {
     "aws:ecr/repository:Repository": _ecr,
     "aws:serverlessrepository/cloudFormationStack:CloudFormationStack": _serverless_app,
     "aws:route53/zone:Zone": _hosted_zone,
+    "aws:sns/topic:Topic": _sns_topic,
+    "aws:cloudwatch/metricAlarm:MetricAlarm": _metric_alarm,
 }

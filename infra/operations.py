@@ -1,49 +1,103 @@
-"""Operations capability: a monthly AWS Budget per account, alerts by e-mail."""
+"""Operations capability: a monthly AWS Budget per account, and an alarm on idle GPU nodes.
+
+Both alert by e-mail. The alarm reads Container Insights, which this capability installs with it.
+"""
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any, Iterator
 
 import pulumi
 
 from components.budgets import AccountBudget, AccountBudgetArgs
+from components.container_insights import ContainerInsights, ContainerInsightsArgs
+from components.gpu_idle_alarm import METRIC_NAME, GpuIdleAlarm, GpuIdleAlarmArgs
+from infra import costs
 from infra.capability import Capability
 from infra.config import PlatformConfig
+from infra.costs import CostLine
 from infra.mock_engine import Recording
 from infra.platform import Platform
+from workloads.karpenter import duration_seconds
 
 
 def deploy(platform: Platform) -> dict[str, Any]:
+    outputs: dict[str, Any] = {}
     budgets = platform.config.budgets
-    if budgets is None:
-        return {}
-    names = {}
-    for key, limit in sorted(budgets.monthly_limit_usd.items()):
-        account = key.value
-        budget = AccountBudget(
-            f"{platform.config.name}-{account}-monthly",
-            AccountBudgetArgs(limit_usd=limit, alert_emails=list(budgets.alert_emails),
-                              actual_thresholds_percent=list(budgets.actual_thresholds_percent),
-                              forecast_threshold_percent=budgets.forecast_threshold_percent,
-                              tags=platform.config.resource_tags),
-            # A budget sees the costs of the account it is created in.
-            opts=pulumi.ResourceOptions(providers={"aws": getattr(platform.providers, account)}),
-        )
-        names[account] = budget.budget.name
-    return {"budgets": names}
+    if budgets is not None:
+        names = {}
+        for key, limit in sorted(budgets.monthly_limit_usd.items()):
+            account = key.value
+            budget = AccountBudget(
+                f"{platform.config.name}-{account}-monthly",
+                AccountBudgetArgs(limit_usd=limit, alert_emails=list(budgets.alert_emails),
+                                  actual_thresholds_percent=list(budgets.actual_thresholds_percent),
+                                  forecast_threshold_percent=budgets.forecast_threshold_percent,
+                                  tags=platform.config.resource_tags),
+                # A budget sees the costs of the account it is created in.
+                opts=pulumi.ResourceOptions(providers={"aws": getattr(platform.providers, account)}),
+            )
+            names[account] = budget.budget.name
+        outputs["budgets"] = names
+    alarm_config = platform.config.gpu_idle_alarm
+    if alarm_config is not None:
+        config = platform.config
+        insights = ContainerInsights(
+            f"{config.name}-container-insights",
+            ContainerInsightsArgs(cluster=platform.cluster, region=config.region, tags=config.resource_tags),
+            opts=platform.kubernetes_opts())
+        # The metric lives in the cluster's account and region, so the alarm does too.
+        alarm = GpuIdleAlarm(
+            f"{config.name}-gpu-idle",
+            GpuIdleAlarmArgs(container_insights=insights, idle_minutes=alarm_config.idle_minutes,
+                             alert_emails=list(alarm_config.alert_emails), protect=config.protect_stateful,
+                             tags=config.resource_tags),
+            opts=platform.workload_opts())
+        outputs["gpu_idle_alarm"] = alarm.alarm.name
+    return outputs
 
 
 def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tuple[str, list[str]]]:
     if config.budgets is None:
         yield "Budgets", ["none: set `budgets` to be alerted when an account's monthly spend runs away"]
+    else:
+        lines: list[str] = []
+        for key, limit in sorted(config.budgets.monthly_limit_usd.items()):
+            account = key.value
+            alerts = ", ".join(f"{p:g}%" for p in config.budgets.actual_thresholds_percent)
+            forecast = (f", forecast {config.budgets.forecast_threshold_percent:g}%"
+                        if config.budgets.forecast_threshold_percent else "")
+            lines.append(f"{account}: ${limit:,.0f}/month, alerts at {alerts}{forecast} to "
+                         f"{len(config.budgets.alert_emails)} address(es)")
+        yield "Budgets", lines
+    alarm = config.gpu_idle_alarm
+    if alarm is None:
+        yield "GPU idle alarm", ["none: set `gpuIdleAlarm` to be told when a GPU node runs with no GPU work"]
         return
-    lines: list[str] = []
-    for key, limit in sorted(config.budgets.monthly_limit_usd.items()):
-        account = key.value
-        alerts = ", ".join(f"{p:g}%" for p in config.budgets.actual_thresholds_percent)
-        forecast = (f", forecast {config.budgets.forecast_threshold_percent:g}%"
-                    if config.budgets.forecast_threshold_percent else "")
-        lines.append(f"{account}: ${limit:,.0f}/month, alerts at {alerts}{forecast} to {len(config.budgets.alert_emails)} address(es)")
-    yield "Budgets", lines
+    yield "GPU idle alarm", [
+        f"fires when a GPU node has had no pod holding a GPU for {alarm.idle_minutes} minutes "
+        f"(Container Insights {METRIC_NAME}, cluster minimum, 1-minute periods); "
+        f"{len(alarm.alert_emails)} address(es) by e-mail (SNS, KMS-encrypted)",
+        "Container Insights (enhanced observability) is billed per observation, tiered "
+        "(https://aws.amazon.com/cloudwatch/pricing/): not in the idle total below; it grows with pods and nodes",
+    ]
 
 
-CAPABILITY = Capability("operations", deploy=deploy, plan_sections=plan_sections)
+def warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
+    if config.gpu_idle_alarm is None:
+        if config.gpu_pools:
+            yield ("gpuIdleAlarm is not set: a GPU node that Karpenter does not remove (do-not-disrupt pods, "
+                   "consolidateAfter: Never) runs, billed, until someone notices")
+        return
+    for pool in config.gpu_pools:
+        if duration_seconds(pool.consolidate_after) is None:
+            yield (f"GPU pool {pool.name}: consolidateAfter Never keeps empty nodes, so the GPU idle alarm fires "
+                   f"{config.gpu_idle_alarm.idle_minutes} minutes after each of its nodes empties")
+
+
+def cost_lines(recording: Recording, today: dt.date) -> Iterator[CostLine]:
+    yield from costs.alarms(recording)
+
+
+CAPABILITY = Capability("operations", deploy=deploy, plan_sections=plan_sections, warnings=warnings,
+                        cost_lines=cost_lines)

@@ -7,6 +7,7 @@ grace period is sized to the checkpoint budget (below the 2-minute spot notice).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Mapping, Optional, Sequence
@@ -135,6 +136,14 @@ class CpuPoolSpec:
     @property
     def resource_name(self) -> str:
         return f"cpu-{self.name}"
+
+
+def duration_seconds(duration: Optional[str]) -> Optional[int]:
+    """Seconds of a Karpenter duration ("10m", "1h30m", "90s"); None for "Never" or unset."""
+    if not duration or duration == "Never":
+        return None
+    units = {"s": 1, "m": 60, "h": 3600}
+    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([smh])", str(duration)))
 
 
 def _requirement(key: str, values: Sequence[str], operator: str = "In") -> dict[str, Any]:

@@ -11,13 +11,13 @@ WorkflowTemplate step can call it the same way the ``submit`` command does.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from workloads.fsx import CLAIM_NAME
 from workloads.karpenter import (
     CAPACITY_TYPE_KEY, FAMILY_KEY, GPU_COUNT_KEY, GPU_NAME_KEY, GPU_RESOURCE, GPU_TYPE_LABEL, INSTANCE_TYPE_KEY, POOL_LABEL,
+    duration_seconds,
 )
 
 # The Secret each team namespace receives from the tracking capability (components/tracking.py
@@ -103,13 +103,6 @@ class PlatformFacts:
 
 
 # -- reading manifests ------------------------------------------------------------------
-def _seconds(duration: Optional[str]) -> int:
-    if not duration or duration == "Never":
-        return 0
-    units = {"s": 1, "m": 60, "h": 3600}
-    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([smh])", str(duration)))
-
-
 def _quantity_gib(value: Any) -> float:
     text = str(value)
     factors = {"Ki": 1 / 1024**2, "Mi": 1 / 1024, "Gi": 1.0, "Ti": 1024.0}
@@ -154,7 +147,7 @@ def _gpu_pools(manifests: Sequence[Mapping[str, Any]], flavors: Mapping[str, Map
             instance_types=tuple(requirements.get(INSTANCE_TYPE_KEY) or _instance_types(requirements)),
             capacity_types=tuple(requirements.get(CAPACITY_TYPE_KEY, [])),
             node_labels=labels, taints=tuple(dict(t) for t in spec.get("taints", [])),
-            termination_grace_period_seconds=_seconds(spec.get("terminationGracePeriod")),
+            termination_grace_period_seconds=duration_seconds(spec.get("terminationGracePeriod")) or 0,
             max_gpus=int(str((m["spec"].get("limits") or {}).get(GPU_RESOURCE, "0"))),
             efa_devices_per_node=efa_devices, kueue_flavor=_name(flavor) if flavor else None,
         ))

@@ -91,6 +91,7 @@ STACK_PRICES: Mapping[str, UnitPrice] = {
     "s3_standard_gb_month": UnitPrice(0.023, "GB-month of S3 Standard (first 50 TB)", "https://aws.amazon.com/s3/pricing/"),
     "kms_key_month": UnitPrice(1.00, "customer-managed key-month", "https://aws.amazon.com/kms/pricing/"),
     "secret_month": UnitPrice(0.40, "secret-month", "https://aws.amazon.com/secrets-manager/pricing/"),
+    "cloudwatch_alarm_metric_month": UnitPrice(0.10, "standard-resolution alarm metric-month", "https://aws.amazon.com/cloudwatch/pricing/"),
 }
 
 # On-demand prices of the CPU instance types the stacks' static node groups use.

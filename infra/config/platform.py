@@ -7,8 +7,9 @@ from typing import Any, Iterable, Optional
 
 from pydantic import Field
 
-from infra.config import accounts, budgets, cluster, datasets, gitops, gpu, log_archive, network, scheduling, tracking
+from infra.config import accounts, alarms, budgets, cluster, datasets, gitops, gpu, log_archive, network, scheduling, tracking
 from infra.config.accounts import AccountsConfig
+from infra.config.alarms import GpuIdleAlarmConfig
 from infra.config.budgets import BudgetsConfig
 from infra.config.cluster import ClusterConfig
 from infra.config.common import PROD_OBJECT_LOCK_RETENTION_DAYS, Environment, PlatformName, Region, Tags, _Model
@@ -41,6 +42,8 @@ class PlatformConfig(_Model):
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig, description="Training operators (training capability).")
     budgets: Optional[BudgetsConfig] = Field(None, description="AWS Budgets per account (operations capability).")
+    gpu_idle_alarm: Optional[GpuIdleAlarmConfig] = Field(None, description=(
+        "Alarm on GPU nodes idle longer than N minutes (operations capability)."))
     gitops: Optional[GitopsConfig] = Field(None, description="Argo CD + Argo Workflows (gitops capability).")
 
     # -- derived values: one place decides what "prod" means ------------------------------
@@ -77,7 +80,7 @@ class PlatformConfig(_Model):
 
 RULES: tuple[Rule, ...] = (
     *accounts.RULES, *network.RULES, *log_archive.RULES, *cluster.RULES, *datasets.RULES, *tracking.RULES,
-    *gpu.RULES, *scheduling.RULES, *budgets.RULES, *gitops.RULES,
+    *gpu.RULES, *scheduling.RULES, *budgets.RULES, *alarms.RULES, *gitops.RULES,
 )
 
 

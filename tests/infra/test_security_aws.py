@@ -31,6 +31,7 @@ FLOW_LOG = "aws:ec2/flowLog:FlowLog"
 DRA = "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation"
 FILE_SYSTEM = "aws:fsx/lustreFileSystem:LustreFileSystem"
 QUEUE_POLICY = "aws:sqs/queuePolicy:QueuePolicy"
+TOPIC_POLICY = "aws:sns/topicPolicy:TopicPolicy"
 LOAD_BALANCER = "aws:lb/loadBalancer:LoadBalancer"
 TLS = {"aws:SecureTransport": "true"}
 
@@ -373,7 +374,7 @@ CONTEXT_SCOPED = {"logs.": "kms:EncryptionContext:aws:logs:arn"}
 
 
 def _resource_policies(graph) -> Iterable[tuple[str, dict]]:
-    for r in graph.all(BUCKET_POLICY) + graph.all(KEY_POLICY) + graph.all(QUEUE_POLICY):
+    for r in graph.all(BUCKET_POLICY) + graph.all(KEY_POLICY) + graph.all(QUEUE_POLICY) + graph.all(TOPIC_POLICY):
         yield r.name, json.loads(r.inputs["policy"])
     for key in graph.all(KEY):
         if key.inputs.get("policy"):

@@ -1,0 +1,154 @@
+"""CloudWatch Container Insights (enhanced observability) for the platform cluster.
+
+The CloudWatch agent runs as a DaemonSet on every node, GPU nodes included, and publishes
+per-node metrics to the ``ContainerInsights`` namespace. The operations capability alarms on
+one of them (``node_gpu_reserved_capacity``, see ``components.gpu_idle_alarm``); the rest feed
+CloudWatch's Container Insights dashboards.
+
+Installed from AWS's own Helm chart (aws-observability/helm-charts ``amazon-cloudwatch-observability``,
+the chart behind the EKS add-on of the same name): its ``values.yaml`` and templates are what the
+values below were checked against, which the add-on's configuration schema could not be offline.
+What is switched off, and why:
+
+- Container logs (Fluent Bit): it would create ``/aws/containerinsights/<cluster>/*`` log groups
+  itself (``auto_create_group``), without a retention or a KMS key.
+- Application Signals: with it the operator auto-instruments every Java/Python/.NET/Node
+  workload in the cluster (``manager.applicationSignals.autoMonitor.monitorAllServices``).
+- The chart's DCGM exporter and Neuron monitor: ``gpu_enablement`` already runs the DCGM exporter
+  on GPU nodes, and two embedded DCGM host engines on one GPU fail to load the profiling module
+  (NVIDIA/dcgm-exporter issues #7 and #61). The GPU *allocation* metrics the alarm uses come from
+  the Kubernetes API, not DCGM (amazon-contributing/opentelemetry-collector-contrib
+  ``awscontainerinsightreceiver/internal/stores/podstore.go``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from components.cluster import Cluster, pod_identity_role
+from components.k8s import apply_namespace_objects
+from components.versions import CLOUDWATCH_OBSERVABILITY_REPO, CLOUDWATCH_OBSERVABILITY_VERSION
+from workloads.placement import system_node_selector, system_tolerations
+from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
+
+NAMESPACE = "amazon-cloudwatch"
+RELEASE = "amazon-cloudwatch-observability"
+# The chart names the agent's ServiceAccount after the agent ("cloudwatch-agent.serviceAccountName"
+# in its _helpers.tpl); AWS's add-on guide associates this name with the Pod Identity role.
+AGENT_SERVICE_ACCOUNT = "cloudwatch-agent"
+# The AWS-managed policy the Container Insights guides attach to the agent's role.
+AGENT_MANAGED_POLICY = "CloudWatchAgentServerPolicy"
+# The chart's operator: admission webhook (manager.ports.webhookPort) and health probes.
+OPERATOR_WEBHOOK_PORT = 9443
+OPERATOR_HEALTH_PORT = 8081
+POD_SECURITY_REASON = (
+    "node agent: the CloudWatch agent DaemonSet runs with hostNetwork and mounts the node's root "
+    "filesystem, container runtime socket and /sys (hostPath) to read cgroup and kubelet stats; "
+    "baseline forbids host namespaces and hostPath"
+)
+
+
+def namespace_spec(vpc_cidr: str, service_cidr: str) -> SystemNamespaceSpec:
+    # The agent itself uses the host network, where NetworkPolicy does not apply; these
+    # policies govern the operator, which only talks to the API server.
+    return SystemNamespaceSpec(
+        name=NAMESPACE, pod_security=PodSecurityLevel.PRIVILEGED, pod_security_reason=POD_SECURITY_REASON,
+        vpc_cidr=vpc_cidr, service_cidr=service_cidr,
+        api_server_ingress_ports=(OPERATOR_WEBHOOK_PORT,), probe_ports=(OPERATOR_HEALTH_PORT,),
+    )
+
+
+def agent_config() -> dict[str, Any]:
+    """The CloudWatch agent's JSON config: Container Insights with enhanced observability and
+    the accelerated-compute (GPU) metrics, nothing else (no Application Signals).
+
+    ``node_gpu_*`` metrics are only published with both flags on (amazon-cloudwatch-agent
+    ``translator/translate/otel/exporter/awsemf/kubernetes.go``, getNodeMetricDeclarations).
+    """
+    return {"logs": {"metrics_collected": {"kubernetes": {
+        "enhanced_container_insights": True,
+        "accelerated_compute_metrics": True,
+    }}}}
+
+
+def helm_values(*, cluster_name: pulumi.Input[str], region: str) -> dict[str, Any]:
+    """Values of the amazon-cloudwatch-observability chart (keys as in its values.yaml)."""
+    return {
+        # Container Insights names every metric's ClusterName dimension after this value.
+        "clusterName": cluster_name,
+        "region": region,
+        "containerInsights": {"enabled": True},
+        "containerLogs": {"enabled": False},
+        "applicationSignals": {"enabled": False},
+        "dcgmExporter": {"enabled": False},
+        "neuronMonitor": {"enabled": False},
+        "agent": {"config": agent_config()},
+        # The operator runs on the static system nodes. The chart's root toleration
+        # (operator: Exists) stays for the agent DaemonSet, which must reach tainted GPU nodes;
+        # the operator's own list defaults to [] and would not tolerate the system taint.
+        "manager": {
+            "nodeSelector": system_node_selector(),
+            "tolerations": system_tolerations(),
+            "applicationSignals": {"autoMonitor": {"monitorAllServices": False}},
+        },
+    }
+
+
+@dataclass(frozen=True)
+class ContainerInsightsArgs:
+    """The CloudWatch agent (Container Insights) on the platform cluster.
+
+    cluster: the platform cluster; the release waits for its system nodes, CoreDNS and the Pod
+        Identity agent.
+    region: the cluster's region (the chart requires it; the agent publishes there).
+    tags: on every AWS resource.
+    """
+
+    cluster: Cluster
+    region: str
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.region:
+            raise ValueError("ContainerInsightsArgs.region: the chart needs the cluster's region, e.g. us-west-2")
+
+
+class ContainerInsights(pulumi.ComponentResource):
+    """The amazon-cloudwatch-observability release with its Pod Identity role and namespace."""
+
+    def __init__(self, name: str, args: ContainerInsightsArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("mlplatform:container_insights:ContainerInsights", name, None, opts)
+        cluster = args.cluster
+        tags = dict(args.tags)
+        partition = aws.get_partition_output(opts=pulumi.InvokeOutputOptions(parent=self)).partition
+
+        self.agent_role = pod_identity_role(
+            f"{name}-agent", cluster_arn=cluster.eks_cluster.eks_cluster.arn, namespace=NAMESPACE,
+            service_account=AGENT_SERVICE_ACCOUNT, parent=self, tags=tags,
+            managed_policy_arns=[pulumi.Output.concat("arn:", partition, ":iam::aws:policy/", AGENT_MANAGED_POLICY)])
+        self.pod_identity = aws.eks.PodIdentityAssociation(
+            f"{name}-agent-identity", cluster_name=cluster.cluster_name, namespace=NAMESPACE,
+            service_account=AGENT_SERVICE_ACCOUNT, role_arn=self.agent_role.arn, tags=tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.addons["eks-pod-identity-agent"]]),
+        )
+
+        objects = namespace_objects(namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr))
+        self.namespace, self.network_policies = apply_namespace_objects(name, objects, self)
+
+        self.release = k8s.helm.v3.Release(
+            f"{name}-chart", name=RELEASE, chart=RELEASE, version=CLOUDWATCH_OBSERVABILITY_VERSION,
+            repository_opts={"repo": CLOUDWATCH_OBSERVABILITY_REPO}, namespace=NAMESPACE,
+            values=helm_values(cluster_name=cluster.cluster_name, region=args.region),
+            atomic=True, cleanup_on_fail=True, timeout=600,
+            # The agent must start with its credentials (no node-role fallback is granted), and
+            # Helm waits for pods that need the system nodes and DNS.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[
+                self.namespace, *self.network_policies, self.pod_identity,
+                cluster.node_group, cluster.addons["coredns"]]),
+        )
+        self.cluster_name = cluster.cluster_name
+        self.register_outputs({"release_status": self.release.status, "agent_role_arn": self.agent_role.arn})
