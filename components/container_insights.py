@@ -52,6 +52,13 @@ POD_SECURITY_REASON = (
 )
 
 
+def performance_log_group_name(cluster_name: str) -> str:
+    """Where the agent writes its performance events (embedded metric format), from which CloudWatch
+    extracts the metrics: amazon-cloudwatch-agent ``awsemf_default_kubernetes.yaml``. The agent
+    creates it when missing, with no retention and no key, so the platform creates it first."""
+    return f"/aws/containerinsights/{cluster_name}/performance"
+
+
 def namespace_spec(vpc_cidr: str, service_cidr: str) -> SystemNamespaceSpec:
     # The agent itself uses the host network, where NetworkPolicy does not apply; these
     # policies govern the operator, which only talks to the API server.
@@ -105,11 +112,16 @@ class ContainerInsightsArgs:
     cluster: the platform cluster; the release waits for its system nodes, CoreDNS and the Pod
         Identity agent.
     region: the cluster's region (the chart requires it; the agent publishes there).
+    log_retention_days: retention of the performance log group.
+    log_kms_key: the key of the account's log groups (it must admit
+        ``performance_log_group_name(cluster name)``); None: CloudWatch Logs' own encryption.
     tags: on every AWS resource.
     """
 
     cluster: Cluster
     region: str
+    log_retention_days: int = 30
+    log_kms_key: Optional[aws.kms.Key] = None
     tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -136,6 +148,12 @@ class ContainerInsights(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.addons["eks-pod-identity-agent"]]),
         )
 
+        self.performance_logs = aws.cloudwatch.LogGroup(
+            f"{name}-performance-logs", name=performance_log_group_name(cluster.args.cluster_name),
+            retention_in_days=args.log_retention_days,
+            kms_key_id=args.log_kms_key.arn if args.log_kms_key is not None else None, tags=tags,
+            opts=pulumi.ResourceOptions(parent=self))
+
         objects = namespace_objects(namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr))
         self.namespace, self.network_policies = apply_namespace_objects(name, objects, self)
 
@@ -147,7 +165,7 @@ class ContainerInsights(pulumi.ComponentResource):
             # The agent must start with its credentials (no node-role fallback is granted), and
             # Helm waits for pods that need the system nodes and DNS.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[
-                self.namespace, *self.network_policies, self.pod_identity,
+                self.namespace, *self.network_policies, self.pod_identity, self.performance_logs,
                 cluster.node_group, cluster.addons["coredns"]]),
         )
         self.cluster_name = cluster.cluster_name

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import pulumi
 
 from components.budgets import AccountBudget, AccountBudgetArgs
-from components.container_insights import ContainerInsights, ContainerInsightsArgs
+from components.container_insights import ContainerInsights, ContainerInsightsArgs, performance_log_group_name
 from components.gpu_idle_alarm import METRIC_NAME, GpuIdleAlarm, GpuIdleAlarmArgs
 from infra import costs
 from infra.capability import Capability
@@ -44,7 +44,10 @@ def deploy(platform: Platform) -> dict[str, Any]:
         config = platform.config
         insights = ContainerInsights(
             f"{config.name}-container-insights",
-            ContainerInsightsArgs(cluster=platform.cluster, region=config.region, tags=config.resource_tags),
+            ContainerInsightsArgs(cluster=platform.cluster, region=config.region,
+                                  log_retention_days=alarm_config.log_retention_days,
+                                  log_kms_key=platform.log_group_key.key if platform.log_group_key else None,
+                                  tags=config.resource_tags),
             opts=platform.kubernetes_opts())
         # The metric lives in the cluster's account and region, so the alarm does too.
         alarm = GpuIdleAlarm(
@@ -55,6 +58,11 @@ def deploy(platform: Platform) -> dict[str, Any]:
             opts=platform.workload_opts())
         outputs["gpu_idle_alarm"] = alarm.alarm.name
     return outputs
+
+
+def log_group_names(config: PlatformConfig) -> list[str]:
+    """CloudWatch log groups this capability creates (the platform's log key must admit them)."""
+    return [performance_log_group_name(config.cluster_name)] if config.gpu_idle_alarm is not None else []
 
 
 def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tuple[str, list[str]]]:

@@ -5,9 +5,10 @@ from typing import Iterator, Optional
 
 from pydantic import Field, field_validator
 
+from components.container_insights import ContainerInsightsArgs
 from components.gpu_idle_alarm import MAX_IDLE_MINUTES, malformed_emails
 from components.validation import Problem
-from infra.config.common import _Model
+from infra.config.common import _Model, check_log_retention, prod_retention_rule
 from infra.config.engine import Rule, invalid
 from infra.config.gpu import GpuPoolConfig
 from workloads.karpenter import duration_seconds
@@ -25,6 +26,14 @@ class GpuIdleAlarmConfig(_Model):
         "Minutes a GPU node may run with no pod holding a GPU before the alarm fires; longer than every "
         "pool's consolidateAfter plus 5."))
     alert_emails: list[str] = Field(min_length=1, description="Who is notified (each confirms the SNS subscription).")
+
+    log_retention_days: int = Field(ContainerInsightsArgs.log_retention_days, description=(
+        "Retention of Container Insights' performance log group (the alarm's data); prod: 365 or more."))
+
+    @field_validator("log_retention_days")
+    @classmethod
+    def _retention(cls, value: int) -> int:
+        return check_log_retention(value)
 
     @field_validator("alert_emails")
     @classmethod
@@ -56,4 +65,5 @@ def _longer_than_consolidation(alarm: Optional[GpuIdleAlarmConfig], pools: list[
 # Listed in the order the loader runs them (infra.config.platform.RULES).
 RULES: tuple[Rule, ...] = (
     Rule(("gpuIdleAlarm", "gpuPools"), _longer_than_consolidation),
+    prod_retention_rule("gpuIdleAlarm.logRetentionDays"),
 )

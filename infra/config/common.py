@@ -171,9 +171,3 @@ def prod_retention_rule(path: str) -> Rule:
                           f"use one of {allowed}")
 
     return Rule(("environment", path), rule)
-
-
-def check_log_retention(value: int) -> int:
-    if value not in LOG_RETENTION_DAYS:
-        raise invalid(f"is not a retention period {RETENTION_SOURCE} accepts", f"use one of {LOG_RETENTION_DAYS}")
-    return value

@@ -157,6 +157,17 @@ def test_agent_credentials_are_its_own_and_in_place_before_it_starts(plan):
     assert release.urn in _alarm(plan).dependencies
 
 
+def test_agent_writes_into_a_log_group_made_before_it_with_retention_and_key(plan):
+    """The agent's awsemf exporter writes /aws/containerinsights/<ClusterName>/performance and
+    creates it when missing, with no retention and no key (awsemf_default_kubernetes.yaml)."""
+    release = _chart(plan)
+    name = f"/aws/containerinsights/{release.inputs['values']['clusterName']}/performance"
+    (group,) = [g for g in plan.recording.by_type("aws:cloudwatch/logGroup:LogGroup") if g.inputs["name"] == name]
+    assert group.urn in release.dependencies
+    assert group.inputs["retentionInDays"] == plan.config.gpu_idle_alarm.log_retention_days
+    assert group.inputs.get("kmsKeyId"), "encrypted with the platform's log key (which must admit it)"
+
+
 def test_only_this_alarm_can_notify_through_the_encrypted_topic(plan):
     alarm = _alarm(plan)
     (topic,) = plan.recording.by_type(TOPIC)
@@ -209,11 +220,19 @@ def test_alarm_shorter_than_a_pools_consolidation_is_refused_with_the_minimum():
 
 def test_bad_alarm_settings_are_refused_all_at_once():
     with pytest.raises(ConfigError) as info:
-        load_platform_config(_with_alarm(idleMinutes=1441, alertEmails=["not-an-address"], extra=1))
+        load_platform_config(_with_alarm(idleMinutes=1441, alertEmails=["not-an-address"], logRetentionDays=13, extra=1))
     text = str(info.value)
-    for expected in ("gpuIdleAlarm.idleMinutes", "1441", "gpuIdleAlarm.alertEmails", "not-an-address", "extra"):
+    for expected in ("gpuIdleAlarm.idleMinutes", "1441", "gpuIdleAlarm.alertEmails", "not-an-address",
+                     "gpuIdleAlarm.logRetentionDays", "extra"):
         assert expected in text, expected
     assert "Traceback" not in text
+
+
+def test_prod_keeps_the_performance_logs_a_year():
+    raw = stack_config("prod")
+    raw["gpuIdleAlarm"] = {**raw["gpuIdleAlarm"], "logRetentionDays": 30}
+    with pytest.raises(ConfigError, match="gpuIdleAlarm.logRetentionDays"):
+        load_platform_config(raw)
 
 
 def test_never_consolidating_pool_is_warned_about(plan_config):
