@@ -116,9 +116,9 @@ class LogGroupKey(pulumi.ComponentResource):
     def __init__(self, name: str, args: LogGroupKeyArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("mlplatform:kms:LogGroupKey", name, None, opts)
         invoke = pulumi.InvokeOutputOptions(parent=self)
-        partition = aws.get_partition_output(opts=invoke).partition
+        partition_info = aws.get_partition_output(opts=invoke)
+        partition, dns_suffix = partition_info.partition, partition_info.dns_suffix
         region = aws.get_region_output(opts=invoke).region
-        dns_suffix = aws.get_partition_output(opts=invoke).dns_suffix
         account_id = aws.get_caller_identity_output(opts=invoke).account_id
         arns = [log_group_arn(partition, region, account_id, n) for n in args.log_group_names]
         self.key = create_key(

@@ -103,6 +103,17 @@ class MlflowServerSettings:
             raise ValueError("MlflowServerSettings.database_secret_id: the server reads its database password from this secret")
 
 
+def _database_environment(settings: MlflowServerSettings) -> dict[str, str]:
+    """Where the database is and who connects: the server and the bootstrap container alike."""
+    return {
+        "MLFLOW_DB_HOST": settings.database_host,
+        "MLFLOW_DB_PORT": str(settings.database_port),
+        "MLFLOW_DB_NAME": settings.database_name,
+        "MLFLOW_DB_SSLMODE": settings.database_sslmode,
+        "MLFLOW_DB_USERNAME": settings.database_username,
+    }
+
+
 def mlflow_server_command(settings: MlflowServerSettings) -> tuple[list[str], dict[str, str]]:
     """The container command and its plain (non-secret) environment.
 
@@ -122,11 +133,7 @@ def mlflow_server_command(settings: MlflowServerSettings) -> tuple[list[str], di
         "--app-name", "basic-auth",
     ]
     environment = {
-        "MLFLOW_DB_HOST": settings.database_host,
-        "MLFLOW_DB_PORT": str(settings.database_port),
-        "MLFLOW_DB_NAME": settings.database_name,
-        "MLFLOW_DB_SSLMODE": settings.database_sslmode,
-        "MLFLOW_DB_USERNAME": settings.database_username,
+        **_database_environment(settings),
         "MLFLOW_DB_SECRET_ID": settings.database_secret_id,
         "MLFLOW_TEAM_SECRET_IDS": json.dumps(dict(sorted(settings.team_secret_ids.items()))),
         "MLFLOW_TEAM_EXPERIMENT_PERMISSION": TEAM_EXPERIMENT_PERMISSION,
@@ -155,11 +162,7 @@ def mlflow_bootstrap_command(settings: MlflowServerSettings) -> tuple[list[str],
     """
     command = ["python", "-m", BOOTSTRAP_MODULE]
     environment = {
-        "MLFLOW_DB_HOST": settings.database_host,
-        "MLFLOW_DB_PORT": str(settings.database_port),
-        "MLFLOW_DB_NAME": settings.database_name,
-        "MLFLOW_DB_SSLMODE": settings.database_sslmode,
-        "MLFLOW_DB_USERNAME": settings.database_username,
+        **_database_environment(settings),
         "PYTHONDONTWRITEBYTECODE": "1",
         "HOME": settings.scratch_dir,
     }

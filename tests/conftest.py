@@ -90,3 +90,20 @@ def plan_config() -> Callable[[str, dict[str, Any]], Any]:
         return plan_from_values(stack, to_values(raw))
 
     return run
+
+
+def problems_of(raw: dict[str, Any]) -> dict[str, list]:
+    """Every problem ``load_platform_config`` reports for ``raw``, grouped by path (it must refuse it)."""
+    from infra.config import ConfigError, load_platform_config
+
+    with pytest.raises(ConfigError) as info:
+        load_platform_config(raw)
+    by_path: dict[str, list] = {}
+    for problem in info.value.problems:
+        by_path.setdefault(problem.path, []).append(problem)
+    return by_path
+
+
+def problem_per_path(raw: dict[str, Any]) -> dict[str, Any]:
+    """``problems_of`` with one problem per path (the last), for configs with one problem per field."""
+    return {path: problems[-1] for path, problems in problems_of(raw).items()}

@@ -17,9 +17,9 @@ from components.mlflow_server import (
 from components.tracking import ROTATION_EXCEPTION_PREFIX, ROTATION_EXCEPTIONS, team_tracking_secret
 from components.versions import AURORA_POSTGRESQL_VERSION, SECRETS_MANAGER_POSTGRES_ROTATION_APP
 from infra import plan as plan_module
-from infra.config import ConfigError, load_platform_config
+from infra.config import load_platform_config
 from infra.datasets_tracking import team_namespaces
-from tests.conftest import stack_config
+from tests.conftest import problem_per_path, stack_config
 
 SG_IN = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 # ELB policies that allow only TLS 1.2 and 1.3 (the API default, ELBSecurityPolicy-2016-08, allows 1.0).
@@ -274,17 +274,13 @@ def test_image_repositories_live_in_automation_and_let_the_workload_account_pull
 
 
 # -- config validation ------------------------------------------------------------------------------
-def _problems(raw):
-    with pytest.raises(ConfigError) as caught:
-        load_platform_config(raw)
-    return {p.path: p for p in caught.value.problems}
 
 
 def test_bad_tracking_config_is_reported_all_at_once():
     raw = stack_config("prod")
     raw["tracking"]["image"] = "111122223333.dkr.ecr.us-west-2.amazonaws.com/mlp-prod/mlflow:latest"
     raw["tracking"]["database"].update({"minCapacityAcu": 8, "maxCapacityAcu": 4, "secondsUntilAutoPause": 60})
-    problems = _problems(raw)
+    problems = problem_per_path(raw)
     assert "@sha256:" in problems["tracking.image"].fix
     assert problems["tracking.database.minCapacityAcu"].value == 8
     pause = problems["tracking.database.secondsUntilAutoPause"]
@@ -296,14 +292,14 @@ def test_auto_pause_range_and_dev_tags_are_allowed():
     assert ":" in raw["tracking"]["image"] and "@sha256:" not in raw["tracking"]["image"]
     load_platform_config(raw)  # dev may run a tag
     raw["tracking"]["database"]["secondsUntilAutoPause"] = 90000
-    problem = _problems(raw)["tracking.database.secondsUntilAutoPause"]
+    problem = problem_per_path(raw)["tracking.database.secondsUntilAutoPause"]
     assert "300" in problem.fix and "86400" in problem.fix
 
 
 def test_internet_facing_needs_listed_cidrs():
     raw = stack_config("prod")
     raw["tracking"]["ingressCidrs"] = []
-    assert "ingressCidrs" in _problems(raw)["tracking.ingressCidrs"].path
+    assert "ingressCidrs" in problem_per_path(raw)["tracking.ingressCidrs"].path
 
 
 STATEFUL_TYPES = ("aws:kms/key:Key", "aws:s3/bucket:Bucket", "aws:fsx/lustreFileSystem:LustreFileSystem",

@@ -4,16 +4,7 @@ from __future__ import annotations
 import pytest
 
 from infra.config import ConfigError, Environment, load_platform_config
-from tests.conftest import stack_config
-
-
-def problems_of(raw) -> dict[str, list]:
-    with pytest.raises(ConfigError) as info:
-        load_platform_config(raw)
-    by_path: dict[str, list] = {}
-    for problem in info.value.problems:
-        by_path.setdefault(problem.path, []).append(problem)
-    return by_path
+from tests.conftest import problems_of, stack_config
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])

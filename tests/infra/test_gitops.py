@@ -9,8 +9,8 @@ import yaml
 from components import argocd as argocd_component
 from components.validation import InvalidInputError
 from components.versions import ARGO_WORKFLOWS_APP_VERSION, ARGOCD_CHART_VERSION
-from infra.config import ConfigError, load_platform_config
-from tests.conftest import stack_config
+from infra.config import load_platform_config
+from tests.conftest import problem_per_path, stack_config
 from workloads.placement import system_node_selector
 from workloads.validation import validate_core, validate_custom_resource
 
@@ -21,19 +21,13 @@ def _release(plan, chart):
     return found[0]
 
 
-def _problems(raw):
-    with pytest.raises(ConfigError) as info:
-        load_platform_config(raw)
-    return {p.path: p for p in info.value.problems}
-
-
 # -- config -------------------------------------------------------------------------------
 def test_prod_refuses_automated_sync_no_sso_and_no_ha_all_at_once():
     raw = stack_config("prod")
     raw["gitops"]["syncMode"] = "automated"
     raw["gitops"]["ha"] = False
     del raw["gitops"]["sso"]
-    problems = _problems(raw)
+    problems = problem_per_path(raw)
     assert {"gitops.syncMode", "gitops.sso", "gitops.ha"} <= set(problems)
     assert "syncWindows" in problems["gitops.syncMode"].fix
 
@@ -41,16 +35,16 @@ def test_prod_refuses_automated_sync_no_sso_and_no_ha_all_at_once():
 def test_a_secret_source_needs_exactly_one_source():
     raw = stack_config("dev")
     raw["gitops"]["repoCredentials"] = {}
-    assert "gitops.repoCredentials" in _problems(raw)
+    assert "gitops.repoCredentials" in problem_per_path(raw)
     raw["gitops"]["repoCredentials"] = {"secretsManagerSecretId": "a", "existingSecret": "b"}
-    assert "gitops.repoCredentials.existingSecret" in _problems(raw)
+    assert "gitops.repoCredentials.existingSecret" in problem_per_path(raw)
 
 
 def test_repository_url_and_window_schedule_are_checked():
     raw = stack_config("prod")
     raw["gitops"]["repoUrl"] = "github.com/example-org/ml-training-platform"
     raw["gitops"]["syncWindows"][0]["schedule"] = "weekdays"
-    problems = _problems(raw)
+    problems = problem_per_path(raw)
     assert {"gitops.repoUrl", "gitops.syncWindows[0].schedule"} <= set(problems)
 
 

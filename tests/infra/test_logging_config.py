@@ -9,18 +9,9 @@ import pytest
 from components.bucket import LifecycleRule
 from components.log_archive import LogArchiveArgs
 from components.validation import InvalidInputError
-from infra.config import ConfigError, load_platform_config
-from tests.conftest import stack_config
+from infra.config import load_platform_config
+from tests.conftest import problems_of, stack_config
 from tests.infra.test_security_aws import Graph, allows
-
-
-def problems_of(raw) -> dict[str, list]:
-    with pytest.raises(ConfigError) as info:
-        load_platform_config(raw)
-    by_path: dict[str, list] = {}
-    for problem in info.value.problems:
-        by_path.setdefault(problem.path, []).append(problem)
-    return by_path
 
 
 def test_glacier_ir_deleted_before_ninety_days_is_refused_with_the_fix():

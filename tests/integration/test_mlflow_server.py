@@ -333,8 +333,8 @@ def _wait_healthy(url: str, process: subprocess.Popen, log_path: Path) -> None:
     pytest.fail(f"mlflow server not healthy after {STARTUP_TIMEOUT_SECONDS} s:\n{log_path.read_text()[-4000:]}")
 
 
-def _status(url: str, auth: tuple[str, str] | None) -> int:
-    request = urllib.request.Request(url + "/api/2.0/mlflow/experiments/search?max_results=10")
+def _send(request: urllib.request.Request, auth: tuple[str, str] | None) -> int:
+    """The HTTP status of ``request``, sent with basic auth when given."""
     if auth:
         request.add_header("Authorization", "Basic " + b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
     try:
@@ -342,6 +342,10 @@ def _status(url: str, auth: tuple[str, str] | None) -> int:
             return response.status
     except urllib.error.HTTPError as error:
         return error.code
+
+
+def _status(url: str, auth: tuple[str, str] | None) -> int:
+    return _send(urllib.request.Request(url + "/api/2.0/mlflow/experiments/search?max_results=10"), auth)
 
 
 @pytest.fixture
@@ -544,9 +548,4 @@ def test_team_users_write_their_own_experiment_and_only_read_others(mlflow_serve
 def _post_json(url: str, path: str, body: dict, auth: tuple[str, str]) -> int:
     request = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST")
     request.add_header("Content-Type", "application/json")
-    request.add_header("Authorization", "Basic " + b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
+    return _send(request, auth)
