@@ -6,33 +6,39 @@ commands the cluster will run.
 
 - prepare: ``python -m trainer prepare-data`` on the CPU pool, tokens written to FSx.
 - train: the PyTorchJob from the training-jobs renderer, applied by a resource step that waits
-  for the Master replica to succeed or fail (see "The train step's conditions" below).
+  for the job's terminal condition (see "The train step's conditions" below).
 - evaluate: validation loss of the final checkpoint, written as JSON (an output parameter).
 - register: ``python -m trainer export`` of exactly the checkpoint evaluate scored: a Hugging Face
   model logged to the training run (its lineage tags, and the pipeline's that evaluate set on the
   run) and registered as a new version in the MLflow Model Registry.
 
-Checked against Argo Workflows v4.1.2: resource conditions are Kubernetes label selectors whose
-keys are gjson paths (workflow/executor/resource.go, so a key must be a plain dotted path), and
-retry expressions see ``lastRetry.status`` / ``lastRetry.duration`` (docs/retries.md).
+Checked against Argo Workflows v4.1.2 (workflow/executor/resource.go): resource conditions are
+parsed by ``labels.Parse``, so every key is a Kubernetes qualified name (a plain dotted path, no
+gjson query such as ``#(type==Failed)``), and each key is read from the job's JSON with
+``gjson.Get``. ``matchConditions`` tests the failure requirements first and *each on its own*
+(any one that matches fails the step, and that failure is not retried by the executor), then
+needs *all* success requirements.
 
-The train step's conditions (Training Operator v1.9.4, pkg/controller.v1/common/pod.go and
-pytorch/pytorchjob_controller.go):
-- Retryable exits (128-255: 143 after a checkpoint, a rank killed by a signal) are retried in
-  place by the operator under ``restartPolicy: ExitCode``: it deletes the failed pod and creates
-  a new one, which resumes from the last checkpoint. The workflow never resubmits for that.
-- A permanent exit (1-127) marks the job Failed and leaves the failed Master pod, so
-  ``replicaStatuses.Master.failed`` stays > 0. The operator does not set ``completionTime`` on
-  this path, and a label-selector key cannot query ``conditions`` by type, so the failure
-  condition reads the Master's failed count.
-- That count also shows a retryable failure for the moment between the pod failing and the
-  operator deleting it. So a failure seen after the step has waited a while is checked once
-  more (``TRAIN_RETRY_EXPRESSION``): the retry re-applies the unchanged job (``action: apply``
-  re-attaches, it never starts a second job) and waits again; a permanent failure is still
-  there and ends the step within seconds (too short to be retried again), a restarted pod has
-  replaced a retryable one and the wait goes on. An executor error (pod lost with its CPU
-  node, API-server error) is retried too. The limit is the job's own restart budget.
-- A job that runs past its deadline is bounded by the step's ``activeDeadlineSeconds``.
+The train step's conditions (Training Operator v1.9.4):
+- A job is over when the operator has written a terminal condition. It appends a condition at
+  the end of ``status.conditions`` after removing the one of the same type, and writes nothing
+  once a ``Failed`` condition exists (pkg/util/status.go ``setCondition``/``filterOutCondition``).
+  A job has at most one condition of each of the six types (Created, Running, Restarting,
+  Succeeded, Suspended, Failed), so "Failed at position 0, or 1, ... or 5" is "the job failed",
+  whichever reason the operator gave (a permanent exit code, the backoff limit, the deadline).
+- Success is ``completionTime`` set (the operator sets it with the Succeeded condition, and on
+  the backoff/deadline failures, which the failure condition catches first) with the Master
+  replica succeeded.
+- Not ``replicaStatuses.Master.failed``: the operator counts a Running pod that has a
+  deletionTimestamp as failed (pkg/core/status.go), so a drained or preempted Master is
+  "failed" for its whole grace period while the job restarts it in place (restartPolicy
+  ExitCode, exit codes 128-255). A preemption is not a pipeline failure.
+- The step retries only executor errors (its pod lost with a CPU node, an API-server error):
+  ``action: apply`` re-attaches to the job already running. A job that runs past its deadline is
+  bounded by the step's ``activeDeadlineSeconds``.
+
+Where a run's files live: ``team_work_root`` (one function, so the path and its ownership
+change together).
 """
 from __future__ import annotations
 
@@ -42,15 +48,19 @@ from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 
+from workloads.trainingjob import team_checkpoint_root
+
 WORKFLOW_PARAMS = ("dataset", "model-name", "job-spec")
 STEP_NAMES = ("prepare", "train", "evaluate", "register")
-# Label selector keys (gjson paths) the train step waits on (see the module docstring).
-TRAIN_SUCCESS_CONDITION = "status.replicaStatuses.Master.succeeded > 0"
-TRAIN_FAILURE_CONDITION = "status.replicaStatuses.Master.failed > 0"
-# Seconds a failing attempt must have waited for its failure to be checked again: a re-check
-# of a permanent failure ends well within it.
-RECHECK_AFTER_SECONDS = 120
-TRAIN_RETRY_EXPRESSION = f'lastRetry.status == "Error" || asInt(lastRetry.duration) > {RECHECK_AFTER_SECONDS}'
+# kubeflow.org/v1 JobConditionType (pkg/apis/kubeflow.org/v1/common_types.go): the operator keeps
+# at most one condition per type, so a condition sits at one of these many positions.
+JOB_CONDITION_TYPES = ("Created", "Running", "Restarting", "Succeeded", "Suspended", "Failed")
+# Label selectors Argo evaluates on the job's JSON (see the module docstring): failure is any one
+# requirement, success is all of them.
+TRAIN_FAILURE_CONDITION = ",".join(f"status.conditions.{i}.type==Failed" for i in range(len(JOB_CONDITION_TYPES)))
+TRAIN_SUCCESS_CONDITION = "status.completionTime,status.replicaStatuses.Master.succeeded>0"
+# Executor errors only: a Failed step is a failed job, final.
+TRAIN_RETRY_POLICY = "OnError"
 # Time after the job's own deadline before the train step gives up on it.
 TRAIN_DEADLINE_MARGIN_SECONDS = 15 * 60
 
@@ -125,12 +135,11 @@ class PipelineSpec:
     model_name: default of the ``model-name`` parameter (MLflow registered model).
     job_spec: repository path of the job spec (default of ``job-spec``, recorded as lineage).
     fsx_claim: the team namespace's FSx PersistentVolumeClaim.
-    work_root: per-run directories are created under it (on the FSx mount).
     tracking_secret: Secret with MLFLOW_TRACKING_URI/USERNAME/PASSWORD of the team's MLflow user.
     cpu_node_selector / cpu_tolerations: the Karpenter CPU pool.
     service_account: the namespace's workflow service account (Pulumi creates it and its Role).
-    train_retry_limit: re-checks and re-attaches of the train step beyond the job's restart budget
-        (``runPolicy.backoffLimit``: each operator restart can cause at most one re-check).
+    train_retry_limit: re-attaches of the train step after an executor error (its pod lost, an
+        API-server error); a failed job is never retried by the pipeline.
     active_deadline_seconds: the whole workflow's limit (the job's own plus prepare/evaluate).
     """
 
@@ -143,7 +152,6 @@ class PipelineSpec:
     job_spec: str
     fsx_claim: str
     fsx_mount_path: str = "/fsx"
-    work_root: str = "/fsx/pipelines"
     tracking_secret: Optional[str] = None
     cpu_node_selector: Mapping[str, str] = field(default_factory=dict)
     cpu_tolerations: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
@@ -153,8 +161,25 @@ class PipelineSpec:
     cpu_request: str = "2"
     memory_request: str = "8Gi"
 
+    @property
+    def work_root(self) -> str:
+        return team_work_root(self.namespace)
+
 
 RUN = "{{workflow.name}}"
+
+
+def team_work_root(namespace: str) -> str:
+    """Where a team's pipeline runs keep their files (one directory per run below it).
+
+    Inside the team's checkpoint directory, which the platform creates owned by the trainer's
+    uid (``trainingjob.checkpoint_root_job``): FSx creates the directories of a data repository
+    association, and its root, owned by root 0755, so a directory the trainer's uid creates at
+    the FSx root (the old ``/fsx/pipelines``) fails with EACCES. Being under the team's tree, a
+    run's checkpoints and exported model also reach the team's prefix of the checkpoints bucket,
+    and a mount of the team's subtree covers them. Change the path and its ownership here only.
+    """
+    return f"{team_checkpoint_root(namespace)}/pipelines"
 
 
 def _param(name: str) -> str:
@@ -179,28 +204,42 @@ def _trainer_container(job: Mapping[str, Any], replica: str) -> dict[str, Any]:
     return containers[0]
 
 
+def _override_key(arg: str) -> Optional[str]:
+    key, equals, _ = arg.partition("=")
+    return key if equals and not arg.startswith("-") else None
+
+
 def train_job(spec: PipelineSpec) -> dict[str, Any]:
-    """The rendered PyTorchJob, renamed per workflow run, with the pipeline's trainer overrides."""
+    """The rendered PyTorchJob, renamed per workflow run, pointed at the run's files.
+
+    One value per setting: the job spec's values of the keys the pipeline sets are replaced
+    (not shadowed by a later override), and the environment the trainer also reads
+    (trainer/config.py: TRAINER_CHECKPOINT_DIR, TRAINER_RUN_ID, TRAINER_CHECKPOINT_S3_URI) says
+    the same as the arguments.
+    """
     if spec.train_job.get("kind") != "PyTorchJob":
         raise ValueError(f"pipeline {spec.name}: train_job must be a PyTorchJob, got {spec.train_job.get('kind')!r}")
     job = copy.deepcopy(dict(spec.train_job))
     job["metadata"] = {**job["metadata"], "name": f"{RUN}-train", "namespace": spec.namespace}
     job["metadata"]["labels"] = {**job["metadata"].get("labels", {}), "mlplatform.io/pipeline": spec.name}
-    extra = train_overrides(cluster_paths(spec), RUN)
+    paths = cluster_paths(spec)
+    extra = train_overrides(paths, RUN)
+    replaced = {_override_key(arg) for arg in extra}
+    env_values = {"TRAINER_CHECKPOINT_DIR": paths.checkpoints, "TRAINER_RUN_ID": RUN}
     for replica in job["spec"]["pytorchReplicaSpecs"]:
         container = _trainer_container(job, replica)
-        container["args"] = [*container.get("args", []), *extra]
+        container["args"] = [a for a in container.get("args", []) if _override_key(a) not in replaced] + extra
+        for variable in container.get("env", []):
+            if variable["name"] in env_values:
+                variable["value"] = env_values[variable["name"]]
+            elif variable["name"] == "TRAINER_CHECKPOINT_S3_URI":
+                # The job's mirror prefix ends in its name: the run's ends in the run's.
+                variable["value"] = f"{variable['value'].rsplit('/', 1)[0]}/{RUN}"
     return job
 
 
 def job_deadline_seconds(job: Mapping[str, Any]) -> int:
     return int(job["spec"].get("runPolicy", {}).get("activeDeadlineSeconds") or 7 * 24 * 3600)
-
-
-def job_backoff_limit(job: Mapping[str, Any]) -> int:
-    # The operator's default backoff limit is 6 (kubeflow.org/v1 RunPolicy).
-    limit = job["spec"].get("runPolicy", {}).get("backoffLimit")
-    return int(limit) if limit is not None else 6
 
 
 def _container_step(spec: PipelineSpec, name: str, command: list[str], *, outputs: Optional[dict] = None) -> dict[str, Any]:
@@ -260,8 +299,7 @@ def workflow_template(spec: PipelineSpec) -> dict[str, Any]:
                 {
                     "name": "train",
                     "activeDeadlineSeconds": job_deadline_seconds(spec.train_job) + TRAIN_DEADLINE_MARGIN_SECONDS,
-                    "retryStrategy": {"limit": job_backoff_limit(spec.train_job) + spec.train_retry_limit,
-                                      "retryPolicy": "Always", "expression": TRAIN_RETRY_EXPRESSION,
+                    "retryStrategy": {"limit": spec.train_retry_limit, "retryPolicy": TRAIN_RETRY_POLICY,
                                       "backoff": {"duration": "30s"}},
                     "resource": {
                         # apply, not create: a retried step re-attaches to the job it already started.
@@ -315,12 +353,11 @@ class PipelineDeclaration:
     dataset: str
     model_name: str
     train_retry_limit: int = 2
-    work_root: str = "/fsx/pipelines"
 
 
 _DNS_LABEL = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
 _DECLARATION_KEYS = {"name": "name", "jobSpec": "job_spec", "dataset": "dataset", "modelName": "model_name",
-                     "trainRetryLimit": "train_retry_limit", "workRoot": "work_root"}
+                     "trainRetryLimit": "train_retry_limit"}
 
 
 def parse_declaration(raw: Any, *, source: str) -> PipelineDeclaration:
@@ -358,7 +395,7 @@ def pipeline_spec(declaration: PipelineDeclaration, train_job: Mapping[str, Any]
     return PipelineSpec(
         name=declaration.name, namespace=train_job["metadata"]["namespace"], image=image, train_job=train_job,
         dataset=declaration.dataset, model_name=declaration.model_name, job_spec=declaration.job_spec,
-        fsx_claim=fsx_claim, work_root=declaration.work_root, tracking_secret=tracking_secret,
+        fsx_claim=fsx_claim, tracking_secret=tracking_secret,
         cpu_node_selector=dict(cpu_node_selector), train_retry_limit=declaration.train_retry_limit,
         # The job's own deadline plus a day for preparing the data, evaluating and registering.
         active_deadline_seconds=deadline + 24 * 3600,

@@ -39,8 +39,8 @@ def test_local_pipeline_registers_a_model_with_the_runs_lineage(tmp_path):
                 "--work-dir", str(tmp_path / "runs"))
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     run_dir = tmp_path / "runs" / "shakespeare-gpt-local"
-    # The cluster's paths (/fsx/pipelines/<run>/...) on the local FSx stand-in.
-    work = run_dir / "fsx" / "pipelines" / "shakespeare-gpt-local"
+    # The cluster's paths (/fsx/checkpoints/<team>/pipelines/<run>/...) on the local FSx stand-in.
+    work = run_dir / "fsx" / "checkpoints" / "team-research" / "pipelines" / "shakespeare-gpt-local"
     evaluation = json.loads((work / "evaluation.json").read_text())
     assert evaluation["step"] == 40 and 0 < evaluation["val_loss"] < 6  # bytes: ln(256) = 5.5 untrained
     assert (work / "final-checkpoint").read_text() == evaluation["checkpoint"]

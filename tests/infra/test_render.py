@@ -79,8 +79,8 @@ def test_dev_pipeline_runs_the_declared_job_as_its_train_step(schemas):
     assert validate_custom_resource(job, schemas) == []
     assert job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["nodeSelector"]["mlplatform.io/pool"] == "l4"
     args = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"]
-    assert args[-5:] == ["data.dir=/fsx/pipelines/{{workflow.name}}/tokens",
-                         "checkpoint.dir=/fsx/pipelines/{{workflow.name}}/checkpoints",
+    assert args[-5:] == ["data.dir=/fsx/checkpoints/team-research/pipelines/{{workflow.name}}/tokens",
+                         "checkpoint.dir=/fsx/checkpoints/team-research/pipelines/{{workflow.name}}/checkpoints",
                          "tracking.job_id={{workflow.name}}", "tracking.run_name={{workflow.name}}",
                          "export.at_end=false"]
 
