@@ -50,16 +50,33 @@ def load_config(stack: str, root: Path = ROOT) -> PlatformConfig:
     return load_platform_config(raw_project_config(values), source=f"stack '{stack}' ({path.name})")
 
 
+class PreflightRefused(ValueError):
+    """A declared job that ``python -m workloads preflight`` refuses: its report is the message."""
+
+
 def default_job_renderer(stack: str, root: Path) -> JobRenderer:
-    """The training-jobs renderer with the stack's platform facts from its offline plan.
+    """Preflight, then the training-jobs renderer, with the stack's platform facts from its
+    offline plan: what Argo CD applies passes the same check as ``submit``, and a refused job
+    is never written into the tree (its report is the error).
 
     Only the plan, never ``pulumi stack output``: the rendered tree is a function of the
     repository alone, so the committed tree and CI's render agree byte for byte.
     """
     from workloads import jobspec, trainingjob
+    from workloads.preflight import preflight
 
     facts = _plan_facts(stack)
-    return lambda path: trainingjob.render(jobspec.load_job_spec(path), facts)
+
+    def render_one(path: Path) -> Mapping[str, Any]:
+        spec = jobspec.load_job_spec(path)
+        report = preflight(spec, facts, repo_root=str(ROOT))  # trainer configs live with the code
+        if not report.ok:
+            raise PreflightRefused("preflight refused it (python -m workloads preflight "
+                                   f"{path.relative_to(root) if path.is_relative_to(root) else path} --stack {stack}):\n"
+                                   + "\n".join(f"      {p.render()}" for p in report.problems))
+        return trainingjob.render(spec, facts)
+
+    return render_one
 
 
 @functools.lru_cache(maxsize=None)

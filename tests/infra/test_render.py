@@ -193,3 +193,33 @@ def test_no_object_is_applied_by_both_pulumi_and_argo_cd(stack):
     for path, doc in docs.items():
         key = (doc["apiVersion"].rpartition("/")[0], doc["kind"], doc["metadata"]["namespace"], doc["metadata"]["name"])
         assert key not in pulumi_objects, path
+
+
+def test_render_refuses_what_preflight_refuses_and_writes_nothing(tmp_path):
+    """`submit` runs preflight before it renders (workloads/__main__.py ``_preflighted``); the Git
+    path does the same, so a job preflight refuses never reaches the tree Argo CD applies. Three
+    jobs that resolve (trainingjob.render accepts them) but preflight refuses: more GPUs than the
+    pool can ever launch, a trainer override the trainer's own parser rejects, and a checkpoint
+    budget shorter than the save takes at FSx's throughput (a spot interruption kills the save)."""
+    root = _scratch(tmp_path)
+    job = yaml.safe_load((ROOT / "workloads/declared/dev/pipelines/jobs/shakespeare-gpt.yaml").read_text())
+    too_big = {**job, "name": "too-big", "nodes": 5}
+    bad_override = {**job, "name": "bad-override", "trainer": {**job["trainer"], "overrides": ["model.n_embd=13"]}}
+    short_budget = {**job, "name": "short-budget", "timeBudget": {"maxStepSeconds": 5, "checkpointSeconds": 5}}
+    for doc in (too_big, bad_override, short_budget, {**job, "name": "fits"}):
+        _declare(root, f"workloads/declared/dev/jobs/{doc['name']}.yaml", doc)
+    # The renderer alone accepts them: the refusal below is preflight's.
+    from workloads import jobspec, trainingjob
+
+    facts = render._plan_facts("dev")
+    for name in ("too-big", "bad-override", "short-budget"):
+        trainingjob.render(jobspec.load_job_spec(root / f"workloads/declared/dev/jobs/{name}.yaml"), facts)
+    with pytest.raises(render.RenderError) as info:
+        render.write_tree("dev", root)
+    message = str(info.value)
+    assert "3 problems" in message
+    assert "jobs/too-big.yaml: preflight refused it" in message and "nodes: 5 x 1 = 5 GPUs" in message
+    assert "jobs/bad-override.yaml: preflight refused it" in message and "model.n_embd: unknown key" in message
+    assert "jobs/short-budget.yaml: preflight refused it" in message and "timeBudget.checkpointSeconds" in message
+    assert "fits.yaml" not in message
+    assert not (root / "workloads/rendered").exists(), "nothing half-done"
