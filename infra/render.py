@@ -27,7 +27,7 @@ from components.tracking import K8S_SECRET_NAME
 from components.validation import InvalidInputError
 from infra.config import ConfigError, PlatformConfig, load_platform_config
 from infra.plan import ROOT, raw_project_config, read_stack_file, stack_file
-from workloads import gitops, pipeline
+from workloads import gitops, gitops_jobs, pipeline
 from workloads.fsx import CLAIM_NAME
 from workloads.karpenter import POOL_LABEL
 
@@ -69,6 +69,11 @@ def default_job_renderer(stack: str, root: Path) -> JobRenderer:
 
     def render_one(path: Path) -> Mapping[str, Any]:
         spec = jobspec.load_job_spec(path)
+        if "ttl_after_finished" in spec.model_fields_set:
+            # workloads/gitops_jobs.py: a deleted finished job would be recreated by Argo CD.
+            raise PreflightRefused(f"ttlAfterFinished: {spec.ttl_after_finished!r} is not allowed on a job Argo CD owns "
+                                   "(the operator would delete the finished job and Argo CD would create it again, "
+                                   "which re-runs it). Fix: remove ttlAfterFinished; delete the declaration to delete the job")
         report = preflight(spec, facts, repo_root=str(ROOT))  # trainer configs live with the code
         if not report.ok:
             raise PreflightRefused("preflight refused it (python -m workloads preflight "
@@ -129,6 +134,8 @@ def declared_objects(config: PlatformConfig, stack: str, root: Path,
     for path in job_files:
         job = render_job(path, str(path.relative_to(root)))
         if job is not None:
+            # No TTL, TrainJobs named by their spec's hash (workloads/gitops_jobs.py).
+            job = gitops_jobs.git_owned(job)
             objects.append(RenderedObject(job["metadata"]["namespace"], job))
     for path in pipeline_files:
         source = str(path.relative_to(root))

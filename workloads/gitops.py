@@ -44,6 +44,34 @@ KUEUE_MUTATED_FIELDS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# Kueue 0.19.2 keeps its admission-time pod-template edits of a TrainJob in a runtime patch of
+# its own (pkg/controller/jobs/trainjob/trainjob_webhook.go Default appends a patch with manager
+# "kueue.x-k8s.io/manager"; trainjob_controller.go RunWithPodSetsInfo fills it with the flavor's
+# nodeSelector and tolerations). That list entry is not in Git: without this, the live list
+# differs from the desired one and self-heal would try to remove it.
+KUEUE_RUNTIME_PATCH_MANAGER = "kueue.x-k8s.io/manager"
+KUEUE_MUTATED_JQ: tuple[tuple[str, str, str], ...] = (
+    ("trainer.kubeflow.org", "TrainJob",
+     f'.spec.runtimePatches[] | select(.manager == "{KUEUE_RUNTIME_PATCH_MANAGER}")'),
+)
+
+
+def kueue_ignore_differences() -> list[dict[str, Any]]:
+    """The child Applications' ignoreDifferences: every field Kueue changes on a job it admits.
+
+    PyTorchJob pod templates need none: Kueue merges the flavor's nodeLabels and tolerations
+    into them (pkg/podset/podset.go Merge: map keys copied, a toleration appended only when no
+    equal one is there), and the renderer already sets both, so admission changes nothing
+    there (tests/workloads/test_kueue_drift.py).
+    """
+    entries: dict[tuple[str, str], dict[str, Any]] = {}
+    for group, kind, pointer in KUEUE_MUTATED_FIELDS:
+        entries.setdefault((group, kind), {"group": group, "kind": kind}).setdefault("jsonPointers", []).append(pointer)
+    for group, kind, expression in KUEUE_MUTATED_JQ:
+        entries.setdefault((group, kind), {"group": group, "kind": kind}).setdefault("jqPathExpressions", []).append(expression)
+    return list(entries.values())
+
+
 class SyncMode(str, Enum):
     AUTOMATED = "automated"
     MANUAL = "manual"
@@ -117,10 +145,12 @@ def _labels(spec: GitOpsSpec) -> dict[str, str]:
     return {"mlplatform.io/platform": spec.platform}
 
 
-def _sync_policy(spec: GitOpsSpec) -> dict[str, Any]:
+def _sync_policy(spec: GitOpsSpec, *, prune_last: bool = True) -> dict[str, Any]:
+    # PruneLast: deletions go after every other change of a sync has applied and is healthy.
+    # Not for the jobs' Applications: a renamed (edited) TrainJob would keep running until its
+    # successor is healthy, i.e. finished (workloads/gitops_jobs.py).
     policy: dict[str, Any] = {
-        # PruneLast: deletions go after every other change of a sync has applied and is healthy.
-        "syncOptions": ["PruneLast=true", "RespectIgnoreDifferences=true"],
+        "syncOptions": [*(["PruneLast=true"] if prune_last else []), "RespectIgnoreDifferences=true"],
         "retry": {"limit": 5, "backoff": {"duration": "10s", "factor": 2, "maxDuration": "5m"}},
     }
     if spec.sync_mode is SyncMode.AUTOMATED:
@@ -218,8 +248,8 @@ def child_application(spec: GitOpsSpec, namespace: str) -> dict[str, Any]:
             "source": {"repoURL": spec.repo_url, "targetRevision": spec.target_revision,
                        "path": spec.namespace_path(namespace), "directory": {"recurse": False}},
             "destination": {"server": IN_CLUSTER, "namespace": namespace},
-            "syncPolicy": _sync_policy(spec),
-            "ignoreDifferences": [{"group": g, "kind": k, "jsonPointers": [p]} for g, k, p in KUEUE_MUTATED_FIELDS],
+            "syncPolicy": _sync_policy(spec, prune_last=False),
+            "ignoreDifferences": kueue_ignore_differences(),
             "revisionHistoryLimit": 10,
         },
     }
