@@ -3,7 +3,8 @@ a ``TrainingJob`` component that applies one rendered job.
 
 - ``TrainingOperators``: Kubeflow Training Operator 1.9 (``kubeflow.org/v1`` PyTorchJob) from its
   upstream kustomize overlay at a pinned tag, moved onto the system nodes; optionally Kubeflow
-  Trainer 2.3 (``TrainJob``) from its Helm chart with the ``torch-distributed`` runtime. Kueue's
+  Trainer 2.3 (``TrainJob``) from its Helm chart, and the platform's ClusterTrainingRuntime
+  (``workloads.trainjob_runtime``: torch-distributed with a failure policy). Kueue's
   manager config already lists both frameworks (``workloads.kueue.ManagerConfigSpec``).
 - ``TeamTrainerAccess``: per team namespace a ``trainer`` ServiceAccount, an IAM role only EKS Pod
   Identity for that service account can assume, allowed only that team's prefix of the
@@ -30,6 +31,7 @@ from workloads.jobspec import JobSpec
 from workloads.placement import system_pod_placement
 from workloads.platform_facts import PlatformFacts, TRAINER_SERVICE_ACCOUNT
 from workloads.fsx import CLAIM_NAME
+from workloads import trainjob_runtime
 from workloads.trainingjob import TORCH_DISTRIBUTED_RUNTIME, checkpoint_root_job, render
 
 # Where the upstream manifests put the operator (overlays/standalone: namespace kubeflow).
@@ -90,6 +92,9 @@ class TrainingOperators(pulumi.ComponentResource):
                 namespace=TRAINER_NAMESPACE, create_namespace=True, values=trainer_values(replicas=args.trainer_replicas),
                 atomic=True, cleanup_on_fail=True, timeout=600, opts=child,
             )
+            # The runtime TrainJobs reference: torch-distributed with the platform's failure policy.
+            self.torch_runtime = apply_object(f"{name}-torch-runtime", trainjob_runtime.cluster_training_runtime(),
+                                              pulumi.ResourceOptions(parent=self, depends_on=[self.trainer]))
         self.register_outputs({
             "training_operator_version": TRAINING_OPERATOR_VERSION,
             "trainer_v2_runtime": TORCH_DISTRIBUTED_RUNTIME if args.trainer_v2 else None,

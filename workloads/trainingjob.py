@@ -29,12 +29,14 @@ from workloads.karpenter import CAPACITY_TYPE_KEY, EFA_RESOURCE, GPU_RESOURCE, G
 from workloads.kueue import QUEUE_LABEL
 from workloads.platform_facts import PlatformFacts, PoolFacts, TeamFacts
 from workloads.scheduling import Priority, priority_class_name
+from workloads import trainjob_runtime
 
 PYTORCHJOB_API = "kubeflow.org/v1"
 TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
-# Trainer v2's built-in runtime (kubeflow-trainer chart, runtimes.torchDistributed.enabled).
-TORCH_DISTRIBUTED_RUNTIME = "torch-distributed"
-TRAINJOB_CONTAINER = "node"  # the trainer container of the torch-distributed runtime
+# The platform's torch runtime: the chart's torch-distributed plus a failure policy
+# (workloads/trainjob_runtime.py; components/training.py installs it with Trainer v2).
+TORCH_DISTRIBUTED_RUNTIME = trainjob_runtime.RUNTIME_NAME
+TRAINJOB_CONTAINER = trainjob_runtime.CONTAINER  # the trainer container of the runtime
 TRAINJOB_PATCH_MANAGER = "mlplatform.io/training-job"
 # The operator finds the master port on this container / port name (kubeflow.org/v1 defaults).
 CONTAINER_NAME = "pytorch"
@@ -478,9 +480,11 @@ def render_pytorchjob(job: ResolvedJob) -> dict[str, Any]:
 def render_trainjob(job: ResolvedJob) -> dict[str, Any]:
     """The same pod as a TrainJob on the pinned ``torch-distributed`` ClusterTrainingRuntime.
 
-    The runtime's JobSet owns restarts (there is no ExitCode policy: every failure restarts the
-    job from its checkpoint), and Kueue priority would need a WorkloadPriorityClass: both are
-    reasons PyTorchJob stays the default.
+    The runtime's failure policy owns restarts with PyTorchJob's exit-code contract
+    (workloads/trainjob_runtime.py): a disrupted pod is replaced without counting, exit codes
+    1-127 fail the TrainJob at once, other failures restart every node from the checkpoint up
+    to the runtime's maxRestarts (one platform-wide budget, not the spec's backoffLimit). Kueue
+    priority would need a WorkloadPriorityClass: a reason PyTorchJob stays the default.
     """
     spec = job.spec
     pod = pod_template(job)

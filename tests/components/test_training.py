@@ -45,7 +45,13 @@ def test_trainer_v2_behind_the_config_flag(plan_config):
     values = release.inputs["values"]
     assert values["runtimes"]["torchDistributed"]["enabled"] is True
     assert values["manager"]["nodeSelector"] == system_node_selector()
-    assert facts_from_plan(plan).trainer_v2_runtime == "torch-distributed"
+    # TrainJobs reference the platform's runtime (its failure policy: tests/workloads/test_trainjob_runtime.py).
+    from workloads import trainjob_runtime
+
+    assert facts_from_plan(plan).trainer_v2_runtime == trainjob_runtime.RUNTIME_NAME
+    (runtime,) = [r for r in plan.recording.resources if r.inputs.get("kind") == "ClusterTrainingRuntime"]
+    assert runtime.inputs["metadata"]["name"] == trainjob_runtime.RUNTIME_NAME
+    assert runtime.inputs["spec"]["template"]["spec"]["failurePolicy"]["rules"][0]["action"] == "FailJobSet"
 
 
 def test_kueue_manager_integrates_both_job_kinds(plan):
