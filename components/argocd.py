@@ -28,6 +28,7 @@ from components.cluster import Cluster
 from components.k8s import apply_namespace_objects, apply_object
 from components.validation import Problem, raise_if_any
 from components.versions import ARGO_HELM_REPO, ARGOCD_CHART_VERSION
+from workloads import argocd_health
 from workloads import gitops
 from workloads.placement import system_node_selector, system_tolerations
 from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
@@ -113,6 +114,8 @@ def helm_values(*, domain: str, ha: bool, sso: Optional[SsoArgs]) -> dict[str, A
         "admin.enabled": sso is None,
         "exec.enabled": False,
         "statusbadge.enabled": False,
+        # Health of the jobs and workflows Argo CD and the pipelines run (Lua, workloads/argocd_health.py).
+        **argocd_health.cm_entries(),
     }
     if sso is not None:
         cm["oidc.config"] = yaml.safe_dump({
