@@ -108,6 +108,9 @@ def local_queue(team: TeamQueueSpec) -> dict[str, Any]:
     }
 
 
+KUEUE_CONFIG_API = "config.kueue.x-k8s.io/v1beta2"
+
+
 @dataclass(frozen=True)
 class ManagerConfigSpec:
     wait_for_pods_ready_timeout: str = "10m"
@@ -118,9 +121,16 @@ class ManagerConfigSpec:
 
 
 def manager_config(spec: ManagerConfigSpec = ManagerConfigSpec()) -> dict[str, Any]:
-    """Kueue's Configuration: all-or-nothing admission and fair sharing across the cohort."""
+    """Kueue's Configuration: all-or-nothing admission and fair sharing across the cohort.
+
+    ``config.kueue.x-k8s.io/v1beta2``, the version the pinned chart's default config uses (kueue
+    v0.19.2 charts/kueue/values.yaml ``managerConfig.controllerManagerConfigYaml``). Kueue decodes
+    it strictly (pkg/config/config.go: ``serializer.NewCodecFactory(scheme,
+    serializer.EnableStrict)``), and v1beta2 has no ``enable`` switches: ``waitForPodsReady`` and
+    ``fairSharing`` are on when present (apis/config/v1beta2/configuration_types.go).
+    """
     return {
-        "apiVersion": "config.kueue.x-k8s.io/v1beta1",
+        "apiVersion": KUEUE_CONFIG_API,
         "kind": "Configuration",
         "health": {"healthProbeBindAddress": ":8081"},
         "metrics": {"bindAddress": ":8443"},
@@ -130,12 +140,11 @@ def manager_config(spec: ManagerConfigSpec = ManagerConfigSpec()) -> dict[str, A
         # A job whose pods are not all Ready within the timeout is evicted and requeued, so a
         # multi-node job never holds half its GPUs while waiting for the rest.
         "waitForPodsReady": {
-            "enable": True,
             "timeout": spec.wait_for_pods_ready_timeout,
             "blockAdmission": True,
             "requeuingStrategy": {"timestamp": "Eviction", "backoffLimitCount": spec.requeue_backoff_limit},
         },
-        "fairSharing": {"enable": True, "preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
+        "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
         "integrations": {"frameworks": list(spec.frameworks)},
     }
 

@@ -147,9 +147,9 @@ def test_kueue_queue_quota_and_flavor_selection():
 
 def test_kueue_manager_admits_all_or_nothing():
     config = yaml.safe_load(kueue.manager_config_yaml())
-    assert config["waitForPodsReady"]["enable"] is True
+    # v1beta2: present = on (tests/workloads/test_kueue_config_and_drift.py).
     assert config["waitForPodsReady"]["blockAdmission"] is True
-    assert config["fairSharing"]["enable"] is True
+    assert config["fairSharing"]["preemptionStrategies"]
     assert "kubeflow.org/pytorchjob" in config["integrations"]["frameworks"]
 
 
