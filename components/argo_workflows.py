@@ -76,7 +76,12 @@ def helm_values(args: ArgoWorkflowsArgs) -> dict[str, Any]:
     return {
         # The chart's appVersion is not trusted blindly: the image tag is the version we validated.
         "images": {"tag": ARGO_WORKFLOWS_APP_VERSION},
-        "crds": {"install": True, "keep": True},
+        # The chart's default `crds.full: true` installs the CRDs from a pre-install hook Job that
+        # downloads them from raw.githubusercontent.com (templates/crds-install-job.yaml); the
+        # namespace's NetworkPolicies deny that egress and the hook pod tolerates no system node,
+        # so the atomic release would roll back. `full: false` renders the chart's own minimal
+        # CRDs (templates/crds.yaml, files/crds/minimal): no Job, no download.
+        "crds": {"install": True, "keep": True, "full": False},
         "singleNamespace": False,
         "controller": {"workflowNamespaces": sorted(args.namespaces), "replicas": replicas, "pdb": pdb,
                        "securityContext": security, **placement},
