@@ -121,16 +121,31 @@ KARPENTER_AMI_ALIAS_PROD_EXAMPLE = "al2023@v20251023"
 # -- training jobs -------------------------------------------------------------------------
 # Kubeflow Training Operator 1.9.x (PyTorchJob kubeflow.org/v1) ships no Helm chart; its
 # documented install is the kustomize overlay `manifests/overlays/standalone` at a release tag
-# (the repository is now kubeflow/trainer; v1.9.x tags stay). Built by Pulumi's kustomize
-# Directory at deploy time (remote build syntax: repo//path?ref=tag). CRD pinned in tests: 1.9.4.
+# (the repository is now kubeflow/trainer; v1.9.x tags stay). No remote build at deploy time
+# (it needs `git` and trusts a movable tag): infra/vendor.py fetches the tag's commit archive,
+# keeps `manifests/` only if its git tree id is the pinned one, and the platform's local overlay
+# on top of it is what the kustomize Directory builds. CRD pinned in tests: 1.9.4.
 TRAINING_OPERATOR_VERSION = "v1.9.4"
-TRAINING_OPERATOR_KUSTOMIZE = f"https://github.com/kubeflow/trainer//manifests/overlays/standalone?ref={TRAINING_OPERATOR_VERSION}"
+# `git rev-parse v1.9.4^{commit}` and `git rev-parse v1.9.4:manifests` in a clone of kubeflow/trainer.
+TRAINING_OPERATOR_COMMIT = "4445c12aa62e4345b0c2c6ac9b215a70eca46ed7"
+TRAINING_OPERATOR_MANIFESTS_TREE = "4aed050ca9c1e7e0e4d4220563b4c57e9a903759"
+TRAINING_OPERATOR_ARCHIVE_URL = f"https://codeload.github.com/kubeflow/trainer/tar.gz/{TRAINING_OPERATOR_COMMIT}"
+# Relative to the project root (Pulumi runs the program and its providers there); build/ is ignored by git.
+TRAINING_OPERATOR_VENDOR_DIR = f"build/vendor/kubeflow-trainer-{TRAINING_OPERATOR_COMMIT[:12]}/manifests"
+TRAINING_OPERATOR_OVERLAY_DIR = "build/kustomize/training-operator"
 # Kubeflow Trainer v2 (TrainJob trainer.kubeflow.org/v1alpha1), Helm chart from its OCI registry.
 TRAINER_CHART = "oci://ghcr.io/kubeflow/charts/kubeflow-trainer"
 TRAINER_VERSION = "2.3.0"
-# One-shot setup Jobs (team checkpoint directories on FSx); Docker's official image mirrored on
-# ECR Public. Pin its digest in prod.
-BUSYBOX_IMAGE = "public.ecr.aws/docker/library/busybox:1.37.0"
+# One-shot setup Jobs (team checkpoint directories on FSx) and the Training Operator's PyTorch
+# init container (`--pytorch-init-container-image`; upstream's default is Docker Hub's
+# `alpine:3.10`, pkg/config/config.go): Docker's official busybox mirrored on ECR Public, pinned by
+# the digest of its image index (the same digest Docker Hub serves for docker.io/library/busybox:1.37.0,
+# as pinned in public repositories). busybox has the `sh`, `seq` and `nslookup` the init
+# container's command uses (pkg/controller.v1/pytorch/initcontainer.go). Confirm before a deploy:
+# `docker buildx imagetools inspect public.ecr.aws/docker/library/busybox:1.37.0` (plan warning).
+BUSYBOX_IMAGE = ("public.ecr.aws/docker/library/busybox:1.37.0"
+                 "@sha256:bdf57e528e45e4433820e045b29b4597825a1c9e38353532d90a01445013f82e")
+TRAINING_OPERATOR_INIT_CONTAINER_IMAGE = BUSYBOX_IMAGE
 
 # -- GitOps (Argo CD, Argo Workflows) ---------------------------------------------------------
 ARGO_HELM_REPO = "https://argoproj.github.io/argo-helm"

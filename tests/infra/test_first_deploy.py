@@ -29,3 +29,197 @@ def test_argo_workflows_crds_are_rendered_by_helm_not_downloaded_by_a_hook_job()
     assert not download_job_rendered
     assert minimal_crds_rendered
     assert crds["keep"] is True  # helm.sh/resource-policy: keep on the minimal CRDs
+
+
+# -- N3 / N11 / issue 23 item 4: the Training Operator from a verified local overlay ---------------
+import io  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import tarfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+
+from components.training import INIT_CONTAINER_IMAGE_FLAG, operator_kustomization  # noqa: E402
+from components.versions import (  # noqa: E402
+    TRAINING_OPERATOR_INIT_CONTAINER_IMAGE, TRAINING_OPERATOR_OVERLAY_DIR, TRAINING_OPERATOR_VENDOR_DIR,
+)
+from infra import vendor  # noqa: E402
+from workloads.placement import SYSTEM_NODE_TAINT, system_node_selector  # noqa: E402
+
+# kubeflow/trainer@v1.9.4 manifests/base/deployment.yaml, the fields the patch meets (no
+# nodeSelector, no tolerations, no args) and upstream's standalone overlay (namespace kubeflow).
+UPSTREAM_DEPLOYMENT = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: training-operator
+  labels:
+    control-plane: kubeflow-training-operator
+spec:
+  selector:
+    matchLabels:
+      control-plane: kubeflow-training-operator
+  replicas: 1
+  template:
+    metadata:
+      labels:
+        control-plane: kubeflow-training-operator
+    spec:
+      containers:
+        - command:
+            - /manager
+          image: ghcr.io/kubeflow/training-v1/training-operator
+          name: training-operator
+      serviceAccountName: training-operator
+"""
+UPSTREAM_STANDALONE = """\
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: kubeflow
+resources:
+  - deployment.yaml
+images:
+  - name: ghcr.io/kubeflow/training-v1/training-operator
+    newTag: v1-93c5489
+"""
+
+
+def _tolerates(tolerations: list[dict], taint: dict) -> bool:
+    """Kubernetes' rule (k8s.io/api core/v1 toleration.go ToleratesTaint): the effect matches
+    or is empty, the key matches (or is empty with Exists), and Exists ignores the value."""
+    for t in tolerations:
+        if t.get("effect") not in (None, "", taint["effect"]):
+            continue
+        if t.get("key", "") not in ("", taint["key"]):
+            continue
+        if t.get("operator", "Equal") == "Exists" or t.get("value") == taint["value"]:
+            return True
+    return False
+
+
+def _kustomize_build(overlay: Path) -> list[dict]:
+    out = subprocess.run(["kubectl", "kustomize", str(overlay)], check=True, capture_output=True, text=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (its built-in kustomize)")
+def test_the_operator_is_built_placed_on_the_tainted_system_nodes_with_the_pinned_init_image(tmp_path):
+    """Built by kustomize itself (kubectl kustomize) over upstream's Deployment:
+
+    kubeflow/trainer@v1.9.4 manifests/base/deployment.yaml has no nodeSelector and no tolerations,
+    and the static nodes carry CriticalAddonsOnly=true:NoSchedule, so the unpatched pod waits for a
+    Karpenter node (audit N3). cmd/training-operator.v1/main.go: ``flag.StringVar(&config.Config.
+    PyTorchInitContainerImage, "pytorch-init-container-image", config.PyTorchInitContainerImageDefault``
+    with pkg/config/config.go ``PyTorchInitContainerImageDefault = "alpine:3.10"`` (Docker Hub).
+    """
+    upstream = tmp_path / "upstream"
+    upstream.mkdir()
+    (upstream / "deployment.yaml").write_text(UPSTREAM_DEPLOYMENT)
+    (upstream / "kustomization.yaml").write_text(UPSTREAM_STANDALONE)
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(operator_kustomization("../upstream")))
+    (deployment,) = _kustomize_build(overlay)
+    pod = deployment["spec"]["template"]["spec"]
+    assert _tolerates(pod["tolerations"], SYSTEM_NODE_TAINT)
+    assert pod["nodeSelector"] == system_node_selector()
+    (container,) = pod["containers"]
+    assert container["command"] == ["/manager"]  # upstream's entry point kept, flags appended
+    assert container["image"] == "ghcr.io/kubeflow/training-v1/training-operator:v1-93c5489"
+    (flag,) = [a for a in container["args"] if a.startswith("--pytorch-init-container-image=")]
+    image = flag.split("=", 1)[1]
+    assert image == TRAINING_OPERATOR_INIT_CONTAINER_IMAGE
+    assert "@sha256:" in image and len(image.split("@sha256:")[1]) == 64
+    assert not image.startswith(("alpine", "docker.io")) and image.split("/")[0].endswith(
+        ("public.ecr.aws", ".amazonaws.com")), "mirrored in ECR or ECR Public, not Docker Hub"
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None or not (vendor.ROOT / TRAINING_OPERATOR_VENDOR_DIR).is_dir(),
+                    reason="needs kubectl and the vendored tree (python -m infra.vendor)")
+def test_the_real_vendored_overlay_builds():
+    overlay = vendor.prepare()
+    kinds = {d["kind"] for d in _kustomize_build(overlay)}
+    assert {"CustomResourceDefinition", "Deployment", "ValidatingWebhookConfiguration"} <= kinds
+
+
+def test_the_directory_builds_the_local_overlay_after_the_system_nodes_and_coredns(plan):
+    """pulumi/pulumi-kubernetes#3036: kustomize v2 Directory children are real resources with
+    await logic; apps/v1 Deployment: "If the Deployment has not reached a Ready state after 10
+    minutes, it will time out". Remote targets are cloned with the `git` binary (#3036, "Remote
+    Targets"): the directory is local, so no git and no movable tag at deploy time."""
+    (directory,) = plan.recording.by_type("kubernetes:kustomize/v2:Directory")
+    assert directory.inputs["directory"] == TRAINING_OPERATOR_OVERLAY_DIR
+    assert "://" not in directory.inputs["directory"] and "?ref=" not in directory.inputs["directory"]
+    node_group = plan.recording.one("aws:eks/nodeGroup:NodeGroup")
+    coredns = [r for r in plan.recording.by_type("aws:eks/addon:Addon") if r.inputs.get("addonName") == "coredns"]
+    assert node_group.urn in directory.dependencies and coredns[0].urn in directory.dependencies
+    # placed at build time: no separate patch racing the Deployment's readiness
+    assert plan.recording.by_type("kubernetes:apps/v1:DeploymentPatch") == []
+
+
+# git's own content addressing is the pin: the tree id must be what `git write-tree` computes.
+def _git_tree_of(folder: Path) -> str:
+    env = {"GIT_DIR": str(folder / ".git-tmp"), "GIT_WORK_TREE": str(folder), "PATH": "/usr/bin:/bin",
+           "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(folder)}
+    subprocess.run(["git", "init", "-q"], env=env, check=True)
+    subprocess.run(["git", "add", "-A", "--", ":!.git-tmp"], env=env, check=True)
+    tree = subprocess.run(["git", "write-tree"], env=env, check=True, capture_output=True, text=True).stdout.strip()
+    shutil.rmtree(folder / ".git-tmp")
+    return tree
+
+
+def _sample_tree(root: Path) -> Path:
+    (root / "overlays" / "standalone").mkdir(parents=True)
+    (root / "overlays" / "standalone" / "kustomization.yaml").write_text("resources: [../../base]\n")
+    (root / "base").mkdir()
+    (root / "base" / "deployment.yaml").write_text(UPSTREAM_DEPLOYMENT)
+    (root / "hack.sh").write_text("#!/bin/sh\n")
+    (root / "hack.sh").chmod(0o755)
+    (root / "base-x").write_text("sorts after base/ as git does\n")
+    return root
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_tree_id_is_gits(tmp_path):
+    tree = _sample_tree(tmp_path / "manifests")
+    assert vendor.tree_id(tree) == _git_tree_of(tree)
+
+
+def _archive_of(tree: Path, top: str = "trainer-abc") -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(tree, arcname=f"{top}/manifests")
+        tar.add(tree / "base" / "deployment.yaml", arcname=f"{top}/README-outside-manifests")
+    return buffer.getvalue()
+
+
+def test_a_fetched_tree_is_kept_only_when_its_git_tree_id_is_the_pinned_one(tmp_path):
+    tree = _sample_tree(tmp_path / "src" / "manifests")
+    pinned = vendor.VendoredTree(archive_url="https://example.invalid/a.tar.gz", subdir="manifests",
+                                 tree_id=vendor.tree_id(tree), dest="build/vendor/x/manifests")
+    archive = _archive_of(tree)
+    root = tmp_path / "project"
+    dest = vendor.ensure(pinned, root, download=lambda url: archive)
+    assert vendor.tree_id(dest) == pinned.tree_id and not (dest.parent / "README-outside-manifests").exists()
+    # already there and intact: nothing fetched
+    assert vendor.ensure(pinned, root, download=lambda url: pytest.fail("fetched again")) == dest
+    # edited on disk: refused, with the fix
+    (dest / "base" / "deployment.yaml").write_text("tampered\n")
+    with pytest.raises(vendor.VendorError, match=r"pinned .*FIX: delete build/vendor/x/manifests"):
+        vendor.ensure(pinned, root, download=lambda url: archive)
+
+
+def test_a_tampered_archive_is_refused_and_nothing_is_left_behind(tmp_path):
+    tree = _sample_tree(tmp_path / "src" / "manifests")
+    pinned = vendor.VendoredTree(archive_url="https://example.invalid/a.tar.gz", subdir="manifests",
+                                 tree_id=vendor.tree_id(tree), dest="build/vendor/x/manifests")
+    (tree / "base" / "deployment.yaml").write_text(UPSTREAM_DEPLOYMENT.replace("/manager", "/evil"))
+    root = tmp_path / "project"
+    with pytest.raises(vendor.VendorError, match="refusing it"):
+        vendor.ensure(pinned, root, download=lambda url: _archive_of(tree))
+    assert not (root / pinned.dest).exists()
+    with pytest.raises(vendor.VendorError, match="cannot download .*FIX: run `python -m infra.vendor`"):
+        vendor.ensure(pinned, root, download=lambda url: (_ for _ in ()).throw(OSError("no route to host")))
