@@ -223,3 +223,59 @@ def test_a_tampered_archive_is_refused_and_nothing_is_left_behind(tmp_path):
     assert not (root / pinned.dest).exists()
     with pytest.raises(vendor.VendorError, match="cannot download .*FIX: run `python -m infra.vendor`"):
         vendor.ensure(pinned, root, download=lambda url: (_ for _ in ()).throw(OSError("no route to host")))
+
+
+# -- N4: workflow pods in team namespaces reach the API server's Service address ---------------------
+import ipaddress  # noqa: E402
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        assert expr["operator"] in ("Exists", "DoesNotExist"), f"operator {expr['operator']} not modelled"
+        if (expr["key"] in labels) != (expr["operator"] == "Exists"):
+            return False
+    return True
+
+
+def _egress_allowed(policies: list[dict], pod_labels: dict, ip: str, port: int) -> bool:
+    """Kubernetes NetworkPolicy semantics (networking.k8s.io/v1): egress is allowed when some
+    policy selecting the pod has an egress rule whose peer and port match; an ipBlock peer is the
+    only peer that can match a selectorless Service's ClusterIP on the AWS agent
+    (pkg/resolvers/endpoints.go: "The current version is limited to tracking the services where the
+    service.spec.Selector matches the pod selector in the egress rules")."""
+    for policy in policies:
+        spec = policy["spec"]
+        if not _selects(spec["podSelector"], pod_labels) or "Egress" not in spec.get("policyTypes", []):
+            continue
+        for rule in spec.get("egress", []):
+            peers = [p for p in rule.get("to", []) if "ipBlock" in p]
+            hit = any(ipaddress.ip_address(ip) in ipaddress.ip_network(p["ipBlock"]["cidr"]) for p in peers)
+            ports = rule.get("ports")
+            if hit and (not ports or any(p.get("port") == port and p.get("protocol", "TCP") == "TCP" for p in ports)):
+                return True
+    return False
+
+
+def test_workflow_pods_reach_the_kubernetes_service_address_and_nothing_else_opens(plan):
+    """From the pod's seat in a team namespace (the policies the plan applies there).
+
+    aws/amazon-network-policy-controller-k8s pkg/resolvers/endpoints.go: "the network agent ...
+    attaches the ebpf probes to the TC hook of the pod veth interface and thus unable to see the
+    pod IP after the DNAT happens for the clusterIPs"; the `kubernetes` Service has no selector,
+    so the VPC CIDR rule never matches 172.20.0.1. Argo's executor and resource steps call it.
+    """
+    from components.cluster import ClusterArgs
+
+    service_ip = str(ipaddress.ip_network(ClusterArgs.service_ipv4_cidr)[1])  # first address: the kubernetes Service
+    team_ns = plan.config.scheduling.teams[0].namespace
+    policies = [r.inputs for r in plan.recording.resources
+                if r.inputs.get("kind") == "NetworkPolicy" and r.inputs.get("metadata", {}).get("namespace") == team_ns]
+    workflow_pod = {"workflows.argoproj.io/workflow": "train-gpt2-x7k2p", "workflows.argoproj.io/completed": "false"}
+    trainer_pod = {"training.kubeflow.org/job-name": "gpt2", "training.kubeflow.org/replica-type": "worker"}
+    assert _egress_allowed(policies, workflow_pod, service_ip, 443)
+    assert not _egress_allowed(policies, trainer_pod, service_ip, 443)
+    assert not _egress_allowed(policies, workflow_pod, service_ip, 80)
+    other_cluster_ip = str(ipaddress.ip_network(ClusterArgs.service_ipv4_cidr)[10])
+    assert not _egress_allowed(policies, workflow_pod, other_cluster_ip, 443)
