@@ -9,8 +9,8 @@ charts/argo-workflows): `images.tag`, `crds.install/keep`, `controller.workflowN
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -53,12 +53,15 @@ class ArgoWorkflowsArgs:
 
     cluster: the platform cluster (its static nodes run the controller and server).
     namespaces: team namespaces whose workflows this controller runs (they must exist).
+    namespace_resources: those namespaces' Namespace objects: the chart creates the
+        ``pipeline-runner`` ServiceAccount, Role and RoleBinding in each (templates/controller/workflow-sa.yaml).
     ha: two controllers (leader election) and two servers, each with a PDB.
     """
 
     cluster: Cluster
     namespaces: Sequence[str]
     ha: bool = False
+    namespace_resources: Mapping[str, pulumi.Resource] = field(default_factory=dict)
 
 
 def args_problems(args: ArgoWorkflowsArgs) -> list[Problem]:
@@ -109,6 +112,7 @@ class ArgoWorkflows(pulumi.ComponentResource):
             repository_opts={"repo": ARGO_HELM_REPO}, namespace=NAMESPACE, values=helm_values(args),
             skip_crds=False, atomic=True, cleanup_on_fail=True, timeout=600,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[
-                self.namespace, *self.network_policies, cluster.node_group, cluster.addons["coredns"]]),
+                self.namespace, *self.network_policies, cluster.node_group, cluster.addons["coredns"],
+                *args.namespace_resources.values()]),
         )
         self.register_outputs({"release_status": self.release.status, "namespaces": sorted(args.namespaces)})

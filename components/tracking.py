@@ -278,6 +278,7 @@ class TrackingArgs:
         namespaces: team namespaces; each gets its own MLflow user (named after the
             namespace, EDIT on the experiment of the same name, READ elsewhere) and an
             ``mlflow-tracking`` Secret with that login only.
+        namespace_resources: those namespaces' Namespace objects; each Secret depends on its own.
         protect: ``protect``, deletion protection and a final snapshot (prod).
     """
 
@@ -286,6 +287,7 @@ class TrackingArgs:
     image: Optional[str]
     domain_name: str
     namespaces: Sequence[str]
+    namespace_resources: Mapping[str, pulumi.Resource] = field(default_factory=dict)
     database: DatabaseArgs = DatabaseArgs()
     image_repository_arn: Optional[pulumi.Input[str]] = None
     route53_zone_id: Optional[str] = None
@@ -494,7 +496,8 @@ class Tracking(pulumi.ComponentResource):
             self.k8s_secrets[namespace] = apply_object(
                 f"{name}-secret-{namespace}",
                 team_tracking_secret(namespace, self.tracking_uri, pulumi.Output.secret(password_b64)),
-                pulumi.ResourceOptions(parent=self, provider=cluster.k8s_provider),
+                pulumi.ResourceOptions(parent=self, provider=cluster.k8s_provider, depends_on=(
+                    [args.namespace_resources[namespace]] if namespace in args.namespace_resources else [])),
             )
 
         self.register_outputs({

@@ -83,7 +83,8 @@ def deploy(platform: Platform) -> dict[str, Any]:
                                "gitopsRenderedPath": rendered_path(config, stack)}
     if config.gitops.argo_workflows and config.scheduling.teams:
         ArgoWorkflows(f"{config.name}-argo-workflows",
-                      ArgoWorkflowsArgs(cluster=platform.cluster, namespaces=team_namespaces(config), ha=is_ha(config)),
+                      ArgoWorkflowsArgs(cluster=platform.cluster, namespaces=team_namespaces(config), ha=is_ha(config),
+                                        namespace_resources=platform.team_namespace_resources()),
                       opts=platform.kubernetes_opts())
     return outputs
 

@@ -279,3 +279,33 @@ def test_workflow_pods_reach_the_kubernetes_service_address_and_nothing_else_ope
     assert not _egress_allowed(policies, workflow_pod, service_ip, 80)
     other_cluster_ip = str(ipaddress.ip_network(ClusterArgs.service_ipv4_cidr)[10])
     assert not _egress_allowed(policies, workflow_pod, other_cluster_ip, 443)
+
+
+# -- N9: every namespaced object depends on its namespace ---------------------------------------------
+def _namespaces_used(resource) -> set[str]:
+    inputs = resource.inputs
+    used = {(inputs.get("metadata") or {}).get("namespace"), inputs.get("namespace")}
+    # argo-workflows chart templates/controller/workflow-sa.yaml: `{{- range
+    # $namespace := .Values.controller.workflowNamespaces }}` creates the ServiceAccount, Role
+    # and RoleBinding in each of those namespaces.
+    controller = (inputs.get("values") or {}).get("controller") or {}
+    used.update(controller.get("workflowNamespaces") or [])
+    return {n for n in used if n}
+
+
+def test_every_namespaced_object_depends_on_the_namespace_the_stack_creates(plan):
+    """Kubernetes' NamespaceLifecycle admission plugin refuses an object in a namespace that does
+    not exist (`namespaces "x" not found`); pulumi-kubernetes retries creates for a while, which
+    only masks a missing `depends_on` (audit N9: team Secrets, FSx claims, the Argo Workflows
+    release creating RBAC in team namespaces)."""
+    recording = plan.recording
+    namespaces = {r.inputs["metadata"]["name"]: r for r in recording.by_type("kubernetes:core/v1:Namespace")}
+    assert namespaces, "the plan creates namespaces"
+    missing = []
+    for resource in recording.resources:
+        if not resource.type.startswith("kubernetes:") or resource.is_provider or resource.type == "kubernetes:core/v1:Namespace":
+            continue
+        for ns in _namespaces_used(resource) & namespaces.keys():
+            if not recording.depends_on(resource, namespaces[ns]):
+                missing.append(f"{resource.name} -> {ns}")
+    assert missing == []
