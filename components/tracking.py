@@ -48,6 +48,7 @@ import pulumi_aws as aws
 from components.bucket import SSE_S3, LifecycleRule, SecureBucket, SecureBucketArgs, private_bucket
 from components.cluster import Cluster
 from components.images import ECR_PULL_ACTIONS
+from components.names import IAM_ROLE_NAME_MAX, LOAD_BALANCER_NAME_MAX, TARGET_GROUP_NAME_MAX, fitted_name
 from components.k8s import apply_object
 from components.kms import create_key
 from components.mlflow_server import (
@@ -424,7 +425,8 @@ class Tracking(pulumi.ComponentResource):
         ecs_trust = pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [{
             "Effect": "Allow", "Principal": {"Service": "ecs-tasks.amazonaws.com"}, "Action": "sts:AssumeRole",
             "Condition": {"StringEquals": {"aws:SourceAccount": identity.account_id}}}]})
-        self.execution_role = aws.iam.Role(f"{name}-execution", assume_role_policy=ecs_trust, tags=tags, opts=child)
+        self.execution_role = aws.iam.Role(f"{name}-execution", name=fitted_name(f"{name}-execution", IAM_ROLE_NAME_MAX),
+                                           assume_role_policy=ecs_trust, tags=tags, opts=child)
         # What ECS injects at task start: the master login and the server user's initial password
         # into the bootstrap container, the admin password and Flask key into the server.
         secret_arns = [db_secret_arn, self.db_app_secret.arn, self.admin_password.arn, self.flask_secret.arn]
@@ -440,7 +442,8 @@ class Tracking(pulumi.ComponentResource):
         aws.iam.RolePolicy(f"{name}-execution-policy", role=self.execution_role.id,
                            policy=pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": execution_statements}),
                            opts=pulumi.ResourceOptions(parent=self.execution_role))
-        self.task_role = aws.iam.Role(f"{name}-task", assume_role_policy=ecs_trust, tags=tags, opts=child)
+        self.task_role = aws.iam.Role(f"{name}-task", name=fitted_name(f"{name}-task", IAM_ROLE_NAME_MAX),
+                                      assume_role_policy=ecs_trust, tags=tags, opts=child)
         self.artifacts.grant_read_write(self.task_role)
         # At run time the server reads its own database password (per connection, after a
         # rotation) and the team logins; never the master secret.
@@ -674,13 +677,13 @@ class Tracking(pulumi.ComponentResource):
         access_logs = ({"bucket": args.alb_logs_bucket.bucket, "prefix": ALB_LOG_PREFIX, "enabled": True}
                        if args.alb_logs_bucket is not None else None)
         lb = aws.lb.LoadBalancer(
-            f"{name}-{short}-alb", internal=internal, load_balancer_type="application",
+            f"{name}-{short}-alb", name=fitted_name(f"{name}-{short}-alb", LOAD_BALANCER_NAME_MAX), internal=internal, load_balancer_type="application",
             security_groups=[self.alb_sg.id], subnets=subnets, drop_invalid_header_fields=True,
             enable_deletion_protection=args.protect, access_logs=access_logs, idle_timeout=120,
             tags={**tags, "Name": f"{name}-{short}"},
             opts=pulumi.ResourceOptions(parent=self, depends_on=[args.alb_logs_policy] if args.alb_logs_policy else None))
         tg = aws.lb.TargetGroup(
-            f"{name}-{short}-tg", port=MLFLOW_PORT, protocol="HTTP", target_type="ip", vpc_id=network.vpc_id,
+            f"{name}-{short}-tg", name=fitted_name(f"{name}-{short}-tg", TARGET_GROUP_NAME_MAX), port=MLFLOW_PORT, protocol="HTTP", target_type="ip", vpc_id=network.vpc_id,
             deregistration_delay=30,
             # /health is answered without a database connection, so health checks never wake Aurora.
             health_check={"path": HEALTH_CHECK_PATH, "matcher": "200", "interval": 30, "timeout": 5,

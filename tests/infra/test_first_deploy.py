@@ -309,3 +309,92 @@ def test_every_namespaced_object_depends_on_the_namespace_the_stack_creates(plan
             if not recording.depends_on(resource, namespaces[ns]):
                 missing.append(f"{resource.name} -> {ns}")
     assert missing == []
+
+
+# -- N5: every name fits its service's limit for the longest names the config accepts ---------------
+# AWS limits, from each service's API reference / quota page (not the project's constants).
+NAME_LIMITS = {
+    "aws:iam/role:Role": ("name", 64),                      # IAM quotas: role name 64
+    "aws:iam/policy:Policy": ("name", 128),                 # IAM quotas: policy name 128
+    "aws:iam/instanceProfile:InstanceProfile": ("name", 128),
+    "aws:iam/rolePolicy:RolePolicy": ("name", 128),         # inline policy name 128
+    "aws:cloudwatch/eventRule:EventRule": ("name", 64),     # EventBridge PutRule Name 1-64
+    "aws:lb/loadBalancer:LoadBalancer": ("name", 32),       # ELBv2 CreateLoadBalancer Name <= 32
+    "aws:lb/targetGroup:TargetGroup": ("name", 32),         # ELBv2 CreateTargetGroup Name <= 32
+    "aws:lambda/function:Function": ("name", 64),           # Lambda FunctionName 64
+    "aws:sqs/queue:Queue": ("name", 80),                    # SQS queue name 80
+    "aws:rds/cluster:Cluster": ("clusterIdentifier", 63),   # RDS DBClusterIdentifier 1-63
+    "aws:rds/clusterInstance:ClusterInstance": ("identifier", 63),
+    "aws:s3/bucket:Bucket": ("bucket", 63),                 # S3 bucket naming rules: 3-63
+    "aws:s3/bucketV2:BucketV2": ("bucket", 63),
+    "aws:eks/nodeGroup:NodeGroup": ("nodeGroupName", 63),   # EKS CreateNodegroup 1-63
+    "aws:eks/cluster:Cluster": ("name", 100),               # EKS CreateCluster name 1-100
+    "aws:budgets/budget:Budget": ("name", 100),             # Budgets BudgetName 1-100
+    "aws:cloudtrail/trail:Trail": ("name", 128),            # CloudTrail trail name 3-128
+    "aws:serverlessrepository/cloudFormationStack:CloudFormationStack": ("name", 128),  # CFN stack name 128
+    "aws:ec2/launchTemplate:LaunchTemplate": ("name", 128),  # EC2 LaunchTemplateName 3-128
+    "aws:cloudwatch/metricAlarm:MetricAlarm": ("name", 255),
+    "aws:ec2/securityGroup:SecurityGroup": ("name", 255),
+    "kubernetes:core/v1:Namespace": (None, 63),             # RFC 1123 label
+}
+
+
+def _longest_accepted(raw_for, lengths=range(3, 80)) -> int:
+    from infra.config import ConfigError, load_platform_config
+
+    accepted = []
+    for n in lengths:
+        try:
+            load_platform_config(raw_for(n))
+        except ConfigError:
+            continue
+        accepted.append(n)
+    assert accepted, "no length accepted"
+    return max(accepted)
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_every_name_fits_for_the_longest_platform_and_team_names_the_config_accepts(stack, plan_config):
+    """pulumi/pulumi sdk/go/common/resource/resource_id.go refuses an autoname that cannot fit:
+    "name '%s' plus %d random chars is longer than maximum length %d" (7 random chars after a
+    "-"); pulumi-aws provider/resources.go: ``"name": tfbridge.AutoName("name", 32, "-")`` for
+    ``aws_lb_target_group``. Audit N5: a platform name over 8 characters overflowed the
+    EventRule autoname, over 9 the ALB, over 10 the target group."""
+    from tests.conftest import stack_config
+
+    def with_name(n: int) -> dict:
+        raw = stack_config(stack)
+        raw["name"] = ("m" + "x" * 80)[:n]
+        return raw
+
+    name_len = _longest_accepted(with_name)
+
+    def with_team(n: int) -> dict:
+        raw = with_name(name_len)
+        for i, team in enumerate(raw["scheduling"]["teams"]):
+            team["name"] = (f"t{i}" + "y" * 80)[:n]
+        return raw
+
+    team_len = _longest_accepted(with_team)
+    plan = plan_config(stack, with_team(team_len))
+    too_long = []
+    for resource in plan.recording.resources:
+        if resource.type not in NAME_LIMITS:
+            continue
+        field, limit = NAME_LIMITS[resource.type]
+        explicit = (resource.inputs.get("metadata", {}).get("name") if field is None else resource.inputs.get(field))
+        length = len(explicit) if isinstance(explicit, str) else len(resource.name) + 8  # Pulumi's autoname
+        if length > limit:
+            too_long.append(f"{resource.type} {resource.name}: {length} > {limit}")
+    assert name_len >= 20 and team_len >= 20, "the probe found the config's real maxima"
+    assert too_long == []
+
+
+def test_a_fitted_name_is_stable_distinct_and_within_the_limit():
+    from components.names import fitted_name
+
+    assert fitted_name("mlp-dev-mlflow-int-alb", 32) is None  # autonaming kept: no rename of a live stack
+    a = fitted_name("a" * 24 + "-mlflow-int-alb", 32)
+    b = fitted_name("a" * 24 + "-mlflow-ext-alb", 32)
+    assert a is not None and b is not None and a != b and len(a) <= 32 and len(b) <= 32
+    assert a == fitted_name("a" * 24 + "-mlflow-int-alb", 32) and not a.endswith("-")
