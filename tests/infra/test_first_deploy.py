@@ -398,3 +398,53 @@ def test_a_fitted_name_is_stable_distinct_and_within_the_limit():
     b = fitted_name("a" * 24 + "-mlflow-ext-alb", 32)
     assert a is not None and b is not None and a != b and len(a) <= 32 and len(b) <= 32
     assert a == fitted_name("a" * 24 + "-mlflow-int-alb", 32) and not a.endswith("-")
+
+
+# -- N6: the Argo CD secrets that must exist before the first `up` ------------------------------------
+def test_a_missing_argocd_secret_is_one_clear_problem_before_any_child(monkeypatch):
+    """Secrets Manager GetSecretValue on a missing secret answers ResourceNotFoundException
+    ("Secrets Manager can't find the specified secret."); the read happens at preview (audit N6),
+    so it must name the secret, its JSON keys and the command that creates it, for every missing
+    secret at once, before the component registers any child."""
+    import pulumi
+
+    from infra.config import PROJECT
+    from infra.mock_engine import RecordingMocks, run_recorded
+    from infra.program import main
+    from tests.conftest import stack_config, to_values
+
+    import grpc
+
+    class NotFound(grpc.RpcError):
+        """What the engine answers when the provider's read fails (a gRPC status with details)."""
+
+        def code(self):
+            return grpc.StatusCode.UNKNOWN
+
+        def details(self):
+            return ("reading Secrets Manager Secret Version: operation error Secrets Manager: GetSecretValue, "
+                    "ResourceNotFoundException: Secrets Manager can't find the specified secret.")
+
+    real_call = RecordingMocks.call
+
+    def call(self, args):
+        if args.token == "aws:secretsmanager/getSecretVersion:getSecretVersion":
+            raise NotFound()
+        return real_call(self, args)
+
+    monkeypatch.setattr(RecordingMocks, "call", call)
+    from components.validation import InvalidInputError
+
+    with pytest.raises(InvalidInputError) as info:
+        run_recorded(main, project=PROJECT, stack="prod", config=to_values(stack_config("prod")))
+    message = str(info.value)
+    assert "mlp-prod/argocd/repo-credentials" in message and "mlp-prod/argocd/oidc" in message
+    assert "ResourceNotFoundException" in message and "aws secretsmanager create-secret --name mlp-prod/argocd/oidc" in message
+    assert '"clientSecret"' in message and '"username"' in message
+    assert "Traceback" not in message
+
+
+def test_the_plan_lists_each_prerequisite_secret_with_its_keys(prod_plan):
+    prerequisite = [w for w in prod_plan.warnings if "must exist before the first `up`" in w]
+    assert any("mlp-prod/argocd/repo-credentials" in w and "username/password" in w for w in prerequisite)
+    assert any("mlp-prod/argocd/oidc" in w and "clientSecret" in w for w in prerequisite)
