@@ -448,3 +448,69 @@ def test_the_plan_lists_each_prerequisite_secret_with_its_keys(prod_plan):
     prerequisite = [w for w in prod_plan.warnings if "must exist before the first `up`" in w]
     assert any("mlp-prod/argocd/repo-credentials" in w and "username/password" in w for w in prerequisite)
     assert any("mlp-prod/argocd/oidc" in w and "clientSecret" in w for w in prerequisite)
+
+
+# -- N10: the offline plan names and ARNs things as the real engine and services do -----------------
+import re  # noqa: E402
+
+
+def test_urns_carry_the_parents_whole_qualified_type_as_the_engine_builds_them():
+    """pulumi/pulumi pkg/resource/deploy/source_eval.go (generateURN): "Skip empty parents and
+    don't use the root stack type; otherwise, use the full qualified type." and
+    sdk/go/common/resource/urn NewURN: ``typ = string(parentType) + URNTypeDelimiter + typ``."""
+    import pulumi
+
+    from infra.mock_engine import run_recorded
+
+    def program():
+        outer = pulumi.ComponentResource("mlplatform:test:Outer", "outer")
+        inner = pulumi.ComponentResource("mlplatform:test:Inner", "outer-inner", None, pulumi.ResourceOptions(parent=outer))
+        pulumi.ComponentResource("mlplatform:test:Leaf", "outer-inner-leaf", None, pulumi.ResourceOptions(parent=inner))
+
+    urns = sorted(r.urn for r in run_recorded(program, project="p", stack="s").resources)
+    assert urns == [
+        "urn:pulumi:s::p::mlplatform:test:Outer$mlplatform:test:Inner$mlplatform:test:Leaf::outer-inner-leaf",
+        "urn:pulumi:s::p::mlplatform:test:Outer$mlplatform:test:Inner::outer-inner",
+        "urn:pulumi:s::p::mlplatform:test:Outer::outer",
+    ]
+
+
+def test_the_eks_cluster_child_is_named_as_pulumi_eks_names_it(plan):
+    """pulumi/pulumi-eks nodejs/eks/cluster/cluster.ts (v4.3.0, unchanged since): ``const eksCluster
+    = new aws.eks.Cluster(`${name}-eksCluster`, { name: args.name, ... }, { parent: parent })``,
+    ``name`` being the component's name (the physical cluster name is ``args.name``)."""
+    component = plan.recording.one("eks:index:Cluster")
+    child = plan.recording.one("aws:eks/cluster:Cluster")
+    assert child.name == f"{component.name}-eksCluster"
+    assert child.urn == component.urn.replace("::" + component.name, "") + "$aws:eks/cluster:Cluster::" + child.name
+    assert child.inputs["name"] == component.inputs["name"] != child.name
+
+
+# Service Authorization Reference, "Resource types defined by ..." (ARN formats).
+ARN_PATTERNS = {
+    # Secrets Manager User Guide: the ARN ends with the name, "-" and six random characters.
+    "aws:secretsmanager/secret:Secret": r"arn:aws:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@-]+-[A-Za-z0-9]{6}",
+    "aws:cloudwatch/eventRule:EventRule": r"arn:aws:events:[a-z0-9-]+:\d{12}:rule/[\w.-]+",
+    "aws:lb/targetGroup:TargetGroup": r"arn:aws:elasticloadbalancing:[a-z0-9-]+:\d{12}:targetgroup/[\w-]{1,32}/[0-9a-f]{16}",
+    "aws:lb/loadBalancer:LoadBalancer": r"arn:aws:elasticloadbalancing:[a-z0-9-]+:\d{12}:loadbalancer/app/[\w-]{1,32}/[0-9a-f]{16}",
+    "aws:iam/role:Role": r"arn:aws:iam::\d{12}:role/[\w+=,.@/-]{1,64}",
+    "aws:kms/key:Key": r"arn:aws:kms:[a-z0-9-]+:\d{12}:key/[0-9a-f-]{36}",
+    "aws:sqs/queue:Queue": r"arn:aws:sqs:[a-z0-9-]+:\d{12}:[\w-]{1,80}",
+    "aws:eks/podIdentityAssociation:PodIdentityAssociation": r"arn:aws:eks:[a-z0-9-]+:\d{12}:podidentityassociation/[\w-]+/a-\w+",
+    "aws:ec2/securityGroup:SecurityGroup": r"arn:aws:ec2:[a-z0-9-]+:\d{12}:security-group/sg-[0-9a-f]+",
+}
+
+
+def test_fabricated_arns_follow_each_services_format(plan):
+    wrong = []
+    seen = set()
+    for resource in plan.recording.resources:
+        pattern = ARN_PATTERNS.get(resource.type)
+        if pattern is None or not resource.custom:
+            continue
+        seen.add(resource.type)
+        arn = (resource.outputs or {}).get("arn")
+        if not isinstance(arn, str) or not re.fullmatch(pattern, arn):
+            wrong.append(f"{resource.type} {resource.name}: {arn}")
+    assert wrong == []
+    assert {"aws:secretsmanager/secret:Secret", "aws:cloudwatch/eventRule:EventRule", "aws:iam/role:Role"} <= seen
