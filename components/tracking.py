@@ -475,6 +475,7 @@ class Tracking(pulumi.ComponentResource):
         self.service: Optional[aws.ecs.Service] = None
         if args.image is not None:
             self._service(name, args, db_secret_arn, listeners, tags)
+            self._rotation(name)
 
         # -- in-VPC name resolution: the tracking domain points at the internal load balancer --
         internal = self.load_balancers[LoadBalancerScheme.INTERNAL]
@@ -545,7 +546,10 @@ class Tracking(pulumi.ComponentResource):
             deployment_circuit_breaker={"enable": True, "rollback": True},
             deployment_minimum_healthy_percent=100 if args.desired_count > 1 else 0,
             deployment_maximum_percent=200,
-            propagate_tags="SERVICE", enable_execute_command=False, wait_for_steady_state=False,
+            # Steady state = tasks healthy behind the target group: the bootstrap created the
+            # server's user (the password rotation is created after this, see _rotation), and a
+            # broken image fails the `up` (circuit breaker) instead of looping unseen.
+            propagate_tags="SERVICE", enable_execute_command=False, wait_for_steady_state=True,
             tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=[*listeners, *self.database_instances]),
         )
 
@@ -596,13 +600,25 @@ class Tracking(pulumi.ComponentResource):
                 "kmsKeyArn": self.key.arn,
             },
             tags=tags, opts=pulumi.ResourceOptions(parent=self))
-        aws.secretsmanager.SecretRotation(
+        self.db_app_rotation: Optional[aws.secretsmanager.SecretRotation] = None
+
+    def _rotation(self, name) -> None:
+        """The rotation schedule of the server's password, once the user exists.
+
+        RotateSecret without immediate rotation still "tests the rotation configuration by
+        running the testSecret step" (AWS RotateSecret API reference, quoted in getmoto/moto#7342),
+        which logs in as ``mlflow_app``: the user only exists once a task's db-bootstrap has run.
+        So the rotation is created only with the service, after it: the service waits for steady
+        state (its tasks healthy, hence the bootstrap container exited 0 before the server
+        started, ``dependsOn: SUCCESS``).
+        """
+        db = self.args.database
+        self.db_app_rotation = aws.secretsmanager.SecretRotation(
             f"{name}-db-app-rotation", secret_id=self.db_app_secret.id,
             rotation_lambda_arn=self.rotation_application.outputs.apply(lambda o: o["RotationLambdaARN"]),
             rotation_rules={"automatically_after_days": db.password_rotation_days},
-            # Not at creation: the user exists only once the first task's bootstrap has run.
             rotate_immediately=False,
-            opts=pulumi.ResourceOptions(parent=self.db_app_secret))
+            opts=pulumi.ResourceOptions(parent=self.db_app_secret, depends_on=[self.service]))
 
     def _team_users(self, name, tags) -> None:
         """One MLflow login per team namespace; the server's entrypoint creates the users."""

@@ -514,3 +514,21 @@ def test_fabricated_arns_follow_each_services_format(plan):
             wrong.append(f"{resource.type} {resource.name}: {arn}")
     assert wrong == []
     assert {"aws:secretsmanager/secret:Secret", "aws:cloudwatch/eventRule:EventRule", "aws:iam/role:Role"} <= seen
+
+
+# -- N8: the password rotation only after the server's user exists -------------------------------------
+def test_rotation_is_created_after_the_service_that_creates_the_user_and_never_without_it(dev_plan, plan_config):
+    """AWS RotateSecret (quoted in getmoto/moto#7342): "if you don't immediately rotate the
+    secret, Secrets Manager tests the rotation configuration by running the testSecret step";
+    testSecret logs in as the user, which only a task's db-bootstrap creates."""
+    from tests.conftest import stack_config
+
+    rotation = dev_plan.recording.one("aws:secretsmanager/secretRotation:SecretRotation")
+    service = dev_plan.recording.one("aws:ecs/service:Service")
+    assert dev_plan.recording.depends_on(rotation, service)
+    assert service.inputs["waitForSteadyState"] is True  # healthy tasks: the bootstrap exited 0
+    raw = stack_config("dev")
+    raw["tracking"].pop("image")
+    first_deploy = plan_config("dev", raw)
+    assert first_deploy.recording.by_type("aws:ecs/service:Service") == []
+    assert first_deploy.recording.by_type("aws:secretsmanager/secretRotation:SecretRotation") == []
