@@ -160,3 +160,53 @@ ARGOCD_APP_VERSION = "v3.5.1"
 # to v4.1.2, the patch release whose WorkflowTemplate CRD the tests validate against.
 ARGO_WORKFLOWS_CHART_VERSION = "1.1.1"
 ARGO_WORKFLOWS_APP_VERSION = "v4.1.2"
+
+
+# -- pins no primary source confirms ------------------------------------------------------------
+@dataclass(frozen=True)
+class UnconfirmedPin:
+    """A pinned version whose availability no AWS document states: the offline plan lists it with
+    the command that confirms it (``{region}`` is the stack's region) whenever the plan deploys it.
+
+    resource_type / match: the planned resource that deploys it (its input ``match[0]`` equals
+    ``match[1]``), so the warning appears only when the pin is used."""
+
+    what: str
+    value: str
+    why: str
+    check: str
+    resource_type: str
+    match: tuple[str, str]
+
+
+UNCONFIRMED_PINS: tuple[UnconfirmedPin, ...] = (
+    UnconfirmedPin(
+        "aws-fsx-csi-driver add-on", EKS_ADDON_VERSIONS["aws-fsx-csi-driver"],
+        "named only in the EKS hybrid-nodes add-on table; no table maps it to Kubernetes 1.32",
+        "aws eks describe-addon-versions --region {region} --kubernetes-version {eks} --addon-name aws-fsx-csi-driver "
+        "--query 'addons[].addonVersions[].addonVersion'",
+        "aws:eks/addon:Addon", ("addonName", "aws-fsx-csi-driver")),
+    UnconfirmedPin(
+        "eks-pod-identity-agent add-on", EKS_ADDON_VERSIONS["eks-pod-identity-agent"],
+        "no AWS document maps agent builds to Kubernetes versions",
+        "aws eks describe-addon-versions --region {region} --kubernetes-version {eks} --addon-name eks-pod-identity-agent "
+        "--query 'addons[].addonVersions[].addonVersion'",
+        "aws:eks/addon:Addon", ("addonName", "eks-pod-identity-agent")),
+    UnconfirmedPin(
+        "aws-ebs-csi-driver add-on", EKS_ADDON_VERSIONS["aws-ebs-csi-driver"],
+        "no AWS version table exists for this add-on",
+        "aws eks describe-addon-versions --region {region} --kubernetes-version {eks} --addon-name aws-ebs-csi-driver "
+        "--query 'addons[].addonVersions[].addonVersion'",
+        "aws:eks/addon:Addon", ("addonName", "aws-ebs-csi-driver")),
+    UnconfirmedPin(
+        "Aurora PostgreSQL engine version", AURORA_POSTGRESQL_VERSION,
+        "AWS retires old minors for creation; no release-calendar row found for it",
+        "aws rds describe-db-engine-versions --region {region} --engine aurora-postgresql --engine-version {value} "
+        "--query 'DBEngineVersions[].[EngineVersion,Status]'",
+        "aws:rds/cluster:Cluster", ("engineVersion", AURORA_POSTGRESQL_VERSION)),
+    UnconfirmedPin(
+        "busybox image digest (setup Jobs, Training Operator init container)", BUSYBOX_IMAGE,
+        "the digest is taken from public pins of docker.io/library/busybox:1.37.0, not read from ECR Public",
+        "docker buildx imagetools inspect public.ecr.aws/docker/library/busybox:1.37.0 --format '{{{{json .Manifest.Digest}}}}'",
+        "kubernetes:kustomize/v2:Directory", ("directory", TRAINING_OPERATOR_OVERLAY_DIR)),
+)
