@@ -552,3 +552,64 @@ def test_each_unconfirmed_pin_the_plan_deploys_is_a_warning_with_its_confirming_
     if plan.recording.by_type("aws:rds/cluster:Cluster"):
         assert any(f"describe-db-engine-versions --region {region} --engine aurora-postgresql "
                    f"--engine-version {AURORA_POSTGRESQL_VERSION}" in w for w in pins)
+
+
+# -- item 10: strings that reach AWS, Git or a path are checked where they are read ----------------------
+REVISIONS = ["main", "v1.4.0", "release/2026-11", "feature/a.b", "main..x", "feature branch", "-rf", "release/",
+             "v1.0.lock", "", "a//b", ".hidden", "x/.y", "a@{1}", "ends.", "tab\there", "q?", "x~1", "a:b",
+             "0123456789abcdef0123456789abcdef01234567"]
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+@pytest.mark.parametrize("revision", REVISIONS)
+def test_a_target_revision_is_refused_exactly_when_git_refuses_the_name(revision):
+    """git Documentation/git-check-ref-format.txt: the rules for branch and tag names, as the
+    binary applies them (`git check-ref-format --branch`); a full commit id is also accepted."""
+    from infra.config.syntax import git_ref_problem
+
+    git_accepts = subprocess.run(["git", "check-ref-format", "--branch", revision], capture_output=True).returncode == 0
+    assert (git_ref_problem(revision) is None) == git_accepts
+    # rule 9, "They cannot be the single character @" (`--branch` expands "@" to HEAD instead)
+    assert git_ref_problem("@") is not None
+
+
+BAD_VALUES = [
+    ("gitops", "targetRevision", "main..x"),
+    ("gitops", "renderedPath", "../../etc"),
+    ("gitops", "domain", "argocd..example.com"),
+    ("gitops", "repoUrl", "https://github.com/org/repo/../other.git"),
+    ("gitops.repoCredentials", "secretsManagerSecretId", "bad secret id!"),
+    ("tracking", "route53ZoneId", "not-a-zone"),
+    ("tracking", "image", "NOT A REF"),
+    ("datasets.fsx.dataRepositoryAssociations.0", "prefix", "imagenet/../../checkpoints/"),
+]
+
+
+def test_each_malformed_value_is_refused_at_once_naming_field_value_and_fix():
+    """All problems at once (the loader's contract), each with its path and a fix, never a traceback."""
+    import copy
+
+    from tests.conftest import problems_of, stack_config
+
+    raw = copy.deepcopy(stack_config("dev"))
+    expected = {}
+    for section, key, value in BAD_VALUES:
+        node = raw
+        for part in section.split("."):
+            node = node[int(part)] if part.isdigit() else node.setdefault(part, {})
+        node[key] = value
+        path = section.replace(".0", "[0]") + "." + key
+        expected[path] = value
+    problems = problems_of(raw)
+    assert set(expected) <= set(problems), sorted(problems)
+    for path, value in expected.items():
+        (problem,) = problems[path]
+        assert problem.value == value and problem.fix, (path, problem)
+
+
+def test_the_stack_files_pass_the_syntax_checks():
+    from infra.config import load_platform_config
+    from tests.conftest import stack_config
+
+    for stack in ("dev", "prod"):
+        load_platform_config(stack_config(stack))
