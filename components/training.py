@@ -52,6 +52,52 @@ def trainer_values(*, replicas: int) -> dict[str, Any]:
     }
 
 
+# The operator reads its PyTorch init-container template from this file when it exists
+# (pkg/config/config.go PyTorchInitContainerTemplateFileDefault = "/etc/config/initContainer.yaml";
+# pkg/controller.v1/pytorch/initcontainer.go getInitContainerTemplateOrDefault). Upstream's
+# template (same command, resources and Go template fields) plus a securityContext, so worker pods
+# pass Pod Security "restricted" and the scan: the init container only runs nslookup and sleep.
+INIT_CONTAINER_TEMPLATE_DIR = "/etc/config"
+INIT_CONTAINER_TEMPLATE_FILE = "initContainer.yaml"
+INIT_CONTAINER_CONFIGMAP = "training-operator-init-container"
+INIT_CONTAINER_TEMPLATE = """\
+- name: init-pytorch
+  image: {{.InitContainerImage}}
+  imagePullPolicy: IfNotPresent
+  resources:
+    limits:
+      cpu: 100m
+      memory: 20Mi
+    requests:
+      cpu: 50m
+      memory: 10Mi
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 65534
+    runAsGroup: 65534
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    capabilities:
+      drop:
+        - ALL
+    seccompProfile:
+      type: RuntimeDefault
+  command: ['sh', '-c', 'err=1;for i in $(seq {{.MaxTries}}); do if nslookup {{.MasterAddr}}; then err=0 && break; fi;echo waiting for master; sleep 2; done; exit $err']
+"""
+# pkg/config/config.go PyTorchInitContainerMaxTriesDefault
+INIT_CONTAINER_MAX_TRIES = 100
+
+
+def operator_init_containers(master_addr: str) -> list[dict[str, Any]]:
+    """The init containers the operator adds to each worker of a multi-node PyTorchJob, rendered
+    from ``INIT_CONTAINER_TEMPLATE`` as the operator renders it (for the security scan and tests)."""
+    import yaml
+
+    text = (INIT_CONTAINER_TEMPLATE.replace("{{.InitContainerImage}}", TRAINING_OPERATOR_INIT_CONTAINER_IMAGE)
+            .replace("{{.MaxTries}}", str(INIT_CONTAINER_MAX_TRIES)).replace("{{.MasterAddr}}", master_addr))
+    return yaml.safe_load(text)
+
+
 # cmd/training-operator.v1/main.go (v1.9.4): the flag that replaces the Docker Hub default
 # `alpine:3.10` of the init container added to every worker of a multi-node PyTorchJob.
 INIT_CONTAINER_IMAGE_FLAG = "--pytorch-init-container-image"
@@ -68,7 +114,10 @@ def operator_deployment_patch() -> dict[str, Any]:
         "spec": {"template": {"spec": {
             "nodeSelector": placement["nodeSelector"], "tolerations": placement["tolerations"],
             "containers": [{"name": TRAINING_OPERATOR_CONTAINER,
-                            "args": [f"{INIT_CONTAINER_IMAGE_FLAG}={TRAINING_OPERATOR_INIT_CONTAINER_IMAGE}"]}],
+                            "args": [f"{INIT_CONTAINER_IMAGE_FLAG}={TRAINING_OPERATOR_INIT_CONTAINER_IMAGE}"],
+                            "volumeMounts": [{"name": "init-container-template", "mountPath": INIT_CONTAINER_TEMPLATE_DIR,
+                                              "readOnly": True}]}],
+            "volumes": [{"name": "init-container-template", "configMap": {"name": INIT_CONTAINER_CONFIGMAP}}],
         }}},
     }
 
@@ -80,6 +129,9 @@ def operator_kustomization(upstream_overlay: str) -> dict[str, Any]:
     return {
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "resources": [upstream_overlay],
+        # The init-container template next to this kustomization (written by infra.vendor).
+        "configMapGenerator": [{"name": INIT_CONTAINER_CONFIGMAP, "namespace": TRAINING_OPERATOR_NAMESPACE,
+                                "files": [INIT_CONTAINER_TEMPLATE_FILE]}],
         "patches": [{"target": {"group": "apps", "version": "v1", "kind": "Deployment",
                                 "name": TRAINING_OPERATOR_DEPLOYMENT},
                      "patch": json.dumps(operator_deployment_patch())}],

@@ -122,7 +122,10 @@ def test_the_operator_is_built_placed_on_the_tainted_system_nodes_with_the_pinne
     overlay = tmp_path / "overlay"
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(operator_kustomization("../upstream")))
-    (deployment,) = _kustomize_build(overlay)
+    from components.training import INIT_CONTAINER_TEMPLATE, INIT_CONTAINER_TEMPLATE_FILE
+
+    (overlay / INIT_CONTAINER_TEMPLATE_FILE).write_text(INIT_CONTAINER_TEMPLATE)
+    (deployment,) = [o for o in _kustomize_build(overlay) if o["kind"] == "Deployment"]
     pod = deployment["spec"]["template"]["spec"]
     assert _tolerates(pod["tolerations"], SYSTEM_NODE_TAINT)
     assert pod["nodeSelector"] == system_node_selector()
@@ -613,3 +616,61 @@ def test_the_stack_files_pass_the_syntax_checks():
 
     for stack in ("dev", "prod"):
         load_platform_config(stack_config(stack))
+
+
+# -- issue 23 item 4: the operator's init container, hardened and scanned with the job's pods ------------
+def test_the_operator_init_container_passes_pod_security_restricted_and_pins_its_image():
+    """Pod Security Standards, "restricted" (kubernetes.io/docs/concepts/security/pod-security-standards):
+    allowPrivilegeEscalation false; runAsNonRoot true; capabilities drop ["ALL"]; seccompProfile
+    RuntimeDefault or Localhost. The template keeps upstream's command, resources and fields
+    (pkg/controller.v1/pytorch/initcontainer.go initContainerTemplate)."""
+    from components.training import operator_init_containers
+
+    (container,) = operator_init_containers("gpt2-master-0")
+    sc = container["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["runAsNonRoot"] is True and sc["runAsUser"] != 0
+    assert sc["capabilities"]["drop"] == ["ALL"] and sc["seccompProfile"]["type"] in ("RuntimeDefault", "Localhost")
+    assert container["name"] == "init-pytorch" and "@sha256:" in container["image"]
+    assert "nslookup gpt2-master-0" in container["command"][2] and "seq 100" in container["command"][2]
+    assert container["resources"] == {"limits": {"cpu": "100m", "memory": "20Mi"}, "requests": {"cpu": "50m", "memory": "10Mi"}}
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (its built-in kustomize)")
+def test_the_template_is_mounted_where_the_operator_reads_it(tmp_path):
+    """pkg/config/config.go: ``PyTorchInitContainerTemplateFileDefault = "/etc/config/initContainer.yaml"``."""
+    from components.training import INIT_CONTAINER_TEMPLATE, INIT_CONTAINER_TEMPLATE_FILE
+
+    upstream = tmp_path / "upstream"
+    upstream.mkdir()
+    (upstream / "deployment.yaml").write_text(UPSTREAM_DEPLOYMENT)
+    (upstream / "kustomization.yaml").write_text(UPSTREAM_STANDALONE)
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(operator_kustomization("../upstream")))
+    (overlay / INIT_CONTAINER_TEMPLATE_FILE).write_text(INIT_CONTAINER_TEMPLATE)
+    objects = _kustomize_build(overlay)
+    (config_map,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    assert config_map["metadata"]["namespace"] == deployment["metadata"]["namespace"] == "kubeflow"
+    pod = deployment["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v.get("configMap", {}).get("name") == config_map["metadata"]["name"]]
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
+    assert f"{mount['mountPath']}/{INIT_CONTAINER_TEMPLATE_FILE}" == "/etc/config/initContainer.yaml"
+    assert config_map["data"][INIT_CONTAINER_TEMPLATE_FILE] == INIT_CONTAINER_TEMPLATE
+
+
+def test_the_scan_sees_the_init_container_the_operator_adds_to_workers():
+    """initcontainer.go setInitContainer: only when a Master is specified, only for Worker pods."""
+    from infra.security_scan import pod_templates, with_operator_init_containers
+
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "gpt2", "namespace": "team-a"},
+           "spec": {"pytorchReplicaSpecs": {
+               "Master": {"template": {"spec": {"containers": [{"name": "pytorch", "image": "t@sha256:" + "a" * 64}]}}},
+               "Worker": {"template": {"spec": {"containers": [{"name": "pytorch", "image": "t@sha256:" + "a" * 64}]}}}}}}
+    seen = {path: with_operator_init_containers(job, path, t) for path, t in pod_templates(job)}
+    worker = seen["spec.pytorchReplicaSpecs.Worker.template"]["spec"]
+    master = seen["spec.pytorchReplicaSpecs.Master.template"]["spec"]
+    assert [c["name"] for c in worker["initContainers"]] == ["init-pytorch"] and "initContainers" not in master
+    del job["spec"]["pytorchReplicaSpecs"]["Master"]
+    alone = dict(pod_templates(job))["spec.pytorchReplicaSpecs.Worker.template"]
+    assert "initContainers" not in with_operator_init_containers(job, "spec.pytorchReplicaSpecs.Worker.template", alone)["spec"]
