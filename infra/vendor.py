@@ -19,7 +19,6 @@ import argparse
 import hashlib
 import io
 import os
-import shutil
 import sys
 import tarfile
 import tempfile

@@ -5,7 +5,24 @@ the rule is upstream's.
 """
 from __future__ import annotations
 
+import io
+import ipaddress
+import re
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
 from components.argo_workflows import ArgoWorkflowsArgs, helm_values
+from components.training import operator_kustomization
+from components.versions import (
+    TRAINING_OPERATOR_INIT_CONTAINER_IMAGE, TRAINING_OPERATOR_OVERLAY_DIR, TRAINING_OPERATOR_VENDOR_DIR,
+)
+from infra import vendor
+from workloads.placement import SYSTEM_NODE_TAINT, system_node_selector
 
 
 def _argo_values() -> dict:
@@ -32,22 +49,7 @@ def test_argo_workflows_crds_are_rendered_by_helm_not_downloaded_by_a_hook_job()
 
 
 # -- N3 / N11 / issue 23 item 4: the Training Operator from a verified local overlay ---------------
-import io  # noqa: E402
-import json  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import tarfile  # noqa: E402
-from pathlib import Path  # noqa: E402
 
-import pytest  # noqa: E402
-import yaml  # noqa: E402
-
-from components.training import INIT_CONTAINER_IMAGE_FLAG, operator_kustomization  # noqa: E402
-from components.versions import (  # noqa: E402
-    TRAINING_OPERATOR_INIT_CONTAINER_IMAGE, TRAINING_OPERATOR_OVERLAY_DIR, TRAINING_OPERATOR_VENDOR_DIR,
-)
-from infra import vendor  # noqa: E402
-from workloads.placement import SYSTEM_NODE_TAINT, system_node_selector  # noqa: E402
 
 # kubeflow/trainer@v1.9.4 manifests/base/deployment.yaml, the fields the patch meets (no
 # nodeSelector, no tolerations, no args) and upstream's standalone overlay (namespace kubeflow).
@@ -229,7 +231,6 @@ def test_a_tampered_archive_is_refused_and_nothing_is_left_behind(tmp_path):
 
 
 # -- N4: workflow pods in team namespaces reach the API server's Service address ---------------------
-import ipaddress  # noqa: E402
 
 
 def _selects(selector: dict, labels: dict) -> bool:
@@ -454,7 +455,6 @@ def test_the_plan_lists_each_prerequisite_secret_with_its_keys(prod_plan):
 
 
 # -- N10: the offline plan names and ARNs things as the real engine and services do -----------------
-import re  # noqa: E402
 
 
 def test_urns_carry_the_parents_whole_qualified_type_as_the_engine_builds_them():
