@@ -9,8 +9,8 @@ charts/argo-workflows): `images.tag`, `crds.install/keep`, `controller.workflowN
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -53,12 +53,15 @@ class ArgoWorkflowsArgs:
 
     cluster: the platform cluster (its static nodes run the controller and server).
     namespaces: team namespaces whose workflows this controller runs (they must exist).
+    namespace_resources: those namespaces' Namespace objects: the chart creates the
+        ``pipeline-runner`` ServiceAccount, Role and RoleBinding in each (templates/controller/workflow-sa.yaml).
     ha: two controllers (leader election) and two servers, each with a PDB.
     """
 
     cluster: Cluster
     namespaces: Sequence[str]
     ha: bool = False
+    namespace_resources: Mapping[str, pulumi.Resource] = field(default_factory=dict)
 
 
 def args_problems(args: ArgoWorkflowsArgs) -> list[Problem]:
@@ -76,7 +79,12 @@ def helm_values(args: ArgoWorkflowsArgs) -> dict[str, Any]:
     return {
         # The chart's appVersion is not trusted blindly: the image tag is the version we validated.
         "images": {"tag": ARGO_WORKFLOWS_APP_VERSION},
-        "crds": {"install": True, "keep": True},
+        # The chart's default `crds.full: true` installs the CRDs from a pre-install hook Job that
+        # downloads them from raw.githubusercontent.com (templates/crds-install-job.yaml); the
+        # namespace's NetworkPolicies deny that egress and the hook pod tolerates no system node,
+        # so the atomic release would roll back. `full: false` renders the chart's own minimal
+        # CRDs (templates/crds.yaml, files/crds/minimal): no Job, no download.
+        "crds": {"install": True, "keep": True, "full": False},
         "singleNamespace": False,
         "controller": {"workflowNamespaces": sorted(args.namespaces), "replicas": replicas, "pdb": pdb,
                        "securityContext": security, **placement},
@@ -104,6 +112,7 @@ class ArgoWorkflows(pulumi.ComponentResource):
             repository_opts={"repo": ARGO_HELM_REPO}, namespace=NAMESPACE, values=helm_values(args),
             skip_crds=False, atomic=True, cleanup_on_fail=True, timeout=600,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[
-                self.namespace, *self.network_policies, cluster.node_group, cluster.addons["coredns"]]),
+                self.namespace, *self.network_policies, cluster.node_group, cluster.addons["coredns"],
+                *args.namespace_resources.values()]),
         )
         self.register_outputs({"release_status": self.release.status, "namespaces": sorted(args.namespaces)})

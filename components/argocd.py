@@ -38,6 +38,8 @@ REPO_CREDS_SECRET = "argocd-repo-creds"
 OIDC_SECRET = "argocd-oidc"
 OIDC_SECRET_KEY = "clientSecret"
 # Keys a repo-creds Secret may carry (Argo CD declarative setup, "Repository Credentials").
+# The JSON a repository-credentials secret holds (HTTPS; or {"sshPrivateKey": "..."}).
+REPO_CREDENTIALS_EXAMPLE = {"username": "...", "password": "..."}
 REPO_CREDENTIAL_KEYS = ("username", "password", "sshPrivateKey", "githubAppID", "githubAppInstallationID",
                         "githubAppPrivateKey", "bearerToken")
 
@@ -208,6 +210,15 @@ class ArgoCD(pulumi.ComponentResource):
     def __init__(self, name: str, args: ArgoCDArgs, opts: Optional[pulumi.ResourceOptions] = None):
         raise_if_any(f"ArgoCD {name}", args_problems(args))
         super().__init__("mlplatform:argocd:ArgoCD", name, None, opts)
+        creds = args.repo_credentials
+        sso = args.sso
+        # Read at preview, before any child: a missing secret is one clear error, not an invoke trace.
+        secret_values = self._read_secrets(name, [
+            *([("repository credentials", creds.secrets_manager_secret_id, REPO_CREDENTIALS_EXAMPLE)]
+              if creds is not None and creds.secrets_manager_secret_id else []),
+            *([("OIDC client secret", sso.client_secret.secrets_manager_secret_id, {OIDC_SECRET_KEY: "..."})]
+              if sso is not None and sso.client_secret.secrets_manager_secret_id else []),
+        ])
         cluster = args.cluster
         objects = namespace_objects(namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr))
         if is_ssh_url(args.gitops.repo_url):
@@ -216,9 +227,8 @@ class ArgoCD(pulumi.ComponentResource):
         in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
         secrets: list[pulumi.Resource] = []
 
-        creds = args.repo_credentials
         if creds is not None and creds.secrets_manager_secret_id:
-            value = self._secret_json(creds.secrets_manager_secret_id)
+            value = secret_values[creds.secrets_manager_secret_id]
             secrets.append(apply_object(f"{name}-repo-creds", {
                 "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                 "metadata": {"name": REPO_CREDS_SECRET, "namespace": NAMESPACE,
@@ -226,9 +236,8 @@ class ArgoCD(pulumi.ComponentResource):
                 "stringData": pulumi.Output.secret(value.apply(lambda v: repo_creds_string_data(
                     args.gitops.repo_url, creds.secrets_manager_secret_id, v))),
             }, in_namespace))
-        sso = args.sso
         if sso is not None and sso.client_secret.secrets_manager_secret_id:
-            value = self._secret_json(sso.client_secret.secrets_manager_secret_id)
+            value = secret_values[sso.client_secret.secrets_manager_secret_id]
             secrets.append(apply_object(f"{name}-oidc-secret", {
                 "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                 "metadata": {"name": OIDC_SECRET, "namespace": NAMESPACE,
@@ -257,7 +266,22 @@ class ArgoCD(pulumi.ComponentResource):
         self.register_outputs({"release_status": self.release.status,
                                "root_application": spec.root_application_name})
 
-    def _secret_json(self, secret_id: str) -> pulumi.Output[str]:
-        version = aws.secretsmanager.get_secret_version_output(
-            secret_id=secret_id, opts=pulumi.InvokeOutputOptions(parent=self))
-        return pulumi.Output.secret(version.secret_string)
+    def _read_secrets(self, name: str, reads: Sequence[tuple[str, str, Mapping[str, str]]]) -> dict[str, pulumi.Output[str]]:
+        """Each (purpose, secret id, example JSON) read through the workload account's provider;
+        every unreadable one reported at once, naming the secret, its JSON keys and the command
+        that creates it (Secrets Manager GetSecretValue answers ResourceNotFoundException)."""
+        values: dict[str, pulumi.Output[str]] = {}
+        problems: list[Problem] = []
+        for purpose, secret_id, example in reads:
+            try:
+                version = aws.secretsmanager.get_secret_version(secret_id=secret_id, opts=pulumi.InvokeOptions(parent=self))
+            except Exception as error:  # the engine's invoke error: its first line names AWS's reason
+                reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                problems.append(Problem(
+                    f"Argo CD {purpose}", secret_id, f"cannot be read from Secrets Manager in the workload account: {reason}",
+                    f"create it before the first `up` (docs/runbooks/first-deploy.md): aws secretsmanager create-secret "
+                    f"--name {secret_id} --secret-string '{json.dumps(dict(example))}'"))
+                continue
+            values[secret_id] = pulumi.Output.secret(version.secret_string)
+        raise_if_any(f"ArgoCD {name}", problems)
+        return values

@@ -14,6 +14,7 @@ import pulumi_kubernetes as k8s
 
 from components.k8s import apply_object
 from components.kms import create_key
+from components.names import IAM_ROLE_NAME_MAX, fitted_name
 from components.network import Network
 from components.versions import EKS_ADDON_VERSIONS, EKS_VERSIONS, SYSTEM_NODE_AMI_TYPE
 from workloads.placement import SYSTEM_NODE_LABEL_KEY, SYSTEM_NODE_LABEL_VALUE, SYSTEM_NODE_TAINT
@@ -229,7 +230,7 @@ class Cluster(pulumi.ComponentResource):
                                              configuration=ADDON_CONFIGURATION.get(addon))
 
         self.node_role = aws.iam.Role(
-            f"{name}-system-node-role",
+            f"{name}-system-node-role", name=fitted_name(f"{name}-system-node-role", IAM_ROLE_NAME_MAX),
             assume_role_policy=json.dumps({"Version": "2012-10-17", "Statement": [{
                 "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}),
             tags=tags, opts=child,
@@ -409,7 +410,8 @@ def pod_identity_role(
     trust = pulumi.Output.from_input(cluster_arn).apply(lambda arn: json.dumps(
         pod_identity_trust_policy(cluster_arn=arn, namespace=namespace, service_account=service_account)))
     role = aws.iam.Role(
-        f"{name}-role", assume_role_policy=trust, tags=dict(tags), opts=pulumi.ResourceOptions(parent=parent),
+        f"{name}-role", name=fitted_name(f"{name}-role", IAM_ROLE_NAME_MAX), assume_role_policy=trust, tags=dict(tags),
+        opts=pulumi.ResourceOptions(parent=parent),
     )
     for index, arn in enumerate(managed_policy_arns):
         aws.iam.RolePolicyAttachment(f"{name}-policy-{index}", role=role.name, policy_arn=arn,

@@ -204,6 +204,7 @@ class DatasetsArgs:
         log_kms_key: key of the FSx log group (its policy must admit CloudWatch Logs for it).
         fsx: the file system.
         namespaces: team namespaces that get a PVC (they must exist).
+        namespace_resources: those namespaces' Namespace objects; each claim depends on its own.
         datasets_lifecycle / checkpoints_lifecycle: lifecycle rules per bucket.
         protect: Pulumi ``protect`` on buckets, key and file system; final FSx backup (prod).
         tags: tags on every taggable child.
@@ -213,6 +214,7 @@ class DatasetsArgs:
     cluster: Cluster
     fsx: FsxArgs
     namespaces: Sequence[str]
+    namespace_resources: Mapping[str, pulumi.Resource] = field(default_factory=dict)
     access_logs_bucket: Optional[Union[AccessLogBucket, aws.s3.Bucket]] = None
     log_kms_key: Optional[aws.kms.Key] = None
     datasets_lifecycle: Sequence[LifecycleRule] = ()
@@ -381,7 +383,8 @@ class Datasets(pulumi.ComponentResource):
             pv = apply_object(f"{name}-pv-{namespace}", _manifest(spec, fsx_persistent_volume, namespace, name), k8s_opts)
             self.volume_claims[namespace] = apply_object(
                 f"{name}-pvc-{namespace}", _manifest(spec, fsx_persistent_volume_claim, namespace, name),
-                pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=[pv])),
+                pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(
+                    depends_on=[pv, *_namespace_dependency(args.namespace_resources, namespace)])),
             )
 
         self.file_system_id = self.file_system.id
@@ -439,3 +442,7 @@ def _manifest(spec: pulumi.Output, render, namespace: str, pv_prefix: str) -> di
     rendered = spec.apply(render)
     return {"apiVersion": full["apiVersion"], "kind": full["kind"], "metadata": full["metadata"],
             "spec": rendered.apply(lambda m: m["spec"])}
+
+
+def _namespace_dependency(resources: Mapping[str, pulumi.Resource], namespace: str) -> list[pulumi.Resource]:
+    return [resources[namespace]] if namespace in resources else []

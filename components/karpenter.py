@@ -20,6 +20,7 @@ import pulumi_kubernetes as k8s
 
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_namespace_objects, apply_object
+from components.names import EVENT_RULE_NAME_MAX, IAM_ROLE_NAME_MAX, fitted_name
 from components.versions import KARPENTER_CHART, KARPENTER_CRD_CHART, KARPENTER_VERSION
 from workloads.placement import system_pod_placement
 from workloads.system_namespaces import (
@@ -225,7 +226,8 @@ class KarpenterPrerequisites(pulumi.ComponentResource):
         self.rules: dict[str, aws.cloudwatch.EventRule] = {}
         for key, pattern in INTERRUPTION_EVENT_PATTERNS.items():
             rule = aws.cloudwatch.EventRule(
-                f"{name}-{key}", description=f"Karpenter interruption handling: {pattern['detail-type'][0]}",
+                f"{name}-{key}", name=fitted_name(f"{name}-{key}", EVENT_RULE_NAME_MAX),
+                description=f"Karpenter interruption handling: {pattern['detail-type'][0]}",
                 event_pattern=json.dumps(pattern), tags=tags, opts=child,
             )
             aws.cloudwatch.EventTarget(
@@ -242,7 +244,7 @@ class KarpenterPrerequisites(pulumi.ComponentResource):
         )
 
         self.node_role = aws.iam.Role(
-            f"{name}-node-role",
+            f"{name}-node-role", name=fitted_name(f"{name}-node-role", IAM_ROLE_NAME_MAX),
             assume_role_policy=json.dumps({"Version": "2012-10-17", "Statement": [{
                 "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}),
             description="Nodes launched by Karpenter", tags=tags, opts=child,

@@ -163,6 +163,8 @@ def mlflow_bootstrap_command(settings: MlflowServerSettings) -> tuple[list[str],
     command = ["python", "-m", BOOTSTRAP_MODULE]
     environment = {
         **_database_environment(settings),
+        # Read with the task role only to tell a rotation in progress (AWSPENDING) from a lost one.
+        "MLFLOW_DB_SECRET_ID": settings.database_secret_id,
         "PYTHONDONTWRITEBYTECODE": "1",
         "HOME": settings.scratch_dir,
     }

@@ -48,6 +48,7 @@ import pulumi_aws as aws
 from components.bucket import SSE_S3, LifecycleRule, SecureBucket, SecureBucketArgs, private_bucket
 from components.cluster import Cluster
 from components.images import ECR_PULL_ACTIONS
+from components.names import IAM_ROLE_NAME_MAX, LOAD_BALANCER_NAME_MAX, TARGET_GROUP_NAME_MAX, fitted_name
 from components.k8s import apply_object
 from components.kms import create_key
 from components.mlflow_server import (
@@ -278,6 +279,7 @@ class TrackingArgs:
         namespaces: team namespaces; each gets its own MLflow user (named after the
             namespace, EDIT on the experiment of the same name, READ elsewhere) and an
             ``mlflow-tracking`` Secret with that login only.
+        namespace_resources: those namespaces' Namespace objects; each Secret depends on its own.
         protect: ``protect``, deletion protection and a final snapshot (prod).
     """
 
@@ -286,6 +288,7 @@ class TrackingArgs:
     image: Optional[str]
     domain_name: str
     namespaces: Sequence[str]
+    namespace_resources: Mapping[str, pulumi.Resource] = field(default_factory=dict)
     database: DatabaseArgs = DatabaseArgs()
     image_repository_arn: Optional[pulumi.Input[str]] = None
     route53_zone_id: Optional[str] = None
@@ -422,7 +425,8 @@ class Tracking(pulumi.ComponentResource):
         ecs_trust = pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [{
             "Effect": "Allow", "Principal": {"Service": "ecs-tasks.amazonaws.com"}, "Action": "sts:AssumeRole",
             "Condition": {"StringEquals": {"aws:SourceAccount": identity.account_id}}}]})
-        self.execution_role = aws.iam.Role(f"{name}-execution", assume_role_policy=ecs_trust, tags=tags, opts=child)
+        self.execution_role = aws.iam.Role(f"{name}-execution", name=fitted_name(f"{name}-execution", IAM_ROLE_NAME_MAX),
+                                           assume_role_policy=ecs_trust, tags=tags, opts=child)
         # What ECS injects at task start: the master login and the server user's initial password
         # into the bootstrap container, the admin password and Flask key into the server.
         secret_arns = [db_secret_arn, self.db_app_secret.arn, self.admin_password.arn, self.flask_secret.arn]
@@ -438,7 +442,8 @@ class Tracking(pulumi.ComponentResource):
         aws.iam.RolePolicy(f"{name}-execution-policy", role=self.execution_role.id,
                            policy=pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": execution_statements}),
                            opts=pulumi.ResourceOptions(parent=self.execution_role))
-        self.task_role = aws.iam.Role(f"{name}-task", assume_role_policy=ecs_trust, tags=tags, opts=child)
+        self.task_role = aws.iam.Role(f"{name}-task", name=fitted_name(f"{name}-task", IAM_ROLE_NAME_MAX),
+                                      assume_role_policy=ecs_trust, tags=tags, opts=child)
         self.artifacts.grant_read_write(self.task_role)
         # At run time the server reads its own database password (per connection, after a
         # rotation) and the team logins; never the master secret.
@@ -470,6 +475,7 @@ class Tracking(pulumi.ComponentResource):
         self.service: Optional[aws.ecs.Service] = None
         if args.image is not None:
             self._service(name, args, db_secret_arn, listeners, tags)
+            self._rotation(name)
 
         # -- in-VPC name resolution: the tracking domain points at the internal load balancer --
         internal = self.load_balancers[LoadBalancerScheme.INTERNAL]
@@ -494,7 +500,8 @@ class Tracking(pulumi.ComponentResource):
             self.k8s_secrets[namespace] = apply_object(
                 f"{name}-secret-{namespace}",
                 team_tracking_secret(namespace, self.tracking_uri, pulumi.Output.secret(password_b64)),
-                pulumi.ResourceOptions(parent=self, provider=cluster.k8s_provider),
+                pulumi.ResourceOptions(parent=self, provider=cluster.k8s_provider, depends_on=(
+                    [args.namespace_resources[namespace]] if namespace in args.namespace_resources else [])),
             )
 
         self.register_outputs({
@@ -539,7 +546,10 @@ class Tracking(pulumi.ComponentResource):
             deployment_circuit_breaker={"enable": True, "rollback": True},
             deployment_minimum_healthy_percent=100 if args.desired_count > 1 else 0,
             deployment_maximum_percent=200,
-            propagate_tags="SERVICE", enable_execute_command=False, wait_for_steady_state=False,
+            # Steady state = tasks healthy behind the target group: the bootstrap created the
+            # server's user (the password rotation is created after this, see _rotation), and a
+            # broken image fails the `up` (circuit breaker) instead of looping unseen.
+            propagate_tags="SERVICE", enable_execute_command=False, wait_for_steady_state=True,
             tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=[*listeners, *self.database_instances]),
         )
 
@@ -590,13 +600,25 @@ class Tracking(pulumi.ComponentResource):
                 "kmsKeyArn": self.key.arn,
             },
             tags=tags, opts=pulumi.ResourceOptions(parent=self))
-        aws.secretsmanager.SecretRotation(
+        self.db_app_rotation: Optional[aws.secretsmanager.SecretRotation] = None
+
+    def _rotation(self, name) -> None:
+        """The rotation schedule of the server's password, once the user exists.
+
+        RotateSecret without immediate rotation still "tests the rotation configuration by
+        running the testSecret step" (AWS RotateSecret API reference, quoted in getmoto/moto#7342),
+        which logs in as ``mlflow_app``: the user only exists once a task's db-bootstrap has run.
+        So the rotation is created only with the service, after it: the service waits for steady
+        state (its tasks healthy, hence the bootstrap container exited 0 before the server
+        started, ``dependsOn: SUCCESS``).
+        """
+        db = self.args.database
+        self.db_app_rotation = aws.secretsmanager.SecretRotation(
             f"{name}-db-app-rotation", secret_id=self.db_app_secret.id,
             rotation_lambda_arn=self.rotation_application.outputs.apply(lambda o: o["RotationLambdaARN"]),
             rotation_rules={"automatically_after_days": db.password_rotation_days},
-            # Not at creation: the user exists only once the first task's bootstrap has run.
             rotate_immediately=False,
-            opts=pulumi.ResourceOptions(parent=self.db_app_secret))
+            opts=pulumi.ResourceOptions(parent=self.db_app_secret, depends_on=[self.service]))
 
     def _team_users(self, name, tags) -> None:
         """One MLflow login per team namespace; the server's entrypoint creates the users."""
@@ -671,13 +693,13 @@ class Tracking(pulumi.ComponentResource):
         access_logs = ({"bucket": args.alb_logs_bucket.bucket, "prefix": ALB_LOG_PREFIX, "enabled": True}
                        if args.alb_logs_bucket is not None else None)
         lb = aws.lb.LoadBalancer(
-            f"{name}-{short}-alb", internal=internal, load_balancer_type="application",
+            f"{name}-{short}-alb", name=fitted_name(f"{name}-{short}-alb", LOAD_BALANCER_NAME_MAX), internal=internal, load_balancer_type="application",
             security_groups=[self.alb_sg.id], subnets=subnets, drop_invalid_header_fields=True,
             enable_deletion_protection=args.protect, access_logs=access_logs, idle_timeout=120,
             tags={**tags, "Name": f"{name}-{short}"},
             opts=pulumi.ResourceOptions(parent=self, depends_on=[args.alb_logs_policy] if args.alb_logs_policy else None))
         tg = aws.lb.TargetGroup(
-            f"{name}-{short}-tg", port=MLFLOW_PORT, protocol="HTTP", target_type="ip", vpc_id=network.vpc_id,
+            f"{name}-{short}-tg", name=fitted_name(f"{name}-{short}-tg", TARGET_GROUP_NAME_MAX), port=MLFLOW_PORT, protocol="HTTP", target_type="ip", vpc_id=network.vpc_id,
             deregistration_delay=30,
             # /health is answered without a database connection, so health checks never wake Aurora.
             health_check={"path": HEALTH_CHECK_PATH, "matcher": "200", "interval": 30, "timeout": 5,

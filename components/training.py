@@ -2,8 +2,9 @@
 a ``TrainingJob`` component that applies one rendered job.
 
 - ``TrainingOperators``: Kubeflow Training Operator 1.9 (``kubeflow.org/v1`` PyTorchJob) from its
-  upstream kustomize overlay at a pinned tag, moved onto the system nodes; optionally Kubeflow
-  Trainer 2.3 (``TrainJob``) from its Helm chart, and the platform's ClusterTrainingRuntime
+  upstream kustomize overlay at a pinned commit (verified by ``infra.vendor``) under a local
+  overlay that places it on the system nodes and pins its PyTorch init-container image; optionally
+  Kubeflow Trainer 2.3 (``TrainJob``) from its Helm chart, and the platform's ClusterTrainingRuntime
   (``workloads.trainjob_runtime``: torch-distributed with a failure policy). Kueue's
   manager config already lists both frameworks (``workloads.kueue.ManagerConfigSpec``).
 - ``TeamTrainerAccess``: per team namespace a ``trainer`` ServiceAccount, an IAM role only EKS Pod
@@ -25,7 +26,8 @@ import pulumi_kubernetes as k8s
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_object
 from components.versions import (
-    BUSYBOX_IMAGE, TRAINER_CHART, TRAINER_VERSION, TRAINING_OPERATOR_KUSTOMIZE, TRAINING_OPERATOR_VERSION,
+    BUSYBOX_IMAGE, TRAINER_CHART, TRAINER_VERSION, TRAINING_OPERATOR_INIT_CONTAINER_IMAGE, TRAINING_OPERATOR_OVERLAY_DIR,
+    TRAINING_OPERATOR_VERSION,
 )
 from workloads.jobspec import JobSpec
 from workloads.placement import system_pod_placement
@@ -52,22 +54,100 @@ def trainer_values(*, replicas: int) -> dict[str, Any]:
     }
 
 
-def operator_placement_patch() -> dict[str, Any]:
-    """Server-side-apply patch of the upstream Deployment: run it on the static system nodes."""
+# The operator reads its PyTorch init-container template from this file when it exists
+# (pkg/config/config.go PyTorchInitContainerTemplateFileDefault = "/etc/config/initContainer.yaml";
+# pkg/controller.v1/pytorch/initcontainer.go getInitContainerTemplateOrDefault). Upstream's
+# template (same command, resources and Go template fields) plus a securityContext, so worker pods
+# pass Pod Security "restricted" and the scan: the init container only runs nslookup and sleep.
+INIT_CONTAINER_TEMPLATE_DIR = "/etc/config"
+INIT_CONTAINER_TEMPLATE_FILE = "initContainer.yaml"
+INIT_CONTAINER_CONFIGMAP = "training-operator-init-container"
+INIT_CONTAINER_TEMPLATE = """\
+- name: init-pytorch
+  image: {{.InitContainerImage}}
+  imagePullPolicy: IfNotPresent
+  resources:
+    limits:
+      cpu: 100m
+      memory: 20Mi
+    requests:
+      cpu: 50m
+      memory: 10Mi
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 65534
+    runAsGroup: 65534
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    capabilities:
+      drop:
+        - ALL
+    seccompProfile:
+      type: RuntimeDefault
+  command: ['sh', '-c', 'err=1;for i in $(seq {{.MaxTries}}); do if nslookup {{.MasterAddr}}; then err=0 && break; fi;echo waiting for master; sleep 2; done; exit $err']
+"""
+# pkg/config/config.go PyTorchInitContainerMaxTriesDefault
+INIT_CONTAINER_MAX_TRIES = 100
+
+
+def operator_init_containers(master_addr: str) -> list[dict[str, Any]]:
+    """The init containers the operator adds to each worker of a multi-node PyTorchJob, rendered
+    from ``INIT_CONTAINER_TEMPLATE`` as the operator renders it (for the security scan and tests)."""
+    import yaml
+
+    text = (INIT_CONTAINER_TEMPLATE.replace("{{.InitContainerImage}}", TRAINING_OPERATOR_INIT_CONTAINER_IMAGE)
+            .replace("{{.MaxTries}}", str(INIT_CONTAINER_MAX_TRIES)).replace("{{.MasterAddr}}", master_addr))
+    return yaml.safe_load(text)
+
+
+# cmd/training-operator.v1/main.go (v1.9.4): the flag that replaces the Docker Hub default
+# `alpine:3.10` of the init container added to every worker of a multi-node PyTorchJob.
+INIT_CONTAINER_IMAGE_FLAG = "--pytorch-init-container-image"
+TRAINING_OPERATOR_CONTAINER = "training-operator"
+
+
+def operator_deployment_patch() -> dict[str, Any]:
+    """Strategic-merge patch of the upstream Deployment (manifests/base/deployment.yaml has no
+    placement and no args): static system nodes, pinned init-container image."""
     placement = system_pod_placement()
     return {
-        "metadata": {"name": TRAINING_OPERATOR_DEPLOYMENT, "namespace": TRAINING_OPERATOR_NAMESPACE,
-                     # The kustomize install owns the Deployment; take over only these fields.
-                     "annotations": {"pulumi.com/patchForce": "true"}},
-        "spec": {"template": {"spec": {"nodeSelector": placement["nodeSelector"], "tolerations": placement["tolerations"]}}},
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": TRAINING_OPERATOR_DEPLOYMENT, "namespace": TRAINING_OPERATOR_NAMESPACE},
+        "spec": {"template": {"spec": {
+            "nodeSelector": placement["nodeSelector"], "tolerations": placement["tolerations"],
+            "containers": [{"name": TRAINING_OPERATOR_CONTAINER,
+                            "args": [f"{INIT_CONTAINER_IMAGE_FLAG}={TRAINING_OPERATOR_INIT_CONTAINER_IMAGE}"],
+                            "volumeMounts": [{"name": "init-container-template", "mountPath": INIT_CONTAINER_TEMPLATE_DIR,
+                                              "readOnly": True}]}],
+            "volumes": [{"name": "init-container-template", "configMap": {"name": INIT_CONTAINER_CONFIGMAP}}],
+        }}},
+    }
+
+
+def operator_kustomization(upstream_overlay: str) -> dict[str, Any]:
+    """The local overlay the Directory builds: upstream's standalone overlay (a path relative to
+    this overlay's folder) plus ``operator_deployment_patch``, applied at build time so the
+    Deployment is created already placed (no later patch racing its readiness)."""
+    return {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [upstream_overlay],
+        # The init-container template next to this kustomization (written by infra.vendor).
+        "configMapGenerator": [{"name": INIT_CONTAINER_CONFIGMAP, "namespace": TRAINING_OPERATOR_NAMESPACE,
+                                "files": [INIT_CONTAINER_TEMPLATE_FILE]}],
+        "patches": [{"target": {"group": "apps", "version": "v1", "kind": "Deployment",
+                                "name": TRAINING_OPERATOR_DEPLOYMENT},
+                     "patch": json.dumps(operator_deployment_patch())}],
     }
 
 
 @dataclass(frozen=True)
 class TrainingOperatorsArgs:
-    """trainer_v2: also install Kubeflow Trainer 2.3 (TrainJob) with the torch-distributed runtime.
+    """cluster: the platform cluster; the operators wait for its static nodes and CoreDNS, as
+    every other controller release does (None only in unit tests of the args).
+    trainer_v2: also install Kubeflow Trainer 2.3 (TrainJob) with the torch-distributed runtime.
     trainer_replicas: Trainer controller replicas (2 in prod)."""
 
+    cluster: Optional[Cluster] = None
     trainer_v2: bool = False
     trainer_replicas: int = 1
 
@@ -75,15 +155,13 @@ class TrainingOperatorsArgs:
 class TrainingOperators(pulumi.ComponentResource):
     def __init__(self, name: str, args: TrainingOperatorsArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("mlplatform:training:TrainingOperators", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        # Upstream's supported install of 1.9.x is this kustomize overlay; it is built at deploy
-        # time from the pinned tag (nothing upstream is copied into this repository).
+        system_ready = ([args.cluster.node_group, args.cluster.addons["coredns"]]
+                        if args.cluster is not None else [])
+        child = pulumi.ResourceOptions(parent=self, depends_on=system_ready)
+        # The local overlay (written with the verified upstream tree by infra.vendor before the
+        # program runs) is built by the provider; no git, no remote URL at deploy time.
         self.training_operator = k8s.kustomize.v2.Directory(
-            f"{name}-training-operator", directory=TRAINING_OPERATOR_KUSTOMIZE, opts=child,
-        )
-        self.placement = k8s.apps.v1.DeploymentPatch(
-            f"{name}-training-operator-placement", **operator_placement_patch(),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.training_operator]),
+            f"{name}-training-operator", directory=TRAINING_OPERATOR_OVERLAY_DIR, opts=child,
         )
         self.trainer: Optional[k8s.helm.v3.Release] = None
         if args.trainer_v2:

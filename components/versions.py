@@ -121,16 +121,31 @@ KARPENTER_AMI_ALIAS_PROD_EXAMPLE = "al2023@v20251023"
 # -- training jobs -------------------------------------------------------------------------
 # Kubeflow Training Operator 1.9.x (PyTorchJob kubeflow.org/v1) ships no Helm chart; its
 # documented install is the kustomize overlay `manifests/overlays/standalone` at a release tag
-# (the repository is now kubeflow/trainer; v1.9.x tags stay). Built by Pulumi's kustomize
-# Directory at deploy time (remote build syntax: repo//path?ref=tag). CRD pinned in tests: 1.9.4.
+# (the repository is now kubeflow/trainer; v1.9.x tags stay). No remote build at deploy time
+# (it needs `git` and trusts a movable tag): infra/vendor.py fetches the tag's commit archive,
+# keeps `manifests/` only if its git tree id is the pinned one, and the platform's local overlay
+# on top of it is what the kustomize Directory builds. CRD pinned in tests: 1.9.4.
 TRAINING_OPERATOR_VERSION = "v1.9.4"
-TRAINING_OPERATOR_KUSTOMIZE = f"https://github.com/kubeflow/trainer//manifests/overlays/standalone?ref={TRAINING_OPERATOR_VERSION}"
+# `git rev-parse v1.9.4^{commit}` and `git rev-parse v1.9.4:manifests` in a clone of kubeflow/trainer.
+TRAINING_OPERATOR_COMMIT = "4445c12aa62e4345b0c2c6ac9b215a70eca46ed7"
+TRAINING_OPERATOR_MANIFESTS_TREE = "4aed050ca9c1e7e0e4d4220563b4c57e9a903759"
+TRAINING_OPERATOR_ARCHIVE_URL = f"https://codeload.github.com/kubeflow/trainer/tar.gz/{TRAINING_OPERATOR_COMMIT}"
+# Relative to the project root (Pulumi runs the program and its providers there); build/ is ignored by git.
+TRAINING_OPERATOR_VENDOR_DIR = f"build/vendor/kubeflow-trainer-{TRAINING_OPERATOR_COMMIT[:12]}/manifests"
+TRAINING_OPERATOR_OVERLAY_DIR = "build/kustomize/training-operator"
 # Kubeflow Trainer v2 (TrainJob trainer.kubeflow.org/v1alpha1), Helm chart from its OCI registry.
 TRAINER_CHART = "oci://ghcr.io/kubeflow/charts/kubeflow-trainer"
 TRAINER_VERSION = "2.3.0"
-# One-shot setup Jobs (team checkpoint directories on FSx); Docker's official image mirrored on
-# ECR Public. Pin its digest in prod.
-BUSYBOX_IMAGE = "public.ecr.aws/docker/library/busybox:1.37.0"
+# One-shot setup Jobs (team checkpoint directories on FSx) and the Training Operator's PyTorch
+# init container (`--pytorch-init-container-image`; upstream's default is Docker Hub's
+# `alpine:3.10`, pkg/config/config.go): Docker's official busybox mirrored on ECR Public, pinned by
+# the digest of its image index (the same digest Docker Hub serves for docker.io/library/busybox:1.37.0,
+# as pinned in public repositories). busybox has the `sh`, `seq` and `nslookup` the init
+# container's command uses (pkg/controller.v1/pytorch/initcontainer.go). Confirm before a deploy:
+# `docker buildx imagetools inspect public.ecr.aws/docker/library/busybox:1.37.0` (plan warning).
+BUSYBOX_IMAGE = ("public.ecr.aws/docker/library/busybox:1.37.0"
+                 "@sha256:bdf57e528e45e4433820e045b29b4597825a1c9e38353532d90a01445013f82e")
+TRAINING_OPERATOR_INIT_CONTAINER_IMAGE = BUSYBOX_IMAGE
 
 # -- GitOps (Argo CD, Argo Workflows) ---------------------------------------------------------
 ARGO_HELM_REPO = "https://argoproj.github.io/argo-helm"
@@ -145,3 +160,53 @@ ARGOCD_APP_VERSION = "v3.5.1"
 # to v4.1.2, the patch release whose WorkflowTemplate CRD the tests validate against.
 ARGO_WORKFLOWS_CHART_VERSION = "1.1.1"
 ARGO_WORKFLOWS_APP_VERSION = "v4.1.2"
+
+
+# -- pins no primary source confirms ------------------------------------------------------------
+@dataclass(frozen=True)
+class UnconfirmedPin:
+    """A pinned version whose availability no AWS document states: the offline plan lists it with
+    the command that confirms it (``{region}`` is the stack's region) whenever the plan deploys it.
+
+    resource_type / match: the planned resource that deploys it (its input ``match[0]`` equals
+    ``match[1]``), so the warning appears only when the pin is used."""
+
+    what: str
+    value: str
+    why: str
+    check: str
+    resource_type: str
+    match: tuple[str, str]
+
+
+UNCONFIRMED_PINS: tuple[UnconfirmedPin, ...] = (
+    UnconfirmedPin(
+        "aws-fsx-csi-driver add-on", EKS_ADDON_VERSIONS["aws-fsx-csi-driver"],
+        "named only in the EKS hybrid-nodes add-on table; no table maps it to Kubernetes 1.32",
+        "aws eks describe-addon-versions --region {region} --kubernetes-version {eks} --addon-name aws-fsx-csi-driver "
+        "--query 'addons[].addonVersions[].addonVersion'",
+        "aws:eks/addon:Addon", ("addonName", "aws-fsx-csi-driver")),
+    UnconfirmedPin(
+        "eks-pod-identity-agent add-on", EKS_ADDON_VERSIONS["eks-pod-identity-agent"],
+        "no AWS document maps agent builds to Kubernetes versions",
+        "aws eks describe-addon-versions --region {region} --kubernetes-version {eks} --addon-name eks-pod-identity-agent "
+        "--query 'addons[].addonVersions[].addonVersion'",
+        "aws:eks/addon:Addon", ("addonName", "eks-pod-identity-agent")),
+    UnconfirmedPin(
+        "aws-ebs-csi-driver add-on", EKS_ADDON_VERSIONS["aws-ebs-csi-driver"],
+        "no AWS version table exists for this add-on",
+        "aws eks describe-addon-versions --region {region} --kubernetes-version {eks} --addon-name aws-ebs-csi-driver "
+        "--query 'addons[].addonVersions[].addonVersion'",
+        "aws:eks/addon:Addon", ("addonName", "aws-ebs-csi-driver")),
+    UnconfirmedPin(
+        "Aurora PostgreSQL engine version", AURORA_POSTGRESQL_VERSION,
+        "AWS retires old minors for creation; no release-calendar row found for it",
+        "aws rds describe-db-engine-versions --region {region} --engine aurora-postgresql --engine-version {value} "
+        "--query 'DBEngineVersions[].[EngineVersion,Status]'",
+        "aws:rds/cluster:Cluster", ("engineVersion", AURORA_POSTGRESQL_VERSION)),
+    UnconfirmedPin(
+        "busybox image digest (setup Jobs, Training Operator init container)", BUSYBOX_IMAGE,
+        "the digest is taken from public pins of docker.io/library/busybox:1.37.0, not read from ECR Public",
+        "docker buildx imagetools inspect public.ecr.aws/docker/library/busybox:1.37.0 --format '{{{{json .Manifest.Digest}}}}'",
+        "kubernetes:kustomize/v2:Directory", ("directory", TRAINING_OPERATOR_OVERLAY_DIR)),
+)

@@ -102,7 +102,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
                     log_level=fsx.log_level, log_retention_days=fsx.log_retention_days,
                     data_compression=fsx.data_compression,
                 ),
-                namespaces=namespaces,
+                namespaces=namespaces, namespace_resources=platform.team_namespace_resources(),
                 access_logs_bucket=platform.access_log_bucket("workload"),
                 log_kms_key=platform.log_group_key.key if platform.log_group_key else None,
                 datasets_lifecycle=_lifecycle("datasets", ds.datasets_bucket),
@@ -143,7 +143,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
             tracking_name(config),
             TrackingArgs(
                 network=platform.network, cluster=platform.cluster, image=tr.image, domain_name=tr.domain_name,
-                namespaces=namespaces,
+                namespaces=namespaces, namespace_resources=platform.team_namespace_resources(),
                 database=DatabaseArgs(min_capacity_acu=db.min_capacity_acu, max_capacity_acu=db.max_capacity_acu,
                                       seconds_until_auto_pause=db.seconds_until_auto_pause,
                                       backup_retention_days=db.backup_retention_days,

@@ -83,7 +83,8 @@ def deploy(platform: Platform) -> dict[str, Any]:
                                "gitopsRenderedPath": rendered_path(config, stack)}
     if config.gitops.argo_workflows and config.scheduling.teams:
         ArgoWorkflows(f"{config.name}-argo-workflows",
-                      ArgoWorkflowsArgs(cluster=platform.cluster, namespaces=team_namespaces(config), ha=is_ha(config)),
+                      ArgoWorkflowsArgs(cluster=platform.cluster, namespaces=team_namespaces(config), ha=is_ha(config),
+                                        namespace_resources=platform.team_namespace_resources()),
                       opts=platform.kubernetes_opts())
     return outputs
 
@@ -126,6 +127,14 @@ def warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
         return
     if g.sso is None:
         yield "gitops: no SSO; Argo CD's local admin user is enabled (its password is in argocd-initial-admin-secret)"
+    for path, source in (("gitops.repoCredentials", g.repo_credentials),
+                         ("gitops.sso.clientSecret", g.sso.client_secret if g.sso else None)):
+        if source is not None and source.secrets_manager_secret_id:
+            keys = "username/password or sshPrivateKey" if path == "gitops.repoCredentials" else "clientSecret"
+            yield (f"gitops: {path} reads Secrets Manager secret {source.secrets_manager_secret_id!r} (JSON keys {keys}) "
+                   f"in the workload account at preview: it must exist before the first `up` "
+                   f"(docs/runbooks/first-deploy.md; check: aws secretsmanager describe-secret --secret-id "
+                   f"{source.secrets_manager_secret_id})")
     if g.argo_workflows and not config.scheduling.teams:
         yield "gitops: argoWorkflows is on but scheduling.teams is empty: no namespace runs pipelines, Argo Workflows is not installed"
 

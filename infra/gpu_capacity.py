@@ -47,8 +47,10 @@ def team_namespace(team: TeamConfig) -> str:
     return team.namespace
 
 
-def team_specs(config: PlatformConfig, s3_prefix_list_cidrs: Any = None) -> list[tuple[scheduling.TeamNamespaceSpec, kueue.TeamQueueSpec]]:
-    """``s3_prefix_list_cidrs``: the S3 gateway endpoint's CIDRs (an Output at deploy time)."""
+def team_specs(config: PlatformConfig, s3_prefix_list_cidrs: Any = None,
+               service_cidr: Optional[str] = None) -> list[tuple[scheduling.TeamNamespaceSpec, kueue.TeamQueueSpec]]:
+    """``s3_prefix_list_cidrs``: the S3 gateway endpoint's CIDRs (an Output at deploy time);
+    ``service_cidr``: the cluster's Service CIDR (workflow pods reach the API server's address)."""
     out = []
     for team in config.scheduling.teams:
         ns = team_namespace(team)
@@ -57,7 +59,7 @@ def team_specs(config: PlatformConfig, s3_prefix_list_cidrs: Any = None) -> list
                 team=team.name, namespace=ns, gpu_quota=sum(team.gpu_quota.values()),
                 vpc_cidr=str(config.network.cidr), default_priority=team.priority,
                 extra_labels={"mlplatform.io/default-priority-class": scheduling.priority_class_name(team.priority)},
-                s3_prefix_list_cidrs=s3_prefix_list_cidrs,
+                s3_prefix_list_cidrs=s3_prefix_list_cidrs, service_cidr=service_cidr,
             ),
             kueue.TeamQueueSpec(team=team.name, namespace=ns, gpu_quota=dict(team.gpu_quota),
                                 fair_sharing_weight=team.fair_sharing_weight, borrowing=team.borrowing),
@@ -104,7 +106,8 @@ def deploy(platform: Platform) -> dict[str, Any]:
     # The gateway endpoint's cidr_blocks are S3's prefix-list ranges for the region.
     platform.components["scheduling"] = Scheduling(
         f"{config.name}-scheduling",
-        SchedulingArgs(cluster=cluster, teams=team_specs(config, platform.network.s3_endpoint.cidr_blocks), flavors=flavor_specs(config),
+        SchedulingArgs(cluster=cluster, teams=team_specs(config, platform.network.s3_endpoint.cidr_blocks,
+                                                          cluster.args.service_ipv4_cidr), flavors=flavor_specs(config),
                        manager=kueue.ManagerConfigSpec(wait_for_pods_ready_timeout=config.scheduling.wait_for_pods_ready_timeout),
                        kueue_replicas=2 if config.is_prod else 1),
         opts=platform.kubernetes_opts(),

@@ -136,6 +136,11 @@ class RecordingMocks(pulumi_mocks.Mocks):
         if special:
             outputs.update(special(args.name, inputs, account, region, digest))
             resource_id = outputs.get("id", resource_id)
+        arn_format = mock_outputs.ARN_FORMATS.get(args.typ)
+        if arn_format is not None:
+            outputs["arn"] = arn_format(outputs.get("name") or physical_name, resource_id, account, region, digest, inputs)
+            if args.typ == "aws:secretsmanager/secret:Secret":
+                resource_id = outputs["arn"]  # a secret's id is its ARN (terraform-provider-aws)
         if args.typ.startswith("pulumi:providers:"):
             return resource_id, inputs
         return resource_id, outputs
@@ -162,7 +167,10 @@ class RecordingMocks(pulumi_mocks.Mocks):
             secret_id = args.args.get("secretId", "mock")
             value = {"username": "mock-user", "password": "mock-password", "clientSecret": "mock-client-secret"}
             return {"secretId": secret_id, "secretString": json.dumps(value), "versionId": "mock-version",
-                    "arn": f"arn:aws:secretsmanager:{region}:{account}:secret:{secret_id}", "id": secret_id}, None
+                    "arn": (secret_id if secret_id.startswith("arn:")
+                            else f"arn:aws:secretsmanager:{region}:{account}:secret:{secret_id}-"
+                                 f"{hashlib.sha256(secret_id.encode()).hexdigest()[-6:]}"),
+                    "id": secret_id}, None
         return {}, None
 
 
@@ -278,9 +286,14 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         self.aliases: dict[str, str] = {}
 
     def make_urn(self, parent: str, type_: str, name: str) -> str:
+        """The engine's URN: the parent's *whole* qualified type, then this type (pulumi/pulumi
+        pkg/resource/deploy/source_eval.go: "Skip empty parents and don't use the root stack type;
+        otherwise, use the full qualified type"). The stock MockMonitor keeps only the parent's
+        last type, which no real stack has for a resource nested two levels deep."""
         if parent:
-            parent_type = parent.split("::")[2].split("$").pop()
-            type_ = parent_type + "$" + type_
+            parent_type = parent.split("::")[2]
+            if parent_type != "pulumi:pulumi:Stack":
+                type_ = parent_type + "$" + type_
         return f"urn:pulumi:{self.stack}::{self.project}::{type_}::{name}"
 
     def RegisterResource(self, request):  # noqa: N802 - gRPC method name
@@ -344,7 +357,10 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         out = dict(state)
         for key, value in state.items():
             if isinstance(value, _EksClusterRef):
-                urn = self.make_urn(parent_urn, "aws:eks/cluster:Cluster", f"{value.cluster_name}-eksCluster")
+                # pulumi-eks nodejs/eks/cluster/cluster.ts: `new aws.eks.Cluster(`${name}-eksCluster`, ...,
+                # { parent: parent })` where name is the component's name, not the EKS cluster's.
+                component_name = parent.name if parent is not None else parent_urn.rsplit("::", 1)[-1]
+                urn = self.make_urn(parent_urn, "aws:eks/cluster:Cluster", f"{component_name}-eksCluster")
                 cluster_state = {
                     "name": value.cluster_name,
                     "arn": f"arn:aws:eks:{value.region}:{value.account}:cluster/{value.cluster_name}",

@@ -72,6 +72,74 @@ def _metric_alarm(name: str, inputs: dict, account: str, region: str, digest: st
     return {"arn": f"arn:aws:cloudwatch:{region}:{account}:alarm:{inputs.get('name', name)}"}
 
 
+# ARN formats as each service documents them (Service Authorization Reference, "Resource types
+# defined by <service>"), for the types the generic ``arn:aws:<module>:...:<type>/<name>`` gets
+# wrong: another service prefix (events, elasticloadbalancing), a ":" instead of "/", or a
+# generated part. ``ident`` is the resource's mocked id, ``name`` its physical name.
+def _secret_suffix(digest: str) -> str:
+    # Secrets Manager appends "-" and 6 random characters to the secret's name in its ARN.
+    return digest[-6:]
+
+
+ARN_FORMATS: dict[str, Callable[[str, str, str, str, str, dict], str]] = {
+    "aws:secretsmanager/secret:Secret":
+        lambda name, ident, account, region, digest, inputs:
+        f"arn:aws:secretsmanager:{region}:{account}:secret:{name}-{_secret_suffix(digest)}",
+    "aws:cloudwatch/eventRule:EventRule":
+        lambda name, ident, account, region, digest, inputs: f"arn:aws:events:{region}:{account}:rule/{name}",
+    "aws:lb/targetGroup:TargetGroup":
+        lambda name, ident, account, region, digest, inputs:
+        f"arn:aws:elasticloadbalancing:{region}:{account}:targetgroup/{name}/{digest[:16]}",
+    "aws:lb/listener:Listener":
+        lambda name, ident, account, region, digest, inputs:
+        f"arn:aws:elasticloadbalancing:{region}:{account}:listener/app/{name[:20]}/{digest[16:32]}/{digest[:16]}",
+    "aws:ecs/cluster:Cluster": lambda name, ident, account, region, digest, inputs: f"arn:aws:ecs:{region}:{account}:cluster/{name}",
+    "aws:ecs/taskDefinition:TaskDefinition":
+        lambda name, ident, account, region, digest, inputs:
+        f"arn:aws:ecs:{region}:{account}:task-definition/{inputs.get('family', name)}:1",
+    "aws:lambda/function:Function":
+        lambda name, ident, account, region, digest, inputs: f"arn:aws:lambda:{region}:{account}:function:{name}",
+    "aws:cloudtrail/trail:Trail":
+        lambda name, ident, account, region, digest, inputs: f"arn:aws:cloudtrail:{region}:{account}:trail/{name}",
+    "aws:iam/instanceProfile:InstanceProfile":
+        lambda name, ident, account, region, digest, inputs: f"arn:aws:iam::{account}:instance-profile/{name}",
+    "aws:kms/alias:Alias": lambda name, ident, account, region, digest, inputs: f"arn:aws:kms:{region}:{account}:{name}",
+    "aws:rds/clusterInstance:ClusterInstance":
+        lambda name, ident, account, region, digest, inputs:
+        f"arn:aws:rds:{region}:{account}:db:{inputs.get('identifier') or name}",
+    "aws:rds/subnetGroup:SubnetGroup": lambda name, ident, account, region, digest, inputs: f"arn:aws:rds:{region}:{account}:subgrp:{name}",
+    "aws:budgets/budget:Budget": lambda name, ident, account, region, digest, inputs: f"arn:aws:budgets::{account}:budget/{name}",
+    "aws:eks/nodeGroup:NodeGroup":
+        lambda name, ident, account, region, digest, inputs:
+        f"arn:aws:eks:{region}:{account}:nodegroup/{inputs.get('clusterName')}/{inputs.get('nodeGroupName') or name}/{_uuid(digest)}",
+    "aws:eks/addon:Addon":
+        lambda name, ident, account, region, digest, inputs:
+        f"arn:aws:eks:{region}:{account}:addon/{inputs.get('clusterName')}/{inputs.get('addonName')}/{_uuid(digest)}",
+    "aws:eks/podIdentityAssociation:PodIdentityAssociation":
+        lambda name, ident, account, region, digest, inputs:
+        f"arn:aws:eks:{region}:{account}:podidentityassociation/{inputs.get('clusterName')}/a-{digest[:17]}",
+    "aws:ec2/securityGroup:SecurityGroup":
+        lambda name, ident, account, region, digest, inputs: f"arn:aws:ec2:{region}:{account}:security-group/{ident}",
+    "aws:ec2/vpc:Vpc": lambda name, ident, account, region, digest, inputs: f"arn:aws:ec2:{region}:{account}:vpc/{ident}",
+    "aws:ec2/subnet:Subnet": lambda name, ident, account, region, digest, inputs: f"arn:aws:ec2:{region}:{account}:subnet/{ident}",
+    "aws:ec2/launchTemplate:LaunchTemplate":
+        lambda name, ident, account, region, digest, inputs: f"arn:aws:ec2:{region}:{account}:launch-template/{ident}",
+    "aws:ec2/routeTable:RouteTable": lambda name, ident, account, region, digest, inputs: f"arn:aws:ec2:{region}:{account}:route-table/{ident}",
+    "aws:ec2/internetGateway:InternetGateway":
+        lambda name, ident, account, region, digest, inputs: f"arn:aws:ec2:{region}:{account}:internet-gateway/{ident}",
+    "aws:ec2/natGateway:NatGateway": lambda name, ident, account, region, digest, inputs: f"arn:aws:ec2:{region}:{account}:natgateway/{ident}",
+    "aws:ec2/vpcEndpoint:VpcEndpoint": lambda name, ident, account, region, digest, inputs: f"arn:aws:ec2:{region}:{account}:vpc-endpoint/{ident}",
+    "aws:ec2/flowLog:FlowLog": lambda name, ident, account, region, digest, inputs: f"arn:aws:ec2:{region}:{account}:vpc-flow-log/{ident}",
+    "aws:ec2/eip:Eip": lambda name, ident, account, region, digest, inputs: f"arn:aws:ec2:{region}:{account}:elastic-ip/{ident}",
+    "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation":
+        lambda name, ident, account, region, digest, inputs: f"arn:aws:fsx:{region}:{account}:association/{ident}",
+}
+
+
+def _uuid(digest: str) -> str:
+    return f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+
 # Read by ``infra.mock_engine`` on top of its generic per-type outputs.
 TYPE_OUTPUTS: dict[str, Callable[[str, dict, str, str, str], dict]] = {
     "aws:ec2/vpcEndpoint:VpcEndpoint": _vpc_endpoint_outputs,

@@ -47,6 +47,13 @@ class Platform:
         for bucket in self.access_log_buckets.values():
             bucket.seal()
 
+    def team_namespace_resources(self) -> dict[str, pulumi.Resource]:
+        """The team Namespace objects by namespace name (empty before the scheduling capability
+        created them, or without teams): every namespaced object depends on its namespace."""
+        scheduling = self.components.get("scheduling")
+        by_team = getattr(scheduling, "namespaces", {}) if scheduling is not None else {}
+        return {team.namespace: by_team[team.name] for team in self.config.scheduling.teams if team.name in by_team}
+
     def workload_opts(self, **kwargs: Any) -> pulumi.ResourceOptions:
         """Options for an AWS component in the workload account."""
         return pulumi.ResourceOptions(providers={"aws": self.providers.workload}, **kwargs)

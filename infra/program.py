@@ -8,7 +8,7 @@ exporting what each returns.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable, Optional
 
 import pulumi
 
@@ -57,8 +57,12 @@ def read_config() -> PlatformConfig:
     return load_platform_config(raw, source=f"stack '{stack}' (Pulumi.{stack}.yaml)", secret_paths=secret_keys)
 
 
-def main() -> Platform:
+def main(prepare: Optional[Callable[[], Any]] = None) -> Platform:
+    """prepare: what the real entry point must have on disk before any resource (``infra.vendor``);
+    the offline plan runs without it."""
     config = read_config()
+    if prepare is not None:
+        prepare()
     platform = build_platform(config)
     for capability in CAPABILITIES:
         for key, value in capability.deploy(platform).items():

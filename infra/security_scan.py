@@ -85,6 +85,21 @@ def as_pod(owner: dict[str, Any], path: str, template: dict[str, Any]) -> dict[s
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template["spec"]}
 
 
+def with_operator_init_containers(document: dict[str, Any], path: str, template: dict[str, Any]) -> dict[str, Any]:
+    """A PyTorchJob worker's pod template with the init container the Training Operator adds to
+    it when the job has a Master (pkg/controller.v1/pytorch/initcontainer.go setInitContainer),
+    so the scan sees the pod that runs, not only the one declared."""
+    specs = (document.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+    if document.get("kind") != "PyTorchJob" or "Master" not in specs or "Worker" not in path:
+        return template
+    from components.training import operator_init_containers
+
+    master = f"{document.get('metadata', {}).get('name', 'job')}-master-0"
+    spec = dict(template["spec"])
+    spec["initContainers"] = [*(spec.get("initContainers") or []), *operator_init_containers(master)]
+    return {**template, "spec": spec}
+
+
 def render_manifests(stacks: tuple[str, ...], project_dir: Path = ROOT) -> list[Manifest]:
     from infra.plan import build_plan
 
@@ -94,6 +109,7 @@ def render_manifests(stacks: tuple[str, ...], project_dir: Path = ROOT) -> list[
         for name, document in kubernetes_objects(plan.recording):
             manifests.append(Manifest(stack, name, document))
             for path, template in pod_templates(document):
+                template = with_operator_init_containers(document, path, template)
                 manifests.append(Manifest(stack, f"{name}--{path}", as_pod(document, path, template)))
     return manifests
 

@@ -24,7 +24,8 @@ def deploy(platform: Platform) -> dict[str, Any]:
     config = platform.config
     TrainingOperators(
         f"{config.name}-training",
-        TrainingOperatorsArgs(trainer_v2=config.training.trainer_v2, trainer_replicas=2 if config.is_prod else 1),
+        TrainingOperatorsArgs(cluster=platform.cluster, trainer_v2=config.training.trainer_v2,
+                              trainer_replicas=2 if config.is_prod else 1),
         opts=platform.kubernetes_opts(),
     )
     outputs: dict[str, Any] = {"trainingOperatorVersion": TRAINING_OPERATOR_VERSION,

@@ -9,6 +9,7 @@ of windows, does the model's training state fit in the device's memory.
 from __future__ import annotations
 
 import os
+import tempfile
 
 from trainer.config import ConfigError, TrainerConfig
 
@@ -32,9 +33,16 @@ def checkpoint_dir_problem(path: str) -> str | None:
     existing = nearest_existing(path)
     if not os.path.isdir(existing):
         return f"{existing!r} is a file, so the directory cannot be created there"
-    if not os.access(existing, os.W_OK | os.X_OK):
+    # Write, don't ask: os.access answers from the mode bits for the real uid (always yes for
+    # root), while a read-only mount, FSx root squash or a server-side ACL refuse only the write.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".preflight-write-", dir=existing)
+    except OSError as error:
         what = "the directory" if existing == os.path.abspath(path) else f"its nearest existing parent {existing!r}"
-        return f"{what} is not writable by uid {os.getuid()} (read-only mount or permissions)"
+        return (f"{what} is not writable by uid {os.getuid()} ({error.strerror}: read-only mount, "
+                "root squash or permissions)")
+    os.close(fd)
+    os.unlink(probe)
     return None
 
 

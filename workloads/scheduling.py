@@ -7,9 +7,10 @@
 """
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from workloads.karpenter import GPU_RESOURCE
 from workloads.problems import accepts_enum_values
@@ -68,6 +69,9 @@ class TeamNamespaceSpec:
     # or a deploy-time value with ``.apply`` (a pulumi Output of the endpoint's cidr_blocks).
     # None: no S3 egress policy.
     s3_prefix_list_cidrs: Any = None
+    # The cluster's Service CIDR: workflow pods may reach the `kubernetes` Service address
+    # (``api_server_egress_policy``). None: no such policy.
+    service_cidr: Optional[str] = None
 
 
 def namespace(spec: TeamNamespaceSpec) -> dict[str, Any]:
@@ -181,9 +185,41 @@ def network_policies(spec: TeamNamespaceSpec) -> list[dict[str, Any]]:
     return policies
 
 
+# Argo Workflows labels every pod of a workflow with the workflow's name (workflow/common/common.go
+# LabelKeyWorkflow); its executor (init/wait containers) and resource steps call the API server.
+ARGO_WORKFLOW_POD_LABEL = "workflows.argoproj.io/workflow"
+API_SERVER_POLICY_NAME = "allow-workflow-pods-api-server"
+
+
+def kubernetes_service_ip(service_cidr: str) -> str:
+    """The `kubernetes` Service's ClusterIP: the first address of the Service range
+    (kube-apiserver pkg/controlplane: ``GetIndexedIP(serviceClusterIPRange, 1)``; EKS: 172.20.0.1
+    or 10.100.0.1)."""
+    return str(ipaddress.ip_network(service_cidr)[1])
+
+
+def api_server_egress_policy(spec: TeamNamespaceSpec) -> list[dict[str, Any]]:
+    """Workflow pods to the `kubernetes` Service address on 443, and nothing else.
+
+    The VPC CIDR rule does not cover it: the AWS network policy agent matches egress before the
+    Service's DNAT and only resolves ClusterIPs of Services whose selector matches the egress
+    rule's pods (amazon-network-policy-controller-k8s pkg/resolvers/endpoints.go); the
+    `kubernetes` Service has no selector, so only an ipBlock of its address allows it.
+    """
+    if spec.service_cidr is None:
+        return []
+    return [{"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+             "metadata": {"name": API_SERVER_POLICY_NAME, "namespace": spec.namespace},
+             "spec": {"podSelector": {"matchExpressions": [{"key": ARGO_WORKFLOW_POD_LABEL, "operator": "Exists"}]},
+                      "policyTypes": ["Egress"],
+                      "egress": [{"to": [{"ipBlock": {"cidr": f"{kubernetes_service_ip(spec.service_cidr)}/32"}}],
+                                  "ports": [{"protocol": "TCP", "port": 443}]}]}}]
+
+
 def team_objects(spec: TeamNamespaceSpec) -> list[dict[str, Any]]:
     """Everything a team namespace holds, namespace first."""
-    return [namespace(spec), resource_quota(spec), limit_range(spec), *network_policies(spec)]
+    return [namespace(spec), resource_quota(spec), limit_range(spec), *network_policies(spec),
+            *api_server_egress_policy(spec)]
 
 
 def all_priority_class_names() -> Sequence[str]:

@@ -8,7 +8,8 @@ this container only). It:
 1. creates the login role ``MLFLOW_DB_USERNAME`` if it is missing (NOSUPERUSER,
    NOCREATEDB, NOCREATEROLE, no role memberships: not ``rds_superuser``), with the
    password from its own Secrets Manager secret; if the role exists but cannot log in
-   with that password (a lost or half-done rotation), it sets the password again;
+   with that password, it sets the password again (a lost rotation), unless the secret's
+   AWSPENDING password logs in (a rotation between setSecret and finishSecret: left alone);
 2. makes it the owner of the ``MLFLOW_DB_NAME`` database - and with PostgreSQL 15+'s
    ``pg_database_owner`` of its ``public`` schema - and of the tables an earlier
    version created there as the master user, so migrations keep working;
@@ -50,6 +51,18 @@ def _can_log_in(env: dict[str, str], user: str, password: str) -> bool:
         raise
 
 
+def _rotation_in_progress(env: dict[str, str], user: str, current_password: str) -> bool:
+    """True when the secret's AWSPENDING password (AWS's single-user rotation: createSecret,
+    setSecret = ALTER ROLE, testSecret, finishSecret) is the one the role accepts."""
+    secret_id = env.get("MLFLOW_DB_SECRET_ID")
+    if not secret_id:
+        return False
+    from mlflow_db_credentials import _fetch_from_secrets_manager
+
+    pending = _fetch_from_secrets_manager(secret_id, "AWSPENDING")
+    return pending is not None and pending != current_password and _can_log_in(env, user, pending)
+
+
 def bootstrap(env: dict[str, str]) -> list[str]:
     """Bring the server's role to the state above; returns what it changed."""
     from psycopg import sql
@@ -73,8 +86,13 @@ def bootstrap(env: dict[str, str]) -> list[str]:
                                  "PASSWORD {}").format(role, sql.Literal(app_password)))
             changes.append(f"created role {app_user}")
         elif not _can_log_in(env, app_user, app_password):
-            conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(role, sql.Literal(app_password)))
-            changes.append(f"reset the password of {app_user} to its secret's current value")
+            if _rotation_in_progress(env, app_user, app_password):
+                # Between the rotation's setSecret and finishSecret the role already has the
+                # AWSPENDING password: resetting it to AWSCURRENT would undo the rotation.
+                changes.append(f"left the password of {app_user} alone: a rotation is in progress (AWSPENDING logs in)")
+            else:
+                conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(role, sql.Literal(app_password)))
+                changes.append(f"reset the password of {app_user} to its secret's current value")
         # Handing objects to a role needs SET on it. PostgreSQL 16 (Aurora 16.x) gives a role's
         # creator ADMIN OPTION only (createrole_self_grant is empty), so SET is granted explicitly;
         # on 15 plain membership is enough.

@@ -15,6 +15,7 @@ from components.datasets import FsxArgs
 from components.validation import Problem
 from infra import limits
 from infra.config.common import check_log_retention, prod_retention_rule, _Model
+from infra.config.syntax import checked, s3_prefix_problem
 from infra.config.engine import Rule, invalid
 from infra.limits import at_most
 
@@ -38,6 +39,11 @@ class DataRepositoryAssociationConfig(_Model):
     export_events: list[FsxEvent] = Field(default_factory=lambda: list(FsxEvent), description="FSx -> S3: NEW, CHANGED, DELETED.")
     batch_import_metadata_on_create: bool = Field(True, description="List the S3 objects into the file system at creation.")
     imported_file_chunk_size_mib: Annotated[int, at_most(limits.FSX_IMPORTED_FILE_CHUNK_MIB)] = Field(DataRepositoryAssociationSpec.imported_file_chunk_size_mib, ge=1)
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        return checked(s3_prefix_problem(value), "use a prefix such as imagenet/ (no leading '/', no '.' or '..' segments)", value)
 
 
 class FsxConfig(_Model):

@@ -8,6 +8,10 @@ from pydantic import Field, field_validator
 from components.validation import Problem
 from infra.config.common import Environment, _Model
 from infra.config.engine import Rule, invalid
+from infra.config.syntax import (
+    checked, dns_name_problem, git_ref_problem, https_url_problem, relative_path_problem, secrets_manager_id_problem,
+    url_path_problem,
+)
 
 _GIT_URL = r"^(https://[\w.-]+(:\d+)?/[\w./~-]+|ssh://[\w.@-]+(:\d+)?/[\w./~-]+|git@[\w.-]+:[\w./~-]+)$"
 _CRON = r"^(\S+\s+){4}\S+$"
@@ -21,6 +25,12 @@ class SecretSourceConfig(_Model):
     secrets_manager_secret_id: Optional[str] = Field(None, description="Name or ARN of a Secrets Manager secret holding JSON.")
     existing_secret: Optional[str] = Field(None, pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
                                            description="A Secret already in the argocd namespace.")
+
+    @field_validator("secrets_manager_secret_id")
+    @classmethod
+    def _secret_id(cls, value: Optional[str]) -> Optional[str]:
+        return value if value is None else checked(
+            secrets_manager_id_problem(value), "use the secret's name, e.g. mlp-dev/argocd/repo-credentials, or its ARN", value)
 
     @field_validator("existing_secret")
     @classmethod
@@ -39,6 +49,11 @@ class SsoConfig(_Model):
     admin_groups: list[str] = Field(default_factory=list, description="IdP groups given role:admin.")
     readonly_groups: list[str] = Field(default_factory=list, description="IdP groups given role:readonly.")
     scopes: list[str] = Field(default_factory=lambda: ["openid", "profile", "email", "groups"])
+
+    @field_validator("issuer")
+    @classmethod
+    def _issuer(cls, value: str) -> str:
+        return checked(https_url_problem(value), "use the IdP's issuer URL, e.g. https://login.example.com", value)
 
 
 class SyncWindowConfig(_Model):
@@ -62,6 +77,28 @@ class GitopsConfig(_Model):
     sync_windows: list[SyncWindowConfig] = Field(default_factory=list, description="When syncs may happen (prod).")
     ha: Optional[bool] = Field(None, description="Redis HA and 2 replicas of each server; default true in prod.")
     argo_workflows: bool = Field(True, description="Install Argo Workflows for the training pipelines.")
+
+    @field_validator("target_revision")
+    @classmethod
+    def _revision(cls, value: str) -> str:
+        return checked(git_ref_problem(value), "name a branch or tag git accepts (git check-ref-format), e.g. main or v1.4.0, "
+                       "or a 40-character commit id", value)
+
+    @field_validator("rendered_path")
+    @classmethod
+    def _rendered(cls, value: Optional[str]) -> Optional[str]:
+        return value if value is None else checked(
+            relative_path_problem(value), "use a path inside the repository, e.g. workloads/rendered/dev", value)
+
+    @field_validator("domain")
+    @classmethod
+    def _domain(cls, value: str) -> str:
+        return checked(dns_name_problem(value), "use a host name such as argocd.dev.example.com", value)
+
+    @field_validator("repo_url")
+    @classmethod
+    def _repo(cls, value: str) -> str:
+        return checked(url_path_problem(value), "use the repository's clone URL, e.g. https://github.com/org/repo.git", value)
 
 
 def _gitops_rules(environment: Environment, gitops: Optional[GitopsConfig]) -> Iterator[Problem]:

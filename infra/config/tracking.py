@@ -13,6 +13,7 @@ from components.validation import Problem
 from infra import limits
 from infra.config.common import check_log_retention, prod_retention_rule, Cidr, Environment, _Model, _exposure
 from infra.config.datasets import BucketLifecycleConfig, bucket_lifecycle_problems
+from infra.config.syntax import checked, image_reference_problem, zone_id_problem
 from infra.config.engine import Rule, invalid
 from infra.limits import at_most
 
@@ -49,6 +50,18 @@ class TrackingConfig(_Model):
     ecr_untagged_expiration_days: int = Field(ImageRepositoriesArgs.untagged_expiration_days, ge=1)
     artifacts_bucket: BucketLifecycleConfig = Field(default_factory=BucketLifecycleConfig)
     database: TrackingDatabaseConfig = Field(default_factory=TrackingDatabaseConfig)
+
+    @field_validator("route53_zone_id")
+    @classmethod
+    def _zone(cls, value: Optional[str]) -> Optional[str]:
+        return value if value is None else checked(
+            zone_id_problem(value), "use the hosted zone's id (aws route53 list-hosted-zones), e.g. Z0123456789ABCDEFGHIJ", value)
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: Optional[str]) -> Optional[str]:
+        return value if value is None else checked(
+            image_reference_problem(value), "use <registry>/<repository>@sha256:<digest> or <registry>/<repository>:<tag>", value)
 
     @field_validator("domain_name")
     @classmethod

@@ -549,3 +549,35 @@ def _post_json(url: str, path: str, body: dict, auth: tuple[str, str]) -> int:
     request = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST")
     request.add_header("Content-Type", "application/json")
     return _send(request, auth)
+
+
+# -- first deploy and rotation order (audit N8) -------------------------------------------------------
+def test_a_starting_task_does_not_undo_a_rotation_in_progress(mlflow_server, client, postgres, secrets, s3_endpoint):
+    """AWS's single-user rotation sets the role's password to AWSPENDING (setSecret) before it
+    moves AWSCURRENT (finishSecret). A task starting in between gets the old AWSCURRENT injected
+    by ECS; its db-bootstrap must not reset the role to it (the running server recovers through
+    AWSPENDING, and finishSecret then makes that password current)."""
+    secretsmanager = _aws("secretsmanager", s3_endpoint)
+    current = json.loads(secretsmanager.get_secret_value(SecretId=secrets["app"])["SecretString"])
+    rotated = dict(current, password="mid-Rotation-Password-3")
+    pending = secretsmanager.put_secret_value(SecretId=secrets["app"], SecretString=json.dumps(rotated),
+                                              VersionStages=["AWSPENDING"])
+    postgres.sql(f"ALTER ROLE {APP_DATABASE_USER} PASSWORD '{rotated['password']}'")  # setSecret
+
+    command, environment = mlflow_bootstrap_command(_settings(postgres, secrets, 5000, Path(tempfile.mkdtemp())))
+    env = {**_base_env(s3_endpoint), **environment, SECRET_ENV_MASTER_USERNAME: MASTER_USER,
+           SECRET_ENV_MASTER_PASSWORD: MASTER_PASSWORD, SECRET_ENV_APP_PASSWORD: current["password"]}
+    started = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, (started.stdout, started.stderr)
+    assert "rotation is in progress" in started.stdout and "reset the password" not in started.stdout
+    assert _as_app_user(postgres)("SELECT 1", rotated["password"]).returncode == 0  # the rotation stands
+
+    # finishSecret; then a task that finds a password nobody holds (a lost rotation) does reset it.
+    secretsmanager.put_secret_value(SecretId=secrets["app"], SecretString=json.dumps(rotated))
+    secretsmanager.update_secret_version_stage(SecretId=secrets["app"], VersionStage="AWSPENDING",
+                                               RemoveFromVersionId=pending["VersionId"])
+    postgres.sql(f"ALTER ROLE {APP_DATABASE_USER} PASSWORD 'lost-Rotation-9'")
+    env[SECRET_ENV_APP_PASSWORD] = rotated["password"]
+    lost = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert lost.returncode == 0 and "reset the password" in lost.stdout, (lost.stdout, lost.stderr)
+    client.log_metric(client.create_run(client.create_experiment("after-rotation-order")).info.run_id, "x", 1.0)

@@ -1,6 +1,7 @@
 """`python -m trainer train` with bad input: exit 2, every problem named (field, value, fix),
 no traceback, and no process group (nothing is started before the checks)."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -57,14 +58,36 @@ def test_preflight_sizes_against_data_and_memory(tmp_path, data_dir):
         preflight(fsdp, world_size=1, memory=(1 * 2**30, "a test GPU"))
 
 
-def test_unwritable_checkpoint_dir_is_refused(tmp_path, data_dir, monkeypatch):
-    cfg = load_config(TINY_CONFIG, [f"data.dir={data_dir}", f"checkpoint.dir={tmp_path}/ro/ckpt"], environ={})
-    (tmp_path / "ro").mkdir()
-    real_access = os.access
-    # Root passes permission bits, so a read-only mount is simulated at os.access (EROFS there).
-    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(tmp_path / "ro") else real_access(p, mode))
-    with pytest.raises(ConfigError, match=r"checkpoint.dir='.*/ro/ckpt': its nearest existing parent '.*/ro' is not writable"):
-        preflight(cfg, world_size=1)
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root to drop to another uid")
+def test_unwritable_checkpoint_dir_is_refused_with_exit_2_naming_the_field(data_dir):
+    """From outside the process, as the kernel enforces it: the trainer runs as another uid
+    (a pod's uid against a root-owned FSx directory) and the directory is root's 0755. The
+    preflight's write probe fails with EACCES: exit 2, the field and the fix, no traceback."""
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="ckpt-ro-")
+    try:
+        os.chmod(base, 0o755)
+        owned = os.path.join(base, "root-owned")
+        os.mkdir(owned, 0o755)
+        data = os.path.join(base, "data")
+        shutil.copytree(data_dir, data)
+        for root, dirs, files in os.walk(base):
+            for name in dirs + files:
+                os.chmod(os.path.join(root, name), 0o755 if name in dirs else 0o644)
+        os.chmod(owned, 0o755)
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "TRAINER_"))},
+               "PYTHONPATH": REPO, "HOME": base, "PYTHONDONTWRITEBYTECODE": "1"}
+        result = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "trainer", "train",
+             "--config", str(TINY_CONFIG), f"data.dir={data}", f"checkpoint.dir={owned}/job"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2, (result.stdout, result.stderr)
+        assert f"checkpoint.dir='{owned}/job': its nearest existing parent '{owned}' is not writable by uid 65534" in result.stderr
+        assert "Permission denied" in result.stderr and "Traceback" not in result.stderr
+        assert os.listdir(owned) == []  # nothing half-done: no probe file, no directory left behind
+    finally:
+        shutil.rmtree(base)
 
 
 def test_the_launcher_refuses_bad_input_with_exit_2_before_starting_torchrun(tmp_path):
