@@ -128,9 +128,6 @@ TRAINING_OPERATOR_KUSTOMIZE = f"https://github.com/kubeflow/trainer//manifests/o
 # Kubeflow Trainer v2 (TrainJob trainer.kubeflow.org/v1alpha1), Helm chart from its OCI registry.
 TRAINER_CHART = "oci://ghcr.io/kubeflow/charts/kubeflow-trainer"
 TRAINER_VERSION = "2.3.0"
-# One-shot setup Jobs (team checkpoint directories on FSx); Docker's official image mirrored on
-# ECR Public. Pin its digest in prod.
-BUSYBOX_IMAGE = "public.ecr.aws/docker/library/busybox:1.37.0"
 
 # -- GitOps (Argo CD, Argo Workflows) ---------------------------------------------------------
 ARGO_HELM_REPO = "https://argoproj.github.io/argo-helm"

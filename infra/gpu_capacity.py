@@ -16,7 +16,7 @@ from infra.capability import Capability
 from infra.config import GpuPoolConfig, PlatformConfig, TeamConfig
 from infra.mock_engine import Recording, RecordedResource
 from infra.platform import Platform
-from workloads import kueue, scheduling
+from workloads import kueue, scheduling, tenancy
 from workloads.gpu_catalog import SPOT_NOTICE_SECONDS, gpu_type
 from workloads.karpenter import CapacityType, CpuPoolSpec, GpuPoolSpec, duration_seconds
 
@@ -47,16 +47,29 @@ def team_namespace(team: TeamConfig) -> str:
     return team.namespace
 
 
+def tenancy_spec(team: TeamConfig) -> tenancy.TeamTenancy:
+    return tenancy.TeamTenancy(namespace=team.namespace, posix_id=team.uid, default_priority=team.priority,
+                               local_queue=kueue.LOCAL_QUEUE_NAME)
+
+
 def team_specs(config: PlatformConfig, s3_prefix_list_cidrs: Any = None) -> list[tuple[scheduling.TeamNamespaceSpec, kueue.TeamQueueSpec]]:
     """``s3_prefix_list_cidrs``: the S3 gateway endpoint's CIDRs (an Output at deploy time)."""
     out = []
+    cohort_gpus = sum(sum(t.gpu_quota.values()) for t in config.scheduling.teams)
     for team in config.scheduling.teams:
         ns = team_namespace(team)
+        tenancy_ = tenancy_spec(team)
         out.append((
             scheduling.TeamNamespaceSpec(
-                team=team.name, namespace=ns, gpu_quota=sum(team.gpu_quota.values()),
+                # Kueue decides per GPU type (the ClusterQueue's flavors); the namespace quota is a
+                # backstop at what Kueue can admit: the team's own GPUs, or the whole cohort's when
+                # it may borrow. Below that, Kueue would admit a borrowing job whose pods the quota
+                # then refuses (evicted and requeued until deactivated).
+                team=team.name, namespace=ns, gpu_quota=cohort_gpus if team.borrowing else sum(team.gpu_quota.values()),
                 vpc_cidr=str(config.network.cidr), default_priority=team.priority,
-                extra_labels={"mlplatform.io/default-priority-class": scheduling.priority_class_name(team.priority)},
+                extra_labels={"mlplatform.io/default-priority-class": scheduling.priority_class_name(team.priority),
+                              **tenancy_.namespace_labels()},
+                annotations=tenancy_.namespace_annotations(),
                 s3_prefix_list_cidrs=s3_prefix_list_cidrs,
             ),
             kueue.TeamQueueSpec(team=team.name, namespace=ns, gpu_quota=dict(team.gpu_quota),
