@@ -43,6 +43,8 @@ TEAM_LABEL = "mlplatform.io/team"
 POSIX_ID_LABEL = "mlplatform.io/posix-id"
 ALLOWED_PRIORITIES_ANNOTATION = "mlplatform.io/allowed-priority-classes"
 LOCAL_QUEUE_LABEL = "mlplatform.io/local-queue"
+# priority.mlplatform.io/<class>: "allowed" for each class the team is entitled to.
+PRIORITY_LABEL_PREFIX = "priority.mlplatform.io/"
 POLICY_PREFIX = "mlplatform-team-"
 TEAM_ROLE = "mlplatform-team"
 # Service accounts of these namespaces run the controllers that create a job's pods (and a
@@ -88,7 +90,8 @@ class TeamTenancy:
                              f"{POSIX_ID_MIN}-{POSIX_ID_MAX}")
 
     def namespace_labels(self) -> dict[str, str]:
-        return {POSIX_ID_LABEL: str(self.posix_id), LOCAL_QUEUE_LABEL: self.local_queue}
+        return {POSIX_ID_LABEL: str(self.posix_id), LOCAL_QUEUE_LABEL: self.local_queue,
+                **{f"{PRIORITY_LABEL_PREFIX}{c}": "allowed" for c in entitled_priority_classes(self.default_priority)}}
 
     def namespace_annotations(self) -> dict[str, str]:
         # Annotations: label values cannot hold a list.
@@ -109,9 +112,9 @@ def _all_containers(pod_spec: str) -> str:
 
 
 def _priority_ok(pod_spec: str) -> str:
-    # The comma-joined list is wrapped in commas so "training-research" never matches a prefix.
+    # One namespace label per entitled class: a map lookup, exact, no string parsing.
     return (f"has({pod_spec}.priorityClassName) && "
-            f"(',' + {_ALLOWED} + ',').contains(',' + {pod_spec}.priorityClassName + ',')")
+            f"('{PRIORITY_LABEL_PREFIX}' + {pod_spec}.priorityClassName) in namespaceObject.metadata.labels")
 
 
 def _policy(name: str, *, resources: Sequence[tuple[str, str, str]], validations: list[dict[str, Any]],
