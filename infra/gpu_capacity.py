@@ -201,6 +201,26 @@ def pool_lines(config: PlatformConfig, pool: GpuPoolConfig) -> list[str]:
 def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tuple[str, list[str]]]:
     for pool in config.gpu_pools:
         yield f"GPU pool {pool.name}", pool_lines(config, pool)
+    if config.scheduling.teams:
+        yield "Security: tenant isolation", list(isolation_lines(config, recording))
+
+
+def isolation_lines(config: PlatformConfig, recording: Recording) -> Iterator[str]:
+    """Each control of the tenant boundary, as the recording holds it (docs/architecture.md)."""
+    policies = sorted(r.inputs["metadata"]["name"] for r in recording.by_type(
+        "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy"))
+    yield f"admission policies on team namespaces: {', '.join(policies) or 'none'}"
+    cohort = sum(sum(t.gpu_quota.values()) for t in config.scheduling.teams)
+    for team in config.scheduling.teams:
+        spec = tenancy_spec(team)
+        yield (f"{team.namespace}: uid/gid {team.uid}; PSA restricted; priorities "
+               f"{', '.join(tenancy.entitled_priority_classes(team.priority))}; Kueue queue {kueue.LOCAL_QUEUE_NAME} "
+               f"(unlabelled jobs managed and refused); namespace GPU quota {cohort if team.borrowing else sum(team.gpu_quota.values())}"
+               f"; group {tenancy.team_group(spec.namespace)} -> Role {tenancy.TEAM_ROLE} "
+               f"({len(team.role_arns)} IAM role{'s' if len(team.role_arns) != 1 else ''}); "
+               f"FSx: /checkpoints/{team.namespace} read-write, /datasets read-only")
+    yield "FSx root squash 65534:65534; no team mounts the file-system root"
+    yield "team Role: no NetworkPolicies, no Service writes, no impersonation; LoadBalancer/NodePort Services refused"
 
 
 def warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
