@@ -415,3 +415,28 @@ def test_rules_only_a_cluster_confirms_are_listed_in_the_runbook_cluster_confirm
     runbook = (Path(__file__).resolve().parents[2] / "docs/runbooks/tenant-isolation.md").read_text()
     for probe in ("kubectl auth can-i", "root squash", "ValidatingAdmissionPolicy", "mountname", "posix-id"):
         assert probe in runbook, probe
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_every_rendered_job_is_admitted_in_its_namespace(stack):
+    """The committed GitOps tree passes the policies it will meet (Argo CD applies it)."""
+    from pathlib import Path
+
+    import yaml
+
+    config = load_platform_config(stack_config(stack))
+    namespaces = {spec.namespace: scheduling.namespace(spec) for spec, _ in team_specs(config)}
+    rendered = Path(__file__).resolve().parents[2] / "workloads" / "rendered" / stack / "namespaces"
+    docs = [yaml.safe_load(path.read_text()) for path in sorted(rendered.rglob("*.yaml"))]
+    assert docs
+    for doc in (d for d in docs if d["kind"] == "WorkflowTemplate"):
+        # Argo's step pods take the workflow's pod security context: the team's uid/gid.
+        uid = int(namespaces[doc["metadata"]["namespace"]]["metadata"]["labels"][tenancy.POSIX_ID_LABEL])
+        context = doc["spec"]["securityContext"]
+        assert (context["runAsUser"], context["runAsGroup"], context["fsGroup"]) == (uid, uid, uid)
+    for doc in (d for d in docs if d["kind"] in ("PyTorchJob", "Job")):
+        assert admit(doc, namespaces[doc["metadata"]["namespace"]], ARGOCD) == [], doc["metadata"]["name"]
+        for replica in doc["spec"].get("pytorchReplicaSpecs", {}).values():
+            pod_ = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": doc["metadata"]["namespace"]},
+                    "spec": replica["template"]["spec"]}
+            assert admit(pod_, namespaces[doc["metadata"]["namespace"]], OPERATOR) == []
