@@ -336,6 +336,24 @@ def _b_network():
     _network_policies()
 
 
+def _system_ports():
+    # Kueue's webhook 9443, visibility 8082, metrics 8443 from a team pod.
+    from components.scheduling import kueue_namespace_spec
+    from workloads.system_namespaces import network_policies as system_policies
+
+    team_spec = SPECS[A][0]
+    egress = [(peer, port) for p in scheduling.network_policies(team_spec) for rule in p["spec"].get("egress", [])
+              for peer in rule["to"] for port in rule.get("ports", [])]
+    to_vpc = {(port["port"], port.get("endPort", port["port"])) for peer, port in egress
+              if peer.get("ipBlock", {}).get("cidr") == team_spec.vpc_cidr}
+    for target in (9443, 8082, 8443):
+        assert not any(low <= target <= high for low, high in to_vpc), target
+    kueue_ingress = {p["metadata"]["name"]: p for p in system_policies(kueue_namespace_spec(team_spec.vpc_cidr, "172.20.0.0/16"))}
+    (scrapers,) = kueue_ingress["allow-metrics-scrapers"]["spec"]["ingress"]
+    assert [p["port"] for p in scrapers["ports"]] == [8443] and "ipBlock" not in scrapers["from"][0]
+    _network_policies()  # and the team cannot open that egress itself
+
+
 ATTACKS = [
     Attack("2", "read/overwrite/delete B's checkpoints on FSx (mount root, same uid, root)", lambda: (_fsx_subtree(), _as_other_team(), _root_pod())),
     Attack("3", "poison the shared datasets as root", _datasets_read_only),
@@ -352,6 +370,7 @@ ATTACKS = [
     Attack("3.2 root", "root pod with default capabilities", _root_pod),
     Attack("3.2 system nodes", "schedule onto the system nodes", _system_nodes),
     Attack("3.2 egress", "edit its own NetworkPolicies", _network_policies),
+    Attack("3.2 system ports", "reach Kueue/Argo CD/Argo Workflows ports from a team pod (M6)", _system_ports),
     Attack("3.2 LoadBalancer", "publish a pod with a LoadBalancer/NodePort Service", _load_balancer),
 ]
 
