@@ -112,8 +112,10 @@ def _all_containers(pod_spec: str) -> str:
 
 
 def _priority_ok(pod_spec: str) -> str:
-    # One namespace label per entitled class: a map lookup, exact, no string parsing.
-    return (f"has({pod_spec}.priorityClassName) && "
+    # One namespace label per entitled class: a map lookup, exact, no string parsing. No class
+    # named: the cluster default (training-default, globalDefault), which every team may use;
+    # on a Pod the Priority admission plugin has already filled it in before validation.
+    return (f"!has({pod_spec}.priorityClassName) || "
             f"('{PRIORITY_LABEL_PREFIX}' + {pod_spec}.priorityClassName) in namespaceObject.metadata.labels")
 
 
@@ -299,3 +301,33 @@ def rbac_allows(rules: Sequence[Mapping[str, Any]], *, verb: str, group: str, re
             return True
     return False
 
+
+
+# -- the Training Operator's init container ------------------------------------------------------
+# Training Operator v1.9 adds an `init-pytorch` container to every worker of a PyTorchJob with a
+# Master (pkg/controller.v1/pytorch/initcontainer.go ``initContainerTemplate``): it has no
+# securityContext, so Pod Security `restricted` refuses the worker pod. The operator reads a
+# replacement from ``--pytorch-init-container-template-file`` (cmd/training-operator.v1/main.go);
+# this is upstream's template with the restricted fields added (same Go template variables).
+PYTORCH_INIT_CONTAINER_TEMPLATE_FLAG = "--pytorch-init-container-template-file"
+PYTORCH_INIT_CONTAINER_TEMPLATE = """\
+- name: init-pytorch
+  image: {{.InitContainerImage}}
+  imagePullPolicy: IfNotPresent
+  resources:
+    limits:
+      cpu: 100m
+      memory: 20Mi
+    requests:
+      cpu: 50m
+      memory: 10Mi
+  securityContext:
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    runAsNonRoot: true
+    capabilities:
+      drop: ["ALL"]
+    seccompProfile:
+      type: RuntimeDefault
+  command: ['sh', '-c', 'err=1;for i in $(seq {{.MaxTries}}); do if nslookup {{.MasterAddr}}; then err=0 && break; fi;echo waiting for master; sleep 2; done; exit $err']
+"""

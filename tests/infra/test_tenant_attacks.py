@@ -459,3 +459,22 @@ def test_every_rendered_job_is_admitted_in_its_namespace(stack):
             pod_ = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": doc["metadata"]["namespace"]},
                     "spec": replica["template"]["spec"]}
             assert admit(pod_, namespaces[doc["metadata"]["namespace"]], OPERATOR) == []
+
+
+def test_training_operator_init_container_template_passes_restricted_and_the_policies():
+    """Multi-node PyTorchJob workers get the operator's init container: with upstream's template
+    (no securityContext) Pod Security `restricted` refuses them; the platform's template complies
+    (kubernetes-validate has no PSA: the restricted fields are asserted one by one, per the Pod
+    Security Standards page) and the admission policies admit the resulting worker pod."""
+    import yaml
+
+    rendered = (tenancy.PYTORCH_INIT_CONTAINER_TEMPLATE.replace("{{.InitContainerImage}}", "alpine:3.20")
+                .replace("{{.MaxTries}}", "100").replace("{{.MasterAddr}}", "j-master-0"))
+    (init,) = yaml.safe_load(rendered)
+    sc = init["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["runAsNonRoot"] is True and sc["seccompProfile"]["type"] == "RuntimeDefault"
+    assert "runAsUser" not in sc  # the pod's (team's) uid applies
+    worker = pod(gpus=8)
+    worker["spec"]["initContainers"] = [init]
+    assert admit(worker, NAMESPACES[A], OPERATOR) == []
