@@ -35,6 +35,7 @@ from typing import Any, Mapping, Sequence
 from workloads.karpenter import GPU_RESOURCE
 from workloads.kueue import QUEUE_LABEL
 from workloads.placement import SYSTEM_NODE_LABEL_KEY, SYSTEM_NODE_TAINT
+from workloads.problems import accepts_enum_values
 from workloads.scheduling import PRIORITY_VALUES, Priority, priority_class_name
 
 VAP_API = "admissionregistration.k8s.io/v1"
@@ -75,6 +76,7 @@ def entitled_priority_classes(default: Priority) -> list[str]:
     return sorted(priority_class_name(p) for p in Priority if PRIORITY_VALUES[p] <= ceiling)
 
 
+@accepts_enum_values
 @dataclass(frozen=True)
 class TeamTenancy:
     """What the policies need to know about one team namespace."""
