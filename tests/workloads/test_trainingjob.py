@@ -207,6 +207,17 @@ def test_unknown_team_and_pool_are_reported_together(prod_facts, example_raw):
     assert "did you mean 'foundation-models'" in problems["team"].fix and "did you mean 'h100'" in problems["pool"].fix
 
 
+def test_priority_above_the_teams_entitlement_is_refused_before_the_cluster_would(prod_facts, example_raw):
+    """team-research's default is research: production is refused at render, with the classes it
+    may use, as the namespace's admission policy would refuse it (workloads.tenancy)."""
+    research = prod_facts.team("research")
+    assert research.allowed_priority_classes == ("training-default", "training-research")
+    with pytest.raises(JobSpecError) as info:
+        _job({**example_raw, "team": "research", "priority": "production"}, prod_facts)
+    (problem,) = [p for p in info.value.problems if p.path == "priority"]
+    assert "not entitled to training-production" in problem.message and "research" in problem.fix
+
+
 def test_facts_follow_the_stack_config(plan_config, example_raw):
     """Nothing is hard-coded: a pool's grace period and a team's queue come from the plan."""
     from infra.facts import facts_from_plan
