@@ -303,7 +303,24 @@ def trainer_env(job: ResolvedJob) -> list[dict[str, Any]]:
         # No EFA: NCCL's socket transport on the pod's VPC CNI interface.
         env.append({"name": "NCCL_SOCKET_IFNAME", "value": "eth0"})
     env.append({"name": "NCCL_DEBUG", "value": "WARN"})
-    return env
+    return env + team_runtime_env(spec.namespace)
+
+
+def team_runtime_env(namespace: str) -> list[dict[str, Any]]:
+    """The image points its compiler caches and NCCL dumps at /fsx/cache and /fsx/debug, which
+    were on the shared file system's root: one team's Triton/Inductor cache would be another
+    team's code. Pods now mount only their team's subtree, and run as the team's uid (which has
+    no passwd entry in the image), so caches and dumps go to the team's own tree, HOME to /tmp,
+    and USER is set (torch's cache naming calls getpass.getuser(), which fails without either)."""
+    root = team_subtree_path(namespace)
+    return [
+        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": f"{root}/.cache/torchinductor"},
+        {"name": "TRITON_CACHE_DIR", "value": f"{root}/.cache/triton"},
+        {"name": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "value": f"{root}/.debug/nccl_trace_rank_"},
+        {"name": "TORCH_FR_DUMP_TEMP_FILE", "value": f"{root}/.debug/nccl_trace_rank_"},
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "USER", "value": "trainer"},
+    ]
 
 
 def resources(job: ResolvedJob) -> dict[str, Any]:

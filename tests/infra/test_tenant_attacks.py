@@ -478,3 +478,14 @@ def test_training_operator_init_container_template_passes_restricted_and_the_pol
     worker = pod(gpus=8)
     worker["spec"]["initContainers"] = [init]
     assert admit(worker, NAMESPACES[A], OPERATOR) == []
+
+
+def test_compiler_caches_and_dumps_live_in_the_team_tree():
+    """The image points Inductor/Triton caches at /fsx/cache (once the shared root): a cache
+    another team can write is code it runs. Jobs point them into the team's own subtree."""
+    from workloads.fsx import team_subtree_path
+    from workloads.trainingjob import team_runtime_env
+
+    env = {e["name"]: e["value"] for e in team_runtime_env(A)}
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE"):
+        assert env[name].startswith(team_subtree_path(A) + "/"), name
