@@ -489,3 +489,12 @@ def test_compiler_caches_and_dumps_live_in_the_team_tree():
     env = {e["name"]: e["value"] for e in team_runtime_env(A)}
     for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE"):
         assert env[name].startswith(team_subtree_path(A) + "/"), name
+
+
+def test_every_tenancy_object_validates_against_kubernetes_1_32():
+    from workloads.validation import validate_core
+
+    objects = [*POLICIES, *gitops.application_policy(GITOPS), tenancy.team_role(A), tenancy.team_role_binding(A),
+               *NAMESPACES.values()]
+    for obj in objects:
+        assert validate_core(obj) == [], (obj["kind"], obj["metadata"]["name"])
