@@ -91,6 +91,12 @@ def helm_values(args: ArgoWorkflowsArgs) -> dict[str, Any]:
         # `client` auth: the UI/API acts with the caller's own Kubernetes token (no shared identity).
         "server": {"replicas": replicas, "pdb": pdb, "authModes": ["client"], "securityContext": security,
                    **placement},
+        # The executor's init/wait containers run in team namespaces, which enforce Pod Security
+        # `restricted`: they need these set explicitly (the chart's default is {}). No runAsUser:
+        # they take the workflow's pod-level uid, the team's (workloads.tenancy).
+        "executor": {"securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
+                                         "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+                                         "seccompProfile": {"type": "RuntimeDefault"}}},
         "workflow": {
             "serviceAccount": {"create": True, "name": SERVICE_ACCOUNT},
             "rbac": {"create": True, "rules": [dict(r) for r in PIPELINE_RULES]},

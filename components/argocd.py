@@ -1,5 +1,6 @@
 """Argo CD: pinned Helm release on the system nodes, SSO, repository credentials from a secret,
-and the objects that bootstrap GitOps (two AppProjects and the root Application).
+and the objects that bootstrap GitOps (the bootstrap project, one project per team, the locked
+`default` project, an admission policy on Applications, and the root Application).
 
 Values keys follow the argo-cd chart's values.yaml (argoproj/argo-helm charts/argo-cd, 10.x):
 `global.nodeSelector/tolerations`, `configs.cm` (`admin.enabled`, `oidc.config`), `configs.rbac`,
@@ -258,11 +259,17 @@ class ArgoCD(pulumi.ComponentResource):
         # The CRDs arrive with the chart: the bootstrap objects wait for it.
         after_chart = pulumi.ResourceOptions(parent=self, depends_on=[self.release])
         spec = args.gitops
+        # Argo CD creates `default` at start-up; the provider's server-side apply takes it over
+        # (pulumi-kubernetes 4: create is an upsert under SSA).
         self.projects = [apply_object(f"{name}-project-{obj['metadata']['name']}", obj, after_chart)
-                         for obj in (gitops.bootstrap_project(spec), gitops.workloads_project(spec))]
+                         for obj in (gitops.bootstrap_project(spec), *gitops.team_projects(spec),
+                                     gitops.default_project_lockdown(spec))]
+        self.application_policy = [apply_object(f"{name}-{obj['kind'].lower()}-{obj['metadata']['name']}", obj,
+                                                pulumi.ResourceOptions(parent=self))
+                                   for obj in gitops.application_policy(spec)]
         self.root_application = apply_object(
             f"{name}-root-application", gitops.root_application(spec),
-            pulumi.ResourceOptions(parent=self, depends_on=[self.release, *self.projects]))
+            pulumi.ResourceOptions(parent=self, depends_on=[self.release, *self.projects, *self.application_policy]))
         self.register_outputs({"release_status": self.release.status,
                                "root_application": spec.root_application_name})
 

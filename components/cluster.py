@@ -19,13 +19,12 @@ from components.network import Network
 from components.versions import EKS_ADDON_VERSIONS, EKS_VERSIONS, SYSTEM_NODE_AMI_TYPE
 from workloads.placement import SYSTEM_NODE_LABEL_KEY, SYSTEM_NODE_LABEL_VALUE, SYSTEM_NODE_TAINT
 from workloads.storage import gp3_storage_class
+from workloads.tenancy import team_group
 from components.validation import accepts_enum_values
 
 CONTROL_PLANE_LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 # EKS access policies (arn:<partition>:eks::aws:cluster-access-policy/<name>).
 CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
-# Kubernetes `edit` in the listed namespaces only (EKS User Guide, "Review access policy permissions").
-NAMESPACE_EDIT_POLICY = "AmazonEKSEditPolicy"
 NODE_MANAGED_POLICIES = (
     "AmazonEKSWorkerNodePolicy",
     # The VPC CNI runs on the node role: it must assign pod IPs before Pod Identity works.
@@ -80,7 +79,8 @@ class ClusterArgs:
         kubeconfig_role_arn: the role Pulumi deploys with (the kubeconfig assumes it). The
             cluster creator gets no hidden bootstrap admin; this role gets a visible access
             entry instead. Required.
-        namespace_editors: role ARN -> namespaces where it gets AmazonEKSEditPolicy (teams).
+        namespace_editors: role ARN -> team namespaces; its access entry carries each one's
+            Kubernetes group (``workloads.tenancy.team_group``), bound to the platform's team Role.
         log_retention_days: control-plane log retention.
         log_kms_key: key of the control-plane log group (its policy must admit CloudWatch
             Logs for ``control_plane_log_group_name(cluster_name)``).
@@ -281,10 +281,6 @@ class Cluster(pulumi.ComponentResource):
             ("deploy", args.kubeconfig_role_arn, CLUSTER_ADMIN_POLICY, {"type": "cluster"})]
         grants += [(f"admin-{index}", arn, CLUSTER_ADMIN_POLICY, {"type": "cluster"})
                    for index, arn in enumerate(args.admin_role_arns)]
-        # Keyed by account and role name, so adding a team role never renames another's entry.
-        grants += [(f"team-{arn.split(':')[4]}-{arn.rsplit('/', 1)[-1]}", arn, NAMESPACE_EDIT_POLICY,
-                    {"type": "namespace", "namespaces": sorted(set(namespaces))})
-                   for arn, namespaces in sorted(args.namespace_editors.items())]
         out: dict[str, list[pulumi.Resource]] = {}
         for key, principal, policy, scope in grants:
             entry = aws.eks.AccessEntry(
@@ -296,6 +292,17 @@ class Cluster(pulumi.ComponentResource):
                 access_scope=scope,
                 opts=pulumi.ResourceOptions(parent=entry))
             out[key] = [entry, association]
+        # Teams: no EKS access policy (AmazonEKSEditPolicy grants NetworkPolicies, Services and
+        # service-account impersonation, and none of the job CRDs). The entry carries the team's
+        # Kubernetes group, which a RoleBinding in its namespace binds to the platform's team
+        # Role (workloads.tenancy; EKS User Guide, "Create access entries": kubernetesGroups).
+        # Keyed by account and role name, so adding a team role never renames another's entry.
+        for arn, namespaces in sorted(args.namespace_editors.items()):
+            key = f"team-{arn.split(':')[4]}-{arn.rsplit('/', 1)[-1]}"
+            out[key] = [aws.eks.AccessEntry(
+                f"{name}-access-{key}", cluster_name=cluster_name, principal_arn=arn, type="STANDARD",
+                kubernetes_groups=[team_group(ns) for ns in sorted(set(namespaces))],
+                tags=tags, opts=pulumi.ResourceOptions(parent=self))]
         return out
 
     def _addon(self, name, addon, cluster_name, tags, opts, pod_identity=None, configuration=None) -> aws.eks.Addon:

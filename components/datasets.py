@@ -21,7 +21,7 @@ from components.kms import create_key, set_key_policy
 from components.network import Network
 from components.validation import Problem, accepts_enum_values
 from components.versions import EKS_ADDON_VERSIONS
-from workloads.fsx import FsxVolumeSpec, fsx_persistent_volume, fsx_persistent_volume_claim
+from workloads.fsx import fsx_persistent_volume, fsx_persistent_volume_claim, team_volume_specs
 
 # -- FSx for Lustre PERSISTENT_2 facts ------------------------------------------------------
 FIRST_CAPACITY_GIB = 1200
@@ -180,6 +180,8 @@ class FsxArgs:
         daily_automatic_backup_start_time / weekly_maintenance_start_time: UTC windows.
         log_level / log_retention_days: FSx event logs to CloudWatch.
         data_compression: LZ4 halves storage for text datasets at no throughput cost.
+        no_squash_nids: Lustre client NIDs exempt from root squash (``10.0.1.6@tcp``,
+            ``10.0.[2-10].[1-255]@tcp``); empty: root is squashed on every client.
     """
 
     storage_capacity_gib: int
@@ -192,6 +194,7 @@ class FsxArgs:
     log_level: FsxLogLevel = FsxLogLevel.WARN_ERROR
     log_retention_days: int = 30
     data_compression: bool = True
+    no_squash_nids: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -325,6 +328,10 @@ class Datasets(pulumi.ComponentResource):
             automatic_backup_retention_days=fsx.automatic_backup_retention_days,
             daily_automatic_backup_start_time=fsx.daily_automatic_backup_start_time if backups else None,
             copy_tags_to_backups=True,
+            # Root on any client acts as nobody (FSx for Lustre User Guide, "Lustre root squash"):
+            # a root container (or a node-level escape to root) cannot read or rewrite teams'
+            # files, which are owned by each team's uid (workloads.tenancy).
+            root_squash_configuration={"root_squash": ROOT_SQUASH, "no_squash_nids": list(fsx.no_squash_nids) or None},
             weekly_maintenance_start_time=fsx.weekly_maintenance_start_time,
             skip_final_backup=not args.protect,
             tags={**tags, "Name": f"{name}-fsx"},
@@ -377,15 +384,21 @@ class Datasets(pulumi.ComponentResource):
         self.volume_claims = {}
         for namespace in args.namespaces:
             specs = pulumi.Output.all(self.file_system.id, self.file_system.dns_name, self.file_system.mount_name)
-            spec = specs.apply(lambda v, ns=namespace: FsxVolumeSpec(
-                file_system_id=v[0], dns_name=v[1], mount_name=v[2],
-                storage_capacity_gib=fsx.storage_capacity_gib, namespace=ns, pv_name_prefix=name))
-            pv = apply_object(f"{name}-pv-{namespace}", _manifest(spec, fsx_persistent_volume, namespace, name), k8s_opts)
-            self.volume_claims[namespace] = apply_object(
-                f"{name}-pvc-{namespace}", _manifest(spec, fsx_persistent_volume_claim, namespace, name),
-                pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(
-                    depends_on=[pv, *_namespace_dependency(args.namespace_resources, namespace)])),
-            )
+            # The team's own subtree (read-write) and the datasets (read-only); never the root.
+            for index in range(2):
+                spec = specs.apply(lambda v, ns=namespace, i=index: team_volume_specs(
+                    file_system_id=v[0], dns_name=v[1], mount_name=v[2],
+                    storage_capacity_gib=fsx.storage_capacity_gib, namespace=ns, pv_name_prefix=name)[i])
+                suffix = "" if index == 0 else "-datasets"
+                pv = apply_object(f"{name}-pv-{namespace}{suffix}",
+                                  _manifest(spec, fsx_persistent_volume, namespace, name, index), k8s_opts)
+                claim = apply_object(
+                    f"{name}-pvc-{namespace}{suffix}", _manifest(spec, fsx_persistent_volume_claim, namespace, name, index),
+                    pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(
+                        depends_on=[pv, *_namespace_dependency(args.namespace_resources, namespace)])),
+                )
+                if index == 0:
+                    self.volume_claims[namespace] = claim
 
         self.file_system_id = self.file_system.id
         self.register_outputs({
@@ -395,6 +408,10 @@ class Datasets(pulumi.ComponentResource):
             "datasets_bucket": self.buckets[DatasetBucket.DATASETS].name,
             "checkpoints_bucket": self.buckets[DatasetBucket.CHECKPOINTS].name,
         })
+
+
+# nobody:nogroup; the team uids lie below it (workloads.tenancy.POSIX_ID_MAX).
+ROOT_SQUASH = "65534:65534"
 
 
 def fsx_log_group_name(name: str) -> str:
@@ -435,10 +452,10 @@ def fsx_s3_key_statement(file_system_id: pulumi.Input[str], bucket_arns: Sequenc
     }
 
 
-def _manifest(spec: pulumi.Output, render, namespace: str, pv_prefix: str) -> dict:
+def _manifest(spec: pulumi.Output, render, namespace: str, pv_prefix: str, index: int = 0) -> dict:
     """The rendered manifest with Output leaves; structure (names, kind) stays plain."""
-    full = render(FsxVolumeSpec(file_system_id="fs-placeholder", dns_name="", mount_name="",
-                                storage_capacity_gib=1, namespace=namespace, pv_name_prefix=pv_prefix))
+    full = render(team_volume_specs(file_system_id="fs-placeholder", dns_name="", mount_name="",
+                                    storage_capacity_gib=1, namespace=namespace, pv_name_prefix=pv_prefix)[index])
     rendered = spec.apply(render)
     return {"apiVersion": full["apiVersion"], "kind": full["kind"], "metadata": full["metadata"],
             "spec": rendered.apply(lambda m: m["spec"])}

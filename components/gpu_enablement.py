@@ -127,6 +127,8 @@ def namespace_spec(vpc_cidr: str, service_cidr: str, mode: GpuEnablementMode) ->
         name=NAMESPACE, pod_security=PodSecurityLevel.PRIVILEGED, pod_security_reason=POD_SECURITY_REASON,
         vpc_cidr=vpc_cidr, service_cidr=service_cidr,
         metrics_ports=(DCGM_METRICS_PORT, GPU_OPERATOR_METRICS_PORT) if operator else (DCGM_METRICS_PORT,),
+        # The CloudWatch agent (host network) scrapes the DCGM exporter from the node's address.
+        host_network_scrapers=True,
         # The operator's components (NFD master/worker, validators) talk to each other.
         same_namespace=operator,
     )

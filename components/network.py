@@ -1,6 +1,8 @@
 """Multi-AZ VPC for EKS: private/public subnets, NAT, endpoints, flow logs, discovery tags."""
 from __future__ import annotations
 
+import json
+
 import ipaddress
 from dataclasses import dataclass, field
 from enum import Enum
@@ -134,11 +136,33 @@ def _network(value: object) -> Optional[ipaddress.IPv4Network]:
         return None
 
 
+def s3_endpoint_policy(account_id: str, region: str) -> dict:
+    """S3 gateway endpoint: requests signed by this account's principals, and reads of the ECR
+    layer bucket (Amazon ECR User Guide, "Amazon ECR interface VPC endpoints": the gateway
+    endpoint's minimum policy must allow ``arn:aws:s3:::prod-<region>-starport-layer-bucket/*``,
+    because layers are fetched with URLs ECR signs)."""
+    return {"Version": "2012-10-17", "Statement": [
+        {"Sid": "ThisAccountsPrincipals", "Effect": "Allow", "Principal": "*", "Action": "*", "Resource": "*",
+         "Condition": {"StringEquals": {"aws:PrincipalAccount": account_id}}},
+        {"Sid": "EcrImageLayers", "Effect": "Allow", "Principal": "*", "Action": "s3:GetObject",
+         "Resource": f"arn:aws:s3:::prod-{region}-starport-layer-bucket/*"},
+    ]}
+
+
+def account_endpoint_policy(account_id: str) -> dict:
+    """Interface endpoint (STS): only this account's principals."""
+    return {"Version": "2012-10-17", "Statement": [
+        {"Sid": "ThisAccountsPrincipals", "Effect": "Allow", "Principal": "*", "Action": "*", "Resource": "*",
+         "Condition": {"StringEquals": {"aws:PrincipalAccount": account_id}}}]}
+
+
 class Network(pulumi.ComponentResource):
     """A VPC laid out for EKS and Karpenter.
 
-    Private subnets carry ``karpenter.sh/discovery`` and ``kubernetes.io/role/internal-elb``;
-    public subnets carry ``kubernetes.io/role/elb``. The default security group is emptied
+    Private subnets carry ``karpenter.sh/discovery`` and ``kubernetes.io/role/internal-elb``.
+    Public subnets carry no ``kubernetes.io/role/elb``: the MLflow ALB names its subnets, and
+    without the tag a ``Service type: LoadBalancer`` finds no public subnet to become internet-facing
+    in (team namespaces also refuse that Service type). The default security group is emptied
     so nothing lands in it by accident.
     """
 
@@ -176,7 +200,7 @@ class Network(pulumi.ComponentResource):
             public = aws.ec2.Subnet(
                 f"{name}-public-{suffix}", vpc_id=self.vpc.id, availability_zone=az,
                 cidr_block=args.public_subnet_cidrs[index], map_public_ip_on_launch=False,
-                tags=tags(f"public-{suffix}", {"kubernetes.io/role/elb": "1", "subnet-tier": "public"}),
+                tags=tags(f"public-{suffix}", {"subnet-tier": "public"}),
                 opts=vpc_child,
             )
             aws.ec2.RouteTableAssociation(f"{name}-public-{suffix}-rta", subnet_id=public.id,
@@ -214,6 +238,9 @@ class Network(pulumi.ComponentResource):
             f"{name}-s3-endpoint", vpc_id=self.vpc.id, vpc_endpoint_type="Gateway",
             service_name=pulumi.Output.concat("com.amazonaws.", region, ".s3"),
             route_table_ids=[rt.id for rt in self.private_route_tables], tags=tags("s3-endpoint"), opts=vpc_child,
+            # Only this account's principals (a pod holding someone else's keys cannot write to
+            # their bucket through it), plus the ECR layer bucket image pulls read.
+            policy=pulumi.Output.all(self._account_id(), region).apply(lambda v: json.dumps(s3_endpoint_policy(v[0], v[1]))),
         )
         self.endpoint_security_group: Optional[aws.ec2.SecurityGroup] = None
         if args.interface_endpoints:
@@ -255,6 +282,9 @@ class Network(pulumi.ComponentResource):
             ))
         return gateways
 
+    def _account_id(self) -> pulumi.Output[str]:
+        return aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(parent=self)).account_id
+
     def _interface_endpoints(self, name, tags, opts, region) -> None:
         self.endpoint_security_group = aws.ec2.SecurityGroup(
             f"{name}-endpoints-sg", vpc_id=self.vpc.id, description="HTTPS from the VPC to AWS interface endpoints",
@@ -268,5 +298,7 @@ class Network(pulumi.ComponentResource):
                 service_name=pulumi.Output.concat("com.amazonaws.", region, f".{service}"),
                 private_dns_enabled=True, subnet_ids=[s.id for s in self.private_subnets],
                 security_group_ids=[self.endpoint_security_group.id],
+                policy=(self._account_id().apply(lambda account: json.dumps(account_endpoint_policy(account)))
+                        if service == "sts" else None),
                 tags=tags(f"{service.replace('.', '-')}-endpoint"), opts=opts,
             )

@@ -14,7 +14,7 @@ import pulumi_kubernetes as k8s
 from components.cluster import Cluster
 from components.k8s import apply_namespace_objects, apply_object
 from components.versions import KUEUE_CHART, KUEUE_VERSION
-from workloads import kueue, scheduling
+from workloads import kueue, scheduling, tenancy
 from workloads.placement import system_pod_placement
 from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
 
@@ -91,12 +91,19 @@ class Scheduling(pulumi.ComponentResource):
         for flavor in args.flavors:
             apply_object(f"{name}-flavor-{flavor.name}", kueue.resource_flavor(flavor), after_kueue)
 
+        # The tenant boundary (workloads.tenancy): policies first, so no team namespace ever
+        # exists without them.
+        self.admission_policies = [
+            apply_object(f"{name}-{obj['kind'].lower()}-{obj['metadata']['name']}", obj, child)
+            for obj in tenancy.admission_policies()]
         self.namespaces: dict[str, pulumi.CustomResource] = {}
         for ns_spec, queue_spec in args.teams:
-            ns = apply_object(f"{name}-{ns_spec.team}-namespace", scheduling.namespace(ns_spec), child)
+            ns = apply_object(f"{name}-{ns_spec.team}-namespace", scheduling.namespace(ns_spec),
+                              pulumi.ResourceOptions(parent=self, depends_on=self.admission_policies))
             self.namespaces[ns_spec.team] = ns
             in_ns = pulumi.ResourceOptions(parent=self, depends_on=[ns])
-            for obj in scheduling.team_objects(ns_spec)[1:]:
+            for obj in [*scheduling.team_objects(ns_spec)[1:], tenancy.team_role(ns_spec.namespace),
+                        tenancy.team_role_binding(ns_spec.namespace)]:
                 apply_object(f"{name}-{ns_spec.team}-{obj['kind'].lower()}-{obj['metadata']['name']}", obj, in_ns)
             cq = apply_object(f"{name}-{queue_spec.team}-clusterqueue", kueue.cluster_queue(queue_spec, args.flavors), after_kueue)
             apply_object(f"{name}-{queue_spec.team}-localqueue", kueue.local_queue(queue_spec),

@@ -26,7 +26,7 @@ import pulumi_kubernetes as k8s
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_object
 from components.versions import (
-    BUSYBOX_IMAGE, TRAINER_CHART, TRAINER_VERSION, TRAINING_OPERATOR_INIT_CONTAINER_IMAGE, TRAINING_OPERATOR_OVERLAY_DIR,
+    TRAINER_CHART, TRAINER_VERSION, TRAINING_OPERATOR_INIT_CONTAINER_IMAGE, TRAINING_OPERATOR_OVERLAY_DIR,
     TRAINING_OPERATOR_VERSION,
 )
 from workloads.jobspec import JobSpec
@@ -34,7 +34,7 @@ from workloads.placement import system_pod_placement
 from workloads.platform_facts import PlatformFacts, TRAINER_SERVICE_ACCOUNT
 from workloads.fsx import CLAIM_NAME
 from workloads import trainjob_runtime
-from workloads.trainingjob import TORCH_DISTRIBUTED_RUNTIME, checkpoint_root_job, render
+from workloads.trainingjob import TORCH_DISTRIBUTED_RUNTIME, render
 
 # Where the upstream manifests put the operator (overlays/standalone: namespace kubeflow).
 TRAINING_OPERATOR_NAMESPACE = "kubeflow"
@@ -200,6 +200,12 @@ def checkpoint_prefix_policy(*, bucket_arn: str, key_arn: str, prefix: str, regi
     ]}
 
 
+def team_directory_metadata(posix_id: int) -> dict[str, str]:
+    """S3 user metadata FSx imports as a directory's owner, group and mode (st_mode: S_IFDIR 040000
+    plus 0750: the team reads and writes, nobody else enters)."""
+    return {"file-owner": str(posix_id), "file-group": str(posix_id), "file-permissions": "040750"}
+
+
 def trainer_service_account(namespace: str) -> dict[str, Any]:
     # The token stays mounted: EKS Pod Identity authenticates the pod with its service account
     # token, and users report credential failures with automountServiceAccountToken: false
@@ -216,8 +222,9 @@ class TeamTrainerAccessArgs:
     namespaces: team namespaces (they must exist).
     namespace_resources: the Namespace objects, to order the ServiceAccounts after them.
     region: the bucket's region (KMS via-service condition).
-    fsx: the component owning the namespaces' FSx claims (the setup Job mounts them), or None.
-    setup_placement: nodeSelector/tolerations of the one-shot setup Job (the CPU pool)."""
+    fsx: the component owning the namespaces' FSx claims, or None.
+    posix_ids: namespace -> the team's uid/gid; its FSx directory is created owned by it.
+    checkpoints_dra_prefix: the S3 prefix of the /checkpoints data repository association."""
 
     cluster: Cluster
     checkpoints_bucket: Any
@@ -225,7 +232,8 @@ class TeamTrainerAccessArgs:
     region: str
     namespace_resources: Mapping[str, pulumi.Resource] = field(default_factory=dict)
     fsx: Optional[pulumi.Resource] = None
-    setup_placement: Mapping[str, Any] = field(default_factory=dict)
+    posix_ids: Mapping[str, int] = field(default_factory=dict)
+    checkpoints_dra_prefix: str = ""
     tags: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -254,11 +262,18 @@ class TeamTrainerAccess(pulumi.ComponentResource):
             )
             self.roles[namespace] = role
             if args.fsx is not None:
-                # The team's checkpoint directory, owned by the trainer's uid (see checkpoint_root_job).
-                apply_object(f"{name}-{namespace}-checkpoint-root",
-                             checkpoint_root_job(namespace, claim_name=CLAIM_NAME, image=BUSYBOX_IMAGE,
-                                                 placement=dict(args.setup_placement)),
-                             pulumi.ResourceOptions(parent=self, depends_on=[args.fsx, *ns_dep]))
+                # The team's directory /checkpoints/<ns>, owned by the team's uid, mode 0750,
+                # with no root pod: a directory object with POSIX metadata in the linked bucket,
+                # which the association's auto-import (NEW) creates on the file system (FSx for
+                # Lustre User Guide, "POSIX metadata support for data repositories": a key ending
+                # in "/" is a directory; x-amz-meta-file-owner/-group/-permissions). The team's
+                # volume mounts exactly this directory (workloads.fsx), and root is squashed.
+                posix_id = args.posix_ids[namespace]
+                aws.s3.BucketObjectv2(
+                    f"{name}-{namespace}-directory", bucket=bucket.name,
+                    key=f"{args.checkpoints_dra_prefix.strip('/') + '/' if args.checkpoints_dra_prefix.strip('/') else ''}{prefix}",
+                    content="", metadata=team_directory_metadata(posix_id), tags=dict(args.tags),
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[args.fsx]))
         self.register_outputs({"role_arns": {ns: r.arn for ns, r in self.roles.items()}})
 
 

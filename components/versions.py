@@ -136,8 +136,7 @@ TRAINING_OPERATOR_OVERLAY_DIR = "build/kustomize/training-operator"
 # Kubeflow Trainer v2 (TrainJob trainer.kubeflow.org/v1alpha1), Helm chart from its OCI registry.
 TRAINER_CHART = "oci://ghcr.io/kubeflow/charts/kubeflow-trainer"
 TRAINER_VERSION = "2.3.0"
-# One-shot setup Jobs (team checkpoint directories on FSx) and the Training Operator's PyTorch
-# init container (`--pytorch-init-container-image`; upstream's default is Docker Hub's
+# The Training Operator's PyTorch init container (`--pytorch-init-container-image`; upstream's default is Docker Hub's
 # `alpine:3.10`, pkg/config/config.go): Docker's official busybox mirrored on ECR Public, pinned by
 # the digest of its image index (the same digest Docker Hub serves for docker.io/library/busybox:1.37.0,
 # as pinned in public repositories). busybox has the `sh`, `seq` and `nslookup` the init

@@ -16,7 +16,7 @@ from infra.capability import Capability
 from infra.config import GpuPoolConfig, PlatformConfig, TeamConfig
 from infra.mock_engine import Recording, RecordedResource
 from infra.platform import Platform
-from workloads import kueue, scheduling
+from workloads import kueue, scheduling, tenancy
 from workloads.gpu_catalog import SPOT_NOTICE_SECONDS, gpu_type
 from workloads.karpenter import CapacityType, CpuPoolSpec, GpuPoolSpec, duration_seconds
 
@@ -47,18 +47,31 @@ def team_namespace(team: TeamConfig) -> str:
     return team.namespace
 
 
+def tenancy_spec(team: TeamConfig) -> tenancy.TeamTenancy:
+    return tenancy.TeamTenancy(namespace=team.namespace, posix_id=team.uid, default_priority=team.priority,
+                               local_queue=kueue.LOCAL_QUEUE_NAME)
+
+
 def team_specs(config: PlatformConfig, s3_prefix_list_cidrs: Any = None,
                service_cidr: Optional[str] = None) -> list[tuple[scheduling.TeamNamespaceSpec, kueue.TeamQueueSpec]]:
     """``s3_prefix_list_cidrs``: the S3 gateway endpoint's CIDRs (an Output at deploy time);
     ``service_cidr``: the cluster's Service CIDR (workflow pods reach the API server's address)."""
     out = []
+    cohort_gpus = sum(sum(t.gpu_quota.values()) for t in config.scheduling.teams)
     for team in config.scheduling.teams:
         ns = team_namespace(team)
+        tenancy_ = tenancy_spec(team)
         out.append((
             scheduling.TeamNamespaceSpec(
-                team=team.name, namespace=ns, gpu_quota=sum(team.gpu_quota.values()),
+                # Kueue decides per GPU type (the ClusterQueue's flavors); the namespace quota is a
+                # backstop at what Kueue can admit: the team's own GPUs, or the whole cohort's when
+                # it may borrow. Below that, Kueue would admit a borrowing job whose pods the quota
+                # then refuses (evicted and requeued until deactivated).
+                team=team.name, namespace=ns, gpu_quota=cohort_gpus if team.borrowing else sum(team.gpu_quota.values()),
                 vpc_cidr=str(config.network.cidr), default_priority=team.priority,
-                extra_labels={"mlplatform.io/default-priority-class": scheduling.priority_class_name(team.priority)},
+                extra_labels={"mlplatform.io/default-priority-class": scheduling.priority_class_name(team.priority),
+                              **tenancy_.namespace_labels()},
+                annotations=tenancy_.namespace_annotations(),
                 s3_prefix_list_cidrs=s3_prefix_list_cidrs, service_cidr=service_cidr,
             ),
             kueue.TeamQueueSpec(team=team.name, namespace=ns, gpu_quota=dict(team.gpu_quota),
@@ -191,6 +204,26 @@ def pool_lines(config: PlatformConfig, pool: GpuPoolConfig) -> list[str]:
 def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tuple[str, list[str]]]:
     for pool in config.gpu_pools:
         yield f"GPU pool {pool.name}", pool_lines(config, pool)
+    if config.scheduling.teams:
+        yield "Security: tenant isolation", list(isolation_lines(config, recording))
+
+
+def isolation_lines(config: PlatformConfig, recording: Recording) -> Iterator[str]:
+    """Each control of the tenant boundary, as the recording holds it (docs/architecture.md)."""
+    policies = sorted(r.inputs["metadata"]["name"] for r in recording.by_type(
+        "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy"))
+    yield f"admission policies on team namespaces: {', '.join(policies) or 'none'}"
+    cohort = sum(sum(t.gpu_quota.values()) for t in config.scheduling.teams)
+    for team in config.scheduling.teams:
+        spec = tenancy_spec(team)
+        yield (f"{team.namespace}: uid/gid {team.uid}; PSA restricted; priorities "
+               f"{', '.join(tenancy.entitled_priority_classes(team.priority))}; Kueue queue {kueue.LOCAL_QUEUE_NAME} "
+               f"(unlabelled jobs managed and refused); namespace GPU quota {cohort if team.borrowing else sum(team.gpu_quota.values())}"
+               f"; group {tenancy.team_group(spec.namespace)} -> Role {tenancy.TEAM_ROLE} "
+               f"({len(team.role_arns)} IAM role{'s' if len(team.role_arns) != 1 else ''}); "
+               f"FSx: /checkpoints/{team.namespace} read-write, /datasets read-only")
+    yield "FSx root squash 65534:65534; no team mounts the file-system root"
+    yield "team Role: no NetworkPolicies, no Service writes, no impersonation; LoadBalancer/NodePort Services refused"
 
 
 def warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:

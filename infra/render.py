@@ -203,12 +203,18 @@ def render_tree(stack: str, root: Path = ROOT, job_renderer: Optional[JobRendere
     return spec.rendered_path, dict(sorted(files.items()))
 
 
+APPLIED_SUFFIXES = (".yaml", ".yml", ".json")
+
+
 def write_tree(stack: str, root: Path = ROOT, job_renderer: Optional[JobRenderer] = None,
                *, check: bool = False) -> list[str]:
     """Write (or with ``check`` only compare) the tree; returns the paths that differ."""
     rendered, files = render_tree(stack, root, job_renderer)
     out = root / rendered
-    existing = {str(p.relative_to(out)): p for p in out.rglob("*.yaml")} if out.is_dir() else {}
+    # Every kind of file Argo CD's directory source would apply, not only what we write: a
+    # hand-added *.yml or *.json is stale too (and removed on write).
+    existing = ({str(p.relative_to(out)): p for p in out.rglob("*") if p.is_file() and p.suffix in APPLIED_SUFFIXES}
+                if out.is_dir() else {})
     changed = sorted(set(existing) - set(files))
     changed += sorted(p for p, text in files.items() if p not in existing or existing[p].read_text() != text)
     if check:

@@ -15,8 +15,6 @@ from infra.capability import Capability
 from infra.config import PlatformConfig
 from infra.mock_engine import Recording
 from infra.platform import Platform
-from workloads.karpenter import NODE_ROLE_LABEL
-from workloads.placement import system_pod_placement
 from workloads.trainingjob import TORCH_DISTRIBUTED_RUNTIME
 
 
@@ -42,7 +40,8 @@ def deploy(platform: Platform) -> dict[str, Any]:
                 cluster=platform.cluster, checkpoints_bucket=datasets.buckets[DatasetBucket.CHECKPOINTS],
                 namespaces=list(namespaces), region=config.region,
                 namespace_resources={ns: ns_objects[team] for ns, team in namespaces.items() if team in ns_objects},
-                fsx=datasets, setup_placement=_setup_placement(config), tags=config.resource_tags,
+                fsx=datasets, posix_ids={t.namespace: t.uid for t in teams},
+                checkpoints_dra_prefix=_checkpoints_prefix(datasets), tags=config.resource_tags,
             ),
             opts=platform.kubernetes_opts(),
         )
@@ -50,11 +49,12 @@ def deploy(platform: Platform) -> dict[str, Any]:
     return outputs
 
 
-def _setup_placement(config: PlatformConfig) -> dict[str, Any]:
-    """One-shot setup pods go to the Karpenter CPU pool, or the system nodes when there is none."""
-    if config.karpenter.cpu_pool.enabled:
-        return {"nodeSelector": {NODE_ROLE_LABEL: "general"}}
-    return system_pod_placement()
+def _checkpoints_prefix(datasets: Any) -> str:
+    """The S3 prefix behind /checkpoints (team directories are created through it)."""
+    for dra in datasets.args.fsx.associations:
+        if dra.bucket is DatasetBucket.CHECKPOINTS:
+            return dra.prefix
+    return ""
 
 
 # -- plan ------------------------------------------------------------------------------------

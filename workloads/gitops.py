@@ -36,6 +36,10 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
     ("trainer.kubeflow.org", "TrainJob"),
 )
 
+# Argo CD directory sources apply *.yaml, *.yml and *.json; the renderer writes *.yaml only, so
+# that is all Argo CD reads (and `render --check` compares all three kinds).
+RENDERED_GLOB = "*.yaml"
+
 # Kueue suspends a job on admission control and un-suspends it when admitted; self-heal would
 # fight it without these (https://kueue.sigs.k8s.io/docs/tasks/run/kubeflow/pytorchjobs/).
 KUEUE_MUTATED_FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -130,14 +134,14 @@ class GitOpsSpec:
         return f"{self.platform}-bootstrap"
 
     @property
-    def workloads_project_name(self) -> str:
-        return f"{self.platform}-workloads"
-
-    @property
     def root_application_name(self) -> str:
         return f"{self.platform}-root"
 
     def child_application_name(self, namespace: str) -> str:
+        return f"{self.platform}-{namespace}"
+
+    def team_project_name(self, namespace: str) -> str:
+        """One AppProject per team namespace: its Applications can deploy there and nowhere else."""
         return f"{self.platform}-{namespace}"
 
 
@@ -188,16 +192,19 @@ def bootstrap_project(spec: GitOpsSpec) -> dict[str, Any]:
     }
 
 
-def workloads_project(spec: GitOpsSpec) -> dict[str, Any]:
-    """Team workloads: this repository only, the team namespaces only, the rendered kinds only."""
+def team_project(spec: GitOpsSpec, namespace: str) -> dict[str, Any]:
+    """One team's workloads: this repository only, the team's namespace only, the rendered kinds
+    only. A manifest under ``namespaces/team-a/`` that names ``metadata.namespace: team-b`` is
+    refused by Argo CD: team-b is not a destination of team-a's project (Argo CD docs, "Projects")."""
     return {
         "apiVersion": "argoproj.io/v1alpha1",
         "kind": "AppProject",
-        "metadata": {"name": spec.workloads_project_name, "namespace": spec.argocd_namespace, "labels": _labels(spec)},
+        "metadata": {"name": spec.team_project_name(namespace), "namespace": spec.argocd_namespace,
+                     "labels": {**_labels(spec), "mlplatform.io/namespace": namespace}},
         "spec": {
-            "description": f"{spec.platform}: training jobs and pipelines rendered from this repository",
+            "description": f"{spec.platform}: {namespace}'s training jobs and pipelines rendered from this repository",
             "sourceRepos": [spec.repo_url],
-            "destinations": [{"server": IN_CLUSTER, "namespace": ns} for ns in sorted(spec.namespaces)],
+            "destinations": [{"server": IN_CLUSTER, "namespace": namespace}],
             # An empty whitelist admits no cluster-scoped kind at all.
             "clusterResourceWhitelist": [],
             "namespaceResourceWhitelist": [{"group": g, "kind": k} for g, k in MANAGED_KINDS],
@@ -205,6 +212,58 @@ def workloads_project(spec: GitOpsSpec) -> dict[str, Any]:
             "syncWindows": [_window(w) for w in spec.sync_windows],
         },
     }
+
+
+def team_projects(spec: GitOpsSpec) -> list[dict[str, Any]]:
+    return [team_project(spec, ns) for ns in sorted(spec.namespaces)]
+
+
+def default_project_lockdown(spec: GitOpsSpec) -> dict[str, Any]:
+    """Argo CD's built-in ``default`` project admits every repository, destination and kind; an
+    Application that names it would escape the team projects. Locked as the Argo CD docs
+    ("Projects", "The Default Project") describe: no sources, no destinations, every kind denied."""
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "AppProject",
+        "metadata": {"name": "default", "namespace": spec.argocd_namespace, "labels": _labels(spec)},
+        "spec": {
+            "description": "locked: every Application names its team's project",
+            "sourceRepos": [],
+            "sourceNamespaces": [],
+            "destinations": [],
+            "clusterResourceWhitelist": [],
+            "namespaceResourceBlacklist": [{"group": "*", "kind": "*"}],
+        },
+    }
+
+
+def application_policy(spec: GitOpsSpec) -> list[dict[str, Any]]:
+    """A ValidatingAdmissionPolicy on Argo CD Applications: the root names the bootstrap project;
+    every other Application names the project of the namespace it deploys to, and that is a team
+    namespace. The root's children are files anyone may propose in a PR: Argo CD itself would let
+    a child name any project (the default one included)."""
+    name = f"{spec.platform}-argocd-applications"
+    teams = "[" + ", ".join(f"'{ns}'" for ns in sorted(spec.namespaces)) + "]"
+    rule = (f"object.metadata.name == '{spec.root_application_name}' ? "
+            f"object.spec.project == '{spec.bootstrap_project_name}' : "
+            f"(has(object.spec.destination.namespace) && object.spec.destination.namespace in {teams} && "
+            f"object.spec.project == '{spec.platform}-' + object.spec.destination.namespace)")
+    return [
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+         "metadata": {"name": name},
+         "spec": {"failurePolicy": "Fail",
+                  "matchConstraints": {"resourceRules": [{"apiGroups": ["argoproj.io"], "apiVersions": ["*"],
+                                                          "resources": ["applications"], "operations": ["CREATE", "UPDATE"]}]},
+                  "validations": [{"expression": rule, "reason": "Forbidden",
+                                   "message": (f"an Application deploys to one team namespace with that team's project "
+                                               f"({spec.platform}-<namespace>); only {spec.root_application_name} uses "
+                                               f"{spec.bootstrap_project_name}")}]}},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+         "metadata": {"name": name},
+         "spec": {"policyName": name, "validationActions": ["Deny", "Audit"],
+                  "matchResources": {"namespaceSelector": {"matchLabels": {
+                      "kubernetes.io/metadata.name": spec.argocd_namespace}}}}},
+    ]
 
 
 def root_application(spec: GitOpsSpec) -> dict[str, Any]:
@@ -222,7 +281,7 @@ def root_application(spec: GitOpsSpec) -> dict[str, Any]:
         "spec": {
             "project": spec.bootstrap_project_name,
             "source": {"repoURL": spec.repo_url, "targetRevision": spec.target_revision, "path": spec.apps_path,
-                       "directory": {"recurse": False}},
+                       "directory": {"recurse": False, "include": RENDERED_GLOB}},
             "destination": {"server": IN_CLUSTER, "namespace": spec.argocd_namespace},
             "syncPolicy": _sync_policy(spec),
             "revisionHistoryLimit": 10,
@@ -244,9 +303,9 @@ def child_application(spec: GitOpsSpec, namespace: str) -> dict[str, Any]:
             "finalizers": ["resources-finalizer.argocd.argoproj.io"],
         },
         "spec": {
-            "project": spec.workloads_project_name,
+            "project": spec.team_project_name(namespace),
             "source": {"repoURL": spec.repo_url, "targetRevision": spec.target_revision,
-                       "path": spec.namespace_path(namespace), "directory": {"recurse": False}},
+                       "path": spec.namespace_path(namespace), "directory": {"recurse": False, "include": RENDERED_GLOB}},
             "destination": {"server": IN_CLUSTER, "namespace": namespace},
             "syncPolicy": _sync_policy(spec, prune_last=False),
             "ignoreDifferences": kueue_ignore_differences(),

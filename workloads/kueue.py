@@ -19,6 +19,8 @@ COHORT = "ml-training"
 LOCAL_QUEUE_NAME = "training"
 # Label a TrainingJob / PyTorchJob sets to enter Kueue.
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Every team namespace carries it (workloads.scheduling.namespace).
+TEAM_NAMESPACE_LABEL = "mlplatform.io/team"
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,11 @@ def manager_config(spec: ManagerConfigSpec = ManagerConfigSpec()) -> dict[str, A
         "metrics": {"bindAddress": ":8443"},
         "webhook": {"port": 9443},
         "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
-        "manageJobsWithoutQueueName": False,
+        # Every job in a team namespace is Kueue's, labelled or not (an unlabelled one waits
+        # forever instead of bypassing the quota); the team admission policy also refuses it.
+        # Controllers' namespaces stay unmanaged (Kueue docs, "Setup manageJobsWithoutQueueName").
+        "manageJobsWithoutQueueName": True,
+        "managedJobsNamespaceSelector": {"matchExpressions": [{"key": TEAM_NAMESPACE_LABEL, "operator": "Exists"}]},
         # A job whose pods are not all Ready within the timeout is evicted and requeued, so a
         # multi-node job never holds half its GPUs while waiting for the rest.
         "waitForPodsReady": {

@@ -18,6 +18,8 @@ pod must exit 128-255 (retried under ``restartPolicy: ExitCode``), and the recre
 """
 from __future__ import annotations
 
+import posixpath
+
 import copy
 import json
 import os
@@ -193,8 +195,13 @@ def container_env(replica: Replica, *, secrets: Mapping[str, Mapping[str, str]],
 
 
 def fsx_mount_path(replica: Replica) -> str:
+    """Where the file system appears in the pod: the common parent of its FSx mounts (a team
+    mounts its own subtree and the datasets, both at their file-system paths under /fsx)."""
     claims = {v["name"] for v in replica.volumes if "persistentVolumeClaim" in v}
-    return next((m["mountPath"] for m in replica.mounts if m["name"] in claims), FSX_MOUNT_PATH)
+    paths = [m["mountPath"] for m in replica.mounts if m["name"] in claims]
+    if len(paths) > 1:
+        return posixpath.commonpath(paths)
+    return paths[0] if paths else FSX_MOUNT_PATH
 
 
 def remap(value: str, mount_path: str, local_dir: str) -> str:

@@ -48,7 +48,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 
-from workloads.trainingjob import team_checkpoint_root
+from workloads.fsx import team_pod_volumes, team_volume_mounts
+from workloads.trainingjob import TRAINER_UID, pod_security_context, team_checkpoint_root
 
 WORKFLOW_PARAMS = ("dataset", "model-name", "job-spec")
 STEP_NAMES = ("prepare", "train", "evaluate", "register")
@@ -155,6 +156,8 @@ class PipelineSpec:
     tracking_secret: Optional[str] = None
     cpu_node_selector: Mapping[str, str] = field(default_factory=dict)
     cpu_tolerations: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
+    # The team's uid/gid: what the train job's pods run as.
+    uid: int = TRAINER_UID
     service_account: str = "pipeline-runner"
     train_retry_limit: int = 2
     active_deadline_seconds: int = 7 * 24 * 3600
@@ -172,8 +175,8 @@ RUN = "{{workflow.name}}"
 def team_work_root(namespace: str) -> str:
     """Where a team's pipeline runs keep their files (one directory per run below it).
 
-    Inside the team's checkpoint directory, which the platform creates owned by the trainer's
-    uid (``trainingjob.checkpoint_root_job``): FSx creates the directories of a data repository
+    Inside the team's checkpoint directory, which the platform creates owned by the team's uid
+    (an S3 directory object with POSIX metadata, imported by the association): FSx creates the directories of a data repository
     association, and its root, owned by root 0755, so a directory the trainer's uid creates at
     the FSx root (the old ``/fsx/pipelines``) fails with EACCES. Being under the team's tree, a
     run's checkpoints and exported model also reach the team's prefix of the checkpoints bucket,
@@ -258,8 +261,10 @@ def _container_step(spec: PipelineSpec, name: str, command: list[str], *, output
             "envFrom": env_from,
             "resources": {"requests": {"cpu": spec.cpu_request, "memory": spec.memory_request},
                           "limits": {"memory": spec.memory_request}},
-            "volumeMounts": [{"name": "fsx", "mountPath": spec.fsx_mount_path}],
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "allowPrivilegeEscalation": False,
+            # The team's subtree and the datasets, as the training job mounts them (workloads.fsx).
+            "volumeMounts": team_volume_mounts(spec.namespace),
+            "securityContext": {"runAsNonRoot": True, "runAsUser": spec.uid, "runAsGroup": spec.uid,
+                                "allowPrivilegeEscalation": False,
                                 "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
         },
     }
@@ -285,7 +290,9 @@ def workflow_template(spec: PipelineSpec) -> dict[str, Any]:
                 {"name": "model-name", "value": spec.model_name, "description": "MLflow registered model name"},
                 {"name": "job-spec", "value": spec.job_spec, "description": "job spec the train step was rendered from"},
             ]},
-            "volumes": [{"name": "fsx", "persistentVolumeClaim": {"claimName": spec.fsx_claim}}],
+            "volumes": team_pod_volumes(claim_name=spec.fsx_claim),
+            # The team's uid/gid (the team admission policy refuses any other), from the train job.
+            "securityContext": pod_security_context(spec.uid),
             "podGC": {"strategy": "OnWorkflowSuccess"},
             "ttlStrategy": {"secondsAfterSuccess": 7 * 24 * 3600, "secondsAfterFailure": 14 * 24 * 3600},
             "templates": [
@@ -391,6 +398,7 @@ def pipeline_spec(declaration: PipelineDeclaration, train_job: Mapping[str, Any]
     """The WorkflowTemplate's spec: the job's namespace and image, the declaration's defaults."""
     master = train_job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     image = next(c["image"] for c in master["containers"] if c["name"] == "pytorch")
+    uid = int((master.get("securityContext") or {}).get("runAsUser", TRAINER_UID))
     deadline = job_deadline_seconds(train_job)
     return PipelineSpec(
         name=declaration.name, namespace=train_job["metadata"]["namespace"], image=image, train_job=train_job,
@@ -398,5 +406,5 @@ def pipeline_spec(declaration: PipelineDeclaration, train_job: Mapping[str, Any]
         fsx_claim=fsx_claim, tracking_secret=tracking_secret,
         cpu_node_selector=dict(cpu_node_selector), train_retry_limit=declaration.train_retry_limit,
         # The job's own deadline plus a day for preparing the data, evaluating and registering.
-        active_deadline_seconds=deadline + 24 * 3600,
+        active_deadline_seconds=deadline + 24 * 3600, uid=uid,
     )

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from workloads.fsx import CLAIM_NAME
+from workloads.tenancy import ALLOWED_PRIORITIES_ANNOTATION, POSIX_ID_LABEL
 from workloads.karpenter import (
     CAPACITY_TYPE_KEY, FAMILY_KEY, GPU_COUNT_KEY, GPU_NAME_KEY, GPU_RESOURCE, GPU_TYPE_LABEL, INSTANCE_TYPE_KEY, POOL_LABEL,
     duration_seconds,
@@ -66,6 +67,10 @@ class TeamFacts:
     has_fsx_claim: bool
     tracking_secret: Optional[str]
     trainer_service_account: Optional[str]
+    # The uid/gid its pods must run as (namespace label mlplatform.io/posix-id); None in older plans.
+    posix_id: Optional[int] = None
+    # Priority classes the team may use (namespace annotation); empty: not recorded.
+    allowed_priority_classes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -231,6 +236,9 @@ def facts_from_manifests(
                                   and _has_tracking_keys(m)), None),
             trainer_service_account=next((_name(m) for m in in_ns if _kind(m)[1] == "ServiceAccount"
                                           and _name(m) == TRAINER_SERVICE_ACCOUNT), None),
+            posix_id=int(labels[POSIX_ID_LABEL]) if str(labels.get(POSIX_ID_LABEL, "")).isdigit() else None,
+            allowed_priority_classes=tuple(c for c in str((ns["metadata"].get("annotations") or {}).get(
+                ALLOWED_PRIORITIES_ANNOTATION, "")).split(",") if c),
         ))
     priority_classes = tuple(sorted(_name(m) for m in manifests if _kind(m)[1] == "PriorityClass"))
     return PlatformFacts(

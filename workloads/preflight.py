@@ -168,7 +168,14 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: float
     elif world > quota and not job.team.borrowing:
         report.problems.append(Problem("nodes", spec.nodes, f"{world} GPUs exceed team {spec.team}'s quota of {quota} on {pool.name} "
                                        "and the team may not borrow", f"use at most {quota // spec.gpus_per_node} nodes or raise the quota"))
+    elif world > quota and world > (cohort := sum(t.gpu_quota.get(pool.kueue_flavor or "", 0) for t in job.facts.teams)):
+        # Kueue lends only nominal quota of the cohort's ClusterQueues: it would never admit this.
+        report.problems.append(Problem("nodes", spec.nodes, f"{world} GPUs exceed what the whole cohort holds on {pool.name} "
+                                       f"({cohort}): Kueue can never admit the job, even by borrowing",
+                                       f"use at most {cohort // spec.gpus_per_node} nodes or raise the quotas"))
     elif world > quota:
+        # The namespace ResourceQuota of a borrowing team is the cohort's GPUs (infra.gpu_capacity),
+        # so what Kueue admits by borrowing also gets its pods.
         report.warnings.append(f"{world} GPUs exceed the team's nominal {quota} on {pool.name}: admitted only while others' GPUs "
                                "are idle, and preempted when they reclaim them")
 

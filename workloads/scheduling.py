@@ -59,12 +59,15 @@ class TeamNamespaceSpec:
     gpu_quota: int
     vpc_cidr: str
     default_priority: Priority = Priority.DEFAULT
-    # Baseline: no privileged pods or host namespaces; "restricted" is reported, not enforced,
-    # because NCCL/EFA images commonly run as root.
-    pod_security_enforce: str = "baseline"
+    # Restricted: non-root, no privilege escalation, all capabilities dropped, RuntimeDefault
+    # seccomp. The trainer complies (workloads.trainingjob); a root pod would bypass the FSx
+    # ownership that keeps teams apart (root is squashed on the file system as well).
+    pod_security_enforce: str = "restricted"
     pod_security_warn: str = "restricted"
     max_pods: int = 500
     extra_labels: dict[str, str] = field(default_factory=dict)
+    # Read by the team admission policies (workloads.tenancy): the entitled priority classes.
+    annotations: dict[str, str] = field(default_factory=dict)
     # CIDRs of the S3 gateway endpoint's prefix list (outside the VPC CIDR): a list of strings,
     # or a deploy-time value with ``.apply`` (a pulumi Output of the endpoint's cidr_blocks).
     # None: no S3 egress policy.
@@ -85,7 +88,10 @@ def namespace(spec: TeamNamespaceSpec) -> dict[str, Any]:
         "pod-security.kubernetes.io/audit-version": "v1.32",
         **spec.extra_labels,
     }
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": spec.namespace, "labels": labels}}
+    metadata: dict[str, Any] = {"name": spec.namespace, "labels": labels}
+    if spec.annotations:
+        metadata["annotations"] = dict(spec.annotations)
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
 
 
 def resource_quota(spec: TeamNamespaceSpec) -> dict[str, Any]:

@@ -12,8 +12,14 @@ Flows, and why each exists (the VPC CNI enforces these; see components.cluster):
 - AWS APIs (Karpenter: EC2, SQS, SSM, IAM, EKS, Pricing) on TCP 443 through the NAT gateway
   or interface endpoints, so anywhere on 443; and the EKS Pod Identity agent on the node at
   169.254.170.23:80 (EKS User Guide, "Set up the Amazon EKS Pod Identity Agent").
-- Webhooks and aggregated APIs: the API server calls in from its ENIs in the VPC.
-- Metrics and health probes: from inside the VPC (scrapers are pods, kubelets are nodes).
+- Webhooks and aggregated APIs: the API server calls in from its ENIs in the VPC. EKS places
+  those ENIs in the cluster's subnets, which the nodes and (VPC CNI) pods share, so the VPC CIDR
+  is the narrowest source a policy can name; team pods cannot reach these ports anyway, because
+  their own egress (which they cannot edit) allows only HTTPS and Lustre into the VPC.
+- Metrics: only from namespaces labelled ``mlplatform.io/metrics-scraper: "true"`` (a
+  Prometheus the operator installs), unless the scraper uses the host network (the CloudWatch
+  agent scraping DCGM): then from the VPC, the nodes' addresses.
+- Health probes: the kubelet, from its node's address in the VPC.
 """
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ from workloads.problems import accepts_enum_values
 PSA_VERSION = "v1.32"
 POD_IDENTITY_AGENT_CIDR = "169.254.170.23/32"
 POD_IDENTITY_AGENT_PORT = 80
+# A namespace whose pods scrape controllers' metrics carries this label (set by whoever installs it).
+METRICS_SCRAPER_LABEL = "mlplatform.io/metrics-scraper"
 
 
 class PodSecurityLevel(str, Enum):
@@ -45,7 +53,10 @@ class SystemNamespaceSpec:
     vpc_cidr: the VPC's CIDR (API server ENIs, nodes, scrapers).
     service_cidr: the cluster's Service CIDR (the ``kubernetes`` Service address).
     api_server_ingress_ports: ports the API server calls (webhooks, aggregated APIs).
-    metrics_ports / probe_ports: ingress from inside the VPC.
+    metrics_ports: ingress from namespaces labelled ``METRICS_SCRAPER_LABEL``.
+    host_network_scrapers: the metrics are scraped from the host network (node addresses): admit
+        the VPC instead.
+    probe_ports: ingress from inside the VPC (kubelets).
     uses_aws: egress to AWS APIs (TCP 443) and to the Pod Identity agent.
     same_namespace: let the namespace's pods talk to each other (multi-component charts).
     """
@@ -58,6 +69,7 @@ class SystemNamespaceSpec:
     api_server_ingress_ports: Sequence[int] = ()
     metrics_ports: Sequence[int] = ()
     probe_ports: Sequence[int] = ()
+    host_network_scrapers: bool = False
     uses_aws: bool = False
     same_namespace: bool = False
     labels: dict[str, str] = field(default_factory=dict)
@@ -113,10 +125,14 @@ def network_policies(spec: SystemNamespaceSpec) -> list[dict[str, Any]]:
     if spec.api_server_ingress_ports:
         out.append(policy("allow-api-server-callbacks", {"policyTypes": ["Ingress"], "ingress": [
             {"from": vpc, "ports": _tcp(spec.api_server_ingress_ports)}]}))
-    in_vpc = [*spec.metrics_ports, *spec.probe_ports]
+    in_vpc = [*(spec.metrics_ports if spec.host_network_scrapers else ()), *spec.probe_ports]
     if in_vpc:
         out.append(policy("allow-metrics-and-probes", {"policyTypes": ["Ingress"], "ingress": [
             {"from": vpc, "ports": _tcp(in_vpc)}]}))
+    if spec.metrics_ports and not spec.host_network_scrapers:
+        out.append(policy("allow-metrics-scrapers", {"policyTypes": ["Ingress"], "ingress": [
+            {"from": [{"namespaceSelector": {"matchLabels": {METRICS_SCRAPER_LABEL: "true"}}}],
+             "ports": _tcp(spec.metrics_ports)}]}))
     if spec.same_namespace:
         out.append(policy("allow-same-namespace", {
             "policyTypes": ["Ingress", "Egress"],

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from workloads.problems import Problem
+from workloads.fsx import team_pod_volumes, team_subtree_path, team_volume_mounts
 from workloads.gpu_catalog import GPU_TYPES, SPOT_NOTICE_SECONDS
 from workloads.instances import instance
-from workloads.jobspec import FSX_MOUNT_PATH, JobSpec, JobSpecError, Runtime
+from workloads.jobspec import JobSpec, JobSpecError, Runtime
 from workloads.karpenter import CAPACITY_TYPE_KEY, EFA_RESOURCE, GPU_RESOURCE, GPU_TYPE_LABEL, POOL_LABEL
 from workloads.kueue import QUEUE_LABEL
 from workloads.platform_facts import PlatformFacts, PoolFacts, TeamFacts
@@ -225,6 +226,11 @@ def resolve(spec: JobSpec, facts: PlatformFacts) -> ResolvedJob:
         problems.append(Problem("priority", priority.value if priority else None,
                                 f"PriorityClass {priority_class} does not exist in stack {facts.stack}",
                                 f"use one of {[p.removeprefix('training-') for p in facts.priority_classes]}"))
+    elif team is not None and team.allowed_priority_classes and priority_class not in team.allowed_priority_classes:
+        # The team admission policy refuses it on the cluster (workloads.tenancy); say so here first.
+        problems.append(Problem("priority", priority.value if priority else None,
+                                f"team {spec.team} is not entitled to {priority_class}",
+                                f"use one of {[p.removeprefix('training-') for p in team.allowed_priority_classes]}"))
     team_root = team_checkpoint_root(spec.namespace)
     if not spec.checkpoint_path.startswith(team_root + "/"):
         problems.append(Problem("checkpointDir", spec.checkpoint_dir,
@@ -299,7 +305,24 @@ def trainer_env(job: ResolvedJob) -> list[dict[str, Any]]:
         # No EFA: NCCL's socket transport on the pod's VPC CNI interface.
         env.append({"name": "NCCL_SOCKET_IFNAME", "value": "eth0"})
     env.append({"name": "NCCL_DEBUG", "value": "WARN"})
-    return env
+    return env + team_runtime_env(spec.namespace)
+
+
+def team_runtime_env(namespace: str) -> list[dict[str, Any]]:
+    """The image points its compiler caches and NCCL dumps at /fsx/cache and /fsx/debug, which
+    were on the shared file system's root: one team's Triton/Inductor cache would be another
+    team's code. Pods now mount only their team's subtree, and run as the team's uid (which has
+    no passwd entry in the image), so caches and dumps go to the team's own tree, HOME to /tmp,
+    and USER is set (torch's cache naming calls getpass.getuser(), which fails without either)."""
+    root = team_subtree_path(namespace)
+    return [
+        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": f"{root}/.cache/torchinductor"},
+        {"name": "TRITON_CACHE_DIR", "value": f"{root}/.cache/triton"},
+        {"name": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "value": f"{root}/.debug/nccl_trace_rank_"},
+        {"name": "TORCH_FR_DUMP_TEMP_FILE", "value": f"{root}/.debug/nccl_trace_rank_"},
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "USER", "value": "trainer"},
+    ]
 
 
 def resources(job: ResolvedJob) -> dict[str, Any]:
@@ -310,30 +333,37 @@ def resources(job: ResolvedJob) -> dict[str, Any]:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
-def container_security_context() -> dict[str, Any]:
+def team_uid(job: ResolvedJob) -> int:
+    """The team's uid/gid (its namespace's label); the admission policy refuses any other."""
+    return job.team.posix_id if job.team.posix_id is not None else TRAINER_UID
+
+
+def container_security_context(uid: int = TRAINER_UID) -> dict[str, Any]:
     # No capability is added for EFA: libfabric needs only locked memory (RLIMIT_MEMLOCK), which
     # the node's container runtime grants; IPC_LOCK would also be refused by the namespaces'
-    # Pod Security "baseline" level. The trainer writes only to /fsx and /dev/shm.
+    # Pod Security "restricted" level. The trainer writes only to /fsx and /dev/shm.
     return {"allowPrivilegeEscalation": False, "privileged": False, "runAsNonRoot": True,
-            "runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID,
+            "runAsUser": uid, "runAsGroup": uid,
             "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def pod_security_context() -> dict[str, Any]:
-    return {"runAsNonRoot": True, "runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID,
-            "seccompProfile": {"type": "RuntimeDefault"}}
+def pod_security_context(uid: int = TRAINER_UID) -> dict[str, Any]:
+    # fsGroup: the team's gid (the policy requires it); OnRootMismatch never walks a large tree.
+    return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid,
+            "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def volumes(job: ResolvedJob) -> list[dict[str, Any]]:
     return [
         # NCCL and DataLoader workers share memory through /dev/shm; the default 64 MiB is too small.
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{job.shm_gib}Gi"}},
-        {"name": "fsx", "persistentVolumeClaim": {"claimName": job.facts.fsx_claim_name}},
+        *team_pod_volumes(claim_name=job.facts.fsx_claim_name),
     ]
 
 
-def volume_mounts() -> list[dict[str, Any]]:
-    return [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "fsx", "mountPath": FSX_MOUNT_PATH}]
+def volume_mounts(namespace: str) -> list[dict[str, Any]]:
+    # The team's own subtree and the datasets (read-only), at the paths they have on the file system.
+    return [{"name": "dshm", "mountPath": "/dev/shm"}, *team_volume_mounts(namespace)]
 
 
 def node_selector(job: ResolvedJob) -> dict[str, str]:
@@ -367,7 +397,8 @@ def pod_template(job: ResolvedJob) -> dict[str, Any]:
         "name": CONTAINER_NAME, "image": job.spec.image, "imagePullPolicy": "IfNotPresent",
         "command": list(LAUNCH_COMMAND), "args": trainer_args(job), "env": trainer_env(job),
         "ports": [{"name": PORT_NAME, "containerPort": MASTER_PORT, "protocol": "TCP"}],
-        "resources": resources(job), "volumeMounts": volume_mounts(), "securityContext": container_security_context(),
+        "resources": resources(job), "volumeMounts": volume_mounts(job.spec.namespace),
+        "securityContext": container_security_context(team_uid(job)),
     }
     spec: dict[str, Any] = {
         "priorityClassName": job.priority_class,
@@ -375,7 +406,7 @@ def pod_template(job: ResolvedJob) -> dict[str, Any]:
         "terminationGracePeriodSeconds": job.budget.grace_seconds,
         "nodeSelector": node_selector(job),
         "tolerations": tolerations(job),
-        "securityContext": pod_security_context(),
+        "securityContext": pod_security_context(team_uid(job)),
         "containers": [container],
         "volumes": volumes(job),
     }
@@ -392,61 +423,9 @@ def job_labels(job: ResolvedJob) -> dict[str, str]:
 # -- the team's checkpoint directory ------------------------------------------------------------
 def team_checkpoint_root(namespace: str) -> str:
     """Where a team's jobs checkpoint on FSx; the /checkpoints association exports it to the
-    team's prefix of the checkpoints bucket (the prefix its trainer role may use)."""
-    return f"{FSX_MOUNT_PATH}/checkpoints/{namespace}"
-
-
-# checkov findings this Job cannot avoid, each with its reason (infra/security_scan.py requires one).
-_ROOT_REASON = "chown of the FSx directory FSx created as root needs uid 0 and CHOWN; nothing else is granted"
-CHECKPOINT_ROOT_CHECKOV_SKIPS = {
-    "checkov.io/skip1": f"CKV_K8S_23={_ROOT_REASON}",
-    "checkov.io/skip2": f"CKV_K8S_40={_ROOT_REASON}",
-    "checkov.io/skip3": f"CKV_K8S_25={_ROOT_REASON}",
-    "checkov.io/skip4": "CKV_K8S_8=a run-to-completion Job of one shell command has nothing to probe",
-    "checkov.io/skip5": "CKV_K8S_9=a run-to-completion Job of one shell command has nothing to probe",
-    "checkov.io/skip6": ("CKV_K8S_43=busybox is pinned by version tag in components/versions.py; its digest cannot be "
-                         "resolved offline: pin it (crane digest) before a prod deploy"),
-}
-
-
-def checkpoint_root_job(namespace: str, *, claim_name: str, image: str, placement: dict[str, Any]) -> dict[str, Any]:
-    """A one-shot Job that creates the team's checkpoint directory owned by the trainer's uid.
-
-    Directories that FSx creates for a data repository association belong to root (0755), and
-    training pods run as uid 1000: without this, the trainer could not create its checkpoint
-    directory. Root here, with CHOWN as its only capability (allowed by Pod Security "baseline").
-    """
-    root = team_checkpoint_root(namespace)
-    script = f'set -eu; mkdir -p "{root}"; chmod 0750 "{root}"; chown {TRAINER_UID}:{TRAINER_UID} "{root}"'
-    amounts = {"cpu": "100m", "memory": "64Mi"}
-    return {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": "checkpoint-root", "namespace": namespace,
-                     "labels": {"app.kubernetes.io/managed-by": "pulumi", "mlplatform.io/role": "setup"},
-                     "annotations": dict(CHECKPOINT_ROOT_CHECKOV_SKIPS)},
-        "spec": {
-            "backoffLimit": 6,
-            "template": {
-                "metadata": {"labels": {"mlplatform.io/role": "setup"}, "annotations": dict(CHECKPOINT_ROOT_CHECKOV_SKIPS)},
-                "spec": {
-                    "restartPolicy": "OnFailure",
-                    **placement,
-                    # It talks to no API: no token in the pod.
-                    "automountServiceAccountToken": False,
-                    "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [{
-                        "name": "mkdir", "image": image, "imagePullPolicy": "Always", "command": ["sh", "-c", script],
-                        "resources": {"requests": dict(amounts), "limits": dict(amounts)},
-                        "volumeMounts": [{"name": "fsx", "mountPath": FSX_MOUNT_PATH}],
-                        "securityContext": {"runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False,
-                                            "readOnlyRootFilesystem": True,
-                                            "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]}},
-                    }],
-                    "volumes": [{"name": "fsx", "persistentVolumeClaim": {"claimName": claim_name}}],
-                },
-            },
-        },
-    }
+    team's prefix of the checkpoints bucket (the prefix its trainer role may use). It is the
+    team's own volume (workloads.fsx): nothing outside it is writable from the team's pods."""
+    return team_subtree_path(namespace)
 
 
 # -- PyTorchJob -------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The ``scheduling`` section (team namespaces, quotas, priorities) and ``training``; their rules."""
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Optional
 
 from pydantic import Field, field_validator
 
@@ -11,6 +11,7 @@ from infra.config.engine import Rule, invalid
 from infra.config.gpu import _DURATION, GpuPoolConfig
 from workloads.gpu_catalog import team_quota_problems
 from workloads.scheduling import Priority
+from workloads.tenancy import POSIX_ID_MAX, POSIX_ID_MIN, default_posix_id
 
 
 class TeamConfig(_Model):
@@ -21,11 +22,17 @@ class TeamConfig(_Model):
     priority: Priority = Field(Priority.DEFAULT, description="production | research | default, for jobs that name none.")
     fair_sharing_weight: int = Field(1, ge=1, le=100)
     borrowing: bool = Field(True, description="May use other teams' idle GPUs (reclaimed by preemption).")
-    role_arns: list[str] = Field(default_factory=list, description="IAM roles given namespace-scoped edit access (EKS access entries) to team-<name>.")
+    role_arns: list[str] = Field(default_factory=list, description="IAM roles whose EKS access entries carry the team's Kubernetes group (bound to the platform's team Role in team-<name>).")
+    posix_id: Optional[int] = Field(None, ge=POSIX_ID_MIN, le=POSIX_ID_MAX,
+                                    description="uid and gid every pod of the team runs as (its files on FSx); default: derived from the name.")
 
     @property
     def namespace(self) -> str:
         return f"team-{self.name}"
+
+    @property
+    def uid(self) -> int:
+        return self.posix_id if self.posix_id is not None else default_posix_id(self.name)
 
     @field_validator("role_arns")
     @classmethod
@@ -51,6 +58,14 @@ class TrainingConfig(_Model):
 
 def _team_rules(gpu_pools: list[GpuPoolConfig], teams: list[TeamConfig]) -> Iterator[Problem]:
     yield from team_quota_problems("scheduling.teams", teams, gpu_pools)
+    # Two teams with one uid would own each other's files on the shared FSx.
+    seen: dict[int, str] = {}
+    for index, team in enumerate(teams):
+        if team.uid in seen:
+            yield Problem(f"scheduling.teams[{index}].posixId", team.uid,
+                          f"is also team {seen[team.uid]}'s uid/gid: the two teams would own each other's files",
+                          "set posixId to a value no other team uses")
+        seen.setdefault(team.uid, team.name)
 
 
 # Listed in the order the loader runs them (infra.config.platform.RULES).

@@ -17,7 +17,7 @@ from infra.config import ConfigError, load_platform_config
 from infra.datasets_tracking import team_namespaces
 from infra.datasets_tracking import cross_az_warnings, spot_save_warnings
 from tests.conftest import stack_config
-from workloads.fsx import CLAIM_NAME, FsxVolumeSpec, fsx_persistent_volume, fsx_persistent_volume_claim
+from workloads.fsx import CLAIM_NAME, DATASETS_CLAIM_NAME, FsxVolumeSpec, fsx_persistent_volume, fsx_persistent_volume_claim
 
 FSX = "aws:fsx/lustreFileSystem:LustreFileSystem"
 DRA = "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation"
@@ -148,23 +148,39 @@ def test_static_volume_and_claim_per_namespace_validate_against_kubernetes_1_32(
     pvs = plan.recording.by_type("kubernetes:core/v1:PersistentVolume")
     pvcs = plan.recording.by_type("kubernetes:core/v1:PersistentVolumeClaim")
     assert {p.inputs["metadata"]["namespace"] for p in pvcs} == set(namespaces)
-    assert len(pvs) == len(namespaces)
+    # Two per team: its own subtree read-write, the datasets read-only (never the root).
+    assert len(pvs) == 2 * len(namespaces)
     for pv in pvs:
         assert validate_core(pv.inputs) == []
         spec = pv.inputs["spec"]
+        namespace = spec["claimRef"]["namespace"]
         assert spec["csi"]["driver"] == "fsx.csi.aws.com"
         assert spec["csi"]["volumeHandle"] == fs.id
-        assert spec["csi"]["volumeAttributes"] == {"dnsname": fs.outputs["dnsName"], "mountname": fs.outputs["mountName"]}
-        assert spec["accessModes"] == ["ReadWriteMany"]
+        subtree = {CLAIM_NAME: f"checkpoints/{namespace}", DATASETS_CLAIM_NAME: "datasets"}[spec["claimRef"]["name"]]
+        # FSx CSI driver v1.7.0 NodePublishVolume mounts "<dnsname>@tcp:/<mountname>": a Lustre subdirectory mount.
+        assert spec["csi"]["volumeAttributes"] == {"dnsname": fs.outputs["dnsName"],
+                                                   "mountname": f"{fs.outputs['mountName']}/{subtree}"}
+        read_only = spec["claimRef"]["name"] == DATASETS_CLAIM_NAME
+        assert spec["accessModes"] == (["ReadOnlyMany"] if read_only else ["ReadWriteMany"])
+        assert spec["csi"]["readOnly"] is read_only
         assert spec["mountOptions"] == ["flock"]
         assert spec["persistentVolumeReclaimPolicy"] == "Retain"
         assert pv.provider == plan.recording.one("pulumi:providers:kubernetes").urn
     for pvc in pvcs:
         assert validate_core(pvc.inputs) == []
-        assert pvc.inputs["metadata"]["name"] == CLAIM_NAME
+        assert pvc.inputs["metadata"]["name"] in (CLAIM_NAME, DATASETS_CLAIM_NAME)
         assert pvc.inputs["spec"]["storageClassName"] == ""
         pv = next(p for p in pvs if p.inputs["metadata"]["name"] == pvc.inputs["spec"]["volumeName"])
-        assert pv.inputs["spec"]["claimRef"] == {"namespace": pvc.inputs["metadata"]["namespace"], "name": CLAIM_NAME}
+        assert pv.inputs["spec"]["claimRef"] == {"namespace": pvc.inputs["metadata"]["namespace"],
+                                                 "name": pvc.inputs["metadata"]["name"]}
+
+
+def test_root_is_squashed_on_the_file_system(plan):
+    """FSx for Lustre User Guide, "Lustre root squash": RootSquash "UID:GID" maps root on every
+    client (except NoSquashNids) to that identity; 65534 is nobody, no team's uid."""
+    fs = plan.recording.one("aws:fsx/lustreFileSystem:LustreFileSystem")
+    assert fs.inputs["rootSquashConfiguration"]["rootSquash"] == "65534:65534"
+    assert not fs.inputs["rootSquashConfiguration"].get("noSquashNids")
 
 
 def test_volume_builders_are_pure_and_refuse_a_non_fsx_handle():

@@ -165,25 +165,21 @@ def test_training_job_component_refuses_a_bad_spec_before_registering(prod_plan)
         TrainingJob("bad", TrainingJobArgs(spec=parse_job_spec({**EXAMPLE, "team": "nobody"}), facts=facts, cluster=None))
 
 
-def test_each_team_gets_its_checkpoint_directory_owned_by_the_trainer_uid(plan):
-    from workloads.trainingjob import TRAINER_UID
-    from workloads.validation import validate_core
-
-    jobs = {r.inputs["metadata"]["namespace"]: r for r in _k8s(plan, "Job") if r.inputs["metadata"]["name"] == "checkpoint-root"}
-    claims = {r.inputs["metadata"]["namespace"]: r for r in _k8s(plan, "PersistentVolumeClaim")}
-    assert jobs and set(jobs) == set(claims)
-    for ns, job in jobs.items():
-        manifest = {k: job.inputs[k] for k in ("apiVersion", "kind", "metadata", "spec")}
-        assert validate_core(manifest) == []
-        pod = manifest["spec"]["template"]["spec"]
-        (container,) = pod["containers"]
-        script = container["command"][-1]
-        assert f'mkdir -p "/fsx/checkpoints/{ns}"' in script and f"chown {TRAINER_UID}:{TRAINER_UID}" in script
-        # Root only for this, with CHOWN as the one capability (Pod Security baseline allows it).
-        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
-        assert container["securityContext"]["allowPrivilegeEscalation"] is False
-        assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == claims[ns].inputs["metadata"]["name"]
-        assert claims[ns].urn in job.dependencies  # the claim (and its file system) exist first
+def test_each_team_gets_its_directory_owned_by_its_uid_without_a_root_pod(plan):
+    """The team directory is an S3 directory object with POSIX metadata, imported by the
+    /checkpoints association (FSx for Lustre User Guide, "POSIX metadata support for data
+    repositories": a key ending in "/" maps to a directory; x-amz-meta-file-owner, -group and
+    -permissions "<octal file type><octal permission mask>" as st_mode). No Job runs as root."""
+    objects = {r.inputs["key"]: r for r in plan.recording.by_type("aws:s3/bucketObjectv2:BucketObjectv2")}
+    teams = {t.namespace: t.uid for t in plan.config.scheduling.teams}
+    assert teams
+    for namespace, uid in teams.items():
+        obj = objects[f"{namespace}/"]
+        assert obj.inputs["metadata"] == {"file-owner": str(uid), "file-group": str(uid), "file-permissions": "040750"}
+        mode = int(obj.inputs["metadata"]["file-permissions"], 8)
+        assert mode & 0o170000 == 0o040000 and mode & 0o777 == 0o750  # a directory; others get nothing
+    assert not [r for r in _k8s(plan, "Job") if r.inputs["metadata"]["name"] == "checkpoint-root"]
+    assert len(set(teams.values())) == len(teams)  # one uid per team
 
 
 def test_checkpoint_dir_outside_the_team_directory_is_refused(prod_plan):

@@ -116,7 +116,9 @@ def test_an_existing_secret_creates_no_secret(plan_config):
 def test_bootstrap_objects_validate_and_wait_for_the_chart(plan, schemas):
     release = _release(plan, "argo-cd")
     objects = [r for r in plan.recording.resources if r.type.startswith("kubernetes:argoproj.io/")]
-    assert sorted(r.inputs["kind"] for r in objects) == ["AppProject", "AppProject", "Application"]
+    teams = len(plan.config.scheduling.teams)
+    # bootstrap + one per team + the locked default, and the root Application.
+    assert sorted(r.inputs["kind"] for r in objects) == ["AppProject"] * (teams + 2) + ["Application"]
     for r in objects:
         doc = {k: r.inputs[k] for k in ("apiVersion", "kind", "metadata", "spec")}
         assert validate_custom_resource(doc, schemas) == [], r.name

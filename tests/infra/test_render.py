@@ -44,7 +44,7 @@ def test_rendered_objects_are_valid_managed_and_in_their_namespace(stack, schema
         assert validate_custom_resource(doc, schemas) == [], path
         if path.startswith("apps/"):
             assert doc["kind"] == "Application"
-            assert doc["spec"]["project"] == spec.workloads_project_name
+            assert doc["spec"]["project"] == spec.team_project_name(doc["spec"]["destination"]["namespace"])
             source = doc["spec"]["source"]["path"]
             assert source.startswith(f"{rendered}/namespaces/"), path
             assert any(p.startswith(source.removeprefix(rendered + "/") + "/") for p in docs), f"{path}: empty source"

@@ -266,23 +266,27 @@ def test_access_entries_deploy_role_admin_teams_namespace_edit(plan):
         assert associations[arn].inputs["policyArn"].endswith(":eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy")
     for team in config.scheduling.teams:
         for arn in team.role_arns:
-            scope = associations[arn].inputs["accessScope"]
-            assert scope["type"] == "namespace" and f"team-{team.name}" in scope["namespaces"]
-            assert associations[arn].inputs["policyArn"].endswith("/AmazonEKSEditPolicy")
+            # No EKS access policy: the team's Kubernetes group, bound to the platform's team Role.
+            assert arn not in associations
+            assert f"mlplatform:team-{team.name}" in entries[arn].inputs["kubernetesGroups"]
     # Nothing reaches the cluster before the deploy role can: the provider waits for its entry.
     provider = next(r for r in plan.recording.resources if r.type == "pulumi:providers:kubernetes")
     assert {entries[deploy].urn, associations[deploy].urn} <= set(provider.dependencies)
 
 
-def test_team_roles_get_namespace_scoped_edit(plan_config):
+def test_team_roles_get_their_group_and_no_access_policy(plan_config):
     raw = stack_config("dev")
     role = "arn:aws:iam::444455556666:role/research-ml"
     raw["scheduling"]["teams"][0]["roleArns"] = [role]
     plan = plan_config("dev", raw)
-    (association,) = [r for r in plan.recording.by_type("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
-                      if r.inputs["principalArn"] == role]
-    assert association.inputs["accessScope"] == {"type": "namespace", "namespaces": [f"team-{raw['scheduling']['teams'][0]['name']}"]}
-    assert association.inputs["policyArn"] == "arn:aws:eks::aws:cluster-access-policy/AmazonEKSEditPolicy"
+    assert not [r for r in plan.recording.by_type("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
+                if r.inputs["principalArn"] == role]
+    (entry,) = [r for r in plan.recording.by_type("aws:eks/accessEntry:AccessEntry") if r.inputs["principalArn"] == role]
+    namespace = f"team-{raw['scheduling']['teams'][0]['name']}"
+    assert entry.inputs["kubernetesGroups"] == [f"mlplatform:{namespace}"]
+    (binding,) = [r for r in plan.recording.by_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+                  if r.inputs["metadata"]["namespace"] == namespace]
+    assert binding.inputs["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": f"mlplatform:{namespace}"}]
 
 
 def test_team_role_that_is_already_admin_is_refused():

@@ -55,9 +55,9 @@ def _golden(name: str, documents: list[dict]) -> None:
 
 
 CASES = {
-    "argocd-dev": lambda: [gitops.bootstrap_project(DEV), gitops.workloads_project(DEV), gitops.root_application(DEV),
+    "argocd-dev": lambda: [gitops.bootstrap_project(DEV), *gitops.team_projects(DEV), gitops.root_application(DEV),
                            *(gitops.child_application(DEV, ns) for ns in NAMESPACES)],
-    "argocd-prod": lambda: [gitops.bootstrap_project(PROD), gitops.workloads_project(PROD),
+    "argocd-prod": lambda: [gitops.bootstrap_project(PROD), *gitops.team_projects(PROD),
                             gitops.root_application(PROD), gitops.child_application(PROD, "team-research")],
     "workflowtemplate-pipeline": lambda: [pipeline.workflow_template(PIPELINE)],
 }
@@ -140,9 +140,14 @@ def test_only_the_train_step_retries_and_only_on_executor_errors():
 
 
 def test_projects_admit_only_this_repository_the_team_namespaces_and_rendered_kinds():
-    project = gitops.workloads_project(DEV)
+    projects = gitops.team_projects(DEV)
+    assert len(projects) == len(NAMESPACES)
+    for project in projects:
+        # One destination: the team's own namespace, never another team's.
+        assert project["spec"]["destinations"] == [{"server": gitops.IN_CLUSTER,
+                                                    "namespace": project["metadata"]["labels"]["mlplatform.io/namespace"]}]
+    project = projects[0]
     assert project["spec"]["sourceRepos"] == [REPO]
-    assert {d["namespace"] for d in project["spec"]["destinations"]} == set(NAMESPACES)
     assert project["spec"]["clusterResourceWhitelist"] == []
     assert {(k["group"], k["kind"]) for k in project["spec"]["namespaceResourceWhitelist"]} == set(gitops.MANAGED_KINDS)
     boot = gitops.bootstrap_project(DEV)
@@ -155,7 +160,7 @@ def test_sync_policy_dev_automated_prod_manual_with_windows():
     assert dev["automated"] == {"enabled": True, "prune": True, "selfHeal": True, "allowEmpty": False}
     prod = gitops.child_application(PROD, "team-research")["spec"]["syncPolicy"]
     assert "automated" not in prod
-    windows = gitops.workloads_project(PROD)["spec"]["syncWindows"]
+    windows = gitops.team_projects(PROD)[0]["spec"]["syncWindows"]
     assert windows == [{"kind": "allow", "schedule": "0 9 * * 1-4", "duration": "6h", "timeZone": "Europe/Berlin",
                         "manualSync": True, "applications": ["*"]}]
 

@@ -156,7 +156,7 @@ def test_kueue_manager_admits_all_or_nothing():
 def test_team_namespace_guardrails():
     objects = {(o["kind"], o["metadata"]["name"]): o for o in scheduling.team_objects(TEAM_NS)}
     labels = objects[("Namespace", "team-research")]["metadata"]["labels"]
-    assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"  # root and added capabilities refused (C1, M1)
     assert objects[("ResourceQuota", "gpu-quota")]["spec"]["hard"]["requests.nvidia.com/gpu"] == "24"
     deny = objects[("NetworkPolicy", "default-deny")]["spec"]
     assert deny == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}

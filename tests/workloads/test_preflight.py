@@ -76,6 +76,23 @@ def test_quota_without_borrowing_refuses(prod_facts):
     assert "16 GPUs exceed team foundation-models's quota of 8" in report.problems[0].message
 
 
+def test_borrowing_beyond_the_cohort_is_refused_within_it_warned(prod_facts):
+    """Kueue lends only the cohort's nominal quota: a job larger than the cohort's GPUs on the
+    pool is never admitted (a problem); within it, admitted while GPUs are idle (a warning), and
+    the namespace quota of a borrowing team (the cohort's GPUs) lets its pods start."""
+    def with_h100(quotas):
+        return dataclasses.replace(prod_facts, teams=tuple(
+            dataclasses.replace(t, borrowing=True, gpu_quota={**t.gpu_quota, "gpu-h100": quotas.get(t.name, 0)})
+            for t in prod_facts.teams))
+
+    never = preflight(parse_job_spec(EXAMPLE), with_h100({"foundation-models": 4, "research": 4}), repo_root=str(ROOT))
+    (problem,) = [p for p in never.problems if p.path == "nodes"]
+    assert "whole cohort holds on h100 (8)" in problem.message
+    borrow = preflight(parse_job_spec(EXAMPLE), with_h100({"foundation-models": 8, "research": 8}), repo_root=str(ROOT))
+    assert not [p for p in borrow.problems if p.path == "nodes"]
+    assert any("exceed the team's nominal 8" in w for w in borrow.warnings)
+
+
 def test_checkpoint_slower_than_the_budget_is_refused(prod_facts):
     slow = dataclasses.replace(prod_facts, fsx_write_mb_per_s=150.0)  # 1.2 TiB at 125 MB/s/TiB
     raw = {**EXAMPLE, "trainer": {"config": "trainer/configs/gpt2-124m.yaml", "overrides": ["parallelism.strategy=fsdp"]},

@@ -86,3 +86,19 @@ def test_cluster_args_access_rules():
         _cluster_args(namespace_editors={"arn:aws:iam::111122223333:role/team": []})
     with pytest.raises(ValueError, match="overlaps the VPC"):
         _cluster_args(service_ipv4_cidr="10.40.128.0/20")
+
+
+def test_metrics_only_from_scraper_namespaces_probes_from_the_vpc():
+    """A pod in any namespace (a team's) is not a scraper: metrics ports admit only namespaces
+    labelled as scrapers; the VPC CIDR (which holds every pod's address) only reaches probes."""
+    policies = {p["metadata"]["name"]: p for p in namespace_objects(SPEC)[1:]}
+    (scrape,) = policies["allow-metrics-scrapers"]["spec"]["ingress"]
+    assert scrape["from"] == [{"namespaceSelector": {"matchLabels": {"mlplatform.io/metrics-scraper": "true"}}}]
+    assert scrape["ports"] == [{"protocol": "TCP", "port": 8080}]
+    vpc_ports = {port["port"] for rule in policies["allow-metrics-and-probes"]["spec"]["ingress"] for port in rule["ports"]}
+    assert vpc_ports == {8081}
+    host = SystemNamespaceSpec(name="gpu", pod_security="privileged", pod_security_reason="device plugin",
+                               vpc_cidr="10.0.0.0/16", service_cidr="172.20.0.0/16", metrics_ports=(9400,),
+                               host_network_scrapers=True)
+    names = {p["metadata"]["name"] for p in namespace_objects(host)[1:]}
+    assert "allow-metrics-scrapers" not in names and "allow-metrics-and-probes" in names

@@ -130,11 +130,17 @@ def test_example_renders_every_training_setting(prod_facts, example_raw):
             assert env[key]["valueFrom"]["secretKeyRef"] == {"name": team.tracking_secret, "key": key}
         assert env["FI_PROVIDER"]["value"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"]["value"] == "1"
         assert env["TRAINER_CHECKPOINT_DIR"]["value"] == "/fsx/checkpoints/team-foundation-models/gpt2-pretrain"
-        # Volumes: /dev/shm in memory, the team's FSx claim on /fsx.
+        # Volumes: /dev/shm in memory, the team's own FSx subtree at its file-system path, the
+        # datasets read-only; never the file system's root.
         volumes = {v["name"]: v for v in pod["volumes"]}
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
         assert volumes["dshm"]["emptyDir"]["medium"] == "Memory" and mounts["dshm"] == "/dev/shm"
-        assert volumes["fsx"]["persistentVolumeClaim"]["claimName"] == prod_facts.fsx_claim_name and mounts["fsx"] == "/fsx"
+        assert volumes["fsx"]["persistentVolumeClaim"]["claimName"] == prod_facts.fsx_claim_name
+        assert mounts["fsx"] == "/fsx/checkpoints/team-foundation-models"
+        assert volumes["fsx-datasets"]["persistentVolumeClaim"] == {"claimName": "fsx-datasets", "readOnly": True}
+        assert mounts["fsx-datasets"] == "/fsx/datasets" and "/fsx" not in mounts.values()
+        # The team's uid/gid (its namespace label), which the admission policy requires.
+        assert pod["securityContext"]["runAsUser"] == pod["securityContext"]["fsGroup"] == team.posix_id
         # Security: non-root, no escalation, every capability dropped.
         sc = container["securityContext"]
         assert sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"] == {"drop": ["ALL"]}
@@ -199,6 +205,17 @@ def test_unknown_team_and_pool_are_reported_together(prod_facts, example_raw):
         _job({**example_raw, "team": "foundation-model", "gpuType": None, "pool": "h10"}, prod_facts)
     problems = {p.path: p for p in info.value.problems}
     assert "did you mean 'foundation-models'" in problems["team"].fix and "did you mean 'h100'" in problems["pool"].fix
+
+
+def test_priority_above_the_teams_entitlement_is_refused_before_the_cluster_would(prod_facts, example_raw):
+    """team-research's default is research: production is refused at render, with the classes it
+    may use, as the namespace's admission policy would refuse it (workloads.tenancy)."""
+    research = prod_facts.team("research")
+    assert research.allowed_priority_classes == ("training-default", "training-research")
+    with pytest.raises(JobSpecError) as info:
+        _job({**example_raw, "team": "research", "priority": "production"}, prod_facts)
+    (problem,) = [p for p in info.value.problems if p.path == "priority"]
+    assert "not entitled to training-production" in problem.message and "research" in problem.fix
 
 
 def test_facts_follow_the_stack_config(plan_config, example_raw):

@@ -1,0 +1,335 @@
+"""The tenant boundary inside the cluster: what a team may do in its own namespace, and what the
+API server refuses whoever asks (pure functions, validated against Kubernetes 1.32).
+
+- A Kubernetes group per team (``mlplatform:team-<name>``), given by the team's EKS access entry
+  and bound to a platform ``Role`` in the team namespace: exactly the rights the documented
+  ``workloads submit`` and ``argo submit`` paths need, nothing that edits the network
+  (NetworkPolicies, Services), nothing that impersonates or grants.
+- ``ValidatingAdmissionPolicies`` (admissionregistration.k8s.io/v1, GA since Kubernetes 1.30;
+  Kubernetes docs, "Validating Admission Policy") bound to every namespace labelled
+  ``mlplatform.io/team``. They read the namespace's own labels (``namespaceObject``), which a
+  team cannot edit (Namespaces are cluster-scoped), so one policy serves every team:
+
+  ``pod-identity``     every Pod runs as the team's uid/gid (runAsUser, runAsGroup, fsGroup on
+                       the pod; containers may not override them), so files on the shared FSx
+                       belong to the team that wrote them.
+  ``pod-placement``    no toleration of the system nodes' taint, no selector or affinity on the
+                       system-node label, and a priority class the team is entitled to.
+  ``gpu-pods``         a Pod that requests GPUs is created only by a job controller (the Job
+                       controller, the Training Operator, JobSet), i.e. from a job Kueue admitted,
+                       so the per-GPU-type quota of the team's ClusterQueue holds for pods too.
+  ``queue-label``      Jobs, PyTorchJobs, TrainJobs and JobSets carry the team's LocalQueue
+                       label (Kueue also manages unlabelled ones: ``manageJobsWithoutQueueName``),
+                       and their pod templates name an entitled priority class.
+  ``services``         no Service of type LoadBalancer or NodePort, no externalIPs.
+
+The CEL uses only the standard CEL macros and functions (``has``, ``all``, ``exists``, ``in``,
+``startsWith``, ``size``, ``int``), so tests evaluate it with a CEL library on sample objects.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from workloads.karpenter import GPU_RESOURCE
+from workloads.kueue import QUEUE_LABEL
+from workloads.placement import SYSTEM_NODE_LABEL_KEY, SYSTEM_NODE_TAINT
+from workloads.problems import accepts_enum_values
+from workloads.scheduling import PRIORITY_VALUES, Priority, priority_class_name
+
+VAP_API = "admissionregistration.k8s.io/v1"
+TEAM_LABEL = "mlplatform.io/team"
+# Labels the platform sets on a team namespace; the policies read them.
+POSIX_ID_LABEL = "mlplatform.io/posix-id"
+ALLOWED_PRIORITIES_ANNOTATION = "mlplatform.io/allowed-priority-classes"
+LOCAL_QUEUE_LABEL = "mlplatform.io/local-queue"
+# priority.mlplatform.io/<class>: "allowed" for each class the team is entitled to.
+PRIORITY_LABEL_PREFIX = "priority.mlplatform.io/"
+POLICY_PREFIX = "mlplatform-team-"
+TEAM_ROLE = "mlplatform-team"
+# Service accounts of these namespaces run the controllers that create a job's pods (and a
+# TrainJob's JobSet and Jobs): kube-controller-manager's job-controller (kube-system, EKS runs
+# it with per-controller service accounts), the Training Operator (kubeflow), Kubeflow Trainer
+# and its JobSet controller (kubeflow-system). Nothing of a team runs there.
+CONTROLLER_NAMESPACES = ("kube-system", "kubeflow", "kubeflow-system")
+# POSIX ids: 65534 is what root squash maps root to (nobody); below 10000 are image users
+# (checkov CKV_K8S_40 asks for >= 10000).
+POSIX_ID_MIN = 10000
+POSIX_ID_MAX = 60000
+
+
+def team_group(namespace: str) -> str:
+    """The Kubernetes group a team's EKS access entry carries (never ``system:``, which EKS refuses)."""
+    return f"mlplatform:{namespace}"
+
+
+def default_posix_id(team: str) -> int:
+    """A stable uid/gid for a team that names none: derived from its name (not its position, so
+    adding a team never re-owns another team's files). Collisions are refused by the config."""
+    return POSIX_ID_MIN + 10000 + zlib.crc32(team.encode()) % (POSIX_ID_MAX - POSIX_ID_MIN - 10000)
+
+
+def entitled_priority_classes(default: Priority) -> list[str]:
+    """A team may use its default priority and every lower one, never a higher one."""
+    ceiling = PRIORITY_VALUES[Priority(default)]
+    return sorted(priority_class_name(p) for p in Priority if PRIORITY_VALUES[p] <= ceiling)
+
+
+@accepts_enum_values
+@dataclass(frozen=True)
+class TeamTenancy:
+    """What the policies need to know about one team namespace."""
+
+    namespace: str
+    posix_id: int
+    default_priority: Priority
+    local_queue: str
+
+    def __post_init__(self) -> None:
+        if not POSIX_ID_MIN <= self.posix_id <= POSIX_ID_MAX:
+            raise ValueError(f"TeamTenancy({self.namespace}).posix_id: {self.posix_id} is outside "
+                             f"{POSIX_ID_MIN}-{POSIX_ID_MAX}")
+
+    def namespace_labels(self) -> dict[str, str]:
+        return {POSIX_ID_LABEL: str(self.posix_id), LOCAL_QUEUE_LABEL: self.local_queue,
+                **{f"{PRIORITY_LABEL_PREFIX}{c}": "allowed" for c in entitled_priority_classes(self.default_priority)}}
+
+    def namespace_annotations(self) -> dict[str, str]:
+        # Annotations: label values cannot hold a list.
+        return {ALLOWED_PRIORITIES_ANNOTATION: ",".join(entitled_priority_classes(self.default_priority))}
+
+
+# -- admission policies -------------------------------------------------------------------------
+_NS_UID = f"int(namespaceObject.metadata.labels['{POSIX_ID_LABEL}'])"
+_ALLOWED = f"namespaceObject.metadata.annotations['{ALLOWED_PRIORITIES_ANNOTATION}']"
+_CONTROLLER = " || ".join(f"request.userInfo.username.startsWith('system:serviceaccount:{ns}:')"
+                          for ns in CONTROLLER_NAMESPACES)
+
+
+def _all_containers(pod_spec: str) -> str:
+    """CEL list of every container of a pod spec (init and ephemeral included)."""
+    return (f"({pod_spec}.containers + (has({pod_spec}.initContainers) ? {pod_spec}.initContainers : [])"
+            f" + (has({pod_spec}.ephemeralContainers) ? {pod_spec}.ephemeralContainers : []))")
+
+
+def _priority_ok(pod_spec: str) -> str:
+    # One namespace label per entitled class: a map lookup, exact, no string parsing. No class
+    # named: the cluster default (training-default, globalDefault), which every team may use;
+    # on a Pod the Priority admission plugin has already filled it in before validation.
+    return (f"!has({pod_spec}.priorityClassName) || "
+            f"('{PRIORITY_LABEL_PREFIX}' + {pod_spec}.priorityClassName) in namespaceObject.metadata.labels")
+
+
+def _policy(name: str, *, resources: Sequence[tuple[str, str, str]], validations: list[dict[str, Any]],
+            match_conditions: Sequence[dict[str, str]] = (), operations: Sequence[str] = ("CREATE", "UPDATE"),
+            ) -> list[dict[str, Any]]:
+    """A policy and its binding to every team namespace (Deny: refuse, and audit the refusal)."""
+    full = f"{POLICY_PREFIX}{name}"
+    rules = [{"apiGroups": [group], "apiVersions": [version], "resources": [resource], "operations": list(operations)}
+             for group, version, resource in resources]
+    spec: dict[str, Any] = {
+        # Fail closed: an error in evaluation refuses the request.
+        "failurePolicy": "Fail",
+        "matchConstraints": {"resourceRules": rules},
+        "validations": validations,
+    }
+    if match_conditions:
+        spec["matchConditions"] = list(match_conditions)
+    return [
+        {"apiVersion": VAP_API, "kind": "ValidatingAdmissionPolicy", "metadata": {"name": full}, "spec": spec},
+        {"apiVersion": VAP_API, "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": full},
+         "spec": {"policyName": full, "validationActions": ["Deny", "Audit"],
+                  "matchResources": {"namespaceSelector": {"matchExpressions": [
+                      {"key": TEAM_LABEL, "operator": "Exists"}]}}}},
+    ]
+
+
+def _pod_identity() -> list[dict[str, Any]]:
+    sc = "object.spec.securityContext"
+    ids = ("runAsUser", "runAsGroup", "fsGroup")
+    pod_ids = " && ".join(f"has({sc}.{f}) && {sc}.{f} == {_NS_UID}" for f in ids)
+    container_ids = (f"{_all_containers('object.spec')}.all(c, !has(c.securityContext) || ("
+                     f"(!has(c.securityContext.runAsUser) || c.securityContext.runAsUser == {_NS_UID}) && "
+                     f"(!has(c.securityContext.runAsGroup) || c.securityContext.runAsGroup == {_NS_UID})))")
+    groups = (f"!has({sc}.supplementalGroups) || {sc}.supplementalGroups.all(g, g == {_NS_UID})")
+    return _policy("pod-identity", resources=[("", "v1", "pods")], operations=("CREATE",), validations=[
+        {"expression": f"has({sc}) && {pod_ids}",
+         "messageExpression": f"'pods in ' + namespaceObject.metadata.name + ' run as uid, gid and fsGroup ' + "
+                              f"namespaceObject.metadata.labels['{POSIX_ID_LABEL}'] + ' (the team\\'s files on FSx)'",
+         "reason": "Forbidden"},
+        {"expression": container_ids, "message": "a container may not run as another uid or gid than the team's",
+         "reason": "Forbidden"},
+        {"expression": groups, "message": "supplementalGroups may only hold the team's gid", "reason": "Forbidden"},
+    ])
+
+
+def _pod_placement_validations(pod_spec: str, *, what: str) -> list[dict[str, Any]]:
+    taint = SYSTEM_NODE_TAINT["key"]
+    label = SYSTEM_NODE_LABEL_KEY
+    terms = f"{pod_spec}.affinity.nodeAffinity"
+    affinity_clean = (
+        f"!has({pod_spec}.affinity) || !has({terms}) || ("
+        f"(!has({terms}.requiredDuringSchedulingIgnoredDuringExecution) || "
+        f"{terms}.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms.all(t, "
+        f"!has(t.matchExpressions) || t.matchExpressions.all(e, e.key != '{label}'))) && "
+        f"(!has({terms}.preferredDuringSchedulingIgnoredDuringExecution) || "
+        f"{terms}.preferredDuringSchedulingIgnoredDuringExecution.all(p, "
+        f"!has(p.preference.matchExpressions) || p.preference.matchExpressions.all(e, e.key != '{label}'))))")
+    return [
+        {"expression": (f"!has({pod_spec}.tolerations) || {pod_spec}.tolerations.all(t, "
+                        f"!has(t.key) ? !(has(t.operator) && t.operator == 'Exists') : t.key != '{taint}')"),
+         "message": f"{what} may not tolerate the system nodes' taint {taint} (nor every taint)", "reason": "Forbidden"},
+        {"expression": f"!has({pod_spec}.nodeSelector) || !('{label}' in {pod_spec}.nodeSelector)",
+         "message": f"{what} may not select the system nodes ({label})", "reason": "Forbidden"},
+        {"expression": affinity_clean, "message": f"{what} may not use node affinity on {label}", "reason": "Forbidden"},
+        {"expression": _priority_ok(pod_spec),
+         "messageExpression": (f"'{what} must name one of the priority classes ' + {_ALLOWED} + "
+                               "' (the team\\'s entitlement)'"),
+         "reason": "Forbidden"},
+    ]
+
+
+def _pod_placement() -> list[dict[str, Any]]:
+    return _policy("pod-placement", resources=[("", "v1", "pods")], operations=("CREATE",),
+                   validations=_pod_placement_validations("object.spec", what="a pod"))
+
+
+def _gpu_pods() -> list[dict[str, Any]]:
+    requests_gpu = (f"{_all_containers('object.spec')}.exists(c, has(c.resources) && ("
+                    f"(has(c.resources.requests) && '{GPU_RESOURCE}' in c.resources.requests) || "
+                    f"(has(c.resources.limits) && '{GPU_RESOURCE}' in c.resources.limits)))")
+    return _policy("gpu-pods", resources=[("", "v1", "pods")], operations=("CREATE",), validations=[
+        {"expression": f"!({requests_gpu}) || {_CONTROLLER}",
+         "message": ("a pod that requests GPUs is created by a job controller from a job Kueue admitted: "
+                     "submit a PyTorchJob, TrainJob or Job with the team's queue label"),
+         "reason": "Forbidden"},
+    ])
+
+
+# The job kinds Kueue manages (workloads.kueue.ManagerConfigSpec.frameworks) and where each
+# keeps its pod template(s), as CEL lists of pod specs.
+JOB_KINDS: tuple[tuple[str, str, str, str], ...] = (
+    ("batch", "v1", "jobs", "[object.spec.template.spec]"),
+    ("kubeflow.org", "v1", "pytorchjobs",
+     "object.spec.pytorchReplicaSpecs.map(k, object.spec.pytorchReplicaSpecs[k].template.spec)"),
+    ("jobset.x-k8s.io", "v1alpha2", "jobsets", "object.spec.replicatedJobs.map(r, r.template.spec.template.spec)"),
+    ("trainer.kubeflow.org", "v1alpha1", "trainjobs", "[]"),
+)
+
+
+def _queue_label() -> list[dict[str, Any]]:
+    label_ok = (f"has(object.metadata.labels) && '{QUEUE_LABEL}' in object.metadata.labels && "
+                f"object.metadata.labels['{QUEUE_LABEL}'] == namespaceObject.metadata.labels['{LOCAL_QUEUE_LABEL}']")
+    out = []
+    for group, version, resource, templates in JOB_KINDS:
+        validations = [{
+            "expression": label_ok,
+            "messageExpression": (f"'{resource} in ' + namespaceObject.metadata.name + ' carry the label {QUEUE_LABEL}: ' + "
+                                  f"namespaceObject.metadata.labels['{LOCAL_QUEUE_LABEL}'] + ' (Kueue admits them against the team\\'s quota)'"),
+            "reason": "Forbidden"}]
+        if templates != "[]":
+            validations.append({
+                "expression": f"{templates}.all(s, {_priority_ok('s')})",
+                "messageExpression": f"'pod templates must name one of the priority classes ' + {_ALLOWED}",
+                "reason": "Forbidden"})
+        # A TrainJob names no priority class; its JobSet's templates are checked when Trainer creates it.
+        out += _policy(f"queue-label-{resource}", resources=[(group, version, resource)], validations=validations,
+                       # The controllers create a TrainJob's JobSet and its Jobs: the queue label sits on the TrainJob.
+                       match_conditions=[{"name": "not-a-job-controller", "expression": f"!({_CONTROLLER})"}])
+    return out
+
+
+def _services() -> list[dict[str, Any]]:
+    return _policy("services", resources=[("", "v1", "services")], validations=[
+        {"expression": "!has(object.spec.type) || !(object.spec.type in ['LoadBalancer', 'NodePort'])",
+         "message": "team namespaces publish nothing outside the cluster: no LoadBalancer or NodePort Service",
+         "reason": "Forbidden"},
+        {"expression": "!has(object.spec.externalIPs) || size(object.spec.externalIPs) == 0",
+         "message": "team namespaces may not set externalIPs", "reason": "Forbidden"},
+    ])
+
+
+def admission_policies() -> list[dict[str, Any]]:
+    """Every policy and binding; cluster-scoped, one set for all team namespaces."""
+    return [*_pod_identity(), *_pod_placement(), *_gpu_pods(), *_queue_label(), *_services()]
+
+
+# -- RBAC ---------------------------------------------------------------------------------------
+# (apiGroup, resources, verbs). Reading Kueue's objects shows why a job waits.
+_WRITE = ["get", "list", "watch", "create", "update", "patch", "delete"]
+_READ = ["get", "list", "watch"]
+TEAM_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
+    ("", ("pods",), tuple(_WRITE)),
+    ("", ("pods/log",), ("get", "list")),
+    ("", ("configmaps", "secrets"), tuple(_WRITE)),
+    # The platform creates the FSx claims; teams read them (no gp3 volumes of their own).
+    ("", ("persistentvolumeclaims", "events", "serviceaccounts", "resourcequotas", "limitranges", "services"), tuple(_READ)),
+    ("batch", ("jobs",), tuple(_WRITE)),
+    ("kubeflow.org", ("pytorchjobs",), tuple(_WRITE)),
+    ("trainer.kubeflow.org", ("trainjobs",), tuple(_WRITE)),
+    # `argo submit --from workflowtemplate/...`, `argo logs`, `argo stop`: workflows and their templates.
+    ("argoproj.io", ("workflows",), tuple(_WRITE)),
+    ("argoproj.io", ("workflowtemplates",), tuple(_READ)),
+    ("kueue.x-k8s.io", ("localqueues", "workloads"), tuple(_READ)),
+    ("events.k8s.io", ("events",), tuple(_READ)),
+)
+
+
+def team_role(namespace: str) -> dict[str, Any]:
+    rules = [{"apiGroups": [group], "resources": list(resources), "verbs": list(verbs)}
+             for group, resources, verbs in TEAM_RULES]
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": TEAM_ROLE, "namespace": namespace, "labels": {"app.kubernetes.io/managed-by": "pulumi"}},
+            "rules": rules}
+
+
+def team_role_binding(namespace: str) -> dict[str, Any]:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": TEAM_ROLE, "namespace": namespace, "labels": {"app.kubernetes.io/managed-by": "pulumi"}},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": TEAM_ROLE},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": team_group(namespace)}]}
+
+
+def rbac_allows(rules: Sequence[Mapping[str, Any]], *, verb: str, group: str, resource: str) -> bool:
+    """Kubernetes RBAC's rule match (pkg/apis/rbac/v1 helpers ``VerbMatches``, ``APIGroupMatches``,
+    ``ResourceMatches``): a rule allows a request when its verbs, API groups and resources each
+    contain the request's or ``*``. Subresources are matched whole (``pods/exec`` is not ``pods``)."""
+    for rule in rules:
+        if ((verb in rule.get("verbs", ()) or "*" in rule.get("verbs", ()))
+                and (group in rule.get("apiGroups", ()) or "*" in rule.get("apiGroups", ()))
+                and (resource in rule.get("resources", ()) or "*" in rule.get("resources", ()))
+                and not rule.get("resourceNames")):
+            return True
+    return False
+
+
+
+# -- the Training Operator's init container ------------------------------------------------------
+# Training Operator v1.9 adds an `init-pytorch` container to every worker of a PyTorchJob with a
+# Master (pkg/controller.v1/pytorch/initcontainer.go ``initContainerTemplate``): it has no
+# securityContext, so Pod Security `restricted` refuses the worker pod. The operator reads a
+# replacement from ``--pytorch-init-container-template-file`` (cmd/training-operator.v1/main.go);
+# this is upstream's template with the restricted fields added (same Go template variables).
+PYTORCH_INIT_CONTAINER_TEMPLATE_FLAG = "--pytorch-init-container-template-file"
+PYTORCH_INIT_CONTAINER_TEMPLATE = """\
+- name: init-pytorch
+  image: {{.InitContainerImage}}
+  imagePullPolicy: IfNotPresent
+  resources:
+    limits:
+      cpu: 100m
+      memory: 20Mi
+    requests:
+      cpu: 50m
+      memory: 10Mi
+  securityContext:
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    runAsNonRoot: true
+    capabilities:
+      drop: ["ALL"]
+    seccompProfile:
+      type: RuntimeDefault
+  command: ['sh', '-c', 'err=1;for i in $(seq {{.MaxTries}}); do if nslookup {{.MasterAddr}}; then err=0 && break; fi;echo waiting for master; sleep 2; done; exit $err']
+"""
