@@ -210,15 +210,18 @@ def test_the_train_manifest_says_each_setting_once_and_env_agrees_with_arguments
 
 
 def test_pipeline_runs_write_inside_the_teams_own_directory():
-    """checkpoint_root_job: "Directories that FSx creates for a data repository association
-    belong to root (0755), and training pods run as uid 1000": the trainer's uid can write only
-    where the platform made it owner, the team's checkpoint directory, which that Job chowns."""
-    from workloads import trainingjob
+    """FSx, "POSIX metadata support for data repositories": directories FSx creates for a data
+    repository association belong to root (0755), and root squash stops a root pod from chowning
+    them. The only directory a team's uid owns is its checkpoint directory, imported from an S3
+    directory object whose metadata names the team's uid (components.training). A pipeline run
+    must write inside it: anywhere else its pods get EACCES (and, with the subtree mount, they
+    do not even see the rest of the file system)."""
+    from workloads import fsx, trainingjob
 
     root = trainingjob.team_checkpoint_root("team-research")
-    chown = trainingjob.checkpoint_root_job("team-research", claim_name="c", image="busybox", placement={})
-    script = chown["spec"]["template"]["spec"]["containers"][0]["command"][-1]
-    assert f'chown {trainingjob.TRAINER_UID}:{trainingjob.TRAINER_UID} "{root}"' in script
+    # The pods' writable mount is exactly that directory.
+    mounts = {m["mountPath"]: m for m in fsx.team_volume_mounts("team-research")}
+    assert root in mounts and not mounts[root].get("readOnly")
     work = pipeline.cluster_paths(PIPELINE).work_dir
     assert work.startswith(root + "/")
     for path in (pipeline.cluster_paths(PIPELINE).tokens, pipeline.cluster_paths(PIPELINE).checkpoints):
