@@ -63,7 +63,8 @@ def eks_control_plane(recording: Recording, today: dt.date) -> Iterator[CostLine
     for cluster in recording.by_type("eks:index:Cluster"):
         version = str(cluster.inputs.get("version") or "")
         support = EKS_VERSIONS.get(version)
-        extended = support is not None and today > support.standard_support_ends
+        # Billed "from the beginning of the day" standard support ends (AWS EKS pricing): `>=`.
+        extended = support is not None and today >= support.standard_support_ends
         key = "eks_extended_hour" if extended else "eks_standard_hour"
         yield _hourly(f"EKS control plane {version} ({'extended' if extended else 'standard'} support)", 1, key)
 

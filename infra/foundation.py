@@ -201,9 +201,10 @@ def _eks_support(config: PlatformConfig, recording: Recording) -> Iterable[str]:
     extra = (EKS_EXTENDED_USD_PER_HOUR - EKS_STANDARD_USD_PER_HOUR) * HOURS_PER_MONTH
     total = EKS_EXTENDED_USD_PER_HOUR * HOURS_PER_MONTH
     policy = config.cluster.upgrade_policy.value
-    if today > support.extended_support_ends:
+    # AWS bills extended support "from the beginning of the day" standard support ends: `>=`.
+    if today >= support.extended_support_ends:
         yield f"EKS {version} is past the end of extended support ({support.extended_support_ends}): upgrade now."
-    elif today > support.standard_support_ends:
+    elif today >= support.standard_support_ends:
         if policy == "EXTENDED":
             yield (f"EKS {version} is in extended support since {support.standard_support_ends} (ends "
                    f"{support.extended_support_ends}): the control plane costs ${EKS_EXTENDED_USD_PER_HOUR:.2f}/h "
