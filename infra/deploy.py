@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from infra.ci import READ_ONLY_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 
 EXIT_OK = 0
@@ -58,6 +60,8 @@ AWS_CLI_V1_MINIMUM = (1, 24, 0)
 # What the engine runs for a Python pack: <pack>/<virtualenv>/bin/python -u -m pulumi.policy
 # (pulumi/pulumi sdk/python/dist/pulumi-analyzer-policy-python), so that directory must exist.
 POLICY_PACK_VENV = ".venv"
+# URN globs (`pulumi preview --exclude`, `**` spans `::`) of everything the Kubernetes provider owns.
+READ_ONLY_EXCLUDE = ("**kubernetes:**",)
 
 
 @dataclass(frozen=True)
@@ -79,11 +83,17 @@ class DeployRequest:
     # Used when the stack is created (e.g. awskms://alias/mlp-prod-pulumi-state?region=us-west-2);
     # an existing stack keeps the provider recorded in its stack file (`secretsprovider`).
     secrets_provider: Optional[str] = None
+    # A pull-request preview with CI's read-only role: the program's AWS providers assume the
+    # stack's <name>-ci-reader roles (infra.ci), and the in-cluster resources are left out, since
+    # a server-side dry-run needs write access (they are checked offline by infra.plan/render).
+    read_only: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.operation not in OPERATIONS:
             raise ValueError(f"operation {self.operation!r}: use one of {', '.join(OPERATIONS)}")
+        if self.read_only and self.operation != "preview":
+            raise ValueError(f"--read-only is for preview only, not {self.operation}")
 
 
 # -- 1. tools --------------------------------------------------------------------------------
@@ -171,6 +181,8 @@ def operation_kwargs(request: DeployRequest, on_output: Callable[[str], Any]) ->
         kwargs["policy_packs"] = [str(Path(p).resolve()) for p in request.policy_packs]
     if request.operation == "preview":
         kwargs["diff"] = True
+        if request.read_only:
+            kwargs["exclude"] = list(READ_ONLY_EXCLUDE)
     if request.operation in ("preview", "refresh") and request.expect_no_changes:
         kwargs["expect_no_changes"] = True
     if request.operation in ("up", "destroy", "refresh"):
@@ -190,7 +202,9 @@ def select_stack(request: DeployRequest, auto: Any):
     """The stack NAME of the project in ``project_dir``, created if it does not exist yet."""
     return auto.create_or_select_stack(
         stack_name=request.stack, work_dir=str(request.project_dir),
-        opts=auto.LocalWorkspaceOptions(work_dir=str(request.project_dir), secrets_provider=request.secrets_provider),
+        opts=auto.LocalWorkspaceOptions(
+            work_dir=str(request.project_dir), secrets_provider=request.secrets_provider,
+            env_vars={READ_ONLY_ENV: "1"} if request.read_only else None),
     )
 
 
@@ -280,6 +294,8 @@ def parse_args(argv: Optional[list[str]] = None) -> DeployRequest:
     parser.add_argument("--exclude-protected", action="store_true",
                         help="destroy: remove everything but the protected (stateful) resources")
     parser.add_argument("--skip-plan", action="store_true", help="do not run the offline plan first (not for CI)")
+    parser.add_argument("--read-only", action="store_true",
+                        help="preview with CI's read-only reader roles, in-cluster resources left out (pull requests)")
     parser.add_argument("--secrets-provider", help="secrets provider for a new stack, e.g. awskms://alias/<name>-pulumi-state")
     args = parser.parse_args(argv)
     from infra.plan import default_project_dir
@@ -288,7 +304,7 @@ def parse_args(argv: Optional[list[str]] = None) -> DeployRequest:
         operation=args.operation, stack=args.stack, project_dir=(args.project_dir or default_project_dir()).resolve(),
         policy_packs=tuple(args.policy_pack), message=args.message, parallel=args.parallel,
         expect_no_changes=args.expect_no_changes, exclude_protected=args.exclude_protected,
-        skip_plan=args.skip_plan, secrets_provider=args.secrets_provider,
+        skip_plan=args.skip_plan, secrets_provider=args.secrets_provider, read_only=args.read_only,
     )
 
 

@@ -25,6 +25,7 @@ from components.network import Network, NetworkArgs
 from components.versions import EKS_EXTENDED_USD_PER_HOUR, EKS_STANDARD_USD_PER_HOUR, EKS_VERSIONS, HOURS_PER_MONTH
 from infra import costs, datasets_tracking, operations
 from infra.accounts import AccountProviders, create_account_providers
+from infra.ci import log_group_names as ci_log_group_names
 from infra.capability import Capability
 from infra.config import AuditTrailMode, PlatformConfig
 from infra.costs import CostLine
@@ -67,11 +68,14 @@ def _audit_trails(config: PlatformConfig, providers: AccountProviders, archive: 
 def log_group_names(config: PlatformConfig) -> list[str]:
     """Every CloudWatch log group of the workload account the platform creates."""
     return [control_plane_log_group_name(config.cluster_name), *datasets_tracking.log_group_names(config),
-            *operations.log_group_names(config)]
+            *operations.log_group_names(config),
+            *ci_log_group_names(config)]
 
 
-def build_platform(config: PlatformConfig) -> Platform:
-    providers = create_account_providers(config)
+def build_platform(config: PlatformConfig, *, read_only: bool = False) -> Platform:
+    """``read_only``: a pull-request preview (``infra.deploy preview --read-only``): every AWS
+    provider uses the stack's ``<name>-ci-reader`` roles."""
+    providers = create_account_providers(config, read_only=read_only)
     tags = config.resource_tags
 
     archive_access_logs = access_log_bucket(config, providers, "logging")
@@ -138,6 +142,7 @@ def build_platform(config: PlatformConfig) -> Platform:
             ),
             public_access_cidrs=[str(c) for c in cl.public_access_cidrs],
             admin_role_arns=list(cl.admin_role_arns) + ([cl.deploy_role_arn] if cl.deploy_role_arn else []),
+            # Unchanged in read-only previews: they exclude the in-cluster resources (infra.deploy).
             kubeconfig_role_arn=config.accounts.workload.role_arn,
             namespace_editors=namespace_editors,
             log_retention_days=cl.log_retention_days,

@@ -188,7 +188,7 @@ def test_ci_workflow_previews_on_pull_requests_and_deploys_on_merge():
         job = workflow["jobs"][job_name]
         assert sorted(leg["stack"] for leg in job["strategy"]["matrix"]["include"]) == stacks
         assert job["permissions"]["id-token"] == "write"
-        assert any(f"python -m infra.deploy {operation} --stack" in s.get("run", "") for s in job["steps"])
+        assert any(f"python -m infra.deploy {operation} " in s.get("run", "") for s in job["steps"])
     assert "AWS_SECRET_ACCESS_KEY" not in (ROOT / ".github/workflows/platform.yml").read_text()
     assert any(s.get("run") == "bash .ci/run" for s in workflow["jobs"]["test"]["steps"])
 
@@ -243,3 +243,36 @@ def test_a_missing_policy_pack_venv_is_created_from_its_requirements(monkeypatch
     assert commands[0] == ("venv", pack / ".venv")
     assert commands[1] == [str(pack / ".venv/bin/python"), "-m", "pip", "install", "-q", "-r", str(pack / "requirements.txt")]
     assert "creating the virtualenv of policy pack" in out
+
+
+def _pulumi_glob(glob: str) -> "re.Pattern[str]":
+    """pulumi/pulumi pkg/resource/deploy UrnTargets.getMatcher: `**` is `.*`, `*` is `[^:]*`, anchored."""
+    import re
+
+    segments = ["[^:]*".join(re.escape(part) for part in segment.split("*")) for segment in glob.split("**")]
+    return re.compile("^" + ".*".join(segments) + "$")
+
+
+def test_read_only_preview_leaves_out_exactly_the_in_cluster_resources(dev_plan):
+    request = DeployRequest("preview", "dev", read_only=True)
+    kwargs = deploy.operation_kwargs(request, print)
+    matchers = [_pulumi_glob(glob) for glob in kwargs["exclude"]]
+    excluded = {r.urn for r in dev_plan.recording.resources if any(m.match(r.urn) for m in matchers)}
+    for resource in dev_plan.recording.resources:
+        # The Kubernetes resources, their children, and the Kubernetes provider itself (it dials the API).
+        in_cluster = resource.type == "pulumi:providers:kubernetes" or any(
+            t.startswith("kubernetes:") for t in resource.urn.split("::")[2].split("$"))
+        assert (resource.urn in excluded) == in_cluster, resource.urn
+    assert any(r.type.startswith("aws:") for r in dev_plan.recording.resources if r.urn not in excluded)
+    with pytest.raises(ValueError, match="preview only"):
+        DeployRequest("up", "dev", read_only=True)
+
+
+def test_read_only_preview_tells_the_program_to_use_the_reader_roles(monkeypatch):
+    from infra.ci import READ_ONLY_ENV
+
+    monkeypatch.setattr(deploy, "offline_plan_gate", lambda request: 0)
+    calls: list = []
+    code, _, _ = run(DeployRequest("preview", "dev", read_only=True), calls)
+    (_, select), (_, kwargs) = calls
+    assert code == 0 and select["opts"].env_vars == {READ_ONLY_ENV: "1"} and kwargs["exclude"]
