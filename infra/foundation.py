@@ -22,7 +22,15 @@ from components.log_archive import (
     LogArchiveArgs,
 )
 from components.network import Network, NetworkArgs
-from components.versions import EKS_EXTENDED_USD_PER_HOUR, EKS_STANDARD_USD_PER_HOUR, EKS_VERSIONS, HOURS_PER_MONTH
+from components.versions import (
+    EKS_EXTENDED_USD_PER_HOUR,
+    EKS_RELEASES,
+    EKS_STANDARD_USD_PER_HOUR,
+    EKS_VERSIONS,
+    HOURS_PER_MONTH,
+    addon_versions,
+    ami_release_date,
+)
 from infra import costs, datasets_tracking, operations
 from infra.accounts import AccountProviders, create_account_providers
 from infra.ci import log_group_names as ci_log_group_names
@@ -133,6 +141,8 @@ def build_platform(config: PlatformConfig, *, read_only: bool = False) -> Platfo
         ClusterArgs(
             cluster_name=config.cluster_name,
             version=cl.version,
+            # Each stack installs the add-on builds of its own minor, so dev upgrades first.
+            addon_versions=addon_versions(cl.version),
             upgrade_policy=cl.upgrade_policy,
             network=network,
             system_node_group=NodeGroupArgs(
@@ -224,6 +234,26 @@ def _eks_support(config: PlatformConfig, recording: Recording) -> Iterable[str]:
                f"{support.standard_support_ends} the control plane will cost +${extra:,.0f}/month.")
 
 
+# AWS publishes AL2023 EKS AMIs about every two weeks; add-on builds move as often.
+AMI_ALIAS_MAX_AGE_DAYS = 90
+VERSION_ROW_MAX_AGE_DAYS = 120
+
+
+def _version_age(config: PlatformConfig, recording: Recording, today: dt.date | None = None) -> Iterable[str]:
+    today = today or dt.date.today()
+    release = EKS_RELEASES[config.cluster.version]
+    aliases = {config.karpenter.ami_alias, *(pool.ami_alias for pool in config.gpu_pools if pool.ami_alias)}
+    for alias in sorted(aliases):
+        date = ami_release_date(alias)
+        if date is not None and (today - date).days > AMI_ALIAS_MAX_AGE_DAYS:
+            yield (f"Karpenter AMI alias {alias} is {(today - date).days} days old (> {AMI_ALIAS_MAX_AGE_DAYS}): nodes miss "
+                   "kernel and NVIDIA driver patches; move it to a recent release (docs/runbooks/upgrading-eks.md, AMI patches)")
+    if (today - release.verified).days > VERSION_ROW_MAX_AGE_DAYS:
+        yield (f"the EKS {config.cluster.version} add-on builds (components/versions.py EKS_RELEASES) were last checked "
+               f"{release.verified} ({(today - release.verified).days} days ago): compare with `aws eks describe-addon-versions "
+               f"--kubernetes-version {config.cluster.version}` and bump them")
+
+
 def _egress(config: PlatformConfig, recording: Recording) -> Iterable[str]:
     nat = config.network.nat.value
     if nat == "none":
@@ -254,7 +284,7 @@ def _dev_object_lock(config: PlatformConfig, recording: Recording):
 
 
 def warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
-    for check in (_eks_support, _egress, _public_endpoint, _wiring, _dev_object_lock):
+    for check in (_eks_support, _version_age, _egress, _public_endpoint, _wiring, _dev_object_lock):
         yield from check(config, recording)
 
 
