@@ -293,6 +293,7 @@ def cost_lines(recording: Recording, today: dt.date) -> Iterator[CostLine]:
     yield from costs.static_nodes(recording)
     yield from costs.network(recording)
     yield from costs.storage_and_keys(recording)
+    yield from costs.observability(recording)
 
 
 FOUNDATION = Capability("foundation", deploy=deploy, plan_sections=plan_sections, warnings=warnings, cost_lines=cost_lines)
