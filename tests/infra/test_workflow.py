@@ -126,6 +126,7 @@ def test_secrets_only_in_deploy_steps_and_no_credentials_for_tests():
 
 def test_roles_runners_and_concurrency_follow_the_stacks():
     """Each leg uses its own stack's roles and its own in-VPC runner; one deploy per stack at a time."""
+    from components.ci_access import role_name
     from infra.plan import read_stack_file
 
     jobs = workflow_jobs(_workflow())
@@ -133,12 +134,16 @@ def test_roles_runners_and_concurrency_follow_the_stacks():
         job = jobs[job_id]
         legs = job["strategy"]["matrix"]["include"]
         assert [leg["stack"] for leg in legs] == ["dev", "prod"]
-        for leg in legs:
-            values, _ = read_stack_file(ROOT / f"Pulumi.{leg['stack']}.yaml")
-            name = values["ml-training-platform:name"]
-            assert leg["runner"].startswith(f"codebuild-{name}-ci-runner-"), leg
         creds = next(s for s in job["steps"] if s.get("uses", "").startswith("aws-actions/"))
         assert creds["with"]["role-to-assume"].endswith("mlp-${{ matrix.stack }}-" + role)
+    # Deploys run on each stack's in-VPC runner (the name components/ci_access.py gives it) ...
+    assert jobs["deploy"]["runs-on"] == "${{ matrix.runner }}"
+    for leg in jobs["deploy"]["strategy"]["matrix"]["include"]:
+        values, _ = read_stack_file(ROOT / f"Pulumi.{leg['stack']}.yaml")
+        assert leg["runner"].startswith(f"codebuild-{role_name(values['ml-training-platform:name'], 'runner')}-"), leg
+    # ... and PR code never does (the runner's service role can fetch a GitHub connection token).
+    for job_id in ("test", "preview", "comment"):
+        assert jobs[job_id]["runs-on"] == "ubuntu-24.04", job_id
     assert jobs["deploy"]["concurrency"] == {"group": "deploy-${{ matrix.stack }}", "cancel-in-progress": False}
     assert jobs["deploy"]["environment"] == "${{ matrix.stack }}"
     creds = next(s for s in jobs["deploy"]["steps"] if s.get("uses", "").startswith("aws-actions/"))
