@@ -49,6 +49,11 @@ def role_name(name: str, kind: str) -> str:
     return f"{name}-ci-{kind}"
 
 
+def reader_role_name(name: str, account_id: str) -> str:
+    """Per account, with the account in the name: one stack's readers are told apart in logs and plans."""
+    return role_name(name, f"reader-{account_id}")
+
+
 def runner_log_group_name(name: str) -> str:
     return f"/aws/codebuild/{role_name(name, 'runner')}"
 
@@ -183,7 +188,7 @@ class CiAccessArgs:
 
     @property
     def reader_role_arns(self) -> list[str]:
-        return [role_arn(self.partition, account, role_name(self.name, "reader")) for account in self.reader_account_ids]
+        return [role_arn(self.partition, account, reader_role_name(self.name, account)) for account in self.reader_account_ids]
 
     @property
     def state_key_alias(self) -> str:
@@ -219,7 +224,7 @@ class CiAccess(pulumi.ComponentResource):
     """OIDC provider, preview/deploy roles with boundaries, reader roles, the state key, the runner."""
 
     def __init__(self, name: str, args: CiAccessArgs, *, automation: aws.Provider,
-                 reader_providers: Mapping[str, aws.Provider], runner: Optional[CiRunnerArgs] = None,
+                 reader_providers: Mapping[str, tuple[str, aws.Provider]], runner: Optional[CiRunnerArgs] = None,
                  runner_provider: Optional[aws.Provider] = None, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("mlplatform:ci:CiAccess", name, None, opts)
         tags = dict(args.tags)
@@ -250,9 +255,9 @@ class CiAccess(pulumi.ComponentResource):
             aws.iam.RolePolicy(f"{name}-{kind}-policy", role=role.name, policy=document,
                                opts=pulumi.ResourceOptions(parent=self, provider=automation))
             self.roles[kind] = role
-        for account, provider in sorted(reader_providers.items()):
+        for account, (account_id, provider) in sorted(reader_providers.items()):
             reader = aws.iam.Role(
-                f"{name}-reader-{account}", name=role_name(args.name, "reader"),
+                f"{name}-reader-{account}", name=reader_role_name(args.name, account_id),
                 assume_role_policy=json.dumps({"Version": "2012-10-17", "Statement": [{
                     "Effect": "Allow", "Principal": {"AWS": args.preview_role_arn}, "Action": ["sts:AssumeRole", "sts:TagSession"],
                 }]}, sort_keys=True),

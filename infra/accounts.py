@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from components.ci_access import role_name
+from components.ci_access import reader_role_name
 from infra.config import AccountConfig, PlatformConfig
 from infra.regions import partition_of
 
@@ -15,7 +15,7 @@ ACCOUNT_KEYS = ("automation", "workload", "logging")
 
 def reader_role_arn(config: PlatformConfig, account_id: str) -> str:
     """The stack's read-only role in an account, the only one CI's preview role may assume."""
-    return f"arn:{partition_of(config.region)}:iam::{account_id}:role/{role_name(config.name, 'reader')}"
+    return f"arn:{partition_of(config.region)}:iam::{account_id}:role/{reader_role_name(config.name, account_id)}"
 
 
 @dataclass(frozen=True)

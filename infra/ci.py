@@ -80,7 +80,8 @@ def deploy(platform: Platform) -> dict[str, Any]:
                               log_kms_key=platform.log_group_key.key if platform.log_group_key else None)
     access = CiAccess(
         f"{config.name}-ci", args, automation=platform.providers.automation,
-        reader_providers={key: getattr(platform.providers, key) for key in _reader_accounts(config)},
+        reader_providers={key: (account_id, getattr(platform.providers, key))
+                          for key, account_id in _reader_accounts(config).items()},
         runner=runner, runner_provider=platform.providers.workload)
     return {"ciPreviewRoleArn": access.roles["preview"].arn, "ciDeployRoleArn": access.roles["deploy"].arn,
             "ciSecretsProvider": args.secrets_provider,
@@ -93,7 +94,7 @@ def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tupl
     args = ci_args(config)
     yield ("CI access (automation account)", [
         f"{role_name(config.name, 'preview')}: trusts sub {preview_subject(args.repository, args.workflow_path)}; "
-        f"assumes only {role_name(config.name, 'reader')} (ReadOnlyAccess minus data reads) in "
+        f"assumes only {role_name(config.name, 'reader')}-<account> (ReadOnlyAccess minus data reads) in "
         f"{len(args.reader_account_ids)} account(s); state read{', state key decrypt' if args.preview_decrypts_state else ''}",
         f"{role_name(config.name, 'deploy')}: trusts sub {deploy_subject(args.repository, args.workflow_path, args.environment)}; "
         f"assumes only accounts.*.roleArn; sessions up to {DEPLOY_SESSION_SECONDS // 3600} h",
