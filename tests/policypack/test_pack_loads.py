@@ -10,6 +10,7 @@ own requirements.txt, reads the port, asks the server for its policies, then sto
 from __future__ import annotations
 
 import os
+import select
 import re
 import shutil
 import subprocess
@@ -80,6 +81,9 @@ def test_the_pack_starts_in_a_fresh_venv_and_serves_its_policies(tmp_path):
     python = deploy.policy_pack_python(pack)
     process = subprocess.Popen([str(python), "-u", "-m", "pulumi.policy", "127.0.0.1:1", str(pack)], cwd=pack, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
+        # The server writes its port, then blocks forever: wait for that line, not for the process.
+        ready, _, _ = select.select([process.stdout], [], [], 120)
+        assert ready, "the pack printed no port within 120 s"
         port_line = process.stdout.readline().decode().strip()
         assert port_line.isdigit(), (port_line, process.stderr.read1(4000) if process.poll() is not None else "")
         with grpc.insecure_channel(f"127.0.0.1:{port_line}") as channel:
