@@ -10,7 +10,6 @@ import datetime as dt
 import os
 from typing import Any, Iterator
 
-
 from components.ci_access import (
     DEPLOY_SESSION_SECONDS,
     CiAccess,
