@@ -1,12 +1,14 @@
 """Every version the platform deploys, pinned in one place.
 
 Charts, add-ons, images and AMIs are upgraded here and nowhere else, so a diff of this
-file is the upgrade's whole blast radius. Add-on versions are the EKS 1.32 builds.
+file is the upgrade's whole blast radius. Add-on builds and AMI releases are keyed by the
+Kubernetes minor (``EKS_RELEASES``): each stack installs the row of its own version.
 """
 from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass
+from typing import Mapping, Optional
 
 from workloads.prices import HOURS_PER_MONTH, STACK_PRICES  # noqa: F401  (re-exported for the plan)
 
@@ -20,34 +22,30 @@ class EksVersionSupport:
     extended_support_ends: _dt.date
 
 
-# AWS's published support calendar; a version missing here is refused by the config.
-EKS_VERSIONS: dict[str, EksVersionSupport] = {
-    "1.30": EksVersionSupport(_dt.date(2025, 7, 23), _dt.date(2026, 7, 23)),
-    "1.31": EksVersionSupport(_dt.date(2025, 11, 26), _dt.date(2026, 11, 26)),
-    "1.32": EksVersionSupport(_dt.date(2026, 3, 23), _dt.date(2027, 3, 23)),
-    "1.33": EksVersionSupport(_dt.date(2026, 7, 29), _dt.date(2027, 7, 29)),
-    "1.34": EksVersionSupport(_dt.date(2026, 12, 2), _dt.date(2027, 12, 2)),
-}
+@dataclass(frozen=True)
+class EksRelease:
+    """Everything that moves with the cluster's Kubernetes minor, in one row.
 
-# Control-plane price per cluster-hour (USD), from the one price table; extended support adds $0.50/h.
-EKS_STANDARD_USD_PER_HOUR = STACK_PRICES["eks_standard_hour"].usd
-EKS_EXTENDED_USD_PER_HOUR = STACK_PRICES["eks_extended_hour"].usd
+    support: EKS's calendar. addons: the managed add-on builds for this minor (each stack
+    installs the row of its own ``cluster.version``, so dev can move first). ami_release: an
+    EKS AL2023 AMI release known to ship this minor; a pinned Karpenter alias (al2023@vYYYYMMDD)
+    older than it may have no AMI for the version and no node would launch. verified: when the
+    row was last checked against its sources (the plan warns when it gets old).
+    """
 
-# EKS managed add-ons for Kubernetes 1.32, each build with where it is published. AWS's user
-# guide lists "the latest version of the Amazon EKS add-on type for each Kubernetes version"
-# for vpc-cni, coredns and kube-proxy; the other add-ons have no such table, so their builds
-# are cited from AWS's own pages or repositories. Check a change with
-# `aws eks describe-addon-versions --kubernetes-version 1.32 --addon-name <name>`.
-EKS_ADDON_VERSIONS: dict[str, str] = {
-    # EKS User Guide, "Assign IPs to Pods with the Amazon VPC CNI" (managing-vpc-cni), version
-    # table row 1.32 (docs.aws.amazon.com/ja_jp/eks/latest/userguide/pod-networking.html).
-    "vpc-cni": "v1.20.1-eksbuild.3",
-    # EKS User Guide, "Manage CoreDNS" (managing-coredns.html), version table row 1.32.
-    "coredns": "v1.11.4-eksbuild.24",
-    # EKS User Guide, "Manage kube-proxy" (managing-kube-proxy.html), version table row 1.32
-    # (docs.amazonaws.cn/eks/latest/userguide/managing-kube-proxy.html, same table revision
-    # as the docs.aws.amazon.com page listing 1.33 v1.33.5-eksbuild.2).
-    "kube-proxy": "v1.32.9-eksbuild.2",
+    standard_support_ends: _dt.date
+    extended_support_ends: _dt.date
+    addons: Mapping[str, str]
+    ami_release: str
+    verified: _dt.date
+
+    @property
+    def support(self) -> EksVersionSupport:
+        return EksVersionSupport(self.standard_support_ends, self.extended_support_ends)
+
+
+# Add-on builds that no AWS table maps to Kubernetes minors; the same build serves 1.32-1.35.
+_UNMAPPED_ADDONS = {
     # No AWS document maps agent builds to Kubernetes versions (aws/eks-pod-identity-agent tags
     # are v0.1.x). This is the 1.32 default build that describe-addon-versions returns, as
     # recorded by public EKS API fixtures and Terraform pins (2025-2026); weaker than a doc.
@@ -62,6 +60,58 @@ EKS_ADDON_VERSIONS: dict[str, str] = {
     # latest/ug/nodes/hybrid-nodes-add-ons.adoc).
     "aws-fsx-csi-driver": "v1.7.0-eksbuild.1",
 }
+
+# One row per Kubernetes minor the platform can run. Sources:
+# - support dates: EKS User Guide release calendar (kubernetes-versions.adoc) for <= 1.34;
+#   1.35 (EKS release 2026-01-27): endoflife.date/amazon-eks snapshot of Feb 2026. 1.36 is left out
+#   until its EKS dates are in a source (`aws eks describe-cluster-versions`).
+# - vpc-cni, coredns, kube-proxy for 1.33-1.35: the EKS User Guide tables "latest version of the
+#   Amazon EKS add-on type for each Kubernetes version" (managing-vpc-cni, managing-coredns,
+#   managing-kube-proxy; docs.amazonaws.cn/eks/latest/userguide/*.md revision listing 1.35:
+#   vpc-cni v1.21.1-eksbuild.7, coredns v1.13.2-eksbuild.4, kube-proxy v1.35.3/v1.34.6/v1.33.10).
+#   The 1.32 row keeps the builds running today (same tables, earlier revision).
+# - ami_release: awslabs/amazon-eks-ami release v20260903 ships AL2023 AMIs for Kubernetes 1.31-1.36
+#   ("Source AMI Name (K8s 1.31 - 1.32) / (K8s 1.33 - 1.35) / (K8s 1.36)"); v20251023 is the release
+#   prod runs 1.32 on today.
+# Check a row with `aws eks describe-addon-versions --kubernetes-version X --addon-name <name>`.
+EKS_RELEASES: dict[str, EksRelease] = {
+    "1.32": EksRelease(_dt.date(2026, 3, 23), _dt.date(2027, 3, 23), {
+        "vpc-cni": "v1.20.1-eksbuild.3", "coredns": "v1.11.4-eksbuild.24", "kube-proxy": "v1.32.9-eksbuild.2",
+        **_UNMAPPED_ADDONS}, ami_release="v20251023", verified=_dt.date(2026, 11, 24)),
+    "1.33": EksRelease(_dt.date(2026, 7, 29), _dt.date(2027, 7, 29), {
+        "vpc-cni": "v1.21.1-eksbuild.7", "coredns": "v1.13.2-eksbuild.4", "kube-proxy": "v1.33.10-eksbuild.2",
+        **_UNMAPPED_ADDONS}, ami_release="v20260903", verified=_dt.date(2026, 11, 25)),
+    "1.34": EksRelease(_dt.date(2026, 12, 2), _dt.date(2027, 12, 2), {
+        "vpc-cni": "v1.21.1-eksbuild.7", "coredns": "v1.13.2-eksbuild.4", "kube-proxy": "v1.34.6-eksbuild.2",
+        **_UNMAPPED_ADDONS}, ami_release="v20260903", verified=_dt.date(2026, 11, 25)),
+    "1.35": EksRelease(_dt.date(2027, 3, 27), _dt.date(2028, 3, 27), {
+        "vpc-cni": "v1.21.1-eksbuild.7", "coredns": "v1.13.2-eksbuild.4", "kube-proxy": "v1.35.3-eksbuild.2",
+        **_UNMAPPED_ADDONS}, ami_release="v20260903", verified=_dt.date(2026, 11, 25)),
+}
+
+# Derived views (a version missing from EKS_RELEASES is refused by the config).
+EKS_VERSIONS: dict[str, EksVersionSupport] = {version: release.support for version, release in EKS_RELEASES.items()}
+
+
+def addon_versions(kubernetes_version: str) -> dict[str, str]:
+    """The managed add-on builds of one Kubernetes minor."""
+    return dict(EKS_RELEASES[kubernetes_version].addons)
+
+
+def ami_release_date(alias_or_release: str) -> Optional[_dt.date]:
+    """v20260903 / al2023@v20260903 -> 2026-09-03; None for @latest or an unparsable release."""
+    release = alias_or_release.rsplit("@", 1)[-1]
+    if not release.startswith("v") or len(release) < 9 or not release[1:9].isdigit():
+        return None
+    return _dt.date(int(release[1:5]), int(release[5:7]), int(release[7:9]))
+
+
+# Control-plane price per cluster-hour (USD), from the one price table; extended support adds $0.50/h.
+EKS_STANDARD_USD_PER_HOUR = STACK_PRICES["eks_standard_hour"].usd
+EKS_EXTENDED_USD_PER_HOUR = STACK_PRICES["eks_extended_hour"].usd
+
+# The add-on builds of the default version (what components use when no version is passed).
+EKS_ADDON_VERSIONS: dict[str, str] = addon_versions(DEFAULT_EKS_VERSION)
 
 # Managed node group AMI family for the static CPU nodes (AL2 ends with 1.32).
 SYSTEM_NODE_AMI_TYPE = "AL2023_x86_64_STANDARD"

@@ -6,7 +6,7 @@ and adds up their idle-cost lines. The policy gate deploys nothing: it checks th
 """
 from __future__ import annotations
 
-from infra import datasets_tracking, gitops, gpu_capacity, operations, pins, policy_gate, training
+from infra import ci, datasets_tracking, gitops, gpu_capacity, operations, pins, policy_gate, training
 from infra.capability import Capability
 from infra.foundation import FOUNDATION
 
@@ -18,5 +18,6 @@ CAPABILITIES: tuple[Capability, ...] = (
     operations.CAPABILITY,
     gitops.CAPABILITY,
     pins.CAPABILITY,
+    ci.CAPABILITY,
     policy_gate.CAPABILITY,
 )

@@ -15,7 +15,7 @@ from components.versions import EKS_VERSIONS
 from infra.config import PlatformConfig
 from infra.mock_engine import Recording
 from workloads.gpu_catalog import gpu_type
-from workloads.prices import HOURS_PER_MONTH, STACK_PRICES, InstancePrice, UnitPrice, price
+from workloads.prices import HOURS_PER_MONTH, SPOT_DISCOUNT, STACK_PRICES, InstancePrice, UnitPrice, price
 
 # Stated assumptions of an idle month (traffic that happens with no job running).
 IDLE_NAT_GB_PER_MONTH = 20  # image pulls of restarted controllers, OS updates, API calls
@@ -63,7 +63,8 @@ def eks_control_plane(recording: Recording, today: dt.date) -> Iterator[CostLine
     for cluster in recording.by_type("eks:index:Cluster"):
         version = str(cluster.inputs.get("version") or "")
         support = EKS_VERSIONS.get(version)
-        extended = support is not None and today > support.standard_support_ends
+        # Billed "from the beginning of the day" standard support ends (AWS EKS pricing): `>=`.
+        extended = support is not None and today >= support.standard_support_ends
         key = "eks_extended_hour" if extended else "eks_standard_hour"
         yield _hourly(f"EKS control plane {version} ({'extended' if extended else 'standard'} support)", 1, key)
 
@@ -73,8 +74,16 @@ def static_nodes(recording: Recording) -> Iterator[CostLine]:
     for group in recording.by_type("aws:eks/nodeGroup:NodeGroup"):
         desired = int(group.inputs["scalingConfig"]["desiredSize"])
         instance = price(group.inputs["instanceTypes"][0])
-        yield CostLine(f"static nodes {group.name}: {desired} x {instance.instance_type}", desired, instance,
-                       desired * instance.on_demand_usd_per_hour * HOURS_PER_MONTH)
+        if group.inputs.get("capacityType") == "SPOT":
+            # The project's spot assumption (workloads/prices.py SPOT_DISCOUNT), not a quote.
+            spot = UnitPrice(instance.spot_usd_per_hour, f"{instance.instance_type} spot instance-hour (estimate: "
+                             f"on-demand ${instance.on_demand_usd_per_hour:g} less {SPOT_DISCOUNT:.0%})",
+                             "https://aws.amazon.com/ec2/spot/pricing/")
+            yield CostLine(f"static nodes {group.name}: {desired} x {instance.instance_type} spot", desired, spot,
+                           desired * spot.usd * HOURS_PER_MONTH)
+        else:
+            yield CostLine(f"static nodes {group.name}: {desired} x {instance.instance_type}", desired, instance,
+                           desired * instance.on_demand_usd_per_hour * HOURS_PER_MONTH)
         for template in (templates[u] for u in group.dependencies if u in templates):
             disk_gib = sum(int(m["ebs"]["volumeSize"]) for m in template.inputs.get("blockDeviceMappings") or [])
             yield _monthly(f"root volumes {group.name}: {desired} x {disk_gib} GiB gp3", desired * disk_gib, "ebs_gp3_gb_month")
@@ -135,8 +144,25 @@ def storage_and_keys(recording: Recording) -> Iterator[CostLine]:
     if keys:
         yield _monthly(f"KMS keys ({keys})", keys, "kms_key_month")
     secrets = len(recording.by_type("aws:secretsmanager/secret:Secret"))
-    if secrets:
-        yield _monthly(f"Secrets Manager secrets ({secrets})", secrets, "secret_month")
+    # RDS keeps a database's master password in a Secrets Manager secret it creates itself.
+    rds_managed = sum(1 for db in recording.by_type("aws:rds/cluster:Cluster") if db.inputs.get("manageMasterUserPassword"))
+    if secrets or rds_managed:
+        managed = f", {rds_managed} managed by RDS" if rds_managed else ""
+        yield _monthly(f"Secrets Manager secrets ({secrets + rds_managed}{managed})", secrets + rds_managed, "secret_month")
+    zones = len(recording.by_type("aws:route53/zone:Zone"))
+    if zones:
+        yield _monthly(f"Route 53 hosted zones ({zones})", zones, "route53_hosted_zone_month")
+
+
+def observability(recording: Recording) -> Iterator[CostLine]:
+    """What CloudWatch bills by volume: stated, not guessed (0 in the total)."""
+    groups = len(recording.by_type("aws:cloudwatch/logGroup:LogGroup"))
+    if groups:
+        yield _monthly(f"CloudWatch Logs ingestion ({groups} log groups): UNPRICED, by volume; 5 GB/month free", 0,
+                       "cloudwatch_logs_ingest_gb")
+    if recording.by_type("mlplatform:container_insights:ContainerInsights"):
+        yield _monthly("Container Insights (enhanced observability) observations: UNPRICED, billed per observation",
+                       0, "cloudwatch_logs_ingest_gb")
 
 
 def alarms(recording: Recording) -> Iterator[CostLine]:

@@ -31,6 +31,7 @@ from components.tracking import (
     TrackingArgs,
 )
 from components.versions import AURORA_POSTGRESQL_VERSION
+from components.versions import addon_versions
 from infra import costs
 from infra.capability import Capability
 from infra.config import BucketLifecycleConfig, PlatformConfig, dra_spec
@@ -107,6 +108,8 @@ def deploy(platform: Platform) -> dict[str, Any]:
                 log_kms_key=platform.log_group_key.key if platform.log_group_key else None,
                 datasets_lifecycle=_lifecycle("datasets", ds.datasets_bucket),
                 checkpoints_lifecycle=_lifecycle("checkpoints", ds.checkpoints_bucket),
+                # The build of the cluster's own Kubernetes minor (components/versions.py EKS_RELEASES).
+                addon_version=addon_versions(config.cluster.version)["aws-fsx-csi-driver"],
                 protect=config.protect_stateful, tags=tags,
             ),
             opts=platform.kubernetes_opts(),

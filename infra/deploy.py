@@ -1,19 +1,24 @@
 """Drive a stack through the Pulumi Automation API: what CI (and a careful human) runs.
 
     python -m infra.deploy {preview,up,destroy,refresh,outputs} --stack NAME [--policy-pack DIR]...
+    python -m infra.deploy install-policy-pack DIR
 
 Order of work, each step able to stop the run:
 
-1. the tools it needs are there: the ``pulumi`` CLI always, and the AWS CLI v2 for every
-   operation that talks to the cluster (pulumi-eks kubeconfigs run ``aws eks get-token``);
+1. the tools it needs are there: the ``pulumi`` CLI always, and the AWS CLI (v2, or v1 from
+   1.24.0) for every operation that talks to the cluster (pulumi-eks kubeconfigs run
+   ``aws eks get-token``); each policy pack's virtualenv (created from its requirements.txt when
+   missing: ``pulumi install`` does not do it for a pack inside a program, pulumi/pulumi#16605);
 2. ``preview`` and ``up`` run the offline plan first (``python -m infra.plan``): a config
    mistake or a mandatory plan error stops here, before any credential is used;
 3. the stack is selected, or created, in the project directory (the stack file
    ``Pulumi.<NAME>.yaml`` beside ``Pulumi.yaml``);
 4. the operation runs with progress streamed line by line and the policy packs passed on;
-5. ``up`` and ``outputs`` print the stack outputs, secret values redacted.
+5. the change summary is printed (a preview's ``change_summary``, an update's ``summary``);
+   ``up`` and ``outputs`` print the stack outputs, secret values redacted.
 
 Exit codes: 0 done, 1 the operation failed, 2 the stack config is invalid, 3 a tool is missing.
+Every failure is a message naming the stack and the fix, never a traceback.
 This layer stays thin on purpose: what it sends to the Automation API is built by
 ``operation_kwargs`` and tested without the CLI.
 """
@@ -25,9 +30,12 @@ import re
 import shutil
 import subprocess
 import sys
+import venv
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
+
+from infra.ci import READ_ONLY_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,6 +54,14 @@ POLICY_OPERATIONS = frozenset({"preview", "up"})
 
 PULUMI_INSTALL = "https://www.pulumi.com/docs/iac/download-install/"
 AWS_CLI_INSTALL = "https://docs.aws.amazon.com/cli/latest/userguide/getting-started-install.html"
+# `aws eks get-token` returns client.authentication.k8s.io/v1beta1 from AWS CLI 1.24.0 on
+# (aws/aws-cli PR #6940; aws/containers-roadmap#1736) and in every v2 release since 2.7.0.
+AWS_CLI_V1_MINIMUM = (1, 24, 0)
+# What the engine runs for a Python pack: <pack>/<virtualenv>/bin/python -u -m pulumi.policy
+# (pulumi/pulumi sdk/python/dist/pulumi-analyzer-policy-python), so that directory must exist.
+POLICY_PACK_VENV = ".venv"
+# URN globs (`pulumi preview --exclude`, `**` spans `::`) of everything the Kubernetes provider owns.
+READ_ONLY_EXCLUDE = ("**kubernetes:**",)
 
 
 @dataclass(frozen=True)
@@ -64,11 +80,20 @@ class DeployRequest:
     # removes the unprotected resources and leaves the protected ones (prod's data) in place.
     exclude_protected: bool = False
     skip_plan: bool = False
+    # Used when the stack is created (e.g. awskms://alias/mlp-prod-pulumi-state?region=us-west-2);
+    # an existing stack keeps the provider recorded in its stack file (`secretsprovider`).
+    secrets_provider: Optional[str] = None
+    # A pull-request preview with CI's read-only role: the program's AWS providers assume the
+    # stack's <name>-ci-reader roles (infra.ci), and the in-cluster resources are left out, since
+    # a server-side dry-run needs write access (they are checked offline by infra.plan/render).
+    read_only: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.operation not in OPERATIONS:
             raise ValueError(f"operation {self.operation!r}: use one of {', '.join(OPERATIONS)}")
+        if self.read_only and self.operation != "preview":
+            raise ValueError(f"--read-only is for preview only, not {self.operation}")
 
 
 # -- 1. tools --------------------------------------------------------------------------------
@@ -90,12 +115,37 @@ def missing_tools(
                 f"for every Kubernetes resource; install it ({AWS_CLI_INSTALL})")
         else:
             version = version_of("aws")
-            match = re.search(r"aws-cli/(\d+)\.", version)
-            if not match or int(match.group(1)) < 2:
+            match = re.search(r"aws-cli/(\d+)\.(\d+)\.(\d+)", version)
+            found = tuple(int(part) for part in match.groups()) if match else None
+            if found is None or (found[0] < 2 and found < AWS_CLI_V1_MINIMUM):
                 problems.append(
-                    f"`aws --version` says {version.strip() or 'nothing'!r}: the kubeconfig needs AWS CLI v2 "
-                    f"(`aws eks get-token` with the v1beta1 exec API); install it ({AWS_CLI_INSTALL})")
+                    f"`aws --version` says {version.strip() or 'nothing'!r}: the kubeconfig needs an AWS CLI whose "
+                    "`aws eks get-token` returns the client.authentication.k8s.io/v1beta1 API (v2, or v1 from "
+                    f"1.24.0); install v2 ({AWS_CLI_INSTALL})")
     return problems
+
+
+def policy_pack_python(pack: Path) -> Path:
+    return Path(pack) / POLICY_PACK_VENV / "bin" / "python"
+
+
+def install_policy_pack(pack: Path, *, run_command: Optional[Callable[..., Any]] = None) -> list[str]:
+    """Create ``<pack>/.venv`` from ``<pack>/requirements.txt``; the problems, empty when done."""
+    pack = Path(pack)
+    requirements = pack / "requirements.txt"
+    if not (pack / "PulumiPolicy.yaml").is_file():
+        return [f"policy pack {pack}: no PulumiPolicy.yaml there; pass the pack's directory (e.g. policypack)"]
+    if not requirements.is_file():
+        return [f"policy pack {pack}: no requirements.txt to install its virtualenv from"]
+    python = policy_pack_python(pack)
+    if not python.exists():
+        venv.EnvBuilder(with_pip=True, clear=False).create(pack / POLICY_PACK_VENV)
+    done = (run_command or subprocess.run)([str(python), "-m", "pip", "install", "-q", "-r", str(requirements)],
+                       capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return [f"policy pack {pack}: `pip install -r {requirements}` failed (exit {done.returncode}):\n"
+                f"{(done.stderr or done.stdout).strip()[-2000:]}"]
+    return []
 
 
 def _version_output(tool: str) -> str:
@@ -131,11 +181,17 @@ def operation_kwargs(request: DeployRequest, on_output: Callable[[str], Any]) ->
         kwargs["policy_packs"] = [str(Path(p).resolve()) for p in request.policy_packs]
     if request.operation == "preview":
         kwargs["diff"] = True
+        if request.read_only:
+            kwargs["exclude"] = list(READ_ONLY_EXCLUDE)
     if request.operation in ("preview", "refresh") and request.expect_no_changes:
         kwargs["expect_no_changes"] = True
     if request.operation in ("up", "destroy", "refresh"):
-        # Stack outputs include the kubeconfig; the log of a CI job is no place for them.
+        # The API's default (True) reads `stack history --show-secrets` to fill the result's
+        # summary.config with decrypted config values; nothing here needs them.
         kwargs["show_secrets"] = False
+    if request.operation == "up":
+        # The CLI's own outputs table is not printed; `redacted_outputs` prints them instead.
+        kwargs["suppress_outputs"] = True
     if request.operation == "destroy" and request.exclude_protected:
         kwargs["exclude_protected"] = True
     kwargs.update(request.extra)
@@ -146,8 +202,22 @@ def select_stack(request: DeployRequest, auto: Any):
     """The stack NAME of the project in ``project_dir``, created if it does not exist yet."""
     return auto.create_or_select_stack(
         stack_name=request.stack, work_dir=str(request.project_dir),
-        opts=auto.LocalWorkspaceOptions(work_dir=str(request.project_dir)),
+        opts=auto.LocalWorkspaceOptions(
+            work_dir=str(request.project_dir), secrets_provider=request.secrets_provider,
+            env_vars={READ_ONLY_ENV: "1"} if request.read_only else None),
     )
+
+
+def change_summary_line(operation: str, result: Any) -> Optional[str]:
+    """`preview: {"create": 3}` from a PreviewResult's change_summary or an UpResult's summary."""
+    if hasattr(result, "change_summary"):
+        changes, outcome = result.change_summary, "planned"
+    elif getattr(result, "summary", None) is not None:
+        changes, outcome = result.summary.resource_changes, result.summary.result
+    else:
+        return None
+    counts = {getattr(op, "value", op): count for op, count in (changes or {}).items()}
+    return f"{operation}: {outcome} {json.dumps(counts, sort_keys=True)}"
 
 
 def redacted_outputs(outputs: dict[str, Any]) -> dict[str, Any]:
@@ -179,21 +249,33 @@ def run(
                 f"fix what it reports, then run `python -m infra.deploy {request.operation}` again")
             return EXIT_CONFIG_ERROR if code == EXIT_CONFIG_ERROR else EXIT_FAILED
 
+    if request.operation in POLICY_OPERATIONS:
+        for pack in request.policy_packs:
+            if not policy_pack_python(Path(pack)).exists():
+                out(f"creating the virtualenv of policy pack {pack} from its requirements.txt")
+                problems = install_policy_pack(Path(pack))
+                if problems:
+                    for problem in problems:
+                        err(f"error: {problem}")
+                    return EXIT_MISSING_TOOL
+
     if auto is None:
         import pulumi.automation as auto
 
     try:
         stack = select_stack(request, auto)
         if request.operation != "outputs":
-            result = getattr(stack, request.operation)(**operation_kwargs(request, out))
-            summary = getattr(result, "summary", None)
-            if summary is not None:
-                out(f"{request.operation}: {getattr(summary, 'result', 'done')} "
-                    f"{json.dumps(getattr(summary, 'resource_changes', None) or {}, sort_keys=True)}")
+            line = change_summary_line(request.operation, getattr(stack, request.operation)(**operation_kwargs(request, out)))
+            if line:
+                out(line)
         if request.operation in ("up", "outputs"):
             out(json.dumps(redacted_outputs(stack.outputs()), indent=1, sort_keys=True, default=str))
     except auto.CommandError as error:
         err(f"error: `pulumi {request.operation}` failed for stack '{request.stack}':\n{error}")
+        return EXIT_FAILED
+    except Exception as error:  # noqa: BLE001 - e.g. InvalidVersionError: a message, not a traceback
+        err(f"error: `pulumi {request.operation}` for stack '{request.stack}' could not run: "
+            f"{type(error).__name__}: {error}")
         return EXIT_FAILED
     return EXIT_OK
 
@@ -212,6 +294,9 @@ def parse_args(argv: Optional[list[str]] = None) -> DeployRequest:
     parser.add_argument("--exclude-protected", action="store_true",
                         help="destroy: remove everything but the protected (stateful) resources")
     parser.add_argument("--skip-plan", action="store_true", help="do not run the offline plan first (not for CI)")
+    parser.add_argument("--read-only", action="store_true",
+                        help="preview with CI's read-only reader roles, in-cluster resources left out (pull requests)")
+    parser.add_argument("--secrets-provider", help="secrets provider for a new stack, e.g. awskms://alias/<name>-pulumi-state")
     args = parser.parse_args(argv)
     from infra.plan import default_project_dir
 
@@ -219,11 +304,22 @@ def parse_args(argv: Optional[list[str]] = None) -> DeployRequest:
         operation=args.operation, stack=args.stack, project_dir=(args.project_dir or default_project_dir()).resolve(),
         policy_packs=tuple(args.policy_pack), message=args.message, parallel=args.parallel,
         expect_no_changes=args.expect_no_changes, exclude_protected=args.exclude_protected,
-        skip_plan=args.skip_plan,
+        skip_plan=args.skip_plan, secrets_provider=args.secrets_provider, read_only=args.read_only,
     )
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["install-policy-pack"]:
+        if len(argv) != 2:
+            print("usage: python -m infra.deploy install-policy-pack DIR", file=sys.stderr)
+            return EXIT_CONFIG_ERROR
+        problems = install_policy_pack(Path(argv[1]))
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        if not problems:
+            print(f"policy pack {argv[1]}: {policy_pack_python(Path(argv[1]))} ready")
+        return EXIT_MISSING_TOOL if problems else EXIT_OK
     return run(parse_args(argv))
 
 

@@ -22,9 +22,18 @@ from components.log_archive import (
     LogArchiveArgs,
 )
 from components.network import Network, NetworkArgs
-from components.versions import EKS_EXTENDED_USD_PER_HOUR, EKS_STANDARD_USD_PER_HOUR, EKS_VERSIONS, HOURS_PER_MONTH
+from components.versions import (
+    EKS_EXTENDED_USD_PER_HOUR,
+    EKS_RELEASES,
+    EKS_STANDARD_USD_PER_HOUR,
+    EKS_VERSIONS,
+    HOURS_PER_MONTH,
+    addon_versions,
+    ami_release_date,
+)
 from infra import costs, datasets_tracking, operations
 from infra.accounts import AccountProviders, create_account_providers
+from infra.ci import log_group_names as ci_log_group_names
 from infra.capability import Capability
 from infra.config import AuditTrailMode, PlatformConfig
 from infra.costs import CostLine
@@ -67,11 +76,14 @@ def _audit_trails(config: PlatformConfig, providers: AccountProviders, archive: 
 def log_group_names(config: PlatformConfig) -> list[str]:
     """Every CloudWatch log group of the workload account the platform creates."""
     return [control_plane_log_group_name(config.cluster_name), *datasets_tracking.log_group_names(config),
-            *operations.log_group_names(config)]
+            *operations.log_group_names(config),
+            *ci_log_group_names(config)]
 
 
-def build_platform(config: PlatformConfig) -> Platform:
-    providers = create_account_providers(config)
+def build_platform(config: PlatformConfig, *, read_only: bool = False) -> Platform:
+    """``read_only``: a pull-request preview (``infra.deploy preview --read-only``): every AWS
+    provider uses the stack's ``<name>-ci-reader`` roles."""
+    providers = create_account_providers(config, read_only=read_only)
     tags = config.resource_tags
 
     archive_access_logs = access_log_bucket(config, providers, "logging")
@@ -129,6 +141,8 @@ def build_platform(config: PlatformConfig) -> Platform:
         ClusterArgs(
             cluster_name=config.cluster_name,
             version=cl.version,
+            # Each stack installs the add-on builds of its own minor, so dev upgrades first.
+            addon_versions=addon_versions(cl.version),
             upgrade_policy=cl.upgrade_policy,
             network=network,
             system_node_group=NodeGroupArgs(
@@ -138,6 +152,7 @@ def build_platform(config: PlatformConfig) -> Platform:
             ),
             public_access_cidrs=[str(c) for c in cl.public_access_cidrs],
             admin_role_arns=list(cl.admin_role_arns) + ([cl.deploy_role_arn] if cl.deploy_role_arn else []),
+            # Unchanged in read-only previews: they exclude the in-cluster resources (infra.deploy).
             kubeconfig_role_arn=config.accounts.workload.role_arn,
             namespace_editors=namespace_editors,
             log_retention_days=cl.log_retention_days,
@@ -201,9 +216,10 @@ def _eks_support(config: PlatformConfig, recording: Recording) -> Iterable[str]:
     extra = (EKS_EXTENDED_USD_PER_HOUR - EKS_STANDARD_USD_PER_HOUR) * HOURS_PER_MONTH
     total = EKS_EXTENDED_USD_PER_HOUR * HOURS_PER_MONTH
     policy = config.cluster.upgrade_policy.value
-    if today > support.extended_support_ends:
+    # AWS bills extended support "from the beginning of the day" standard support ends: `>=`.
+    if today >= support.extended_support_ends:
         yield f"EKS {version} is past the end of extended support ({support.extended_support_ends}): upgrade now."
-    elif today > support.standard_support_ends:
+    elif today >= support.standard_support_ends:
         if policy == "EXTENDED":
             yield (f"EKS {version} is in extended support since {support.standard_support_ends} (ends "
                    f"{support.extended_support_ends}): the control plane costs ${EKS_EXTENDED_USD_PER_HOUR:.2f}/h "
@@ -216,6 +232,26 @@ def _eks_support(config: PlatformConfig, recording: Recording) -> Iterable[str]:
     elif policy == "EXTENDED":
         yield (f"upgradePolicy EXTENDED: when EKS {version} leaves standard support on "
                f"{support.standard_support_ends} the control plane will cost +${extra:,.0f}/month.")
+
+
+# AWS publishes AL2023 EKS AMIs about every two weeks; add-on builds move as often.
+AMI_ALIAS_MAX_AGE_DAYS = 90
+VERSION_ROW_MAX_AGE_DAYS = 120
+
+
+def _version_age(config: PlatformConfig, recording: Recording, today: dt.date | None = None) -> Iterable[str]:
+    today = today or dt.date.today()
+    release = EKS_RELEASES[config.cluster.version]
+    aliases = {config.karpenter.ami_alias, *(pool.ami_alias for pool in config.gpu_pools if pool.ami_alias)}
+    for alias in sorted(aliases):
+        date = ami_release_date(alias)
+        if date is not None and (today - date).days > AMI_ALIAS_MAX_AGE_DAYS:
+            yield (f"Karpenter AMI alias {alias} is {(today - date).days} days old (> {AMI_ALIAS_MAX_AGE_DAYS}): nodes miss "
+                   "kernel and NVIDIA driver patches; move it to a recent release (docs/runbooks/upgrading-eks.md, AMI patches)")
+    if (today - release.verified).days > VERSION_ROW_MAX_AGE_DAYS:
+        yield (f"the EKS {config.cluster.version} add-on builds (components/versions.py EKS_RELEASES) were last checked "
+               f"{release.verified} ({(today - release.verified).days} days ago): compare with `aws eks describe-addon-versions "
+               f"--kubernetes-version {config.cluster.version}` and bump them")
 
 
 def _egress(config: PlatformConfig, recording: Recording) -> Iterable[str]:
@@ -248,7 +284,7 @@ def _dev_object_lock(config: PlatformConfig, recording: Recording):
 
 
 def warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
-    for check in (_eks_support, _egress, _public_endpoint, _wiring, _dev_object_lock):
+    for check in (_eks_support, _version_age, _egress, _public_endpoint, _wiring, _dev_object_lock):
         yield from check(config, recording)
 
 
@@ -257,6 +293,7 @@ def cost_lines(recording: Recording, today: dt.date) -> Iterator[CostLine]:
     yield from costs.static_nodes(recording)
     yield from costs.network(recording)
     yield from costs.storage_and_keys(recording)
+    yield from costs.observability(recording)
 
 
 FOUNDATION = Capability("foundation", deploy=deploy, plan_sections=plan_sections, warnings=warnings, cost_lines=cost_lines)

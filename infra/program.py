@@ -14,6 +14,7 @@ import pulumi
 
 from infra.capabilities import CAPABILITIES
 from infra.config import PROJECT, PlatformConfig, load_platform_config
+from infra.ci import read_only_requested
 from infra.foundation import build_platform
 from infra.platform import Platform
 
@@ -63,7 +64,7 @@ def main(prepare: Optional[Callable[[], Any]] = None) -> Platform:
     config = read_config()
     if prepare is not None:
         prepare()
-    platform = build_platform(config)
+    platform = build_platform(config, read_only=read_only_requested())
     for capability in CAPABILITIES:
         for key, value in capability.deploy(platform).items():
             pulumi.export(key, value)

@@ -7,7 +7,10 @@ functions over the offline plan's recorded graph. Only the standard library is i
 pack's own virtual environment needs nothing but pulumi-policy.
 
 The references name the CIS Amazon EKS Benchmark 1.8.0 recommendation and/or the checkov check
-that each rule enforces (or "platform" for rules of our own, with the reason).
+that each rule enforces (or "platform" for rules of our own, with the reason). Checked against
+kube-bench ``cfg/eks-1.8.0/*.yaml`` (the benchmark's numbering: 4.1 RBAC and service accounts,
+5.1 image registry, 5.2 IAM, 5.4.1 restrict access to the endpoint, 5.4.2 private endpoint) and
+checkov's check sources (``CKV_AWS_178`` is FSx for ONTAP, not Lustre).
 """
 from __future__ import annotations
 
@@ -311,7 +314,8 @@ def required_tags(resource: Resource) -> Iterator[str]:
 
 RULES: tuple[Rule, ...] = (
     Rule("eks-public-endpoint-restricted", "The EKS API is never public to 0.0.0.0/0.",
-         "CIS EKS 5.4.2; checkov CKV_AWS_38", MANDATORY, eks_public_endpoint_restricted),
+         "CIS EKS 5.4.1 (restrict access to the control plane endpoint); checkov CKV_AWS_38", MANDATORY,
+         eks_public_endpoint_restricted),
     Rule("eks-private-endpoint-in-prod", "Prod clusters have no public API endpoint.",
          "CIS EKS 5.4.2; checkov CKV_AWS_39", MANDATORY, eks_private_endpoint_in_prod),
     Rule("eks-secrets-encrypted", "Kubernetes secrets are envelope-encrypted with KMS.",
@@ -319,7 +323,9 @@ RULES: tuple[Rule, ...] = (
     Rule("eks-control-plane-logs", "Every control-plane log type is enabled.",
          "CIS EKS 2.1.1; checkov CKV_AWS_37", MANDATORY, eks_control_plane_logs),
     Rule("imdsv2-hop-limit-1", "Nodes require IMDSv2 with a hop limit of 1.",
-         "CIS EKS 4.1.x (node credentials); checkov CKV_AWS_79, CKV_AWS_341", MANDATORY, imdsv2_hop_limit_one),
+         # CIS EKS 1.8.0 has no IMDS recommendation (4.1 is RBAC and service accounts).
+         "platform: pods must not reach the node role's credentials; checkov CKV_AWS_79, CKV_AWS_341", MANDATORY,
+         imdsv2_hop_limit_one),
     Rule("no-world-ingress", "No security group admits 0.0.0.0/0 or ::/0.",
          "checkov CKV_AWS_24, CKV_AWS_25, CKV_AWS_260, CKV_AWS_277", MANDATORY, no_world_ingress),
     Rule("tls12-listeners", "HTTPS listeners negotiate TLS 1.2+; HTTP only redirects.",
@@ -327,7 +333,9 @@ RULES: tuple[Rule, ...] = (
     Rule("ecs-no-public-ip", "Fargate tasks get no public IP.", "checkov CKV_AWS_333", MANDATORY, ecs_no_public_ip),
     Rule("rds-encrypted", "Aurora is encrypted with a customer-managed key.",
          "checkov CKV_AWS_96, CKV_AWS_327", MANDATORY, rds_encrypted),
-    Rule("fsx-kms", "FSx for Lustre is encrypted with a customer-managed key.", "checkov CKV_AWS_178", MANDATORY, fsx_kms),
+    Rule("fsx-kms", "FSx for Lustre is encrypted with a customer-managed key.",
+         # checkov CKV_AWS_178 is FSx for ONTAP (aws_fsx_ontap_file_system); it has no Lustre CMK check.
+         "platform: datasets under the platform's own key, like every other data store", MANDATORY, fsx_kms),
     Rule("log-groups-kms", "CloudWatch log groups are KMS-encrypted.", "checkov CKV_AWS_158", MANDATORY, log_groups_kms),
     Rule("log-retention-prod", "Prod log groups keep logs at least a year.",
          "checkov CKV_AWS_338; CIS EKS 2.1.1 (audit logs)", MANDATORY, log_retention_prod),
@@ -338,9 +346,10 @@ RULES: tuple[Rule, ...] = (
     Rule("s3-encrypted", "Every bucket has default encryption.", "checkov CKV_AWS_19, CKV_AWS_145", MANDATORY,
          check_stack=s3_encrypted),
     Rule("pod-identity-trust-scoped", "Pod Identity roles trust one cluster, namespace and service account.",
-         "EKS Best Practices Guide (IAM: scope the trust policy); CIS EKS 5.1.x", MANDATORY, pod_identity_trust_scoped),
+         "EKS Best Practices Guide (IAM: scope the trust policy); CIS EKS 5.2.1 (dedicated EKS service accounts)",
+         MANDATORY, pod_identity_trust_scoped),
     Rule("no-wildcard-admin", "No IAM policy allows service:* on every resource.",
-         "checkov CKV_AWS_62, CKV_AWS_289; CIS EKS 5.1.x", MANDATORY, no_wildcard_admin),
+         "checkov CKV_AWS_62, CKV_AWS_289", MANDATORY, no_wildcard_admin),
     Rule("gpu-pools-training-safe", "GPU NodePools never disrupt running training.",
          "platform: Karpenter disruption docs (consolidation, terminationGracePeriod)", MANDATORY, gpu_pools_training_safe),
     Rule("nodepool-gpu-limits", "GPU NodePools cap their GPUs.", "platform: Karpenter NodePool limits",

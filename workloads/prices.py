@@ -92,6 +92,10 @@ STACK_PRICES: Mapping[str, UnitPrice] = {
     "kms_key_month": UnitPrice(1.00, "customer-managed key-month", "https://aws.amazon.com/kms/pricing/"),
     "secret_month": UnitPrice(0.40, "secret-month", "https://aws.amazon.com/secrets-manager/pricing/"),
     "cloudwatch_alarm_metric_month": UnitPrice(0.10, "standard-resolution alarm metric-month", "https://aws.amazon.com/cloudwatch/pricing/"),
+    # First 25 hosted zones of an account.
+    "route53_hosted_zone_month": UnitPrice(0.50, "hosted zone-month", "https://aws.amazon.com/route53/pricing/"),
+    # Standard log class, after the free tier's 5 GB/month.
+    "cloudwatch_logs_ingest_gb": UnitPrice(0.50, "GB ingested (Standard logs)", "https://aws.amazon.com/cloudwatch/pricing/"),
 }
 
 # On-demand prices of the CPU instance types the stacks' static node groups use.

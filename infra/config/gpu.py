@@ -8,6 +8,7 @@ from pydantic import Field, field_validator
 
 from components.gpu_enablement import GpuEnablementMode
 from components.validation import Problem
+from components.versions import EKS_RELEASES, ami_release_date
 from infra import limits
 from infra.config.common import Environment, _Model
 from infra.config.engine import Rule, invalid
@@ -127,10 +128,28 @@ def _cluster_node_limit(gpu_pools: list[GpuPoolConfig], system_max_size: int) ->
                       f"(source: {limit.source})", "lower the pools' maxGpus")
 
 
+def _ami_alias_ships_version(version: str, ami_alias: str, gpu_pools: list[GpuPoolConfig]) -> Iterator[Problem]:
+    """A pinned alias must be a release that ships the cluster's minor (components/versions.py EKS_RELEASES)."""
+    release = EKS_RELEASES.get(version)
+    if release is None:
+        return
+    known = ami_release_date(release.ami_release)
+    pinned = [("karpenter.amiAlias", ami_alias)] + [
+        (f"gpuPools[{i}].amiAlias", pool.ami_alias) for i, pool in enumerate(gpu_pools) if pool.ami_alias]
+    for path, alias in pinned:
+        date = ami_release_date(alias)
+        if date is not None and known is not None and date < known:
+            yield Problem(path, alias,
+                          f"AMI release {alias.split('@')[-1]} is older than {release.ami_release}, the first release known to "
+                          f"ship Kubernetes {version}: Karpenter may resolve no AMI for the cluster and launch no node",
+                          f"pin {alias.split('@')[0]}@{release.ami_release} or later in the same change as cluster.version")
+
+
 # Listed in the order the loader runs them (infra.config.platform.RULES).
 RULES: tuple[Rule, ...] = (
     Rule(("gpuEnablement.serviceMonitor", "gpuEnablement.prometheusOperatorCrds"), _service_monitor_needs_crds),
     Rule(("environment", "karpenter.amiAlias", "gpuPools"), _gpu_pool_rules),
+    Rule(("cluster.version", "karpenter.amiAlias", "gpuPools"), _ami_alias_ships_version),
     Rule(("network.availabilityZones", "gpuPools"), _gpu_pool_zones),
     Rule(("gpuPools",), _pool_node_limits),
     Rule(("gpuPools", "cluster.systemNodeGroup.maxSize"), _cluster_node_limit),

@@ -57,6 +57,9 @@ def test_the_control_plane_is_priced_by_its_support_window(dev_plan):
     after = _line(idle_costs(dev_plan.recording, today=ends + dt.timedelta(days=1)), "EKS control plane")
     assert before.usd_per_unit == STACK_PRICES["eks_standard_hour"].usd
     assert after.usd_per_unit == STACK_PRICES["eks_extended_hour"].usd
+    # AWS: extended support is billed "from the beginning of the day" standard support ends.
+    on_the_day = _line(idle_costs(dev_plan.recording, today=ends), "EKS control plane")
+    assert on_the_day.usd_per_unit == STACK_PRICES["eks_extended_hour"].usd
 
 
 def test_dev_report_states_the_goal_and_gpu_pools_are_rates(dev_plan):

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from unittest.mock import create_autospec
 
 import pytest
 import yaml
@@ -21,34 +22,44 @@ def aws_v2(_tool: str) -> str:
     return "aws-cli/2.22.35 Python/3.12.6 Linux/6.1 exe/x86_64.debian.12\n"
 
 
-class FakeCommandError(Exception):
-    pass
+def fake_auto(calls: list, fail: bool = False):
+    """The real pulumi.automation, with the stack autospecced: a wrong method or keyword fails.
 
+    create_autospec checks every call against the real signature (pulumi 3.272.0), and the results
+    are the real result classes: a preview returns a PreviewResult (change_summary, no summary).
+    """
+    import datetime as dt
 
-class FakeStack:
-    def __init__(self, calls: list, fail: bool = False):
-        self.calls, self.fail = calls, fail
+    import pulumi.automation as auto
+    from pulumi.automation import OpType, OutputValue, PreviewResult, UpdateSummary, UpResult
+    from pulumi.automation._cmd import CommandResult
 
-    def __getattr__(self, operation):
-        def call(**kwargs):
-            self.calls.append((operation, kwargs))
-            if self.fail:
-                raise FakeCommandError("error: update failed")
-            return SimpleNamespace(summary=SimpleNamespace(result="succeeded", resource_changes={"create": 3}))
+    stack = create_autospec(auto.Stack, instance=True)
+
+    def record(operation):
+        def call(*args, **kwargs):
+            calls.append((operation, kwargs))
+            if fail:
+                raise auto.CommandError(CommandResult("", "error: update failed", 255))
+            if operation == "preview":
+                return PreviewResult("", "", {OpType.CREATE: 3, OpType.SAME: 40})
+            summary = UpdateSummary(operation, dt.datetime(2026, 11, 25), "", {}, {}, "succeeded",
+                                    resource_changes={"create": 3})
+            return UpResult("", "", summary, {}) if operation == "up" else SimpleNamespace(summary=summary)
         return call
 
-    def outputs(self):
-        self.calls.append(("outputs", {}))
-        return {"clusterName": SimpleNamespace(value="mlp-dev-eks", secret=False),
-                "kubeconfig": SimpleNamespace(value="apiVersion: v1 token-ish", secret=True)}
+    for operation in ("preview", "up", "destroy", "refresh"):
+        getattr(stack, operation).side_effect = record(operation)
 
+    def outputs():
+        calls.append(("outputs", {}))
+        return {"clusterName": OutputValue("mlp-dev-eks", False), "kubeconfig": OutputValue("apiVersion: v1 token-ish", True)}
+    stack.outputs.side_effect = outputs
 
-def fake_auto(calls: list, fail: bool = False):
-    def create_or_select_stack(**kwargs):
-        calls.append(("create_or_select_stack", kwargs))
-        return FakeStack(calls, fail)
-    return SimpleNamespace(create_or_select_stack=create_or_select_stack, CommandError=FakeCommandError,
-                           LocalWorkspaceOptions=lambda **kw: SimpleNamespace(**kw))
+    create = create_autospec(auto.create_or_select_stack, return_value=stack)
+    create.side_effect = lambda *a, **kwargs: calls.append(("create_or_select_stack", kwargs)) or stack
+    return SimpleNamespace(create_or_select_stack=create, CommandError=auto.CommandError,
+                           LocalWorkspaceOptions=auto.LocalWorkspaceOptions, stack=stack)
 
 
 def run(request: DeployRequest, calls: list, *, fail: bool = False, which=ALL_TOOLS, version_of=aws_v2):
@@ -62,7 +73,8 @@ def test_up_selects_the_stack_in_the_project_dir_after_the_offline_plan_passes(m
     gates = []
     monkeypatch.setattr(deploy, "offline_plan_gate", lambda request: gates.append(request.stack) or 0)
     pack = tmp_path / "policy"
-    pack.mkdir()
+    (pack / ".venv" / "bin").mkdir(parents=True)
+    (pack / ".venv" / "bin" / "python").touch()
     calls: list = []
     code, out, _ = run(DeployRequest("up", "dev", project_dir=ROOT, policy_packs=(str(pack),), message="ci #42"), calls)
     assert code == deploy.EXIT_OK and gates == ["dev"]
@@ -80,16 +92,20 @@ def test_up_selects_the_stack_in_the_project_dir_after_the_offline_plan_passes(m
 def test_preview_streams_progress_and_checks_drift_when_asked(monkeypatch):
     monkeypatch.setattr(deploy, "offline_plan_gate", lambda request: 0)
     calls: list = []
+    monkeypatch.setattr(deploy, "policy_pack_python", lambda pack: ROOT)  # the venv "exists"
     request = DeployRequest("preview", "prod", policy_packs=("policy",), expect_no_changes=True)
-    code, _, _ = run(request, calls)
+    code, out, _ = run(request, calls)
     (_, _), (operation, kwargs) = calls
     assert code == 0 and operation == "preview"
+    # PreviewResult has change_summary (not summary): its counts are printed.
+    assert 'preview: planned {"create": 3, "same": 40}' in out
     assert kwargs["expect_no_changes"] is True and kwargs["diff"] is True and "policy_packs" in kwargs
     kwargs["on_output"]("Updating (prod)")  # progress goes to the caller's stream
 
 
 @pytest.mark.parametrize("operation", ["destroy", "refresh", "outputs"])
 def test_operations_without_a_program_skip_the_plan_and_take_no_policy_packs(monkeypatch, operation):
+    monkeypatch.setattr(deploy, "install_policy_pack", lambda pack: pytest.fail("installed a pack"))
     monkeypatch.setattr(deploy, "offline_plan_gate", lambda request: pytest.fail("the plan gate ran"))
     calls: list = []
     code, _, _ = run(DeployRequest(operation, "dev", policy_packs=("policy",)), calls)
@@ -132,10 +148,13 @@ def test_without_the_pulumi_cli_it_says_so_and_touches_nothing(operation, monkey
     assert "Pulumi CLI (`pulumi`) is not on PATH" in err and "install" in err
 
 
-def test_cluster_operations_need_aws_cli_v2():
+def test_cluster_operations_need_an_aws_cli_with_the_v1beta1_token():
+    """aws/aws-cli PR #6940 (1.24.0): `eks get-token` returns client.authentication.k8s.io/v1beta1."""
     assert deploy.missing_tools("up", which=ALL_TOOLS, version_of=aws_v2) == []
-    [problem] = deploy.missing_tools("up", which=ALL_TOOLS, version_of=lambda _: "aws-cli/1.29.84 Python/3.11")
-    assert "aws-cli/1.29.84" in problem and "v2" in problem
+    for accepted in ("aws-cli/1.24.0 Python/3.10", "aws-cli/1.45.11 Python/3.11"):
+        assert deploy.missing_tools("up", which=ALL_TOOLS, version_of=lambda _, v=accepted: v) == [], accepted
+    [problem] = deploy.missing_tools("up", which=ALL_TOOLS, version_of=lambda _: "aws-cli/1.23.13 Python/3.9")
+    assert "aws-cli/1.23.13" in problem and "1.24.0" in problem and "v1beta1" in problem
     [problem] = deploy.missing_tools("refresh", which={"pulumi": "/usr/bin/pulumi"}.get, version_of=aws_v2)
     assert "aws eks get-token" in problem
     # Reading outputs never calls the cluster.
@@ -159,23 +178,101 @@ def test_unknown_operation_is_refused():
         DeployRequest("apply", "dev")
 
 
-def test_ci_workflow_previews_every_stack_on_pull_requests_and_deploys_on_merge():
+def test_ci_workflow_previews_on_pull_requests_and_deploys_on_merge():
+    """The workflow's structure; tests/infra/test_workflow.py lints it and checks its credentials."""
     workflow = yaml.safe_load((ROOT / ".github/workflows/platform.yml").read_text())
     triggers = workflow.get("on", workflow.get(True))  # YAML 1.1 reads a bare `on` as true
     assert "pull_request" in triggers and triggers["push"]["branches"] == ["main"]
     stacks = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
     for job_name, operation in (("preview", "preview"), ("deploy", "up")):
         job = workflow["jobs"][job_name]
-        assert sorted(job["strategy"]["matrix"]["stack"]) == stacks
-        # OIDC to the automation account's role: no long-lived AWS keys anywhere.
+        assert sorted(leg["stack"] for leg in job["strategy"]["matrix"]["include"]) == stacks
         assert job["permissions"]["id-token"] == "write"
-        steps = job["steps"]
-        credentials = next(s for s in steps if s.get("uses", "").startswith("aws-actions/configure-aws-credentials@"))
-        assert credentials["with"]["role-to-assume"] == "${{ vars.AUTOMATION_DEPLOY_ROLE_ARN }}"
-        assert any(f"python -m infra.deploy {operation} --stack" in s.get("run", "") for s in steps)
+        assert any(f"python -m infra.deploy {operation} " in s.get("run", "") for s in job["steps"])
     assert "AWS_SECRET_ACCESS_KEY" not in (ROOT / ".github/workflows/platform.yml").read_text()
-    # The plan summary is posted on the pull request.
-    assert workflow["jobs"]["preview"]["permissions"]["pull-requests"] == "write"
-    assert any("gh pr comment" in s.get("run", "") for s in workflow["jobs"]["preview"]["steps"])
-    # The workflow's test job is CI's own entry point.
     assert any(s.get("run") == "bash .ci/run" for s in workflow["jobs"]["test"]["steps"])
+
+
+def test_a_wrong_automation_api_call_fails_against_the_real_signature(monkeypatch):
+    """The fake is autospecced: a misspelled keyword (policy_pack) is a TypeError, reported as a message."""
+    monkeypatch.setattr(deploy, "offline_plan_gate", lambda request: 0)
+    code, _, err = run(DeployRequest("up", "dev", extra={"policy_pack": ["x"]}), [])
+    assert code == deploy.EXIT_FAILED
+    assert "TypeError" in err and "policy_pack" in err and "Traceback" not in err
+
+
+def test_up_hides_secrets_and_new_stacks_get_the_secrets_provider(monkeypatch):
+    monkeypatch.setattr(deploy, "offline_plan_gate", lambda request: 0)
+    calls: list = []
+    provider = "awskms://alias/mlp-dev-pulumi-state?region=us-west-2"
+    code, out, _ = run(DeployRequest("up", "dev", secrets_provider=provider), calls)
+    (_, select), (_, kwargs), _ = calls
+    assert code == 0
+    assert select["opts"].secrets_provider == provider
+    assert kwargs["show_secrets"] is False and kwargs["suppress_outputs"] is True
+    assert 'up: succeeded {"create": 3}' in out and "token-ish" not in out
+
+
+def test_any_other_error_is_a_message_not_a_traceback(monkeypatch):
+    import pulumi.automation as auto
+
+    monkeypatch.setattr(deploy, "offline_plan_gate", lambda request: 0)
+    calls: list = []
+    fake = fake_auto(calls)
+    fake.create_or_select_stack.side_effect = auto.InvalidVersionError("Minimum version requirement failed")
+    out, err = [], []
+    code = deploy.run(DeployRequest("up", "dev"), auto=fake, which=ALL_TOOLS, version_of=aws_v2,
+                      out=out.append, err=err.append)
+    assert code == deploy.EXIT_FAILED
+    assert "InvalidVersionError" in err[0] and "Minimum version" in err[0] and "stack 'dev'" in err[0]
+
+
+def test_a_missing_policy_pack_venv_is_created_from_its_requirements(monkeypatch, tmp_path):
+    """pulumi/pulumi#16605: `pulumi install` does not create a pack's venv; infra.deploy does."""
+    monkeypatch.setattr(deploy, "offline_plan_gate", lambda request: 0)
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    (pack / "PulumiPolicy.yaml").write_text("runtime: python\n")
+    (pack / "requirements.txt").write_text("pulumi-policy==1.21.0\n")
+    commands = []
+    monkeypatch.setattr(deploy.venv, "EnvBuilder", lambda **kw: SimpleNamespace(create=lambda d: commands.append(("venv", d))))
+    monkeypatch.setattr(deploy.subprocess, "run", lambda cmd, **kw: commands.append(cmd) or SimpleNamespace(returncode=0))
+    calls: list = []
+    code, out, _ = run(DeployRequest("preview", "dev", policy_packs=(str(pack),)), calls)
+    assert code == 0
+    assert commands[0] == ("venv", pack / ".venv")
+    assert commands[1] == [str(pack / ".venv/bin/python"), "-m", "pip", "install", "-q", "-r", str(pack / "requirements.txt")]
+    assert "creating the virtualenv of policy pack" in out
+
+
+def _pulumi_glob(glob: str) -> "re.Pattern[str]":
+    """pulumi/pulumi pkg/resource/deploy UrnTargets.getMatcher: `**` is `.*`, `*` is `[^:]*`, anchored."""
+    import re
+
+    segments = ["[^:]*".join(re.escape(part) for part in segment.split("*")) for segment in glob.split("**")]
+    return re.compile("^" + ".*".join(segments) + "$")
+
+
+def test_read_only_preview_leaves_out_exactly_the_in_cluster_resources(dev_plan):
+    request = DeployRequest("preview", "dev", read_only=True)
+    kwargs = deploy.operation_kwargs(request, print)
+    matchers = [_pulumi_glob(glob) for glob in kwargs["exclude"]]
+    excluded = {r.urn for r in dev_plan.recording.resources if any(m.match(r.urn) for m in matchers)}
+    for resource in dev_plan.recording.resources:
+        # The Kubernetes resources, their children, and the Kubernetes provider itself (it dials the API).
+        in_cluster = resource.type == "pulumi:providers:kubernetes" or any(
+            t.startswith("kubernetes:") for t in resource.urn.split("::")[2].split("$"))
+        assert (resource.urn in excluded) == in_cluster, resource.urn
+    assert any(r.type.startswith("aws:") for r in dev_plan.recording.resources if r.urn not in excluded)
+    with pytest.raises(ValueError, match="preview only"):
+        DeployRequest("up", "dev", read_only=True)
+
+
+def test_read_only_preview_tells_the_program_to_use_the_reader_roles(monkeypatch):
+    from infra.ci import READ_ONLY_ENV
+
+    monkeypatch.setattr(deploy, "offline_plan_gate", lambda request: 0)
+    calls: list = []
+    code, _, _ = run(DeployRequest("preview", "dev", read_only=True), calls)
+    (_, select), (_, kwargs) = calls
+    assert code == 0 and select["opts"].env_vars == {READ_ONLY_ENV: "1"} and kwargs["exclude"]

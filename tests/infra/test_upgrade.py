@@ -1,0 +1,121 @@
+"""`python -m infra.upgrade`: one minor at a time, dev first, ordered steps, real blockers.
+
+EKS User Guide, "Update existing cluster to new Kubernetes version": "you can update only to the
+next minor version" and "the control plane ... cannot be downgraded". The removed API versions come
+from the Kubernetes Deprecated API Migration Guide ("Removed APIs by release"; the latest removal
+listed is v1.32: "The flowcontrol.apiserver.k8s.io/v1beta3 API version of FlowSchema and
+PriorityLevelConfiguration will no longer be served in v1.32").
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.versions import EKS_RELEASES
+from infra import upgrade
+from infra.plan import plan_from_values, read_stack_file
+
+ROOT = Path(__file__).resolve().parents[2]
+VERSIONS = ["1.32", "1.33", "1.34", "1.35"]
+
+
+def _project(tmp_path: Path, **versions: str) -> Path:
+    shutil.copy(ROOT / "Pulumi.yaml", tmp_path / "Pulumi.yaml")
+    for stack in ("dev", "prod"):
+        document = yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())
+        if stack in versions:
+            document["config"]["ml-training-platform:cluster"]["version"] = versions[stack]
+            if stack == "prod":
+                document["config"]["ml-training-platform:karpenter"]["amiAlias"] = \
+                    f"al2023@{EKS_RELEASES[versions[stack]].ami_release}"
+        (tmp_path / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump(document))
+    return tmp_path
+
+
+def _cli(*args: str, cwd: Path = ROOT):
+    return subprocess.run([sys.executable, "-m", "infra.upgrade", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+
+
+def test_a_skip_a_downgrade_and_an_unknown_version_are_refused_with_the_fix():
+    for target, says in (("1.34", "upgrade stack 'dev' to 1.33 first"), ("1.31", "cannot downgrade"),
+                         ("1.36", "EKS_RELEASES")):
+        done = _cli("--stack", "dev", "--to", target)
+        assert done.returncode == upgrade.EXIT_BAD_INPUT, done.stdout
+        assert says in done.stderr and "Traceback" not in done.stderr
+
+
+def test_dev_plan_lists_the_steps_in_order_with_the_targets_builds():
+    done = _cli("--stack", "dev", "--to", "1.33")
+    assert done.returncode == upgrade.EXIT_OK, done.stdout + done.stderr
+    order = ["cluster.version: \"1.33\"", "Control plane 1.32 -> 1.33", "Managed add-ons", "System node group",
+             "Karpenter CPU pool", "GPU pools", "Verify"]
+    positions = [done.stdout.index(step) for step in order]
+    assert positions == sorted(positions)
+    assert f"kube-proxy v1.32.9-eksbuild.2 -> {EKS_RELEASES['1.33'].addons['kube-proxy']}" in done.stdout
+    assert "Drifted budget is 0" in done.stdout
+
+
+def test_prod_waits_for_dev_and_moves_its_pinned_ami_alias(tmp_path):
+    blocked = upgrade.plan_upgrade("prod", "1.33", _project(tmp_path))
+    assert any("Pulumi.dev.yaml (dev) runs 1.32" in b for b in blocked.blockers)
+    ready = upgrade.plan_upgrade("prod", "1.33", _project(tmp_path, dev="1.33"))
+    assert ready.blockers == []
+    assert f"karpenter.amiAlias: al2023@{EKS_RELEASES['1.33'].ami_release}" in ready.steps[0]
+
+
+def test_objects_using_a_removed_api_version_block_the_upgrade(monkeypatch):
+    # Pretend 1.33 stopped serving networking.k8s.io/v1 NetworkPolicy: every rendered policy is a blocker.
+    monkeypatch.setitem(upgrade.REMOVED_API_VERSIONS, "1.33", (("networking.k8s.io/v1", "NetworkPolicy"),))
+    plan = upgrade.plan_upgrade("dev", "1.33", ROOT)
+    assert plan.blockers and all("NetworkPolicy" in b and "no longer serves" in b for b in plan.blockers)
+
+
+def test_a_chart_whose_range_excludes_the_target_blocks(monkeypatch):
+    narrow = upgrade.ChartSupport("Karpenter", "1.14.1", "1.30", "1.32", "test")
+    monkeypatch.setattr(upgrade, "CHARTS", (narrow,))
+    plan = upgrade.plan_upgrade("dev", "1.33", ROOT)
+    assert plan.blockers == ["Karpenter 1.14.1 supports Kubernetes 1.30-1.32 (test), not 1.33: upgrade the chart first"]
+
+
+def test_removed_api_lookup_follows_the_guide():
+    assert ("flowcontrol.apiserver.k8s.io/v1beta3", "FlowSchema") in upgrade.removed_apis_at("1.32")
+    assert ("flowcontrol.apiserver.k8s.io/v1beta3", "FlowSchema") not in upgrade.removed_apis_at("1.31")
+    assert set(upgrade.removed_apis_at("1.35")) == set(upgrade.removed_apis_at("1.32"))
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_both_stacks_plan_at_every_version(stack, version):
+    values, _ = read_stack_file(ROOT / f"Pulumi.{stack}.yaml")
+    cluster = json.loads(values["ml-training-platform:cluster"])
+    cluster["version"] = version
+    values["ml-training-platform:cluster"] = json.dumps(cluster)
+    karpenter = json.loads(values["ml-training-platform:karpenter"])
+    if karpenter["amiAlias"] != "al2023@latest":
+        karpenter["amiAlias"] = f"al2023@{EKS_RELEASES[version].ami_release}"
+        values["ml-training-platform:karpenter"] = json.dumps(karpenter)
+    plan = plan_from_values(stack, values, source=f"at {version}")
+    assert not [w for w in plan.warnings if w.startswith("ERROR")]
+    assert plan.recording.one("eks:index:Cluster").inputs["version"] == version
+    addons = {r.inputs["addonName"]: r.inputs["addonVersion"] for r in plan.recording.by_type("aws:eks/addon:Addon")}
+    assert addons and all(EKS_RELEASES[version].addons[name] == build for name, build in addons.items())
+    assert not [o for o in upgrade.rendered_objects(plan.recording) if o[:2] in upgrade.removed_apis_at(version)]
+
+
+def test_a_pinned_alias_without_the_clusters_version_is_refused():
+    from infra.config import ConfigError, load_platform_config
+    from infra.plan import raw_project_config
+
+    values, _ = read_stack_file(ROOT / "Pulumi.prod.yaml")
+    cluster = json.loads(values["ml-training-platform:cluster"])
+    cluster["version"] = "1.35"
+    values["ml-training-platform:cluster"] = json.dumps(cluster)
+    with pytest.raises(ConfigError, match=r"karpenter.amiAlias.*v20251023.*1.35"):
+        load_platform_config(raw_project_config(values))
