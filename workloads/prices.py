@@ -92,6 +92,12 @@ STACK_PRICES: Mapping[str, UnitPrice] = {
     "kms_key_month": UnitPrice(1.00, "customer-managed key-month", "https://aws.amazon.com/kms/pricing/"),
     "secret_month": UnitPrice(0.40, "secret-month", "https://aws.amazon.com/secrets-manager/pricing/"),
     "cloudwatch_alarm_metric_month": UnitPrice(0.10, "standard-resolution alarm metric-month", "https://aws.amazon.com/cloudwatch/pricing/"),
+    # Amazon Managed Service for Prometheus: ingestion tiers per 10 million samples (first 2
+    # billion samples a month, then the next 250 billion), storage per GB-month.
+    "amp_ingest_first_2b_10m_samples": UnitPrice(0.90, "10M samples ingested (first 2B/month)", "https://aws.amazon.com/prometheus/pricing/"),
+    "amp_ingest_next_250b_10m_samples": UnitPrice(0.35, "10M samples ingested (next 250B/month)", "https://aws.amazon.com/prometheus/pricing/"),
+    "amp_storage_gb_month": UnitPrice(0.03, "GB-month of AMP metric storage", "https://aws.amazon.com/prometheus/pricing/"),
+    "amg_editor_month": UnitPrice(9.00, "Managed Grafana editor/admin user-month", "https://aws.amazon.com/grafana/pricing/"),
 }
 
 # On-demand prices of the CPU instance types the stacks' static node groups use.

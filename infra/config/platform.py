@@ -7,9 +7,10 @@ from typing import Any, Iterable, Optional
 
 from pydantic import Field
 
-from infra.config import accounts, alarms, budgets, cluster, datasets, gitops, gpu, log_archive, network, scheduling, tracking
+from infra.config import accounts, alarms, budgets, cluster, datasets, gitops, gpu, log_archive, monitoring, network, scheduling, tracking
 from infra.config.accounts import AccountsConfig
 from infra.config.alarms import GpuIdleAlarmConfig
+from infra.config.monitoring import MonitoringConfig
 from infra.config.budgets import BudgetsConfig
 from infra.config.cluster import ClusterConfig
 from infra.config.common import PROD_OBJECT_LOCK_RETENTION_DAYS, Environment, PlatformName, Region, Tags, _Model
@@ -45,6 +46,8 @@ class PlatformConfig(_Model):
     gpu_idle_alarm: Optional[GpuIdleAlarmConfig] = Field(None, description=(
         "Alarm on GPU nodes idle longer than N minutes (operations capability)."))
     gitops: Optional[GitopsConfig] = Field(None, description="Argo CD + Argo Workflows (gitops capability).")
+    monitoring: Optional[MonitoringConfig] = Field(None, description=(
+        "Prometheus, alerts, dashboards and container logs (monitoring capability)."))
 
     # -- derived values: one place decides what "prod" means ------------------------------
     @property
@@ -80,7 +83,7 @@ class PlatformConfig(_Model):
 
 RULES: tuple[Rule, ...] = (
     *accounts.RULES, *network.RULES, *log_archive.RULES, *cluster.RULES, *datasets.RULES, *tracking.RULES,
-    *gpu.RULES, *scheduling.RULES, *budgets.RULES, *alarms.RULES, *gitops.RULES,
+    *gpu.RULES, *scheduling.RULES, *budgets.RULES, *alarms.RULES, *gitops.RULES, *monitoring.RULES,
 )
 
 

@@ -223,6 +223,8 @@ def helm_values(spec: StackSpec) -> dict[str, Any]:
         "kube-state-metrics": {
             **placement,
             "customResourceState": {"enabled": True, "config": custom_resource_state()},
+            # Instance type and pool as labels of kube_node_labels (the cost-per-team dashboard).
+            "metricLabelsAllowlist": ["nodes=[node.kubernetes.io/instance-type,karpenter.sh/nodepool]"],
             "rbac": {"extraRules": [
                 {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": ["list", "watch"]},
                 {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": ["list", "watch"]},
