@@ -18,7 +18,6 @@ RELEASE = "kube-prometheus-stack"
 FULLNAME = "kps"
 PROMETHEUS_SERVICE_ACCOUNT = "prometheus"
 ALERTMANAGER_SERVICE_ACCOUNT = "alertmanager"
-GRAFANA_SERVICE_ACCOUNT = "grafana"
 # Objects carrying this label are picked up by the platform's Prometheus (rules, monitors).
 SELECTOR_LABEL = {"mlplatform.io/monitoring": "platform"}
 DASHBOARD_LABEL = "grafana_dashboard"
@@ -216,7 +215,6 @@ def helm_values(spec: StackSpec) -> dict[str, Any]:
         "grafana": {
             "enabled": spec.grafana,
             **placement,
-            "serviceAccount": {"create": True, "name": GRAFANA_SERVICE_ACCOUNT},
             "sidecar": {"dashboards": {"enabled": True, "label": DASHBOARD_LABEL, "labelValue": "1",
                                        "searchNamespace": NAMESPACE}},
         },
