@@ -176,3 +176,10 @@ def test_every_dashboard_query_parses(tmp_path):
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
     result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_has_its_runbook_section():
+    root = Path(__file__).resolve().parents[2] / "docs" / "runbooks"
+    missing = [a.name for a in alerts.all_alerts(alerts.AlertThresholds())
+               if f"## {a.name}\n" not in (root / f"{a.runbook}.md").read_text()]
+    assert missing == []
