@@ -187,6 +187,8 @@ IDLE_AMP_SAMPLES_PER_SECOND = 2000
 IDLE_AMP_STORAGE_GB = 10
 AMG_EDITORS_ASSUMED = 1
 KUBE_PROMETHEUS_STACK = "kube-prometheus-stack"
+# Controllers, system pods and Fluent Bit's own records with no job running.
+IDLE_CONTAINER_LOG_GB_PER_MONTH = 10
 
 
 def _volume_gib(spec: dict[str, Any]) -> int:
@@ -215,5 +217,16 @@ def monitoring(recording: Recording) -> Iterator[CostLine]:
         if samples > first:
             yield _monthly("AMP ingestion beyond 2B samples", (samples - first) / 1e7, "amp_ingest_next_250b_10m_samples")
         yield _monthly(f"AMP storage, {IDLE_AMP_STORAGE_GB} GB assumed", IDLE_AMP_STORAGE_GB, "amp_storage_gb_month")
+    groups = [g for g in recording.by_type("aws:cloudwatch/logGroup:LogGroup")
+              if str(g.inputs.get("name", "")).endswith("/containers")]
+    for group in groups:
+        retention = int(group.inputs.get("retentionInDays") or 0)
+        yield _monthly(f"container logs ingestion, {IDLE_CONTAINER_LOG_GB_PER_MONTH} GB assumed idle",
+                       IDLE_CONTAINER_LOG_GB_PER_MONTH, "cloudwatch_logs_ingest_gb")
+        # At steady state the group holds retention days' worth of a month's volume.
+        stored = IDLE_CONTAINER_LOG_GB_PER_MONTH * min(retention, 3650) / 30
+        yield _monthly(f"container logs storage ({retention} days kept)", stored, "cloudwatch_logs_storage_gb_month")
+    if groups and recording.by_type("aws:kinesis/firehoseDeliveryStream:FirehoseDeliveryStream"):
+        yield _monthly("container logs to the archive (Firehose)", IDLE_CONTAINER_LOG_GB_PER_MONTH, "firehose_ingest_gb")
     if recording.by_type("aws:grafana/workspace:Workspace"):
         yield _monthly(f"Managed Grafana, {AMG_EDITORS_ASSUMED} editor assumed", AMG_EDITORS_ASSUMED, "amg_editor_month")

@@ -23,7 +23,7 @@ from components.log_archive import (
 )
 from components.network import Network, NetworkArgs
 from components.versions import EKS_EXTENDED_USD_PER_HOUR, EKS_STANDARD_USD_PER_HOUR, EKS_VERSIONS, HOURS_PER_MONTH
-from infra import costs, datasets_tracking, operations
+from infra import costs, datasets_tracking, monitoring, operations
 from infra.accounts import AccountProviders, create_account_providers
 from infra.capability import Capability
 from infra.config import AuditTrailMode, PlatformConfig
@@ -67,7 +67,7 @@ def _audit_trails(config: PlatformConfig, providers: AccountProviders, archive: 
 def log_group_names(config: PlatformConfig) -> list[str]:
     """Every CloudWatch log group of the workload account the platform creates."""
     return [control_plane_log_group_name(config.cluster_name), *datasets_tracking.log_group_names(config),
-            *operations.log_group_names(config)]
+            *operations.log_group_names(config), *monitoring.log_group_names(config)]
 
 
 def build_platform(config: PlatformConfig) -> Platform:

@@ -8,6 +8,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Iterator
 
+import pulumi
+
+from components.container_logs import ContainerLogArchive, ContainerLogArchiveArgs, ContainerLogs, ContainerLogsArgs
+from components.container_logs import log_group_name as container_log_group_name
 from components.gpu_enablement import NAMESPACE as GPU_NAMESPACE
 from components.karpenter import NAMESPACE as KARPENTER_NAMESPACE
 from components.monitoring import Monitoring, MonitoringArgs
@@ -66,7 +70,29 @@ def deploy(platform: Platform) -> dict[str, Any]:
         outputs["ampWorkspaceId"] = monitoring.amp_workspace.id
     if monitoring.grafana_workspace is not None:
         outputs["managedGrafanaEndpoint"] = monitoring.grafana_workspace.endpoint
+    if config.monitoring.container_logs:
+        # The destination lives with the archive (logging account); the filter with the group.
+        archive = ContainerLogArchive(
+            f"{config.name}-container-log-archive",
+            ContainerLogArchiveArgs(bucket=platform.log_archive.bucket, key=platform.log_archive.key,
+                                    source_account_id=config.accounts.workload.id, region=config.region,
+                                    tags=config.resource_tags),
+            opts=pulumi.ResourceOptions(providers={"aws": platform.providers.logging}))
+        logs = ContainerLogs(
+            f"{config.name}-container-logs",
+            ContainerLogsArgs(cluster=platform.cluster, region=config.region,
+                              retention_days=config.monitoring.log_retention_days,
+                              log_kms_key=platform.log_group_key.key if platform.log_group_key else None,
+                              archive=archive, tags=config.resource_tags),
+            opts=platform.kubernetes_opts())
+        outputs["containerLogGroup"] = logs.log_group.name
     return outputs
+
+
+def log_group_names(config: PlatformConfig) -> list[str]:
+    """CloudWatch log groups this capability creates (the platform's log key must admit them)."""
+    m = config.monitoring
+    return [container_log_group_name(config.cluster_name)] if m is not None and m.container_logs else []
 
 
 def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tuple[str, list[str]]]:
@@ -84,6 +110,9 @@ def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tupl
         "scraped: DCGM exporter, node-exporter, kube-state-metrics (+ PyTorchJob/TrainJob state), Kueue, Karpenter, "
         "training operator, EKS scheduler/controller-manager, trainer rank 0 in each team namespace",
         "managed: AMP remote write (Pod Identity) + Managed Grafana" if m.managed else "managed: off (in-cluster only)",
+        (f"container logs: Fluent Bit on every node -> {container_log_group_name(config.cluster_name)} "
+         f"({m.log_retention_days}d, log key) -> log-archive account (Firehose to the archive bucket)"
+         if m.container_logs else "container logs: off"),
     ]
 
 

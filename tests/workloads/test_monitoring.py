@@ -183,3 +183,13 @@ def test_every_alert_has_its_runbook_section():
     missing = [a.name for a in alerts.all_alerts(alerts.AlertThresholds())
                if f"## {a.name}\n" not in (root / f"{a.runbook}.md").read_text()]
     assert missing == []
+
+
+def test_fluent_bit_values_exist_in_the_pinned_chart_and_reach_gpu_nodes():
+    from components.container_logs import helm_values as fluent_bit_values
+    ours = fluent_bit_values(region="us-west-2", group="/aws/eks/c/containers")
+    upstream = yaml.safe_load((UPSTREAM / "aws-for-fluent-bit-0.2.0" / "values.yaml").read_text())
+    assert [k for k in ours if k not in upstream] == []
+    assert list(unknown_keys(ours, upstream, "")) == []
+    assert ours["cloudWatchLogs"]["autoCreateGroup"] is False  # the platform's group: retention + key
+    assert {"operator": "Exists"} in ours["tolerations"]  # tolerates the GPU and FSx taints
