@@ -51,7 +51,7 @@ class MonitoringArgs:
     managed: bool = False
     team_namespaces: Sequence[str] = ()
     component_namespaces: Mapping[str, str] = field(default_factory=dict)
-    depends_on: Sequence[pulumi.Resource] = ()
+    depends_on: Sequence[pulumi.Resource] = ()  # what creates the team namespaces
     tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -93,7 +93,7 @@ class Monitoring(pulumi.ComponentResource):
         self.namespace, self.network_policies = apply_namespace_objects(name, objects, self)
         in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
         self.network_policies.append(apply_object(f"{name}-netpol-scrapes", scrape_egress_policy(vpc_cidr), in_namespace))
-        ready = [self.namespace, *self.network_policies, cluster.node_group, cluster.addons["coredns"], *args.depends_on]
+        ready = [self.namespace, *self.network_policies, cluster.node_group, cluster.addons["coredns"]]
 
         # CRDs first, as their own release so Helm upgrades them (a chart's crds/ never upgrade).
         self.crds = k8s.helm.v3.Release(
@@ -167,8 +167,13 @@ class Monitoring(pulumi.ComponentResource):
                          for t in stack.platform_scrape_targets(
                              gpu_namespace=ns["gpu"], karpenter_namespace=ns["karpenter"], kueue_namespace=ns["kueue"],
                              training_operator_namespace=ns["training_operator"])]
-        self.monitors += [apply_object(f"{name}-podmonitor-{team_ns}", stack.trainer_pod_monitor(team_ns), after_crds)
+        # Team namespaces come from the scheduling component (``depends_on``).
+        in_teams = pulumi.ResourceOptions(parent=self, depends_on=[self.crds, *args.depends_on])
+        self.monitors += [apply_object(f"{name}-podmonitor-{team_ns}", stack.trainer_pod_monitor(team_ns), in_teams)
                           for team_ns in args.team_namespaces]
+        self.team_policies = [apply_object(f"{name}-netpol-{team_ns}-trainer-health", stack.trainer_scrape_policy(team_ns),
+                                           pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
+                              for team_ns in args.team_namespaces]
         self.rules = apply_object(f"{name}-rules", stack.prometheus_rule("mlplatform-alerts",
                                                                           alerts.rule_groups(args.thresholds)), after_crds)
         self.rbac = [apply_object(f"{name}-{obj['kind'].lower()}-eks-control-plane", obj,

@@ -62,6 +62,8 @@ def deploy(platform: Platform) -> dict[str, Any]:
                        component_namespaces={"gpu": GPU_NAMESPACE, "karpenter": KARPENTER_NAMESPACE,
                                              "kueue": KUEUE_NAMESPACE,
                                              "training_operator": TRAINING_OPERATOR_NAMESPACE},
+                       # Team namespaces (the trainer scrape policies live there) come from scheduling.
+                       depends_on=[platform.components["scheduling"]] if "scheduling" in platform.components else [],
                        tags=config.resource_tags),
         opts=platform.kubernetes_opts())
     platform.components["monitoring"] = monitoring

@@ -21,6 +21,7 @@ ALERTMANAGER_SERVICE_ACCOUNT = "alertmanager"
 # Objects carrying this label are picked up by the platform's Prometheus (rules, monitors).
 SELECTOR_LABEL = {"mlplatform.io/monitoring": "platform"}
 DASHBOARD_LABEL = "grafana_dashboard"
+TRAINER_METRICS_LABEL = "mlplatform.io/trainer-metrics"
 TRAINER_METRICS_PORT_NAME = "metrics"
 TRAINER_METRICS_PORT = 9464
 # Ports the stack listens on (ingress from the VPC: port-forwards through the kubelet, scrapes).
@@ -302,9 +303,19 @@ def trainer_pod_monitor(namespace: str) -> dict[str, Any]:
     Only rank 0 listens; other ranks' pods have no such port and are not scraped. The label
     ``mlplatform.io/trainer-metrics: "true"`` is set by the job template.
     """
-    return _monitor("PodMonitor", "trainer-health", namespace, {"mlplatform.io/trainer-metrics": "true"},
+    return _monitor("PodMonitor", "trainer-health", namespace, {TRAINER_METRICS_LABEL: "true"},
                     [{"port": TRAINER_METRICS_PORT_NAME, "interval": "30s", "relabelings": NODE_RELABEL}],
                     [namespace])
+
+
+def trainer_scrape_policy(namespace: str) -> dict[str, Any]:
+    """Team namespaces deny ingress by default: admit Prometheus to rank 0's health port only."""
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "allow-prometheus-trainer-health", "namespace": namespace},
+            "spec": {"podSelector": {"matchLabels": {TRAINER_METRICS_LABEL: "true"}}, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
+                                            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
+                                  "ports": [{"protocol": "TCP", "port": TRAINER_METRICS_PORT}]}]}}
 
 
 def prometheus_rule(name: str, groups: list[dict[str, Any]]) -> dict[str, Any]:
