@@ -3,8 +3,8 @@ encrypted with the account's log key and kept ``retention_days``, then copied to
 account through a CloudWatch Logs destination there (Firehose into the archive bucket).
 
 Fluent Bit is AWS's build (eks-charts ``aws-for-fluent-bit`` 0.2.0, AWS for Fluent Bit 3.2.1);
-its Kubernetes filter adds the pod's namespace, name, container and labels to each record, and
-``mergeLog`` parses the trainer's JSON lines (rank, job) into the record, so they stay queryable.
+its Kubernetes filter adds the pod's namespace, name, container and labels (the PyTorchJob's
+job name and replica index) to each record; the trainer prefixes every line with ``[rank N]``.
 The chart may not create the group (``autoCreateGroup: false``): the platform creates it first,
 with retention and key.
 
