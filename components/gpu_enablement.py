@@ -78,7 +78,10 @@ def gpu_operator_values(*, service_monitor: bool) -> dict[str, Any]:
         "toolkit": {"enabled": False},  # shipped by the AL2023 NVIDIA AMI
         "daemonsets": {"tolerations": placement["tolerations"], "priorityClassName": "system-node-critical"},
         "devicePlugin": {"enabled": True},
-        "dcgmExporter": {"enabled": True, "serviceMonitor": {"enabled": service_monitor}},
+        # The chart turns config.data into a ConfigMap (key dcgm-metrics.csv) the ClusterPolicy
+        # points the exporter at (gpu-operator v25.3.0 templates/dcgm_exporter_config.yaml).
+        "dcgmExporter": {"enabled": True, "serviceMonitor": {"enabled": service_monitor},
+                         "config": {"name": "mlplatform-dcgm-metrics", "create": True, "data": counters_csv()}},
         "node-feature-discovery": {"worker": {"tolerations": placement["tolerations"]}},
     }
 

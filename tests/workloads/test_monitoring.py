@@ -193,3 +193,10 @@ def test_fluent_bit_values_exist_in_the_pinned_chart_and_reach_gpu_nodes():
     assert list(unknown_keys(ours, upstream, "")) == []
     assert ours["cloudWatchLogs"]["autoCreateGroup"] is False  # the platform's group: retention + key
     assert {"operator": "Exists"} in ours["tolerations"]  # tolerates the GPU and FSx taints
+
+
+def test_both_gpu_enablement_modes_ship_the_counters_file():
+    from components.gpu_enablement import dcgm_exporter_values, gpu_operator_values
+    assert dcgm_exporter_values(service_monitor=False)["customMetrics"] == dcgm.counters_csv()
+    config = gpu_operator_values(service_monitor=False)["dcgmExporter"]["config"]
+    assert config["create"] is True and config["name"] and config["data"] == dcgm.counters_csv()
