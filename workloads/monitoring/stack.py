@@ -282,10 +282,11 @@ def platform_scrape_targets(*, gpu_namespace: str, karpenter_namespace: str, kue
         ScrapeTarget("kueue", kueue_namespace,
                      {"app.kubernetes.io/name": "kueue", "app.kubernetes.io/component": "metrics-service"},
                      "https", scheme="https"),
-        # Training Operator 1.9.x (manifests/base/service.yaml): Service "training-operator",
-        # label app=training-operator, port "monitoring-port" (8080).
-        ScrapeTarget("training-operator", training_operator_namespace, {"app": "training-operator"},
-                     "monitoring-port"),
+        # Training Operator (kubeflow/training-operator manifests/base/service.yaml): Service
+        # "training-operator", label control-plane=kubeflow-training-operator, port "monitoring-port"
+        # (annotated prometheus.io/path /metrics).
+        ScrapeTarget("training-operator", training_operator_namespace,
+                     {"control-plane": "kubeflow-training-operator"}, "monitoring-port"),
     ]
 
 
