@@ -47,6 +47,43 @@ def bare_loop(cfg, num_steps: int) -> float:
     return num_steps * cfg.data.seq_len * cfg.data.micro_batch_size / (time.perf_counter() - started)
 
 
+class Scraper:
+    """Turns the trainer's health endpoint on (port 0: any free port) and scrapes it every
+    second, 30x Prometheus' rate, for the run's duration."""
+
+    def __init__(self) -> None:
+        import threading
+        import trainer.health as health
+
+        self._health, self._stop = health, threading.Event()
+        self._original = health.HttpHealth.__init__
+        self.servers: list = []
+        scraper = self
+
+        def record(obj, *args, **kwargs):  # keeps the server so the scraper finds its port
+            scraper._original(obj, *args, **kwargs)
+            scraper.servers.append(obj)
+
+        health.HttpHealth.__init__ = record
+        os.environ[health.PORT_ENV] = "0"
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import urllib.request
+        while not self._stop.wait(1.0):
+            for server in self.servers:
+                urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5).read()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        os.environ.pop(self._health.PORT_ENV, None)
+        self._health.HttpHealth.__init__ = self._original
+        for server in self.servers:
+            server.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=150)
@@ -64,6 +101,8 @@ def main() -> None:
     variants = {
         # name: (extra overrides, what it adds)
         "loop": (["tracking.enabled=false", f"checkpoint.every_steps={args.steps}"], "the trainer's loop, final save only"),
+        "loop-health": (["tracking.enabled=false", f"checkpoint.every_steps={args.steps}"],
+                        "same + health endpoint (rank 0, scraped)"),
         "mlflow": ([f"checkpoint.every_steps={args.steps}"], "+ MLflow (sqlite, background thread)"),
         "full": (["checkpoint.every_steps=25"], "+ a sync checkpoint every 25 steps"),
         "full-async": (["checkpoint.every_steps=25", "checkpoint.async_mode=thread"], "same, async (thread) saves"),
@@ -79,7 +118,12 @@ def main() -> None:
         bare.append(bare_loop(cfg, args.steps))
         for name, (extra, _) in variants.items():
             ckpt = f"{work}/ckpt-{name}-{round_}"
-            assert train_main(load_config(CONFIG, base + extra + [f"checkpoint.dir={ckpt}"], environ={})) == 0
+            scraper = Scraper() if name == "loop-health" else None
+            try:
+                assert train_main(load_config(CONFIG, base + extra + [f"checkpoint.dir={ckpt}"], environ={})) == 0
+            finally:
+                if scraper is not None:
+                    scraper.stop()
             summary = json.load(open(f"{ckpt}/summary.json"))
             rates[name].append(summary["tokens_seen"] / (summary["wall_seconds"] - summary["startup_seconds"]))
             stalls[name].append(summary["checkpoint_stall_seconds"])
@@ -91,6 +135,8 @@ def main() -> None:
         t = statistics.median(rates[name])
         print(f"{'trainer ' + name + ': ' + what:45s} {t:8.0f} tokens/s  ratio {t / b:.3f}  "
               f"(checkpoint stall {statistics.median(stalls[name]):.2f} s)  {[round(x) for x in rates[name]]}")
+    print(f"ratio trainer with health endpoint / without: "
+          f"{statistics.median(rates['loop-health']) / statistics.median(rates['loop']):.3f}")
     print(f"ratio trainer (MLflow + checkpoint every 25 steps) / bare: {statistics.median(rates['full']) / b:.3f}")
     # On this CPU benchmark (one intra-op thread) the async writer competes with training for
     # the same core; on a GPU host it runs on otherwise idle cores while the GPU computes.

@@ -25,6 +25,7 @@ from workloads.karpenter import EFA_LABEL, FSX_STARTUP_TAINT, GPU_TAINT, NODE_RO
 from workloads.placement import system_pod_placement
 from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
 from components.validation import accepts_enum_values
+from workloads.monitoring.dcgm import counters_csv
 
 NAMESPACE = "gpu-system"
 DCGM_METRICS_PORT = 9400
@@ -77,14 +78,19 @@ def gpu_operator_values(*, service_monitor: bool) -> dict[str, Any]:
         "toolkit": {"enabled": False},  # shipped by the AL2023 NVIDIA AMI
         "daemonsets": {"tolerations": placement["tolerations"], "priorityClassName": "system-node-critical"},
         "devicePlugin": {"enabled": True},
-        "dcgmExporter": {"enabled": True, "serviceMonitor": {"enabled": service_monitor}},
+        # The chart turns config.data into a ConfigMap (key dcgm-metrics.csv) the ClusterPolicy
+        # points the exporter at (gpu-operator v25.3.0 templates/dcgm_exporter_config.yaml).
+        "dcgmExporter": {"enabled": True, "serviceMonitor": {"enabled": service_monitor},
+                         "config": {"name": "mlplatform-dcgm-metrics", "create": True, "data": counters_csv()}},
         "node-feature-discovery": {"worker": {"tolerations": placement["tolerations"]}},
     }
 
 
 def dcgm_exporter_values(*, service_monitor: bool) -> dict[str, Any]:
+    # customMetrics becomes the chart's exporter-metrics-config-map, mounted over
+    # /etc/dcgm-exporter/default-counters.csv (chart 4.1.1 templates/metrics-configmap.yaml).
     return {**gpu_node_placement(), "serviceMonitor": {"enabled": service_monitor, "interval": "15s"},
-            "priorityClassName": "system-node-critical"}
+            "priorityClassName": "system-node-critical", "customMetrics": counters_csv()}
 
 
 def efa_device_plugin_values() -> dict[str, Any]:

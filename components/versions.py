@@ -156,7 +156,15 @@ DCGM_EXPORTER_VERSION = "4.1.1"
 # prometheus-community/helm-charts tag prometheus-operator-crds-31.0.1 (operator v0.93.1).
 PROMETHEUS_OPERATOR_CRDS_REPO = "https://prometheus-community.github.io/helm-charts"
 PROMETHEUS_OPERATOR_CRDS_VERSION = "31.0.1"
+# kube-prometheus-stack 88.5.3 (tag kube-prometheus-stack-88.5.3, commit ea930ba, 2026-08-21):
+# prometheus-operator v0.93.1, the operator the CRDs chart above ships; subcharts
+# kube-state-metrics 8.4.0, prometheus-node-exporter 4.56.1, grafana 12.11.1. Installed with
+# crds.enabled=false: the CRDs release owns the CRDs.
+PROMETHEUS_COMMUNITY_REPO = PROMETHEUS_OPERATOR_CRDS_REPO
+KUBE_PROMETHEUS_STACK_VERSION = "88.5.3"
 EKS_CHARTS_REPO = "https://aws.github.io/eks-charts"
+# aws-for-fluent-bit chart 0.2.0 (AWS for Fluent Bit 3.2.1): aws/eks-charts #1294, commit 2942cdc.
+AWS_FOR_FLUENT_BIT_VERSION = "0.2.0"
 # CloudWatch agent + its operator for Container Insights (enhanced observability), the source of
 # the GPU-idle alarm's metric: aws-observability/helm-charts chart amazon-cloudwatch-observability
 # 6.2.0 ("Release 6.2.0", #315, 2026-06-10), the chart behind EKS add-on v6.2.0-eksbuild.1.

@@ -205,3 +205,54 @@ def report(config: PlatformConfig, lines: list[CostLine]) -> list[str]:
         out.append(f"dev goal: <= ${DEV_IDLE_GOAL_USD_PER_MONTH:,.0f}/month without the control-plane fee: {verdict}"
                    + (f"; largest line: {biggest.item} (${biggest.usd_per_month:,.2f})" if biggest else ""))
     return out + gpu_pool_rates(config)
+
+
+# Stated assumptions for the managed metrics switch: a small idle platform produces about 60k
+# active series scraped every 30 s (kube-prometheus-stack's defaults plus DCGM on no GPU node).
+IDLE_AMP_SAMPLES_PER_SECOND = 2000
+IDLE_AMP_STORAGE_GB = 10
+AMG_EDITORS_ASSUMED = 1
+KUBE_PROMETHEUS_STACK = "kube-prometheus-stack"
+# Controllers, system pods and Fluent Bit's own records with no job running.
+IDLE_CONTAINER_LOG_GB_PER_MONTH = 10
+
+
+def _volume_gib(spec: dict[str, Any]) -> int:
+    storage = spec["volumeClaimTemplate"]["spec"]["resources"]["requests"]["storage"]
+    return int(str(storage).removesuffix("Gi"))
+
+
+def monitoring(recording: Recording) -> Iterator[CostLine]:
+    """The metrics stack's gp3 volumes (Prometheus and Alertmanager, per replica) and, when the
+    managed switch is on, AMP ingestion/storage and Managed Grafana users. Its pods run on the
+    static system nodes (priced with them)."""
+    for release in recording.by_type("kubernetes:helm.sh/v3:Release"):
+        if release.inputs.get("chart") != KUBE_PROMETHEUS_STACK:
+            continue
+        values = release.inputs.get("values") or {}
+        prometheus = values["prometheus"]["prometheusSpec"]
+        alertmanager = values["alertmanager"]["alertmanagerSpec"]
+        for what, spec in (("Prometheus", prometheus), ("Alertmanager", alertmanager)):
+            replicas, gib = int(spec.get("replicas", 1)), _volume_gib(spec["storage" if what == "Alertmanager" else "storageSpec"])
+            yield _monthly(f"{what} volumes: {replicas} x {gib} GiB gp3", replicas * gib, "ebs_gp3_gb_month")
+    if recording.by_type("aws:amp/workspace:Workspace"):
+        samples = IDLE_AMP_SAMPLES_PER_SECOND * 3600 * HOURS_PER_MONTH
+        first = min(samples, 2e9)
+        yield _monthly(f"AMP ingestion, first 2B samples ({IDLE_AMP_SAMPLES_PER_SECOND} samples/s assumed)",
+                       first / 1e7, "amp_ingest_first_2b_10m_samples")
+        if samples > first:
+            yield _monthly("AMP ingestion beyond 2B samples", (samples - first) / 1e7, "amp_ingest_next_250b_10m_samples")
+        yield _monthly(f"AMP storage, {IDLE_AMP_STORAGE_GB} GB assumed", IDLE_AMP_STORAGE_GB, "amp_storage_gb_month")
+    groups = [g for g in recording.by_type("aws:cloudwatch/logGroup:LogGroup")
+              if str(g.inputs.get("name", "")).endswith("/containers")]
+    for group in groups:
+        retention = int(group.inputs.get("retentionInDays") or 0)
+        yield _monthly(f"container logs ingestion, {IDLE_CONTAINER_LOG_GB_PER_MONTH} GB assumed idle",
+                       IDLE_CONTAINER_LOG_GB_PER_MONTH, "cloudwatch_logs_ingest_gb")
+        # At steady state the group holds retention days' worth of a month's volume.
+        stored = IDLE_CONTAINER_LOG_GB_PER_MONTH * min(retention, 3650) / 30
+        yield _monthly(f"container logs storage ({retention} days kept)", stored, "cloudwatch_logs_storage_gb_month")
+    if groups and recording.by_type("aws:kinesis/firehoseDeliveryStream:FirehoseDeliveryStream"):
+        yield _monthly("container logs to the archive (Firehose)", IDLE_CONTAINER_LOG_GB_PER_MONTH, "firehose_ingest_gb")
+    if recording.by_type("aws:grafana/workspace:Workspace"):
+        yield _monthly(f"Managed Grafana, {AMG_EDITORS_ASSUMED} editor assumed", AMG_EDITORS_ASSUMED, "amg_editor_month")

@@ -31,7 +31,7 @@ from components.versions import (
     addon_versions,
     ami_release_date,
 )
-from infra import costs, datasets_tracking, operations
+from infra import costs, datasets_tracking, monitoring, operations
 from infra.accounts import AccountProviders, create_account_providers
 from infra.ci import log_group_names as ci_log_group_names
 from infra.capability import Capability
@@ -76,7 +76,7 @@ def _audit_trails(config: PlatformConfig, providers: AccountProviders, archive: 
 def log_group_names(config: PlatformConfig) -> list[str]:
     """Every CloudWatch log group of the workload account the platform creates."""
     return [control_plane_log_group_name(config.cluster_name), *datasets_tracking.log_group_names(config),
-            *operations.log_group_names(config),
+            *operations.log_group_names(config), *monitoring.log_group_names(config),
             *ci_log_group_names(config)]
 
 

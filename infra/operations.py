@@ -57,6 +57,8 @@ def deploy(platform: Platform) -> dict[str, Any]:
                              tags=config.resource_tags),
             opts=platform.workload_opts())
         outputs["gpu_idle_alarm"] = alarm.alarm.name
+        # The monitoring capability routes Alertmanager to this alarm's topic.
+        platform.components["gpu_idle_alarm"] = alarm
     return outputs
 
 

@@ -21,6 +21,7 @@ from trainer.guards import (NonFiniteSteps, TrainingStopped, apply_optimizer_con
                             weights_finite)
 from trainer.data import DistributedBatches, TokenShards
 from trainer.evaluation import evaluator_for
+from trainer.health import health_exporter
 from trainer.metrics import Goodput, Heartbeat, flops_per_token, memory_meter, mfu_meter
 from trainer.model import apply_activation_checkpointing, build_model, count_params, model_dims
 from trainer.preemption import EXIT_PREEMPTED, PreemptionFlag, is_peer_lost, preemption_budget_seconds, report_exit
@@ -190,6 +191,7 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
     checkpointer = Checkpointer(cfg.checkpoint.dir, env, cfg.checkpoint.keep_last, cfg.checkpoint.async_mode, mirror)
     app = ModelAndOptimizer(model, optimizer)
     heartbeat = Heartbeat(cfg.checkpoint.dir)
+    health = health_exporter(env.is_main, job_identity(cfg), cfg.checkpoint.every_steps)
     step, tokens_seen, run_id = 0, 0, None
     resume_from = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume, env, mirror)
     if resume_from:
@@ -331,6 +333,9 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
             })
             if env.is_main:
                 heartbeat.beat(step)
+                health.update(step=step, loss=losses[-1], tokens_per_second=tokens_per_second,
+                              mfu=mfu(tokens_per_second / env.world_size), step_seconds=interval["compute"] / interval["steps"],
+                              goodput=goodput.summary()["goodput"], checkpoint_step=checkpointer.last_durable_step)
                 log.info("step %d/%d loss %.4f lr %.2e %.0f tok/s", step, cfg.schedule.num_steps, losses[-1],
                          scheduler.get_last_lr()[0], tokens_per_second)
             pending_losses.clear()

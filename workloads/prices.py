@@ -95,7 +95,15 @@ STACK_PRICES: Mapping[str, UnitPrice] = {
     # First 25 hosted zones of an account.
     "route53_hosted_zone_month": UnitPrice(0.50, "hosted zone-month", "https://aws.amazon.com/route53/pricing/"),
     # Standard log class, after the free tier's 5 GB/month.
-    "cloudwatch_logs_ingest_gb": UnitPrice(0.50, "GB ingested (Standard logs)", "https://aws.amazon.com/cloudwatch/pricing/"),
+    # Amazon Managed Service for Prometheus: ingestion tiers per 10 million samples (first 2
+    # billion samples a month, then the next 250 billion), storage per GB-month.
+    "amp_ingest_first_2b_10m_samples": UnitPrice(0.90, "10M samples ingested (first 2B/month)", "https://aws.amazon.com/prometheus/pricing/"),
+    "amp_ingest_next_250b_10m_samples": UnitPrice(0.35, "10M samples ingested (next 250B/month)", "https://aws.amazon.com/prometheus/pricing/"),
+    "amp_storage_gb_month": UnitPrice(0.03, "GB-month of AMP metric storage", "https://aws.amazon.com/prometheus/pricing/"),
+    "cloudwatch_logs_ingest_gb": UnitPrice(0.50, "GB ingested into CloudWatch Logs (standard)", "https://aws.amazon.com/cloudwatch/pricing/"),
+    "cloudwatch_logs_storage_gb_month": UnitPrice(0.03, "GB-month of CloudWatch Logs storage", "https://aws.amazon.com/cloudwatch/pricing/"),
+    "firehose_ingest_gb": UnitPrice(0.029, "GB ingested by Firehose (Direct PUT, first 500 TB)", "https://aws.amazon.com/firehose/pricing/"),
+    "amg_editor_month": UnitPrice(9.00, "Managed Grafana editor/admin user-month", "https://aws.amazon.com/grafana/pricing/"),
 }
 
 # On-demand prices of the CPU instance types the stacks' static node groups use.

@@ -28,6 +28,7 @@ from workloads.instances import instance
 from workloads.jobspec import JobSpec, JobSpecError, Runtime
 from workloads.karpenter import CAPACITY_TYPE_KEY, EFA_RESOURCE, GPU_RESOURCE, GPU_TYPE_LABEL, POOL_LABEL
 from workloads.kueue import QUEUE_LABEL
+from workloads.monitoring.stack import TRAINER_METRICS_LABEL, TRAINER_METRICS_PORT, TRAINER_METRICS_PORT_NAME
 from workloads.platform_facts import PlatformFacts, PoolFacts, TeamFacts
 from workloads.scheduling import Priority, priority_class_name
 from workloads import trainjob_runtime
@@ -429,10 +430,22 @@ def team_checkpoint_root(namespace: str) -> str:
 
 
 # -- PyTorchJob -------------------------------------------------------------------------------
+def with_health_endpoint(template: dict[str, Any], job_name: str) -> dict[str, Any]:
+    """The Master pod holds rank 0, which serves the trainer's health (trainer/health.py): its
+    port, and the label the platform's PodMonitor selects (workloads/monitoring/stack.py)."""
+    out = copy.deepcopy(template)
+    out["metadata"]["labels"][TRAINER_METRICS_LABEL] = "true"
+    container = out["spec"]["containers"][0]
+    container["ports"].append({"name": TRAINER_METRICS_PORT_NAME, "containerPort": TRAINER_METRICS_PORT, "protocol": "TCP"})
+    container["env"] += [{"name": "TRAINER_METRICS_PORT", "value": str(TRAINER_METRICS_PORT)},
+                         {"name": "TRAINER_JOB_NAME", "value": job_name}]
+    return out
+
+
 def render_pytorchjob(job: ResolvedJob) -> dict[str, Any]:
     spec = job.spec
     template = pod_template(job)
-    replicas = {"Master": {"replicas": 1, "restartPolicy": "ExitCode", "template": template}}
+    replicas = {"Master": {"replicas": 1, "restartPolicy": "ExitCode", "template": with_health_endpoint(template, spec.name)}}
     if spec.nodes > 1:
         replicas["Worker"] = {"replicas": spec.nodes - 1, "restartPolicy": "ExitCode", "template": copy.deepcopy(template)}
     return {

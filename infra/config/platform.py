@@ -7,9 +7,10 @@ from typing import Any, Iterable, Optional
 
 from pydantic import Field
 
-from infra.config import accounts, alarms, budgets, ci, cluster, datasets, gitops, gpu, log_archive, network, scheduling, tracking
+from infra.config import accounts, alarms, budgets, ci, cluster, datasets, gitops, gpu, log_archive, monitoring, network, scheduling, tracking
 from infra.config.accounts import AccountsConfig
 from infra.config.alarms import GpuIdleAlarmConfig
+from infra.config.monitoring import MonitoringConfig
 from infra.config.budgets import BudgetsConfig
 from infra.config.ci import CiConfig
 from infra.config.cluster import ClusterConfig
@@ -47,6 +48,8 @@ class PlatformConfig(_Model):
         "Alarm on GPU nodes idle longer than N minutes (operations capability)."))
     gitops: Optional[GitopsConfig] = Field(None, description="Argo CD + Argo Workflows (gitops capability).")
     ci: Optional[CiConfig] = Field(None, description="CI roles, state key and in-VPC runner (ci capability).")
+    monitoring: Optional[MonitoringConfig] = Field(None, description=(
+        "Prometheus, alerts, dashboards and container logs (monitoring capability)."))
 
     # -- derived values: one place decides what "prod" means ------------------------------
     @property
@@ -82,7 +85,7 @@ class PlatformConfig(_Model):
 
 RULES: tuple[Rule, ...] = (
     *accounts.RULES, *network.RULES, *log_archive.RULES, *cluster.RULES, *datasets.RULES, *tracking.RULES,
-    *gpu.RULES, *scheduling.RULES, *budgets.RULES, *alarms.RULES, *gitops.RULES, *ci.RULES,
+    *gpu.RULES, *scheduling.RULES, *budgets.RULES, *alarms.RULES, *gitops.RULES, *ci.RULES, *monitoring.RULES,
 )
 
 

@@ -402,6 +402,7 @@ def test_service_monitor_is_off_in_both_stacks(plan):
 
 def test_service_monitor_without_crds_is_refused():
     raw = stack_config("prod")
+    raw.pop("monitoring")  # the monitoring section owns the CRDs and DCGM's scrape when present
     raw["gpuEnablement"].update(serviceMonitor=True, prometheusOperatorCrds=False)
     with pytest.raises(ConfigError) as info:
         load_platform_config(raw)
@@ -411,12 +412,35 @@ def test_service_monitor_without_crds_is_refused():
 
 def test_service_monitor_with_crds_depends_on_the_crd_release(plan_config):
     raw = stack_config("prod")
+    raw.pop("monitoring")
     raw["gpuEnablement"].update(serviceMonitor=True, prometheusOperatorCrds=True)
     plan = plan_config("prod", raw)
     crds, dcgm = _release(plan, "prometheus-operator-crds"), _release(plan, "dcgm-exporter")
     assert crds.inputs["chart"] == "prometheus-operator-crds" and re.fullmatch(r"\d+\.\d+\.\d+", crds.inputs["version"])
     assert dcgm.inputs["values"]["serviceMonitor"]["enabled"] is True
     assert crds.urn in dcgm.dependencies
+
+
+def test_monitoring_refuses_a_second_crds_release_and_a_double_dcgm_scrape():
+    """Helm refuses to install objects another release owns ("invalid ownership metadata"), so
+    with the monitoring section installing prometheus-operator-crds, gpuEnablement must not."""
+    raw = stack_config("prod")
+    raw["gpuEnablement"].update(serviceMonitor=True, prometheusOperatorCrds=True)
+    with pytest.raises(ConfigError) as info:
+        load_platform_config(raw)
+    paths = {p.path for p in info.value.problems}
+    assert {"gpuEnablement.prometheusOperatorCrds", "gpuEnablement.serviceMonitor"} <= paths
+
+
+def test_every_monitoring_object_waits_for_the_crds_release(plan):
+    by_urn = _by_urn(plan)
+    (crds,) = [r for r in plan.recording.by_type(RELEASE) if r.inputs["chart"] == "prometheus-operator-crds"]
+    stack_release = next(r for r in plan.recording.by_type(RELEASE) if r.inputs["chart"] == "kube-prometheus-stack")
+    assert stack_release.inputs["values"]["crds"] == {"enabled": False}
+    assert crds.urn in stack_release.dependencies
+    monitors = [r for r in by_urn.values() if r.type.startswith("kubernetes:monitoring.coreos.com/v1:")]
+    assert {r.type.rsplit(":", 1)[1] for r in monitors} == {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+    assert all(crds.urn in r.dependencies for r in monitors)
 
 
 # -- controller namespaces: PSA labels and default-deny network policies ------------------------

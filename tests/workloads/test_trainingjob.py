@@ -124,7 +124,7 @@ def test_example_renders_every_training_setting(prod_facts, example_raw):
             assert any(f"$({var})" in a for a in args), var
         assert args[args.index("--config") + 1] == "trainer/configs/gpt2-124m.yaml"
         assert "data.dir=/fsx/datasets/fineweb-edu/gpt2-v1" in args and "optimizer.lr=6e-4" in args
-        assert container["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"}]
+        assert container["ports"][0] == {"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"}
         env = {e["name"]: e for e in container["env"]}
         for key in prod_facts.tracking_secret_keys:
             assert env[key]["valueFrom"]["secretKeyRef"] == {"name": team.tracking_secret, "key": key}
@@ -301,3 +301,20 @@ def test_without_an_experiment_the_job_logs_where_its_team_login_may_write(prod_
     env = {e["name"]: e.get("value") for e in render_pytorchjob(job)["spec"]["pytorchReplicaSpecs"]["Master"]
            ["template"]["spec"]["containers"][0]["env"]}
     assert env["MLFLOW_EXPERIMENT_NAME"] == job.team.namespace
+
+
+def test_only_the_master_pod_serves_and_is_scraped_for_trainer_health(prod_facts, example_raw):
+    """Rank 0 lives in the Master pod: it alone gets the health port, its env and the label the
+    PodMonitor selects; workers would be scraped as always-down targets."""
+    from workloads.monitoring.stack import TRAINER_METRICS_LABEL, TRAINER_METRICS_PORT, trainer_pod_monitor
+    job = render_pytorchjob(_job(example_raw, prod_facts))
+    master, worker = (job["spec"]["pytorchReplicaSpecs"][r]["template"] for r in ("Master", "Worker"))
+    assert master["metadata"]["labels"][TRAINER_METRICS_LABEL] == "true"
+    assert TRAINER_METRICS_LABEL not in worker["metadata"]["labels"]
+    (port,) = [p for p in master["spec"]["containers"][0]["ports"] if p["name"] == "metrics"]
+    assert port["containerPort"] == TRAINER_METRICS_PORT
+    env = {e["name"]: e.get("value") for e in master["spec"]["containers"][0]["env"]}
+    assert env["TRAINER_METRICS_PORT"] == str(TRAINER_METRICS_PORT) and env["TRAINER_JOB_NAME"] == job["metadata"]["name"]
+    monitor = trainer_pod_monitor(job["metadata"]["namespace"])
+    assert monitor["spec"]["selector"]["matchLabels"] == {TRAINER_METRICS_LABEL: "true"}
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"

@@ -1,0 +1,185 @@
+"""The metrics stack: Prometheus Operator CRDs first, then kube-prometheus-stack on the system
+nodes, then the platform's scrape objects, alerts and dashboards (all after the CRDs release).
+
+Alertmanager publishes to an SNS topic with SigV4 credentials from EKS Pod Identity; with
+``managed`` Prometheus also remote-writes to Amazon Managed Service for Prometheus (AMP) and an
+Amazon Managed Grafana workspace reads it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from components.cluster import Cluster, pod_identity_role
+from components.k8s import apply_namespace_objects, apply_object
+from components.validation import accepts_enum_values
+from components.versions import (
+    KUBE_PROMETHEUS_STACK_VERSION, PROMETHEUS_COMMUNITY_REPO, PROMETHEUS_OPERATOR_CRDS_REPO,
+    PROMETHEUS_OPERATOR_CRDS_VERSION,
+)
+from workloads.monitoring import alerts, dashboards, stack
+from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
+
+POD_SECURITY_REASON = ("node-exporter (a DaemonSet of the chart) reads the host's /proc, /sys and root file "
+                       "system through hostPath with hostNetwork and hostPID; baseline forbids all three")
+
+
+@accepts_enum_values
+@dataclass(frozen=True)
+class MonitoringArgs:
+    """cluster: the platform cluster. region: for SigV4 (SNS, AMP).
+    stack_spec: retention, volume, replicas (workloads.monitoring.stack.StackSpec without the
+        AWS-derived fields, which this component fills in).
+    thresholds: the alerts' thresholds.
+    sns_topic: where Alertmanager publishes (with its KMS key); None keeps alerts in its UI.
+    managed: AMP workspace + remote write, and a Managed Grafana workspace.
+    team_namespaces: a trainer PodMonitor in each.
+    component_namespaces: where the scraped controllers run (gpu, karpenter, kueue, training).
+    """
+
+    cluster: Cluster
+    region: str
+    stack_spec: stack.StackSpec
+    thresholds: alerts.AlertThresholds = field(default_factory=alerts.AlertThresholds)
+    sns_topic: Optional[aws.sns.Topic] = None
+    sns_topic_key: Optional[aws.kms.Key] = None
+    managed: bool = False
+    team_namespaces: Sequence[str] = ()
+    component_namespaces: Mapping[str, str] = field(default_factory=dict)
+    depends_on: Sequence[pulumi.Resource] = ()  # what creates the team namespaces
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        missing = {"gpu", "karpenter", "kueue", "training_operator"} - set(self.component_namespaces)
+        if missing:
+            raise ValueError(f"MonitoringArgs.component_namespaces: missing {sorted(missing)}; name the namespace "
+                             "of each scraped controller")
+        if (self.sns_topic is None) != (self.sns_topic_key is None):
+            raise ValueError("MonitoringArgs.sns_topic_key: give the topic's KMS key with the topic (Alertmanager "
+                             "must encrypt with it), or neither")
+
+
+def namespace_spec(vpc_cidr: str, service_cidr: str) -> SystemNamespaceSpec:
+    return SystemNamespaceSpec(
+        name=stack.NAMESPACE, pod_security=PodSecurityLevel.PRIVILEGED, pod_security_reason=POD_SECURITY_REASON,
+        vpc_cidr=vpc_cidr, service_cidr=service_cidr,
+        api_server_ingress_ports=(stack.OPERATOR_WEBHOOK_PORT,),
+        metrics_ports=(stack.PROMETHEUS_PORT, stack.ALERTMANAGER_PORT, stack.GRAFANA_PORT,
+                       stack.KUBE_STATE_METRICS_PORT, stack.NODE_EXPORTER_PORT),
+        uses_aws=True, same_namespace=True,
+    )
+
+
+def scrape_egress_policy(vpc_cidr: str) -> dict[str, Any]:
+    """Prometheus scrapes pods and nodes anywhere in the VPC, on whatever port each exposes."""
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "allow-prometheus-scrapes", "namespace": stack.NAMESPACE},
+            "spec": {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+                     "policyTypes": ["Egress"], "egress": [{"to": [{"ipBlock": {"cidr": vpc_cidr}}]}]}}
+
+
+class Monitoring(pulumi.ComponentResource):
+    def __init__(self, name: str, args: MonitoringArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("mlplatform:monitoring:Monitoring", name, None, opts)
+        cluster = args.cluster
+        tags = dict(args.tags)
+        vpc_cidr = cluster.args.network.args.cidr
+        objects = namespace_objects(namespace_spec(vpc_cidr, cluster.args.service_ipv4_cidr))
+        self.namespace, self.network_policies = apply_namespace_objects(name, objects, self)
+        in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
+        self.network_policies.append(apply_object(f"{name}-netpol-scrapes", scrape_egress_policy(vpc_cidr), in_namespace))
+        ready = [self.namespace, *self.network_policies, cluster.node_group, cluster.addons["coredns"]]
+
+        # CRDs first, as their own release so Helm upgrades them (a chart's crds/ never upgrade).
+        self.crds = k8s.helm.v3.Release(
+            f"{name}-prometheus-operator-crds", name="prometheus-operator-crds", chart="prometheus-operator-crds",
+            version=PROMETHEUS_OPERATOR_CRDS_VERSION, repository_opts={"repo": PROMETHEUS_OPERATOR_CRDS_REPO},
+            namespace=stack.NAMESPACE, values={}, atomic=True, cleanup_on_fail=True, timeout=600,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=ready))
+
+        cluster_arn = cluster.eks_cluster.eks_cluster.arn
+        identities: list[pulumi.Resource] = []
+        remote_write = None
+        self.amp_workspace: Optional[aws.amp.Workspace] = None
+        self.grafana_workspace: Optional[aws.grafana.Workspace] = None
+        if args.sns_topic is not None and args.sns_topic_key is not None:
+            role = pod_identity_role(f"{name}-alertmanager", cluster_arn=cluster_arn, namespace=stack.NAMESPACE,
+                                     service_account=stack.ALERTMANAGER_SERVICE_ACCOUNT, parent=self, tags=tags)
+            aws.iam.RolePolicy(f"{name}-alertmanager-publish", role=role.id, policy=pulumi.Output.json_dumps({
+                "Version": "2012-10-17", "Statement": [
+                    {"Effect": "Allow", "Action": "sns:Publish", "Resource": args.sns_topic.arn},
+                    # An encrypted topic needs the publisher to use its key (SNS developer guide, SSE).
+                    {"Effect": "Allow", "Action": ["kms:GenerateDataKey", "kms:Decrypt"], "Resource": args.sns_topic_key.arn},
+                ]}), opts=pulumi.ResourceOptions(parent=role))
+            identities.append(aws.eks.PodIdentityAssociation(
+                f"{name}-alertmanager-identity", cluster_name=cluster.cluster_name, namespace=stack.NAMESPACE,
+                service_account=stack.ALERTMANAGER_SERVICE_ACCOUNT, role_arn=role.arn, tags=tags,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.addons["eks-pod-identity-agent"]])))
+        if args.managed:
+            self.amp_workspace = aws.amp.Workspace(f"{name}-amp", alias=f"{name}", tags=tags,
+                                                   opts=pulumi.ResourceOptions(parent=self))
+            writer = pod_identity_role(f"{name}-prometheus", cluster_arn=cluster_arn, namespace=stack.NAMESPACE,
+                                       service_account=stack.PROMETHEUS_SERVICE_ACCOUNT, parent=self, tags=tags)
+            aws.iam.RolePolicy(f"{name}-prometheus-remote-write", role=writer.id, policy=pulumi.Output.json_dumps({
+                "Version": "2012-10-17", "Statement": [
+                    {"Effect": "Allow", "Action": "aps:RemoteWrite", "Resource": self.amp_workspace.arn}]}),
+                opts=pulumi.ResourceOptions(parent=writer))
+            identities.append(aws.eks.PodIdentityAssociation(
+                f"{name}-prometheus-identity", cluster_name=cluster.cluster_name, namespace=stack.NAMESPACE,
+                service_account=stack.PROMETHEUS_SERVICE_ACCOUNT, role_arn=writer.arn, tags=tags,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.addons["eks-pod-identity-agent"]])))
+            # AMP remote-write endpoint: <workspace prometheusEndpoint>api/v1/remote_write (AMP user guide).
+            remote_write = stack.RemoteWriteSpec(
+                url=pulumi.Output.concat(self.amp_workspace.prometheus_endpoint, "api/v1/remote_write"),
+                region=args.region)
+            grafana_role = aws.iam.Role(
+                f"{name}-grafana-role", tags=tags, opts=pulumi.ResourceOptions(parent=self),
+                assume_role_policy=json.dumps({"Version": "2012-10-17", "Statement": [{
+                    "Effect": "Allow", "Principal": {"Service": "grafana.amazonaws.com"}, "Action": "sts:AssumeRole"}]}))
+            aws.iam.RolePolicy(f"{name}-grafana-query", role=grafana_role.id, policy=pulumi.Output.json_dumps({
+                "Version": "2012-10-17", "Statement": [{
+                    "Effect": "Allow", "Resource": self.amp_workspace.arn,
+                    "Action": ["aps:QueryMetrics", "aps:GetSeries", "aps:GetLabels", "aps:GetMetricMetadata"]}]}),
+                opts=pulumi.ResourceOptions(parent=grafana_role))
+            self.grafana_workspace = aws.grafana.Workspace(
+                f"{name}-grafana", account_access_type="CURRENT_ACCOUNT", authentication_providers=["AWS_SSO"],
+                permission_type="SERVICE_MANAGED", data_sources=["PROMETHEUS"], role_arn=grafana_role.arn, tags=tags,
+                opts=pulumi.ResourceOptions(parent=self))
+
+        spec = stack.StackSpec(**{**args.stack_spec.__dict__,
+                                  "sns_topic_arn": args.sns_topic.arn if args.sns_topic is not None else None,
+                                  "remote_write": remote_write, "region": args.region})
+        self.release = k8s.helm.v3.Release(
+            f"{name}-kube-prometheus-stack", name=stack.RELEASE, chart="kube-prometheus-stack",
+            version=KUBE_PROMETHEUS_STACK_VERSION, repository_opts={"repo": PROMETHEUS_COMMUNITY_REPO},
+            namespace=stack.NAMESPACE, values=stack.helm_values(spec), atomic=True, cleanup_on_fail=True, timeout=900,
+            # Every object with a ServiceMonitor/PodMonitor/PrometheusRule kind needs the CRDs release.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*ready, self.crds, *identities]))
+
+        after_crds = pulumi.ResourceOptions(parent=self, depends_on=[self.crds, self.namespace])
+        ns = args.component_namespaces
+        self.monitors = [apply_object(f"{name}-servicemonitor-{t.name}", stack.service_monitor(t), after_crds)
+                         for t in stack.platform_scrape_targets(
+                             gpu_namespace=ns["gpu"], karpenter_namespace=ns["karpenter"], kueue_namespace=ns["kueue"],
+                             training_operator_namespace=ns["training_operator"])]
+        # Team namespaces come from the scheduling component (``depends_on``).
+        in_teams = pulumi.ResourceOptions(parent=self, depends_on=[self.crds, *args.depends_on])
+        self.monitors += [apply_object(f"{name}-podmonitor-{team_ns}", stack.trainer_pod_monitor(team_ns), in_teams)
+                          for team_ns in args.team_namespaces]
+        self.team_policies = [apply_object(f"{name}-netpol-{team_ns}-trainer-health", stack.trainer_scrape_policy(team_ns),
+                                           pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
+                              for team_ns in args.team_namespaces]
+        self.rules = apply_object(f"{name}-rules", stack.prometheus_rule("mlplatform-alerts",
+                                                                          alerts.rule_groups(args.thresholds)), after_crds)
+        self.rbac = [apply_object(f"{name}-{obj['kind'].lower()}-eks-control-plane", obj,
+                                  pulumi.ResourceOptions(parent=self))
+                     for obj in stack.eks_control_plane_rbac()]
+        self.dashboards = [apply_object(f"{name}-{cm['metadata']['name']}", cm, in_namespace)
+                           for cm in dashboards.config_maps(stack.NAMESPACE, stack.DASHBOARD_LABEL)]
+        self.register_outputs({"release_status": self.release.status,
+                               "amp_workspace": self.amp_workspace.id if self.amp_workspace else None})

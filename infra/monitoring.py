@@ -1,0 +1,132 @@
+"""Monitoring capability: Prometheus Operator CRDs, kube-prometheus-stack, the platform's scrape
+objects, alerts and dashboards; AMP + Managed Grafana when ``monitoring.managed``.
+
+Runs after the operations capability: Alertmanager publishes to the GPU idle alarm's SNS topic.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Iterator
+
+import pulumi
+
+from components.container_logs import ContainerLogArchive, ContainerLogArchiveArgs, ContainerLogs, ContainerLogsArgs
+from components.container_logs import log_group_name as container_log_group_name
+from components.gpu_enablement import NAMESPACE as GPU_NAMESPACE
+from components.karpenter import NAMESPACE as KARPENTER_NAMESPACE
+from components.monitoring import Monitoring, MonitoringArgs
+from components.scheduling import KUEUE_NAMESPACE
+from components.training import TRAINING_OPERATOR_NAMESPACE
+from infra import costs
+from infra.capability import Capability
+from infra.config import PlatformConfig
+from infra.costs import CostLine
+from infra.mock_engine import Recording
+from infra.platform import Platform
+from workloads.monitoring import alerts, stack
+
+ALERT_COUNT_NOTE = "each with a runbook in docs/runbooks/ and a promtool unit test"
+
+
+def thresholds(config: PlatformConfig) -> alerts.AlertThresholds:
+    m = config.monitoring
+    assert m is not None
+    return alerts.AlertThresholds(
+        gpu_idle_minutes=m.gpu_idle_minutes, kueue_wait_minutes=m.kueue_wait_minutes,
+        stall_step_multiple=m.stall_step_multiple, checkpoint_age_multiple=m.checkpoint_age_multiple,
+        spot_interruptions_per_hour=m.spot_interruptions_per_hour)
+
+
+def stack_spec(config: PlatformConfig) -> stack.StackSpec:
+    m = config.monitoring
+    assert m is not None
+    replicas = m.prometheus_replicas or (2 if config.is_prod else 1)
+    return stack.StackSpec(region=config.region, retention_days=m.retention_days, volume_gib=m.volume_gib,
+                           prometheus_replicas=replicas, alertmanager_replicas=2 if config.is_prod else 1,
+                           grafana=m.grafana, extra_labels={"cluster": config.cluster_name})
+
+
+def deploy(platform: Platform) -> dict[str, Any]:
+    config = platform.config
+    if config.monitoring is None:
+        return {}
+    alarm = platform.components.get("gpu_idle_alarm")
+    monitoring = Monitoring(
+        f"{config.name}-monitoring",
+        MonitoringArgs(cluster=platform.cluster, region=config.region, stack_spec=stack_spec(config),
+                       thresholds=thresholds(config),
+                       sns_topic=alarm.topic if alarm is not None else None,
+                       sns_topic_key=alarm.key if alarm is not None else None,
+                       managed=config.monitoring.managed,
+                       team_namespaces=[t.namespace for t in config.scheduling.teams],
+                       component_namespaces={"gpu": GPU_NAMESPACE, "karpenter": KARPENTER_NAMESPACE,
+                                             "kueue": KUEUE_NAMESPACE,
+                                             "training_operator": TRAINING_OPERATOR_NAMESPACE},
+                       # Team namespaces (the trainer scrape policies live there) come from scheduling.
+                       depends_on=[platform.components["scheduling"]] if "scheduling" in platform.components else [],
+                       tags=config.resource_tags),
+        opts=platform.kubernetes_opts())
+    platform.components["monitoring"] = monitoring
+    outputs: dict[str, Any] = {"monitoringNamespace": stack.NAMESPACE}
+    if monitoring.amp_workspace is not None:
+        outputs["ampWorkspaceId"] = monitoring.amp_workspace.id
+    if monitoring.grafana_workspace is not None:
+        outputs["managedGrafanaEndpoint"] = monitoring.grafana_workspace.endpoint
+    if config.monitoring.container_logs:
+        # The destination lives with the archive (logging account); the filter with the group.
+        archive = ContainerLogArchive(
+            f"{config.name}-container-log-archive",
+            ContainerLogArchiveArgs(bucket=platform.log_archive.bucket, key=platform.log_archive.key,
+                                    source_account_id=config.accounts.workload.id, region=config.region,
+                                    tags=config.resource_tags),
+            opts=pulumi.ResourceOptions(providers={"aws": platform.providers.logging}))
+        logs = ContainerLogs(
+            f"{config.name}-container-logs",
+            ContainerLogsArgs(cluster=platform.cluster, region=config.region,
+                              retention_days=config.monitoring.log_retention_days,
+                              log_kms_key=platform.log_group_key.key if platform.log_group_key else None,
+                              archive=archive, tags=config.resource_tags),
+            opts=platform.kubernetes_opts())
+        outputs["containerLogGroup"] = logs.log_group.name
+    return outputs
+
+
+def log_group_names(config: PlatformConfig) -> list[str]:
+    """CloudWatch log groups this capability creates (the platform's log key must admit them)."""
+    m = config.monitoring
+    return [container_log_group_name(config.cluster_name)] if m is not None and m.container_logs else []
+
+
+def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tuple[str, list[str]]]:
+    m = config.monitoring
+    if m is None:
+        yield "Monitoring", ["none: set `monitoring` for Prometheus, GPU/job alerts and dashboards"]
+        return
+    spec = stack_spec(config)
+    receiver = ("the GPU idle alarm's SNS topic (e-mail)" if config.gpu_idle_alarm is not None
+                else "nobody: alerts stay in Alertmanager's UI (set gpuIdleAlarm)")
+    yield "Monitoring", [
+        f"kube-prometheus-stack on the system nodes: Prometheus x{spec.prometheus_replicas}, {m.retention_days}d "
+        f"or {stack.retention_size_gib(m.volume_gib)} GiB (of a {m.volume_gib} GiB gp3 volume), whichever first",
+        f"{len(alerts.all_alerts(thresholds(config)))} alerts ({ALERT_COUNT_NOTE}); Alertmanager -> {receiver}",
+        "scraped: DCGM exporter, node-exporter, kube-state-metrics (+ PyTorchJob/TrainJob state), Kueue, Karpenter, "
+        "training operator, EKS scheduler/controller-manager, trainer rank 0 in each team namespace",
+        "managed: AMP remote write (Pod Identity) + Managed Grafana" if m.managed else "managed: off (in-cluster only)",
+        (f"container logs: Fluent Bit on every node -> {container_log_group_name(config.cluster_name)} "
+         f"({m.log_retention_days}d, log key) -> log-archive account (Firehose to the archive bucket)"
+         if m.container_logs else "container logs: off"),
+    ]
+
+
+def warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
+    m = config.monitoring
+    if m is not None and config.gpu_idle_alarm is None:
+        yield "monitoring: no gpuIdleAlarm, so Alertmanager has no SNS topic and alerts page nobody"
+
+
+def cost_lines(recording: Recording, today: dt.date) -> Iterator[CostLine]:
+    yield from costs.monitoring(recording)
+
+
+CAPABILITY = Capability("monitoring", deploy=deploy, plan_sections=plan_sections, warnings=warnings,
+                        cost_lines=cost_lines)

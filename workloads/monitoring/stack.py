@@ -1,0 +1,325 @@
+"""kube-prometheus-stack values and the platform's scrape objects (pure functions).
+
+Chart keys are checked against the chart's own values.yaml at the pinned version
+(tests/infra/upstream/kube-prometheus-stack-88.5.3, tests/workloads/test_monitoring.py): the chart
+(88.5.3) ships no values.schema.json, so the contract is "every key we set exists upstream".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from workloads.placement import system_node_selector, system_tolerations
+
+NAMESPACE = "monitoring"
+RELEASE = "kube-prometheus-stack"
+# Short object names (the chart's cleanPrometheusOperatorObjectNames) and fixed service
+# accounts, so Pod Identity associations and RBAC can name them.
+FULLNAME = "kps"
+PROMETHEUS_SERVICE_ACCOUNT = "prometheus"
+ALERTMANAGER_SERVICE_ACCOUNT = "alertmanager"
+# Objects carrying this label are picked up by the platform's Prometheus (rules, monitors).
+SELECTOR_LABEL = {"mlplatform.io/monitoring": "platform"}
+DASHBOARD_LABEL = "grafana_dashboard"
+TRAINER_METRICS_LABEL = "mlplatform.io/trainer-metrics"
+TRAINER_METRICS_PORT_NAME = "metrics"
+TRAINER_METRICS_PORT = 9464
+# Ports the stack listens on (ingress from the VPC: port-forwards through the kubelet, scrapes).
+PROMETHEUS_PORT, ALERTMANAGER_PORT, GRAFANA_PORT, OPERATOR_WEBHOOK_PORT = 9090, 9093, 3000, 10250
+KUBE_STATE_METRICS_PORT, NODE_EXPORTER_PORT = 8080, 9100
+
+# EKS publishes the scheduler's and controller manager's metrics through the API server
+# (EKS User Guide, "Fetch control plane raw metrics in Prometheus format": paths
+# /apis/metrics.eks.amazonaws.com/v1/ksh/container/metrics and .../kcm/container/metrics, 1.28+,
+# RBAC on apiGroup metrics.eks.amazonaws.com resources kcm/metrics and ksh/metrics, verb get).
+EKS_CONTROL_PLANE_METRICS = {
+    "kube-scheduler": "/apis/metrics.eks.amazonaws.com/v1/ksh/container/metrics",
+    "kube-controller-manager": "/apis/metrics.eks.amazonaws.com/v1/kcm/container/metrics",
+}
+
+
+@dataclass(frozen=True)
+class RemoteWriteSpec:
+    """Amazon Managed Service for Prometheus: its remote-write URL and region (SigV4)."""
+
+    url: Any  # str or pulumi Output
+    region: str
+
+
+@dataclass(frozen=True)
+class StackSpec:
+    """What the platform's Prometheus keeps and where alerts go.
+
+    retention_days / volume_gib: local TSDB; retentionSize is kept below the volume so the
+    WAL and compaction fit (Prometheus storage docs: size-based retention counts blocks, WAL
+    and head chunks, "but it's recommended to keep retention size to 80-85% of the disk").
+    sns_topic_arn: Alertmanager's receiver (SNS, SigV4 with Pod Identity); None: alerts stay
+        in Alertmanager's UI.
+    remote_write: managed Prometheus; None keeps everything in-cluster.
+    grafana_amp_datasource_url: AMP query URL for Grafana (managed mode), else local Prometheus.
+    """
+
+    region: str
+    retention_days: int
+    volume_gib: int
+    prometheus_replicas: int = 1
+    alertmanager_replicas: int = 1
+    sns_topic_arn: Any = None
+    remote_write: Optional[RemoteWriteSpec] = None
+    grafana: bool = True
+    team_namespaces: Sequence[str] = ()
+    extra_labels: dict[str, str] = field(default_factory=dict)
+
+
+def retention_size_gib(volume_gib: int) -> int:
+    """85% of the volume, rounded down (the Prometheus docs' upper recommendation)."""
+    return max(1, (volume_gib * 85) // 100)
+
+
+def _placement() -> dict[str, Any]:
+    return {"nodeSelector": system_node_selector(), "tolerations": system_tolerations()}
+
+
+def _volume(gib: int) -> dict[str, Any]:
+    return {"volumeClaimTemplate": {"spec": {
+        "storageClassName": "gp3", "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": f"{gib}Gi"}}}}}
+
+
+def alertmanager_config(sns_topic_arn: Any, region: str) -> dict[str, Any]:
+    """Route everything to SNS (the topic the GPU idle alarm uses) or nowhere.
+
+    Alertmanager's sns_config signs with SigV4 from the default credential chain (Pod Identity
+    here); Alertmanager docs, "<sns_config>": topic_arn, sigv4.region.
+    """
+    route: dict[str, Any] = {"receiver": "null", "group_by": ["alertname", "namespace", "node"],
+                             "group_wait": "30s", "group_interval": "5m", "repeat_interval": "4h",
+                             "routes": [{"receiver": "null", "matchers": ['alertname="Watchdog"']}]}
+    receivers: list[dict[str, Any]] = [{"name": "null"}]
+    if sns_topic_arn is not None:
+        route["receiver"] = "sns"
+        receivers.append({"name": "sns", "sns_configs": [{
+            "topic_arn": sns_topic_arn, "sigv4": {"region": region}, "send_resolved": True,
+            "subject": '[{{ .Status | toUpper }}] {{ .CommonLabels.alertname }}',
+            "message": '{{ range .Alerts }}{{ .Annotations.summary }} {{ .Annotations.runbook_url }}\n{{ end }}',
+        }]})
+    return {"route": route, "receivers": receivers, "inhibit_rules": [{
+        "source_matchers": ['severity="critical"'], "target_matchers": ['severity="warning"'],
+        "equal": ["alertname", "namespace", "node"]}]}
+
+
+def eks_control_plane_scrape_configs() -> list[dict[str, Any]]:
+    """Scheduler and controller-manager metrics, read through the API server (default/kubernetes)."""
+    out = []
+    for job, path in EKS_CONTROL_PLANE_METRICS.items():
+        out.append({
+            "job_name": job, "scheme": "https", "metrics_path": path,
+            "kubernetes_sd_configs": [{"role": "endpoints", "namespaces": {"names": ["default"]}}],
+            "authorization": {"credentials_file": "/var/run/secrets/kubernetes.io/serviceaccount/token"},
+            "tls_config": {"ca_file": "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+                           "insecure_skip_verify": False},
+            "relabel_configs": [{"source_labels": ["__meta_kubernetes_service_name",
+                                                   "__meta_kubernetes_endpoint_port_name"],
+                                 "action": "keep", "regex": "kubernetes;https"}],
+        })
+    return out
+
+
+def eks_control_plane_rbac() -> list[dict[str, Any]]:
+    """Let Prometheus read the EKS control-plane metrics API."""
+    name = "mlplatform-eks-control-plane-metrics"
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+         "rules": [{"apiGroups": ["metrics.eks.amazonaws.com"], "resources": ["kcm/metrics", "ksh/metrics"],
+                    "verbs": ["get"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": PROMETHEUS_SERVICE_ACCOUNT, "namespace": NAMESPACE}]},
+    ]
+
+
+def _status_condition_metrics(kind: str, group: str, version: str, prefix: str) -> dict[str, Any]:
+    return {
+        "groupVersionKind": {"group": group, "version": version, "kind": kind},
+        "metricNamePrefix": prefix,
+        "labelsFromPath": {"name": ["metadata", "name"], "namespace": ["metadata", "namespace"]},
+        "metrics": [
+            {"name": "status_condition", "help": f"{kind} status conditions (1 when the condition's status is True).",
+             "each": {"type": "Gauge", "gauge": {"path": ["status", "conditions"], "labelsFromPath": {"type": ["type"]},
+                                                  "valueFrom": ["status"]}}},
+            {"name": "created", "help": f"{kind} creation time (unix seconds).",
+             "each": {"type": "Gauge", "gauge": {"path": ["metadata", "creationTimestamp"]}}},
+        ],
+    }
+
+
+def custom_resource_state() -> dict[str, Any]:
+    """kube-state-metrics custom resource state: PyTorchJob and TrainJob conditions.
+
+    Metric names are ``<metricNamePrefix>_<name>`` (kube-state-metrics docs,
+    customresourcestate-metrics.md): kube_pytorchjob_status_condition{type="Failed"}, ...;
+    the string "True"/"False" of a condition's status maps to 1/0.
+    """
+    return {"spec": {"resources": [
+        _status_condition_metrics("PyTorchJob", "kubeflow.org", "v1", "kube_pytorchjob"),
+        _status_condition_metrics("TrainJob", "trainer.kubeflow.org", "v1alpha1", "kube_trainjob"),
+    ]}}
+
+
+CUSTOM_RESOURCE_METRICS = frozenset({
+    "kube_pytorchjob_status_condition", "kube_pytorchjob_created",
+    "kube_trainjob_status_condition", "kube_trainjob_created",
+})
+
+
+def helm_values(spec: StackSpec) -> dict[str, Any]:
+    placement = _placement()
+    prometheus_spec: dict[str, Any] = {
+        **placement,
+        "replicas": spec.prometheus_replicas,
+        "retention": f"{spec.retention_days}d",
+        "retentionSize": f"{retention_size_gib(spec.volume_gib)}GiB",
+        "storageSpec": _volume(spec.volume_gib),
+        # Pick up every ServiceMonitor/PodMonitor/PrometheusRule, not only the chart's own.
+        "serviceMonitorSelectorNilUsesHelmValues": False,
+        "podMonitorSelectorNilUsesHelmValues": False,
+        "ruleSelectorNilUsesHelmValues": False,
+        "scrapeInterval": "30s",
+        "evaluationInterval": "30s",
+        "resources": {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"memory": "4Gi"}},
+        "additionalScrapeConfigs": eks_control_plane_scrape_configs(),
+        "externalLabels": dict(spec.extra_labels),
+    }
+    if spec.remote_write is not None:
+        prometheus_spec["remoteWrite"] = [{"url": spec.remote_write.url,
+                                           "sigv4": {"region": spec.remote_write.region}}]
+    gpu_and_system_tolerations = [{"operator": "Exists"}]  # node agents run on every node, GPU taints included
+    values: dict[str, Any] = {
+        "fullnameOverride": FULLNAME,
+        "cleanPrometheusOperatorObjectNames": True,
+        "crds": {"enabled": False},  # the prometheus-operator-crds release owns them (upgrades included)
+        "prometheusOperator": {
+            **placement,
+            "admissionWebhooks": {"patch": {**placement}},
+        },
+        "prometheus": {
+            "serviceAccount": {"create": True, "name": PROMETHEUS_SERVICE_ACCOUNT},
+            "prometheusSpec": prometheus_spec,
+        },
+        "alertmanager": {
+            "enabled": True,
+            "serviceAccount": {"create": True, "name": ALERTMANAGER_SERVICE_ACCOUNT},
+            "config": alertmanager_config(spec.sns_topic_arn, spec.region),
+            "alertmanagerSpec": {**placement, "replicas": spec.alertmanager_replicas,
+                                 "retention": "120h", "storage": _volume(2)},
+        },
+        "grafana": {
+            "enabled": spec.grafana,
+            **placement,
+            "sidecar": {"dashboards": {"enabled": True, "label": DASHBOARD_LABEL, "labelValue": "1",
+                                       "searchNamespace": NAMESPACE}},
+        },
+        "kube-state-metrics": {
+            **placement,
+            "customResourceState": {"enabled": True, "config": custom_resource_state()},
+            # Instance type and pool as labels of kube_node_labels (the cost-per-team dashboard).
+            "metricLabelsAllowlist": ["nodes=[node.kubernetes.io/instance-type,karpenter.sh/nodepool]"],
+            "rbac": {"extraRules": [
+                {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": ["list", "watch"]},
+                {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": ["list", "watch"]},
+            ]},
+        },
+        "prometheus-node-exporter": {"tolerations": gpu_and_system_tolerations},
+        # EKS runs these off-cluster: the chart's endpoints-based scrapes would find nothing.
+        "kubeControllerManager": {"enabled": False},
+        "kubeScheduler": {"enabled": False},
+        "kubeEtcd": {"enabled": False},
+        # EKS's kube-proxy binds its metrics to 127.0.0.1:10249.
+        "kubeProxy": {"enabled": False},
+    }
+    return values
+
+
+# -- scrape objects ---------------------------------------------------------------------------
+def _monitor(kind: str, name: str, namespace: str, selector: dict[str, str], endpoints: list[dict[str, Any]],
+             namespaces: Sequence[str]) -> dict[str, Any]:
+    key = "podMetricsEndpoints" if kind == "PodMonitor" else "endpoints"
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": kind,
+            "metadata": {"name": name, "namespace": namespace, "labels": dict(SELECTOR_LABEL)},
+            "spec": {"selector": {"matchLabels": dict(selector)},
+                     "namespaceSelector": {"matchNames": list(namespaces)}, key: endpoints}}
+
+
+NODE_RELABEL = [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}]
+
+
+@dataclass(frozen=True)
+class ScrapeTarget:
+    """A platform component scraped through a ServiceMonitor in its own namespace."""
+
+    name: str
+    namespace: str
+    selector: dict[str, str]
+    port: str
+    interval: str = "30s"
+    scheme: str = "http"
+
+
+def platform_scrape_targets(*, gpu_namespace: str, karpenter_namespace: str, kueue_namespace: str,
+                            training_operator_namespace: str) -> list[ScrapeTarget]:
+    """Services the charts create (selector labels from each chart's templates at its pinned version)."""
+    return [
+        # dcgm-exporter chart 4.1.1: Service port "metrics" (9400), selector labels
+        # app.kubernetes.io/name=dcgm-exporter (deployment/templates/service.yaml, _helpers.tpl).
+        ScrapeTarget("dcgm-exporter", gpu_namespace, {"app.kubernetes.io/name": "dcgm-exporter"}, "metrics", "15s"),
+        # Karpenter chart 1.14.1: Service "karpenter", port "http-metrics" (8080).
+        ScrapeTarget("karpenter", karpenter_namespace, {"app.kubernetes.io/name": "karpenter"}, "http-metrics"),
+        # Kueue chart 0.19.2: Service <fullname>-controller-manager-metrics-service, port "https"
+        # (8443), labels kueue.metricsService.labels (charts/kueue/templates/_helpers.tpl); the
+        # controller's self-signed certificate and an authorized bearer token (the chart's
+        # metrics-reader role is nonResourceURL /metrics, which kube-prometheus-stack's Prometheus
+        # ClusterRole already grants).
+        ScrapeTarget("kueue", kueue_namespace,
+                     {"app.kubernetes.io/name": "kueue", "app.kubernetes.io/component": "metrics-service"},
+                     "https", scheme="https"),
+        # Training Operator (kubeflow/training-operator manifests/base/service.yaml): Service
+        # "training-operator", label control-plane=kubeflow-training-operator, port "monitoring-port"
+        # (annotated prometheus.io/path /metrics).
+        ScrapeTarget("training-operator", training_operator_namespace,
+                     {"control-plane": "kubeflow-training-operator"}, "monitoring-port"),
+    ]
+
+
+def service_monitor(target: ScrapeTarget) -> dict[str, Any]:
+    endpoint: dict[str, Any] = {"port": target.port, "interval": target.interval, "relabelings": NODE_RELABEL}
+    if target.scheme == "https":
+        endpoint.update({"scheme": "https", "tlsConfig": {"insecureSkipVerify": True},
+                         "bearerTokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token"})
+    return _monitor("ServiceMonitor", target.name, NAMESPACE, target.selector, [endpoint], [target.namespace])
+
+
+def trainer_pod_monitor(namespace: str) -> dict[str, Any]:
+    """The trainer's rank-0 health endpoint (trainer/health.py) in one team namespace.
+
+    Only rank 0 listens; other ranks' pods have no such port and are not scraped. The label
+    ``mlplatform.io/trainer-metrics: "true"`` is set by the job template.
+    """
+    return _monitor("PodMonitor", "trainer-health", namespace, {TRAINER_METRICS_LABEL: "true"},
+                    [{"port": TRAINER_METRICS_PORT_NAME, "interval": "30s", "relabelings": NODE_RELABEL}],
+                    [namespace])
+
+
+def trainer_scrape_policy(namespace: str) -> dict[str, Any]:
+    """Team namespaces deny ingress by default: admit Prometheus to rank 0's health port only."""
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "allow-prometheus-trainer-health", "namespace": namespace},
+            "spec": {"podSelector": {"matchLabels": {TRAINER_METRICS_LABEL: "true"}}, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
+                                            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
+                                  "ports": [{"protocol": "TCP", "port": TRAINER_METRICS_PORT}]}]}}
+
+
+def prometheus_rule(name: str, groups: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": dict(SELECTOR_LABEL)},
+            "spec": {"groups": groups}}
