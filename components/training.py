@@ -30,7 +30,9 @@ from workloads.jobspec import JobSpec
 from workloads.placement import system_pod_placement
 from workloads.platform_facts import PlatformFacts, TRAINER_SERVICE_ACCOUNT
 from workloads.fsx import CLAIM_NAME
-from workloads.trainingjob import TORCH_DISTRIBUTED_RUNTIME, checkpoint_root_job, render
+from workloads.trainingjob import (
+    CHECKPOINT_KEY_ITEM, CHECKPOINT_KEY_SECRET, TORCH_DISTRIBUTED_RUNTIME, checkpoint_root_job, render,
+)
 
 # Where the upstream manifests put the operator (overlays/standalone: namespace kubeflow).
 TRAINING_OPERATOR_NAMESPACE = "kubeflow"
@@ -117,6 +119,16 @@ def checkpoint_prefix_policy(*, bucket_arn: str, key_arn: str, prefix: str, regi
     ]}
 
 
+def checkpoint_key_secret(namespace: str, key: pulumi.Input[str]) -> dict[str, Any]:
+    """The team's checkpoint signing key (trainer/trust.py): its trainers sign every checkpoint
+    manifest with it and refuse to load one it does not verify. Only the team's namespace holds
+    it, so another team can neither forge a checkpoint nor read the key."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": CHECKPOINT_KEY_SECRET, "namespace": namespace,
+                         "labels": {"app.kubernetes.io/managed-by": "pulumi", "mlplatform.io/role": "trainer"}},
+            "stringData": {CHECKPOINT_KEY_ITEM: key}}
+
+
 def trainer_service_account(namespace: str) -> dict[str, Any]:
     # The token stays mounted: EKS Pod Identity authenticates the pod with its service account
     # token, and users report credential failures with automountServiceAccountToken: false
@@ -170,6 +182,13 @@ class TeamTrainerAccess(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self),
             )
             self.roles[namespace] = role
+            # 64 random characters from Secrets Manager's generator (an Invoke: not a resource, and
+            # a new value on every run, so ignore_changes keeps the first one; rotating it makes
+            # the team's existing checkpoints unloadable, see docs/trainer.md).
+            key = aws.secretsmanager.get_random_password_output(
+                password_length=64, exclude_punctuation=True, opts=pulumi.InvokeOutputOptions(parent=self)).random_password
+            apply_object(f"{name}-{namespace}-checkpoint-key", checkpoint_key_secret(namespace, pulumi.Output.secret(key)),
+                         pulumi.ResourceOptions(parent=self, depends_on=ns_dep, ignore_changes=["stringData"]))
             if args.fsx is not None:
                 # The team's checkpoint directory, owned by the trainer's uid (see checkpoint_root_job).
                 apply_object(f"{name}-{namespace}-checkpoint-root",
