@@ -276,7 +276,7 @@ class TrackingArgs:
         alb_logs_policy: that bucket's policy admitting ELB log delivery; the load balancers
             depend on it.
         namespaces: team namespaces; each gets its own MLflow user (named after the
-            namespace, EDIT on the experiment of the same name, READ elsewhere) and an
+            namespace, EDIT on the experiment of the same name, nothing elsewhere unless granted) and an
             ``mlflow-tracking`` Secret with that login only.
         protect: ``protect``, deletion protection and a final snapshot (prod).
     """
@@ -605,7 +605,7 @@ class Tracking(pulumi.ComponentResource):
         for namespace in self.args.namespaces:
             secret = aws.secretsmanager.Secret(
                 f"{name}-user-{namespace}",
-                description=f"MLflow login of {namespace} (EDIT on experiment {namespace}, READ elsewhere). "
+                description=f"MLflow login of {namespace} (EDIT on experiment {namespace}, creates under {namespace}/, nothing else unless granted). "
                             f"{ROTATION_EXCEPTION_PREFIX} {ROTATION_EXCEPTIONS['team-user']}",
                 kms_key_id=self.key.arn, recovery_window_in_days=30 if self.args.protect else 0, tags=tags,
                 opts=pulumi.ResourceOptions(parent=self))

@@ -574,11 +574,12 @@ def test_connection_hook_raises_other_errors_and_gives_up_when_no_version_works(
 def test_the_server_uri_and_auth_config_carry_no_password():
     entrypoint = _docker_module("mlflow_entrypoint")
     env = {"MLFLOW_DB_HOST": "db.example", "MLFLOW_DB_NAME": "mlflow", "MLFLOW_DB_USERNAME": "mlflow_app",
-           "MLFLOW_DB_SECRET_ID": "arn", "MLFLOW_AUTH_DEFAULT_PERMISSION": "READ"}
+           "MLFLOW_DB_SECRET_ID": "arn", "MLFLOW_AUTH_DEFAULT_PERMISSION": "NO_PERMISSIONS"}
     uri = entrypoint.database_uri(env)
     assert uri == "postgresql://mlflow_app@db.example:5432/mlflow?sslmode=require"
     config = entrypoint.auth_config(env, uri)
-    assert "default_permission = READ" in config and "database_uri = " + uri in config
+    assert "default_permission = NO_PERMISSIONS" in config and "database_uri = " + uri in config
+    assert "authorization_function = mlflow_team_auth:authenticate_request" in config
     with pytest.raises(RuntimeError, match="empty"):
         entrypoint.read_team_secrets({"team-a": "arn:a"}, fetch=lambda secret_id: "")
     assert entrypoint.read_team_secrets({"team-a": "arn:a"}, fetch=lambda secret_id: "pw") == {"team-a": "pw"}
