@@ -150,6 +150,13 @@ def tracking_problems(
             yield Problem(f"{db}.secondsUntilAutoPause", seconds_until_auto_pause,
                           f"only a cluster with minCapacityAcu 0 pauses (it is {min_capacity_acu})",
                           "set minCapacityAcu to 0, or remove secondsUntilAutoPause")
+    if is_prod and scheme is LoadBalancerScheme.INTERNET_FACING:
+        # The login is basic auth (no MFA, no lockout): on the internet it is open to password
+        # guessing from anywhere the CIDR list is wrong or stale (review security-3 M8).
+        yield Problem(f"{path}.loadBalancerScheme", scheme.value,
+                      "prod's MLflow is a basic-auth login: it is not exposed on an internet-facing load balancer",
+                      "use internal and reach it over the VPN or Direct Connect into the VPC (list the VPN client "
+                      "range in ingressCidrs); see docs/architecture.md, 'Tracking endpoint'")
     if scheme is LoadBalancerScheme.INTERNET_FACING and num_ingress_cidrs == 0:
         yield Problem(f"{path}.ingressCidrs", [], "an internet-facing load balancer needs the CIDRs it admits",
                       "list your office/VPN egress CIDRs (0.0.0.0/0 only if the UI must be public)")

@@ -204,3 +204,55 @@ def test_the_trainer_sends_the_team_login_only_to_the_platforms_server(tmp_path)
     with pytest.raises(ConfigError, match="goes only to the platform's tracking server"):
         build_config(None, ["tracking.uri=https://evil.example"], environ=env)
     assert build_config(None, [], environ=env).tracking.uri == env["MLFLOW_TRACKING_URI"]
+
+
+# -- item 8: the prod MLflow login is not on the internet ---------------------------------------
+LOAD_BALANCER = "aws:lb/loadBalancer:LoadBalancer"
+LISTENER = "aws:lb/listener:Listener"
+SG_RULE = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+RECORD = "aws:route53/record:Record"
+SUBNET = "aws:ec2/subnet:Subnet"
+
+
+def _mlflow_load_balancers(plan):
+    return [lb for lb in plan.recording.by_type(LOAD_BALANCER) if "mlflow" in lb.name or "tracking" in lb.name]
+
+
+def test_the_prod_mlflow_login_cannot_be_reached_from_the_internet(prod_plan):
+    """Attack: guess a team's (or the admin's) basic-auth password from anywhere on the internet.
+    Control (prod): the only MLflow load balancers are internal (Elastic Load Balancing guide: "the
+    nodes of an internal load balancer have only private IP addresses ... can only route requests
+    from clients with access to the VPC"), in private subnets, with no public DNS record, and their
+    listeners forward HTTPS or redirect HTTP to it, nothing else."""
+    lbs = _mlflow_load_balancers(prod_plan)
+    assert lbs, "no MLflow load balancer recorded"
+    public_subnets = {s.id for s in prod_plan.recording.by_type(SUBNET) if s.inputs.get("mapPublicIpOnLaunch")}
+    for lb in lbs:
+        assert lb.inputs.get("internal") is True, f"{lb.name} is internet-facing"
+        assert not set(lb.inputs.get("subnets") or []) & public_subnets, f"{lb.name} sits in a public subnet"
+    arns = {lb.outputs.get("arn") for lb in lbs}
+    listeners = [l for l in prod_plan.recording.by_type(LISTENER) if l.inputs.get("loadBalancerArn") in arns]
+    assert {l.inputs["port"] for l in listeners} == {80, 443}
+    for listener in listeners:
+        (action,) = listener.inputs["defaultActions"]
+        if listener.inputs["port"] == 443:
+            assert listener.inputs["protocol"] == "HTTPS" and action["type"] == "forward"
+        else:
+            assert action["type"] == "redirect" and action["redirect"]["protocol"] == "HTTPS"
+    dns_names = {lb.outputs.get("dnsName") for lb in lbs}
+    public_records = [r for r in prod_plan.recording.by_type(RECORD)
+                      if any(a.get("name") in dns_names for a in r.inputs.get("aliases") or [])
+                      and "private" not in r.name]
+    assert not public_records, [r.name for r in public_records]
+
+
+def test_prod_refuses_an_internet_facing_mlflow_endpoint():
+    from infra.config import ConfigError, load_platform_config
+    from tests.conftest import stack_config
+
+    raw = stack_config("prod")
+    raw["tracking"]["loadBalancerScheme"] = "internet-facing"
+    with pytest.raises(ConfigError) as info:
+        load_platform_config(raw)
+    (problem,) = [p for p in info.value.problems if p.path == "tracking.loadBalancerScheme"]
+    assert "basic-auth login" in problem.message and "VPN" in problem.fix
