@@ -442,6 +442,17 @@ def test_server_user_is_its_own_least_privilege_owner_not_the_master(mlflow_serv
         assert result.returncode != 0 and "permission denied" in result.stderr, (statement, result.stderr)
 
 
+def test_the_bootstrap_never_sends_the_database_password(mlflow_server, postgres):
+    """Attack (review security-3 M4): read the server's database password from the PostgreSQL
+    log, where log_min_error_statement = error copies a failing CREATE/ALTER ROLE ... PASSWORD
+    statement. Control: the bootstrap sends a SCRAM-SHA-256 verifier, stored as-is, so no
+    statement it sends holds the password; the server still logs in with it."""
+    stored = postgres.sql(f"SELECT rolpassword FROM pg_authid WHERE rolname = '{APP_DATABASE_USER}'")
+    assert stored.startswith("SCRAM-SHA-256$4096:") and APP_PASSWORD not in stored
+    assert APP_PASSWORD not in (postgres.base / "postgres.log").read_text()
+    assert _as_app_user(postgres)("SELECT 1").returncode == 0  # the password still works
+
+
 def _as_app_user(postgres):
     def run(statement: str, password: str = APP_PASSWORD) -> subprocess.CompletedProcess:
         return subprocess.run([str(postgres.bin_dir / "psql"), f"host=127.0.0.1 port={postgres.port} dbname=mlflow "

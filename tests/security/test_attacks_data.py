@@ -256,3 +256,119 @@ def test_prod_refuses_an_internet_facing_mlflow_endpoint():
         load_platform_config(raw)
     (problem,) = [p for p in info.value.problems if p.path == "tracking.loadBalancerScheme"]
     assert "basic-auth login" in problem.message and "VPN" in problem.fix
+
+
+# -- item 10: audit that an attacker cannot erase --------------------------------------------------
+TRAIL = "aws:cloudtrail/trail:Trail"
+KEY = "aws:kms/key:Key"
+BUCKET = "aws:s3/bucket:Bucket"
+OBJECT_LOCK = "aws:s3/bucketObjectLockConfiguration:BucketObjectLockConfiguration"
+LOG_GROUP = "aws:cloudwatch/logGroup:LogGroup"
+
+
+def _account(plan, resource) -> str:
+    from infra.plan import account_of
+
+    return account_of(resource, plan.recording, plan.config)
+
+
+def _selected_prefixes(trail) -> list[str]:
+    return [p for selector in trail.inputs.get("advancedEventSelectors") or [] for f in selector["fieldSelectors"]
+            if f["field"] == "resources.ARN" for p in f.get("startsWiths", [])]
+
+
+@pytest.fixture(scope="module", params=["dev", "prod"])
+def any_plan(request):
+    from infra.plan import build_plan
+
+    return build_plan(request.param, ROOT)
+
+
+def test_cross_tenant_object_access_is_recorded_by_a_data_event_trail(any_plan):
+    """Attack: read or overwrite another team's checkpoints or datasets in S3 and leave no trace
+    (management events do not record object calls). Control: the workload trail selects S3
+    object events (CloudTrail User Guide, "Logging data events": resources.type AWS::S3::Object,
+    resources.ARN StartsWith) of exactly the recorded datasets and checkpoints buckets, and keeps
+    management events in their own selector (advanced selectors log only what they select)."""
+    trails = {_account(any_plan, t): t for t in any_plan.recording.by_type(TRAIL)}
+    workload = trails["workload"]
+    prefixes = _selected_prefixes(workload)
+    tenant = [b for b in any_plan.recording.by_type(BUCKET) if "datasets-datasets" in b.name or "checkpoints" in b.name]
+    assert len(tenant) == 2
+    for bucket in tenant:
+        object_arn = f"arn:aws:s3:::{bucket.id}/team-a/ckpt/step-000100/.metadata"
+        assert any(object_arn.startswith(p) for p in prefixes), (bucket.id, prefixes)
+    others = [b for b in any_plan.recording.by_type(BUCKET) if b not in tenant]
+    assert not [b.id for b in others if any(f"arn:aws:s3:::{b.id}/x".startswith(p) for p in prefixes)]
+    categories = [f["equals"] for s in workload.inputs["advancedEventSelectors"] for f in s["fieldSelectors"]
+                  if f["field"] == "eventCategory"]
+    assert ["Management"] in categories and ["Data"] in categories
+
+
+def test_changes_to_the_archive_are_recorded_in_the_logging_account(any_plan):
+    """Attack: an admin of the logging account deletes archived logs or edits the archive's
+    policy or key unseen. Control: the logging account has its own trail into the archive, and it
+    records object deletions and retention changes on the archive (its own deliveries excepted,
+    so that delivering is not itself an event)."""
+    trails = {_account(any_plan, t): t for t in any_plan.recording.by_type(TRAIL)}
+    logging = trails.get("logging")
+    assert logging is not None, "no trail in the logging account"
+    assert logging.inputs["isMultiRegionTrail"] and logging.inputs["enableLogFileValidation"]
+    (archive,) = [b for b in any_plan.recording.by_type(BUCKET) if "log-archive-logs" in b.name]
+    assert any(f"arn:aws:s3:::{archive.id}/cloudtrail/x".startswith(p) for p in _selected_prefixes(logging))
+    selector = next(s for s in logging.inputs["advancedEventSelectors"]
+                    if any(f["field"] == "resources.ARN" for f in s["fieldSelectors"]))
+    fields = {f["field"]: f for f in selector["fieldSelectors"]}
+    assert "DeleteObject" not in fields["eventName"]["notEquals"] and "PutObject" in fields["eventName"]["notEquals"]
+
+
+def test_only_the_break_glass_role_can_destroy_the_archive_key(any_plan):
+    """Attack: an AdministratorAccess principal of the logging account schedules the archive
+    key's deletion (after the waiting period every archived log is unreadable, whatever Object
+    Lock kept). Control: the key policy denies ScheduleKeyDeletion and DisableKey to every
+    principal but the break-glass role; an explicit deny beats the root statement's allow
+    (KMS Developer Guide, "Key policies")."""
+    import json
+
+    (key,) = [k for k in any_plan.recording.by_type(KEY) if "log-archive" in k.name]
+    policy = json.loads(key.inputs["policy"])
+    account = any_plan.config.accounts.logging.id
+    break_glass = f"arn:aws:iam::{account}:role/{any_plan.config.log_archive.break_glass_role_name}"
+    deploy = f"arn:aws:iam::{account}:role/mlp-pulumi-deploy"
+
+    def denied(principal_arn: str, action: str) -> bool:
+        for s in policy["Statement"]:
+            if s["Effect"] != "Deny" or action not in s["Action"]:
+                continue
+            not_equals = s.get("Condition", {}).get("ArnNotEquals", {}).get("aws:PrincipalArn")
+            if not_equals is None or principal_arn not in (not_equals if isinstance(not_equals, list) else [not_equals]):
+                return True
+        return False
+
+    for action in ("kms:ScheduleKeyDeletion", "kms:DisableKey"):
+        assert denied(deploy, action) and denied(f"arn:aws:iam::{account}:root", action)
+        assert not denied(break_glass, action)
+
+
+def test_prod_archive_locks_are_compliance_mode(prod_plan):
+    """Attack: a principal with s3:BypassGovernanceRetention deletes locked log versions. Control
+    (prod): COMPLIANCE mode, which no user, root included, can shorten or remove (S3 User Guide,
+    "Object Lock": "In compliance mode, a protected object version can't be overwritten or deleted
+    by any user, including the root user in your AWS account")."""
+    (lock,) = prod_plan.recording.by_type(OBJECT_LOCK)
+    assert lock.inputs["rule"]["defaultRetention"]["mode"] == "COMPLIANCE"
+    assert lock.inputs["rule"]["defaultRetention"]["days"] >= 365
+
+
+def test_service_written_log_groups_exist_first_with_the_logs_key_and_a_retention(prod_plan):
+    """Attack surface: logs the services would create on their own (AWS-owned key, kept forever):
+    the Aurora postgresql export and the rotation Lambda. Control: the platform creates them first,
+    with the logs key and a retention, and the database and the rotation stack wait for them."""
+    groups = {g.inputs["name"]: g for g in prod_plan.recording.by_type(LOG_GROUP)}
+    (cluster,) = prod_plan.recording.by_type("aws:rds/cluster:Cluster")
+    expected = [f"/aws/rds/cluster/{cluster.inputs['clusterIdentifier']}/postgresql",
+                f"/aws/lambda/{next(s for s in prod_plan.recording.by_type('aws:serverlessrepository/cloudFormationStack:CloudFormationStack')).inputs['parameters']['functionName']}"]
+    for name in expected:
+        assert name in groups, f"{name} would be created by the service"
+        assert groups[name].inputs.get("kmsKeyId") and groups[name].inputs.get("retentionInDays")
+        assert groups[name].urn in cluster.dependencies or "lambda" in name
