@@ -372,3 +372,49 @@ def test_service_written_log_groups_exist_first_with_the_logs_key_and_a_retentio
         assert name in groups, f"{name} would be created by the service"
         assert groups[name].inputs.get("kmsKeyId") and groups[name].inputs.get("retentionInDays")
         assert groups[name].urn in cluster.dependencies or "lambda" in name
+
+
+# -- the review's rows for these items, and where each attack is refused ----------------------------
+# (review security-3 row or finding, the attack, the test that shows it refused). Attacks that need
+# a real trainer run or a real MLflow server live next to those fixtures.
+ATTACK_ROWS = [
+    ("C2", "plant a checkpoint whose .metadata runs code as the victim at its next restart",
+     "tests/trainer/test_checkpoint_trust.py::test_a_planted_newer_step_is_refused_and_its_pickle_never_runs"),
+    ("C2", "swap .metadata inside the victim's own newest step",
+     "tests/trainer/test_checkpoint_trust.py::test_metadata_swapped_inside_the_victims_own_newest_step_is_refused"),
+    ("C2", "a step directory written by another uid",
+     "tests/trainer/test_checkpoint_trust.py::test_a_step_directory_owned_by_another_uid_is_refused"),
+    ("C2", "an RNG file that is a code-running pickle",
+     "tests/trainer/test_checkpoint_trust.py::test_an_rng_file_that_is_a_pickle_is_never_unpickled"),
+    ("C2", "the restore drill run on a planted checkpoint",
+     "tests/trainer/test_checkpoint_trust.py::test_the_restore_drill_refuses_a_planted_checkpoint_before_unpickling"),
+    ("issue 18 item 6", "a job spec that redirects or reveals credentials or leaves the team's space",
+     "tests/security/test_attacks_data.py::test_a_malicious_job_spec_is_refused_naming_the_field"),
+    ("issue 18 item 6", "a job spec string that makes the kubelet expand a Secret",
+     "tests/security/test_attacks_data.py::test_no_user_string_expands_a_secret_in_the_container"),
+    ("row 8 / H5", "read another team's runs, artifacts and models",
+     "tests/integration/test_mlflow_server.py::test_a_team_cannot_read_another_teams_run_artifact_or_model"),
+    ("row 10 / H5", "squat another team's experiment or model names",
+     "tests/integration/test_mlflow_server.py::test_a_team_cannot_squat_another_teams_names"),
+    ("H5", "grant oneself into another team's experiment",
+     "tests/integration/test_mlflow_server.py::test_sharing_is_an_explicit_grant_by_the_owner"),
+    ("M8", "guess the MLflow login from the internet",
+     "tests/security/test_attacks_data.py::test_the_prod_mlflow_login_cannot_be_reached_from_the_internet"),
+    ("M3", "tamper with tenant data or the archive unrecorded",
+     "tests/security/test_attacks_data.py::test_cross_tenant_object_access_is_recorded_by_a_data_event_trail"),
+    ("M3", "delete the archive key",
+     "tests/security/test_attacks_data.py::test_only_the_break_glass_role_can_destroy_the_archive_key"),
+    ("M3", "bypass the archive's Object Lock",
+     "tests/security/test_attacks_data.py::test_prod_archive_locks_are_compliance_mode"),
+    ("M4", "read the database password from the PostgreSQL log",
+     "tests/integration/test_mlflow_server.py::test_the_bootstrap_never_sends_the_database_password"),
+]
+
+
+def test_every_attack_row_names_a_test_that_exists():
+    import ast
+
+    for row, attack, node in ATTACK_ROWS:
+        path, name = node.split("::")
+        tree = ast.parse((ROOT / path).read_text())
+        assert name in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, (row, attack, node)
