@@ -209,12 +209,16 @@ def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tupl
     lock = config.object_lock_retention_days
     trail = archive.audit_trail
     trails = ("organization trail (logging account, delegated administrator)" if trail.mode is AuditTrailMode.ORGANIZATION
-              else "account trails in workload and automation")
+              else "account trails in workload, automation and logging")
     access = sorted({r.name.removeprefix(f"{config.name}-").removesuffix("-access-logs")
                      for r in recording.by_type("mlplatform:bucket:AccessLogBucket")})
+    lock_mode = "COMPLIANCE" if config.is_prod else "GOVERNANCE"
     yield ("Logs and audit", [
         f"log archive (logging account, SSE-KMS): VPC flow logs + CloudTrail {trails}; "
-        f"{', '.join(s for s in steps if s)}; Object Lock {f'GOVERNANCE {lock} days' if lock else 'off'}",
+        f"{', '.join(s for s in steps if s)}; Object Lock {f'{lock_mode} {lock} days' if lock else 'off'}",
+        "CloudTrail S3 data events: datasets and checkpoints objects (workload trail), archive deletions and "
+        f"retention changes (logging trail); archive key deletion/disabling only by role "
+        f"{archive.break_glass_role_name}",
         f"S3 server access logs: an SSE-S3 bucket in each of {', '.join(access) or 'no account'}, "
         f"expire after {archive.access_log_expiration_days} days",
         f"CloudWatch log groups: KMS-encrypted ({len(log_group_names(config))} groups), control plane kept "
