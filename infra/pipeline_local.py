@@ -22,11 +22,10 @@ training run, else the failing step's exit code (2 for bad input).
 """
 from __future__ import annotations
 
-import secrets as secrets_module
-
 import argparse
 import json
 import os
+import secrets as secrets_module
 import subprocess
 import sys
 import time
