@@ -236,6 +236,14 @@ class DatasetsArgs:
             raise ValueError(f"DatasetsArgs.fsx.subnet_index: {self.fsx.subnet_index} is not a private subnet index")
 
 
+def bucket_arn_prefix(partition: pulumi.Input[str], component_name: str, kind: "DatasetBucket") -> pulumi.Output[str]:
+    """The ARN prefix of one of ``Datasets``' buckets, known before the bucket exists: Pulumi
+    auto-names a resource ``<logical name>-<random suffix>`` (Pulumi docs, "Resource names:
+    autonaming"), and the bucket's logical name is ``<component>-<kind>-bucket``. The audit
+    trail selects the buckets' data events by it (the trail is created before them)."""
+    return pulumi.Output.concat("arn:", partition, ":s3:::", f"{component_name}-{kind.value}-bucket-")
+
+
 class Datasets(pulumi.ComponentResource):
     """Datasets and checkpoints buckets, a PERSISTENT_2 Lustre file system linked to them,
     the FSx CSI add-on and a static PV/PVC per team namespace."""

@@ -81,7 +81,11 @@ class LogArchiveArgs:
             lifecycle of every log object (None turns a step off); checked by
             ``components.bucket.lifecycle_problems``.
         noncurrent_version_expiration_days: how long overwritten versions stay.
-        object_lock_retention_days: Object Lock (GOVERNANCE) default retention; None: off.
+        object_lock_retention_days: Object Lock default retention; None: off.
+        object_lock_mode: COMPLIANCE (nobody, root included, shortens or removes a retention;
+            prod) or GOVERNANCE (a principal with s3:BypassGovernanceRetention can).
+        break_glass_role_name: the role of the logging account that alone may schedule the
+            archive key's deletion or disable it (None: no such restriction).
         access_logs_bucket: this account's ``AccessLogBucket`` for the archive's own
             S3 server access logs (CIS: log access to the CloudTrail bucket).
         kms_key_deletion_window_days: waiting period before a deleted key is gone.
@@ -96,6 +100,8 @@ class LogArchiveArgs:
     expiration_days: Optional[int] = 365
     noncurrent_version_expiration_days: int = 30
     object_lock_retention_days: Optional[int] = None
+    object_lock_mode: str = "GOVERNANCE"
+    break_glass_role_name: Optional[str] = None
     access_logs_bucket: Optional[AccessLogBucket] = None
     kms_key_deletion_window_days: int = 30
     protect: bool = False
@@ -131,10 +137,12 @@ class LogArchive(pulumi.ComponentResource):
         invoke = pulumi.InvokeOutputOptions(parent=self)
         partition = aws.get_partition_output(opts=invoke).partition
         region = aws.get_region_output(opts=invoke).region
+        account_id = aws.get_caller_identity_output(opts=invoke).account_id
         self.key = create_key(
             f"{name}", description="Encrypts the platform log archive", parent=self, tags=args.tags,
             deletion_window_days=args.kms_key_deletion_window_days, protect=args.protect,
-            service_statements=_key_statements(args, partition, region),
+            service_statements=[*_key_statements(args, partition, region),
+                                *_break_glass_statements(args, partition, account_id)],
         )
         lifecycle = LifecycleRule(
             id="expire-logs",
@@ -151,7 +159,8 @@ class LogArchive(pulumi.ComponentResource):
                 policy_statements=_bucket_statements(args, partition, region),
                 access_logs_bucket=args.access_logs_bucket,
                 access_logs_prefix=f"s3-access/{name}-logs/",
-                object_lock=ObjectLock(args.object_lock_retention_days) if args.object_lock_retention_days else None,
+                object_lock=(ObjectLock(args.object_lock_retention_days, mode=args.object_lock_mode)
+                             if args.object_lock_retention_days else None),
                 protect=args.protect,
                 tags=args.tags,
             ),
@@ -201,6 +210,24 @@ def _key_statements(args: LogArchiveArgs, partition, region) -> list[dict[str, A
     return statements
 
 
+KEY_DESTRUCTION_ACTIONS = ["kms:ScheduleKeyDeletion", "kms:DisableKey"]
+
+
+def _break_glass_statements(args: LogArchiveArgs, partition, account_id) -> list[dict[str, Any]]:
+    """Without its key every archived log is unreadable, whatever Object Lock keeps: only the
+    break-glass role may schedule the key's deletion or disable it. An explicit Deny in the key
+    policy overrides any IAM Allow in the account, AdministratorAccess included (KMS Developer
+    Guide, "Key policies": an explicit deny in any policy overrides an allow). PutKeyPolicy stays
+    with the deploy role (it manages this policy); a change to the policy is recorded by the
+    logging account's own trail."""
+    if not args.break_glass_role_name:
+        return []
+    return [{"Sid": "OnlyBreakGlassDestroysTheKey", "Effect": "Deny", "Principal": {"AWS": "*"},
+             "Action": KEY_DESTRUCTION_ACTIONS, "Resource": "*",
+             "Condition": {"ArnNotEquals": {"aws:PrincipalArn": pulumi.Output.concat(
+                 "arn:", partition, ":iam::", account_id, ":role/", args.break_glass_role_name)}}}]
+
+
 def _bucket_statements(args: LogArchiveArgs, partition, region) -> list[dict[str, Any]]:
     statements: list[dict[str, Any]] = []
     flow_accounts = sorted(set(args.flow_log_account_ids))
@@ -235,6 +262,29 @@ def _bucket_statements(args: LogArchiveArgs, partition, region) -> list[dict[str
 
 
 # -- the audit trail ---------------------------------------------------------------------------
+# CloudTrail User Guide, "Logging data events" (advanced event selectors): with advanced
+# selectors a trail logs only what they select, management events included.
+MANAGEMENT_EVENTS = {"name": "Management events", "field_selectors": [{"field": "eventCategory", "equals": ["Management"]}]}
+# What the archive's own deliveries do, left out of its data events: logging them would make
+# every delivery an event, delivered again (CloudTrail User Guide, "Logging data events").
+DELIVERY_WRITES = ["PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload"]
+
+
+def s3_object_events(name: str, bucket_arn_prefixes: Sequence[pulumi.Input[str]], *,
+                     writes_only_except_delivery: bool = False) -> dict[str, Any]:
+    """An advanced event selector for S3 object-level API calls on the objects whose ARN starts
+    with one of the prefixes (reads and writes; or, for a log bucket, the writes that are not
+    its deliveries: deletes, retention and legal-hold changes, restores)."""
+    selectors: list[dict[str, Any]] = [
+        {"field": "eventCategory", "equals": ["Data"]},
+        {"field": "resources.type", "equals": ["AWS::S3::Object"]},
+        {"field": "resources.ARN", "starts_withs": list(bucket_arn_prefixes)},
+    ]
+    if writes_only_except_delivery:
+        selectors += [{"field": "readOnly", "equals": ["false"]}, {"field": "eventName", "not_equals": DELIVERY_WRITES}]
+    return {"name": name, "field_selectors": selectors}
+
+
 @dataclass(frozen=True)
 class AuditTrailArgs:
     """Inputs of ``AuditTrail``.
@@ -244,12 +294,16 @@ class AuditTrailArgs:
         trail_name: must be the name the archive's ``AuditTrailSources`` admits.
         organization: an organization trail (the provider must be the management account or
             a CloudTrail delegated administrator).
+        data_event_selectors: advanced event selectors for data events (``s3_object_events``);
+            with any, management events get their own selector (CloudTrail logs only what
+            advanced selectors select).
         tags: tags on the trail.
     """
 
     archive: LogArchive
     trail_name: str
     organization: bool = False
+    data_event_selectors: Sequence[Mapping[str, Any]] = ()
     tags: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -268,6 +322,8 @@ class AuditTrail(pulumi.ComponentResource):
             kms_key_id=archive.key.arn, enable_log_file_validation=True,
             is_multi_region_trail=True, include_global_service_events=True,
             is_organization_trail=args.organization, enable_logging=True,
+            advanced_event_selectors=([MANAGEMENT_EVENTS, *args.data_event_selectors]
+                                      if args.data_event_selectors else None),
             tags={**args.tags, "Name": args.trail_name},
             # CreateTrail checks the bucket policy and fails with InsufficientS3BucketPolicyException.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[archive.policy]),

@@ -16,8 +16,9 @@ The ECS task has two containers built from the same image (``docker/mlflow``):
   (``AWSCURRENT``, then ``AWSPENDING`` while a rotation is half-way), so a rotated password
   is picked up without a restart (``docker/mlflow/mlflow_db_credentials.py``). After
   ``/health`` answers, the entrypoint creates or updates one MLflow user per team from the
-  team's Secrets Manager secret, with EDIT on the team's experiment (READ elsewhere is the
-  auth app's ``default_permission``).
+  team's Secrets Manager secret, with EDIT on the team's experiment; it sees nothing else
+  unless granted (``default_permission = NO_PERMISSIONS``) and creates experiments and models
+  only under its own prefix (``docker/mlflow/mlflow_team_auth.py``).
 
 The task definition (``components.tracking``) uses these functions verbatim, and
 ``tests/integration/test_mlflow_server.py`` runs the very same argv and environment
@@ -85,7 +86,9 @@ class MlflowServerSettings:
     team_secret_ids: Mapping[str, str] = field(default_factory=dict)
     admin_username: str = "admin"
     num_workers: int = 2
-    default_permission: str = "READ"
+    # Nobody reads what they were not granted: teams' runs, artifacts and models are their own
+    # (sharing is an explicit grant; docker/mlflow/mlflow_team_auth.py).
+    default_permission: str = "NO_PERMISSIONS"
     port: int = MLFLOW_PORT
     scratch_dir: str = SCRATCH_DIR
     extra_env: dict[str, str] = field(default_factory=dict)

@@ -34,7 +34,7 @@ from workloads.placement import system_pod_placement
 from workloads.platform_facts import PlatformFacts, TRAINER_SERVICE_ACCOUNT
 from workloads.fsx import CLAIM_NAME
 from workloads import trainjob_runtime
-from workloads.trainingjob import TORCH_DISTRIBUTED_RUNTIME, render
+from workloads.trainingjob import CHECKPOINT_KEY_ITEM, CHECKPOINT_KEY_SECRET, TORCH_DISTRIBUTED_RUNTIME, render
 
 # Where the upstream manifests put the operator (overlays/standalone: namespace kubeflow).
 TRAINING_OPERATOR_NAMESPACE = "kubeflow"
@@ -206,6 +206,16 @@ def team_directory_metadata(posix_id: int) -> dict[str, str]:
     return {"file-owner": str(posix_id), "file-group": str(posix_id), "file-permissions": "040750"}
 
 
+def checkpoint_key_secret(namespace: str, key: pulumi.Input[str]) -> dict[str, Any]:
+    """The team's checkpoint signing key (trainer/trust.py): its trainers sign every checkpoint
+    manifest with it and refuse to load one it does not verify. Only the team's namespace holds
+    it, so another team can neither forge a checkpoint nor read the key."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": CHECKPOINT_KEY_SECRET, "namespace": namespace,
+                         "labels": {"app.kubernetes.io/managed-by": "pulumi", "mlplatform.io/role": "trainer"}},
+            "stringData": {CHECKPOINT_KEY_ITEM: key}}
+
+
 def trainer_service_account(namespace: str) -> dict[str, Any]:
     # The token stays mounted: EKS Pod Identity authenticates the pod with its service account
     # token, and users report credential failures with automountServiceAccountToken: false
@@ -261,6 +271,13 @@ class TeamTrainerAccess(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self),
             )
             self.roles[namespace] = role
+            # 64 random characters from Secrets Manager's generator (an Invoke: not a resource, and
+            # a new value on every run, so ignore_changes keeps the first one; rotating it makes
+            # the team's existing checkpoints unloadable, see docs/trainer.md).
+            key = aws.secretsmanager.get_random_password_output(
+                password_length=64, exclude_punctuation=True, opts=pulumi.InvokeOutputOptions(parent=self)).random_password
+            apply_object(f"{name}-{namespace}-checkpoint-key", checkpoint_key_secret(namespace, pulumi.Output.secret(key)),
+                         pulumi.ResourceOptions(parent=self, depends_on=ns_dep, ignore_changes=["stringData"]))
             if args.fsx is not None:
                 # The team's directory /checkpoints/<ns>, owned by the team's uid, mode 0750,
                 # with no root pod: a directory object with POSIX metadata in the linked bucket,

@@ -23,6 +23,7 @@ from components.datasets import (
 from components.images import ImageRepositories, ImageRepositoriesArgs
 from components.mlflow_server import APP_DATABASE_USER
 from components.tracking import (
+    service_log_group_names,
     MASTER_USERNAME,
     ROTATION_EXCEPTIONS,
     AlbAccessLogs,
@@ -77,6 +78,7 @@ def log_group_names(config: PlatformConfig) -> list[str]:
         names.append(fsx_log_group_name(datasets_name(config)))
     if config.tracking is not None:
         names.append(f"/ecs/{tracking_name(config)}")  # components.tracking names its group /ecs/<name>
+        names += service_log_group_names(tracking_name(config)).values()
     return names
 
 

@@ -10,6 +10,7 @@ import datetime as dt
 from typing import Any, Iterable, Iterator
 
 import pulumi
+import pulumi_aws as aws
 
 from components.cluster import Cluster, ClusterArgs, NodeGroupArgs, control_plane_log_group_name
 from components.kms import LogGroupKey, LogGroupKeyArgs
@@ -20,7 +21,9 @@ from components.log_archive import (
     AuditTrailSources,
     LogArchive,
     LogArchiveArgs,
+    s3_object_events,
 )
+from components.datasets import DatasetBucket, bucket_arn_prefix
 from components.network import Network, NetworkArgs
 from components.versions import (
     EKS_EXTENDED_USD_PER_HOUR,
@@ -50,25 +53,48 @@ def _trail_sources(config: PlatformConfig) -> AuditTrailSources:
     if trail.mode is AuditTrailMode.ORGANIZATION:
         return AuditTrailSources(audit_trail_name(config), organization_id=trail.organization_id,
                                  management_account_id=trail.management_account_id)
-    return AuditTrailSources(audit_trail_name(config),
-                             account_ids=[config.accounts.workload.id, config.accounts.automation.id])
+    # The logging account too: changes to the archive bucket, its policy and its key are
+    # recorded where they happen.
+    return AuditTrailSources(audit_trail_name(config), account_ids=[
+        config.accounts.workload.id, config.accounts.automation.id, config.accounts.logging.id])
+
+
+def _data_event_selectors(config: PlatformConfig, archive: LogArchive) -> dict[str, list[dict]]:
+    """Per account role, the S3 data events its trail records: every object call on the tenant
+    buckets (datasets, checkpoints: who read or overwrote whose data), and on the archive the
+    writes that are not CloudTrail's and the flow logs' own deliveries (deletes, retention)."""
+    partition = aws.get_partition_output().partition
+    selectors: dict[str, list[dict]] = {"logging": [s3_object_events(
+        "Log archive: object writes other than deliveries", [pulumi.Output.concat(archive.bucket.arn, "/")],
+        writes_only_except_delivery=True)]}
+    if config.datasets is not None:
+        name = datasets_tracking.datasets_name(config)
+        selectors["workload"] = [s3_object_events(
+            "Tenant data: datasets and checkpoints objects",
+            [bucket_arn_prefix(partition, name, kind) for kind in (DatasetBucket.DATASETS, DatasetBucket.CHECKPOINTS)])]
+    return selectors
 
 
 def _audit_trails(config: PlatformConfig, providers: AccountProviders, archive: LogArchive) -> list[AuditTrail]:
     tags = config.resource_tags
+    selectors = _data_event_selectors(config, archive)
     if config.log_archive.audit_trail.mode is AuditTrailMode.ORGANIZATION:
         # Created by the logging account as CloudTrail delegated administrator (README).
         return [AuditTrail(f"{config.name}-audit-organization",
-                           AuditTrailArgs(archive=archive, trail_name=audit_trail_name(config), organization=True, tags=tags),
+                           AuditTrailArgs(archive=archive, trail_name=audit_trail_name(config), organization=True,
+                                          data_event_selectors=[s for group in selectors.values() for s in group],
+                                          tags=tags),
                            opts=pulumi.ResourceOptions(providers={"aws": providers.logging}))]
     trails, seen = [], set()
-    for key in ("workload", "automation"):
+    for key in ("workload", "automation", "logging"):
         account_id = getattr(config.accounts, key).id
         if account_id in seen:  # one trail per account, whatever roles it plays
             continue
         seen.add(account_id)
+        own = [s for role, group in selectors.items() if getattr(config.accounts, role).id == account_id for s in group]
         trails.append(AuditTrail(f"{config.name}-audit-{key}",
-                                 AuditTrailArgs(archive=archive, trail_name=audit_trail_name(config), tags=tags),
+                                 AuditTrailArgs(archive=archive, trail_name=audit_trail_name(config),
+                                                data_event_selectors=own, tags=tags),
                                  opts=pulumi.ResourceOptions(providers={"aws": getattr(providers, key)})))
     return trails
 
@@ -97,6 +123,9 @@ def build_platform(config: PlatformConfig, *, read_only: bool = False) -> Platfo
             expiration_days=config.log_archive.expiration_days,
             noncurrent_version_expiration_days=config.log_archive.noncurrent_version_expiration_days,
             object_lock_retention_days=config.object_lock_retention_days,
+            # COMPLIANCE in prod: not even the logging account's root can shorten or lift it.
+            object_lock_mode="COMPLIANCE" if config.is_prod else "GOVERNANCE",
+            break_glass_role_name=config.log_archive.break_glass_role_name,
             access_logs_bucket=archive_access_logs,
             kms_key_deletion_window_days=config.log_archive.kms_key_deletion_window_days,
             protect=config.protect_stateful,
@@ -195,12 +224,16 @@ def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tupl
     lock = config.object_lock_retention_days
     trail = archive.audit_trail
     trails = ("organization trail (logging account, delegated administrator)" if trail.mode is AuditTrailMode.ORGANIZATION
-              else "account trails in workload and automation")
+              else "account trails in workload, automation and logging")
     access = sorted({r.name.removeprefix(f"{config.name}-").removesuffix("-access-logs")
                      for r in recording.by_type("mlplatform:bucket:AccessLogBucket")})
+    lock_mode = "COMPLIANCE" if config.is_prod else "GOVERNANCE"
     yield ("Logs and audit", [
         f"log archive (logging account, SSE-KMS): VPC flow logs + CloudTrail {trails}; "
-        f"{', '.join(s for s in steps if s)}; Object Lock {f'GOVERNANCE {lock} days' if lock else 'off'}",
+        f"{', '.join(s for s in steps if s)}; Object Lock {f'{lock_mode} {lock} days' if lock else 'off'}",
+        "CloudTrail S3 data events: datasets and checkpoints objects (workload trail), archive deletions and "
+        f"retention changes (logging trail); archive key deletion/disabling only by role "
+        f"{archive.break_glass_role_name}",
         f"S3 server access logs: an SSE-S3 bucket in each of {', '.join(access) or 'no account'}, "
         f"expire after {archive.access_log_expiration_days} days",
         f"CloudWatch log groups: KMS-encrypted ({len(log_group_names(config))} groups), control plane kept "

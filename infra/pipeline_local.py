@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets as secrets_module
 import subprocess
 import sys
 import time
@@ -39,6 +40,7 @@ from infra.render import RenderError, cpu_node_selector, default_job_renderer, l
 from workloads import pipeline
 from workloads.jobspec import FSX_MOUNT_PATH
 from workloads.local import LocalOverrides, LocalRunError, remap, run_local as run_pods, shrink
+from workloads.trainingjob import CHECKPOINT_KEY_ITEM, CHECKPOINT_KEY_SECRET
 
 # MLflow is the trainer's dependency (not the infra extra's): its helpers live trainer-side.
 from trainer.local_registry import create_experiment, create_run, registered_versions  # noqa: E402
@@ -115,7 +117,9 @@ def run_local(declaration_path: Path, stack: str, *, dataset: str, work_dir: Pat
             container.setdefault("env", []).append({"name": "MLFLOW_RUN_ID", "value": run_id})
     result["mlflow_run_id"] = run_id
     secrets = {K8S_SECRET_NAME: {"MLFLOW_TRACKING_URI": mlflow_uri, "MLFLOW_TRACKING_USERNAME": "local",
-                                 "MLFLOW_TRACKING_PASSWORD": "local"}}
+                                 "MLFLOW_TRACKING_PASSWORD": "local"},
+               # A fresh key stands in for the team's checkpoint signing key (trainer/trust.py).
+               CHECKPOINT_KEY_SECRET: {CHECKPOINT_KEY_ITEM: secrets_module.token_hex(32)}}
     print(f"[train] PyTorchJob {job['metadata']['name']} ({steps} steps), pods run locally", flush=True)
     try:
         pods = run_pods(job, workdir=run_dir, secrets=secrets, timeout_seconds=900,

@@ -2,8 +2,9 @@
 
 Layout of one save, `<dir>/step-000120/`:
     .metadata, __*_*.distcp   model + optimizer shards written by DCP (every rank)
-    rng-rank-<r>.pt           that rank's RNG states (they differ per rank)
+    rng-rank-<r>.pt           that rank's RNG states as tensors (they differ per rank)
     config.yaml               the resolved config
+    manifest.json             SHA-256 of every file above, signed with the team's key (trainer/trust.py)
     complete.json             the marker, written last and atomically by rank 0
 
 A directory without `complete.json` is never resumed from: a kill at any point of a save
@@ -40,6 +41,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.stateful import Stateful
 
 from trainer.distributed import Env
+from trainer.trust import UntrustedCheckpoint, trust_from_env
 
 MARKER = "complete.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -177,19 +179,36 @@ class NoOwnership:
         return True
 
 
-def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+def rng_state() -> dict[str, torch.Tensor]:
+    """Every RNG state as tensors only, so that it loads with `weights_only=True` (a pickle of
+    Python objects would run code on load; see trainer/trust.py)."""
+    version, words, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    assert name == "MT19937", name
+    state = {"python_words": torch.tensor(words, dtype=torch.int64), "python_version": torch.tensor(version),
+             "python_gauss": torch.tensor([gauss is not None, gauss or 0.0], dtype=torch.float64),
+             "numpy_keys": torch.from_numpy(keys.astype(np.int64)), "numpy_pos": torch.tensor(pos),
+             "numpy_gauss": torch.tensor([has_gauss, cached], dtype=torch.float64),
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+def set_rng_state(state: dict[str, torch.Tensor]) -> None:
+    has_gauss, gauss = state["python_gauss"].tolist()
+    random.setstate((int(state["python_version"]), tuple(state["python_words"].tolist()),
+                     gauss if has_gauss else None))
+    numpy_has_gauss, numpy_cached = state["numpy_gauss"].tolist()
+    np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), int(state["numpy_pos"]),
+                         int(numpy_has_gauss), numpy_cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+def load_rng_file(path: str) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True, map_location="cpu")
 
 
 class NoFaults:
@@ -337,8 +356,9 @@ class AsyncSave:
 
 
 class Checkpointer:
-    def __init__(self, root: str, env: Env, keep_last: int, async_mode: str, mirror, ownership=None):
+    def __init__(self, root: str, env: Env, keep_last: int, async_mode: str, mirror, ownership=None, trust=None):
         self.root = root
+        self.trust = trust or trust_from_env()  # signs on save, verifies before load (trainer/trust.py)
         self.env = env
         self.keep_last = keep_last
         self.writer = SyncSave(env) if async_mode == "off" else AsyncSave(env, async_mode)
@@ -413,7 +433,9 @@ class Checkpointer:
             # DCP's coordinator writes .metadata only after gathering every rank's write
             # results, so on rank 0 a finished save means all shards are on disk.
             path = step_dir(self.root, step)
-            write_json_atomic(os.path.join(path, MARKER), {**meta, "step": step, "saved_at": time.time()})
+            marker = {**meta, "step": step, "saved_at": time.time()}
+            self.trust.seal(path, marker)
+            write_json_atomic(os.path.join(path, MARKER), marker)
             self.last_durable_step = step
             self._apply_retention()
             self.mirror.upload(path)
@@ -437,12 +459,24 @@ class Checkpointer:
         self.mirror.prune(removed)
 
     def load(self, path: str, app: Stateful) -> dict:
+        self._check_trusted(path)
         dcp.load({"app": app}, checkpoint_id=path, process_group=self.env.checkpoint_group,
                  no_dist=not self.env.distributed)
         rng_file = os.path.join(path, f"rng-rank-{self.env.rank}.pt")
         if os.path.isfile(rng_file):
-            set_rng_state(torch.load(rng_file, weights_only=False))
+            set_rng_state(load_rng_file(rng_file))
         return read_marker(path)
+
+    def _check_trusted(self, path: str) -> None:
+        """Every rank checks the signature and the pickled files, hashes its share of the shards,
+        and all ranks agree on the verdict before any of them unpickles anything."""
+        problems = self.trust.problems(path, share=(self.env.rank, self.env.world_size))
+        if self.env.distributed:
+            gathered: list = [None] * self.env.world_size
+            dist.all_gather_object(gathered, problems, group=self.env.checkpoint_group)
+            problems = list(dict.fromkeys(p for rank_problems in gathered for p in rank_problems))
+        if problems:
+            raise UntrustedCheckpoint(path, problems)
 
     def close(self, budget_seconds: float | None = None) -> None:
         self.wait()

@@ -366,9 +366,22 @@ def build_config(
         _set_dotted(raw, dotted, value)
     problems: list[str] = []
     cfg = _build(TrainerConfig, raw, "", problems)
+    problems += credential_redirect_problems(cfg, environ)
     if problems:
         raise ConfigError(problems)
     return cfg
+
+
+def credential_redirect_problems(cfg: "TrainerConfig", environ) -> list[str]:
+    """MLflow sends MLFLOW_TRACKING_USERNAME/PASSWORD (the team's login, from its Secret) to
+    whatever tracking URI the run uses: with a login present, only the platform's URI (the
+    Secret's MLFLOW_TRACKING_URI) is allowed, whatever a config file or an override says."""
+    platform_uri = environ.get("MLFLOW_TRACKING_URI")
+    has_login = environ.get("MLFLOW_TRACKING_USERNAME") or environ.get("MLFLOW_TRACKING_PASSWORD")
+    if has_login and cfg is not None and cfg.tracking.uri and cfg.tracking.uri != platform_uri:
+        return [f"tracking.uri={cfg.tracking.uri!r}: the team's MLflow login goes only to the platform's tracking server "
+                f"(MLFLOW_TRACKING_URI={platform_uri!r}); remove tracking.uri from the config and overrides"]
+    return []
 
 
 def load_config(

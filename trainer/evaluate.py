@@ -71,7 +71,9 @@ def load_model(checkpoint: str, cfg, vocab_size: int) -> torch.nn.Module:
     import torch.distributed.checkpoint as dcp
 
     from trainer.model import build_model
+    from trainer.trust import trust_from_env
 
+    trust_from_env().check(checkpoint)  # before the metadata pickle is read (trainer/trust.py)
     model = build_model(cfg.model, vocab_size, cfg.data.seq_len)
     state = model.state_dict()
     # Only the model's keys are requested: the optimizer state in the checkpoint is left on disk.

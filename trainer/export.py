@@ -66,7 +66,9 @@ def load_model_from_checkpoint(checkpoint_dir: str, cfg: TrainerConfig) -> torch
     import torch.distributed.checkpoint as dcp
 
     from trainer.model import build_model
+    from trainer.trust import trust_from_env
 
+    trust_from_env().check(checkpoint_dir)  # before the metadata pickle is read (trainer/trust.py)
     if cfg.model.kind == "gpt":
         wte = _tensor_shape(checkpoint_dir, "app.model.wte.weight")
         wpe = _tensor_shape(checkpoint_dir, "app.model.wpe.weight")

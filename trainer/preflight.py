@@ -87,6 +87,12 @@ def preflight(cfg: TrainerConfig, world_size: int | None = None, memory: tuple[i
                         "volume such as the FSx mount")
     if c.resume not in ("auto", "none") and not os.path.isdir(c.resume):
         problems.append(f"checkpoint.resume={c.resume!r}: no such directory; use auto, none or a step-N directory")
+    from trainer.trust import CheckpointKeyError, read_key
+
+    try:
+        read_key()  # the checkpoint signing key: unusable, or missing inside a pod, is bad input
+    except CheckpointKeyError as exc:
+        problems.append(str(exc))
 
     from trainer.data import num_windows, read_manifest
 

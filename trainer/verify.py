@@ -7,6 +7,8 @@
 What it does, in order (it stops at the first stage that finds a problem and lists every
 problem of that stage):
 
+0. Before anything pickled is read: the step's signed manifest (trainer/trust.py; the key from
+   TRAINER_CHECKPOINT_KEY_FILE), its ownership, and the digests of `.metadata` and the RNG files.
 1. Finds the newest complete checkpoint (a `step-NNNNNN` directory with `complete.json`).
    From S3 (the layout `trainer.s3.S3Mirror` writes) it downloads that step into a scratch
    directory and checks every object arrived at its listed size. A local directory is read
@@ -193,8 +195,8 @@ def check_files(path: str) -> tuple[list[str], dict]:
                 problems.append(f"rng-rank-{rank}.pt: missing (the marker records world_size={world_size})")
                 continue
             try:
-                state = torch.load(rng, weights_only=False)  # our own file: python/numpy RNG states
-                missing = {"python", "numpy", "torch"} - set(state)
+                state = torch.load(rng, weights_only=True)  # tensors only (trainer.checkpoint.rng_state)
+                missing = {"python_words", "numpy_keys", "torch"} - set(state)
                 if missing:
                     problems.append(f"rng-rank-{rank}.pt: no {sorted(missing)} RNG state")
             except Exception as exc:
@@ -277,7 +279,8 @@ def check_shard_items(full: str, name: str, items: list, metadata) -> list[str]:
                     # DCP reads tensors with weights_only=True (filesystem.py, read_data).
                     tensor = torch.load(blob, map_location="cpu", weights_only=True)
                 else:
-                    torch.load(blob, weights_only=False)  # as DCP's load_bytes; our own checkpoint
+                    # DCP's load_bytes unpickles these freely; the drill reads them as plain data only.
+                    torch.load(blob, weights_only=True)
                     continue
             except Exception as exc:
                 problems.append(f"{where}: cannot be deserialised ({type(exc).__name__}: {str(exc)[:120]}): "
@@ -495,9 +498,19 @@ def verify(path: str, timeout_s: float = 1800.0, workdir: str | None = None,
            say=print) -> list[str]:
     """Every problem found with the complete checkpoint at `path` (empty: it restores)."""
     say(f"checkpoint: {path}")
+    from trainer.trust import trust_from_env
+
+    trust = trust_from_env()
+    # Stage 0: nothing pickled is opened unless it is this team's (trainer/trust.py). Damage
+    # that leaves only tensors unverified is diagnosed further, but never loaded into a model.
+    blocking, untrusted = trust.pickled_problems(path)
+    if blocking:
+        return ["refused before reading anything pickled from it: " + p for p in blocking] + untrusted
+    say(f"  manifest: {'signed with this team key, ' if trust.signed else 'UNSIGNED (no key: digests only), '}"
+        f"{'digests differ' if untrusted else 'every digest matches'}")
     problems, facts = check_files(path)
-    if problems:
-        return problems
+    if problems or untrusted:
+        return untrusted + problems
     marker, world_size = facts["marker"], facts["world_size"]
     say(f"  files: marker step {marker['step']}, world size {world_size}, {facts['num_shards']} shard file(s), "
         f"{len(facts['metadata'].state_dict_metadata)} entries in the DCP metadata: ok")
@@ -555,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
                                           "directory, removed afterwards)")
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="per load (default 1800)")
     args = parser.parse_args(argv)
+    from trainer.trust import CheckpointKeyError
 
     scratch, own_scratch = args.scratch, False
     try:
@@ -567,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
             path, problems = locate_local(args.source), []
         if not problems:
             problems = verify(path)
-    except SourceError as exc:
+    except (SourceError, CheckpointKeyError) as exc:
         print(f"verify-checkpoint: {exc}", file=sys.stderr)
         return EXIT_USAGE
     finally:

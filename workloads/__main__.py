@@ -134,7 +134,10 @@ def cmd_submit(args) -> int:
 
 
 def _submit_local(manifest: dict, args) -> int:
+    import secrets
+
     from workloads.local import LocalOverrides, LocalRunError, run_local, shrink
+    from workloads.trainingjob import CHECKPOINT_KEY_ITEM, CHECKPOINT_KEY_SECRET
 
     workdir = Path(args.workdir or f"runs/jobs/{manifest['metadata']['name']}").resolve()
     if workdir.exists():
@@ -149,7 +152,10 @@ def _submit_local(manifest: dict, args) -> int:
     print(f"local run in {workdir}: MLflow {secret['MLFLOW_TRACKING_URI'] or 'off'}, {args.steps} steps, "
           f"SIGTERM to one pod at step {args.interrupt_at_step or 'never'}")
     try:
-        result = run_local(small, workdir=workdir, secrets={name: secret for name in secret_names},
+        # A fresh checkpoint signing key stands in for the team's (trainer/trust.py).
+        local_secrets = {**{name: secret for name in secret_names},
+                         CHECKPOINT_KEY_SECRET: {CHECKPOINT_KEY_ITEM: secrets.token_hex(32)}}
+        result = run_local(small, workdir=workdir, secrets=local_secrets,
                            interrupt_at_step=args.interrupt_at_step, timeout_seconds=args.timeout)
     except LocalRunError as exc:
         print(f"error: {exc}", file=sys.stderr)

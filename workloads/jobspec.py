@@ -21,22 +21,102 @@ import difflib
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from workloads.fsx import DATASETS_DIR, FSX_MOUNT_PATH, team_subtree_path
 from workloads.problems import InvalidInputError, Problem
 from workloads.scheduling import Priority
 
-FSX_MOUNT_PATH = "/fsx"
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 # Pod names are <name>-worker-<index> and Services <name>-master-0: keep the name short enough
 # that both stay within the 63-character DNS label limit.
 MAX_NAME_LENGTH = 40
 _DURATION = re.compile(r"^(\d+h)?(\d+m)?(\d+s)?$")
 _OVERRIDE = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+=.*$")
+# Set by the platform from the job spec (or fixed by it): never from a trainer override.
+PLATFORM_OWNED_OVERRIDES = ("data.dir", "checkpoint.dir", "checkpoint.s3_uri", "tracking.job_id", "tracking.uri",
+                            "tracking.experiment")
+
+# An image reference, by the grammar of distribution/reference (v0.5.0 reference.go):
+#   reference := name [ ":" tag ] [ "@" digest ];  name := [domain '/'] remote-name
+#   domain := host [':' port-number];  domain-component := /([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])/
+#   path-component := alpha-numeric [separator alpha-numeric]*;  alpha-numeric := /[a-z0-9]+/
+#   separator := /[_.]|__|[-]*/;  tag := /[\w][\w.-]{0,127}/
+#   digest := digest-algorithm ":" digest-hex;  digest-hex := /[0-9a-fA-F]{32,}/
+# (IPv6 hosts are left out: no registry of this platform uses one.)
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*(?::[0-9]+)?"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[_.]|__|-+)[a-z0-9]+)*"
+_IMAGE_REFERENCE = re.compile(
+    rf"^(?:(?P<domain>{_DOMAIN})/)?(?P<path>{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*)"
+    r"(?::(?P<tag>[\w][\w.-]{0,127}))?"
+    r"(?:@(?P<digest>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}))?$")
+
+
+class ImageReference(NamedTuple):
+    registry: Optional[str]
+    repository: str
+    tag: Optional[str]
+    digest: Optional[str]
+
+
+def parse_image_reference(value: str) -> ImageReference:
+    """The parts of an image reference; ValueError for anything that is not one. As the
+    reference library does, the first component is a registry only if it has '.' or ':' or
+    is 'localhost'."""
+    match = _IMAGE_REFERENCE.match(value or "")
+    if not match:
+        raise ValueError(value)
+    domain, path = match.group("domain"), match.group("path")
+    if domain and not ("." in domain or ":" in domain or domain == "localhost"):
+        if domain != domain.lower() or not re.fullmatch(_PATH_COMPONENT, domain):
+            raise ValueError(value)
+        domain, path = None, f"{domain}/{path}"
+    if len(path) > 255:
+        raise ValueError(value)
+    return ImageReference(domain, path, match.group("tag"), match.group("digest"))
+
+
+def k8s_literal(value: str) -> str:
+    """A string the kubelet passes through unchanged in a container's command, args or env.
+    The kubelet expands `$(VAR)` there, even a Secret's variable, and reduces `$$` to `$`
+    (core/v1 Container.args: "Double $$ are reduced to a single $, which allows for escaping
+    the $(VAR_NAME) syntax"); doubling every `$` leaves nothing to expand."""
+    return value.replace("$", "$$")
+
+
+def team_writable_roots(namespace: str) -> tuple[str, ...]:
+    """Where a team's jobs may write on FSx: its own subtree, the only read-write volume its pods
+    mount (workloads.fsx), exported to its prefix of the checkpoints bucket. Its pipelines' work
+    directories live inside it (workloads.pipeline.team_work_root)."""
+    return (team_subtree_path(namespace),)
+
+
+def team_readable_roots(namespace: str) -> tuple[str, ...]:
+    """What a team's jobs may read: its own space and the shared, read-only datasets."""
+    return (f"{FSX_MOUNT_PATH}/{DATASETS_DIR}", *team_writable_roots(namespace))
+
+
+def path_within(path: str, roots: tuple[str, ...]) -> bool:
+    if not path.startswith("/") or ".." in path.split("/") or "//" in path:
+        return False
+    return any(path == root or path.startswith(root + "/") for root in roots)
+
+
+def experiment_name(namespace: str, experiment: Optional[str], job_name: str) -> str:
+    """The MLflow experiment a job logs to: always under the team's prefix `<namespace>/`,
+    the only names its MLflow login may create (docker/mlflow/mlflow_team_auth.py)."""
+    name = experiment or job_name
+    return name if name.startswith(namespace + "/") else f"{namespace}/{name}"
+
+
+def registered_model_prefix(namespace: str) -> str:
+    """MLflow model names cannot contain '/' (mlflow.utils.validation._validate_model_name)."""
+    return f"{namespace}."
 
 
 class JobSpecError(InvalidInputError):
@@ -79,10 +159,11 @@ class TrainerSpec(_Model):
         if bad:
             messages.append(f"{bad} are not dotted key=value overrides")
             fixes.append("write them like optimizer.lr=3e-4")
-        owned = [o for o in value if o.split("=", 1)[0] in ("data.dir", "checkpoint.dir", "checkpoint.s3_uri", "tracking.job_id")]
+        owned = [o for o in value if o.split("=", 1)[0] in PLATFORM_OWNED_OVERRIDES]
         if owned:
-            messages.append(f"{owned} are set by the platform from the job spec")
-            fixes.append("use dataset / checkpointDir / s3Mirror instead")
+            messages.append(f"{owned} are set by the platform from the job spec (the tracking server is the "
+                            "platform's: the team's MLflow login is sent nowhere else)")
+            fixes.append("use dataset / checkpointDir / s3Mirror / experiment instead")
         if messages:
             raise ValueError(f"{'; '.join(messages)}. FIX: {'; '.join(fixes)}")
         return value
@@ -123,7 +204,8 @@ class JobSpec(_Model):
     checkpoint_dir: Optional[str] = Field(None, description=f"Default {FSX_MOUNT_PATH}/checkpoints/team-<team>/<name>.")
     s3_mirror: bool = Field(False, description="Also mirror complete checkpoints to the team's prefix of the checkpoints bucket.")
     run_name: Optional[str] = None
-    experiment: Optional[str] = Field(None, description="MLflow experiment; default: the team namespace (its login may write there).")
+    experiment: Optional[str] = Field(None, description="MLflow experiment, created under the team's prefix "
+                                      "<namespace>/ (default: <namespace>/<name>).")
     priority: Optional[Priority] = Field(None, description="production | research | default; default: the team's.")
     max_runtime: str = Field("24h", description="Wall-clock limit of the whole job (activeDeadlineSeconds), e.g. 72h.")
     backoff_limit: int = Field(20, ge=0, le=1000, description="Pod restarts (preemptions included) before the job fails.")
@@ -150,10 +232,15 @@ class JobSpec(_Model):
     @field_validator("image")
     @classmethod
     def _image(cls, value: str) -> str:
-        last = value.rsplit("/", 1)[-1]
-        if "@sha256:" not in value and ":" not in last:
+        try:
+            reference = parse_image_reference(value)
+        except ValueError:
+            raise ValueError("is not an image reference (registry/repository:tag or @digest; lowercase repository, "
+                             "no spaces, quotes, '$' or options). FIX: e.g. REPO/trainer:1.4.0 or "
+                             "REPO/trainer@sha256:<64 hex>") from None
+        if reference.tag is None and reference.digest is None:
             raise ValueError("has no tag or digest. FIX: pin it, e.g. REPO/trainer:1.4.0 or REPO/trainer@sha256:...")
-        if last.endswith(":latest"):
+        if reference.tag == "latest" and reference.digest is None:
             raise ValueError("uses :latest, which changes under a running job. FIX: pin a tag or a digest")
         return value
 
@@ -188,6 +275,10 @@ class JobSpec(_Model):
         return f"team-{self.team}"
 
     @property
+    def experiment_name(self) -> str:
+        return experiment_name(self.namespace, self.experiment, self.name)
+
+    @property
     def checkpoint_path(self) -> str:
         return self.checkpoint_dir or f"{FSX_MOUNT_PATH}/checkpoints/{self.namespace}/{self.name}"
 
@@ -202,6 +293,47 @@ class JobSpec(_Model):
     @property
     def ttl_seconds(self) -> int:
         return duration_seconds(self.ttl_after_finished)
+
+
+# -- the team's own space -------------------------------------------------------------------
+_EXPERIMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,200}$")
+# Trainer overrides that name a path: (what the path is for, may it be written).
+PATH_OVERRIDES = {"export.dir": True, "checkpoint.resume": True, "model.hf_path": False}
+
+
+def team_space_problems(spec: "JobSpec") -> list[Problem]:
+    """Every path and name of the spec that would leave the team's own space (another team's
+    checkpoints, experiment or models), each with the field that names it."""
+    ns = spec.namespace
+    problems = []
+    readable, writable = team_readable_roots(ns), team_writable_roots(ns)
+    if not path_within(spec.dataset, readable):
+        problems.append(Problem("dataset", spec.dataset, "is outside the team's readable space",
+                                f"use a path under one of {list(readable)}"))
+    for override in spec.trainer.overrides:
+        key, _, value = override.partition("=")
+        if key in PATH_OVERRIDES:
+            if key == "checkpoint.resume" and value in ("auto", "none"):
+                continue
+            roots = writable if PATH_OVERRIDES[key] else readable
+            if not path_within(value, roots):
+                problems.append(Problem(f"trainer.overrides[{key}]", value, "is outside the team's own space",
+                                        f"use a path under one of {list(roots)}"))
+        if key == "export.registered_model_name" and value not in ("", "null"):
+            prefix = registered_model_prefix(ns)
+            if not value.startswith(prefix) or len(value) == len(prefix):
+                problems.append(Problem(f"trainer.overrides[{key}]", value,
+                                        "is not under the team's model prefix (names are global in MLflow: another "
+                                        "team's name would be squatted or refused)", f"name it {prefix}<model>"))
+    if spec.experiment is not None:
+        first = spec.experiment.split("/", 1)[0]
+        if not _EXPERIMENT.match(spec.experiment) or ".." in spec.experiment.split("/"):
+            problems.append(Problem("experiment", spec.experiment, "is not an experiment name",
+                                    "use letters, digits, '.', '_', '-' and '/'"))
+        elif "/" in spec.experiment and first != ns:
+            problems.append(Problem("experiment", spec.experiment, f"is under {first}/, not the team's prefix {ns}/",
+                                    f"name it {ns}/<experiment> or just <experiment>"))
+    return problems
 
 
 # -- loading -----------------------------------------------------------------------------

@@ -194,6 +194,31 @@ def container_env(replica: Replica, *, secrets: Mapping[str, Mapping[str, str]],
     return env
 
 
+def secret_volumes(replica: Replica, *, secrets: Mapping[str, Mapping[str, str]], local_dir: Path) -> dict[str, str]:
+    """Secret volumes as the kubelet mounts them: each listed key a file (mode 0400 here).
+    Returns mountPath -> the local directory standing in for it."""
+    by_volume = {v["name"]: v["secret"] for v in replica.volumes if "secret" in v}
+    mounted = {}
+    for mount in replica.mounts:
+        source = by_volume.get(mount["name"])
+        if source is None:
+            continue
+        name = source["secretName"]
+        if name not in secrets:
+            raise LocalRunError(f"volume {mount['name']}: no local value for Secret {name}")
+        target = local_dir / mount["name"]
+        target.mkdir(parents=True, exist_ok=True)
+        items = source.get("items") or [{"key": k, "path": k} for k in secrets[name]]
+        for item in items:
+            if item["key"] not in secrets[name]:
+                raise LocalRunError(f"volume {mount['name']}: no local value for Secret {name} key {item['key']}")
+            path = target / item["path"]
+            path.write_text(secrets[name][item["key"]])
+            path.chmod(0o400)
+        mounted[mount["mountPath"]] = str(target)
+    return mounted
+
+
 def fsx_mount_path(replica: Replica) -> str:
     """Where the file system appears in the pod: the common parent of its FSx mounts (a team
     mounts its own subtree and the datasets, both at their file-system paths under /fsx)."""
@@ -297,6 +322,9 @@ def run_local(
                 env = container_env(replica, secrets=secrets, pod_name=replica.pod_name, namespace=namespace)
                 env.update(operator_env(job, replica, master_addr="127.0.0.1", master_port=port))
                 env = {k: remap(v, mount, str(fsx_dir)) for k, v in env.items()}
+                for secret_mount, local in secret_volumes(replica, secrets=secrets,
+                                                          local_dir=workdir / "secrets" / replica.pod_name).items():
+                    env = {k: remap(v, secret_mount, local) for k, v in env.items()}
                 # No AWS here: the S3 mirror stays off (FSx's own export is what the cluster relies on).
                 env.pop("TRAINER_CHECKPOINT_S3_URI", None)
                 command = [remap(expand(c, env), mount, str(fsx_dir)) for c in replica.container["command"]]

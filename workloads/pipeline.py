@@ -393,6 +393,15 @@ def parse_declaration(raw: Any, *, source: str) -> PipelineDeclaration:
     return PipelineDeclaration(**{_DECLARATION_KEYS[k]: v for k, v in raw.items()})
 
 
+def team_model_name(namespace: str, model_name: str) -> str:
+    """The registered model under the team's prefix: the only names its MLflow login may create
+    (docker/mlflow/mlflow_team_auth.py)."""
+    from workloads.jobspec import registered_model_prefix
+
+    prefix = registered_model_prefix(namespace)
+    return model_name if model_name.startswith(prefix) else prefix + model_name
+
+
 def pipeline_spec(declaration: PipelineDeclaration, train_job: Mapping[str, Any], *, fsx_claim: str,
                   tracking_secret: Optional[str], cpu_node_selector: Mapping[str, str]) -> PipelineSpec:
     """The WorkflowTemplate's spec: the job's namespace and image, the declaration's defaults."""
@@ -402,7 +411,8 @@ def pipeline_spec(declaration: PipelineDeclaration, train_job: Mapping[str, Any]
     deadline = job_deadline_seconds(train_job)
     return PipelineSpec(
         name=declaration.name, namespace=train_job["metadata"]["namespace"], image=image, train_job=train_job,
-        dataset=declaration.dataset, model_name=declaration.model_name, job_spec=declaration.job_spec,
+        dataset=declaration.dataset, model_name=team_model_name(train_job["metadata"]["namespace"], declaration.model_name),
+        job_spec=declaration.job_spec,
         fsx_claim=fsx_claim, tracking_secret=tracking_secret,
         cpu_node_selector=dict(cpu_node_selector), train_retry_limit=declaration.train_retry_limit,
         # The job's own deadline plus a day for preparing the data, evaluating and registering.

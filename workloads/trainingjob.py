@@ -25,7 +25,7 @@ from workloads.problems import Problem
 from workloads.fsx import team_pod_volumes, team_subtree_path, team_volume_mounts
 from workloads.gpu_catalog import GPU_TYPES, SPOT_NOTICE_SECONDS
 from workloads.instances import instance
-from workloads.jobspec import JobSpec, JobSpecError, Runtime
+from workloads.jobspec import JobSpec, JobSpecError, Runtime, k8s_literal, team_space_problems
 from workloads.karpenter import CAPACITY_TYPE_KEY, EFA_RESOURCE, GPU_RESOURCE, GPU_TYPE_LABEL, POOL_LABEL
 from workloads.kueue import QUEUE_LABEL
 from workloads.monitoring.stack import TRAINER_METRICS_LABEL, TRAINER_METRICS_PORT, TRAINER_METRICS_PORT_NAME
@@ -50,6 +50,11 @@ LAUNCH_COMMAND = ("/usr/bin/tini", "--", "python", "-m", "trainer.launch")
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 SHM_MAX_GIB = 64
 # Instance families with GPUDirect RDMA over EFA (EC2 User Guide, "EFA and NCCL": p4d, p4de, p5, p5e, p5en).
+# The team's checkpoint signing key (trainer/trust.py): a Secret in the team namespace
+# (components.training.TeamTrainerAccess), mounted read-only as a file, never an env var.
+CHECKPOINT_KEY_SECRET = "checkpoint-signing"
+CHECKPOINT_KEY_ITEM = "key"
+CHECKPOINT_KEY_MOUNT = "/var/run/secrets/mlplatform/checkpoint-signing"
 RDMA_FAMILIES = ("p4d.", "p4de.", "p5.", "p5e.", "p5en.")
 
 
@@ -232,6 +237,7 @@ def resolve(spec: JobSpec, facts: PlatformFacts) -> ResolvedJob:
         problems.append(Problem("priority", priority.value if priority else None,
                                 f"team {spec.team} is not entitled to {priority_class}",
                                 f"use one of {[p.removeprefix('training-') for p in team.allowed_priority_classes]}"))
+    problems += team_space_problems(spec)
     team_root = team_checkpoint_root(spec.namespace)
     if not spec.checkpoint_path.startswith(team_root + "/"):
         problems.append(Problem("checkpointDir", spec.checkpoint_dir,
@@ -260,6 +266,8 @@ def trainer_args(job: ResolvedJob) -> list[str]:
     overrides = [f"data.dir={spec.dataset}", *spec.trainer.overrides]
     if spec.run_name:
         overrides.append(f"tracking.run_name={spec.run_name}")
+    # Every string from the spec is passed literally: no `$(SECRET_VAR)` expansion by the kubelet.
+    overrides = [k8s_literal(o) for o in overrides]
     return [
         "--nnodes=$(PET_NNODES)", "--nproc-per-node=$(PET_NPROC_PER_NODE)", "--node-rank=$(PET_NODE_RANK)",
         "--master-addr=$(PET_MASTER_ADDR)", "--master-port=$(PET_MASTER_PORT)",
@@ -268,7 +276,7 @@ def trainer_args(job: ResolvedJob) -> list[str]:
         # restarts rather than torchrun's (docs/trainer.md).
         "--max-restarts=0",
         f"--shutdown-timeout={job.budget.shutdown_timeout_seconds}",
-        "-m", "trainer", "train", "--config", spec.trainer.config, *overrides,
+        "-m", "trainer", "train", "--config", k8s_literal(spec.trainer.config), *overrides,
     ]
 
 
@@ -280,15 +288,16 @@ def trainer_env(job: ResolvedJob) -> list[dict[str, Any]]:
     spec, facts = job.spec, job.facts
     digest = spec.image.split("@", 1)[1] if "@" in spec.image else spec.image
     env = [
-        {"name": "TRAINER_CHECKPOINT_DIR", "value": spec.checkpoint_path},
+        {"name": "TRAINER_CHECKPOINT_DIR", "value": k8s_literal(spec.checkpoint_path)},
         # Stable job identity: a recreated pod finds its MLflow run by it.
         {"name": "TRAINER_RUN_ID", "value": f"{spec.namespace}.{spec.name}"},
-        # The platform grants each team's MLflow login EDIT on the experiment named after its
-        # namespace (components/tracking.py), READ elsewhere: log there unless told otherwise.
-        {"name": "MLFLOW_EXPERIMENT_NAME", "value": spec.experiment or spec.namespace},
-        {"name": "DATASET_VERSION", "value": posixpath.basename(spec.dataset)},
+        # A team's MLflow login may create experiments only under its prefix <namespace>/ and
+        # sees nothing else unless granted (docker/mlflow/mlflow_team_auth.py).
+        {"name": "MLFLOW_EXPERIMENT_NAME", "value": k8s_literal(spec.experiment_name)},
+        {"name": "DATASET_VERSION", "value": k8s_literal(posixpath.basename(spec.dataset))},
         {"name": "IMAGE_DIGEST", "value": digest},
         {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(job.budget.shutdown_timeout_seconds)},
+        {"name": "TRAINER_CHECKPOINT_KEY_FILE", "value": f"{CHECKPOINT_KEY_MOUNT}/{CHECKPOINT_KEY_ITEM}"},
         {"name": "AWS_REGION", "value": facts.region},
         {"name": "AWS_DEFAULT_REGION", "value": facts.region},
     ]
@@ -359,12 +368,16 @@ def volumes(job: ResolvedJob) -> list[dict[str, Any]]:
         # NCCL and DataLoader workers share memory through /dev/shm; the default 64 MiB is too small.
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{job.shm_gib}Gi"}},
         *team_pod_volumes(claim_name=job.facts.fsx_claim_name),
+        {"name": "checkpoint-key", "secret": {"secretName": CHECKPOINT_KEY_SECRET,
+                                              "items": [{"key": CHECKPOINT_KEY_ITEM, "path": CHECKPOINT_KEY_ITEM}]}},
     ]
 
 
 def volume_mounts(namespace: str) -> list[dict[str, Any]]:
-    # The team's own subtree and the datasets (read-only), at the paths they have on the file system.
-    return [{"name": "dshm", "mountPath": "/dev/shm"}, *team_volume_mounts(namespace)]
+    # The team's own subtree and the datasets (read-only), at the paths they have on the file
+    # system, and the team's checkpoint signing key.
+    return [{"name": "dshm", "mountPath": "/dev/shm"}, *team_volume_mounts(namespace),
+            {"name": "checkpoint-key", "mountPath": CHECKPOINT_KEY_MOUNT, "readOnly": True}]
 
 
 def node_selector(job: ResolvedJob) -> dict[str, str]:

@@ -30,6 +30,29 @@ REQUIRED = ("MLFLOW_DB_HOST", "MLFLOW_DB_NAME", "MLFLOW_DB_USERNAME", "MLFLOW_BO
             "MLFLOW_BOOTSTRAP_MASTER_PASSWORD", "MLFLOW_BOOTSTRAP_APP_PASSWORD")
 
 
+
+def scram_sha256_verifier(password: str, *, salt: bytes | None = None, iterations: int = 4096) -> str:
+    """The SCRAM-SHA-256 secret PostgreSQL stores for `password` (RFC 5802/7677; PostgreSQL
+    src/common/scram-common.c, scram_build_secret: "SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>").
+    CREATE/ALTER ROLE ... PASSWORD stores a string already in this form as-is (PostgreSQL docs,
+    CREATE ROLE: "If the presented password string is already in MD5-encrypted or
+    SCRAM-encrypted format, then it is stored as-is"), so the statement, and any log line that
+    quotes it (log_min_error_statement), never holds the password itself."""
+    import base64
+    import hashlib
+    import hmac
+
+    if not password.isascii():
+        # PostgreSQL SASLprep-normalises non-ASCII passwords; the generated ones are ASCII.
+        raise SystemExit("mlflow_bootstrap: the database password must be ASCII")
+    salt = salt or os.urandom(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
+    stored_key = hashlib.sha256(client_key).digest()
+    server_key = hmac.new(salted, b"Server Key", hashlib.sha256).digest()
+    b64 = lambda raw: base64.b64encode(raw).decode()  # noqa: E731
+    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
+
 def _connect(env: dict[str, str], user: str, password: str):
     import psycopg
 
@@ -83,7 +106,7 @@ def bootstrap(env: dict[str, str]) -> list[str]:
         exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (app_user,)).fetchone()
         if not exists:
             conn.execute(sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION "
-                                 "PASSWORD {}").format(role, sql.Literal(app_password)))
+                                 "PASSWORD {}").format(role, sql.Literal(scram_sha256_verifier(app_password))))
             changes.append(f"created role {app_user}")
         elif not _can_log_in(env, app_user, app_password):
             if _rotation_in_progress(env, app_user, app_password):
@@ -91,7 +114,7 @@ def bootstrap(env: dict[str, str]) -> list[str]:
                 # AWSPENDING password: resetting it to AWSCURRENT would undo the rotation.
                 changes.append(f"left the password of {app_user} alone: a rotation is in progress (AWSPENDING logs in)")
             else:
-                conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(role, sql.Literal(app_password)))
+                conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(role, sql.Literal(scram_sha256_verifier(app_password))))
                 changes.append(f"reset the password of {app_user} to its secret's current value")
         # Handing objects to a role needs SET on it. PostgreSQL 16 (Aurora 16.x) gives a role's
         # creator ADMIN OPTION only (createrole_self_grant is empty), so SET is granted explicitly;

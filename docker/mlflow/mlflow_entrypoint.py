@@ -11,8 +11,9 @@
    status is this process's.
 4. Once ``/health`` answers, each team's MLflow user is created (or its password updated)
    from the team's Secrets Manager secret through the auth REST API, as the admin, and
-   gets ``MLFLOW_TEAM_EXPERIMENT_PERMISSION`` on an experiment named after the team;
-   everything else it may only read (``default_permission``). Training pods get only
+   gets ``MLFLOW_TEAM_EXPERIMENT_PERMISSION`` on an experiment named after the team. It
+   sees nothing else unless granted (``default_permission = NO_PERMISSIONS``) and may create
+   experiments and models only under its own prefix (``mlflow_team_auth``). Training pods get only
    their team's login, never the admin's. A failure stops the server (exit 1) so ECS
    replaces the task instead of running with teams locked out.
 
@@ -51,10 +52,11 @@ def auth_config(env: dict[str, str], uri: str) -> str:
     # configparser treats % as interpolation: escape it in the URI.
     return "\n".join([
         "[mlflow]",
-        f"default_permission = {env.get('MLFLOW_AUTH_DEFAULT_PERMISSION', 'READ')}",
+        f"default_permission = {env.get('MLFLOW_AUTH_DEFAULT_PERMISSION', 'NO_PERMISSIONS')}",
         f"database_uri = {uri.replace('%', '%%')}",
         f"admin_username = {env.get('MLFLOW_AUTH_ADMIN_USERNAME', 'admin')}",
-        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth",
+        # Basic auth plus each team's own prefix of experiment and model names (mlflow_team_auth).
+        "authorization_function = mlflow_team_auth:authenticate_request",
         "",
     ])
 

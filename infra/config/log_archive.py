@@ -48,7 +48,10 @@ class LogArchiveConfig(_Model):
     expiration_days: Optional[int] = Field(_ARCHIVE.expiration_days, ge=1, description="Logs are deleted this many days after creation; null: never.")
     noncurrent_version_expiration_days: int = Field(_ARCHIVE.noncurrent_version_expiration_days, ge=1)
     object_lock_retention_days: Optional[int] = Field(None, ge=1, le=36500, description=(
-        "Object Lock (GOVERNANCE) retention of every archived object. Default: 365 in prod, off in dev."))
+        "Object Lock retention of every archived object (COMPLIANCE in prod, GOVERNANCE elsewhere). Default: 365 "
+        "in prod, off in dev."))
+    break_glass_role_name: str = Field("mlp-break-glass", pattern=r"^[\w+=,.@-]{1,64}$", description=(
+        "The logging account's role that alone may schedule the archive key's deletion or disable it."))
     access_log_expiration_days: int = Field(AccessLogBucketArgs.expiration_days, ge=1, le=36500, description="S3 server access logs (one SSE-S3 bucket per account) are deleted after this.")
     audit_trail: AuditTrailConfig = Field(default_factory=AuditTrailConfig)
     kms_key_deletion_window_days: Annotated[int, at_most(limits.KMS_PENDING_WINDOW_DAYS)] = Field(_ARCHIVE.kms_key_deletion_window_days, ge=7)

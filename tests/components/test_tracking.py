@@ -244,11 +244,13 @@ def test_in_cluster_clients_reach_an_internal_load_balancer(plan):
     assert namespaces == set(team_namespaces(plan.config))
 
 
-def test_prod_is_also_internet_facing_but_only_for_listed_cidrs(prod_plan, dev_plan):
-    external = [lb for lb in prod_plan.recording.by_type("aws:lb/loadBalancer:LoadBalancer") if not lb.inputs["internal"]]
-    assert len(external) == 1
-    public_ids = sorted(s.id for s in prod_plan.recording.by_type("aws:ec2/subnet:Subnet") if "-public-" in s.name)
-    assert sorted(external[0].inputs["subnets"]) == public_ids
+def test_prod_is_internal_only_and_admits_the_vpc_and_listed_cidrs(prod_plan, dev_plan):
+    """The prod MLflow login is never on the internet (issue 18 item 8): one internal ALB in the
+    private subnets, admitting the VPC and the listed VPN client range."""
+    lbs = prod_plan.recording.by_type("aws:lb/loadBalancer:LoadBalancer")
+    assert [lb.name for lb in lbs if not lb.inputs["internal"]] == []
+    private_ids = sorted(s.id for s in prod_plan.recording.by_type("aws:ec2/subnet:Subnet") if "-private-" in s.name)
+    assert all(sorted(lb.inputs["subnets"]) == private_ids for lb in lbs if "mlflow" in lb.name)
     alb_sg = prod_plan.recording.one("aws:ec2/securityGroup:SecurityGroup", "mlp-prod-mlflow-alb-sg")
     cidrs = {r.inputs["cidrIpv4"] for r in prod_plan.recording.by_type(SG_IN) if r.inputs["securityGroupId"] == alb_sg.id}
     vpc_cidr = str(prod_plan.config.network.cidr)
@@ -297,7 +299,8 @@ def test_auto_pause_range_and_dev_tags_are_allowed():
 
 
 def test_internet_facing_needs_listed_cidrs():
-    raw = stack_config("prod")
+    raw = stack_config("dev")
+    raw["tracking"]["loadBalancerScheme"] = "internet-facing"
     raw["tracking"]["ingressCidrs"] = []
     assert "ingressCidrs" in problem_per_path(raw)["tracking.ingressCidrs"].path
 
@@ -574,11 +577,12 @@ def test_connection_hook_raises_other_errors_and_gives_up_when_no_version_works(
 def test_the_server_uri_and_auth_config_carry_no_password():
     entrypoint = _docker_module("mlflow_entrypoint")
     env = {"MLFLOW_DB_HOST": "db.example", "MLFLOW_DB_NAME": "mlflow", "MLFLOW_DB_USERNAME": "mlflow_app",
-           "MLFLOW_DB_SECRET_ID": "arn", "MLFLOW_AUTH_DEFAULT_PERMISSION": "READ"}
+           "MLFLOW_DB_SECRET_ID": "arn", "MLFLOW_AUTH_DEFAULT_PERMISSION": "NO_PERMISSIONS"}
     uri = entrypoint.database_uri(env)
     assert uri == "postgresql://mlflow_app@db.example:5432/mlflow?sslmode=require"
     config = entrypoint.auth_config(env, uri)
-    assert "default_permission = READ" in config and "database_uri = " + uri in config
+    assert "default_permission = NO_PERMISSIONS" in config and "database_uri = " + uri in config
+    assert "authorization_function = mlflow_team_auth:authenticate_request" in config
     with pytest.raises(RuntimeError, match="empty"):
         entrypoint.read_team_secrets({"team-a": "arn:a"}, fetch=lambda secret_id: "")
     assert entrypoint.read_team_secrets({"team-a": "arn:a"}, fetch=lambda secret_id: "pw") == {"team-a": "pw"}

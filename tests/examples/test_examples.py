@@ -200,7 +200,8 @@ def test_example_pipeline_renders_a_valid_workflow_template(path, stack_facts, s
     assert template["metadata"] == {**template["metadata"], "name": declaration.name, "namespace": job_spec.namespace}
     params = {p["name"]: p.get("value") for p in template["spec"]["arguments"]["parameters"]}
     assert params["dataset"] == declaration.dataset
-    assert params["model-name"] == declaration.model_name
+    # Registered under the team's prefix, the only model names its MLflow login may create.
+    assert params["model-name"] == f"{job_spec.namespace}.{declaration.model_name}"
     assert params["job-spec"] == declaration.job_spec
     steps = {t["name"] for t in template["spec"]["templates"]}
     assert set(pipeline.STEP_NAMES) <= steps

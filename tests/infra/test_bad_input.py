@@ -68,7 +68,8 @@ CASES = [
     # 12: exposure judged together; prod internet-facing ALB open to all needs the opt-in; duplicates
     ("12 two halves", "dev", setter("cluster", "publicAccessCidrs", value=["0.0.0.0/1", "128.0.0.0/1"]),
      "cluster.publicAccessCidrs", "whole internet"),
-    ("12 prod alb", "prod", setter("tracking", "ingressCidrs", value=["0.0.0.0/0"]),
+    ("12 prod alb", "prod", chain(setter("tracking", "loadBalancerScheme", value="internet-facing"),
+                                  setter("tracking", "ingressCidrs", value=["0.0.0.0/0"])),
      "tracking.ingressCidrs[0]", "allowInternetIngress"),
     ("12 duplicate", "dev", setter("cluster", "systemNodeGroup", "instanceTypes", value=["m7i.large", "m7i.large"]),
      "cluster.systemNodeGroup.instanceTypes[1]", "once"),

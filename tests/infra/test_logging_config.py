@@ -135,7 +135,8 @@ def test_no_nat_and_no_interface_endpoints_is_refused():
 
 def test_plan_summarises_logging_and_warns_about_a_locked_dev_archive(prod_plan, plan_config):
     (section,) = [lines for title, lines in prod_plan.sections if title == "Logs and audit"]
-    assert any("Object Lock GOVERNANCE 365 days" in line for line in section)
+    assert any("Object Lock COMPLIANCE 365 days" in line for line in section)
+    assert any("CloudTrail S3 data events" in line and "mlp-break-glass" in line for line in section)
     assert any("logging, workload" in line for line in section)
     raw = stack_config("dev")
     raw["logArchive"]["objectLockRetentionDays"] = 30

@@ -330,7 +330,7 @@ def test_audit_trail_per_account_into_the_archive_with_kms_and_validation(graph)
 
 
 def test_archive_has_object_lock_in_prod_only(graph):
-    """S3 Object Lock (GOVERNANCE, retention from config) on the archive in prod; it needs versioning."""
+    """S3 Object Lock (COMPLIANCE, retention from config) on the archive in prod; it needs versioning."""
     (archive,) = {graph.bucket(t.inputs["s3BucketName"]).urn: graph.bucket(t.inputs["s3BucketName"])
                   for t in graph.all(TRAIL)}.values()
     locks = graph.attached(OBJECT_LOCK, archive)
@@ -338,7 +338,7 @@ def test_archive_has_object_lock_in_prod_only(graph):
         assert locks == []
         return
     (lock,) = locks
-    assert lock.inputs["rule"]["defaultRetention"] == {"mode": "GOVERNANCE", "days": graph.config.object_lock_retention_days}
+    assert lock.inputs["rule"]["defaultRetention"] == {"mode": "COMPLIANCE", "days": graph.config.object_lock_retention_days}
     (versioning,) = graph.attached(VERSIONING, archive)
     assert graph.depends_on(lock, versioning)
 

@@ -442,6 +442,17 @@ def test_server_user_is_its_own_least_privilege_owner_not_the_master(mlflow_serv
         assert result.returncode != 0 and "permission denied" in result.stderr, (statement, result.stderr)
 
 
+def test_the_bootstrap_never_sends_the_database_password(mlflow_server, postgres):
+    """Attack (review security-3 M4): read the server's database password from the PostgreSQL
+    log, where log_min_error_statement = error copies a failing CREATE/ALTER ROLE ... PASSWORD
+    statement. Control: the bootstrap sends a SCRAM-SHA-256 verifier, stored as-is, so no
+    statement it sends holds the password; the server still logs in with it."""
+    stored = postgres.sql(f"SELECT rolpassword FROM pg_authid WHERE rolname = '{APP_DATABASE_USER}'")
+    assert stored.startswith("SCRAM-SHA-256$4096:") and APP_PASSWORD not in stored
+    assert APP_PASSWORD not in (postgres.base / "postgres.log").read_text()
+    assert _as_app_user(postgres)("SELECT 1").returncode == 0  # the password still works
+
+
 def _as_app_user(postgres):
     def run(statement: str, password: str = APP_PASSWORD) -> subprocess.CompletedProcess:
         return subprocess.run([str(postgres.bin_dir / "psql"), f"host=127.0.0.1 port={postgres.port} dbname=mlflow "
@@ -522,7 +533,7 @@ def _team_client(url: str, user: str, monkeypatch):
     return MlflowClient(tracking_uri=url)
 
 
-def test_team_users_write_their_own_experiment_and_only_read_others(mlflow_server, monkeypatch):
+def test_team_users_write_their_own_experiment_and_see_nothing_else(mlflow_server, monkeypatch):
     from mlflow.exceptions import MlflowException
 
     url = mlflow_server[0]
@@ -533,16 +544,97 @@ def test_team_users_write_their_own_experiment_and_only_read_others(mlflow_serve
     assert research.get_metric_history(run_id, "loss")[0].value == 0.5
 
     vision = _team_client(url, "team-vision", monkeypatch)
-    assert vision.get_run(run_id).info.run_id == run_id  # READ elsewhere
-    with pytest.raises(MlflowException) as denied:
-        vision.log_metric(run_id, "loss", 9.9, step=1)
+    with pytest.raises(MlflowException) as denied:  # default_permission = NO_PERMISSIONS
+        vision.get_run(run_id)
     assert "PERMISSION_DENIED" in str(denied.value) or "403" in str(denied.value)
+    with pytest.raises(MlflowException):
+        vision.log_metric(run_id, "loss", 9.9, step=1)
     with pytest.raises(MlflowException):
         vision.create_run(own.experiment_id)
     # A team login is not an admin: it cannot create users.
     assert _post_json(url, "/api/2.0/mlflow/users/create", {"username": "x", "password": "y"},
                       ("team-vision", TEAMS["team-vision"])) == 403
     assert _status(url, ("team-research", "wrong")) == 401
+
+
+# -- tenant isolation, from the attacker's seat (issue 18 item 7; review security-3 H5, rows 8, 10) --
+def _denied(call) -> str:
+    from mlflow.exceptions import MlflowException
+
+    with pytest.raises(MlflowException) as error:
+        call()
+    text = str(error.value)
+    assert "PERMISSION_DENIED" in text or "403" in text or "Permission denied" in text, text
+    return text
+
+
+@pytest.fixture
+def victims_work(mlflow_server, monkeypatch, tmp_path):
+    """Team research's experiment, run (metric, artifact through the proxy) and registered model."""
+    url = mlflow_server[0]
+    research = _team_client(url, "team-research", monkeypatch)
+    suffix = os.urandom(3).hex()
+    experiment_id = research.create_experiment(f"team-research/gpt2-{suffix}")
+    run_id = research.create_run(experiment_id).info.run_id
+    research.log_metric(run_id, "loss", 1.25)
+    research.log_text(run_id, "weights of team research", "model/notes.txt")
+    model = research.create_registered_model(f"team-research.gpt2-{suffix}").name
+    research.create_model_version(model, f"runs:/{run_id}/model", run_id=run_id)
+    return {"url": url, "experiment_id": experiment_id, "run_id": run_id, "model": model, "suffix": suffix}
+
+
+def test_a_team_cannot_read_another_teams_run_artifact_or_model(victims_work, monkeypatch, tmp_path):
+    attacker = _team_client(victims_work["url"], "team-vision", monkeypatch)
+    _denied(lambda: attacker.get_experiment(victims_work["experiment_id"]))
+    _denied(lambda: attacker.get_run(victims_work["run_id"]))
+    _denied(lambda: attacker.get_metric_history(victims_work["run_id"], "loss"))
+    _denied(lambda: attacker.download_artifacts(victims_work["run_id"], "model/notes.txt", str(tmp_path)))
+    _denied(lambda: attacker.get_registered_model(victims_work["model"]))
+    _denied(lambda: attacker.get_model_version(victims_work["model"], "1"))
+    # Searches list nothing of theirs.
+    assert victims_work["experiment_id"] not in {e.experiment_id for e in attacker.search_experiments()}
+    assert victims_work["model"] not in {m.name for m in attacker.search_registered_models()}
+    # The victim reads its own work (the control).
+    owner = _team_client(victims_work["url"], "team-research", monkeypatch)
+    assert owner.get_run(victims_work["run_id"]).data.metrics["loss"] == 1.25
+
+
+@pytest.mark.parametrize("attack", [
+    "create the victim's next experiment", "create a global experiment name", "rename own experiment into theirs",
+    "register a model under the victim's prefix", "register a global model name", "rename own model into theirs",
+])
+def test_a_team_cannot_squat_another_teams_names(victims_work, monkeypatch, attack):
+    url, suffix = victims_work["url"], victims_work["suffix"]
+    attacker = _team_client(url, "team-vision", monkeypatch)
+    squat = {
+        "create the victim's next experiment": lambda: attacker.create_experiment(f"team-research/next-{suffix}"),
+        "create a global experiment name": lambda: attacker.create_experiment(f"gpt2-124m-{suffix}"),
+        "rename own experiment into theirs": lambda: attacker.rename_experiment(
+            attacker.create_experiment(f"team-vision/mine-{suffix}"), f"team-research/taken-{suffix}"),
+        "register a model under the victim's prefix": lambda: attacker.create_registered_model(f"team-research.m-{suffix}"),
+        "register a global model name": lambda: attacker.create_registered_model(f"gpt2-{suffix}"),
+        "rename own model into theirs": lambda: attacker.rename_registered_model(
+            attacker.create_registered_model(f"team-vision.m-{suffix}").name, f"team-research.taken-{suffix}"),
+    }[attack]
+    assert "outside your team's names" in _denied(squat)
+    # The victim's own names stay free for it.
+    owner = _team_client(url, "team-research", monkeypatch)
+    assert owner.create_experiment(f"team-research/next-{suffix}-{attack[:6].strip()}")
+
+
+def test_sharing_is_an_explicit_grant_by_the_owner(victims_work, monkeypatch):
+    url = victims_work["url"]
+    reader = _team_client(url, "team-vision", monkeypatch)
+    _denied(lambda: reader.get_run(victims_work["run_id"]))
+    # The owner (MANAGE, as creator) grants READ: MLflow's grant endpoint needs can_manage on the
+    # resource (mlflow/server/auth/__init__.py: GRANT_USER_PERMISSION -> validate_can_manage_resource).
+    grant = "/api/3.0/mlflow/users/permissions/grant"
+    share = {"username": "team-vision", "resource_type": "experiment", "resource_id": victims_work["experiment_id"]}
+    assert _post_json(url, grant, {**share, "permission": "READ"}, ("team-research", TEAMS["team-research"])) == 200
+    assert reader.get_run(victims_work["run_id"]).data.metrics["loss"] == 1.25
+    _denied(lambda: reader.log_metric(victims_work["run_id"], "loss", 0.0))  # READ, not EDIT
+    # Nobody grants themselves more on another team's experiment.
+    assert _post_json(url, grant, {**share, "permission": "MANAGE"}, ("team-vision", TEAMS["team-vision"])) == 403
 
 
 def _post_json(url: str, path: str, body: dict, auth: tuple[str, str]) -> int:

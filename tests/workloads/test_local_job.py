@@ -42,7 +42,8 @@ def test_shrink_changes_only_processes_config_and_overrides(rendered):
 
 
 def test_local_run_trains_survives_sigterm_and_resumes(rendered, tmp_path):
-    secrets = {"mlflow-tracking": {"MLFLOW_TRACKING_URI": "", "MLFLOW_TRACKING_USERNAME": "", "MLFLOW_TRACKING_PASSWORD": ""}}
+    secrets = {"mlflow-tracking": {"MLFLOW_TRACKING_URI": "", "MLFLOW_TRACKING_USERNAME": "", "MLFLOW_TRACKING_PASSWORD": ""},
+               "checkpoint-signing": {"key": "k" * 64}}
     lines: list[str] = []
     # Interrupt early: 35 steps remain, so even a fast machine cannot finish before the signal.
     result = run_local(shrink(rendered, LocalOverrides(num_steps=40, checkpoint_every_steps=5)), workdir=tmp_path,
@@ -74,7 +75,7 @@ def test_trainjob_pods_run_locally_with_trainer_v2_env(prod_plan, tmp_path):
     facts = dataclasses.replace(facts_from_plan(prod_plan), trainer_v2_runtime="torch-distributed")
     raw = yaml.safe_load((ROOT / "examples" / "jobs" / "gpt2-pretrain.yaml").read_text())
     job = render(parse_job_spec({**raw, "runtime": "trainjob"}), facts)
-    secrets = {"mlflow-tracking": {k: "" for k in facts.tracking_secret_keys}}
+    secrets = {"mlflow-tracking": {k: "" for k in facts.tracking_secret_keys}, "checkpoint-signing": {"key": "k" * 64}}
     result = run_local(shrink(job, LocalOverrides(num_steps=10, checkpoint_every_steps=5)), workdir=tmp_path,
                        secrets=secrets, timeout_seconds=300, say=lambda _: None)
     assert result.succeeded and [a.exit_codes for a in result.attempts] == [[0, 0]]

@@ -295,12 +295,13 @@ def test_gpudirect_rdma_only_on_p_instances(prod_facts, example_raw):
 
 
 def test_without_an_experiment_the_job_logs_where_its_team_login_may_write(prod_facts, example_raw):
-    # The platform grants each team's MLflow login EDIT on the experiment named after its namespace.
+    # A team's MLflow login may create experiments only under its prefix <namespace>/ (and then
+    # MANAGEs them): the default is the job's name there.
     raw = {k: v for k, v in copy.deepcopy(example_raw).items() if k != "experiment"}
     job = _job(raw, prod_facts)
     env = {e["name"]: e.get("value") for e in render_pytorchjob(job)["spec"]["pytorchReplicaSpecs"]["Master"]
            ["template"]["spec"]["containers"][0]["env"]}
-    assert env["MLFLOW_EXPERIMENT_NAME"] == job.team.namespace
+    assert env["MLFLOW_EXPERIMENT_NAME"] == f"{job.team.namespace}/{raw['name']}"
 
 
 def test_only_the_master_pod_serves_and_is_scraped_for_trainer_health(prod_facts, example_raw):
