@@ -190,6 +190,7 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
     mirror = mirror_for(cfg.checkpoint.s3_uri) if env.is_main else NoMirror()
     checkpointer = Checkpointer(cfg.checkpoint.dir, env, cfg.checkpoint.keep_last, cfg.checkpoint.async_mode, mirror)
     app = ModelAndOptimizer(model, optimizer)
+    checkpointer.prepare_staging(app)  # host staging buffers allocated before the first save
     heartbeat = Heartbeat(cfg.checkpoint.dir)
     step, tokens_seen, run_id = 0, 0, None
     resume_from = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume, env, mirror)
