@@ -365,6 +365,11 @@ class StagingBuffers:
         from torch.distributed._state_dict_utils import _create_cpu_state_dict
 
         buffers = _create_cpu_state_dict(state, pin_memory=self.pin_memory)
+        if not self.pin_memory:
+            # Touch every page now: the first copy into fresh pageable memory would otherwise
+            # pay the page faults, and the first save would block longer than the rest.
+            # (Pinned memory is resident from allocation.)
+            _for_each_tensor(buffers, lambda t: t.zero_())
         self.allocations += 1
         return buffers
 
@@ -423,6 +428,17 @@ class StagedThreadSave:
 
     def close(self, graceful: bool = True) -> None:
         self.executor.shutdown(wait=graceful)
+
+
+def _for_each_tensor(node, fn) -> None:
+    if isinstance(node, torch.Tensor):
+        fn(getattr(node, "_local_tensor", node))  # a DTensor's buffer is its local shard
+    elif isinstance(node, dict):
+        for value in node.values():
+            _for_each_tensor(value, fn)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            _for_each_tensor(value, fn)
 
 
 def _plain_state(state: dict) -> dict:
