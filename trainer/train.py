@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from trainer import distributed
+from trainer import distributed, reproducibility
 from trainer.checkpoint import Checkpointer, ModelAndOptimizer, read_marker, resolve_resume
 from trainer.config import TrainerConfig, dump_yaml
 from trainer.guards import (NonFiniteSteps, TrainingStopped, apply_optimizer_config, check_resume_compatible,
@@ -121,6 +121,7 @@ def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
     env = distributed.init(cfg.parallelism)
     logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
                         format=f"%(asctime)s [rank {env.rank}] %(name)s: %(message)s", force=True)
+    reproducibility.apply(cfg.reproducibility.deterministic, cfg.seed)  # before the first cuBLAS handle (matmul)
     reason, step, details = "failed", -1, {}
     outcome: dict = {}
     report_exit(env.rank, "running", -1)
