@@ -77,6 +77,8 @@ def main() -> None:
     parser.add_argument("--micro-batch-size", type=int, default=16)
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--json", help="also write the figures here (make gpu-check)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="the trainer in reproducibility.deterministic mode (its throughput cost)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("MFU benchmark: no CUDA GPU on this machine: not measured (run it on a GPU node).")
@@ -98,11 +100,14 @@ def main() -> None:
                                "schedule.warmup_steps=2", "schedule.grad_accum_steps=1", "parallelism.strategy=none",
                                f"data.micro_batch_size={args.micro_batch_size}", f"parallelism.compile={str(compile_model).lower()}",
                                "checkpoint.every_steps=100000", "tracking.log_every_steps=10", "tracking.enabled=false",
-                               "evaluation.at_end=false", "export.at_end=false"],
+                               "evaluation.at_end=false", "export.at_end=false",
+                               f"reproducibility.deterministic={str(args.deterministic).lower()}"],
                       environ={})
     assert train_main(cfg) == 0
     rows = [json.loads(line) for line in open(f"{work}/ckpt/metrics.jsonl") if '"mfu"' in line]
     last = rows[-1]  # the first interval includes warm-up (and compilation)
+    # With --deterministic the process stays in deterministic mode for this loop too: compare
+    # the trainer's figure with the default run's, not with this loop.
     bare, bare_peak = nanogpt_loop(cfg, args.steps, compile_model)
 
     name = torch.cuda.get_device_name()
@@ -114,7 +119,8 @@ def main() -> None:
     print(f"GPU {name} (dense bf16 peak {peak} TFLOP/s); torch {torch.__version__}, CUDA {torch.version.cuda}; "
           f"{time.strftime('%Y-%m-%d', time.gmtime())}")
     print(f"GPT-2 124M ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, N={count_params(model) / 1e6:.2f}M), "
-          f"T={cfg.data.seq_len}, B={args.micro_batch_size}, compile={compile_model}, bf16")
+          f"T={cfg.data.seq_len}, B={args.micro_batch_size}, compile={compile_model}, bf16"
+          f"{', trainer in deterministic mode' if args.deterministic else ''}")
     print(f"trainer:      {last['tokens_per_second']:8.0f} tokens/s, step {last['step_seconds'] * 1000:.0f} ms, "
           f"MFU {100 * last['mfu']:.1f}%, peak memory {last['peak_gpu_memory_gib']:.1f} GiB")
     print(f"nanoGPT loop: {bare:8.0f} tokens/s, MFU {f'{100 * bare_mfu:.1f}%' if bare_mfu else 'n/a'}, "
@@ -133,7 +139,8 @@ def main() -> None:
                        "tokens_per_second": last["tokens_per_second"], "mfu": last["mfu"],
                        "step_seconds": last["step_seconds"], "peak_memory_gib": last["peak_gpu_memory_gib"],
                        "nanogpt_tokens_per_second": bare, "nanogpt_mfu": bare_mfu, "nanogpt_peak_memory_gib": bare_peak,
-                       "ratio_trainer_to_nanogpt": last["tokens_per_second"] / bare}, f, indent=1)
+                       "ratio_trainer_to_nanogpt": last["tokens_per_second"] / bare,
+                       "deterministic": args.deterministic}, f, indent=1)
 
 
 if __name__ == "__main__":
