@@ -19,6 +19,7 @@ see `Ownership`), `rollback.json` and `abandoned/` (see `resolve_resume`), and
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
@@ -107,6 +108,15 @@ def fsync_file(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_durably(files) -> None:
+    """(path, bytes) pairs, each written and fsynced."""
+    for path, data in files:
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def fsync_dir(path: str) -> None:
@@ -387,7 +397,11 @@ class StagingBuffers:
     def stage(self, state: dict, device: torch.device) -> dict:
         """Copies `state` into the buffers; returns a state dict that references them (and
         the current values of everything that is not a tensor: learning rates, step counts)."""
-        from torch.distributed._state_dict_utils import CompanionMismatch, _copy_state_dict
+        from torch.distributed._state_dict_utils import _copy_state_dict
+        try:
+            from torch.distributed._state_dict_utils import CompanionMismatch
+        except ImportError:  # older torch raised a plain exception on a structure mismatch
+            CompanionMismatch = ValueError  # noqa: N806
 
         if self._ahead is not None:
             self.buffers, self._ahead = self._ahead.result(), None
@@ -413,6 +427,16 @@ class StagedThreadSave:
     buffers; a background thread writes them with DCP (on the checkpoint group, as DCP's
     own thread mode does)."""
 
+    @staticmethod
+    def supported() -> bool:
+        """torch's staging helpers are private API: present from torch 2.4 through 2.13 (checked
+        on 2.13 here; 2.11 is the GPU image's). Without them, DCP's own thread mode is used."""
+        try:
+            from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
     def __init__(self, env: Env):
         self.env = env
         self.staging = StagingBuffers(pin_memory=env.device.type == "cuda")
@@ -421,10 +445,15 @@ class StagedThreadSave:
     def prepare(self, state: dict) -> None:
         self.staging.allocate_ahead(state)
 
-    def start(self, state: dict, path: str) -> Future:
+    def start(self, state: dict, path: str, side_files: list[tuple[str, bytes]] = ()) -> Future:
         staged = self.staging.stage(_plain_state(state), self.env.device)
-        return self.executor.submit(dcp.save, staged, checkpoint_id=path, process_group=self.env.checkpoint_group,
-                                    no_dist=not self.env.distributed)
+
+        def write() -> None:
+            write_durably(side_files)
+            dcp.save(staged, checkpoint_id=path, process_group=self.env.checkpoint_group,
+                     no_dist=not self.env.distributed)
+
+        return self.executor.submit(write)
 
     def close(self, graceful: bool = True) -> None:
         self.executor.shutdown(wait=graceful)
@@ -453,7 +482,8 @@ class Checkpointer:
         self.env = env
         self.keep_last = keep_last
         # thread: our pinned, reused staging + a writer thread; process: DCP's process mode.
-        self.writer = (SyncSave(env) if async_mode == "off" else StagedThreadSave(env) if async_mode == "thread"
+        self.writer = (SyncSave(env) if async_mode == "off"
+                       else StagedThreadSave(env) if async_mode == "thread" and StagedThreadSave.supported()
                        else AsyncSave(env, async_mode))
         # Set by prepare_staging: staging buffers are allocated once the optimizer holds state.
         self._staging_source: Stateful | None = None
@@ -486,16 +516,19 @@ class Checkpointer:
         # before writing, and rank 0 writes the new one only after every rank has written.
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(path, MARKER))
-        rng_file = os.path.join(path, f"rng-rank-{self.env.rank}.pt")
-        torch.save(rng_state(), rng_file)
-        fsync_file(rng_file)
+        # The RNG state is taken now (it is this step's); the files are written and fsynced
+        # before the shards, on the writer's thread when it has one (an fsync on a busy file
+        # system can take a second: not on the loop's critical path), and always before the marker.
+        rng = io.BytesIO()
+        torch.save(rng_state(), rng)
+        side_files = [(os.path.join(path, f"rng-rank-{self.env.rank}.pt"), rng.getvalue())]
         if self.env.is_main:
-            config_file = os.path.join(path, "config.yaml")
-            with open(config_file, "w") as f:
-                f.write(config_yaml)
-                f.flush()
-                os.fsync(f.fileno())
-        future = self.writer.start({"app": app}, path)
+            side_files.append((os.path.join(path, "config.yaml"), config_yaml.encode()))
+        if isinstance(self.writer, StagedThreadSave):
+            future = self.writer.start({"app": app}, path, side_files)
+        else:
+            write_durably(side_files)
+            future = self.writer.start({"app": app}, path)
         self.pending = (future, step, meta, started)
         self.poll()
         return time.perf_counter() - started
