@@ -130,7 +130,7 @@ def run_benchmark(label: str, args: list[str], out_dir: str, timeout: float) -> 
     except subprocess.TimeoutExpired as exc:
         output, code = f"timed out after {timeout:.0f} s\n{(exc.stdout or '')[-3000:]}", 124
     print(output)
-    return {"label": label, "command": "python3 " + " ".join(args), "returncode": code, "output": output.strip(),
+    return {"label": label, "command": os.path.basename(sys.executable) + " " + " ".join(args), "returncode": code, "output": output.strip(),
             "seconds": time.time() - started}
 
 
