@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 CHECKOV_VENV ?= .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: demo plan local-run test pytest security docs benchmarks schemas clean
+.PHONY: demo plan local-run test pytest security docs benchmarks gpu-check schemas clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,15 @@ benchmarks: $(STAMP)
 	$(PY) benchmarks/checkpoint_stall.py
 	$(PY) benchmarks/mfu.py
 	$(PY) benchmarks/torchrun_sigterm.py
+
+# On a GPU node, from the project root, with the image's own python3 (torch, numpy, PyYAML,
+# transformers; no .venv, no network): the GPU tests + GPU benchmarks and a Markdown report
+# (device, driver, torch/CUDA versions, date) under $(GPU_CHECK_OUT). Without a GPU it says so,
+# prints the skip reasons, runs the CPU parts and exits 0. Here: make gpu-check GPU_PYTHON=.venv/bin/python
+GPU_PYTHON ?= python3
+GPU_CHECK_OUT ?= out/gpu-check
+gpu-check:
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) tools/gpu_check.py --out $(GPU_CHECK_OUT)
 
 clean:
 	rm -rf $(VENV) $(CHECKOV_VENV) out runs

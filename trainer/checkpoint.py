@@ -20,6 +20,7 @@ see `Ownership`), `rollback.json` and `abandoned/` (see `resolve_resume`), and
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
@@ -30,7 +31,7 @@ import signal
 import socket
 import time
 import uuid
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -109,6 +110,15 @@ def fsync_file(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_durably(files) -> None:
+    """(path, bytes) pairs, each written and fsynced."""
+    for path, data in files:
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def fsync_dir(path: str) -> None:
@@ -355,13 +365,148 @@ class AsyncSave:
         executor._CHECKPOINT_PROCESS = None
 
 
+class StagingBuffers:
+    """Host copies of the training state, allocated once and reused by every save.
+
+    A save copies the device state into these buffers (non-blocking copies, then one device
+    synchronisation) and hands them to the writer; training goes on as soon as the copy has
+    landed. On CUDA the buffers are pinned: a copy into pageable memory is staged through a
+    driver bounce buffer and runs at a fraction of the bandwidth (copying GPT-2 124M + AdamW,
+    593 tensors and 1.65 GB, into reused pinned buffers took 0.031 s on one H100; DCP's
+    thread mode, which allocated fresh pageable memory per save, blocked 0.97-1.16 s).
+
+    The buffers are allocated ahead (`allocate_ahead`, in a background thread, as soon as the
+    optimizer holds state), so the first save is no slower than the others. They hold one
+    full copy of this rank's state in host memory for the life of the job.
+
+    Built on torch's own staging helpers (`_create_cpu_state_dict`, `_copy_state_dict`, which
+    DCP's `BlockingAsyncStager(cache_staged_state_dict=True)` uses and which handle DTensor
+    shards), not on DCP's `DefaultStager`: with torch 2.11 that raised `KeyError: <class 'type'>`
+    on the state of `get_state_dict(model, optimizer)`."""
+
+    def __init__(self, pin_memory: bool):
+        self.pin_memory = pin_memory
+        self.buffers: dict | None = None
+        self.allocations = 0
+        self._ahead: Future | None = None
+
+    def _allocate(self, state: dict) -> dict:
+        from torch.distributed._state_dict_utils import _create_cpu_state_dict
+
+        buffers = _create_cpu_state_dict(state, pin_memory=self.pin_memory)
+        if not self.pin_memory:
+            # Touch every page now: the first copy into fresh pageable memory would otherwise
+            # pay the page faults, and the first save would block longer than the rest.
+            # (Pinned memory is resident from allocation.)
+            _for_each_tensor(buffers, lambda t: t.zero_())
+        self.allocations += 1
+        return buffers
+
+    def allocate_ahead(self, state: dict) -> None:
+        if self.buffers is not None or self._ahead is not None:
+            return
+        executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt-staging-alloc")
+        self._ahead = executor.submit(self._allocate, state)
+        executor.shutdown(wait=False)
+
+    @property
+    def ready(self) -> bool:
+        return self.buffers is not None or (self._ahead is not None and self._ahead.done())
+
+    def stage(self, state: dict, device: torch.device) -> dict:
+        """Copies `state` into the buffers; returns a state dict that references them (and
+        the current values of everything that is not a tensor: learning rates, step counts)."""
+        from torch.distributed._state_dict_utils import _copy_state_dict
+        try:
+            from torch.distributed._state_dict_utils import CompanionMismatch
+        except ImportError:  # older torch raised a plain exception on a structure mismatch
+            CompanionMismatch = ValueError  # noqa: N806
+
+        if self._ahead is not None:
+            self.buffers, self._ahead = self._ahead.result(), None
+        if self.buffers is None:
+            self.buffers = self._allocate(state)
+        try:
+            staged = _copy_state_dict(state, self.buffers, non_blocking=True)
+        except (CompanionMismatch, RuntimeError) as exc:
+            # The state's structure changed (a first save before the optimizer held state,
+            # a resized tensor): allocate new buffers once for the new structure.
+            log.info("checkpoint staging buffers reallocated: the state changed shape (%s)", type(exc).__name__)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # no copy may still target the old buffers
+            self.buffers = self._allocate(state)
+            staged = _copy_state_dict(state, self.buffers, non_blocking=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # one sync: every non-blocking copy has landed
+        return staged
+
+
+class StagedThreadSave:
+    """`async_mode: thread`: the loop stalls only for the copy into the reused staging
+    buffers; a background thread writes them with DCP (on the checkpoint group, as DCP's
+    own thread mode does)."""
+
+    @staticmethod
+    def supported() -> bool:
+        """torch's staging helpers are private API: present from torch 2.4 through 2.13 (checked
+        on 2.13 here; 2.11 is the GPU image's). Without them, DCP's own thread mode is used."""
+        try:
+            from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def __init__(self, env: Env):
+        self.env = env
+        self.staging = StagingBuffers(pin_memory=env.device.type == "cuda")
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt-writer")
+
+    def prepare(self, state: dict) -> None:
+        self.staging.allocate_ahead(state)
+
+    def start(self, state: dict, path: str, side_files: list[tuple[str, bytes]] = ()) -> Future:
+        staged = self.staging.stage(_plain_state(state), self.env.device)
+
+        def write() -> None:
+            write_durably(side_files)
+            dcp.save(staged, checkpoint_id=path, process_group=self.env.checkpoint_group,
+                     no_dist=not self.env.distributed)
+
+        return self.executor.submit(write)
+
+    def close(self, graceful: bool = True) -> None:
+        self.executor.shutdown(wait=graceful)
+
+
+def _for_each_tensor(node, fn) -> None:
+    if isinstance(node, torch.Tensor):
+        fn(getattr(node, "_local_tensor", node))  # a DTensor's buffer is its local shard
+    elif isinstance(node, dict):
+        for value in node.values():
+            _for_each_tensor(value, fn)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            _for_each_tensor(value, fn)
+
+
+def _plain_state(state: dict) -> dict:
+    """{"app": Stateful} -> {"app": its state dict}: DCP flattens both to the same keys
+    (`app.model.*`, `app.optim.*`), so a load through the Stateful reads what this wrote."""
+    return {key: value.state_dict() if isinstance(value, Stateful) else value for key, value in state.items()}
+
+
 class Checkpointer:
     def __init__(self, root: str, env: Env, keep_last: int, async_mode: str, mirror, ownership=None, trust=None):
         self.root = root
         self.trust = trust or trust_from_env()  # signs on save, verifies before load (trainer/trust.py)
         self.env = env
         self.keep_last = keep_last
-        self.writer = SyncSave(env) if async_mode == "off" else AsyncSave(env, async_mode)
+        # thread: our pinned, reused staging + a writer thread; process: DCP's process mode.
+        self.writer = (SyncSave(env) if async_mode == "off"
+                       else StagedThreadSave(env) if async_mode == "thread" and StagedThreadSave.supported()
+                       else AsyncSave(env, async_mode))
+        # Set by prepare_staging: staging buffers are allocated once the optimizer holds state.
+        self._staging_source: Stateful | None = None
         self.mirror = mirror
         self.faults = fault_injector(env)
         self.ownership = ownership or (Ownership(root) if env.is_main else NoOwnership())
@@ -391,22 +536,34 @@ class Checkpointer:
         # before writing, and rank 0 writes the new one only after every rank has written.
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(path, MARKER))
-        rng_file = os.path.join(path, f"rng-rank-{self.env.rank}.pt")
-        torch.save(rng_state(), rng_file)
-        fsync_file(rng_file)
+        # The RNG state is taken now (it is this step's); the files are written and fsynced
+        # before the shards, on the writer's thread when it has one (an fsync on a busy file
+        # system can take a second: not on the loop's critical path), and always before the marker.
+        rng = io.BytesIO()
+        torch.save(rng_state(), rng)
+        side_files = [(os.path.join(path, f"rng-rank-{self.env.rank}.pt"), rng.getvalue())]
         if self.env.is_main:
-            config_file = os.path.join(path, "config.yaml")
-            with open(config_file, "w") as f:
-                f.write(config_yaml)
-                f.flush()
-                os.fsync(f.fileno())
-        future = self.writer.start({"app": app}, path)
+            side_files.append((os.path.join(path, "config.yaml"), config_yaml.encode()))
+        if isinstance(self.writer, StagedThreadSave):
+            future = self.writer.start({"app": app}, path, side_files)
+        else:
+            write_durably(side_files)
+            future = self.writer.start({"app": app}, path)
         self.pending = (future, step, meta, started)
         self.poll()
         return time.perf_counter() - started
 
+    def prepare_staging(self, app: "ModelAndOptimizer") -> None:
+        """Lets a staging writer allocate its host buffers ahead of the first save (at the
+        first step boundary where the optimizer holds state), off the save's critical path."""
+        if hasattr(self.writer, "prepare"):
+            self._staging_source = app
+
     def poll(self) -> None:
         """Finalises a finished save; called at every step boundary, costs nothing otherwise."""
+        if self._staging_source is not None and self._staging_source.optimizer.state:
+            self.writer.prepare({"app": self._staging_source.state_dict()})
+            self._staging_source = None
         if self.pending and self.pending[0].done():
             self._finalize()
 

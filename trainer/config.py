@@ -140,6 +140,14 @@ class ProfilerConfig:
 
 
 @dataclass
+class ReproducibilityConfig:
+    # Bitwise-repeatable runs on one device type (trainer/reproducibility.py): deterministic
+    # algorithms, cuBLAS workspace config, no cuDNN/inductor autotuning that varies. Slower;
+    # for debugging and resume checks (torchtitan's `debug.deterministic`).
+    deterministic: bool = False
+
+
+@dataclass
 class TrainerConfig:
     seed: int = 1337
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -152,6 +160,7 @@ class TrainerConfig:
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    reproducibility: ReproducibilityConfig = field(default_factory=ReproducibilityConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -171,7 +180,9 @@ class TrainerConfig:
         so moving a checkpoint or renaming an experiment does not look like a new run."""
         d = self.to_dict()
         # Evaluation, export and profiling only observe the run (evaluation restores the RNG).
-        for volatile in ("checkpoint", "tracking", "evaluation", "export", "profiler"):
+        # Deterministic mode picks other kernels for the same maths: a run may resume with it
+        # switched on to check itself (and existing config hashes stay as they were).
+        for volatile in ("checkpoint", "tracking", "evaluation", "export", "profiler", "reproducibility"):
             d.pop(volatile)
         d["data"].pop("dir")
         d["data"].pop("prefetch_batches")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import gc
+import logging
 import os
 from dataclasses import dataclass
 
@@ -16,6 +17,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from trainer.config import ParallelismConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -113,6 +116,7 @@ def all_reduce_mean(env: Env, value: torch.Tensor) -> torch.Tensor:
 
 class SingleProcess:
     name = "none"
+    blocks_compiled = False
 
     def wrap(self, model: nn.Module, env: Env) -> nn.Module:
         return model
@@ -126,6 +130,7 @@ class SingleProcess:
 
 class DDPStrategy:
     name = "ddp"
+    blocks_compiled = False
 
     def wrap(self, model: nn.Module, env: Env) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel
@@ -156,8 +161,9 @@ class DDPStrategy:
 class FSDPStrategy:
     name = "fsdp"
 
-    def __init__(self, bf16: bool):
+    def __init__(self, bf16: bool, compile_blocks: bool = False):
         self.bf16 = bf16
+        self.blocks_compiled = compile_blocks
 
     def wrap(self, model: nn.Module, env: Env) -> nn.Module:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -165,6 +171,12 @@ class FSDPStrategy:
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if self.bf16 else MixedPrecisionPolicy()
         # One shard unit per decoder layer, then the root for embeddings and head.
         for layer in model.layers():
+            if self.blocks_compiled:
+                # Each block compiled before it is sharded, as torchtitan's apply_compile
+                # runs before apply_fsdp: a compiled FSDP2 root breaks its graph at every
+                # unit's hooks. Module.compile() compiles in place, so state-dict keys (the
+                # checkpoint's, the export's) stay free of an `_orig_mod.` prefix.
+                layer.compile()
             fully_shard(layer, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
         return model
@@ -177,10 +189,25 @@ class FSDPStrategy:
         pass  # FSDP2 reduce-scatters per layer in a fixed order: bitwise across resumes (tested)
 
 
+def strategy_name(requested: str, world_size: int) -> str:
+    """The wrapper a job of this world size runs. `auto`: DDP across processes, the plain
+    model for one process: a world-size-1 wrapper synchronises nothing and costs throughput
+    (measured on one H100, GPT-2 124M, compiled bf16, micro-batch 16: plain 321k tok/s,
+    DDP 270-300k, FSDP2 215-220k). An explicit ddp or fsdp is kept as asked (a job that
+    tests its multi-GPU configuration on one GPU) and logged as such."""
+    if requested == "auto":
+        return "ddp" if world_size > 1 else "none"
+    return requested
+
+
 def strategy_for(cfg: ParallelismConfig, env: Env, bf16: bool):
-    name = cfg.strategy
-    if name == "auto":
-        name = "ddp" if env.world_size > 1 else "none"
+    name = strategy_name(cfg.strategy, env.world_size)
     if name != "none" and not env.distributed:
         return SingleProcess()
-    return {"none": SingleProcess, "ddp": DDPStrategy}[name]() if name != "fsdp" else FSDPStrategy(bf16)
+    if name != "none" and env.world_size == 1 and env.is_main:
+        log.warning("parallelism.strategy=%s at world size 1: running the %s wrapper with nothing to synchronise, "
+                    "as asked; it costs throughput (strategy auto runs the plain model on one process)",
+                    name, name.upper())
+    if name == "fsdp":
+        return FSDPStrategy(bf16, compile_blocks=cfg.compile)
+    return {"none": SingleProcess, "ddp": DDPStrategy}[name]()

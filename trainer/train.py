@@ -12,9 +12,8 @@ import platform
 import time
 
 import torch
-import torch.nn.functional as F
 
-from trainer import distributed
+from trainer import distributed, reproducibility
 from trainer.checkpoint import Checkpointer, ModelAndOptimizer, read_marker, resolve_resume
 from trainer.config import TrainerConfig, dump_yaml
 from trainer.guards import (NonFiniteSteps, TrainingStopped, apply_optimizer_config, check_resume_compatible,
@@ -23,7 +22,7 @@ from trainer.data import DistributedBatches, TokenShards
 from trainer.evaluation import evaluator_for
 from trainer.health import health_exporter
 from trainer.metrics import Goodput, Heartbeat, flops_per_token, memory_meter, mfu_meter
-from trainer.model import apply_activation_checkpointing, build_model, count_params, model_dims
+from trainer.model import apply_activation_checkpointing, build_model, count_params, loss_function, model_dims
 from trainer.preemption import EXIT_PREEMPTED, PreemptionFlag, is_peer_lost, preemption_budget_seconds, report_exit
 from trainer.profiling import profiler_for
 from trainer.s3 import NoMirror, mirror_for
@@ -123,6 +122,7 @@ def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
     env = distributed.init(cfg.parallelism)
     logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
                         format=f"%(asctime)s [rank {env.rank}] %(name)s: %(message)s", force=True)
+    reproducibility.apply(cfg.reproducibility.deterministic, cfg.seed)  # before the first cuBLAS handle (matmul)
     reason, step, details = "failed", -1, {}
     outcome: dict = {}
     report_exit(env.rank, "running", -1)
@@ -173,7 +173,9 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
     bf16 = cfg.parallelism.mixed_precision == "bf16" or (cfg.parallelism.mixed_precision == "auto" and env.device.type == "cuda")
     strategy = distributed.strategy_for(cfg.parallelism, env, bf16)
     model = strategy.wrap(model, env)
-    forward = torch.compile(model) if cfg.parallelism.compile else model
+    # The loss is inside the compiled region (trainer.model.loss_function): no eager fp32
+    # logits, no eager log-softmax over [B*T, vocab].
+    loss_fn = loss_function(model, cfg.parallelism.compile, strategy.blocks_compiled)
     # FSDP2 casts parameters itself; autocast is for the unsharded strategies.
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and strategy.name != "fsdp"
                 else contextlib.nullcontext())
@@ -190,6 +192,7 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
     mirror = mirror_for(cfg.checkpoint.s3_uri) if env.is_main else NoMirror()
     checkpointer = Checkpointer(cfg.checkpoint.dir, env, cfg.checkpoint.keep_last, cfg.checkpoint.async_mode, mirror)
     app = ModelAndOptimizer(model, optimizer)
+    checkpointer.prepare_staging(app)  # host staging buffers allocated before the first save
     heartbeat = Heartbeat(cfg.checkpoint.dir)
     health = health_exporter(env.is_main, job_identity(cfg), cfg.checkpoint.every_steps)
     step, tokens_seen, run_id = 0, 0, None
@@ -275,8 +278,7 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
             inputs, targets = batches.next_batch()
             data_wait += time.perf_counter() - fetch_start
             with strategy.grad_sync(model, micro_step == num_accum - 1), autocast:
-                logits = forward(inputs)
-                loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1)) / num_accum
+                loss = loss_fn(inputs, targets) / num_accum
             if faults.nonfinite(step + 1):
                 loss = loss * float("nan")
             loss.backward()

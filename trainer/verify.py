@@ -23,6 +23,15 @@ problem of that stage):
    tensor is finite and that the optimizer state is there.
 4. Runs one training step from each load on a fixed batch of random tokens: the loss is finite
    and the same in both, and the weights stay finite after the update.
+5. Proves it is the trained model, not just a loadable one: evaluates the one-process load on
+   the job's own held-out split (`--data-dir`, else the `data.dir` recorded in the checkpoint)
+   exactly as the trainer's evaluation did (the same windows, per rank of the recorded world
+   size, averaged) and compares with the `val_loss` the job logged at that step in
+   `metrics.jsonl` next to the checkpoint. Tolerance: 1e-3 relative when the job evaluated in
+   fp32, 2e-2 when it evaluated in bf16 (the drill runs fp32 on CPU; bf16 rounding of a GPT-2
+   124M forward moves the loss by well under 1%). Weights that load but were perturbed, or
+   come from another step or job, miss it and FAIL. Without the data or a logged `val_loss`
+   at that step, the drill says why it skipped this stage.
 
 Prints `VERDICT: PASS` (exit 0) or `VERDICT: FAIL` with the problems (exit 1). A source with no
 complete checkpoint, or one that cannot be read, exits 2. Needs CPU memory for one full copy of
@@ -351,7 +360,37 @@ def build_for_checkpoint(path: str, cfg, metadata):
     return build_model(cfg.model, vocab, cfg.data.seq_len), vocab, cfg.data.seq_len
 
 
-def load_and_step(path: str, result_file: str) -> None:
+def heldout_loss(model, cfg, data_dir: str, world_size: int, device) -> tuple[float, int]:
+    """The validation loss the trainer's Evaluator computed for this model: the same windows
+    (ValidationBatches of every rank of the recorded world size), mean of per-rank means.
+    Returns (loss, number of micro-batches)."""
+    import torch
+    import torch.nn.functional as F
+
+    from trainer.data import TokenShards, ValidationBatches
+
+    val = TokenShards(data_dir, cfg.data.seq_len, split="val")
+    if val.num_samples == 0:
+        raise ValueError(f"{data_dir} has no validation split with {cfg.data.seq_len + 1}-token windows")
+    per_rank = []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for rank in range(world_size):
+                batches = ValidationBatches(val, cfg.data.micro_batch_size, cfg.evaluation.num_batches, rank,
+                                            world_size, device)
+                total = 0.0
+                for inputs, targets in batches:
+                    logits = model(inputs)
+                    total += float(F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1)).double())
+                per_rank.append(total / len(batches))
+    finally:
+        model.train(was_training)
+    return sum(per_rank) / len(per_rank), world_size * cfg.evaluation.num_batches
+
+
+def load_and_step(path: str, result_file: str, heldout: dict | None = None) -> None:
     """One rank's part of the drill (RANK/WORLD_SIZE/MASTER_* in the environment, or none
     for one process). Writes a JSON result; rank 0's holds the full-state digests."""
     import torch
@@ -409,6 +448,13 @@ def load_and_step(path: str, result_file: str) -> None:
                 result["problems"].append("the optimizer state is empty after loading: AdamW moments were not restored")
         del full_model, full_optim, flat
 
+        if heldout and env.world_size == 1:
+            try:
+                result["heldout_loss"], result["heldout_batches"] = heldout_loss(
+                    model, cfg, heldout["data_dir"], heldout["world_size"], env.device)
+            except Exception as exc:  # noqa: BLE001 - reported as a skipped stage, with the reason
+                result["heldout_error"] = f"{type(exc).__name__}: {exc}"
+
         gen = torch.Generator().manual_seed(0)
         length = min(seq_len, STEP_MAX_SEQ_LEN)
         tokens = torch.randint(0, vocab, (STEP_BATCH, length + 1), generator=gen).to(env.device)
@@ -453,7 +499,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_workers(path: str, world_size: int, workdir: str, timeout_s: float) -> tuple[list[dict], list[str]]:
+def run_workers(path: str, world_size: int, workdir: str, timeout_s: float,
+                heldout: dict | None = None) -> tuple[list[dict], list[str]]:
     """Runs the drill in `world_size` CPU processes on loopback (gloo), as torchrun would
     place ranks, and returns each rank's result."""
     os.makedirs(workdir, exist_ok=True)
@@ -469,7 +516,8 @@ def run_workers(path: str, world_size: int, workdir: str, timeout_s: float) -> t
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         out = os.path.join(workdir, f"rank-{rank}.json")
         log = open(os.path.join(workdir, f"rank-{rank}.log"), "w")
-        procs.append((subprocess.Popen([sys.executable, "-m", "trainer.verify", "--worker", path, out], env=env,
+        extra = [json.dumps(heldout)] if heldout and world_size == 1 else []
+        procs.append((subprocess.Popen([sys.executable, "-m", "trainer.verify", "--worker", path, out, *extra], env=env,
                                        stdout=log, stderr=subprocess.STDOUT), out, log))
     deadline = time.monotonic() + timeout_s
     results, problems = [], []
@@ -494,8 +542,46 @@ def run_workers(path: str, world_size: int, workdir: str, timeout_s: float) -> t
 # -- the verdict --------------------------------------------------------------------------------------
 
 
+def logged_val_loss(path: str, step: int) -> float | None:
+    """The val_loss the job logged at `step`, from metrics.jsonl in the checkpoint directory
+    (the newest row of that step: a resumed job re-logs nothing it already logged)."""
+    file = os.path.join(os.path.dirname(os.path.abspath(path.rstrip("/"))), "metrics.jsonl")
+    value = None
+    with contextlib.suppress(OSError):
+        with open(file) as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if row.get("step") == step and "val_loss" in row:
+                    value = float(row["val_loss"])
+    return value
+
+
+def heldout_tolerance(cfg) -> tuple[float, str]:
+    """Relative tolerance between the drill's fp32 CPU evaluation and the job's own."""
+    precision = cfg.parallelism.mixed_precision
+    if precision == "fp32":
+        return 1e-3, "the job evaluated in fp32, as the drill does"
+    return 2e-2, f"the job evaluated with mixed_precision={precision} (bf16 when it ran on a GPU), the drill in fp32"
+
+
+def plan_heldout(path: str, facts: dict, data_dir: str | None) -> tuple[dict | None, str]:
+    """What the held-out stage needs, or why it cannot run."""
+    cfg, step = facts.get("config"), facts["marker"].get("step")
+    data_dir = data_dir or (cfg.data.dir if cfg is not None else None)
+    expected = logged_val_loss(path, step)
+    if expected is None:
+        return None, (f"no val_loss logged at step {step} in metrics.jsonl next to the checkpoint (evaluation.every_steps "
+                      "did not fall on this step, or the metrics are elsewhere)")
+    if not data_dir or not os.path.isdir(data_dir):
+        return None, f"the job's data directory {data_dir!r} is not here: give --data-dir"
+    return {"data_dir": data_dir, "world_size": facts["world_size"], "expected": expected}, ""
+
+
 def verify(path: str, timeout_s: float = 1800.0, workdir: str | None = None,
-           say=print) -> list[str]:
+           say=print, data_dir: str | None = None) -> list[str]:
     """Every problem found with the complete checkpoint at `path` (empty: it restores)."""
     say(f"checkpoint: {path}")
     from trainer.trust import trust_from_env
@@ -518,8 +604,9 @@ def verify(path: str, timeout_s: float = 1800.0, workdir: str | None = None,
     workdir = workdir or tempfile.mkdtemp(prefix="verify-ckpt-work-")
     try:
         loads = {}
+        heldout, skipped = plan_heldout(path, facts, data_dir)
         for n in sorted({world_size, 1}, reverse=True):
-            results, run_problems = run_workers(path, n, os.path.join(workdir, f"world-{n}"), timeout_s)
+            results, run_problems = run_workers(path, n, os.path.join(workdir, f"world-{n}"), timeout_s, heldout)
             label = f"load in {n} process{'es' if n > 1 else ''}"
             problems += [f"{label}: {p}" for r in results for p in r.get("problems", [])]
             problems += [f"{label}: {p}" for p in run_problems]
@@ -550,10 +637,29 @@ def verify(path: str, timeout_s: float = 1800.0, workdir: str | None = None,
             if abs(a["loss"] - b["loss"]) > 1e-3 * max(1.0, abs(b["loss"])):
                 problems.append(f"one step from the {world_size}-process load gives loss {a['loss']:.6f}, from the "
                                 f"1-process load {b['loss']:.6f}: the restored models compute different functions")
+        if heldout is None:
+            say(f"  held-out check: skipped: {skipped}")
+        elif 1 in loads:
+            problems += compare_heldout(loads[1], heldout, facts["config"], say)
     finally:
         if own_workdir:
             shutil.rmtree(workdir, ignore_errors=True)
     return problems
+
+
+def compare_heldout(load: dict, heldout: dict, cfg, say) -> list[str]:
+    if "heldout_loss" not in load:
+        return [f"held-out evaluation on {heldout['data_dir']} failed: {load.get('heldout_error', 'no result')}"]
+    tolerance, why = heldout_tolerance(cfg)
+    got, expected = load["heldout_loss"], heldout["expected"]
+    off = abs(got - expected) / max(abs(expected), 1e-12)
+    say(f"  held-out check: val_loss {got:.6f} on {load['heldout_batches']} micro-batches of {heldout['data_dir']}; "
+        f"the job logged {expected:.6f} at this step; relative difference {off:.2e} (tolerance {tolerance:g}: {why})")
+    if not off <= tolerance:
+        return [f"the restored model's held-out val_loss is {got:.6f} but the job logged {expected:.6f} at this step "
+                f"(relative difference {off:.2e} > {tolerance:g}): the checkpoint loads but is not the model that "
+                "was trained to this step"]
+    return []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -567,6 +673,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scratch", help="where an s3:// checkpoint is downloaded (default: a temporary "
                                           "directory, removed afterwards)")
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="per load (default 1800)")
+    parser.add_argument("--data-dir", help="the job's prepared data (default: data.dir recorded in the checkpoint); "
+                                           "its held-out split is evaluated and compared with the logged val_loss")
     args = parser.parse_args(argv)
     from trainer.trust import CheckpointKeyError
 
@@ -580,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             path, problems = locate_local(args.source), []
         if not problems:
-            problems = verify(path)
+            problems = verify(path, data_dir=args.data_dir)
     except (SourceError, CheckpointKeyError) as exc:
         print(f"verify-checkpoint: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -598,6 +706,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
-        load_and_step(sys.argv[2], sys.argv[3])
+        load_and_step(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]) if len(sys.argv) > 4 else None)
         sys.exit(0)
     sys.exit(main())

@@ -200,7 +200,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     pre = sub.add_parser("preflight", help="does the job fit; step time and cost")
     pre.add_argument("job")
     stack_args(pre)
-    pre.add_argument("--mfu", type=float, default=0.35, help="model FLOPs utilisation assumed for the step time")
+    pre.add_argument("--mfu", type=float, default=None,
+                     help="model FLOPs utilisation assumed for the step time (default: the one make gpu-check measured "
+                          "on the pool's GPU type, else 0.35)")
 
     submit = sub.add_parser("submit", help="preflight, render, then print / run locally / apply")
     submit.add_argument("job")
@@ -208,7 +210,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     mode = submit.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the rendered job")
     mode.add_argument("--local", action="store_true", help="run the rendered pods as CPU processes, tiny")
-    submit.add_argument("--mfu", type=float, default=0.35)
+    submit.add_argument("--mfu", type=float, default=None)
     submit.add_argument("--steps", type=int, default=40, help="--local: training steps")
     submit.add_argument("--interrupt-at-step", type=int, default=None, help="--local: SIGTERM one pod at this step")
     submit.add_argument("--workdir", help="--local: where the FSx stand-in, logs and MLflow go (default runs/jobs/NAME)")

@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 
 from workloads.problems import Problem
+from workloads import gpu_measurements
 from workloads.gpu_catalog import GPU_TYPES
 from workloads.instances import PEAK_BF16_TFLOPS
 from workloads.jobspec import JobSpec, JobSpecError
@@ -137,7 +138,20 @@ def memory_per_gpu(shape: ModelShape, world_size: int) -> dict[str, float]:
             "total": state + activations + logits + CUDA_RESERVE_GIB * GIB}
 
 
-def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: float = DEFAULT_MFU) -> Preflight:
+def planning_mfu(gpu_type: str, mfu: Optional[float], measured: dict[str, dict[str, Any]]) -> tuple[float, str]:
+    """The MFU a step time is planned with, and where it comes from: an explicit --mfu, else
+    the MFU `make gpu-check` measured on this GPU type, else the 35% default."""
+    if mfu is not None:
+        return mfu, "given"
+    figures = measured.get(gpu_type)
+    if figures and figures.get("mfu"):
+        return float(figures["mfu"]), (f"measured by make gpu-check on {figures.get('device')}, {figures.get('date')}, "
+                                       f"torch {figures.get('torch')}, CUDA {figures.get('cuda')}")
+    return DEFAULT_MFU, f"default planning figure: nothing measured on {gpu_type} (make gpu-check on one records it)"
+
+
+def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optional[float] = None,
+              measurements_file: str = gpu_measurements.MEASUREMENTS_FILE) -> Preflight:
     try:
         job = resolve(spec, facts)
     except JobSpecError as exc:
@@ -195,6 +209,17 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: float
     report.lines.append(f"memory         {arithmetic}; {gpu.name} has {gpu.gpu_memory_gib} GiB ({USABLE_MEMORY_FRACTION:.0%} usable "
                         f"= {_gib(usable)}) [{shape.source}]")
     report.figures.update({"memory_per_gpu_gib": round(mem["total"] / GIB, 2), "usable_gpu_memory_gib": round(usable / GIB, 2)})
+    measured = gpu_measurements.load(measurements_file)
+    same_shape = measured.get(pool.gpu_type)
+    if same_shape and same_shape.get("peak_memory_gib") and gpu_measurements.matches(
+            same_shape, num_layers=shape.num_layers, hidden_size=shape.hidden_size, seq_len=shape.seq_len,
+            micro_batch_size=shape.micro_batch_size, vocab_size=shape.vocab_size, strategy=shape.strategy,
+            activation_checkpointing=shape.activation_checkpointing):
+        peak_gib = float(same_shape["peak_memory_gib"])
+        report.lines.append(f"               measured peak {peak_gib:.1f} GiB for this model and micro-batch on "
+                            f"{same_shape.get('device')} ({same_shape.get('date')}, make gpu-check); the larger of the two is checked")
+        report.figures["measured_peak_memory_gib"] = peak_gib
+        mem["total"] = max(mem["total"], peak_gib * GIB)
     if mem["total"] > usable:
         fixes = []
         if shape.strategy != "fsdp" and world > 1:
@@ -206,6 +231,7 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: float
 
     # -- step time and cost -----------------------------------------------------------------------
     peak = PEAK_BF16_TFLOPS[pool.gpu_type]
+    mfu, mfu_source = planning_mfu(pool.gpu_type, mfu, measured)
     layers, hidden = shape.num_layers or 0, shape.hidden_size or 0
     flops_per_token = 6.0 * shape.parameters + 12.0 * layers * hidden * shape.seq_len
     tokens_per_step = shape.micro_batch_size * shape.seq_len * shape.grad_accum_steps * world
@@ -213,7 +239,10 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: float
     hours = step_seconds * shape.num_steps / 3600
     report.lines.append(f"step time      {tokens_per_step:,} tokens x {flops_per_token / 1e9:.2f} GFLOP/token / ({world} x {peak:.0f} "
                         f"TFLOP/s x MFU {mfu:.0%}) = {step_seconds:.2f} s; {shape.num_steps:,} steps = {hours:.1f} h")
-    report.figures.update({"step_seconds": round(step_seconds, 3), "run_hours": round(hours, 2)})
+    report.lines.append(f"               MFU {mfu:.1%}: {mfu_source}")
+    report.figures.update({"step_seconds": round(step_seconds, 3), "run_hours": round(hours, 2), "mfu": mfu,
+                           "mfu_source": "measured" if mfu_source.startswith("measured") else
+                           "given" if mfu_source == "given" else "default"})
     if price is not None:
         on_demand = hours * spec.nodes * price.on_demand_usd_per_hour
         line = (f"cost           {spec.nodes} x {job.instance_type} x {hours:.1f} h: on-demand ${on_demand:,.0f} "
