@@ -5,6 +5,7 @@ perturbed, every marker, RNG file and DCP byte range still consistent) must FAIL
 stage the drill passed it."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -44,7 +45,8 @@ def test_the_trained_checkpoint_matches_its_logged_val_loss(trained):
 def test_weights_that_load_but_are_not_the_trained_model_fail(trained, tmp_path, data_dir):
     import torch.distributed.checkpoint as dcp
 
-    from trainer.checkpoint import ModelAndOptimizer
+    from trainer.checkpoint import MARKER, ModelAndOptimizer
+    from trainer.trust import trust_from_env
     from trainer.config import load_config
     from trainer.model import build_model
     from trainer.train import build_optimizer
@@ -62,6 +64,12 @@ def test_weights_that_load_but_are_not_the_trained_model_fail(trained, tmp_path,
         for p in model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=generator))  # finite, plausible, wrong
     dcp.save({"app": app}, checkpoint_id=step_dir(root, STEPS), no_dist=True)
+    # Sealed again with the job's own key (the case the drill exists for: a checkpoint the job
+    # itself wrote and signed, e.g. through a bug in the save path, that is not its model; a
+    # tamper after the save is the manifest's to refuse, tests/trainer/test_checkpoint_trust.py).
+    with open(os.path.join(step_dir(root, STEPS), MARKER)) as f:
+        marker = json.load(f)
+    trust_from_env(launcher_env()).seal(step_dir(root, STEPS), marker)
 
     result = verify(root, "--data-dir", data_dir)
     assert result.returncode == 1, result.stdout + result.stderr
