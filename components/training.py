@@ -34,6 +34,7 @@ from workloads.placement import system_pod_placement
 from workloads.platform_facts import PlatformFacts, TRAINER_SERVICE_ACCOUNT
 from workloads.fsx import CLAIM_NAME
 from workloads import trainjob_runtime
+from workloads.tenancy import PYTORCH_INIT_CONTAINER_TEMPLATE
 from workloads.trainingjob import CHECKPOINT_KEY_ITEM, CHECKPOINT_KEY_SECRET, TORCH_DISTRIBUTED_RUNTIME, render
 
 # Where the upstream manifests put the operator (overlays/standalone: namespace kubeflow).
@@ -59,33 +60,12 @@ def trainer_values(*, replicas: int) -> dict[str, Any]:
 # pkg/controller.v1/pytorch/initcontainer.go getInitContainerTemplateOrDefault). Upstream's
 # template (same command, resources and Go template fields) plus a securityContext, so worker pods
 # pass Pod Security "restricted" and the scan: the init container only runs nslookup and sleep.
+# It sets no runAsUser: the pod's (the team's) uid applies, which the team admission policy requires.
 INIT_CONTAINER_TEMPLATE_DIR = "/etc/config"
 INIT_CONTAINER_TEMPLATE_FILE = "initContainer.yaml"
 INIT_CONTAINER_CONFIGMAP = "training-operator-init-container"
-INIT_CONTAINER_TEMPLATE = """\
-- name: init-pytorch
-  image: {{.InitContainerImage}}
-  imagePullPolicy: IfNotPresent
-  resources:
-    limits:
-      cpu: 100m
-      memory: 20Mi
-    requests:
-      cpu: 50m
-      memory: 10Mi
-  securityContext:
-    runAsNonRoot: true
-    runAsUser: 65534
-    runAsGroup: 65534
-    allowPrivilegeEscalation: false
-    readOnlyRootFilesystem: true
-    capabilities:
-      drop:
-        - ALL
-    seccompProfile:
-      type: RuntimeDefault
-  command: ['sh', '-c', 'err=1;for i in $(seq {{.MaxTries}}); do if nslookup {{.MasterAddr}}; then err=0 && break; fi;echo waiting for master; sleep 2; done; exit $err']
-"""
+# One template for the operator and the tenant policies that must admit its output (workloads.tenancy).
+INIT_CONTAINER_TEMPLATE = PYTORCH_INIT_CONTAINER_TEMPLATE
 # pkg/config/config.go PyTorchInitContainerMaxTriesDefault
 INIT_CONTAINER_MAX_TRIES = 100
 
