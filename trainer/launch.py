@@ -13,6 +13,10 @@ Exit codes:
   segfault) and no rank failed on its own: retryable, the job resumes from its newest
   complete checkpoint. What torchrun records about each failed worker (exit code, negative
   for a signal) comes from `trainer.elastic_run`.
+- 141 (128 + SIGPIPE): this node's ranks failed only because a peer on ANOTHER node vanished
+  (its collective saw "Connection closed/reset by peer"). Each node's launcher sees only its
+  own ranks; the node that lost the worker exits 128+N, and this one must be retryable too,
+  or `restartPolicy: ExitCode` fails the whole job for one OOM kill on one node.
 - anything else (1-127): a real failure, permanent: a rank raised an exception that neither
   a signal nor a lost peer explains (a bug, a bad config, a non-finite loss).
 """
@@ -26,6 +30,8 @@ import sys
 import tempfile
 
 EXIT_PREEMPTED = 143
+# A broken connection to a peer, like a write to a closed pipe: retryable (128-255).
+EXIT_PEER_LOST = 128 + signal.SIGPIPE
 # Karpenter's spot notice is 120 s; the pod's grace period must exceed this, and the
 # trainer's save must fit inside it. See docs/trainer.md, "Time budget".
 DEFAULT_SHUTDOWN_TIMEOUT_SECONDS = "90"
@@ -90,6 +96,10 @@ def exit_code(torchrun_code: int, signalled: bool, reasons: list[str],
     causes = [s for s in signals if s != signal.SIGTERM] or signals
     if causes:
         return 128 + causes[0]
+    # Nothing died here and nothing failed on its own: the ranks failed because a peer (on
+    # another node: multi-node jobs) is gone. That node reports the cause; this one retries.
+    if torchrun_code != 0 and any(consequence(r) for r in reports or []):
+        return EXIT_PEER_LOST
     # A negative code means torchrun itself died of a signal (e.g. -9): report it shell-style.
     return 128 - torchrun_code if torchrun_code < 0 else torchrun_code
 
