@@ -89,6 +89,10 @@ class CheckpointConfig:
     # auto: newest complete checkpoint in dir (or S3); none: start fresh; else a step-N path.
     resume: str = "auto"
     s3_uri: Optional[str] = None
+    # Retryable failures (exit 128-255 but 143) in a row without a new checkpoint before the
+    # launcher refuses to start another attempt (exit 1). The Training Operator ignores
+    # backoffLimit under restartPolicy ExitCode (see trainer/retries.py); 0 disables the bound.
+    max_attempts_without_progress: int = 3
 
 
 @dataclass
@@ -453,6 +457,8 @@ def validate(cfg: TrainerConfig) -> None:
     need(c.every_steps > 0, f"checkpoint.every_steps={c.every_steps}: must be > 0")
     need(c.every_seconds >= 0, f"checkpoint.every_seconds={c.every_seconds}: must be >= 0 (0 disables)")
     need(c.keep_last >= 1, f"checkpoint.keep_last={c.keep_last}: must be >= 1")
+    need(c.max_attempts_without_progress >= 0,
+         f"checkpoint.max_attempts_without_progress={c.max_attempts_without_progress}: must be >= 0 (0: unbounded)")
     if c.s3_uri is not None:
         need(c.s3_uri.startswith("s3://") and len(c.s3_uri) > 5, f"checkpoint.s3_uri={c.s3_uri!r}: must look like s3://bucket/prefix")
     need(t.log_every_steps >= 1, f"tracking.log_every_steps={t.log_every_steps}: must be >= 1")

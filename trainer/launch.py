@@ -28,6 +28,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+
+from trainer import retries
 
 EXIT_PREEMPTED = 143
 # A broken connection to a peer, like a write to a closed pipe: retryable (128-255).
@@ -163,9 +166,70 @@ def check_trainer_input(argv: list[str]) -> int:
     return 0
 
 
+def train_config(argv: list[str]):
+    """The trainer's config from `... -m trainer train --config F overrides`, or None."""
+    try:
+        start = next(i for i in range(len(argv) - 2) if argv[i:i + 3] == ["-m", "trainer", "train"])
+    except StopIteration:
+        return None
+    from trainer.__main__ import _add_train_arguments
+    from trainer.config import ConfigError, load_config
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m trainer train")
+    _add_train_arguments(parser)
+    try:
+        args = parser.parse_args(argv[start + 3:])
+        return load_config(args.config, args.overrides)
+    except (SystemExit, ConfigError):  # already reported by check_trainer_input
+        return None
+
+
+def node_rank(torchrun_argv: list[str]) -> int:
+    value = _option(torchrun_argv, "--node-rank", "--node_rank") or os.environ.get("PET_NODE_RANK") or "0"
+    try:
+        return int(value)
+    except ValueError:
+        return 0
+
+
+class AttemptLog:
+    """This node's attempts in `<checkpoint.dir>/attempts/` (see trainer.retries)."""
+
+    def __init__(self, argv: list[str]):
+        cfg = train_config(argv)
+        self.dir = cfg.checkpoint.dir if cfg is not None else None
+        self.limit = cfg.checkpoint.max_attempts_without_progress if cfg is not None else 0
+        self.path = retries.history_path(self.dir, node_rank(argv)) if self.dir else None
+        self.started_at = time.time()
+        self.step_at_start = retries.newest_complete_step(self.dir) if self.dir else None
+
+    def refusal(self) -> str | None:
+        if not self.path:
+            return None
+        return retries.refusal(retries.read_history(self.path), self.limit, self.step_at_start)
+
+    def record(self, exit_code: int) -> None:
+        if not self.path:
+            return
+        try:
+            retries.record_attempt(self.path, exit_code, self.step_at_start,
+                                   retries.newest_complete_step(self.dir), self.started_at)
+        except OSError as exc:  # never turn the exit code into a launcher crash
+            print(f"[trainer.launch] could not record this attempt in {self.path}: {exc}", file=sys.stderr)
+
+
 def main(argv: list[str]) -> int:
     if (code := check_trainer_input(argv)) != 0:
         return code
+    attempts = AttemptLog(argv)
+    if (why := attempts.refusal()) is not None:
+        print(f"[trainer.launch] {why}", file=sys.stderr)
+        print(f"[trainer.launch] not starting torchrun; exiting {retries.EXIT_RETRIES_EXHAUSTED} (permanent)",
+              file=sys.stderr, flush=True)
+        # Recorded too: a permanent exit ends the count, so a resubmitted job starts afresh.
+        attempts.record(retries.EXIT_RETRIES_EXHAUSTED)
+        return retries.EXIT_RETRIES_EXHAUSTED
     env = dict(os.environ)
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", DEFAULT_SHUTDOWN_TIMEOUT_SECONDS)
     with tempfile.TemporaryDirectory(prefix="trainer-exit-") as status_dir:
@@ -191,6 +255,7 @@ def main(argv: list[str]) -> int:
     print(f"[trainer.launch] torchrun exited {code}; workers: {reasons or 'no report'}"
           f"{'; failed workers: ' + dead if dead else ''}; signal: {bool(signalled)}; "
           f"{checkpoint_line(reports)}; exiting {final}", file=sys.stderr, flush=True)
+    attempts.record(final)
     return final
 
 

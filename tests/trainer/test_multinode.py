@@ -15,7 +15,7 @@ import time
 import pytest
 
 from trainer.checkpoint import latest_complete, read_marker
-from trainer_helpers import REPO, TINY_CONFIG, launcher_env, losses, losses_or_empty, tiny_overrides
+from trainer_helpers import REPO, TINY_CONFIG, launcher_env, losses, losses_or_empty, tiny_overrides, worker_pid
 
 pytestmark = pytest.mark.slow
 
@@ -40,35 +40,6 @@ def start_nodes(overrides: list[str], logs) -> list[subprocess.Popen]:
     env = launcher_env()
     return [subprocess.Popen(node_cmd(n, port, overrides), env=env, cwd=REPO, stdout=logs[n], stderr=subprocess.STDOUT,
                              text=True) for n in (0, 1)]
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process under `pid`, from /proc (what `ps --ppid` walks): only processes we started."""
-    found, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        for task in os.listdir(f"/proc/{parent}/task") if os.path.isdir(f"/proc/{parent}/task") else []:
-            try:
-                with open(f"/proc/{parent}/task/{task}/children") as f:
-                    kids = [int(k) for k in f.read().split()]
-            except OSError:
-                continue
-            found += kids
-            todo += kids
-    return found
-
-
-def worker_pid(launcher_pid: int) -> int:
-    """The training rank under a launcher: launcher -> torchrun (trainer.elastic_run) -> worker."""
-    for pid in descendants(launcher_pid):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"trainer" in argv and b"train" in argv and b"trainer.elastic_run" not in argv:
-            return pid
-    raise AssertionError(f"no worker process under launcher {launcher_pid}")
 
 
 def wait_all(procs, timeout=240) -> list[int]:
