@@ -9,8 +9,8 @@ saved its checkpoint, and 1 when a worker was SIGKILLed by the OOM killer.
 Exit codes:
 - 0: finished.
 - 143: preempted: a signal reached the launcher, or a rank reports it saved after a signal.
-- 128+N: a worker died of signal N (137 for SIGKILL: OOM killer, lost node; 139 for a
-  segfault) and no rank failed on its own: retryable, the job resumes from its newest
+- 128+N: a worker, or a worker's DCP background checkpoint process (async_mode process), died
+  of signal N (137 for SIGKILL: OOM killer, lost node; 139 for a segfault) and no rank failed on its own: retryable, the job resumes from its newest
   complete checkpoint. What torchrun records about each failed worker (exit code, negative
   for a signal) comes from `trainer.elastic_run`.
 - 141 (128 + SIGPIPE): this node's ranks failed only because a peer on ANOTHER node vanished
@@ -81,7 +81,7 @@ def exit_code(torchrun_code: int, signalled: bool, reasons: list[str],
     by_rank = {r.get("rank"): r for r in reports or [] if "rank" in r}
 
     def consequence(report: dict | None) -> bool:
-        return bool(report and (report.get("signalled") or report.get("peer_lost")))
+        return bool(report and (report.get("signalled") or report.get("peer_lost") or report.get("child_signal")))
 
     # A rank that failed on its own (an exception, or an error exit such as a bad config)
     # and not because of a signal or a vanished peer is the root cause; it would fail again
@@ -93,6 +93,9 @@ def exit_code(torchrun_code: int, signalled: bool, reasons: list[str],
         return torchrun_code if torchrun_code > 0 else 1
     signals = [-f["exitcode"] for f in sorted(failures or [], key=lambda f: (f.get("timestamp", 0), f.get("rank", 0)))
                if isinstance(f.get("exitcode"), int) and f["exitcode"] < 0]
+    # A rank's own child (DCP's background checkpoint process) killed by a signal, e.g. the
+    # OOM killer: a signal death like the worker's own.
+    signals += [r["child_signal"] for r in reports or [] if isinstance(r.get("child_signal"), int)]
     # Once one worker died, torchrun SIGTERMs the others: SIGTERM deaths are consequences,
     # and the trainer itself handles SIGTERM by saving. Any other signal (SIGKILL from the
     # OOM killer, SIGSEGV, SIGBUS) is the cause and a retry may well succeed.

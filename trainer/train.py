@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer import distributed
-from trainer.checkpoint import Checkpointer, ModelAndOptimizer, read_marker, resolve_resume
+from trainer.checkpoint import Checkpointer, ModelAndOptimizer, background_process_signal, read_marker, resolve_resume
 from trainer.config import TrainerConfig, dump_yaml
 from trainer.guards import (NonFiniteSteps, TrainingStopped, apply_optimizer_config, check_resume_compatible,
                             weights_finite)
@@ -132,7 +132,8 @@ def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
         # What the launcher needs to tell a root cause (permanent) from a consequence of a
         # peer's death or of a signal (retryable).
         details = {"exception": type(exc).__name__, "peer_lost": is_peer_lost(exc),
-                   "signalled": bool(outcome.get("signalled") or (preemption and preemption.raised))}
+                   "signalled": bool(outcome.get("signalled") or (preemption and preemption.raised)),
+                   "child_signal": background_process_signal(exc)}
         _close_after_failure(outcome, exc)
         raise
     finally:
@@ -399,7 +400,13 @@ def _save_on_signal(step, save, checkpointer, preemption, env, goodput, last_sta
     (torchrun's SIGTERM-to-SIGKILL wait, less the exit margin) covers the measured write
     time with room to spare. Every rank takes the same decision (one all-reduce)."""
     started = time.perf_counter()
-    in_flight = checkpointer.pending_step
+    # Agreed before any other collective: each rank's `pending_step` is cleared by its own
+    # poll(), and ranks poll at different moments, so a rank-local check could send one rank
+    # to the finiteness all-reduce and another to the `skip` one (a hang, or a false
+    # "non-finite" stop). Waiting on a save that is already done returns at once.
+    in_flight = int(distributed.all_reduce_max(env, [-1 if checkpointer.pending_step is None
+                                                     else checkpointer.pending_step])[0])
+    in_flight = None if in_flight < 0 else in_flight
     if in_flight is not None and in_flight < step:
         checkpointer.wait()
         budget = preemption_budget_seconds()
