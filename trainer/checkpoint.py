@@ -39,12 +39,12 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
+from trainer.branch import ROLLBACK, continues_rollback, read_rollback
 from trainer.distributed import Env
 
 MARKER = "complete.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
 OWNER = "owner.json"
-ROLLBACK = "rollback.json"
 ABANDONED = "abandoned"
 TRASH_PREFIX = ".trash-"
 
@@ -412,6 +412,18 @@ class Checkpointer:
             if match:
                 self.protected.add(int(match.group(1)))
 
+    def adopt(self, resume_from: str) -> None:
+        """After a resume: protect its source and the rollback branch point (in every attempt,
+        not only the one that rolled back), then run retention once, so a kill between a
+        marker and its retention pass leaves no extra checkpoint behind."""
+        self.protect(resume_from)
+        record = read_rollback(self.root)
+        if record and os.path.realpath(os.path.dirname(record.get("source", ""))) == os.path.realpath(self.root):
+            self.protected.add(record["source_step"])
+        self.last_durable_step = read_marker(resume_from)["step"]
+        if self.env.is_main and self.ownership.holds():
+            self._apply_retention()
+
     def save(self, step: int, app: Stateful, meta: dict, config_yaml: str) -> float:
         """Starts a save of `step`; returns the seconds the loop was blocked."""
         started = time.perf_counter()
@@ -528,19 +540,20 @@ def _resolve_on_main(root: str, resume: str, mirror) -> str | None:
     if resume == "none":
         return None
     if resume != "auto":
-        if not os.path.isfile(os.path.join(resume, MARKER)):
-            raise FileNotFoundError(f"checkpoint.resume={resume!r} has no {MARKER}: not a complete checkpoint")
-        try:
-            record = read_json(os.path.join(root, ROLLBACK))
-        except (OSError, ValueError):
-            record = None
-        if record and record.get("source") == os.path.realpath(resume):
-            # A later attempt of the branch started by this rollback (the job spec still
-            # names the old checkpoint): continue the branch, do not roll back again.
+        # Read first: a later attempt of the branch started by this rollback (the job spec
+        # still names the old checkpoint) continues the branch, even when the source itself
+        # is gone by now (review trainer-3 B2: the third attempt used to fail as bad input).
+        record = continues_rollback(root, resume)
+        if record:
             newest = latest_complete(root)
             if newest and read_marker(newest)["step"] >= record["source_step"]:
                 return newest
-            return resume
+            if os.path.isfile(os.path.join(resume, MARKER)):
+                return resume
+            raise FileNotFoundError(f"checkpoint.resume={resume!r}: the rollback source is gone and {root} holds no "
+                                    f"checkpoint of its branch (step >= {record['source_step']}); use auto or another step")
+        if not os.path.isfile(os.path.join(resume, MARKER)):
+            raise FileNotFoundError(f"checkpoint.resume={resume!r} has no {MARKER}: not a complete checkpoint")
         _rollback(root, resume)
         return resume
     if latest_complete(root) is None:

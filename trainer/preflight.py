@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from trainer.branch import continues_rollback
 from trainer.config import ConfigError, TrainerConfig
 
 # Bytes of training state per parameter with AdamW in fp32: weights 4, gradients 4, two
@@ -77,7 +78,9 @@ def preflight(cfg: TrainerConfig, world_size: int | None = None, memory: tuple[i
     if problem:
         problems.append(f"checkpoint.dir={c.dir!r}: {problem}; point it (or TRAINER_CHECKPOINT_DIR) at a writable "
                         "volume such as the FSx mount")
-    if c.resume not in ("auto", "none") and not os.path.isdir(c.resume):
+    # A later attempt of a rollback continues its branch even when retention or a lost volume
+    # removed the source since (trainer/branch.py).
+    if c.resume not in ("auto", "none") and not os.path.isdir(c.resume) and not continues_rollback(c.dir, c.resume):
         problems.append(f"checkpoint.resume={c.resume!r}: no such directory; use auto, none or a step-N directory")
 
     from trainer.data import num_windows, read_manifest

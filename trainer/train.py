@@ -203,8 +203,7 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
         for change in apply_optimizer_config(optimizer, scheduler, cfg, meta["config"]):
             log.warning("%s changed on resume: applied from step %d on (the checkpoint's optimizer state "
                         "carried the old value)", change, step + 1)
-        checkpointer.protect(resume_from)
-        checkpointer.last_durable_step = step
+        checkpointer.adopt(resume_from)
         if os.path.realpath(os.path.dirname(resume_from)) == os.path.realpath(cfg.checkpoint.dir):
             mirror.ensure(resume_from)  # a shutdown may have cut its upload short
         goodput = Goodput(**meta["goodput"])
