@@ -519,9 +519,11 @@ class Checkpointer:
         self.mirror.close(budget_seconds=0.0)
 
 
-def _rollback(root: str, source: str) -> None:
+def _rollback(root: str, source: str, mirror) -> None:
     """Moves every checkpoint newer than `source` into `abandoned/<branch>/`: they belong
-    to a history the job no longer follows, and `resume: auto` must never pick them."""
+    to a history the job no longer follows, and `resume: auto` must never pick them. Their
+    S3 copies are deleted (marker first), or a lost volume would restore the abandoned branch
+    (`download_latest` takes the highest step in S3); the FSx copies stay for inspection."""
     source_step = read_marker(source)["step"]
     newer = [s for s in list_steps(root, complete_only=False) if s > source_step]
     branch = os.path.join(root, ABANDONED, f"from-step-{source_step:06d}-at-{time.strftime('%Y%m%dT%H%M%S')}")
@@ -531,6 +533,7 @@ def _rollback(root: str, source: str) -> None:
             os.rename(step_dir(root, s), os.path.join(branch, os.path.basename(step_dir(root, s))))
         log.warning("rollback to %s: %d newer checkpoint(s) (steps %s) moved to %s", source, len(newer),
                     ", ".join(map(str, newer)), branch)
+        mirror.prune(newer)
     write_json_atomic(os.path.join(root, ROLLBACK), {
         "source": os.path.realpath(source), "source_step": source_step, "time": time.time(),
         "abandoned": os.path.relpath(branch, root) if newer else None, "abandoned_steps": newer})
@@ -554,7 +557,7 @@ def _resolve_on_main(root: str, resume: str, mirror) -> str | None:
                                     f"checkpoint of its branch (step >= {record['source_step']}); use auto or another step")
         if not os.path.isfile(os.path.join(resume, MARKER)):
             raise FileNotFoundError(f"checkpoint.resume={resume!r} has no {MARKER}: not a complete checkpoint")
-        _rollback(root, resume)
+        _rollback(root, resume, mirror)
         return resume
     if latest_complete(root) is None:
         # A fresh FSx volume (or a lost one) falls back to the S3 copy.
