@@ -28,3 +28,18 @@ def continues_rollback(root: str, resume: str) -> dict | None:
     if record and resume not in ("auto", "none") and record.get("source") == os.path.realpath(resume):
         return record
     return None
+
+
+MAIN_BRANCH = "main"
+
+
+def branch_name(source_step: int, stamp: str) -> str:
+    return f"from-step-{source_step:06d}-at-{stamp}"
+
+
+def current_branch(root: str) -> str:
+    """The branch the checkpoints written from now on belong to: the newest rollback's, or main."""
+    record = read_rollback(root)
+    if record is None:
+        return MAIN_BRANCH
+    return record.get("branch") or record.get("abandoned", "").split("/")[-1] or branch_name(record["source_step"], "")

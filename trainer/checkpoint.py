@@ -39,7 +39,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-from trainer.branch import ROLLBACK, continues_rollback, read_rollback
+from trainer.branch import ROLLBACK, branch_name, continues_rollback, read_rollback
 from trainer.distributed import Env
 
 MARKER = "complete.json"
@@ -64,6 +64,24 @@ class ModelAndOptimizer(Stateful):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+class ModelOnly(Stateful):
+    """The model's part of a checkpoint: an initial load without the optimizer (DCP loads
+    only the keys asked for)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return {"model": get_model_state_dict(self.model)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(self.model, state["model"])
 
 
 def step_dir(root: str, step: int) -> str:
@@ -403,6 +421,8 @@ class Checkpointer:
         # Wall seconds of the last whole write (start to durable), for the preemption budget.
         self.last_write_seconds: float | None = None
         self.last_durable_step: int | None = None
+        # Facts learnt after a save started (the MLflow run id): filled into its marker.
+        self.known: dict = {}
         os.makedirs(root, exist_ok=True)
         self.ownership.claim()
 
@@ -477,7 +497,8 @@ class Checkpointer:
             # DCP's coordinator writes .metadata only after gathering every rank's write
             # results, so on rank 0 a finished save means all shards are on disk.
             path = step_dir(self.root, step)
-            write_json_atomic(os.path.join(path, MARKER), {**meta, "step": step, "saved_at": time.time()})
+            late = {k: v for k, v in self.known.items() if meta.get(k) is None}
+            write_json_atomic(os.path.join(path, MARKER), {**meta, **late, "step": step, "saved_at": time.time()})
             self.last_durable_step = step
             self._apply_retention()
             self.mirror.upload(path)
@@ -499,6 +520,27 @@ class Checkpointer:
                 remove_checkpoint(self.root, step, self.faults)
         sweep_trash(self.root)
         self.mirror.prune(removed)
+
+    def load_initial(self, path: str, app: Stateful) -> dict:
+        """Weights (and the optimizer when `app` holds it) from another job's checkpoint; no
+        RNG state, no step: everything else of this job starts fresh."""
+        dcp.load({"app": app}, checkpoint_id=path, process_group=self.env.checkpoint_group,
+                 no_dist=not self.env.distributed)
+        return read_marker(path)
+
+    def annotate_newest(self, extra: dict) -> None:
+        """Adds what became known after the newest marker was written (the MLflow run id, once
+        the tracker connected) to that marker; rank 0, owner only."""
+        if not (self.env.is_main and self.last_durable_step is not None and self.ownership.holds()):
+            return
+        path = os.path.join(step_dir(self.root, self.last_durable_step), MARKER)
+        try:
+            marker = read_marker(os.path.dirname(path))
+        except (OSError, ValueError):
+            return
+        self.known.update(extra)
+        if any(marker.get(k) is None for k in extra):
+            write_json_atomic(path, {**marker, **{k: v for k, v in extra.items() if marker.get(k) is None}})
 
     def load(self, path: str, app: Stateful) -> dict:
         dcp.load({"app": app}, checkpoint_id=path, process_group=self.env.checkpoint_group,
@@ -526,7 +568,9 @@ def _rollback(root: str, source: str, mirror) -> None:
     (`download_latest` takes the highest step in S3); the FSx copies stay for inspection."""
     source_step = read_marker(source)["step"]
     newer = [s for s in list_steps(root, complete_only=False) if s > source_step]
-    branch = os.path.join(root, ABANDONED, f"from-step-{source_step:06d}-at-{time.strftime('%Y%m%dT%H%M%S')}")
+    name = branch_name(source_step, time.strftime('%Y%m%dT%H%M%S'))
+    branch = os.path.join(root, ABANDONED, name)
+    abandoned_rows = _archive_metrics(root, source_step, branch)
     if newer:
         os.makedirs(branch, exist_ok=True)
         for s in newer:
@@ -535,8 +579,46 @@ def _rollback(root: str, source: str, mirror) -> None:
                     ", ".join(map(str, newer)), branch)
         mirror.prune(newer)
     write_json_atomic(os.path.join(root, ROLLBACK), {
-        "source": os.path.realpath(source), "source_step": source_step, "time": time.time(),
-        "abandoned": os.path.relpath(branch, root) if newer else None, "abandoned_steps": newer})
+        "source": os.path.realpath(source), "source_step": source_step, "time": time.time(), "branch": name,
+        "abandoned": os.path.relpath(branch, root) if newer or abandoned_rows else None, "abandoned_steps": newer,
+        # The run the abandoned branch logged to: the new branch's MLflow run points back to it.
+        "abandoned_mlflow_run_id": _newest_run_id(newer and os.path.join(branch, os.path.basename(step_dir(root, newer[-1]))))
+        or read_marker(source).get("mlflow_run_id")})
+
+
+def _newest_run_id(path) -> str | None:
+    try:
+        return read_marker(path).get("mlflow_run_id") if path else None
+    except (OSError, ValueError):
+        return None
+
+
+def _archive_metrics(root: str, source_step: int, branch: str) -> int:
+    """Copies the rows of `metrics.jsonl` past the branch point to `<branch>/metrics.jsonl`
+    before the tracker truncates the file to the new branch: both histories stay comparable."""
+    path = os.path.join(root, "metrics.jsonl")
+    try:
+        with open(path) as f:
+            rows = [line for line in f if _row_step(line) is not None and _row_step(line) > source_step]
+    except OSError:
+        return 0
+    if rows:
+        os.makedirs(branch, exist_ok=True)
+        tmp = os.path.join(branch, f"metrics.jsonl.tmp-{os.getpid()}")
+        with open(tmp, "w") as f:
+            f.writelines(rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(branch, "metrics.jsonl"))
+    return len(rows)
+
+
+def _row_step(line: str) -> int | None:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row.get("step") if isinstance(row, dict) and isinstance(row.get("step"), int) else None
 
 
 def _resolve_on_main(root: str, resume: str, mirror) -> str | None:

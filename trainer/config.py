@@ -93,6 +93,12 @@ class CheckpointConfig:
     # launcher refuses to start another attempt (exit 1). The Training Operator ignores
     # backoffLimit under restartPolicy ExitCode (see trainer/retries.py); 0 disables the bound.
     max_attempts_without_progress: int = 3
+    # Start a new job from another job's checkpoint (torchtitan's initial_load_path): used only
+    # while checkpoint.dir holds no checkpoint of its own. Weights, and the optimizer state
+    # unless initial_load_model_only; step, schedule, data cursor, goodput and MLflow run start
+    # fresh. (checkpoint.resume=<that path> instead continues that job's history.)
+    initial_load_path: Optional[str] = None
+    initial_load_model_only: bool = True
 
 
 @dataclass

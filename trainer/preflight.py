@@ -80,6 +80,9 @@ def preflight(cfg: TrainerConfig, world_size: int | None = None, memory: tuple[i
                         "volume such as the FSx mount")
     # A later attempt of a rollback continues its branch even when retention or a lost volume
     # removed the source since (trainer/branch.py).
+    if c.initial_load_path is not None and not os.path.isfile(os.path.join(c.initial_load_path, "complete.json")):
+        problems.append(f"checkpoint.initial_load_path={c.initial_load_path!r}: not a complete checkpoint (no "
+                        "complete.json); name a step-N directory of the job to start from")
     if c.resume not in ("auto", "none") and not os.path.isdir(c.resume) and not continues_rollback(c.dir, c.resume):
         problems.append(f"checkpoint.resume={c.resume!r}: no such directory; use auto, none or a step-N directory")
 

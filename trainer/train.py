@@ -15,7 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from trainer import distributed
-from trainer.checkpoint import Checkpointer, ModelAndOptimizer, background_process_signal, read_marker, resolve_resume
+from trainer.branch import current_branch, read_rollback
+from trainer.checkpoint import (Checkpointer, ModelAndOptimizer, ModelOnly, background_process_signal, read_marker,
+                                resolve_resume)
 from trainer.config import TrainerConfig, dump_yaml
 from trainer.guards import (NonFiniteSteps, TrainingStopped, apply_optimizer_config, check_resume_compatible,
                             weights_finite)
@@ -26,7 +28,7 @@ from trainer.model import apply_activation_checkpointing, build_model, count_par
 from trainer.preemption import EXIT_PREEMPTED, PreemptionFlag, is_peer_lost, preemption_budget_seconds, report_exit
 from trainer.profiling import profiler_for
 from trainer.s3 import NoMirror, mirror_for
-from trainer.tracking import JsonlTracker, MLflowTracker, NullTracker, Trackers
+from trainer.tracking import BRANCH_POINT_TAG, ROLLBACK_OF_TAG, JsonlTracker, MLflowTracker, NullTracker, Trackers
 
 log = logging.getLogger("trainer")
 
@@ -82,7 +84,8 @@ def run_tags(cfg: TrainerConfig, env: distributed.Env, shards: TokenShards) -> d
     }
 
 
-def build_tracker(cfg: TrainerConfig, env, shards, run_id: str | None, resume_step: int):
+def build_tracker(cfg: TrainerConfig, env, shards, run_id: str | None, resume_step: int, branch: str = "main",
+                  branch_tags: dict | None = None):
     if not env.is_main:
         return NullTracker()
     jsonl = JsonlTracker(os.path.join(cfg.checkpoint.dir, "metrics.jsonl"), resume_step)
@@ -93,8 +96,9 @@ def build_tracker(cfg: TrainerConfig, env, shards, run_id: str | None, resume_st
             uri=uri, experiment=cfg.tracking.experiment, job_id=job_identity(cfg), run_name=cfg.tracking.run_name,
             # MLFLOW_RUN_ID (MLflow's own variable) names the run for a first attempt; a resumed
             # attempt keeps the run recorded in its checkpoint.
-            run_id=run_id or os.environ.get("MLFLOW_RUN_ID") or None, params=cfg.flat(),
-            tags=run_tags(cfg, env, shards), config_yaml=dump_yaml(cfg), backfill=jsonl.rows))
+            run_id=run_id or (os.environ.get("MLFLOW_RUN_ID") if branch == "main" else None) or None,
+            params=cfg.flat(), tags={**run_tags(cfg, env, shards), **(branch_tags or {})}, config_yaml=dump_yaml(cfg),
+            backfill=jsonl.rows, branch=branch))
     elif cfg.tracking.enabled:
         log.warning("tracking.enabled but no MLFLOW_TRACKING_URI: metrics go to metrics.jsonl only")
     return Trackers(*trackers)
@@ -193,11 +197,26 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
     heartbeat = Heartbeat(cfg.checkpoint.dir)
     step, tokens_seen, run_id = 0, 0, None
     resume_from = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume, env, mirror)
+    branch = current_branch(cfg.checkpoint.dir)
+    branch_tags: dict = {}
+    if resume_from is None and cfg.checkpoint.initial_load_path:
+        _initial_load(cfg, checkpointer, model, optimizer, scheduler)
     if resume_from:
         saved = read_marker(resume_from)
         check_resume_compatible(saved["config"], saved["world_size"], cfg, env.world_size, resume_from)
         meta = checkpointer.load(resume_from, app)
-        step, tokens_seen, run_id = meta["step"], meta["tokens_seen"], meta["mlflow_run_id"]
+        step, tokens_seen = meta["step"], meta["tokens_seen"]
+        # This job's own history (its directory, or a checkpoint it wrote elsewhere): its MLflow
+        # run and goodput carry on. Another job's checkpoint never attaches to that job's run.
+        own = (os.path.realpath(os.path.dirname(resume_from)) == os.path.realpath(cfg.checkpoint.dir)
+               or meta.get("job_id") == job_identity(cfg))
+        if own and meta.get("branch", "main") == branch:
+            run_id = meta.get("mlflow_run_id")
+        elif own:  # the first attempt of a rollback: a new run for the new branch
+            record = read_rollback(cfg.checkpoint.dir) or {}
+            branch_tags = {BRANCH_POINT_TAG: str(record.get("source_step", step))}
+            if record.get("abandoned_mlflow_run_id"):
+                branch_tags[ROLLBACK_OF_TAG] = record["abandoned_mlflow_run_id"]
         batches.load_state_dict(meta["data"])
         scheduler.load_state_dict(meta["scheduler"])
         for change in apply_optimizer_config(optimizer, scheduler, cfg, meta["config"]):
@@ -206,8 +225,9 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
         checkpointer.adopt(resume_from)
         if os.path.realpath(os.path.dirname(resume_from)) == os.path.realpath(cfg.checkpoint.dir):
             mirror.ensure(resume_from)  # a shutdown may have cut its upload short
-        goodput = Goodput(**meta["goodput"])
-        goodput.num_restarts += 1
+        if own:
+            goodput = Goodput(**meta["goodput"])
+            goodput.num_restarts += 1
         beat = heartbeat.read()
         if beat and beat["step"] > step:  # the previous attempt died after its last checkpoint
             goodput.num_lost_steps += beat["step"] - step
@@ -218,7 +238,7 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
             log.warning("config changed since %s (hash %s -> %s): training continues with the new config",
                         resume_from, meta["config_hash"], cfg.hash())
         log.info("resumed from %s at step %d (restart %d)", resume_from, step, goodput.num_restarts)
-    tracker = build_tracker(cfg, env, shards, run_id, step)
+    tracker = build_tracker(cfg, env, shards, run_id, step, branch, branch_tags)
     mfu = mfu_meter(env.device, flops, cfg.tracking.peak_tflops)
     memory = memory_meter(env.device)
     config_yaml = dump_yaml(cfg)
@@ -248,6 +268,8 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
             "config_hash": cfg.hash(),
             "dataset_hash": shards.dataset_hash,
             "mlflow_run_id": tracker.run_id,
+            "job_id": job_identity(cfg),
+            "branch": branch,
             "world_size": env.world_size,
             "goodput": dataclasses.asdict(goodput),
             **meta_extra,
@@ -261,6 +283,7 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
         return checkpointer.save(step, app, meta, config_yaml)
 
     outcome.update(tracker=tracker, checkpointer=checkpointer)
+    run_id_noted = False
     while step < cfg.schedule.num_steps:
         checkpointer.poll()
         profiler.before_step(step + 1)
@@ -294,6 +317,7 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
             optimizer.zero_grad(set_to_none=True)  # the update is skipped; the step still counts
         else:
             optimizer.step()
+        lr_used = scheduler.get_last_lr()[0]  # the rate this step used: logged for this step
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
@@ -318,7 +342,7 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
                 tracker.log(s, {"loss": value})
             tokens_per_second = interval["steps"] * tokens_per_step / elapsed
             tracker.log(step, {
-                "learning_rate": scheduler.get_last_lr()[0],
+                "learning_rate": lr_used,
                 "grad_norm": norm.item(),
                 "tokens_per_second": tokens_per_second,
                 "mfu": mfu(tokens_per_second / env.world_size),
@@ -332,7 +356,10 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
             if env.is_main:
                 heartbeat.beat(step)
                 log.info("step %d/%d loss %.4f lr %.2e %.0f tok/s", step, cfg.schedule.num_steps, losses[-1],
-                         scheduler.get_last_lr()[0], tokens_per_second)
+                         lr_used, tokens_per_second)
+                if tracker.run_id and not run_id_noted:  # markers written before MLflow connected
+                    checkpointer.annotate_newest({"mlflow_run_id": tracker.run_id})
+                    run_id_noted = True
             pending_losses.clear()
             interval = {"start": time.perf_counter(), "steps": 0, "data_wait": 0.0, "compute": 0.0}
         nonfinite.record(step, not bad, step_loss, norm)  # raises TrainingStopped after K in a row
@@ -358,6 +385,7 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
                 stall = time.perf_counter() - save_start
             goodput.checkpoint_stall_seconds += stall
             last_stall_seconds[0] = stall
+            interval["start"] += stall  # tokens/s measures training only, like eval above
             last_save_monotonic = time.monotonic()
             log.info("checkpoint step %d (%.2f s stall)", step, stall)
         outcome["step"] = step
@@ -387,6 +415,21 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
     if env.is_main:
         heartbeat.beat(step)
     return reason, step
+
+
+def _initial_load(cfg: TrainerConfig, checkpointer, model, optimizer, scheduler) -> None:
+    """torchtitan's initial_load_path: weights (and optionally the optimizer state) of another
+    job's checkpoint; step 0, a fresh schedule, data cursor, goodput and MLflow run."""
+    path = cfg.checkpoint.initial_load_path
+    model_only = cfg.checkpoint.initial_load_model_only
+    saved = checkpointer.load_initial(path, ModelOnly(model) if model_only else ModelAndOptimizer(model, optimizer))
+    if not model_only:
+        # The loaded param groups carry the source's learning rate at its last step: this job's
+        # schedule starts at its own step 0.
+        for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+            group["lr"] = lr
+    log.info("initial load from %s (step %d of job %s): %s; step, schedule and data start fresh", path,
+             saved["step"], saved.get("job_id", "?"), "weights only" if model_only else "weights and optimizer state")
 
 
 def _save_on_signal(step, save, checkpointer, preemption, env, goodput, last_stall_seconds, wall_at_attempt_start,

@@ -86,7 +86,11 @@ def test_rollback_with_a_new_lr_applies_it_and_keeps_history(tmp_path, data_dir,
     # The newer checkpoints (8, 12) were moved aside, never deleted; the source was not pruned.
     branches = os.listdir(os.path.join(ckpt2, ABANDONED))
     assert len(branches) == 1
-    assert sorted(os.listdir(os.path.join(ckpt2, ABANDONED, branches[0]))) == ["step-000008", "step-000012"]
+    assert sorted(os.listdir(os.path.join(ckpt2, ABANDONED, branches[0]))) == ["metrics.jsonl", "step-000008",
+                                                                               "step-000012"]
+    # The abandoned branch's rows past the branch point are kept beside its checkpoints.
+    abandoned = losses(os.path.join(ckpt2, ABANDONED, branches[0]))
+    assert abandoned == {s: v for s, v in first_run.items() if s > 4}
     assert list_steps(ckpt2) == [4, 12]
     # The new lr is what the optimizer used, and what was logged: the branch diverges.
     lr_logged = {r["step"]: r["learning_rate"] for r in rows(ckpt2) if "learning_rate" in r}
