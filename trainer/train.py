@@ -267,6 +267,7 @@ def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outco
             "config": cfg.to_dict(),
             "config_hash": cfg.hash(),
             "dataset_hash": shards.dataset_hash,
+            "dataset_vocab_size": shards.vocab_size,  # the export crops a padded vocabulary to it
             "mlflow_run_id": tracker.run_id,
             "job_id": job_identity(cfg),
             "branch": branch,

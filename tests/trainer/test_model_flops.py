@@ -104,3 +104,19 @@ def test_built_in_gpt_exports_as_gpt2_with_the_same_logits(tie):
         ours, theirs = model(ids), hf(input_ids=ids).logits
     assert torch.allclose(ours, theirs, atol=1e-5), (ours - theirs).abs().max()
     assert (hf.lm_head.weight is hf.transformer.wte.weight) == tie
+
+
+def test_export_crops_a_padded_vocabulary_to_the_tokenizers():
+    """llm.c dev/eval/export_hf.py: "drop the padding back to GPT2 size" and GPT2Config(vocab_size=V):
+    a model trained with vocab 50304 for 50257 tokens exports 50257 rows."""
+    from trainer.export import gpt_to_hf
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(size="small", vocab_size=320), 300, 32).eval()  # padded from 300
+    hf = gpt_to_hf(model, vocab_size=300)
+    assert hf.config.vocab_size == 300 and hf.transformer.wte.weight.shape[0] == 300
+    ids = torch.randint(0, 300, (2, 32))
+    with torch.no_grad():
+        ours, theirs = model(ids)[..., :300], hf(input_ids=ids).logits
+    assert theirs.shape[-1] == 300
+    assert torch.allclose(ours, theirs, atol=1e-5), (ours - theirs).abs().max()
