@@ -21,7 +21,7 @@ import yaml
 @dataclass
 class ModelConfig:
     kind: Literal["gpt", "hf"] = "gpt"
-    # A named GPT size (see trainer.model.GPT_SIZES); explicit fields below override it.
+    # A named GPT size (see trainer.model_facts.GPT_SIZES); explicit fields below override it.
     size: str = "tiny"
     num_layers: Optional[int] = None
     num_heads: Optional[int] = None
@@ -428,7 +428,7 @@ def validate(cfg: TrainerConfig) -> None:
         if m.hf_path:
             need(os.path.isdir(m.hf_path), f"model.hf_path={m.hf_path!r}: directory not found (models are never downloaded at run time)")
     else:
-        from trainer.model import GPT_SIZES
+        from trainer.model_facts import GPT_SIZES
 
         need(m.size in GPT_SIZES, f"model.size={m.size!r}: choose one of {', '.join(GPT_SIZES)}")
         heads = m.num_heads or GPT_SIZES.get(m.size, {}).get("num_heads")

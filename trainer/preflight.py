@@ -61,7 +61,8 @@ def num_model_params(cfg: TrainerConfig, vocab_size: int) -> int | None:
         return None
     import torch
 
-    from trainer.model import GPT_SIZES, build_model
+    from trainer.model import build_model
+    from trainer.model_facts import GPT_SIZES
 
     if cfg.model.size not in GPT_SIZES:
         return None
