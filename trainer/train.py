@@ -255,7 +255,6 @@ class Trainer:
         self.app = ModelAndOptimizer(self.model, self.optimizer)
         self.heartbeat = Heartbeat(cfg.checkpoint.dir)
         self.step, self.tokens_seen = 0, 0
-        self.branch = current_branch(cfg.checkpoint.dir)
         run_id, branch_tags = self.restore()
         self.tracker = build_tracker(cfg, env, self.shards, run_id, self.step, self.branch, branch_tags)
         self.mfu = mfu_meter(env.device, self.flops, cfg.tracking.peak_tflops)
@@ -301,6 +300,7 @@ class Trainer:
         the MLflow run to reattach to and the tags of a new branch run."""
         cfg, env, checkpointer = self.cfg, self.env, self.checkpointer
         resume_from = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume, env, self.mirror)
+        self.branch = current_branch(cfg.checkpoint.dir)  # after resolve_resume: a rollback starts one
         if resume_from is None:
             if cfg.checkpoint.initial_load_path:
                 _initial_load(cfg, checkpointer, self.model, self.optimizer, self.scheduler)
