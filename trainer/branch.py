@@ -42,4 +42,4 @@ def current_branch(root: str) -> str:
     record = read_rollback(root)
     if record is None:
         return MAIN_BRANCH
-    return record.get("branch") or record.get("abandoned", "").split("/")[-1] or branch_name(record["source_step"], "")
+    return record.get("branch") or (record.get("abandoned") or "").split("/")[-1] or branch_name(record["source_step"], "")

@@ -509,6 +509,8 @@ class Trainer:
         log.info("%s at step %d: %s", reason, self.step, summary)
         tracker.close(status="FINISHED" if reason == "completed" else "SCHEDULED",
                       timeout_seconds=30.0 if reason == "completed" else 10.0)
+        if tracker.run_id:  # close() waited for MLflow: the last marker learns its run id if it had none
+            self.checkpointer.annotate_newest({"mlflow_run_id": tracker.run_id})
         if reason == "completed" and cfg.export.at_end and env.is_main:
             export_final_model(cfg, self.step, tracker.run_id)
         if env.is_main:
