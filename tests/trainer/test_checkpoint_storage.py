@@ -168,6 +168,8 @@ def test_a_rollback_is_mirrored_so_a_lost_volume_restores_the_new_branch(tmp_pat
     assert resolve_resume(root, step_dir(root, 20), env, mirror) == step_dir(root, 20)  # the rollback
     # Branch B saves step 25, then step 30 again: the same name as an abandoned checkpoint.
     mirror.upload(fake_checkpoint(root, 25))
+    mirror.close()  # the rollback's S3 deletions and this upload are done
+    mirror = S3Mirror("s3://ckpts/jobs/rb", client=client)
     client.calls.clear()
     new30 = fake_checkpoint(root, 30)
     write_json_atomic(os.path.join(new30, MARKER), {"step": 30, "saved_at": 2.0, "branch": "B"})
