@@ -48,6 +48,9 @@ def overrides(data_dir: str, ckpt: str, steps: int, every: int, keep: int, async
         "checkpoint.async_mode": f"\"{async_mode}\"",  # quoted: YAML reads a bare off as false
         # Logging less often than saving: a save must flush the pending losses itself.
         "tracking.log_every_steps": 3, "model.dropout": 0.1, "tracking.experiment": "fault-injection",
+        # Faults are injected on purpose, several in a row may land before a new checkpoint:
+        # the launcher's retry bound (trainer/retries.py) would rightly stop such a job.
+        "checkpoint.max_attempts_without_progress": 0,
     }
     return [f"{k}={v}" for k, v in values.items()]
 

@@ -41,13 +41,13 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
+from trainer.branch import ROLLBACK, branch_name, continues_rollback, read_rollback
 from trainer.distributed import Env
 from trainer.trust import UntrustedCheckpoint, trust_from_env
 
 MARKER = "complete.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
 OWNER = "owner.json"
-ROLLBACK = "rollback.json"
 ABANDONED = "abandoned"
 TRASH_PREFIX = ".trash-"
 
@@ -67,6 +67,24 @@ class ModelAndOptimizer(Stateful):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+class ModelOnly(Stateful):
+    """The model's part of a checkpoint: an initial load without the optimizer (DCP loads
+    only the keys asked for)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return {"model": get_model_state_dict(self.model)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(self.model, state["model"])
 
 
 def step_dir(root: str, step: int) -> str:
@@ -298,18 +316,70 @@ class SyncSave:
         pass
 
 
+# The interpreter multiprocessing's spawn starts for DCP's background checkpoint process:
+# Python itself, with SIGTERM/SIGINT ignored and a guard that SIGKILLs the process once its
+# parent (the trainer) is gone. It then runs what spawn asked for (`-c <code> ...`).
+_SPAWN_WRAPPER = """#!{python}
+import os, signal, sys, threading, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+_trainer = os.getppid()
+
+
+def _orphan_guard():
+    while os.getppid() == _trainer:
+        time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+threading.Thread(target=_orphan_guard, name="orphan-guard", daemon=True).start()
+_args = sys.argv[1:]
+if "-c" not in _args:  # not spawn's command line: behave as the plain interpreter
+    os.execv({python!r}, [{python!r}, *_args])
+_at = _args.index("-c")
+sys.argv = ["-c", *_args[_at + 2:]]
+sys.path[0] = ""  # what `python -c` puts first, instead of this file's directory
+exec(compile(_args[_at + 1], "<string>", "exec"), {{"__name__": "__main__", "__builtins__": __builtins__}})
+"""
+
+
 def shield_spawned_processes() -> str:
-    """Makes processes spawned by multiprocessing from here on ignore SIGTERM and SIGINT."""
+    """Makes processes spawned by multiprocessing from here on ignore SIGTERM and SIGINT, and
+    end when the trainer that spawned them is gone.
+
+    The orphan guard: torchrun signals a worker's process group only while the worker is alive
+    (`SubprocessContext._close`, torch/distributed/elastic/multiprocessing/api.py), so after a
+    SIGKILL of the trainer its background process, which ignores SIGTERM by design, would keep
+    its full host copy of the state until its DCP collective failed, overlapping the next
+    attempt. It polls its parent: a reparented process (the trainer died) kills itself.
+    (prctl's PR_SET_PDEATHSIG does not fit: it fires when the creating *thread* exits, and DCP
+    creates the process from a ThreadPoolExecutor thread that ends with its first save.)"""
     import multiprocessing
     import sys
     import tempfile
 
     wrapper = os.path.join(tempfile.mkdtemp(prefix="trainer-spawn-"), "python-ignoring-sigterm")
     with open(wrapper, "w") as f:
-        f.write(f"#!/bin/sh\ntrap '' TERM INT\nexec '{sys.executable}' \"$@\"\n")
+        f.write(_SPAWN_WRAPPER.format(python=sys.executable))
     os.chmod(wrapper, 0o755)
     multiprocessing.set_executable(wrapper)
     return wrapper
+
+
+def background_process_signal(exc: BaseException) -> int | None:
+    """N when `exc` comes from DCP's background checkpoint process having died of signal N
+    (the OOM killer picks it: it holds a full host copy of the state). A signal death, hence
+    retryable, not the trainer's own failure."""
+    if not ("Checkpoint background process is dead" in str(exc) or isinstance(exc, (BrokenPipeError, EOFError))):
+        return None
+    from torch.distributed.checkpoint import _async_process_executor as executor
+
+    process = getattr(getattr(executor, "_CHECKPOINT_PROCESS", None), "_save_process", None)
+    if process is None:
+        return None
+    process.join(timeout=5)  # its exit code is only known once it is reaped
+    code = process.exitcode
+    return -code if isinstance(code, int) and code < 0 else None
 
 
 class AsyncSave:
@@ -320,9 +390,9 @@ class AsyncSave:
     includes DCP's background checkpoint process, so a preemption used to kill the very
     save it should wait for ("Checkpoint background process is dead. Exit code: -15").
     That process is started by multiprocessing's spawn, so its interpreter is whatever
-    `multiprocessing.set_executable` names: here a two-line shell wrapper that sets SIGTERM
-    and SIGINT to ignored (`trap '' TERM INT`; an ignored disposition survives exec) and
-    execs this Python. Only the trainer reacts to the signal and the save finishes.
+    `multiprocessing.set_executable` names: here a small Python wrapper that sets SIGTERM
+    and SIGINT to ignored and guards against outliving the trainer (see
+    `shield_spawned_processes`). Only the trainer reacts to the signal and the save finishes.
     (Blocking the signals around its creation does not work: CPython's spawn clears the
     child's signal mask; nor does a hook in `trainer.__main__`: spawn does not re-import a
     `__main__` module; both measured.) SIGKILL, torchrun's last resort, still ends it;
@@ -516,6 +586,8 @@ class Checkpointer:
         # Wall seconds of the last whole write (start to durable), for the preemption budget.
         self.last_write_seconds: float | None = None
         self.last_durable_step: int | None = None
+        # Facts learnt after a save started (the MLflow run id): filled into its marker.
+        self.known: dict = {}
         os.makedirs(root, exist_ok=True)
         self.ownership.claim()
 
@@ -524,6 +596,18 @@ class Checkpointer:
             match = STEP_DIR.match(os.path.basename(path))
             if match:
                 self.protected.add(int(match.group(1)))
+
+    def adopt(self, resume_from: str) -> None:
+        """After a resume: protect its source and the rollback branch point (in every attempt,
+        not only the one that rolled back), then run retention once, so a kill between a
+        marker and its retention pass leaves no extra checkpoint behind."""
+        self.protect(resume_from)
+        record = read_rollback(self.root)
+        if record and os.path.realpath(os.path.dirname(record.get("source", ""))) == os.path.realpath(self.root):
+            self.protected.add(record["source_step"])
+        self.last_durable_step = read_marker(resume_from)["step"]
+        if self.env.is_main and self.ownership.holds():
+            self._apply_retention()
 
     def save(self, step: int, app: Stateful, meta: dict, config_yaml: str) -> float:
         """Starts a save of `step`; returns the seconds the loop was blocked."""
@@ -590,7 +674,8 @@ class Checkpointer:
             # DCP's coordinator writes .metadata only after gathering every rank's write
             # results, so on rank 0 a finished save means all shards are on disk.
             path = step_dir(self.root, step)
-            marker = {**meta, "step": step, "saved_at": time.time()}
+            late = {k: v for k, v in self.known.items() if meta.get(k) is None}
+            marker = {**meta, **late, "step": step, "saved_at": time.time()}
             self.trust.seal(path, marker)
             write_json_atomic(os.path.join(path, MARKER), marker)
             self.last_durable_step = step
@@ -614,6 +699,31 @@ class Checkpointer:
                 remove_checkpoint(self.root, step, self.faults)
         sweep_trash(self.root)
         self.mirror.prune(removed)
+
+    def load_initial(self, path: str, app: Stateful) -> dict:
+        """Weights (and the optimizer when `app` holds it) from another job's checkpoint; no
+        RNG state, no step: everything else of this job starts fresh."""
+        dcp.load({"app": app}, checkpoint_id=path, process_group=self.env.checkpoint_group,
+                 no_dist=not self.env.distributed)
+        return read_marker(path)
+
+    def annotate_newest(self, extra: dict) -> None:
+        """Adds what became known after the newest marker was written (the MLflow run id, once
+        the tracker connected) to that marker; rank 0, owner only."""
+        if not (self.env.is_main and self.last_durable_step is not None and self.ownership.holds()):
+            return
+        path = os.path.join(step_dir(self.root, self.last_durable_step), MARKER)
+        try:
+            marker = read_marker(os.path.dirname(path))
+        except (OSError, ValueError):
+            return
+        self.known.update(extra)
+        if any(marker.get(k) is None for k in extra):
+            annotated = {**marker, **{k: v for k, v in extra.items() if marker.get(k) is None}}
+            # The manifest signs the marker's content: re-sign it first, then the marker, so a
+            # kill in between leaves a marker the manifest still matches or one it reports.
+            if self.trust.reseal_marker(os.path.dirname(path), annotated):
+                write_json_atomic(path, annotated)
 
     def load(self, path: str, app: Stateful) -> dict:
         self._check_trusted(path)
@@ -646,41 +756,85 @@ class Checkpointer:
         self.mirror.close(budget_seconds=0.0)
 
 
-def _rollback(root: str, source: str) -> None:
+def _rollback(root: str, source: str, mirror) -> None:
     """Moves every checkpoint newer than `source` into `abandoned/<branch>/`: they belong
-    to a history the job no longer follows, and `resume: auto` must never pick them."""
+    to a history the job no longer follows, and `resume: auto` must never pick them. Their
+    S3 copies are deleted (marker first), or a lost volume would restore the abandoned branch
+    (`download_latest` takes the highest step in S3); the FSx copies stay for inspection."""
     source_step = read_marker(source)["step"]
     newer = [s for s in list_steps(root, complete_only=False) if s > source_step]
-    branch = os.path.join(root, ABANDONED, f"from-step-{source_step:06d}-at-{time.strftime('%Y%m%dT%H%M%S')}")
+    name = branch_name(source_step, time.strftime('%Y%m%dT%H%M%S'))
+    branch = os.path.join(root, ABANDONED, name)
+    abandoned_rows = _archive_metrics(root, source_step, branch)
     if newer:
         os.makedirs(branch, exist_ok=True)
         for s in newer:
             os.rename(step_dir(root, s), os.path.join(branch, os.path.basename(step_dir(root, s))))
         log.warning("rollback to %s: %d newer checkpoint(s) (steps %s) moved to %s", source, len(newer),
                     ", ".join(map(str, newer)), branch)
+        mirror.prune(newer)
     write_json_atomic(os.path.join(root, ROLLBACK), {
-        "source": os.path.realpath(source), "source_step": source_step, "time": time.time(),
-        "abandoned": os.path.relpath(branch, root) if newer else None, "abandoned_steps": newer})
+        "source": os.path.realpath(source), "source_step": source_step, "time": time.time(), "branch": name,
+        "abandoned": os.path.relpath(branch, root) if newer or abandoned_rows else None, "abandoned_steps": newer,
+        # The run the abandoned branch logged to: the new branch's MLflow run points back to it.
+        "abandoned_mlflow_run_id": _newest_run_id(newer and os.path.join(branch, os.path.basename(step_dir(root, newer[-1]))))
+        or read_marker(source).get("mlflow_run_id")})
+
+
+def _newest_run_id(path) -> str | None:
+    try:
+        return read_marker(path).get("mlflow_run_id") if path else None
+    except (OSError, ValueError):
+        return None
+
+
+def _archive_metrics(root: str, source_step: int, branch: str) -> int:
+    """Copies the rows of `metrics.jsonl` past the branch point to `<branch>/metrics.jsonl`
+    before the tracker truncates the file to the new branch: both histories stay comparable."""
+    path = os.path.join(root, "metrics.jsonl")
+    try:
+        with open(path) as f:
+            rows = [line for line in f if _row_step(line) is not None and _row_step(line) > source_step]
+    except OSError:
+        return 0
+    if rows:
+        os.makedirs(branch, exist_ok=True)
+        tmp = os.path.join(branch, f"metrics.jsonl.tmp-{os.getpid()}")
+        with open(tmp, "w") as f:
+            f.writelines(rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(branch, "metrics.jsonl"))
+    return len(rows)
+
+
+def _row_step(line: str) -> int | None:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row.get("step") if isinstance(row, dict) and isinstance(row.get("step"), int) else None
 
 
 def _resolve_on_main(root: str, resume: str, mirror) -> str | None:
     if resume == "none":
         return None
     if resume != "auto":
-        if not os.path.isfile(os.path.join(resume, MARKER)):
-            raise FileNotFoundError(f"checkpoint.resume={resume!r} has no {MARKER}: not a complete checkpoint")
-        try:
-            record = read_json(os.path.join(root, ROLLBACK))
-        except (OSError, ValueError):
-            record = None
-        if record and record.get("source") == os.path.realpath(resume):
-            # A later attempt of the branch started by this rollback (the job spec still
-            # names the old checkpoint): continue the branch, do not roll back again.
+        # Read first: a later attempt of the branch started by this rollback (the job spec
+        # still names the old checkpoint) continues the branch, even when the source itself
+        # is gone by now (review trainer-3 B2: the third attempt used to fail as bad input).
+        record = continues_rollback(root, resume)
+        if record:
             newest = latest_complete(root)
             if newest and read_marker(newest)["step"] >= record["source_step"]:
                 return newest
-            return resume
-        _rollback(root, resume)
+            if os.path.isfile(os.path.join(resume, MARKER)):
+                return resume
+            raise FileNotFoundError(f"checkpoint.resume={resume!r}: the rollback source is gone and {root} holds no "
+                                    f"checkpoint of its branch (step >= {record['source_step']}); use auto or another step")
+        if not os.path.isfile(os.path.join(resume, MARKER)):
+            raise FileNotFoundError(f"checkpoint.resume={resume!r} has no {MARKER}: not a complete checkpoint")
+        _rollback(root, resume, mirror)
         return resume
     if latest_complete(root) is None:
         # A fresh FSx volume (or a lost one) falls back to the S3 copy.

@@ -21,7 +21,7 @@ import yaml
 @dataclass
 class ModelConfig:
     kind: Literal["gpt", "hf"] = "gpt"
-    # A named GPT size (see trainer.model.GPT_SIZES); explicit fields below override it.
+    # A named GPT size (see trainer.model_facts.GPT_SIZES); explicit fields below override it.
     size: str = "tiny"
     num_layers: Optional[int] = None
     num_heads: Optional[int] = None
@@ -89,6 +89,16 @@ class CheckpointConfig:
     # auto: newest complete checkpoint in dir (or S3); none: start fresh; else a step-N path.
     resume: str = "auto"
     s3_uri: Optional[str] = None
+    # Retryable failures (exit 128-255 but 143) in a row without a new checkpoint before the
+    # launcher refuses to start another attempt (exit 1). The Training Operator ignores
+    # backoffLimit under restartPolicy ExitCode (see trainer/retries.py); 0 disables the bound.
+    max_attempts_without_progress: int = 3
+    # Start a new job from another job's checkpoint (torchtitan's initial_load_path): used only
+    # while checkpoint.dir holds no checkpoint of its own. Weights, and the optimizer state
+    # unless initial_load_model_only; step, schedule, data cursor, goodput and MLflow run start
+    # fresh. (checkpoint.resume=<that path> instead continues that job's history.)
+    initial_load_path: Optional[str] = None
+    initial_load_model_only: bool = True
 
 
 @dataclass
@@ -442,7 +452,7 @@ def validate(cfg: TrainerConfig) -> None:
         if m.hf_path:
             need(os.path.isdir(m.hf_path), f"model.hf_path={m.hf_path!r}: directory not found (models are never downloaded at run time)")
     else:
-        from trainer.model import GPT_SIZES
+        from trainer.model_facts import GPT_SIZES
 
         need(m.size in GPT_SIZES, f"model.size={m.size!r}: choose one of {', '.join(GPT_SIZES)}")
         heads = m.num_heads or GPT_SIZES.get(m.size, {}).get("num_heads")
@@ -477,6 +487,8 @@ def validate(cfg: TrainerConfig) -> None:
     need(c.every_steps > 0, f"checkpoint.every_steps={c.every_steps}: must be > 0")
     need(c.every_seconds >= 0, f"checkpoint.every_seconds={c.every_seconds}: must be >= 0 (0 disables)")
     need(c.keep_last >= 1, f"checkpoint.keep_last={c.keep_last}: must be >= 1")
+    need(c.max_attempts_without_progress >= 0,
+         f"checkpoint.max_attempts_without_progress={c.max_attempts_without_progress}: must be >= 0 (0: unbounded)")
     if c.s3_uri is not None:
         need(c.s3_uri.startswith("s3://") and len(c.s3_uri) > 5, f"checkpoint.s3_uri={c.s3_uri!r}: must look like s3://bucket/prefix")
     need(t.log_every_steps >= 1, f"tracking.log_every_steps={t.log_every_steps}: must be >= 1")

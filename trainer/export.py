@@ -91,21 +91,27 @@ def load_model_from_checkpoint(checkpoint_dir: str, cfg: TrainerConfig) -> torch
     return model.eval()
 
 
-def gpt_to_hf(model: torch.nn.Module):
-    """The built-in GPT as a transformers GPT2LMHeadModel with the same weights."""
+def gpt_to_hf(model: torch.nn.Module, vocab_size: int | None = None):
+    """The built-in GPT as a transformers GPT2LMHeadModel with the same weights.
+
+    `vocab_size`: the tokenizer's real vocabulary when the model's is padded (GPT-2's 50257
+    trained as 50304 for fast matmuls): the padding rows of the embedding and the head are
+    cropped, as llm.c's dev/eval/export_hf.py does ("drop the padding back to GPT2 size"), so
+    sampling never emits an id the tokenizer cannot decode."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     shape = model.shape
+    vocab = shape.vocab_size if vocab_size is None else min(vocab_size, shape.vocab_size)
     config = GPT2Config(
-        vocab_size=shape.vocab_size, n_positions=shape.max_seq_len, n_embd=shape.embed_dim, n_layer=shape.num_layers,
+        vocab_size=vocab, n_positions=shape.max_seq_len, n_embd=shape.embed_dim, n_layer=shape.num_layers,
         n_head=shape.num_heads, n_inner=4 * shape.embed_dim, activation_function="gelu_new",  # tanh approximation
         resid_pdrop=shape.dropout, embd_pdrop=shape.dropout, attn_pdrop=shape.dropout, layer_norm_epsilon=1e-5,
         tie_word_embeddings=shape.tie_embeddings, bos_token_id=None, eos_token_id=None)
     hf = GPT2LMHeadModel(config)
     src = {k: v.detach() for k, v in model.state_dict().items()}
-    out = {"transformer.wte.weight": src["wte.weight"], "transformer.wpe.weight": src["wpe.weight"],
+    out = {"transformer.wte.weight": src["wte.weight"][:vocab], "transformer.wpe.weight": src["wpe.weight"],
            "transformer.ln_f.weight": src["ln_f.weight"], "transformer.ln_f.bias": src["ln_f.bias"],
-           "lm_head.weight": src["lm_head.weight"]}
+           "lm_head.weight": src["lm_head.weight"][:vocab]}
     # Conv1D keeps weight as [in_features, out_features]: the transpose of nn.Linear's.
     linear = {"attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
     for i in range(shape.num_layers):
@@ -139,7 +145,8 @@ def export_checkpoint(checkpoint_dir: str, out_dir: str, cfg: TrainerConfig | No
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     if isinstance(model, GPT):
-        hf_model, architecture = gpt_to_hf(model), "GPT2LMHeadModel"
+        hf_model, architecture = gpt_to_hf(model, marker.get("dataset_vocab_size") or _dataset_vocab_size(cfg)), \
+            "GPT2LMHeadModel"
     else:
         hf_model, architecture = model.inner, type(model.inner).__name__
     hf_model.save_pretrained(tmp)  # safetensors (transformers >= 5 writes nothing else)
@@ -163,6 +170,17 @@ def export_checkpoint(checkpoint_dir: str, out_dir: str, cfg: TrainerConfig | No
     os.replace(tmp, out_dir)
     log.info("exported %s (step %d) as %s to %s", checkpoint_dir, marker["step"], architecture, out_dir)
     return lineage
+
+
+def _dataset_vocab_size(cfg: TrainerConfig) -> int | None:
+    """The tokenizer's vocabulary from the dataset manifest, for checkpoints whose marker
+    predates `dataset_vocab_size`; None when the data volume is not mounted here."""
+    from trainer.data import read_manifest
+
+    try:
+        return int(read_manifest(cfg.data.dir)["vocab_size"]) if cfg.data.dir else None
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def _copy_tokenizer(cfg: TrainerConfig, out_dir: str) -> str:

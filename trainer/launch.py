@@ -9,10 +9,14 @@ saved its checkpoint, and 1 when a worker was SIGKILLed by the OOM killer.
 Exit codes:
 - 0: finished.
 - 143: preempted: a signal reached the launcher, or a rank reports it saved after a signal.
-- 128+N: a worker died of signal N (137 for SIGKILL: OOM killer, lost node; 139 for a
-  segfault) and no rank failed on its own: retryable, the job resumes from its newest
+- 128+N: a worker, or a worker's DCP background checkpoint process (async_mode process), died
+  of signal N (137 for SIGKILL: OOM killer, lost node; 139 for a segfault) and no rank failed on its own: retryable, the job resumes from its newest
   complete checkpoint. What torchrun records about each failed worker (exit code, negative
   for a signal) comes from `trainer.elastic_run`.
+- 141 (128 + SIGPIPE): this node's ranks failed only because a peer on ANOTHER node vanished
+  (its collective saw "Connection closed/reset by peer"). Each node's launcher sees only its
+  own ranks; the node that lost the worker exits 128+N, and this one must be retryable too,
+  or `restartPolicy: ExitCode` fails the whole job for one OOM kill on one node.
 - anything else (1-127): a real failure, permanent: a rank raised an exception that neither
   a signal nor a lost peer explains (a bug, a bad config, a non-finite loss).
 """
@@ -24,8 +28,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+
+from trainer import retries
 
 EXIT_PREEMPTED = 143
+# A broken connection to a peer, like a write to a closed pipe: retryable (128-255).
+EXIT_PEER_LOST = 128 + signal.SIGPIPE
 # Karpenter's spot notice is 120 s; the pod's grace period must exceed this, and the
 # trainer's save must fit inside it. See docs/trainer.md, "Time budget".
 DEFAULT_SHUTDOWN_TIMEOUT_SECONDS = "90"
@@ -72,7 +81,7 @@ def exit_code(torchrun_code: int, signalled: bool, reasons: list[str],
     by_rank = {r.get("rank"): r for r in reports or [] if "rank" in r}
 
     def consequence(report: dict | None) -> bool:
-        return bool(report and (report.get("signalled") or report.get("peer_lost")))
+        return bool(report and (report.get("signalled") or report.get("peer_lost") or report.get("child_signal")))
 
     # A rank that failed on its own (an exception, or an error exit such as a bad config)
     # and not because of a signal or a vanished peer is the root cause; it would fail again
@@ -84,12 +93,19 @@ def exit_code(torchrun_code: int, signalled: bool, reasons: list[str],
         return torchrun_code if torchrun_code > 0 else 1
     signals = [-f["exitcode"] for f in sorted(failures or [], key=lambda f: (f.get("timestamp", 0), f.get("rank", 0)))
                if isinstance(f.get("exitcode"), int) and f["exitcode"] < 0]
+    # A rank's own child (DCP's background checkpoint process) killed by a signal, e.g. the
+    # OOM killer: a signal death like the worker's own.
+    signals += [r["child_signal"] for r in reports or [] if isinstance(r.get("child_signal"), int)]
     # Once one worker died, torchrun SIGTERMs the others: SIGTERM deaths are consequences,
     # and the trainer itself handles SIGTERM by saving. Any other signal (SIGKILL from the
     # OOM killer, SIGSEGV, SIGBUS) is the cause and a retry may well succeed.
     causes = [s for s in signals if s != signal.SIGTERM] or signals
     if causes:
         return 128 + causes[0]
+    # Nothing died here and nothing failed on its own: the ranks failed because a peer (on
+    # another node: multi-node jobs) is gone. That node reports the cause; this one retries.
+    if torchrun_code != 0 and any(consequence(r) for r in reports or []):
+        return EXIT_PEER_LOST
     # A negative code means torchrun itself died of a signal (e.g. -9): report it shell-style.
     return 128 - torchrun_code if torchrun_code < 0 else torchrun_code
 
@@ -153,9 +169,70 @@ def check_trainer_input(argv: list[str]) -> int:
     return 0
 
 
+def train_config(argv: list[str]):
+    """The trainer's config from `... -m trainer train --config F overrides`, or None."""
+    try:
+        start = next(i for i in range(len(argv) - 2) if argv[i:i + 3] == ["-m", "trainer", "train"])
+    except StopIteration:
+        return None
+    from trainer.__main__ import _add_train_arguments
+    from trainer.config import ConfigError, load_config
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m trainer train")
+    _add_train_arguments(parser)
+    try:
+        args = parser.parse_args(argv[start + 3:])
+        return load_config(args.config, args.overrides)
+    except (SystemExit, ConfigError):  # already reported by check_trainer_input
+        return None
+
+
+def node_rank(torchrun_argv: list[str]) -> int:
+    value = _option(torchrun_argv, "--node-rank", "--node_rank") or os.environ.get("PET_NODE_RANK") or "0"
+    try:
+        return int(value)
+    except ValueError:
+        return 0
+
+
+class AttemptLog:
+    """This node's attempts in `<checkpoint.dir>/attempts/` (see trainer.retries)."""
+
+    def __init__(self, argv: list[str]):
+        cfg = train_config(argv)
+        self.dir = cfg.checkpoint.dir if cfg is not None else None
+        self.limit = cfg.checkpoint.max_attempts_without_progress if cfg is not None else 0
+        self.path = retries.history_path(self.dir, node_rank(argv)) if self.dir else None
+        self.started_at = time.time()
+        self.step_at_start = retries.newest_complete_step(self.dir) if self.dir else None
+
+    def refusal(self) -> str | None:
+        if not self.path:
+            return None
+        return retries.refusal(retries.read_history(self.path), self.limit, self.step_at_start)
+
+    def record(self, exit_code: int) -> None:
+        if not self.path:
+            return
+        try:
+            retries.record_attempt(self.path, exit_code, self.step_at_start,
+                                   retries.newest_complete_step(self.dir), self.started_at)
+        except OSError as exc:  # never turn the exit code into a launcher crash
+            print(f"[trainer.launch] could not record this attempt in {self.path}: {exc}", file=sys.stderr)
+
+
 def main(argv: list[str]) -> int:
     if (code := check_trainer_input(argv)) != 0:
         return code
+    attempts = AttemptLog(argv)
+    if (why := attempts.refusal()) is not None:
+        print(f"[trainer.launch] {why}", file=sys.stderr)
+        print(f"[trainer.launch] not starting torchrun; exiting {retries.EXIT_RETRIES_EXHAUSTED} (permanent)",
+              file=sys.stderr, flush=True)
+        # Recorded too: a permanent exit ends the count, so a resubmitted job starts afresh.
+        attempts.record(retries.EXIT_RETRIES_EXHAUSTED)
+        return retries.EXIT_RETRIES_EXHAUSTED
     env = dict(os.environ)
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", DEFAULT_SHUTDOWN_TIMEOUT_SECONDS)
     with tempfile.TemporaryDirectory(prefix="trainer-exit-") as status_dir:
@@ -181,6 +258,7 @@ def main(argv: list[str]) -> int:
     print(f"[trainer.launch] torchrun exited {code}; workers: {reasons or 'no report'}"
           f"{'; failed workers: ' + dead if dead else ''}; signal: {bool(signalled)}; "
           f"{checkpoint_line(reports)}; exiting {final}", file=sys.stderr, flush=True)
+    attempts.record(final)
     return final
 
 

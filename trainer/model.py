@@ -12,15 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainer.config import ModelConfig
+from trainer.model_facts import GPT_SIZES  # noqa: F401  (re-exported: trainer.model.GPT_SIZES)
 
-GPT_SIZES = {
-    "tiny": dict(num_layers=2, num_heads=2, embed_dim=64),
-    "small": dict(num_layers=4, num_heads=4, embed_dim=128),
-    "gpt2": dict(num_layers=12, num_heads=12, embed_dim=768),  # 124M
-    "gpt2-medium": dict(num_layers=24, num_heads=16, embed_dim=1024),  # 350M
-    "gpt2-large": dict(num_layers=36, num_heads=20, embed_dim=1280),  # 774M
-    "gpt2-xl": dict(num_layers=48, num_heads=25, embed_dim=1600),  # 1558M
-}
 
 
 @dataclass

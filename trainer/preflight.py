@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 
+from trainer.branch import continues_rollback
 from trainer.config import ConfigError, TrainerConfig
 
 # Bytes of training state per parameter with AdamW in fp32: weights 4, gradients 4, two
@@ -68,7 +69,8 @@ def num_model_params(cfg: TrainerConfig, vocab_size: int) -> int | None:
         return None
     import torch
 
-    from trainer.model import GPT_SIZES, build_model
+    from trainer.model import build_model
+    from trainer.model_facts import GPT_SIZES
 
     if cfg.model.size not in GPT_SIZES:
         return None
@@ -85,7 +87,12 @@ def preflight(cfg: TrainerConfig, world_size: int | None = None, memory: tuple[i
     if problem:
         problems.append(f"checkpoint.dir={c.dir!r}: {problem}; point it (or TRAINER_CHECKPOINT_DIR) at a writable "
                         "volume such as the FSx mount")
-    if c.resume not in ("auto", "none") and not os.path.isdir(c.resume):
+    # A later attempt of a rollback continues its branch even when retention or a lost volume
+    # removed the source since (trainer/branch.py).
+    if c.initial_load_path is not None and not os.path.isfile(os.path.join(c.initial_load_path, "complete.json")):
+        problems.append(f"checkpoint.initial_load_path={c.initial_load_path!r}: not a complete checkpoint (no "
+                        "complete.json); name a step-N directory of the job to start from")
+    if c.resume not in ("auto", "none") and not os.path.isdir(c.resume) and not continues_rollback(c.dir, c.resume):
         problems.append(f"checkpoint.resume={c.resume!r}: no such directory; use auto, none or a step-N directory")
     from trainer.trust import CheckpointKeyError, read_key
 

@@ -2,11 +2,14 @@
 
 The mirror follows the local directory: a checkpoint pruned by retention is deleted from
 S3 too (its marker first, so an S3 marker, like a local one, always means a whole
-checkpoint); a directory pruned before its queued upload started is skipped; and on
+checkpoint); a rollback deletes the abandoned checkpoints' S3 copies (FSx keeps them under
+`abandoned/`), so a lost volume never restores the abandoned branch; a directory pruned before
+its queued upload started is skipped; and on
 shutdown the mirror waits only as long as the caller's budget allows (the FSx copy is the
 durable one; S3 is the copy for a lost volume)."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -14,6 +17,10 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from urllib.parse import urlparse
 
 log = logging.getLogger(__name__)
+
+
+class _Stopped(Exception):
+    """The shutdown budget is spent: stop uploading."""
 
 
 class NoMirror:
@@ -59,11 +66,18 @@ class S3Mirror:
         name = os.path.basename(path.rstrip("/"))
         try:
             files = sorted(f for f in os.listdir(path) if f != MARKER)
+            # A re-used name (a rollback's new branch, a re-save): the old S3 marker must not
+            # stand over a mix of old and new files while (or if only partly) this uploads.
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(name, MARKER))
             for f in files + [MARKER]:  # marker last: a partial upload never looks complete
                 if self.stopping.is_set():
-                    log.warning("S3 mirror of %s abandoned at shutdown (no marker uploaded)", name)
-                    return
-                self.client.upload_file(os.path.join(path, f), self.bucket, self._key(name, f))
+                    raise _Stopped()
+                # The callback runs per transferred chunk: the shutdown budget also stops a
+                # large file already uploading (boto3 aborts the multipart upload).
+                self.client.upload_file(os.path.join(path, f), self.bucket, self._key(name, f),
+                                        Callback=self._check_stopping)
+        except _Stopped:
+            log.warning("S3 mirror of %s abandoned at shutdown (no marker uploaded)", name)
         except FileNotFoundError:
             # Retention removed it while the upload was queued: a newer checkpoint exists.
             log.info("S3 mirror of %s skipped: pruned locally before its upload finished", name)
@@ -71,14 +85,25 @@ class S3Mirror:
         except Exception as exc:  # the local checkpoint is what resume relies on first
             log.warning("S3 mirror of %s failed: %s", path, exc)
 
+    def _check_stopping(self, _bytes: int) -> None:
+        if self.stopping.is_set():
+            raise _Stopped()
+
     def ensure(self, path: str) -> None:
-        """Uploads `path` unless S3 already has its marker (a shutdown cut its upload short)."""
+        """Uploads `path` unless S3 already has this very checkpoint: its marker with the same
+        content (step, save time, config hash). A marker of the same name from another branch
+        (before a rollback) or an upload a shutdown cut short does not count."""
         from trainer.checkpoint import MARKER
 
         name = os.path.basename(path.rstrip("/"))
         try:
-            self.client.head_object(Bucket=self.bucket, Key=self._key(name, MARKER))
+            with open(os.path.join(path, MARKER)) as f:
+                local = json.load(f)
+            remote = json.loads(self.client.get_object(Bucket=self.bucket, Key=self._key(name, MARKER))["Body"].read())
+            same = all(local.get(k) == remote.get(k) for k in ("step", "saved_at", "config_hash"))
         except Exception:
+            same = False
+        if not same:
             self.upload(path)
 
     def prune(self, steps: list[int]) -> None:

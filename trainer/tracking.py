@@ -19,6 +19,12 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 JOB_TAG = "trainer.job_id"
+# Which history of the job a run holds: "main", or the rollback branch (trainer/branch.py).
+# A rollback starts a new run (same job id, tags below), so the run the export registers
+# against shows the curve that produced the model; the abandoned run keeps its own points.
+BRANCH_TAG = "trainer.branch"
+ROLLBACK_OF_TAG = "trainer.rollback_of"
+BRANCH_POINT_TAG = "trainer.branch_point"
 LOSS = "loss"
 
 
@@ -89,7 +95,7 @@ class MLflowTracker(NullTracker):
     MAX_BUFFERED_POINTS = 5000
     def __init__(self, *, uri: str, experiment: str, job_id: str, run_name: str | None, run_id: str | None,
                  params: dict[str, Any], tags: dict[str, str], config_yaml: str, retry_seconds: float = 5.0,
-                 client=None, backfill: list[dict] | None = None):
+                 client=None, backfill: list[dict] | None = None, branch: str = "main"):
         # A dead server must fail fast inside the worker, not retry for minutes.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
@@ -99,7 +105,8 @@ class MLflowTracker(NullTracker):
         self.run_name = run_name
         self.run_id = run_id
         self.params = {k: str(v) for k, v in params.items()}
-        self.tags = {**tags, JOB_TAG: job_id}
+        self.branch = branch
+        self.tags = {**tags, JOB_TAG: job_id, BRANCH_TAG: branch}
         self.config_yaml = config_yaml
         self.retry_seconds = retry_seconds
         self._client = client
@@ -194,7 +201,9 @@ class MLflowTracker(NullTracker):
         run = client.get_run(self.run_id) if self.run_id else None
         if run is None:
             found = client.search_runs([experiment_id], filter_string=f"tags.`{JOB_TAG}` = '{self.job_id}'",
-                                       max_results=1, order_by=["attributes.start_time ASC"])
+                                       max_results=100, order_by=["attributes.start_time ASC"])
+            # Runs from before branches were tagged belong to main.
+            found = [r for r in found if r.data.tags.get(BRANCH_TAG, "main") == self.branch]
             run = found[0] if found else None
         if run is None:
             run = client.create_run(experiment_id, run_name=self.run_name, tags=self.tags)

@@ -14,7 +14,9 @@ import time
 import torch
 
 from trainer import distributed, reproducibility
-from trainer.checkpoint import Checkpointer, ModelAndOptimizer, read_marker, resolve_resume
+from trainer.branch import current_branch, read_rollback
+from trainer.checkpoint import (Checkpointer, ModelAndOptimizer, ModelOnly, background_process_signal, read_marker,
+                                resolve_resume)
 from trainer.config import TrainerConfig, dump_yaml
 from trainer.guards import (NonFiniteSteps, TrainingStopped, apply_optimizer_config, check_resume_compatible,
                             weights_finite)
@@ -26,7 +28,7 @@ from trainer.model import apply_activation_checkpointing, build_model, count_par
 from trainer.preemption import EXIT_PREEMPTED, PreemptionFlag, is_peer_lost, preemption_budget_seconds, report_exit
 from trainer.profiling import profiler_for
 from trainer.s3 import NoMirror, mirror_for
-from trainer.tracking import JsonlTracker, MLflowTracker, NullTracker, Trackers
+from trainer.tracking import BRANCH_POINT_TAG, ROLLBACK_OF_TAG, JsonlTracker, MLflowTracker, NullTracker, Trackers
 
 log = logging.getLogger("trainer")
 
@@ -82,7 +84,8 @@ def run_tags(cfg: TrainerConfig, env: distributed.Env, shards: TokenShards) -> d
     }
 
 
-def build_tracker(cfg: TrainerConfig, env, shards, run_id: str | None, resume_step: int):
+def build_tracker(cfg: TrainerConfig, env, shards, run_id: str | None, resume_step: int, branch: str = "main",
+                  branch_tags: dict | None = None):
     if not env.is_main:
         return NullTracker()
     jsonl = JsonlTracker(os.path.join(cfg.checkpoint.dir, "metrics.jsonl"), resume_step)
@@ -93,8 +96,9 @@ def build_tracker(cfg: TrainerConfig, env, shards, run_id: str | None, resume_st
             uri=uri, experiment=cfg.tracking.experiment, job_id=job_identity(cfg), run_name=cfg.tracking.run_name,
             # MLFLOW_RUN_ID (MLflow's own variable) names the run for a first attempt; a resumed
             # attempt keeps the run recorded in its checkpoint.
-            run_id=run_id or os.environ.get("MLFLOW_RUN_ID") or None, params=cfg.flat(),
-            tags=run_tags(cfg, env, shards), config_yaml=dump_yaml(cfg), backfill=jsonl.rows))
+            run_id=run_id or (os.environ.get("MLFLOW_RUN_ID") if branch == "main" else None) or None,
+            params=cfg.flat(), tags={**run_tags(cfg, env, shards), **(branch_tags or {})}, config_yaml=dump_yaml(cfg),
+            backfill=jsonl.rows, branch=branch))
     elif cfg.tracking.enabled:
         log.warning("tracking.enabled but no MLFLOW_TRACKING_URI: metrics go to metrics.jsonl only")
     return Trackers(*trackers)
@@ -133,7 +137,8 @@ def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
         # What the launcher needs to tell a root cause (permanent) from a consequence of a
         # peer's death or of a signal (retryable).
         details = {"exception": type(exc).__name__, "peer_lost": is_peer_lost(exc),
-                   "signalled": bool(outcome.get("signalled") or (preemption and preemption.raised))}
+                   "signalled": bool(outcome.get("signalled") or (preemption and preemption.raised)),
+                   "child_signal": background_process_signal(exc)}
         _close_after_failure(outcome, exc)
         raise
     finally:
@@ -157,243 +162,384 @@ def _close_after_failure(outcome: dict, exc: BaseException) -> None:
 
 
 def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outcome: dict) -> tuple[str, int]:
-    preemption = PreemptionFlag().install()
-    outcome["preemption"] = preemption
-    shards = TokenShards(cfg.data.dir, cfg.data.seq_len)
-    batches = DistributedBatches(shards, cfg.data.micro_batch_size, env.rank, env.world_size, cfg.seed, env.device,
-                                 prefetch=cfg.data.prefetch_batches)
+    return Trainer(cfg, env, process_start, outcome).run()
 
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank (FSDP2 relies on it)
-    model = build_model(cfg.model, shards.vocab_size, cfg.data.seq_len)
-    num_layers, hidden_size = model_dims(model)
-    flops = flops_per_token(count_params(model), num_layers, hidden_size, cfg.data.seq_len)
-    if cfg.parallelism.activation_checkpointing:
-        apply_activation_checkpointing(model)
-    model.to(env.device)
-    bf16 = cfg.parallelism.mixed_precision == "bf16" or (cfg.parallelism.mixed_precision == "auto" and env.device.type == "cuda")
-    strategy = distributed.strategy_for(cfg.parallelism, env, bf16)
-    model = strategy.wrap(model, env)
-    # The loss is inside the compiled region (trainer.model.loss_function): no eager fp32
-    # logits, no eager log-softmax over [B*T, vocab].
-    loss_fn = loss_function(model, cfg.parallelism.compile, strategy.blocks_compiled)
-    # FSDP2 casts parameters itself; autocast is for the unsharded strategies.
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and strategy.name != "fsdp"
-                else contextlib.nullcontext())
-    strategy.warm_up(model, torch.zeros((1, cfg.data.seq_len), dtype=torch.long, device=env.device), autocast)
-    optimizer = build_optimizer(model, cfg, env.device)
-    evaluator = evaluator_for(cfg, model, env, lambda: autocast)
-    profiler = profiler_for(cfg.profiler, cfg.checkpoint.dir, env.rank, env.device)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, cosine_with_warmup(cfg.schedule.warmup_steps, cfg.schedule.num_steps, cfg.schedule.min_lr_ratio))
-    torch.manual_seed(cfg.seed + env.rank)  # dropout differs per rank, as separate data does
 
-    goodput = Goodput()
-    last_stall_seconds = [0.0]
-    mirror = mirror_for(cfg.checkpoint.s3_uri) if env.is_main else NoMirror()
-    checkpointer = Checkpointer(cfg.checkpoint.dir, env, cfg.checkpoint.keep_last, cfg.checkpoint.async_mode, mirror)
-    app = ModelAndOptimizer(model, optimizer)
-    checkpointer.prepare_staging(app)  # host staging buffers allocated before the first save
-    heartbeat = Heartbeat(cfg.checkpoint.dir)
-    health = health_exporter(env.is_main, job_identity(cfg), cfg.checkpoint.every_steps)
-    step, tokens_seen, run_id = 0, 0, None
-    resume_from = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume, env, mirror)
-    if resume_from:
+@dataclasses.dataclass
+class StepResult:
+    loss: torch.Tensor  # this rank's mean loss over the accumulation steps
+    norm: torch.Tensor  # gradient norm before clipping
+    lr: float  # the rate this step used
+    preempted: bool  # agreed across ranks, like the two flags below
+    time_due: bool
+    bad: bool  # non-finite loss or gradient on some rank: the update was skipped
+
+
+class SavePolicy:
+    """When to save: every `every_steps`, every `every_seconds` (rank clocks reconciled by the
+    step's flag all-reduce), on a signal, and at the last step."""
+
+    def __init__(self, cfg: TrainerConfig):
+        self.every_steps, self.every_seconds = cfg.checkpoint.every_steps, cfg.checkpoint.every_seconds
+        self.num_steps = cfg.schedule.num_steps
+        self.last_save = time.monotonic()
+
+    def time_due(self) -> bool:
+        return self.every_seconds > 0 and time.monotonic() - self.last_save >= self.every_seconds
+
+    def due(self, step: int, result: StepResult) -> bool:
+        return step % self.every_steps == 0 or result.time_due or result.preempted or step == self.num_steps
+
+    def saved(self) -> None:
+        self.last_save = time.monotonic()
+
+
+class MetricsWindow:
+    """The losses not logged yet and the timings of the steps since the last log. Evaluation and
+    checkpoint stalls are excluded: tokens/s and MFU measure training only."""
+
+    def __init__(self, env: distributed.Env, tokens_per_step: int):
+        self.env, self.tokens_per_step = env, tokens_per_step
+        self.pending: list[tuple[int, torch.Tensor]] = []
+        self.reset()
+
+    def reset(self) -> None:
+        self.start, self.steps, self.data_wait, self.compute = time.perf_counter(), 0, 0.0, 0.0
+
+    def add(self, step: int, loss: torch.Tensor, data_wait: float, seconds: float) -> None:
+        self.pending.append((step, loss))
+        self.steps, self.data_wait, self.compute = self.steps + 1, self.data_wait + data_wait, self.compute + seconds
+
+    def exclude(self, seconds: float) -> None:
+        self.start += seconds
+
+    def flush(self, tracker) -> tuple[float, float, dict]:
+        """Logs the pending losses (one all-reduce); returns the last loss, tokens/s and the
+        window's averages, and starts a new window."""
+        elapsed = time.perf_counter() - self.start
+        losses = distributed.all_reduce_mean(self.env, torch.stack([loss for _, loss in self.pending])).tolist()
+        for (s, _), value in zip(self.pending, losses):
+            tracker.log(s, {"loss": value})
+        averages = {"step_seconds": self.compute / self.steps, "data_wait_seconds": self.data_wait / self.steps}
+        tokens_per_second = self.steps * self.tokens_per_step / elapsed
+        self.pending.clear()
+        self.reset()
+        return losses[-1], tokens_per_second, averages
+
+
+class Trainer:
+    """One attempt of the job: built in __init__ (model, optimizer, data, resume), then `run()`.
+
+    The loop in `run()` calls small parts: `train_step` (the maths), `SavePolicy`,
+    `MetricsWindow` and `log_metrics`, `evaluate`, `save_regular` / `save_on_signal` (the
+    preemption path), with goodput, the non-finite guard and fault hooks behind them."""
+
+    def __init__(self, cfg: TrainerConfig, env: distributed.Env, process_start: float, outcome: dict):
+        self.cfg, self.env, self.outcome = cfg, env, outcome
+        self.preemption = outcome["preemption"] = PreemptionFlag().install()
+        self.shards = TokenShards(cfg.data.dir, cfg.data.seq_len)
+        self.batches = DistributedBatches(self.shards, cfg.data.micro_batch_size, env.rank, env.world_size, cfg.seed,
+                                          env.device, prefetch=cfg.data.prefetch_batches)
+        self.build_model()
+        self.optimizer = build_optimizer(self.model, cfg, env.device)
+        self.evaluator = evaluator_for(cfg, self.model, env, lambda: self.autocast)
+        self.profiler = profiler_for(cfg.profiler, cfg.checkpoint.dir, env.rank, env.device)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, cosine_with_warmup(cfg.schedule.warmup_steps, cfg.schedule.num_steps, cfg.schedule.min_lr_ratio))
+        torch.manual_seed(cfg.seed + env.rank)  # dropout differs per rank, as separate data does
+
+        self.goodput = Goodput()
+        self.last_stall_seconds = [0.0]
+        self.mirror = mirror_for(cfg.checkpoint.s3_uri) if env.is_main else NoMirror()
+        self.checkpointer = Checkpointer(cfg.checkpoint.dir, env, cfg.checkpoint.keep_last, cfg.checkpoint.async_mode,
+                                         self.mirror)
+        self.app = ModelAndOptimizer(self.model, self.optimizer)
+        self.checkpointer.prepare_staging(self.app)  # host staging buffers allocated before the first save
+        self.heartbeat = Heartbeat(cfg.checkpoint.dir)
+        self.health = health_exporter(env.is_main, job_identity(cfg), cfg.checkpoint.every_steps)
+        self.step, self.tokens_seen = 0, 0
+        run_id, branch_tags = self.restore()
+        self.tracker = build_tracker(cfg, env, self.shards, run_id, self.step, self.branch, branch_tags)
+        self.mfu = mfu_meter(env.device, self.flops, cfg.tracking.peak_tflops)
+        self.memory = memory_meter(env.device)
+        self.config_yaml = dump_yaml(cfg)
+        self.tokens_per_step = cfg.data.seq_len * cfg.data.micro_batch_size * cfg.schedule.grad_accum_steps * env.world_size
+        self.max_norm = cfg.optimizer.grad_clip_norm or math.inf  # inf: the norm is measured, nothing is scaled
+
+        self.attempt_start = time.time()
+        self.goodput.startup_seconds += self.attempt_start - process_start
+        self.wall_at_attempt_start = self.goodput.wall_seconds + (self.attempt_start - process_start)
+        self.policy = SavePolicy(cfg)
+        self.window = MetricsWindow(env, self.tokens_per_step)
+        self.nonfinite = NonFiniteSteps(cfg.optimizer.max_nonfinite_steps)
+        self.faults = self.checkpointer.faults
+        self.run_id_noted = False
+
+    # --- set-up -------------------------------------------------------------------------------
+    def build_model(self) -> None:
+        """The one place where the model is built, wrapped for the parallelism strategy and
+        compiled; `self.model` is the wrapped module, `self.loss_fn` what the step calls."""
+        cfg, env = self.cfg, self.env
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank (FSDP2 relies on it)
+        model = build_model(cfg.model, self.shards.vocab_size, cfg.data.seq_len)
+        num_layers, hidden_size = model_dims(model)
+        self.flops = flops_per_token(count_params(model), num_layers, hidden_size, cfg.data.seq_len)
+        if cfg.parallelism.activation_checkpointing:
+            apply_activation_checkpointing(model)
+        model.to(env.device)
+        bf16 = cfg.parallelism.mixed_precision == "bf16" or (cfg.parallelism.mixed_precision == "auto"
+                                                             and env.device.type == "cuda")
+        self.strategy = distributed.strategy_for(cfg.parallelism, env, bf16)
+        self.model = self.strategy.wrap(model, env)
+        # The loss is inside the compiled region (trainer.model.loss_function): no eager fp32
+        # logits, no eager log-softmax over [B*T, vocab].
+        self.loss_fn = loss_function(self.model, cfg.parallelism.compile, self.strategy.blocks_compiled)
+        # FSDP2 casts parameters itself; autocast is for the unsharded strategies.
+        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and self.strategy.name != "fsdp"
+                         else contextlib.nullcontext())
+        self.strategy.warm_up(self.model, torch.zeros((1, cfg.data.seq_len), dtype=torch.long, device=env.device),
+                              self.autocast)
+
+    def restore(self) -> tuple[str | None, dict]:
+        """Resume (this job's checkpoint, a rollback, another job's) or an initial load; returns
+        the MLflow run to reattach to and the tags of a new branch run."""
+        cfg, env, checkpointer = self.cfg, self.env, self.checkpointer
+        resume_from = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume, env, self.mirror)
+        self.branch = current_branch(cfg.checkpoint.dir)  # after resolve_resume: a rollback starts one
+        if resume_from is None:
+            if cfg.checkpoint.initial_load_path:
+                _initial_load(cfg, checkpointer, self.model, self.optimizer, self.scheduler)
+            return None, {}
+        run_id, branch_tags = None, {}
         saved = read_marker(resume_from)
         check_resume_compatible(saved["config"], saved["world_size"], cfg, env.world_size, resume_from)
-        meta = checkpointer.load(resume_from, app)
-        step, tokens_seen, run_id = meta["step"], meta["tokens_seen"], meta["mlflow_run_id"]
-        batches.load_state_dict(meta["data"])
-        scheduler.load_state_dict(meta["scheduler"])
-        for change in apply_optimizer_config(optimizer, scheduler, cfg, meta["config"]):
+        meta = checkpointer.load(resume_from, self.app)
+        self.step, self.tokens_seen = meta["step"], meta["tokens_seen"]
+        # This job's own history (its directory, or a checkpoint it wrote elsewhere): its MLflow
+        # run and goodput carry on. Another job's checkpoint never attaches to that job's run.
+        in_dir = os.path.realpath(os.path.dirname(resume_from)) == os.path.realpath(cfg.checkpoint.dir)
+        own = in_dir or meta.get("job_id") == job_identity(cfg)
+        if own and meta.get("branch", "main") == self.branch:
+            run_id = meta.get("mlflow_run_id")
+        elif own:  # the first attempt of a rollback: a new run for the new branch
+            record = read_rollback(cfg.checkpoint.dir) or {}
+            branch_tags = {BRANCH_POINT_TAG: str(record.get("source_step", self.step))}
+            if record.get("abandoned_mlflow_run_id"):
+                branch_tags[ROLLBACK_OF_TAG] = record["abandoned_mlflow_run_id"]
+        self.batches.load_state_dict(meta["data"])
+        self.scheduler.load_state_dict(meta["scheduler"])
+        for change in apply_optimizer_config(self.optimizer, self.scheduler, cfg, meta["config"]):
             log.warning("%s changed on resume: applied from step %d on (the checkpoint's optimizer state "
-                        "carried the old value)", change, step + 1)
-        checkpointer.protect(resume_from)
-        checkpointer.last_durable_step = step
-        if os.path.realpath(os.path.dirname(resume_from)) == os.path.realpath(cfg.checkpoint.dir):
-            mirror.ensure(resume_from)  # a shutdown may have cut its upload short
-        goodput = Goodput(**meta["goodput"])
-        goodput.num_restarts += 1
-        beat = heartbeat.read()
-        if beat and beat["step"] > step:  # the previous attempt died after its last checkpoint
-            goodput.num_lost_steps += beat["step"] - step
+                        "carried the old value)", change, self.step + 1)
+        checkpointer.adopt(resume_from)
+        if in_dir:
+            self.mirror.ensure(resume_from)  # a shutdown may have cut its upload short
+        if own:
+            self.goodput = Goodput(**meta["goodput"])
+            self.goodput.num_restarts += 1
+        beat = self.heartbeat.read()
+        if beat and beat["step"] > self.step:  # the previous attempt died after its last checkpoint
+            self.goodput.num_lost_steps += beat["step"] - self.step
             lost = max(0.0, beat["time"] - meta["saved_at"])
-            goodput.lost_seconds += lost
-            goodput.wall_seconds += lost
+            self.goodput.lost_seconds += lost
+            self.goodput.wall_seconds += lost
         if meta["config_hash"] != cfg.hash():
             log.warning("config changed since %s (hash %s -> %s): training continues with the new config",
                         resume_from, meta["config_hash"], cfg.hash())
-        log.info("resumed from %s at step %d (restart %d)", resume_from, step, goodput.num_restarts)
-    tracker = build_tracker(cfg, env, shards, run_id, step)
-    mfu = mfu_meter(env.device, flops, cfg.tracking.peak_tflops)
-    memory = memory_meter(env.device)
-    config_yaml = dump_yaml(cfg)
-    tokens_per_step = cfg.data.seq_len * cfg.data.micro_batch_size * cfg.schedule.grad_accum_steps * env.world_size
-    num_accum = cfg.schedule.grad_accum_steps
-    max_norm = cfg.optimizer.grad_clip_norm or math.inf  # inf: the norm is measured, nothing is scaled
+        log.info("resumed from %s at step %d (restart %d)", resume_from, self.step, self.goodput.num_restarts)
+        return run_id, branch_tags
 
-    attempt_start = time.time()
-    goodput.startup_seconds += attempt_start - process_start
-    wall_at_attempt_start = goodput.wall_seconds + (attempt_start - process_start)
-    last_save_monotonic = time.monotonic()
-    pending_losses: list[tuple[int, torch.Tensor]] = []
-    interval = {"start": time.perf_counter(), "steps": 0, "data_wait": 0.0, "compute": 0.0}
-    nonfinite = NonFiniteSteps(cfg.optimizer.max_nonfinite_steps)
-    faults = checkpointer.faults
-    reason = "completed"
-    outcome["checkpoint_step"] = checkpointer.last_durable_step
-    log.info("training %s (%s, world size %d, %s) from step %d to %d", cfg.model.kind, strategy.name,
-             env.world_size, env.device, step, cfg.schedule.num_steps)
+    # --- the loop -----------------------------------------------------------------------------
+    def run(self) -> tuple[str, int]:
+        cfg, outcome, checkpointer = self.cfg, self.outcome, self.checkpointer
+        outcome.update(tracker=self.tracker, checkpointer=checkpointer, checkpoint_step=checkpointer.last_durable_step)
+        log.info("training %s (%s, world size %d, %s) from step %d to %d", cfg.model.kind, self.strategy.name,
+                 self.env.world_size, self.env.device, self.step, cfg.schedule.num_steps)
+        reason = "completed"
+        while self.step < cfg.schedule.num_steps:
+            checkpointer.poll()
+            self.profiler.before_step(self.step + 1)
+            outcome["checkpoint_step"] = checkpointer.last_durable_step
+            result = self.train_step()
+            last_step = self.step == cfg.schedule.num_steps
+            save_due = self.policy.due(self.step, result)
+            # A save logs what is pending first: a kill after the save must not lose the losses
+            # of steps the checkpoint covers (they are not recomputed after a resume).
+            if self.step % cfg.tracking.log_every_steps == 0 or save_due or result.bad:
+                self.log_metrics(result)
+            self.nonfinite.record(self.step, not result.bad, result.loss, result.norm)  # raises after K in a row
+            if not result.preempted:  # a preempted step saves instead: the time budget is for the checkpoint
+                self.evaluate(last_step)
+            if result.preempted:
+                outcome["signalled"] = True
+                self.save_on_signal()
+            elif save_due:
+                self.save_regular(last_step)
+            outcome["step"], outcome["checkpoint_step"] = self.step, checkpointer.last_durable_step
+            if result.preempted:
+                reason = "preempted"
+                break
+        return self.finish(reason)
 
-    def save(step: int, meta_extra: dict) -> float:
-        meta = {
-            "tokens_seen": tokens_seen,
-            "data": batches.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "config": cfg.to_dict(),
-            "config_hash": cfg.hash(),
-            "dataset_hash": shards.dataset_hash,
-            "mlflow_run_id": tracker.run_id,
-            "world_size": env.world_size,
-            "goodput": dataclasses.asdict(goodput),
-            **meta_extra,
-        }
-        # Never a checkpoint of NaN/inf weights: every retry would resume from it.
-        finite = not distributed.all_reduce_max(env, [not weights_finite(model)])[0]
-        if not finite:
-            raise TrainingStopped(f"weights are non-finite at step {step}: not saved; the newest checkpoint "
-                                  f"(step {checkpointer.last_durable_step}) stays the one to resume from")
-        tracker.sync()  # metrics.jsonl up to this step is durable before the marker can be
-        return checkpointer.save(step, app, meta, config_yaml)
-
-    outcome.update(tracker=tracker, checkpointer=checkpointer)
-    while step < cfg.schedule.num_steps:
-        checkpointer.poll()
-        profiler.before_step(step + 1)
-        outcome["checkpoint_step"] = checkpointer.last_durable_step
+    def train_step(self) -> StepResult:
+        cfg, env, model, optimizer = self.cfg, self.env, self.model, self.optimizer
+        num_accum = cfg.schedule.grad_accum_steps
         step_start = time.perf_counter()
         data_wait = 0.0
         step_loss = torch.zeros((), device=env.device)
         for micro_step in range(num_accum):
             fetch_start = time.perf_counter()
-            inputs, targets = batches.next_batch()
+            inputs, targets = self.batches.next_batch()
             data_wait += time.perf_counter() - fetch_start
-            with strategy.grad_sync(model, micro_step == num_accum - 1), autocast:
-                loss = loss_fn(inputs, targets) / num_accum
-            if faults.nonfinite(step + 1):
+            with self.strategy.grad_sync(model, micro_step == num_accum - 1), self.autocast:
+                loss = self.loss_fn(inputs, targets) / num_accum
+            if self.faults.nonfinite(self.step + 1):
                 loss = loss * float("nan")
             loss.backward()
             step_loss += loss.detach()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_norm)
         norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         # One all-reduce decides for every rank: a signal may reach the ranks at different
         # steps, wall clocks differ, and a NaN may appear on one rank's loss only; yet they
         # must skip, save and stop at the same step. (The finiteness test costs one device
         # sync per step on GPU.)
-        time_due = (cfg.checkpoint.every_seconds > 0
-                    and time.monotonic() - last_save_monotonic >= cfg.checkpoint.every_seconds)
         local_bad = not bool(torch.isfinite(torch.stack([step_loss.float(), norm.float()])).all().item())
-        preempted, save_due_to_time, bad = (bool(v) for v in distributed.all_reduce_max(
-            env, [preemption.raised, time_due, local_bad]))
+        preempted, time_due, bad = (bool(v) for v in distributed.all_reduce_max(
+            env, [self.preemption.raised, self.policy.time_due(), local_bad]))
         if bad:
             optimizer.zero_grad(set_to_none=True)  # the update is skipped; the step still counts
         else:
             optimizer.step()
-        scheduler.step()
+        lr_used = self.scheduler.get_last_lr()[0]  # the rate this step used: logged for this step
+        self.scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        step += 1
-        tokens_seen += tokens_per_step
-        profiler.after_step(step)
-        faults.at("after_step", step)
-        pending_losses.append((step, step_loss))
+        self.step += 1
+        self.tokens_seen += self.tokens_per_step
+        self.profiler.after_step(self.step)
+        self.faults.at("after_step", self.step)
         step_seconds = time.perf_counter() - step_start
-        goodput.productive_seconds += step_seconds
-        interval["steps"] += 1
-        interval["data_wait"] += data_wait
-        interval["compute"] += step_seconds
-        last_step = step == cfg.schedule.num_steps
-        save_due = step % cfg.checkpoint.every_steps == 0 or save_due_to_time or preempted or last_step
+        self.goodput.productive_seconds += step_seconds
+        self.window.add(self.step, step_loss, data_wait, step_seconds)
+        return StepResult(step_loss, norm, lr_used, preempted, time_due, bad)
 
-        # A save logs what is pending first: a kill after the save must not lose the losses
-        # of steps the checkpoint covers (they are not recomputed after a resume).
-        if step % cfg.tracking.log_every_steps == 0 or save_due or bad:
-            elapsed = time.perf_counter() - interval["start"]
-            losses = distributed.all_reduce_mean(env, torch.stack([loss for _, loss in pending_losses])).tolist()
-            for (s, _), value in zip(pending_losses, losses):
-                tracker.log(s, {"loss": value})
-            tokens_per_second = interval["steps"] * tokens_per_step / elapsed
-            tracker.log(step, {
-                "learning_rate": scheduler.get_last_lr()[0],
-                "grad_norm": norm.item(),
-                "tokens_per_second": tokens_per_second,
-                "mfu": mfu(tokens_per_second / env.world_size),
-                "step_seconds": interval["compute"] / interval["steps"],
-                "data_wait_seconds": interval["data_wait"] / interval["steps"],
-                "checkpoint_seconds": last_stall_seconds[0],
-                "peak_gpu_memory_gib": memory.peak_gib(),
-                "tokens_seen": tokens_seen,
-                "skipped_updates": nonfinite.num_skipped + (1 if bad else 0),
-            })
-            if env.is_main:
-                heartbeat.beat(step)
-                health.update(step=step, loss=losses[-1], tokens_per_second=tokens_per_second,
-                              mfu=mfu(tokens_per_second / env.world_size), step_seconds=interval["compute"] / interval["steps"],
-                              goodput=goodput.summary()["goodput"], checkpoint_step=checkpointer.last_durable_step)
-                log.info("step %d/%d loss %.4f lr %.2e %.0f tok/s", step, cfg.schedule.num_steps, losses[-1],
-                         scheduler.get_last_lr()[0], tokens_per_second)
-            pending_losses.clear()
-            interval = {"start": time.perf_counter(), "steps": 0, "data_wait": 0.0, "compute": 0.0}
-        nonfinite.record(step, not bad, step_loss, norm)  # raises TrainingStopped after K in a row
+    # --- what the loop calls ------------------------------------------------------------------
+    def log_metrics(self, result: StepResult) -> None:
+        last_loss, tokens_per_second, averages = self.window.flush(self.tracker)
+        self.tracker.log(self.step, {
+            "learning_rate": result.lr,
+            "grad_norm": result.norm.item(),
+            "tokens_per_second": tokens_per_second,
+            "mfu": self.mfu(tokens_per_second / self.env.world_size),
+            **averages,
+            "checkpoint_seconds": self.last_stall_seconds[0],
+            "peak_gpu_memory_gib": self.memory.peak_gib(),
+            "tokens_seen": self.tokens_seen,
+            "skipped_updates": self.nonfinite.num_skipped + (1 if result.bad else 0),
+        })
+        if self.env.is_main:
+            self.heartbeat.beat(self.step)
+            self.health.update(step=self.step, loss=last_loss, tokens_per_second=tokens_per_second,
+                               mfu=self.mfu(tokens_per_second / self.env.world_size),
+                               step_seconds=averages["step_seconds"], goodput=self.goodput.summary()["goodput"],
+                               checkpoint_step=self.checkpointer.last_durable_step)
+            log.info("step %d/%d loss %.4f lr %.2e %.0f tok/s", self.step, self.cfg.schedule.num_steps, last_loss,
+                     result.lr, tokens_per_second)
+            if self.tracker.run_id and not self.run_id_noted:  # markers written before MLflow connected
+                self.checkpointer.annotate_newest({"mlflow_run_id": self.tracker.run_id})
+                self.run_id_noted = True
 
-        # A preempted step saves instead: the signal's time budget is for the checkpoint.
-        val_metrics = None if preempted else evaluator.maybe_evaluate(step, last_step)
-        if val_metrics is not None:
-            tracker.log(step, val_metrics)
-            interval["start"] += val_metrics["eval_seconds"]  # tokens/s measures training only
-            if env.is_main:
-                log.info("step %d val_loss %.4f (%.1f s)", step, val_metrics["val_loss"], val_metrics["eval_seconds"])
+    def evaluate(self, last_step: bool) -> None:
+        val_metrics = self.evaluator.maybe_evaluate(self.step, last_step)
+        if val_metrics is None:
+            return
+        self.tracker.log(self.step, val_metrics)
+        self.window.exclude(val_metrics["eval_seconds"])
+        if self.env.is_main:
+            log.info("step %d val_loss %.4f (%.1f s)", self.step, val_metrics["val_loss"], val_metrics["eval_seconds"])
 
-        if preempted:
-            outcome["signalled"] = True
-            _save_on_signal(step, save, checkpointer, preemption, env, goodput, last_stall_seconds,
-                            wall_at_attempt_start, attempt_start)
-        elif save_due:
-            goodput.wall_seconds = wall_at_attempt_start + (time.time() - attempt_start)
-            save_start = time.perf_counter()
-            stall = save(step, {})
-            if last_step:
-                checkpointer.wait()  # the process is about to exit: the save must be on disk
-                stall = time.perf_counter() - save_start
-            goodput.checkpoint_stall_seconds += stall
-            last_stall_seconds[0] = stall
-            last_save_monotonic = time.monotonic()
-            log.info("checkpoint step %d (%.2f s stall)", step, stall)
-        outcome["step"] = step
-        outcome["checkpoint_step"] = checkpointer.last_durable_step
-        if preempted:
-            reason = "preempted"
-            break
+    def save(self, step: int, meta_extra: dict) -> float:
+        cfg, env = self.cfg, self.env
+        meta = {
+            "tokens_seen": self.tokens_seen,
+            "data": self.batches.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "config": cfg.to_dict(),
+            "config_hash": cfg.hash(),
+            "dataset_hash": self.shards.dataset_hash,
+            "dataset_vocab_size": self.shards.vocab_size,  # the export crops a padded vocabulary to it
+            "mlflow_run_id": self.tracker.run_id,
+            "job_id": job_identity(cfg),
+            "branch": self.branch,
+            "world_size": env.world_size,
+            "goodput": dataclasses.asdict(self.goodput),
+            **meta_extra,
+        }
+        # Never a checkpoint of NaN/inf weights: every retry would resume from it.
+        finite = not distributed.all_reduce_max(env, [not weights_finite(self.model)])[0]
+        if not finite:
+            raise TrainingStopped(f"weights are non-finite at step {step}: not saved; the newest checkpoint "
+                                  f"(step {self.checkpointer.last_durable_step}) stays the one to resume from")
+        self.tracker.sync()  # metrics.jsonl up to this step is durable before the marker can be
+        return self.checkpointer.save(step, self.app, meta, self.config_yaml)
 
-    # After a signal, S3 uploads get what is left of torchrun's shutdown wait, less the
-    # MLflow flush (10 s) and a margin; the FSx copy is already durable.
-    checkpointer.close(budget_seconds=max(0.0, preemption_budget_seconds() - preemption.seconds_since() - 12.0)
-                       if reason == "preempted" else None)
-    outcome["checkpoint_step"] = checkpointer.last_durable_step
-    batches.close()
-    profiler.close()
-    if env.is_main and profiler.trace_dir and os.path.isdir(profiler.trace_dir):
-        tracker.log_artifact(profiler.trace_dir, "profile")
-    goodput.wall_seconds = wall_at_attempt_start + (time.time() - attempt_start)
-    summary = {"final_step": step, "tokens_seen": tokens_seen, "reason": reason, **goodput.summary()}
-    if reason == "completed":
-        tracker.log_summary(summary)
-    log.info("%s at step %d: %s", reason, step, summary)
-    tracker.close(status="FINISHED" if reason == "completed" else "SCHEDULED",
-                  timeout_seconds=30.0 if reason == "completed" else 10.0)
-    if reason == "completed" and cfg.export.at_end and env.is_main:
-        export_final_model(cfg, step, tracker.run_id)
-    if env.is_main:
-        heartbeat.beat(step)
-    return reason, step
+    def save_regular(self, last_step: bool) -> None:
+        self.goodput.wall_seconds = self.wall_at_attempt_start + (time.time() - self.attempt_start)
+        save_start = time.perf_counter()
+        stall = self.save(self.step, {})
+        if last_step:
+            self.checkpointer.wait()  # the process is about to exit: the save must be on disk
+            stall = time.perf_counter() - save_start
+        self.goodput.checkpoint_stall_seconds += stall
+        self.last_stall_seconds[0] = stall
+        self.window.exclude(stall)
+        self.policy.saved()
+        log.info("checkpoint step %d (%.2f s stall)", self.step, stall)
+
+    def save_on_signal(self) -> None:
+        _save_on_signal(self.step, self.save, self.checkpointer, self.preemption, self.env, self.goodput,
+                        self.last_stall_seconds, self.wall_at_attempt_start, self.attempt_start)
+
+    def finish(self, reason: str) -> tuple[str, int]:
+        cfg, env, tracker, goodput = self.cfg, self.env, self.tracker, self.goodput
+        # After a signal, S3 uploads get what is left of torchrun's shutdown wait, less the
+        # MLflow flush (10 s) and a margin; the FSx copy is already durable.
+        self.checkpointer.close(budget_seconds=max(0.0, preemption_budget_seconds() - self.preemption.seconds_since()
+                                                   - 12.0) if reason == "preempted" else None)
+        self.outcome["checkpoint_step"] = self.checkpointer.last_durable_step
+        self.batches.close()
+        self.profiler.close()
+        self.health.close()
+        if env.is_main and self.profiler.trace_dir and os.path.isdir(self.profiler.trace_dir):
+            tracker.log_artifact(self.profiler.trace_dir, "profile")
+        goodput.wall_seconds = self.wall_at_attempt_start + (time.time() - self.attempt_start)
+        summary = {"final_step": self.step, "tokens_seen": self.tokens_seen, "reason": reason, **goodput.summary()}
+        if reason == "completed":
+            tracker.log_summary(summary)
+        log.info("%s at step %d: %s", reason, self.step, summary)
+        tracker.close(status="FINISHED" if reason == "completed" else "SCHEDULED",
+                      timeout_seconds=30.0 if reason == "completed" else 10.0)
+        if tracker.run_id:  # close() waited for MLflow: the last marker learns its run id if it had none
+            self.checkpointer.annotate_newest({"mlflow_run_id": tracker.run_id})
+        if reason == "completed" and cfg.export.at_end and env.is_main:
+            export_final_model(cfg, self.step, tracker.run_id)
+        if env.is_main:
+            self.heartbeat.beat(self.step)
+        return reason, self.step
+
+
+def _initial_load(cfg: TrainerConfig, checkpointer, model, optimizer, scheduler) -> None:
+    """torchtitan's initial_load_path: weights (and optionally the optimizer state) of another
+    job's checkpoint; step 0, a fresh schedule, data cursor, goodput and MLflow run."""
+    path = cfg.checkpoint.initial_load_path
+    model_only = cfg.checkpoint.initial_load_model_only
+    saved = checkpointer.load_initial(path, ModelOnly(model) if model_only else ModelAndOptimizer(model, optimizer))
+    if not model_only:
+        # The loaded param groups carry the source's learning rate at its last step: this job's
+        # schedule starts at its own step 0.
+        for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+            group["lr"] = lr
+    log.info("initial load from %s (step %d of job %s): %s; step, schedule and data start fresh", path,
+             saved["step"], saved.get("job_id", "?"), "weights only" if model_only else "weights and optimizer state")
 
 
 def _save_on_signal(step, save, checkpointer, preemption, env, goodput, last_stall_seconds, wall_at_attempt_start,
@@ -406,7 +552,13 @@ def _save_on_signal(step, save, checkpointer, preemption, env, goodput, last_sta
     (torchrun's SIGTERM-to-SIGKILL wait, less the exit margin) covers the measured write
     time with room to spare. Every rank takes the same decision (one all-reduce)."""
     started = time.perf_counter()
-    in_flight = checkpointer.pending_step
+    # Agreed before any other collective: each rank's `pending_step` is cleared by its own
+    # poll(), and ranks poll at different moments, so a rank-local check could send one rank
+    # to the finiteness all-reduce and another to the `skip` one (a hang, or a false
+    # "non-finite" stop). Waiting on a save that is already done returns at once.
+    in_flight = int(distributed.all_reduce_max(env, [-1 if checkpointer.pending_step is None
+                                                     else checkpointer.pending_step])[0])
+    in_flight = None if in_flight < 0 else in_flight
     if in_flight is not None and in_flight < step:
         checkpointer.wait()
         budget = preemption_budget_seconds()

@@ -110,6 +110,23 @@ def ownership_problems(paths: Iterable[str], uid: int) -> list[str]:
     return problems
 
 
+# Keys the trainer adds to its own marker after the save (`Checkpointer.annotate_newest`): one
+# that was unknown (None or absent) when the manifest was sealed may have gained a value since
+# (a kill between re-signing the manifest and rewriting the marker leaves either side ahead).
+ANNOTATION_KEYS = ("mlflow_run_id",)
+
+
+def _same_marker(marker: dict, sealed: object) -> bool:
+    if not isinstance(sealed, dict):
+        return False
+    def strip(m: dict) -> dict:
+        return {k: v for k, v in m.items() if not (k in ANNOTATION_KEYS)}
+    if strip(marker) != strip(sealed):
+        return False
+    return all(marker.get(k) == sealed.get(k) or marker.get(k) is None or sealed.get(k) is None
+               for k in ANNOTATION_KEYS)
+
+
 class CheckpointTrust:
     """Seals a step directory after a save and checks it before a load. `key=None`: unsigned
     (local runs only, see the module docstring)."""
@@ -141,6 +158,28 @@ class CheckpointTrust:
         write_json_atomic(os.path.join(path, MANIFEST), {
             "body": body, "hmac_sha256": self._sign(body), "key_id": key_id(self.key) if self.key else None})
         fsync_file(os.path.join(path, MANIFEST))
+
+    def reseal_marker(self, path: str, marker: dict) -> bool:
+        """Replaces the marker a sealed manifest carries, when the trainer annotates its own
+        marker after the save (the MLflow run id, once known). The file digests are kept, not
+        recomputed: only a manifest whose signature still verifies is re-signed, so a tampered
+        step stays refused. Returns whether the manifest was updated."""
+        from trainer.checkpoint import fsync_file, write_json_atomic
+
+        try:
+            with open(os.path.join(path, MANIFEST)) as f:
+                manifest = json.load(f)
+            body = manifest["body"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        signature = manifest.get("hmac_sha256")
+        if self.key is not None and not (signature and hmac.compare_digest(str(signature), self._sign(body))):
+            return False
+        body = {**body, "marker": marker}
+        write_json_atomic(os.path.join(path, MANIFEST), {
+            "body": body, "hmac_sha256": self._sign(body), "key_id": key_id(self.key) if self.key else None})
+        fsync_file(os.path.join(path, MANIFEST))
+        return True
 
     # -- checks ---------------------------------------------------------------------------------
 
@@ -182,7 +221,7 @@ class CheckpointTrust:
         try:
             with open(os.path.join(path, MARKER)) as f:
                 marker = json.load(f)
-            if marker != body.get("marker"):
+            if not _same_marker(marker, body.get("marker")):
                 other.append(f"{MARKER}: differs from the marker the manifest was sealed with")
         except (OSError, ValueError) as exc:
             other.append(f"{MARKER}: unreadable ({type(exc).__name__})")

@@ -56,10 +56,7 @@ INSTANCES: Mapping[str, InstanceFacts] = {
     )
 }
 
-# Peak dense BF16 tensor TFLOP/s per GPU (no sparsity).
-PEAK_BF16_TFLOPS: Mapping[str, float] = {
-    "a100": 312.0, "a100-80gb": 312.0, "h100": 989.0, "h200": 989.0, "l4": 121.0, "a10g": 125.0, "l40s": 362.0,
-}
+# Peak dense bf16 TFLOP/s per GPU type: trainer/model_facts.py (one table for preflight and MFU).
 
 # A 2-node all-reduce moves data over the instance network; nccl-tests' bus bandwidth
 # (busbw = algbw * 2(n-1)/n, nccl-tests doc/PERFORMANCE.md) of a healthy pair reaches well

@@ -208,7 +208,9 @@ class JobSpec(_Model):
                                       "<namespace>/ (default: <namespace>/<name>).")
     priority: Optional[Priority] = Field(None, description="production | research | default; default: the team's.")
     max_runtime: str = Field("24h", description="Wall-clock limit of the whole job (activeDeadlineSeconds), e.g. 72h.")
-    backoff_limit: int = Field(20, ge=0, le=1000, description="Pod restarts (preemptions included) before the job fails.")
+    backoff_limit: int = Field(20, ge=0, le=1000, description=("runPolicy.backoffLimit. The Training Operator does not enforce it under restartPolicy ExitCode "
+                                                                    "(kubeflow/trainer#2045); the trainer's bound is checkpoint.max_attempts_without_progress "
+                                                                    "in trainer.overrides (default 3)."))
     ttl_after_finished: str = Field("168h", description="How long a finished job's objects stay (ttlSecondsAfterFinished).")
     runtime: Runtime = Field(Runtime.PYTORCHJOB, description="pytorchjob | trainjob.")
     model: Optional[ModelSpec] = None

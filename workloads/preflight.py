@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 
+from trainer.model_facts import GPT_SIZES, peak_tflops_for_gpu_type
+from trainer.model_facts import flops_per_token as model_flops_per_token
 from workloads.problems import Problem
 from workloads import gpu_measurements
 from workloads.gpu_catalog import GPU_TYPES
-from workloads.instances import PEAK_BF16_TFLOPS
 from workloads.jobspec import JobSpec, JobSpecError
 from workloads.platform_facts import PlatformFacts
 from workloads.prices import PRICES, PRICES_AS_OF, SOURCE_URL, SPOT_DISCOUNT
@@ -39,11 +40,6 @@ DEFAULT_MFU = 0.35  # a well-tuned dense GPT on H100/A100 reaches 35-50%; 35% is
 DEFAULT_VOCAB = 50304
 GIB = 1024**3
 
-# Built-in GPT sizes (trainer/model.py GPT_SIZES), repeated here without importing torch.
-GPT_SIZES = {
-    "tiny": (2, 2, 64), "small": (4, 4, 128), "gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024),
-    "gpt2-large": (36, 20, 1280), "gpt2-xl": (48, 25, 1600),
-}
 
 
 @dataclass(frozen=True)
@@ -102,7 +98,7 @@ def trainer_shape(spec: JobSpec, repo_root: str) -> tuple[Optional[ModelShape], 
     parameters: Optional[float] = None
     source = "job spec model.parameters"
     if m.kind == "gpt" and m.size in GPT_SIZES:
-        layers, _, hidden = GPT_SIZES[m.size]
+        layers, hidden = GPT_SIZES[m.size]["num_layers"], GPT_SIZES[m.size]["embed_dim"]
         layers, hidden = m.num_layers or layers, m.embed_dim or hidden
         # 12 L h^2 in the blocks, token and position embeddings, an untied output head.
         parameters = 12.0 * layers * hidden**2 + 2 * vocab * hidden + d.seq_len * hidden
@@ -230,10 +226,10 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
                                        "; or ".join(fixes)))
 
     # -- step time and cost -----------------------------------------------------------------------
-    peak = PEAK_BF16_TFLOPS[pool.gpu_type]
+    peak = peak_tflops_for_gpu_type(pool.gpu_type)  # the figure the trainer's MFU divides by
     mfu, mfu_source = planning_mfu(pool.gpu_type, mfu, measured)
     layers, hidden = shape.num_layers or 0, shape.hidden_size or 0
-    flops_per_token = 6.0 * shape.parameters + 12.0 * layers * hidden * shape.seq_len
+    flops_per_token = model_flops_per_token(shape.parameters, layers, hidden, shape.seq_len)
     tokens_per_step = shape.micro_batch_size * shape.seq_len * shape.grad_accum_steps * world
     step_seconds = tokens_per_step * flops_per_token / (world * peak * 1e12 * mfu)
     hours = step_seconds * shape.num_steps / 3600

@@ -468,7 +468,10 @@ def render_pytorchjob(job: ResolvedJob) -> dict[str, Any]:
         "spec": {
             "nprocPerNode": str(spec.gpus_per_node),
             "runPolicy": {
-                # Retryable exits (128-255: preemption, 143) count too: room for many spot interruptions.
+                # Kept for restartPolicy OnFailure replicas and for tools that read it: under
+                # ExitCode the operator recreates pods and never reaches this limit
+                # (kubeflow/trainer#2045). Crash loops are bounded by the trainer's launcher
+                # (checkpoint.max_attempts_without_progress, counted in the checkpoint directory).
                 "backoffLimit": spec.backoff_limit,
                 "activeDeadlineSeconds": spec.max_runtime_seconds,
                 "ttlSecondsAfterFinished": spec.ttl_seconds,

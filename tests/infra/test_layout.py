@@ -1,4 +1,6 @@
-"""Dependencies point one way (infra -> components -> workloads) and infra/ has no import cycle.
+"""Dependencies point one way (infra -> components -> workloads -> trainer) and no package has an
+import cycle (trainer/ included: its torch-free modules, such as trainer/model_facts.py, are what
+workloads/ may read).
 
 Every ``import`` counts: module level, inside functions, and under ``if TYPE_CHECKING`` (a cycle
 hidden in a function is still a cycle: it only moves the failure to the first call).
@@ -9,13 +11,14 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("infra", "components", "workloads", "policypack")
+PACKAGES = ("infra", "components", "workloads", "policypack", "trainer")
 # A package may import itself and the packages listed here, nothing else of ours.
 ALLOWED = {
-    "infra": {"components", "workloads", "policypack"},
+    "infra": {"components", "workloads", "policypack", "trainer"},
     "components": {"workloads"},
-    "workloads": set(),
+    "workloads": {"trainer"},
     "policypack": set(),
+    "trainer": set(),
 }
 # Entry points (``python -m ...``) are composition roots: nothing imports them, and they may
 # reach down into any layer. Each one is named here with why.
@@ -106,6 +109,8 @@ def test_the_walk_sees_the_imports_it_checks():
     assert "infra.capabilities" in edges["infra.program"]
     assert "infra.gpu_capacity" in edges["infra.capabilities"]  # `from infra import gpu_capacity`
     assert "workloads.problems" in edges["components.validation"]
+    assert "trainer.model_facts" in edges["workloads.preflight"]
+    assert "trainer.config" in edges["trainer.model"]
 
 
 def test_no_module_imports_a_layer_above_it():
@@ -124,11 +129,15 @@ def test_the_checks_catch_what_they_name():
     edges["components.bucket"].add("infra.config")
     edges["infra.plan"].add("infra.program")
     edges["infra.program"].add("infra.plan")
+    edges["trainer.model_facts"].add("workloads.instances")
+    edges["trainer.config"].add("trainer.model")  # the config <-> model cycle of old
     assert upward_imports(edges) == [
         "components.bucket imports infra.config (components may import only ['workloads'])",
-        "workloads.gpu_catalog imports components.validation (workloads may import only itself)",
+        "trainer.model_facts imports workloads.instances (trainer may import only itself)",
+        "workloads.gpu_catalog imports components.validation (workloads may import only ['trainer'])",
     ]
     assert [set(cycle) for cycle in cycles(edges, "infra")] == [{"infra.plan", "infra.program"}]
+    assert [set(cycle) for cycle in cycles(edges, "trainer")] == [{"trainer.config", "trainer.model"}]
 
 
 def test_the_program_and_the_plan_use_the_one_capability_tuple(dev_plan, monkeypatch):

@@ -73,12 +73,12 @@ class Recording:
         self.calls = []
         self.upload_delay = upload_delay
 
-    def upload_file(self, path, bucket, key):
+    def upload_file(self, path, bucket, key, **kwargs):
         import time
 
         time.sleep(self.upload_delay)
         self.calls.append(("put", key))
-        return self.client.upload_file(path, bucket, key)
+        return self.client.upload_file(path, bucket, key, **kwargs)
 
     def delete_object(self, Bucket, Key):
         self.calls.append(("delete", Key))
@@ -140,3 +140,94 @@ def test_s3_mirror_respects_the_shutdown_budget(tmp_path, s3):
     assert time.perf_counter() - started < 1.5  # not the 3 s all uploads take
     time.sleep(1.0)  # the upload in progress stops before its marker
     assert not [k for k in keys(s3, "jobs/budget/") if k.endswith(MARKER)]
+
+
+# --- issue 19 item 7: a rollback is mirrored to S3 ----------------------------------------------------
+
+def marker_of(s3, key):
+    return json.loads(s3.get_object(Bucket="ckpts", Key=key)["Body"].read())
+
+
+def test_a_rollback_is_mirrored_so_a_lost_volume_restores_the_new_branch(tmp_path, s3):
+    """Review trainer-3 B3 / E6: after a rollback to step 20, S3 kept the abandoned steps 30 and
+    40 with their markers, and after a lost volume `resume: auto` restored step 40 (branch A)."""
+    import shutil
+    import types
+
+    from trainer.checkpoint import resolve_resume
+
+    env = types.SimpleNamespace(distributed=False, is_main=True)
+    root = str(tmp_path / "fsx")
+    client = Recording(s3)
+    mirror = S3Mirror("s3://ckpts/jobs/rb", client=client)
+    for step in (20, 30, 40):  # branch A
+        mirror.upload(fake_checkpoint(root, step))
+    mirror.close()
+    assert [k for k in keys(s3, "jobs/rb/") if k.endswith(MARKER)] == [f"jobs/rb/step-0000{s}/{MARKER}" for s in (20, 30, 40)]
+    mirror = S3Mirror("s3://ckpts/jobs/rb", client=client)
+    assert resolve_resume(root, step_dir(root, 20), env, mirror) == step_dir(root, 20)  # the rollback
+    # Branch B saves step 25, then step 30 again: the same name as an abandoned checkpoint.
+    mirror.upload(fake_checkpoint(root, 25))
+    mirror.close()  # the rollback's S3 deletions and this upload are done
+    mirror = S3Mirror("s3://ckpts/jobs/rb", client=client)
+    client.calls.clear()
+    new30 = fake_checkpoint(root, 30)
+    write_json_atomic(os.path.join(new30, MARKER), {"step": 30, "saved_at": 2.0, "branch": "B"})
+    mirror.upload(new30)
+    mirror.close()
+    markers = [k for k in keys(s3, "jobs/rb/") if k.endswith(MARKER)]
+    assert markers == [f"jobs/rb/step-0000{s}/{MARKER}" for s in (20, 25, 30)]  # 40 is gone
+    first = [c for c in client.calls if "step-000030" in c[1]][0]
+    assert first == ("delete", f"jobs/rb/step-000030/{MARKER}")  # the old marker goes before any new file
+
+    shutil.rmtree(root)  # the volume is lost
+    mirror = S3Mirror("s3://ckpts/jobs/rb", client=s3)
+    restored = resolve_resume(root, "auto", env, mirror)
+    assert restored == step_dir(root, 30)
+    with open(os.path.join(restored, MARKER)) as f:
+        assert json.load(f)["branch"] == "B"
+
+
+def test_ensure_compares_the_marker_content_not_only_its_name(tmp_path, s3):
+    root = str(tmp_path / "fsx")
+    mirror = S3Mirror("s3://ckpts/jobs/ensure", client=s3)
+    path = fake_checkpoint(root, 30)
+    write_json_atomic(os.path.join(path, MARKER), {"step": 30, "saved_at": 1.0, "config_hash": "a"})
+    mirror.upload(path)
+    mirror.close()
+    # The same name, another checkpoint (a branch after a rollback): ensure() must upload it.
+    write_json_atomic(os.path.join(path, MARKER), {"step": 30, "saved_at": 2.0, "config_hash": "a"})
+    client = Recording(s3)
+    mirror = S3Mirror("s3://ckpts/jobs/ensure", client=client)
+    mirror.ensure(path)
+    mirror.close()
+    assert marker_of(s3, f"jobs/ensure/step-000030/{MARKER}")["saved_at"] == 2.0
+    # The very same checkpoint: nothing is uploaded again.
+    client.calls.clear()
+    mirror = S3Mirror("s3://ckpts/jobs/ensure", client=client)
+    mirror.ensure(path)
+    mirror.close()
+    assert client.calls == []
+
+
+def test_the_shutdown_budget_also_stops_a_file_already_uploading(tmp_path, s3):
+    """Review trainer-3 B14: `stopping` was checked only between files, so a multi-GB shard in
+    flight went on past the budget (and the interpreter joins the upload thread at exit)."""
+    import time
+
+    root = str(tmp_path / "fsx")
+    path = fake_checkpoint(root, 10)
+    with open(os.path.join(path, "__0_0.distcp"), "wb") as f:
+        f.write(os.urandom(96 * 1024 * 1024))  # a 96 MB shard: a multipart upload of 12 parts
+    mirror = S3Mirror("s3://ckpts/jobs/inflight", client=s3)
+    mirror.upload(path)
+    deadline = time.time() + 30
+    while time.time() < deadline and not s3.list_multipart_uploads(Bucket="ckpts").get("Uploads"):
+        time.sleep(0.01)  # the shard's upload is under way
+    mirror.close(budget_seconds=0.0)
+    upload = mirror.futures[0]
+    deadline = time.time() + 30
+    while time.time() < deadline and not upload.done():
+        time.sleep(0.05)
+    assert upload.done()
+    assert keys(s3, "jobs/inflight/") == []  # the shard was cut off, and no marker

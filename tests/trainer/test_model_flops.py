@@ -104,3 +104,42 @@ def test_built_in_gpt_exports_as_gpt2_with_the_same_logits(tie):
         ours, theirs = model(ids), hf(input_ids=ids).logits
     assert torch.allclose(ours, theirs, atol=1e-5), (ours - theirs).abs().max()
     assert (hf.lm_head.weight is hf.transformer.wte.weight) == tie
+
+
+def test_export_crops_a_padded_vocabulary_to_the_tokenizers():
+    """llm.c dev/eval/export_hf.py: "drop the padding back to GPT2 size" and GPT2Config(vocab_size=V):
+    a model trained with vocab 50304 for 50257 tokens exports 50257 rows."""
+    from trainer.export import gpt_to_hf
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(size="small", vocab_size=320), 300, 32).eval()  # padded from 300
+    hf = gpt_to_hf(model, vocab_size=300)
+    assert hf.config.vocab_size == 300 and hf.transformer.wte.weight.shape[0] == 300
+    ids = torch.randint(0, 300, (2, 32))
+    with torch.no_grad():
+        ours, theirs = model(ids)[..., :300], hf(input_ids=ids).logits
+    assert theirs.shape[-1] == 300
+    assert torch.allclose(ours, theirs, atol=1e-5), (ours - theirs).abs().max()
+
+
+def test_preflight_plans_with_the_peak_the_trainer_measures_mfu_against():
+    """One table (trainer/model_facts.py): preflight said 125 TFLOP/s for an A10G, the trainer 70."""
+    from trainer.model_facts import peak_tflops_for_gpu_type
+    from workloads.gpu_catalog import GPU_TYPES
+
+    for gpu_type in GPU_TYPES:
+        assert peak_tflops_for_gpu_type(gpu_type) is not None, gpu_type
+    assert peak_tflops_for_gpu_type("a10g") == peak_tflops_for("NVIDIA A10G") == 70.0
+
+
+def test_model_facts_import_without_torch():
+    import os
+    import subprocess
+    import sys
+
+    from trainer_helpers import REPO
+
+    code = ("import sys; sys.modules['torch'] = None; import trainer.model_facts, workloads.preflight; "
+            "print(trainer.model_facts.peak_tflops_for_gpu_type('h100'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO})
+    assert out.returncode == 0 and out.stdout.strip() == "989.0", out.stderr[-2000:]

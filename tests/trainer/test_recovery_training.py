@@ -86,7 +86,11 @@ def test_rollback_with_a_new_lr_applies_it_and_keeps_history(tmp_path, data_dir,
     # The newer checkpoints (8, 12) were moved aside, never deleted; the source was not pruned.
     branches = os.listdir(os.path.join(ckpt2, ABANDONED))
     assert len(branches) == 1
-    assert sorted(os.listdir(os.path.join(ckpt2, ABANDONED, branches[0]))) == ["step-000008", "step-000012"]
+    assert sorted(os.listdir(os.path.join(ckpt2, ABANDONED, branches[0]))) == ["metrics.jsonl", "step-000008",
+                                                                               "step-000012"]
+    # The abandoned branch's rows past the branch point are kept beside its checkpoints.
+    abandoned = losses(os.path.join(ckpt2, ABANDONED, branches[0]))
+    assert abandoned == {s: v for s, v in first_run.items() if s > 4}
     assert list_steps(ckpt2) == [4, 12]
     # The new lr is what the optimizer used, and what was logged: the branch diverges.
     lr_logged = {r["step"]: r["learning_rate"] for r in rows(ckpt2) if "learning_rate" in r}
@@ -152,3 +156,46 @@ def test_a_kill_after_a_save_loses_no_logged_loss(tmp_path, data_dir):
     resumed = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert sorted(losses(ckpt)) == list(range(1, 13))  # steps 1-4 were logged before step 4's marker
+
+
+# --- issue 19 items 5, 6: retention after a resume; a rollback survives later preemptions -------------
+
+def cli_train(overrides, monkeypatch, faults=""):
+    """`python -m trainer train` in this process: preflight included, as each pod runs it."""
+    from trainer.__main__ import main as cli_main
+
+    monkeypatch.setenv("TRAINER_FAULTS", faults)
+    return cli_main(["train", "--config", TINY_CONFIG, *overrides])
+
+
+def test_retention_runs_after_a_resume(tmp_path, data_dir, restore_signals, monkeypatch):
+    """A kill between a marker and its retention pass leaves keep_last + 1 checkpoints; the
+    next attempt must prune them even when it saves nothing new."""
+    ckpt = str(tmp_path / "c")
+    extra = {"schedule.num_steps": 8, "checkpoint.every_steps": 2, "checkpoint.keep_last": 4}
+    assert cli_train(tiny_overrides(data_dir, ckpt, **extra), monkeypatch) == 0
+    assert list_steps(ckpt) == [2, 4, 6, 8]  # as if retention had been cut short
+    assert cli_train(tiny_overrides(data_dir, ckpt, **{**extra, "checkpoint.keep_last": 2}), monkeypatch) == 0
+    assert list_steps(ckpt) == [6, 8]
+
+
+def test_rollback_survives_later_preemptions_with_the_spec_unchanged(tmp_path, data_dir, restore_signals, monkeypatch):
+    """Review trainer-3 E1: the third attempt of an unchanged rollback spec exited 2, because
+    the second attempt's retention deleted the rollback source and preflight required it."""
+    ckpt = str(tmp_path / "c")
+    assert cli_train(tiny_overrides(data_dir, ckpt, **{"schedule.num_steps": 24, "checkpoint.every_steps": 4,
+                                                       "checkpoint.keep_last": 5}), monkeypatch) == 0
+    source = step_dir(ckpt, 12)
+    spec = tiny_overrides(data_dir, ckpt, **{"schedule.num_steps": 30, "checkpoint.every_steps": 4,
+                                             "checkpoint.keep_last": 2, "checkpoint.resume": source})
+    assert cli_train(spec, monkeypatch, faults="after_step@14:0:TERM") == 143  # rolls back, preempted
+    assert cli_train(spec, monkeypatch, faults="after_step@21:0:TERM") == 143  # continues, saves 16, 20, 22
+    assert 12 in list_steps(ckpt), "retention deleted the branch point"
+    assert cli_train(spec, monkeypatch, faults="after_step@25:0:TERM") == 143
+    assert cli_train(spec, monkeypatch) == 0  # and again: the branch finishes
+    assert list_steps(ckpt)[-1] == 30 and 12 in list_steps(ckpt)
+    assert len(os.listdir(os.path.join(ckpt, ABANDONED))) == 1  # rolled back once, never again
+    # Even with the source gone (a lost volume restored from S3 without it), the branch goes on.
+    import shutil
+    shutil.rmtree(source)
+    assert cli_train(spec, monkeypatch) == 0

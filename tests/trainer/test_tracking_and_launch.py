@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from trainer.launch import EXIT_PREEMPTED, exit_code
+from trainer.launch import EXIT_PEER_LOST, EXIT_PREEMPTED, exit_code
 from trainer.metrics import flops_per_token, mfu_meter, peak_tflops_for
 from trainer.tracking import MLflowTracker
 
@@ -90,6 +90,17 @@ def test_unreachable_tracking_server_buffers_then_flushes():
 ])
 def test_launcher_exit_codes(torchrun_code, signalled, reasons, expected):
     assert exit_code(torchrun_code, signalled, reasons) == expected
+
+
+def test_a_node_whose_ranks_only_lost_a_peer_exits_retryable():
+    """Multi-node: this node's rank saw "Connection reset by peer" (the worker that died is on
+    the other node), torchrun recorded exit 1: retryable, not torchrun's permanent 1."""
+    reports = [{"rank": 0, "reason": "failed", "peer_lost": True, "signalled": False}]
+    failures = [{"rank": 0, "exitcode": 1, "timestamp": 1}]
+    assert exit_code(1, False, ["failed"], reports, failures) == EXIT_PEER_LOST == 141
+    # The same exit with a rank that failed on its own stays permanent.
+    crashed = reports + [{"rank": 1, "reason": "failed", "peer_lost": False, "signalled": False}]
+    assert exit_code(1, False, ["failed", "failed"], crashed, failures) == 1
 
 
 def test_mfu_table_and_flops():

@@ -91,3 +91,32 @@ def losses_or_empty(path: str) -> list[int]:
             except ValueError:  # a line being written
                 pass
     return steps
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under `pid`, from /proc (what `ps --ppid` walks): only processes we started."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in os.listdir(f"/proc/{parent}/task") if os.path.isdir(f"/proc/{parent}/task") else []:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except OSError:
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def worker_pid(launcher_pid: int) -> int:
+    """The training rank under a launcher: launcher -> torchrun (trainer.elastic_run) -> worker."""
+    for pid in descendants(launcher_pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"trainer" in argv and b"train" in argv and b"trainer.elastic_run" not in argv:
+            return pid
+    raise AssertionError(f"no worker process under launcher {launcher_pid}")
