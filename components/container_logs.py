@@ -27,6 +27,7 @@ import pulumi_kubernetes as k8s
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_namespace_objects
 from components.versions import AWS_FOR_FLUENT_BIT_VERSION, EKS_CHARTS_REPO
+from components.names import IAM_ROLE_NAME_MAX, fitted_name
 from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
 
 NAMESPACE = "logging"
@@ -76,7 +77,7 @@ class ContainerLogArchive(pulumi.ComponentResource):
         super().__init__("mlplatform:container_logs:ContainerLogArchive", name, None, opts)
         tags = dict(args.tags)
         child = pulumi.ResourceOptions(parent=self)
-        firehose_role = aws.iam.Role(f"{name}-firehose-role", tags=tags, opts=child, assume_role_policy=json.dumps({
+        firehose_role = aws.iam.Role(f"{name}-firehose-role", name=fitted_name(f"{name}-firehose-role", IAM_ROLE_NAME_MAX), tags=tags, opts=child, assume_role_policy=json.dumps({
             "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "firehose.amazonaws.com"},
                                                     "Action": "sts:AssumeRole"}]}))
         aws.iam.RolePolicy(f"{name}-firehose-write", role=firehose_role.id, opts=pulumi.ResourceOptions(parent=firehose_role),
@@ -93,7 +94,7 @@ class ContainerLogArchive(pulumi.ComponentResource):
                                        "prefix": ARCHIVE_PREFIX, "error_output_prefix": f"{ARCHIVE_PREFIX}errors/",
                                        "kms_key_arn": args.key.arn, "compression_format": "UNCOMPRESSED",
                                        "buffering_interval": 300, "buffering_size": 5})
-        logs_role = aws.iam.Role(f"{name}-logs-role", tags=tags, opts=child, assume_role_policy=json.dumps({
+        logs_role = aws.iam.Role(f"{name}-logs-role", name=fitted_name(f"{name}-logs-role", IAM_ROLE_NAME_MAX), tags=tags, opts=child, assume_role_policy=json.dumps({
             "Version": "2012-10-17", "Statement": [{
                 "Effect": "Allow", "Principal": {"Service": "logs.amazonaws.com"}, "Action": "sts:AssumeRole",
                 # Confused deputy: only subscriptions of the workload account's log groups.

@@ -15,6 +15,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from components.names import IAM_ROLE_NAME_MAX, fitted_name
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_namespace_objects, apply_object
 from components.validation import accepts_enum_values
@@ -138,7 +139,7 @@ class Monitoring(pulumi.ComponentResource):
                 url=pulumi.Output.concat(self.amp_workspace.prometheus_endpoint, "api/v1/remote_write"),
                 region=args.region)
             grafana_role = aws.iam.Role(
-                f"{name}-grafana-role", tags=tags, opts=pulumi.ResourceOptions(parent=self),
+                f"{name}-grafana-role", name=fitted_name(f"{name}-grafana-role", IAM_ROLE_NAME_MAX), tags=tags, opts=pulumi.ResourceOptions(parent=self),
                 assume_role_policy=json.dumps({"Version": "2012-10-17", "Statement": [{
                     "Effect": "Allow", "Principal": {"Service": "grafana.amazonaws.com"}, "Action": "sts:AssumeRole"}]}))
             aws.iam.RolePolicy(f"{name}-grafana-query", role=grafana_role.id, policy=pulumi.Output.json_dumps({
