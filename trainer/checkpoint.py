@@ -32,7 +32,7 @@ import socket
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -534,13 +534,16 @@ class StagedThreadSave:
     def prepare(self, state: dict) -> None:
         self.staging.allocate_ahead(state)
 
-    def start(self, state: dict, path: str, side_files: list[tuple[str, bytes]] = ()) -> Future:
+    def start(self, state: dict, path: str, side_files: list[tuple[str, bytes]] = (),
+              after: Optional[Callable[[], Any]] = None) -> Future:
+        """`after`: run on the writer's thread once the save is complete; the future's result."""
         staged = self.staging.stage(_plain_state(state), self.env.device)
 
-        def write() -> None:
+        def write() -> Any:
             write_durably(side_files)
             dcp.save(staged, checkpoint_id=path, process_group=self.env.checkpoint_group,
                      no_dist=not self.env.distributed)
+            return after() if after is not None else None
 
         return self.executor.submit(write)
 
@@ -629,7 +632,10 @@ class Checkpointer:
         if self.env.is_main:
             side_files.append((os.path.join(path, "config.yaml"), config_yaml.encode()))
         if isinstance(self.writer, StagedThreadSave):
-            future = self.writer.start({"app": app}, path, side_files)
+            # Rank 0 hashes the step for its manifest on the writer's thread: when its save
+            # returns, DCP's coordinator has every rank's shards (and so their RNG files).
+            digests = (lambda: self.trust.file_digests(path)) if self.env.is_main else None
+            future = self.writer.start({"app": app}, path, side_files, after=digests)
         else:
             write_durably(side_files)
             future = self.writer.start({"app": app}, path)
@@ -663,7 +669,7 @@ class Checkpointer:
     def _finalize(self) -> None:
         future, step, meta, started = self.pending
         self.pending = None
-        future.result()  # re-raises a failed background write here, on the loop's thread
+        written = future.result()  # re-raises a failed background write here, on the loop's thread
         self.last_write_seconds = time.perf_counter() - started
         self.faults.in_save(step)
         if self.env.is_main:
@@ -676,7 +682,7 @@ class Checkpointer:
             path = step_dir(self.root, step)
             late = {k: v for k, v in self.known.items() if meta.get(k) is None}
             marker = {**meta, **late, "step": step, "saved_at": time.time()}
-            self.trust.seal(path, marker)
+            self.trust.seal(path, marker, digests=written if isinstance(written, dict) else None)
             write_json_atomic(os.path.join(path, MARKER), marker)
             self.last_durable_step = step
             self._apply_retention()

@@ -147,12 +147,22 @@ class CheckpointTrust:
         with ThreadPoolExecutor(max_workers=self.threads) as pool:
             return dict(zip(names, pool.map(lambda n: sha256_file(os.path.join(path, n)), names)))
 
-    def seal(self, path: str, marker: dict) -> None:
-        """Writes `manifest.json` for the files now in `path` and the marker about to be written."""
+    def file_digests(self, path: str) -> dict[str, str]:
+        """SHA-256 of every file of the step now, for `seal(digests=...)`: the writer's thread
+        computes them right after the save, so hashing (about a second per 1.5 GB) never runs
+        on the training loop's thread."""
+        return self._digests(path, _step_files(path))
+
+    def seal(self, path: str, marker: dict, digests: dict[str, str] | None = None) -> None:
+        """Writes `manifest.json` for the files now in `path` and the marker about to be written.
+        `digests`: the files' SHA-256 computed earlier (after the last write); any file not in it
+        is hashed here."""
         from trainer.checkpoint import fsync_file, write_json_atomic
 
         names = _step_files(path)
-        digests = self._digests(path, names)
+        known = digests or {}
+        digests = {**{n: known[n] for n in names if n in known},
+                   **self._digests(path, [n for n in names if n not in known])}
         body = {"format": FORMAT, "step_dir": os.path.basename(os.path.normpath(path)), "marker": marker,
                 "files": {n: {"sha256": digests[n], "bytes": os.path.getsize(os.path.join(path, n))} for n in names}}
         write_json_atomic(os.path.join(path, MANIFEST), {

@@ -6,7 +6,7 @@ import os
 import torch
 import torch.distributed.checkpoint as dcp
 
-from trainer.checkpoint import Checkpointer, ModelAndOptimizer, StagedThreadSave
+from trainer.checkpoint import Checkpointer, ModelAndOptimizer, StagedThreadSave, step_dir
 from trainer.config import ModelConfig, TrainerConfig
 from trainer.distributed import Env
 from trainer.model import build_model
@@ -99,3 +99,28 @@ def test_training_after_the_save_returns_does_not_leak_into_the_checkpoint(tmp_p
     dcp.load({"app": restored}, checkpoint_id=os.path.join(tmp_path, "step-000002"), no_dist=True)
     assert fresh_opt.param_groups[0]["lr"] == 9.0
     assert torch.equal(fresh.wte.weight, expected["wte.weight"] + 1.0)
+
+
+def test_the_manifest_is_hashed_on_the_writer_thread_not_the_loop(tmp_path, monkeypatch):
+    """Hashing every file of a step for its signed manifest (trainer/trust.py) costs about a
+    second per 1.5 GB: done at finalize on the loop's thread it would undo the staging. The
+    writer's thread hashes right after the save; the loop only signs and writes the manifest."""
+    import threading
+
+    from trainer import trust
+
+    hashed_on: list[str] = []
+    real = trust.sha256_file
+    monkeypatch.setattr(trust, "sha256_file", lambda p: (hashed_on.append(threading.current_thread().name), real(p))[1])
+    model, optimizer = model_and_optimizer()
+    ckpt = Checkpointer(str(tmp_path), CPU, keep_last=5, async_mode="thread", mirror=NoMirror())
+    app = ModelAndOptimizer(model, optimizer)
+    train_one_step(model, optimizer)
+    ckpt.save(1, app, {"tokens_seen": 0}, "{}")
+    ckpt.wait()
+    assert hashed_on, "nothing was hashed: the manifest lists no file"
+    assert all(not name.startswith("MainThread") for name in hashed_on), hashed_on
+    with open(os.path.join(step_dir(str(tmp_path), 1), trust.MANIFEST)) as f:
+        import json
+        files = json.load(f)["body"]["files"]
+    assert ".metadata" in files and any(n.endswith(".distcp") for n in files)
