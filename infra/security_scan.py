@@ -100,13 +100,26 @@ def with_operator_init_containers(document: dict[str, Any], path: str, template:
     return {**template, "spec": spec}
 
 
+def gitops_objects(stack: str, project_dir: Path = ROOT) -> list[tuple[str, dict[str, Any]]]:
+    """Every object of the stack's committed GitOps tree (``workloads/rendered/<stack>``)."""
+    tree = project_dir / "workloads" / "rendered" / stack
+    out = []
+    for path in sorted(tree.rglob("*.yaml")) if tree.is_dir() else []:
+        for index, document in enumerate(yaml.safe_load_all(path.read_text())):
+            if isinstance(document, dict) and document.get("kind"):
+                out.append((f"gitops--{path.relative_to(tree).with_suffix('')}--{index}", document))
+    return out
+
+
 def render_manifests(stacks: tuple[str, ...], project_dir: Path = ROOT) -> list[Manifest]:
     from infra.plan import build_plan
 
     manifests = []
     for stack in stacks:
         plan = build_plan(stack, project_dir)
-        for name, document in kubernetes_objects(plan.recording):
+        # What Pulumi applies, then what Argo CD applies from Git (the declared jobs and
+        # pipelines, with the init container the operator adds to their workers).
+        for name, document in [*kubernetes_objects(plan.recording), *gitops_objects(stack, project_dir)]:
             manifests.append(Manifest(stack, name, document))
             for path, template in pod_templates(document):
                 template = with_operator_init_containers(document, path, template)

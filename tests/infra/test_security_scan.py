@@ -73,3 +73,24 @@ def test_ci_runs_the_scan_through_the_readme_test_command():
     assert "checkov==" in pin
     assert "make test" in (ROOT / ".ci" / "run").read_text()
     assert "checkov" not in (ROOT / "pyproject.toml").read_text()  # never in .venv
+
+
+def test_the_gitops_trees_jobs_are_scanned_with_the_operators_init_container():
+    """Argo CD applies workloads/rendered/<stack> from Git: its PyTorchJobs run in the cluster as
+    much as anything Pulumi applies, so the scan reads them too. Training Operator v1.9.4
+    (pkg/controller.v1/pytorch/initcontainer.go) adds `init-pytorch` to every Worker of a job
+    with a Master: the scanned worker pod carries it, with the image the platform pins."""
+    from components.versions import TRAINING_OPERATOR_INIT_CONTAINER_IMAGE
+    from infra.security_scan import gitops_objects
+
+    objects = dict(gitops_objects("prod", ROOT))
+    jobs = {n: d for n, d in objects.items() if d["kind"] == "PyTorchJob"}
+    assert jobs, "the prod GitOps tree declares a PyTorchJob"
+    name, job = next(iter(jobs.items()))
+    assert "Worker" in job["spec"]["pytorchReplicaSpecs"]
+    from infra.security_scan import with_operator_init_containers
+    path = "spec.pytorchReplicaSpecs.Worker.template"
+    template = dict(pod_templates(job))[path]
+    worker = as_pod(job, path, with_operator_init_containers(job, path, template))
+    (init,) = [c for c in worker["spec"]["initContainers"] if c["name"] == "init-pytorch"]
+    assert init["image"] == TRAINING_OPERATOR_INIT_CONTAINER_IMAGE and "@sha256:" in init["image"]
