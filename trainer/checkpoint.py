@@ -43,9 +43,9 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from trainer.branch import ROLLBACK, branch_name, continues_rollback, read_rollback
 from trainer.distributed import Env
+from trainer.durable import MARKER, fsync_dir, fsync_file, write_durably, write_json_atomic  # noqa: F401 (re-exported)
 from trainer.trust import UntrustedCheckpoint, trust_from_env
 
-MARKER = "complete.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
 OWNER = "owner.json"
 ABANDONED = "abandoned"
@@ -110,40 +110,6 @@ def latest_complete(root: str) -> str | None:
 def read_marker(path: str) -> dict:
     with open(os.path.join(path, MARKER)) as f:
         return json.load(f)
-
-
-def write_json_atomic(path: str, payload: dict) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path) or ".")  # the rename itself must survive a power loss
-
-
-def fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_durably(files) -> None:
-    """(path, bytes) pairs, each written and fsynced."""
-    for path, data in files:
-        with open(path, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-
-
-def fsync_dir(path: str) -> None:
-    try:
-        fsync_file(path)
-    except OSError:  # some file systems refuse fsync on a directory; the rename is still atomic
-        pass
 
 
 def remove_checkpoint(root: str, step: int, faults=None) -> None:

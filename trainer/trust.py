@@ -37,6 +37,7 @@ import stat
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
+from trainer.durable import MARKER, fsync_file, write_json_atomic
 from trainer.guards import TrainingStopped
 
 MANIFEST = "manifest.json"
@@ -89,8 +90,6 @@ def _is_pickled(name: str) -> bool:
 
 
 def _step_files(path: str) -> list[str]:
-    from trainer.checkpoint import MARKER
-
     return sorted(f for f in os.listdir(path) if f not in (MANIFEST, MARKER) and ".tmp-" not in f)
 
 
@@ -157,8 +156,6 @@ class CheckpointTrust:
         """Writes `manifest.json` for the files now in `path` and the marker about to be written.
         `digests`: the files' SHA-256 computed earlier (after the last write); any file not in it
         is hashed here."""
-        from trainer.checkpoint import fsync_file, write_json_atomic
-
         names = _step_files(path)
         known = digests or {}
         digests = {**{n: known[n] for n in names if n in known},
@@ -174,8 +171,6 @@ class CheckpointTrust:
         marker after the save (the MLflow run id, once known). The file digests are kept, not
         recomputed: only a manifest whose signature still verifies is re-signed, so a tampered
         step stays refused. Returns whether the manifest was updated."""
-        from trainer.checkpoint import fsync_file, write_json_atomic
-
         try:
             with open(os.path.join(path, MANIFEST)) as f:
                 manifest = json.load(f)
@@ -197,8 +192,6 @@ class CheckpointTrust:
         """The checks that read no file but the two JSON files: (blocking, other, manifest body).
         Blocking problems forbid opening any pickled file; the others (a changed marker, files
         added or missing) are reported with them but leave nothing to unpickle unverified."""
-        from trainer.checkpoint import MARKER
-
         path = os.path.normpath(path)
         entries = [os.path.join(path, f) for f in os.listdir(path)] if os.path.isdir(path) else []
         blocking = ownership_problems([os.path.dirname(path), path, *entries], self.uid)

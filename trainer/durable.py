@@ -1,0 +1,44 @@
+"""Files that survive a crash or a power loss: written, fsynced, renamed into place, and the
+step directory's completion marker name. Torch-free; shared by the checkpointer
+(trainer/checkpoint.py) and the checkpoint trust check (trainer/trust.py)."""
+from __future__ import annotations
+
+import json
+import os
+
+# A step directory is complete when this file exists: written last, after every shard.
+MARKER = "complete.json"
+
+
+def write_json_atomic(path: str, payload: dict) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path) or ".")  # the rename itself must survive a power loss
+
+
+def fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durably(files) -> None:
+    """(path, bytes) pairs, each written and fsynced."""
+    for path, data in files:
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def fsync_dir(path: str) -> None:
+    try:
+        fsync_file(path)
+    except OSError:  # some file systems refuse fsync on a directory; the rename is still atomic
+        pass
