@@ -143,6 +143,10 @@ def skips_without_reason(manifests: list[Manifest], dockerfiles: list[Path]) -> 
         for key, value in (manifest.document.get("metadata", {}).get("annotations") or {}).items():
             if SKIP_ANNOTATION.match(key) and not re.match(r"^CKV2?_[A-Z0-9_]+=\s*\S", str(value)):
                 bad.append(f"{manifest.stack}/{manifest.name}: annotation {key}: {value!r} has no reason")
+            elif SKIP_ANNOTATION.match(key) and str(value).count("=") != 1:
+                # checkov's kubernetes_utils.get_skipped_checks: `id, comment = value.split("=")`.
+                bad.append(f"{manifest.stack}/{manifest.name}: annotation {key}: {value!r} has a '=' in its reason "
+                           "(checkov splits on it and crashes)")
     for dockerfile in dockerfiles:
         for number, line in enumerate(dockerfile.read_text().splitlines(), 1):
             if "checkov:skip=" in line and not re.search(r"checkov:skip=CKV2?_[A-Z0-9_]+:\s*\S", line):

@@ -401,9 +401,25 @@ def pod_labels(job: ResolvedJob) -> dict[str, str]:
             "mlplatform.io/job": job.spec.name, "mlplatform.io/team": job.spec.team, "mlplatform.io/pool": job.pool.name}
 
 
+# checkov's pod checks that a training pod fails by design, each with its reason (the security
+# scan, infra/security_scan.py, reads Argo CD's committed jobs as pods and refuses a bare skip).
+TRAINING_POD_CHECKOV_SKIPS = (
+    ("CKV_K8S_8", "a batch training pod: its liveness is its exit code (restartPolicy ExitCode); a probe would "
+                  "kill a long compile or checkpoint, and a hung step is the stall alert's"),
+    ("CKV_K8S_9", "no Service routes to a training pod: readiness gates nothing"),
+    ("CKV_K8S_15", "IfNotPresent: the platform's ECR tags are immutable (components/images.py), and Always "
+                   "would re-pull a multi-GB image on every restart after a preemption"),
+    ("CKV_K8S_22", "the trainer writes temporary files under its HOME, /tmp, in its root file system"),
+    ("CKV_K8S_35", "MLflow's client reads its login only from MLFLOW_TRACKING_USERNAME/PASSWORD"),
+    ("CKV_K8S_38", "EKS Pod Identity authenticates the pod with its projected service account token"),
+    ("CKV_K8S_43", "jobs name the platform's immutable ECR tags (components/images.py): a tag is one digest"),
+)
+
+
 def pod_annotations(job: ResolvedJob) -> dict[str, str]:
     # Karpenter never voluntarily disrupts (consolidation, drift) a node running this pod.
-    return {DO_NOT_DISRUPT: "true", "mlplatform.io/time-budget": job.budget.describe()}
+    return {DO_NOT_DISRUPT: "true", "mlplatform.io/time-budget": job.budget.describe(),
+            **{f"checkov.io/skip{i}": f"{check}={reason}" for i, (check, reason) in enumerate(TRAINING_POD_CHECKOV_SKIPS, 1)}}
 
 
 def pod_template(job: ResolvedJob) -> dict[str, Any]:

@@ -52,6 +52,8 @@ def test_a_skip_without_a_reason_fails_the_scan(tmp_path):
     assert skips_without_reason([annotated("CKV_K8S_20=needs NET_ADMIN for EFA")], []) == []
     assert skips_without_reason([annotated("CKV_K8S_20")], [])
     assert skips_without_reason([annotated("CKV_K8S_20=")], [])
+    # checkov 3 splits the annotation on "=" into exactly (id, comment): a second "=" crashes it.
+    assert skips_without_reason([annotated("CKV_K8S_22=writes under HOME=/tmp")], [])
     dockerfile = tmp_path / "Dockerfile"
     dockerfile.write_text("FROM scratch\n# checkov:skip=CKV_DOCKER_2\n")
     assert skips_without_reason([], [dockerfile])
