@@ -116,14 +116,12 @@ ANNOTATION_KEYS = ("mlflow_run_id",)
 
 
 def _same_marker(marker: dict, sealed: object) -> bool:
+    """Equal, except that an annotation key may have gone from unknown (None or absent) to a value."""
     if not isinstance(sealed, dict):
         return False
-    def strip(m: dict) -> dict:
-        return {k: v for k, v in m.items() if not (k in ANNOTATION_KEYS)}
-    if strip(marker) != strip(sealed):
-        return False
-    return all(marker.get(k) == sealed.get(k) or marker.get(k) is None or sealed.get(k) is None
-               for k in ANNOTATION_KEYS)
+    return all(marker.get(k) == sealed.get(k)
+               or (k in ANNOTATION_KEYS and None in (marker.get(k), sealed.get(k)))
+               for k in set(marker) | set(sealed))
 
 
 class CheckpointTrust:

@@ -16,10 +16,9 @@ chart (components/argocd.py); tested with a Lua 5.1 runtime on recorded statuses
 """
 from __future__ import annotations
 
-# Training Operator v1.9.4 (kubeflow.org/v1): conditions Created, Running, Restarting, Succeeded,
-# Suspended, Failed (pkg/util/status.go). Failed is final; Restarting is an in-place restart
-# after a retryable exit or a preemption, not a failure; Suspended is Kueue holding the job.
-PYTORCHJOB = """\
+# Both job kinds report a list of conditions; a check reads the first True one in the order
+# Failed, <done>, Suspended (Kueue holding the job), then what is left is Progressing.
+_CONDITIONS = """\
 local hs = {}
 local conditions = {}
 if obj.status ~= nil and obj.status.conditions ~= nil then
@@ -33,16 +32,22 @@ local function true_condition(kind)
   end
   return nil
 end
+"""
+
+
+def _terminal_and_suspended(done: str) -> str:
+    """Failed -> Degraded, ``done`` -> Healthy, Suspended -> Suspended; falls through otherwise."""
+    return f"""\
 local failed = true_condition("Failed")
 if failed ~= nil then
   hs.status = "Degraded"
   hs.message = failed.message or failed.reason or "Failed"
   return hs
 end
-local succeeded = true_condition("Succeeded")
-if succeeded ~= nil then
+local done = true_condition("{done}")
+if done ~= nil then
   hs.status = "Healthy"
-  hs.message = succeeded.message or "Succeeded"
+  hs.message = done.message or "{done}"
   return hs
 end
 local suspended = true_condition("Suspended")
@@ -51,6 +56,13 @@ if suspended ~= nil then
   hs.message = suspended.message or "Suspended: waiting for Kueue to admit it"
   return hs
 end
+"""
+
+
+# Training Operator v1.9.4 (kubeflow.org/v1): conditions Created, Running, Restarting, Succeeded,
+# Suspended, Failed (pkg/util/status.go). Failed is final; Restarting is an in-place restart
+# after a retryable exit or a preemption, not a failure; Suspended is Kueue holding the job.
+PYTORCHJOB = _CONDITIONS + _terminal_and_suspended("Succeeded") + """\
 local restarting = true_condition("Restarting")
 if restarting ~= nil then
   hs.status = "Progressing"
@@ -70,38 +82,7 @@ return hs
 # Trainer v2.3 (trainer.kubeflow.org/v1alpha1): conditions Created, Suspended, Complete, Failed
 # (pkg/apis/trainer/v1alpha1/trainjob_types.go); Kueue reads Complete/Failed the same way
 # (kueue v0.19.2 pkg/controller/jobs/trainjob/trainjob_controller.go Finished).
-TRAINJOB = """\
-local hs = {}
-local conditions = {}
-if obj.status ~= nil and obj.status.conditions ~= nil then
-  conditions = obj.status.conditions
-end
-local function true_condition(kind)
-  for _, c in ipairs(conditions) do
-    if c.type == kind and c.status == "True" then
-      return c
-    end
-  end
-  return nil
-end
-local failed = true_condition("Failed")
-if failed ~= nil then
-  hs.status = "Degraded"
-  hs.message = failed.message or failed.reason or "Failed"
-  return hs
-end
-local complete = true_condition("Complete")
-if complete ~= nil then
-  hs.status = "Healthy"
-  hs.message = complete.message or "Complete"
-  return hs
-end
-local suspended = true_condition("Suspended")
-if suspended ~= nil then
-  hs.status = "Suspended"
-  hs.message = suspended.message or "Suspended: waiting for Kueue to admit it"
-  return hs
-end
+TRAINJOB = _CONDITIONS + _terminal_and_suspended("Complete") + """\
 hs.status = "Progressing"
 hs.message = "Running"
 local created = true_condition("Created")

@@ -107,6 +107,22 @@ def _kustomize_build(overlay: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(out) if d]
 
 
+def _operator_overlay(tmp_path):
+    """The platform's overlay (kustomization + init-container template) over a copy of upstream's
+    standalone manifests, laid out as infra.vendor lays them out."""
+    from components.training import INIT_CONTAINER_TEMPLATE, INIT_CONTAINER_TEMPLATE_FILE
+
+    upstream = tmp_path / "upstream"
+    upstream.mkdir()
+    (upstream / "deployment.yaml").write_text(UPSTREAM_DEPLOYMENT)
+    (upstream / "kustomization.yaml").write_text(UPSTREAM_STANDALONE)
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(operator_kustomization("../upstream")))
+    (overlay / INIT_CONTAINER_TEMPLATE_FILE).write_text(INIT_CONTAINER_TEMPLATE)
+    return overlay
+
+
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (its built-in kustomize)")
 def test_the_operator_is_built_placed_on_the_tainted_system_nodes_with_the_pinned_init_image(tmp_path):
     """Built by kustomize itself (kubectl kustomize) over upstream's Deployment:
@@ -117,17 +133,7 @@ def test_the_operator_is_built_placed_on_the_tainted_system_nodes_with_the_pinne
     PyTorchInitContainerImage, "pytorch-init-container-image", config.PyTorchInitContainerImageDefault``
     with pkg/config/config.go ``PyTorchInitContainerImageDefault = "alpine:3.10"`` (Docker Hub).
     """
-    upstream = tmp_path / "upstream"
-    upstream.mkdir()
-    (upstream / "deployment.yaml").write_text(UPSTREAM_DEPLOYMENT)
-    (upstream / "kustomization.yaml").write_text(UPSTREAM_STANDALONE)
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(operator_kustomization("../upstream")))
-    from components.training import INIT_CONTAINER_TEMPLATE, INIT_CONTAINER_TEMPLATE_FILE
-
-    (overlay / INIT_CONTAINER_TEMPLATE_FILE).write_text(INIT_CONTAINER_TEMPLATE)
-    (deployment,) = [o for o in _kustomize_build(overlay) if o["kind"] == "Deployment"]
+    (deployment,) = [o for o in _kustomize_build(_operator_overlay(tmp_path)) if o["kind"] == "Deployment"]
     pod = deployment["spec"]["template"]["spec"]
     assert _tolerates(pod["tolerations"], SYSTEM_NODE_TAINT)
     assert pod["nodeSelector"] == system_node_selector()
@@ -643,15 +649,7 @@ def test_the_template_is_mounted_where_the_operator_reads_it(tmp_path):
     """pkg/config/config.go: ``PyTorchInitContainerTemplateFileDefault = "/etc/config/initContainer.yaml"``."""
     from components.training import INIT_CONTAINER_TEMPLATE, INIT_CONTAINER_TEMPLATE_FILE
 
-    upstream = tmp_path / "upstream"
-    upstream.mkdir()
-    (upstream / "deployment.yaml").write_text(UPSTREAM_DEPLOYMENT)
-    (upstream / "kustomization.yaml").write_text(UPSTREAM_STANDALONE)
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(operator_kustomization("../upstream")))
-    (overlay / INIT_CONTAINER_TEMPLATE_FILE).write_text(INIT_CONTAINER_TEMPLATE)
-    objects = _kustomize_build(overlay)
+    objects = _kustomize_build(_operator_overlay(tmp_path))
     (config_map,) = [o for o in objects if o["kind"] == "ConfigMap"]
     (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
     assert config_map["metadata"]["namespace"] == deployment["metadata"]["namespace"] == "kubeflow"

@@ -230,3 +230,28 @@ def test_manifest_round_trip_and_tamper_units(tmp_path):
     (step / "__0_0.distcp").write_bytes(b"shard")
     (step / "__9_0.distcp").write_bytes(b"extra")
     assert any("not in manifest.json" in p for p in trust.problems(str(step)))
+
+
+def test_the_run_id_added_to_a_marker_later_keeps_it_verified_and_nothing_else_does(tmp_path):
+    """The trainer learns its MLflow run id after the first save and writes it into that marker
+    (Checkpointer.annotate_newest): the manifest is re-signed for it, and a kill between the two
+    writes (either side ahead) still verifies. Any other change to the marker is reported, and a
+    manifest that no longer verifies is never re-signed."""
+    step = tmp_path / "ckpt" / "step-000001"
+    step.mkdir(parents=True)
+    (step / "__0_0.distcp").write_bytes(b"shard")
+    (step / ".metadata").write_bytes(b"meta")
+    marker = {"step": 1, "mlflow_run_id": None}
+    trust = CheckpointTrust(b"k" * 32)
+    trust.seal(str(step), marker)
+    (step / MARKER).write_text(json.dumps(marker))
+    annotated = {**marker, "mlflow_run_id": "abc123"}
+    (step / MARKER).write_text(json.dumps(annotated))  # marker ahead of the manifest
+    assert trust.problems(str(step)) == []
+    assert trust.reseal_marker(str(step), annotated)
+    assert trust.problems(str(step)) == []
+    (step / MARKER).write_text(json.dumps({**annotated, "step": 2}))
+    assert any("differs from the marker" in p for p in trust.problems(str(step)))
+    (step / MARKER).write_text(json.dumps({**annotated, "mlflow_run_id": "someone-else"}))
+    assert any("differs from the marker" in p for p in trust.problems(str(step)))
+    assert not CheckpointTrust(b"x" * 32).reseal_marker(str(step), annotated)  # another key: not re-signed
