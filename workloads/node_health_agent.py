@@ -418,6 +418,7 @@ def expectations(node: dict[str, Any], instances: dict[str, Any]) -> tuple[int, 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="node_health_agent")
     parser.add_argument("--instances", required=True, help="JSON: instance type -> {gpus, efa_devices}")
+    parser.add_argument("--sys-class-infiniband", default="/sys/class/infiniband")
     parser.add_argument("--deep-interval-hours", type=float, default=24.0)
     parser.add_argument("--busy-retry-minutes", type=float, default=30.0)
     args = parser.parse_args(argv)
@@ -426,7 +427,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     name = os.environ["NODE_NAME"]
     api = KubeApi()
     gpus, efa = expectations(api.node(name), instances)
-    failures = run_checks(expected_gpus=gpus, expected_efa=efa, diag_level=1)
+    failures = run_checks(expected_gpus=gpus, expected_efa=efa, diag_level=1, sys_class_infiniband=args.sys_class_infiniband)
     report(api, name, failures, 1)
     next_deep = time.monotonic() + args.deep_interval_hours * 3600
     while True:
@@ -436,7 +437,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             set_taint(api, name, present=False)
             next_deep = time.monotonic() + args.busy_retry_minutes * 60
             continue
-        failures = run_checks(expected_gpus=gpus, expected_efa=efa, diag_level=2)
+        failures = run_checks(expected_gpus=gpus, expected_efa=efa, diag_level=2, sys_class_infiniband=args.sys_class_infiniband)
         report(api, name, failures, 2)
         next_deep = time.monotonic() + args.deep_interval_hours * 3600
 

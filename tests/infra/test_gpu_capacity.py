@@ -219,7 +219,8 @@ def test_gpu_node_pools_are_training_safe(plan):
         spec = pool["spec"]
         assert spec["disruption"]["consolidationPolicy"] == "WhenEmpty"
         assert {"key": "nvidia.com/gpu", "effect": "NoSchedule"} in spec["template"]["spec"]["taints"]
-        assert spec["template"]["spec"]["startupTaints"] == [{"key": "fsx.csi.aws.com/agent-not-ready", "effect": "NoExecute"}]
+        assert spec["template"]["spec"]["startupTaints"] == [{"key": "fsx.csi.aws.com/agent-not-ready", "effect": "NoExecute"},
+                                                             {"key": "node.mlplatform.io/gpu-not-ready", "effect": "NoSchedule"}]
         assert int(spec["limits"]["nvidia.com/gpu"]) > 0
     for node_class in _custom_resources(plan, ("EC2NodeClass",)):
         assert node_class["spec"]["metadataOptions"]["httpPutResponseHopLimit"] == 1
@@ -270,3 +271,12 @@ def test_plan_warns_about_settings_that_evict_training(plan_config):
     assert any("gpu-h100" in w and "consolidationPolicy WhenEmptyOrUnderutilized" in w for w in warnings)
     assert any("gpu-l40s" in w and "spot only in prod" in w for w in warnings)
     assert any("l40s" in w and "quotas sum to 24" in w for w in warnings)
+
+
+def test_gpu_nodes_get_the_readiness_agent_that_lifts_their_startup_taint(plan):
+    """Every GPU NodePool's nodes start tainted: the stack must deploy the agent that lifts it."""
+    daemonsets = [r for r in plan.recording.resources if r.type.startswith("kubernetes:") and r.inputs.get("kind") == "DaemonSet"
+                  and r.inputs["metadata"]["name"] == "gpu-node-health"]
+    assert len(daemonsets) == 1
+    image = daemonsets[0].inputs["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == plan.config.gpu_enablement.node_health_image
