@@ -280,3 +280,30 @@ def test_gpu_nodes_get_the_readiness_agent_that_lifts_their_startup_taint(plan):
     assert len(daemonsets) == 1
     image = daemonsets[0].inputs["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image == plan.config.gpu_enablement.node_health_image
+
+
+@pytest.mark.parametrize("stack, image, words", [
+    ("dev", None, "no GPU node would ever take a job"),
+    ("prod", "111122223333.dkr.ecr.us-west-2.amazonaws.com/mlp-prod/node-health:4.2.3-1", "pinned by digest"),
+])
+def test_node_health_image_is_required_with_gpu_pools_and_pinned_in_prod(stack, image, words):
+    raw = stack_config(stack)
+    if image is None:
+        raw["gpuEnablement"].pop("nodeHealthImage")
+    else:
+        raw["gpuEnablement"]["nodeHealthImage"] = image
+    with pytest.raises(ConfigError) as info:
+        load_platform_config(raw)
+    (problem,) = [p for p in info.value.problems if p.path == "gpuEnablement.nodeHealthImage"]
+    assert problem.value == image and words in problem.message + problem.fix
+    raw["gpuPools"] = []
+    raw["gpuEnablement"].pop("nodeHealthImage", None)
+    assert not [p for p in _problems(raw) if p.path == "gpuEnablement.nodeHealthImage"]
+
+
+def _problems(raw):
+    try:
+        load_platform_config(raw)
+    except ConfigError as error:
+        return error.problems
+    return []

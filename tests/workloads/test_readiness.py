@@ -36,6 +36,8 @@ def test_readiness_jobs_validate_and_use_the_whole_pool_node(prod_facts, schemas
         assert requests["nvidia.com/gpu"] == str(pool.gpus_per_node)
         assert requests.get("vpc.amazonaws.com/efa") == (str(pool.efa_devices_per_node) if pool.efa else None)
         assert pod["nodeSelector"]["mlplatform.io/pool"] == pool.name
+        # Only nodes whose own checks passed (readiness startup taint lifted) run the 2-node gate.
+        assert "node.mlplatform.io/gpu-not-ready" not in {t["key"] for t in pod["tolerations"]}
         script = pod["containers"][0]["args"][0]
         floor = gate_floor_gb_per_s(pool.instance_types[0], efa=pool.efa)
         assert "nvidia-smi" in script and f"--min-busbw-gb-per-s {floor}" in script
