@@ -177,21 +177,28 @@ def check_gpus(text: str, expected_gpus: int) -> list[Failure]:
 # ---------------------------------------------------------------- dcgmi diag
 
 def parse_dcgmi_diag(text: str) -> list[tuple[str, str]]:
-    """(test, result) rows of ``dcgmi diag``'s table, e.g. ``| PCIe   | Fail - All |``;
-    ``Warning``/``Info`` rows are attached to the test above them."""
+    """(test, result) rows of ``dcgmi diag``'s table, e.g. ``| GPU Memory | Fail - All |``.
+    ``Warning``/``Info`` rows are attached to the test above them; dcgmi wraps long text onto
+    rows with an empty first column, mid-word, so those are joined without a separator."""
     rows: list[tuple[str, str]] = []
     for line in text.splitlines():
-        match = re.match(r"^\|\s*([^|]+?)\s*\|\s*(.*?)\s*\|\s*$", line)
-        if not match or match.group(1).startswith("-"):
+        cells = line.split("|")
+        if len(cells) != 4 or cells[0] or cells[3].strip():
+            continue  # not a "| name | result |" row (borders, section rules, other output)
+        name, result = cells[1].strip(), cells[2][1:].rstrip()
+        if name.startswith("-") or name in ("Diagnostic",):
             continue
-        name, result = match.group(1).strip(), match.group(2).strip()
-        if name in ("Diagnostic", "Result"):
+        if not rows:
+            if name:
+                rows.append((name, result.strip()))
             continue
-        if name in ("Warning", "Info", "") and rows:
-            last_name, last_result = rows[-1]
-            rows[-1] = (last_name, f"{last_result}; {result}")
-            continue
-        rows.append((name, result))
+        last_name, last_result = rows[-1]
+        if not name:
+            rows[-1] = (last_name, last_result + result)
+        elif name in ("Warning", "Info"):
+            rows[-1] = (last_name, f"{last_result}; {result.strip()}")
+        else:
+            rows.append((name, result.strip()))
     return rows
 
 

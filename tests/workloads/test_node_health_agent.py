@@ -82,10 +82,20 @@ def test_legacy_double_bit_layout_counts_as_uncorrectable():
 
 
 def test_dcgmi_diag_failure_names_the_test_and_its_warning():
-    failures = agent.check_dcgmi_diag(fixture("dcgmi-diag-r2.fail.txt"), 226, 2)
+    # 8 x H100 with the fabric manager down (NVIDIA/nccl-tests#264): CUDA cannot initialise.
+    failures = agent.check_dcgmi_diag(fixture("dcgmi-diag-r3.fail-cuda-init.txt"), 226, 3)
     assert [f.kind for f in failures] == [agent.DCGM_DIAG]
-    assert "PCIe: Fail - GPU: 5" in failures[0].detail and "link width of 8x" in failures[0].detail
-    assert agent.check_dcgmi_diag(fixture("dcgmi-diag-r1.pass.txt"), 0, 1) == []
+    assert "GPU Memory: Fail - All" in failures[0].detail and "Unable to initiali" in failures[0].detail
+    assert "Persistence" not in failures[0].detail  # an Info row under a passing test is not a failure
+
+
+@pytest.mark.parametrize("name", ["dcgmi-diag-r1.pass.txt", "dcgmi-diag-r2-verbose.pass.txt"])
+def test_dcgmi_diag_pass_with_and_without_info_rows(name):
+    assert agent.check_dcgmi_diag(fixture(name), 0, 1) == []
+    rows = dict(agent.parse_dcgmi_diag(fixture("dcgmi-diag-r2-verbose.pass.txt")))
+    assert rows["PCIe"].startswith("Pass - All; GPU 0 GPU to Host bandwidth:  13.13 GB/s, GPU 0 Host to GPU bandwidth")
+    assert rows["GPU Memory"] == "Pass - All; GPU 0 Allocated 16435239282 bytes (97.1%)"
+    assert rows["DCGM Version"] == "3.3.9" and rows["Inforom"] == "Pass"
 
 
 def test_dcgmi_without_a_hostengine_is_a_tool_error_not_a_hardware_failure():
@@ -114,7 +124,7 @@ def test_a_non_efa_pool_does_not_count_efa(tmp_path):
 
 def test_several_failures_are_all_reported(tmp_path):
     failures = agent.run_checks(expected_gpus=8, expected_efa=32, diag_level=2,
-                                run=runner("nvidia-smi-q.row-remap-pending.txt", "dcgmi-diag-r2.fail.txt", 226),
+                                run=runner("nvidia-smi-q.row-remap-pending.txt", "dcgmi-diag-r3.fail-cuda-init.txt", 226),
                                 sys_class_infiniband=fake_efa(tmp_path, 30))
     assert {f.kind for f in failures} == {agent.ROW_REMAP_PENDING, agent.DCGM_DIAG, agent.EFA_COUNT}
     assert agent.failure_label_value(failures) == "dcgm-diag.efa-count.row-remap-pending"
