@@ -76,6 +76,16 @@ def test_each_nvidia_smi_failure_class(smi, kind, detail):
     assert failures[0].detail.startswith(detail)
 
 
+def test_recorded_g5_a10g_report_is_healthy():
+    """A real ``nvidia-smi -q`` of a g5 (A10G, driver 535) from NVIDIA/DCGM issue 232: one aggregate
+    (lifetime) correctable DRAM error and a running process are no reason to refuse the node."""
+    report = agent.parse_nvidia_smi_q(fixture("nvidia-smi-q.a10g-recorded.txt"))
+    assert report.attached == 1 and list(report.gpus) == ["00000000:00:1E.0"]
+    assert report.gpus["00000000:00:1E.0"]["ECC Errors"]["Aggregate"]["DRAM Correctable"] == "1"
+    assert agent.check_gpus(fixture("nvidia-smi-q.a10g-recorded.txt"), 1) == []
+    assert [f.kind for f in agent.check_gpus(fixture("nvidia-smi-q.a10g-recorded.txt"), 4)] == [agent.GPU_COUNT]
+
+
 def test_legacy_double_bit_layout_counts_as_uncorrectable():
     failures = agent.check_gpus(fixture("nvidia-smi-q.legacy-layout-dbe.txt"), 1)
     assert failures == [agent.Failure(agent.ECC_UNCORRECTABLE, "GPU 00000000:00:1E.0: 1 volatile uncorrectable ECC errors")]
