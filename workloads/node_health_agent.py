@@ -346,13 +346,15 @@ class KubeApi:
     TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
     CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 
-    def __init__(self) -> None:
-        host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        self.base = f"https://{host}:{port}"
-        self.context = ssl.create_default_context(cafile=self.CA)
+    def __init__(self, base_url: Optional[str] = None, token_path: str = TOKEN, context: Optional[ssl.SSLContext] = None) -> None:
+        if base_url is None:
+            host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+            base_url = f"https://{host}:{port}"
+            context = context or ssl.create_default_context(cafile=self.CA)
+        self.base, self.token_path, self.context = base_url, token_path, context
 
     def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
-        with open(self.TOKEN, encoding="utf-8") as f:  # re-read: projected tokens rotate
+        with open(self.token_path, encoding="utf-8") as f:  # re-read: projected tokens rotate
             token = f.read().strip()
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.base + path, data=data, method=method, headers={
@@ -422,6 +424,15 @@ def expectations(node: dict[str, Any], instances: dict[str, Any]) -> tuple[int, 
     return facts["gpus"], efa
 
 
+def startup(api: KubeApi, name: str, instances: dict[str, Any], *, run: Runner = run_command,
+            sys_class_infiniband: str = "/sys/class/infiniband") -> tuple[int, int]:
+    """The start-up gate: check the node at level 1 and report. Returns the expected counts."""
+    gpus, efa = expectations(api.node(name), instances)
+    failures = run_checks(expected_gpus=gpus, expected_efa=efa, diag_level=1, run=run, sys_class_infiniband=sys_class_infiniband)
+    report(api, name, failures, 1)
+    return gpus, efa
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="node_health_agent")
     parser.add_argument("--instances", required=True, help="JSON: instance type -> {gpus, efa_devices}")
@@ -433,9 +444,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         instances = json.load(f)
     name = os.environ["NODE_NAME"]
     api = KubeApi()
-    gpus, efa = expectations(api.node(name), instances)
-    failures = run_checks(expected_gpus=gpus, expected_efa=efa, diag_level=1, sys_class_infiniband=args.sys_class_infiniband)
-    report(api, name, failures, 1)
+    gpus, efa = startup(api, name, instances, sys_class_infiniband=args.sys_class_infiniband)
     next_deep = time.monotonic() + args.deep_interval_hours * 3600
     while True:
         time.sleep(max(60.0, next_deep - time.monotonic()))

@@ -239,3 +239,121 @@ def test_deep_check_waits_for_idle_gpus():
     assert agent.gpus_busy(lambda argv, t: (0, "12345\n")) is True
     assert agent.gpus_busy(lambda argv, t: (0, "")) is False
     assert agent.gpus_busy(lambda argv, t: (9, "")) is True  # unknown: assume busy
+
+
+# ---------------------------------------------------------------- on the wire (a fake API server on loopback)
+
+class ApiServer:
+    """A loopback HTTP server standing in for the Kubernetes API: serves one Node, applies JSON
+    patches to its taints (honouring ``test``, 422 otherwise, as the API server does) and records
+    every request with its content type and bearer token."""
+
+    def __init__(self, node):
+        import http.server
+        import json
+        import threading
+
+        self.node, self.requests = node, []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _reply(self, code, body):
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                server.requests.append(("GET", self.path, None, None, self.headers["Authorization"]))
+                self._reply(200, server.node)
+
+            def _body(self):
+                return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+
+            def do_PATCH(self):
+                body = self._body()
+                server.requests.append(("PATCH", self.path, self.headers["Content-Type"], body, self.headers["Authorization"]))
+                if self.headers["Content-Type"] == "application/json-patch+json":
+                    for op in body:
+                        if op["op"] == "test" and server.node["spec"].get("taints") != op["value"]:
+                            return self._reply(422, {"kind": "Status", "reason": "Invalid"})
+                        if op["op"] == "add":
+                            server.node["spec"]["taints"] = op["value"]
+                self._reply(200, server.node)
+
+            def do_POST(self):
+                server.requests.append(("POST", self.path, self.headers["Content-Type"], self._body(), self.headers["Authorization"]))
+                self._reply(201, {})
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def api_server():
+    server = ApiServer(new_node())
+    yield server
+    server.close()
+
+
+def test_startup_pass_on_the_wire(api_server, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("sa-token\n")
+    api = agent.KubeApi(base_url=api_server.url, token_path=str(token))
+    counts = agent.startup(api, "ip-10-0-1-2", {"p5.48xlarge": {"gpus": 8, "efa_devices": 32}},
+                           run=runner("nvidia-smi-q.healthy.txt", "dcgmi-diag-r1.pass.txt"),
+                           sys_class_infiniband=fake_efa(tmp_path, 32))
+    assert counts == (8, 32)
+    assert api_server.node["spec"]["taints"] == [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]
+    writes = [(m, p, ct) for m, p, ct, _, _ in api_server.requests if m != "GET"]
+    assert writes == [("PATCH", "/api/v1/nodes/ip-10-0-1-2", "application/json-patch+json"),
+                      ("PATCH", "/api/v1/nodes/ip-10-0-1-2/status", "application/strategic-merge-patch+json")]
+    assert {auth for *_, auth in api_server.requests} == {"Bearer sa-token"}
+
+
+def test_startup_failure_on_the_wire(api_server, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("sa-token")
+    api = agent.KubeApi(base_url=api_server.url, token_path=str(token))
+    agent.startup(api, "ip-10-0-1-2", {"p5.48xlarge": {"gpus": 8, "efa_devices": 32}},
+                  run=runner("nvidia-smi-q.gpu-count.txt", "dcgmi-diag-r1.pass.txt"), sys_class_infiniband=fake_efa(tmp_path, 32))
+    writes = {(m, p, ct): body for m, p, ct, body, _ in api_server.requests if m != "GET"}
+    cordon = writes[("PATCH", "/api/v1/nodes/ip-10-0-1-2", "application/merge-patch+json")]
+    assert cordon == {"metadata": {"labels": {agent.FAILURE_LABEL: "gpu-count"}}, "spec": {"unschedulable": True}}
+    status = writes[("PATCH", "/api/v1/nodes/ip-10-0-1-2/status", "application/strategic-merge-patch+json")]
+    assert status["status"]["conditions"][0]["status"] == "False"
+    event = writes[("POST", "/api/v1/namespaces/default/events", "application/json")]
+    assert event["reason"] == "GpuReadinessFailed" and "expected 8 GPUs" in event["message"]
+    assert agent.READINESS_TAINT in api_server.node["spec"]["taints"]  # never lifted
+
+
+def test_a_concurrent_taint_change_is_retried_not_overwritten(api_server, tmp_path):
+    """Someone adds a taint between the agent's read and its patch: the guarded patch gets 422,
+    the agent re-reads and the other taint survives."""
+    token = tmp_path / "token"
+    token.write_text("t")
+    api = agent.KubeApi(base_url=api_server.url, token_path=str(token))
+    original_node = api.node
+    calls = {"n": 0}
+
+    def racing_node(name):
+        node = original_node(name)
+        calls["n"] += 1
+        if calls["n"] == 1:  # after the agent read, another controller adds a taint
+            api_server.node["spec"]["taints"] = api_server.node["spec"]["taints"] + [{"key": "other", "effect": "NoSchedule"}]
+        return node
+
+    api.node = racing_node
+    agent.set_taint(api, "ip-10-0-1-2", present=False)
+    assert api_server.node["spec"]["taints"] == [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}, {"key": "other", "effect": "NoSchedule"}]
+    assert [ct for m, _, ct, _, _ in api_server.requests if m == "PATCH"] == ["application/json-patch+json"] * 2
