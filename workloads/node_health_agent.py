@@ -433,6 +433,20 @@ def startup(api: KubeApi, name: str, instances: dict[str, Any], *, run: Runner =
     return gpus, efa
 
 
+def deep_check(api: KubeApi, name: str, gpus: int, efa: int, *, run: Runner = run_command,
+               sys_class_infiniband: str = "/sys/class/infiniband") -> bool:
+    """``dcgmi diag -r 2`` on idle GPUs; False (nothing run, taint restored) when a job holds one.
+    The taint goes on first and the idle check follows, so no pod can land in between."""
+    set_taint(api, name, present=True)
+    if gpus_busy(run):
+        set_taint(api, name, present=False)
+        log(node=name, level=2, result="skipped", reason="a compute process holds a GPU")
+        return False
+    report(api, name, run_checks(expected_gpus=gpus, expected_efa=efa, diag_level=2, run=run,
+                                 sys_class_infiniband=sys_class_infiniband), 2)
+    return True
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="node_health_agent")
     parser.add_argument("--instances", required=True, help="JSON: instance type -> {gpus, efa_devices}")
@@ -448,14 +462,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     next_deep = time.monotonic() + args.deep_interval_hours * 3600
     while True:
         time.sleep(max(60.0, next_deep - time.monotonic()))
-        set_taint(api, name, present=True)  # first the taint, then the idle check: no race with the scheduler
-        if gpus_busy():
-            set_taint(api, name, present=False)
-            next_deep = time.monotonic() + args.busy_retry_minutes * 60
-            continue
-        failures = run_checks(expected_gpus=gpus, expected_efa=efa, diag_level=2, sys_class_infiniband=args.sys_class_infiniband)
-        report(api, name, failures, 2)
-        next_deep = time.monotonic() + args.deep_interval_hours * 3600
+        ran = deep_check(api, name, gpus, efa, sys_class_infiniband=args.sys_class_infiniband)
+        next_deep = time.monotonic() + (args.deep_interval_hours * 3600 if ran else args.busy_retry_minutes * 60)
 
 
 if __name__ == "__main__":

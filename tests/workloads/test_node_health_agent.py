@@ -235,6 +235,37 @@ def test_expectations_come_from_the_instance_table():
         agent.expectations(new_node(), {})
 
 
+def test_deep_check_taints_first_and_backs_off_when_a_job_holds_a_gpu(tmp_path):
+    node = new_node()
+    node["spec"]["taints"] = [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]  # in service
+    api = FakeApi(node)
+    order = []
+
+    def busy(argv, timeout_s):
+        order.append((argv[0], list(api.node_obj["spec"]["taints"])))
+        return (0, "4242\n") if "--query-compute-apps=pid" in argv else (0, "")
+
+    assert agent.deep_check(api, "ip-10-0-1-2", 8, 0, run=busy, sys_class_infiniband=str(tmp_path)) is False
+    # The idle check saw the readiness taint already in place; afterwards it is gone again.
+    assert agent.READINESS_TAINT in order[0][1]
+    assert api.node_obj["spec"]["taints"] == [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]
+    assert not [r for r in api.requests if r[0] == "patch_node_status"]
+
+
+def test_deep_check_on_idle_gpus_runs_level_2_and_reports(tmp_path):
+    node = new_node()
+    node["spec"]["taints"] = [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]
+    api = FakeApi(node)
+    inner = runner("nvidia-smi-q.healthy.txt", "dcgmi-diag-r2-verbose.pass.txt")
+
+    def idle(argv, timeout_s):
+        return (0, "") if "--query-compute-apps=pid" in argv else inner(argv, timeout_s)
+
+    assert agent.deep_check(api, "ip-10-0-1-2", 8, 0, run=idle, sys_class_infiniband=str(tmp_path)) is True
+    assert ["dcgmi", "diag", "-r", "2"] in inner.calls
+    assert api.node_obj["spec"]["taints"] == [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]
+
+
 def test_deep_check_waits_for_idle_gpus():
     assert agent.gpus_busy(lambda argv, t: (0, "12345\n")) is True
     assert agent.gpus_busy(lambda argv, t: (0, "")) is False
