@@ -43,8 +43,10 @@ FLOOR_FRACTION = 0.75
 _P4 = BusbwReference(57.2, "NVIDIA/nccl issue 527 (2022): nccl-tests all_reduce_perf on 2 p4d-class nodes (4 x 100 Gbps "
                            "EFA, FI_EFA_USE_DEVICE_RDMA=1, NCCL 2.9.9): busbw 57.17 GB/s at 1073741824 B; p4de has the "
                            "same network. Issue 25 quotes ~78 GB/s with current NCCL: raise it after your first healthy run")
-_P5 = BusbwReference(480.0, "Issue 25's figure for p5 (~480 GB/s all-reduce busbw at large messages, 32 x 100 Gbps EFA); "
-                            "no published 2-node measurement was found to check it: confirm on the first healthy run")
+_P5 = BusbwReference(435.1, "crazyguitar/aws-gpu-communication-benchmark data/nccl_all_reduce.csv: nccl-tests all_reduce_perf "
+                            "on 2 p5.48xlarge (16 H100, 32 EFA interfaces): out-of-place busbw 435.14 GB/s at 1024 MB, the "
+                            "size this job uses (477.71 GB/s at 8192 MB: issue 25's ~480). p5e/p5en have at least p5's "
+                            "3200 Gbps, so p5's figure is their (conservative) reference until measured")
 BUSBW_REFERENCES: dict[str, BusbwReference] = {
     "p4d.24xlarge": _P4, "p4de.24xlarge": _P4,
     "p5.48xlarge": _P5, "p5e.48xlarge": _P5, "p5en.48xlarge": _P5,
