@@ -103,3 +103,11 @@ def test_karpenter_node_repair_acts_on_the_condition_the_agent_sets():
     patch = node_health_agent.condition_patch(False, "ecc", node_health_agent.dt.datetime(2026, 1, 1))
     assert patch["status"]["conditions"][0]["type"] == "AcceleratedHardwareReady"
     assert patch["status"]["conditions"][0]["status"] == "False"
+
+
+def test_the_agents_event_is_a_valid_core_event():
+    failures = [node_health_agent.Failure(node_health_agent.EFA_COUNT, "expected 32 EFA devices, /sys/class/infiniband has 31")]
+    event = node_health_agent.failure_event("ip-10-0-1-2", "u-1", failures, node_health_agent.dt.datetime(2026, 11, 25, 12, 0))
+    event = {**event, "metadata": {**event["metadata"], "name": "ip-10-0-1-2.gpu-health-x"}}  # the server fills generateName
+    assert validate_core(event) == []
+    assert node_health_agent.failure_label_value(failures) == "efa-count"
