@@ -15,13 +15,14 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.cluster import Cluster
-from components.k8s import apply_namespace_objects
+from components.k8s import apply_namespace_objects, apply_object
 from components.versions import (
     DCGM_EXPORTER_REPO, DCGM_EXPORTER_VERSION, EFA_DEVICE_PLUGIN_VERSION, EKS_CHARTS_REPO,
     NVIDIA_DEVICE_PLUGIN_REPO, NVIDIA_DEVICE_PLUGIN_VERSION, NVIDIA_GPU_OPERATOR_REPO, NVIDIA_GPU_OPERATOR_VERSION,
     PROMETHEUS_OPERATOR_CRDS_REPO, PROMETHEUS_OPERATOR_CRDS_VERSION,
 )
-from workloads.karpenter import EFA_LABEL, FSX_STARTUP_TAINT, GPU_TAINT, NODE_ROLE_LABEL
+from workloads.karpenter import EFA_LABEL, FSX_STARTUP_TAINT, GPU_TAINT, NODE_ROLE_LABEL, READINESS_STARTUP_TAINT
+from workloads.node_health import node_health_objects
 from workloads.placement import system_pod_placement
 from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
 from components.validation import accepts_enum_values
@@ -44,11 +45,10 @@ class GpuEnablementMode(str, Enum):
 
 
 def gpu_tolerations() -> list[dict[str, Any]]:
-    # The FSx startup taint is tolerated so GPUs are advertised while the Lustre client starts.
-    return [
-        {"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]},
-        {"key": FSX_STARTUP_TAINT["key"], "operator": "Exists", "effect": FSX_STARTUP_TAINT["effect"]},
-    ]
+    # The startup taints (FSx, GPU readiness) are tolerated so GPUs and EFA devices are advertised
+    # and measured while the node is still being checked.
+    return [{"key": t["key"], "operator": "Exists", "effect": t["effect"]}
+            for t in (GPU_TAINT, FSX_STARTUP_TAINT, READINESS_STARTUP_TAINT)]
 
 
 def node_affinity(label: str, value: str) -> dict[str, Any]:
@@ -110,6 +110,8 @@ class GpuEnablementArgs:
         atomic release rolls back).
     prometheus_operator_crds: install the pinned ``prometheus-operator-crds`` chart first.
     efa: install the EFA device plugin (some pool has EFA).
+    node_health_image: the GPU node readiness agent's image (workloads/node_health.py); None
+        deploys no agent (only for clusters without GPU pools: their nodes would stay tainted).
     """
 
     cluster: Cluster
@@ -118,6 +120,7 @@ class GpuEnablementArgs:
     service_monitor: bool = False
     prometheus_operator_crds: bool = False
     efa: bool = False
+    node_health_image: Optional[str] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", GpuEnablementMode(self.mode))
@@ -167,7 +170,14 @@ class GpuEnablement(pulumi.ComponentResource):
         if args.efa:
             self._release(name, "efa-device-plugin", "aws-efa-k8s-device-plugin", EKS_CHARTS_REPO,
                           EFA_DEVICE_PLUGIN_VERSION, efa_device_plugin_values())
-        self.register_outputs({"releases": sorted(self.releases)})
+        self.node_health: list[pulumi.CustomResource] = []
+        if args.node_health_image:
+            for obj in node_health_objects(image=args.node_health_image):
+                meta = obj["metadata"]
+                self.node_health.append(apply_object(
+                    f"{name}-node-health-{obj['kind'].lower()}-{meta.get('namespace', 'cluster')}", obj,
+                    pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, *self.network_policies])))
+        self.register_outputs({"releases": sorted(self.releases), "node_health": len(self.node_health)})
 
     def _release(self, name: str, key: str, chart: str, repo: str, version: str, values: dict[str, Any]) -> None:
         self.releases[key] = k8s.helm.v3.Release(

@@ -22,6 +22,7 @@ from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_namespace_objects, apply_object
 from components.names import EVENT_RULE_NAME_MAX, IAM_ROLE_NAME_MAX, fitted_name
 from components.versions import KARPENTER_CHART, KARPENTER_CRD_CHART, KARPENTER_VERSION
+from workloads.node_health import karpenter_node_repair_settings as node_repair_settings
 from workloads.placement import system_pod_placement
 from workloads.system_namespaces import (
     PodSecurityLevel, SystemNamespaceSpec, karpenter_flow_schemas, namespace_objects,
@@ -313,7 +314,10 @@ def helm_values(*, cluster_name: Any, queue_name: Any, replicas: int, log_level:
         "tolerations": placement["tolerations"],
         "logLevel": log_level,
         "serviceAccount": {"create": True, "name": SERVICE_ACCOUNT},
-        "settings": {"clusterName": cluster_name, "interruptionQueue": queue_name},
+        # NodeRepair (alpha, off by default in 1.14.1): Karpenter replaces a node whose
+        # AcceleratedHardwareReady condition has been False for 10 minutes, the condition the GPU
+        # readiness agent sets (workloads/node_health.py).
+        "settings": {"clusterName": cluster_name, "interruptionQueue": queue_name, **node_repair_settings()},
         "controller": {"resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}},
     }
 

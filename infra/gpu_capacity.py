@@ -113,7 +113,8 @@ def deploy(platform: Platform) -> dict[str, Any]:
         f"{config.name}-gpu-enablement",
         GpuEnablementArgs(cluster=cluster, mode=enablement.mode, dcgm_exporter=enablement.dcgm_exporter,
                           service_monitor=enablement.service_monitor,
-                          prometheus_operator_crds=enablement.prometheus_operator_crds, efa=any(p.efa for p in pools)),
+                          prometheus_operator_crds=enablement.prometheus_operator_crds, efa=any(p.efa for p in pools),
+                          node_health_image=enablement.node_health_image),
         opts=platform.kubernetes_opts(),
     )
     # The gateway endpoint's cidr_blocks are S3's prefix-list ranges for the region.

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any, Mapping, Optional, Sequence
 
 from workloads.gpu_catalog import InstanceShape, gpu_type
+from workloads.node_health_agent import READINESS_TAINT as READINESS_STARTUP_TAINT
 from workloads.problems import accepts_enum_values
 
 NODE_POOL_API = "karpenter.sh/v1"
@@ -25,6 +26,13 @@ GPU_TAINT = {"key": GPU_RESOURCE, "effect": "NoSchedule"}
 # The FSx CSI node plugin removes this taint once its Lustre client is up. It must be a
 # startup taint: as a regular taint it would stay forever and nothing would schedule.
 FSX_STARTUP_TAINT = {"key": "fsx.csi.aws.com/agent-not-ready", "effect": "NoExecute"}
+# Every GPU node starts with this taint; the readiness agent (workloads/node_health.py) lifts it
+# once the node's GPUs, ECC, DCGM diagnostics and EFA devices check out. Karpenter 1.14.1
+# (pkg/apis/v1/nodepool.go): "startupTaints are taints that are applied to nodes upon startup
+# which are expected to be removed automatically within a short period of time, typically by a
+# DaemonSet that tolerates the taint. [...] StartupTaints are ignored for provisioning purposes
+# in that pods are not required to tolerate a StartupTaint in order to have nodes provisioned
+# for them." A node keeping it never becomes Initialized (nodeclaim/lifecycle/initialization.go).
 
 # Labels a TrainingJob selects on (Karpenter copies template labels onto the node).
 POOL_LABEL = "mlplatform.io/pool"
@@ -195,7 +203,7 @@ def gpu_node_pool(pool: GpuPoolSpec) -> dict[str, Any]:
                 "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": name},
                 "requirements": gpu_pool_requirements(pool),
                 "taints": [dict(GPU_TAINT)],
-                "startupTaints": [dict(FSX_STARTUP_TAINT)],
+                "startupTaints": [dict(FSX_STARTUP_TAINT), dict(READINESS_STARTUP_TAINT)],
                 "expireAfter": pool.expire_after,
                 "terminationGracePeriod": f"{pool.termination_grace_period_seconds}s",
             },

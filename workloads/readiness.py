@@ -7,11 +7,17 @@ rendezvous as training) that fails below the pool's bus-bandwidth floor
 (``workloads.instances.busbw_floor_gb_per_s``: a fraction of the instance's network line rate).
 A pool whose EFA is not wired (NCCL falls back to TCP) fails the floor.
 
+On an EFA pool it is the pool's gate: every pod tees the run's output and checks NCCL's own
+log lines (``trainer.nccl_transport``): every inter-node channel over aws-ofi-nccl's Libfabric
+with the ``efa`` provider, with GPUDirect RDMA (``/GDRDMA``) on the instance types that have it,
+and a bus bandwidth at or above the instance type's floor (``BUSBW_REFERENCES``). Teams get
+quota on a new EFA pool only after it passes (docs/runbooks/gpu-pools.md).
+
 Runs outside Kueue (no queue label) in its own namespace, so it never takes a team's quota.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple, Optional
 
 from workloads.instances import busbw_floor_gb_per_s, instance
 from workloads.karpenter import EFA_RESOURCE, GPU_RESOURCE, GPU_TYPE_LABEL, POOL_LABEL
@@ -22,6 +28,42 @@ from workloads.trainingjob import (
 
 READINESS_NAMESPACE = "gpu-readiness"
 NUM_NODES = 2
+RUN_LOG = "/tmp/readiness.log"
+
+
+class BusbwReference(NamedTuple):
+    """A healthy 2-node (2 x 8 GPU) all-reduce bus bandwidth at >= 1 GiB messages, and where it is from."""
+
+    gb_per_s: float
+    source: str
+
+
+# The floor is FLOOR_FRACTION of the reference: below it a link, a NIC or GPUDirect RDMA is off.
+FLOOR_FRACTION = 0.75
+_P4 = BusbwReference(57.2, "NVIDIA/nccl issue 527 (2022): nccl-tests all_reduce_perf on 2 p4d-class nodes (4 x 100 Gbps "
+                           "EFA, FI_EFA_USE_DEVICE_RDMA=1, NCCL 2.9.9): busbw 57.17 GB/s at 1073741824 B; p4de has the "
+                           "same network. Issue 25 quotes ~78 GB/s with current NCCL: raise it after your first healthy run")
+_P5 = BusbwReference(435.1, "crazyguitar/aws-gpu-communication-benchmark data/nccl_all_reduce.csv: nccl-tests all_reduce_perf "
+                            "on 2 p5.48xlarge (16 H100, 32 EFA interfaces): out-of-place busbw 435.14 GB/s at 1024 MB, the "
+                            "size this job uses (477.71 GB/s at 8192 MB: issue 25's ~480). p5e/p5en have at least p5's "
+                            "3200 Gbps, so p5's figure is their (conservative) reference until measured")
+BUSBW_REFERENCES: dict[str, BusbwReference] = {
+    "p4d.24xlarge": _P4, "p4de.24xlarge": _P4,
+    "p5.48xlarge": _P5, "p5e.48xlarge": _P5, "p5en.48xlarge": _P5,
+}
+
+
+def gate_floor_gb_per_s(instance_type: str, *, efa: bool) -> float:
+    """The bus-bandwidth floor of the readiness gate: FLOOR_FRACTION of the instance type's
+    measured reference where one exists (EFA), else the line-rate rule of workloads.instances."""
+    reference = BUSBW_REFERENCES.get(instance_type) if efa else None
+    if reference is None:
+        return busbw_floor_gb_per_s(instance_type, efa=efa)
+    return round(reference.gb_per_s * FLOOR_FRACTION, 1)
+
+
+def has_gpudirect_rdma(instance_type: str) -> bool:
+    return instance_type.startswith(RDMA_FAMILIES)
 
 
 def readiness_namespace() -> dict[str, Any]:
@@ -29,26 +71,38 @@ def readiness_namespace() -> dict[str, Any]:
         "pod-security.kubernetes.io/enforce": "baseline", "pod-security.kubernetes.io/enforce-version": "v1.32"}}}
 
 
-def gpu_check_script(pool: PoolFacts, floor: float) -> str:
+def gpu_check_script(pool: PoolFacts, floor: float, instance_type: Optional[str] = None) -> str:
     # nvidia-smi exits non-zero when the driver is not loaded; the query fails the pod when a GPU
     # is missing or reports uncorrected ECC errors.
-    return (
+    instance_type = instance_type or pool.instance_types[0]
+    run = ("python -m trainer.launch --nnodes=$PET_NNODES --nproc-per-node=$PET_NPROC_PER_NODE "
+           "--node-rank=$PET_NODE_RANK --master-addr=$PET_MASTER_ADDR --master-port=$PET_MASTER_PORT --max-restarts=0 "
+           f"-m trainer.nccl_check --size-mib 1024 --min-busbw-gb-per-s {floor}")
+    script = (
         "set -eu\n"
         "nvidia-smi\n"
         "gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)\n"
         f"[ \"$gpus\" -eq {pool.gpus_per_node} ] || {{ echo \"expected {pool.gpus_per_node} GPUs, found $gpus\"; exit 1; }}\n"
         "ecc=$(nvidia-smi --query-gpu=ecc.errors.uncorrected.volatile.total --format=csv,noheader | grep -cv '^0$\\|N/A' || true)\n"
         "[ \"$ecc\" -eq 0 ] || { echo \"$ecc GPU(s) with uncorrected ECC errors\"; exit 1; }\n"
-        "exec python -m trainer.launch --nnodes=$PET_NNODES --nproc-per-node=$PET_NPROC_PER_NODE "
-        "--node-rank=$PET_NODE_RANK --master-addr=$PET_MASTER_ADDR --master-port=$PET_MASTER_PORT --max-restarts=0 "
-        f"-m trainer.nccl_check --size-mib 1024 --min-busbw-gb-per-s {floor}\n"
+    )
+    if not pool.efa:
+        return script + f"exec {run}\n"
+    # NCCL logs to the workers' stdout, which torchrun forwards: keep a copy and read the
+    # transport from it. The all-reduce's own exit code is kept (sh has no pipefail).
+    gdr = " --require-gdr" if has_gpudirect_rdma(instance_type) else ""
+    return script + (
+        f"rc=0; {{ {run} || echo $? > {RUN_LOG}.rc; }} 2>&1 | tee {RUN_LOG}\n"
+        f"if [ -f {RUN_LOG}.rc ]; then rc=$(cat {RUN_LOG}.rc); fi\n"
+        f"python -m trainer.nccl_transport {RUN_LOG} --expect efa{gdr} --min-busbw-gb-per-s {floor} || rc=1\n"
+        "exit $rc\n"
     )
 
 
 def readiness_job(pool: PoolFacts, *, image: str) -> dict[str, Any]:
     instance_type = pool.instance_types[0]
     facts = instance(instance_type)
-    floor = busbw_floor_gb_per_s(instance_type, efa=pool.efa)
+    floor = gate_floor_gb_per_s(instance_type, efa=pool.efa)
     amounts = {GPU_RESOURCE: str(pool.gpus_per_node), "cpu": str(max(1, facts.allocatable_cpu // 2)),
                "memory": f"{max(1, facts.allocatable_memory_gib // 4)}Gi"}
     if pool.efa:
@@ -68,7 +122,7 @@ def readiness_job(pool: PoolFacts, *, image: str) -> dict[str, Any]:
             "terminationGracePeriodSeconds": 30,
             "containers": [{
                 "name": CONTAINER_NAME, "image": image, "imagePullPolicy": "IfNotPresent",
-                "command": ["/usr/bin/tini", "--", "sh", "-c"], "args": [gpu_check_script(pool, floor)], "env": env,
+                "command": ["/usr/bin/tini", "--", "sh", "-c"], "args": [gpu_check_script(pool, floor, instance_type)], "env": env,
                 "ports": [{"name": PORT_NAME, "containerPort": MASTER_PORT, "protocol": "TCP"}],
                 "resources": {"requests": dict(amounts), "limits": dict(amounts)},
                 "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],

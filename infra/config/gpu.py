@@ -80,6 +80,9 @@ class GpuEnablementConfig(_Model):
     service_monitor: bool = Field(False, description="ServiceMonitor for DCGM; needs prometheusOperatorCrds.")
     prometheus_operator_crds: bool = Field(
         False, description="Install the pinned prometheus-operator-crds chart (ServiceMonitor CRDs); serviceMonitor needs it.")
+    node_health_image: Optional[str] = Field(
+        None, description="Image of the GPU node readiness agent (docker/node-health: DCGM tools + python3), by digest in "
+                          "prod. Every GPU node starts tainted until this agent's checks pass, so GPU pools need it.")
 
 
 def _service_monitor_needs_crds(service_monitor: bool, prometheus_operator_crds: bool) -> Iterator[Problem]:
@@ -90,6 +93,17 @@ def _service_monitor_needs_crds(service_monitor: bool, prometheus_operator_crds:
             "set gpuEnablement.prometheusOperatorCrds: true (installs the pinned prometheus-operator-crds chart) "
             "or serviceMonitor: false",
         )
+
+
+def _node_health_image(environment: Environment, node_health_image: Optional[str], gpu_pools: list[GpuPoolConfig]) -> Iterator[Problem]:
+    if gpu_pools and not node_health_image:
+        yield Problem("gpuEnablement.nodeHealthImage", node_health_image,
+                      "every GPU node starts with the readiness taint, which only the readiness agent lifts: "
+                      "without it no GPU node would ever take a job",
+                      "build docker/node-health, push it and set gpuEnablement.nodeHealthImage to its URI")
+    elif environment is Environment.PROD and node_health_image and "@sha256:" not in node_health_image:
+        yield Problem("gpuEnablement.nodeHealthImage", node_health_image, "prod images are pinned by digest",
+                      "use REPOSITORY@sha256:<digest>")
 
 
 def _gpu_pool_rules(environment: Environment, ami_alias: str, gpu_pools: list[GpuPoolConfig]) -> Iterator[Problem]:
@@ -149,6 +163,7 @@ def _ami_alias_ships_version(version: str, ami_alias: str, gpu_pools: list[GpuPo
 RULES: tuple[Rule, ...] = (
     Rule(("gpuEnablement.serviceMonitor", "gpuEnablement.prometheusOperatorCrds"), _service_monitor_needs_crds),
     Rule(("environment", "karpenter.amiAlias", "gpuPools"), _gpu_pool_rules),
+    Rule(("environment", "gpuEnablement.nodeHealthImage", "gpuPools"), _node_health_image),
     Rule(("cluster.version", "karpenter.amiAlias", "gpuPools"), _ami_alias_ships_version),
     Rule(("network.availabilityZones", "gpuPools"), _gpu_pool_zones),
     Rule(("gpuPools",), _pool_node_limits),

@@ -219,7 +219,8 @@ def test_gpu_node_pools_are_training_safe(plan):
         spec = pool["spec"]
         assert spec["disruption"]["consolidationPolicy"] == "WhenEmpty"
         assert {"key": "nvidia.com/gpu", "effect": "NoSchedule"} in spec["template"]["spec"]["taints"]
-        assert spec["template"]["spec"]["startupTaints"] == [{"key": "fsx.csi.aws.com/agent-not-ready", "effect": "NoExecute"}]
+        assert spec["template"]["spec"]["startupTaints"] == [{"key": "fsx.csi.aws.com/agent-not-ready", "effect": "NoExecute"},
+                                                             {"key": "node.mlplatform.io/gpu-not-ready", "effect": "NoSchedule"}]
         assert int(spec["limits"]["nvidia.com/gpu"]) > 0
     for node_class in _custom_resources(plan, ("EC2NodeClass",)):
         assert node_class["spec"]["metadataOptions"]["httpPutResponseHopLimit"] == 1
@@ -270,3 +271,39 @@ def test_plan_warns_about_settings_that_evict_training(plan_config):
     assert any("gpu-h100" in w and "consolidationPolicy WhenEmptyOrUnderutilized" in w for w in warnings)
     assert any("gpu-l40s" in w and "spot only in prod" in w for w in warnings)
     assert any("l40s" in w and "quotas sum to 24" in w for w in warnings)
+
+
+def test_gpu_nodes_get_the_readiness_agent_that_lifts_their_startup_taint(plan):
+    """Every GPU NodePool's nodes start tainted: the stack must deploy the agent that lifts it."""
+    daemonsets = [r for r in plan.recording.resources if r.type.startswith("kubernetes:") and r.inputs.get("kind") == "DaemonSet"
+                  and r.inputs["metadata"]["name"] == "gpu-node-health"]
+    assert len(daemonsets) == 1
+    image = daemonsets[0].inputs["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == plan.config.gpu_enablement.node_health_image
+
+
+@pytest.mark.parametrize("stack, image, words", [
+    ("dev", None, "no GPU node would ever take a job"),
+    ("prod", "111122223333.dkr.ecr.us-west-2.amazonaws.com/mlp-prod/node-health:4.2.3-1", "pinned by digest"),
+])
+def test_node_health_image_is_required_with_gpu_pools_and_pinned_in_prod(stack, image, words):
+    raw = stack_config(stack)
+    if image is None:
+        raw["gpuEnablement"].pop("nodeHealthImage")
+    else:
+        raw["gpuEnablement"]["nodeHealthImage"] = image
+    with pytest.raises(ConfigError) as info:
+        load_platform_config(raw)
+    (problem,) = [p for p in info.value.problems if p.path == "gpuEnablement.nodeHealthImage"]
+    assert problem.value == image and words in problem.message + problem.fix
+    raw["gpuPools"] = []
+    raw["gpuEnablement"].pop("nodeHealthImage", None)
+    assert not [p for p in _problems(raw) if p.path == "gpuEnablement.nodeHealthImage"]
+
+
+def _problems(raw):
+    try:
+        load_platform_config(raw)
+    except ConfigError as error:
+        return error.problems
+    return []

@@ -161,8 +161,11 @@ def test_every_alert_has_a_firing_and_a_quiet_case():
     assert sorted(name for name, _, _ in CASES) == sorted(a.name for a in all_alerts(T))
 
 
-def test_fatal_xids_include_the_issue_list():
-    assert {48, 63, 64, 74, 79, 94, 95} <= set(FATAL_XIDS)
+def test_fatal_xids_follow_the_xid_catalog():
+    """NVIDIA's Xid catalog, "Resolution Bucket (Immediate Action)": 79 RESTART_BM; 62, 64, 95,
+    119, 120 RESET_GPU; 13, 31 RESTART_APP; 43, 63, 92 IGNORE (workloads/xid_actions.json)."""
+    assert {48, 62, 64, 74, 79, 95, 119, 120} <= set(FATAL_XIDS)
+    assert not {13, 31, 43, 63, 92} & set(FATAL_XIDS)
 
 
 @needs_promtool

@@ -10,7 +10,7 @@ import pytest
 
 from trainer.nccl_check import bus_bandwidth
 from workloads.instances import INSTANCES, busbw_floor_gb_per_s
-from workloads.readiness import readiness_job, readiness_namespace
+from workloads.readiness import gate_floor_gb_per_s, readiness_job, readiness_namespace
 from workloads.validation import validate_core, validate_custom_resource, validate_pod_template
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,8 +36,10 @@ def test_readiness_jobs_validate_and_use_the_whole_pool_node(prod_facts, schemas
         assert requests["nvidia.com/gpu"] == str(pool.gpus_per_node)
         assert requests.get("vpc.amazonaws.com/efa") == (str(pool.efa_devices_per_node) if pool.efa else None)
         assert pod["nodeSelector"]["mlplatform.io/pool"] == pool.name
+        # Only nodes whose own checks passed (readiness startup taint lifted) run the 2-node gate.
+        assert "node.mlplatform.io/gpu-not-ready" not in {t["key"] for t in pod["tolerations"]}
         script = pod["containers"][0]["args"][0]
-        floor = busbw_floor_gb_per_s(pool.instance_types[0], efa=pool.efa)
+        floor = gate_floor_gb_per_s(pool.instance_types[0], efa=pool.efa)
         assert "nvidia-smi" in script and f"--min-busbw-gb-per-s {floor}" in script
         assert job["metadata"]["annotations"]["mlplatform.io/busbw-floor-gb-per-s"] == str(floor)
         assert "kueue.x-k8s.io/queue-name" not in job["metadata"].get("labels", {})

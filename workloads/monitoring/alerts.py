@@ -15,15 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from workloads.xid import actionable_xids
+
 RUNBOOK_BASE = "https://github.com/example-org/ml-training-platform/blob/main/docs/runbooks"
 
-# XIDs after which the GPU must be reset (or the node replaced): the issue's list plus the ones
-# NVIDIA's Xid catalog buckets as RESET_GPU / reboot (docs.nvidia.com/deploy/xid-errors,
-# "Analyzing Xid Errors with the Xid Catalog", Resolution Bucket (Immediate Action)):
-# 48 DBE ECC, 63/64 row-remapping pending/failure, 74 NVLink error, 79 fallen off the bus,
-# 92 high single-bit ECC rate, 94/95 contained/uncontained ECC, 119/120 GSP RPC timeout / GSP
-# error, 140 unrecovered ECC, 154 recovery action changed (reset/reboot required).
-FATAL_XIDS: tuple[int, ...] = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140, 154)
+# XIDs after which the node leaves service (action drain, reset or replace): read from the
+# XID -> action table (workloads/xid_actions.json, sourced from NVIDIA's Xid catalog).
+FATAL_XIDS: tuple[int, ...] = actionable_xids()
 
 TEAM_NAMESPACE_REGEX = "team-.*"
 GPU_RESOURCE = "nvidia_com_gpu"  # kube-state-metrics' sanitised name of nvidia.com/gpu

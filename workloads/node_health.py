@@ -1,0 +1,145 @@
+"""The GPU node readiness agent's manifests: pure functions, spec in, Kubernetes objects out.
+
+Every GPU NodePool starts its nodes with ``READINESS_TAINT`` (a Karpenter startup taint; see
+``workloads/karpenter.py``). This DaemonSet runs ``workloads/node_health_agent.py`` (mounted from a
+ConfigMap) on every GPU node; the agent lifts the taint only when the node's GPUs, ECC state,
+``dcgmi diag -r 1`` and EFA devices check out, and otherwise cordons, labels and reports the node
+and sets ``AcceleratedHardwareReady=False`` so Karpenter's node repair replaces it.
+
+Least privilege: its own ServiceAccount; cluster-wide only ``get``/``patch`` on nodes and
+``patch`` on ``nodes/status`` (RBAC cannot narrow a ServiceAccount to "its own node": the
+NodeRestriction admission plugin only limits kubelets), and ``create`` on Events in the
+``default`` namespace, where node events live.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from workloads import node_health_agent
+from workloads.gpu_catalog import GPU_TYPES
+from workloads.karpenter import FSX_STARTUP_TAINT, GPU_TAINT, NODE_ROLE_LABEL, READINESS_STARTUP_TAINT
+
+NAMESPACE = "gpu-system"
+NAME = "gpu-node-health"
+AGENT_FILE = "node_health_agent.py"
+INSTANCES_FILE = "instances.json"
+MOUNT_PATH = "/opt/mlplatform"
+HOST_SYS = "/host/sys"
+LABELS = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "ml-training-platform"}
+DEFAULT_DEEP_INTERVAL_HOURS = 24.0
+
+
+def instance_expectations() -> dict[str, dict[str, int]]:
+    """What a healthy node of each catalog instance type shows: GPUs and EFA devices (one EFA
+    interface per network card, the EC2NodeClass layout of ``efa_network_interfaces``)."""
+    return {shape.instance_type: {"gpus": shape.num_gpus, "efa_devices": shape.num_efa_network_cards}
+            for gpu in GPU_TYPES.values() for shape in gpu.shapes}
+
+
+def agent_source() -> str:
+    return Path(node_health_agent.__file__).read_text(encoding="utf-8")
+
+
+def _meta(name: str, namespace: str | None = NAMESPACE) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "labels": dict(LABELS)}
+    if namespace:
+        meta["namespace"] = namespace
+    return meta
+
+
+def rbac_objects() -> list[dict[str, Any]]:
+    subject = [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(NAME)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": _meta(NAME, None), "rules": [
+            # get: Node.spec.taints has no merge key, so lifting one taint means reading the list
+            # and patching it back (guarded by a JSON-patch test). patch: taint, cordon, label.
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+            {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+        ]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": _meta(NAME, None),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME}, "subjects": subject},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(NAME, "default"),
+         "rules": [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(NAME, "default"),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAME}, "subjects": subject},
+    ]
+
+
+def config_map() -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(NAME), "data": {
+        AGENT_FILE: agent_source(),
+        INSTANCES_FILE: json.dumps(instance_expectations(), indent=1, sort_keys=True) + "\n",
+    }}
+
+
+def tolerations() -> list[dict[str, Any]]:
+    # The readiness taint is the one this agent lifts; GPU and FSx taints as every GPU node agent.
+    # Cordoned nodes need nothing: DaemonSet pods tolerate node.kubernetes.io/unschedulable.
+    return [{"key": t["key"], "operator": "Exists", "effect": t["effect"]} for t in (GPU_TAINT, FSX_STARTUP_TAINT, READINESS_STARTUP_TAINT)]
+
+
+def daemon_set(*, image: str, deep_interval_hours: float = DEFAULT_DEEP_INTERVAL_HOURS) -> dict[str, Any]:
+    """``image``: DCGM tools (dcgmi, nv-hostengine) and python3, by digest (docker/node-health)."""
+    command = (
+        # dcgmi talks to a host engine; this pod runs its own (no hostNetwork: no clash with the
+        # DCGM exporter's embedded one). nv-hostengine daemonizes and returns once it listens.
+        "nv-hostengine && exec python3 " + f"{MOUNT_PATH}/{AGENT_FILE} --instances {MOUNT_PATH}/{INSTANCES_FILE} "
+        f"--sys-class-infiniband {HOST_SYS}/class/infiniband --deep-interval-hours {deep_interval_hours:g}"
+    )
+    return {
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": _meta(NAME),
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "20%"}},
+            "template": {
+                "metadata": {"labels": dict(LABELS)},
+                "spec": {
+                    "serviceAccountName": NAME,
+                    "priorityClassName": "system-node-critical",
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": NODE_ROLE_LABEL, "operator": "In", "values": ["gpu"]}]}]}}},
+                    "tolerations": tolerations(),
+                    "terminationGracePeriodSeconds": 10,
+                    "containers": [{
+                        "name": "agent", "image": image, "imagePullPolicy": "IfNotPresent",
+                        "command": ["/bin/sh", "-c", command],
+                        "env": [
+                            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                            # No nvidia.com/gpu request (the agent must see every GPU, and it must
+                            # not take one): the NVIDIA runtime maps all GPUs from this variable.
+                            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                            {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
+                        ],
+                        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
+                        # DCGM's diagnostics need SYS_ADMIN (as the DCGM exporter does); no privileged mode.
+                        "securityContext": {"runAsUser": 0, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": False,
+                                            "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}},
+                        "volumeMounts": [
+                            {"name": "agent", "mountPath": MOUNT_PATH, "readOnly": True},
+                            # EFA devices: /sys/class/infiniband's entries link into /sys/devices,
+                            # so the whole of /sys, read-only.
+                            {"name": "sys", "mountPath": HOST_SYS, "readOnly": True},
+                        ],
+                    }],
+                    "volumes": [
+                        {"name": "agent", "configMap": {"name": NAME}},
+                        {"name": "sys", "hostPath": {"path": "/sys", "type": "Directory"}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def node_health_objects(*, image: str, deep_interval_hours: float = DEFAULT_DEEP_INTERVAL_HOURS) -> list[dict[str, Any]]:
+    return [*rbac_objects(), config_map(), daemon_set(image=image, deep_interval_hours=deep_interval_hours)]
+
+
+def karpenter_node_repair_settings() -> Mapping[str, Any]:
+    """Karpenter Helm ``settings`` that turn node repair on (chart 1.14.1
+    ``settings.featureGates.nodeRepair``, default false, rendered into the controller's
+    ``FEATURE_GATES`` as ``NodeRepair=``)."""
+    return {"featureGates": {"nodeRepair": True}}

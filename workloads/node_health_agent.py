@@ -1,0 +1,470 @@
+"""GPU node readiness agent: keeps a new GPU node out of service until its hardware checks pass.
+
+Runs as a DaemonSet pod on every GPU node (manifests: ``workloads/node_health.py``), in an image
+with the DCGM tools and ``python3`` (docker/node-health/Dockerfile); ``nvidia-smi`` and the driver
+libraries come from the NVIDIA container runtime (``NVIDIA_VISIBLE_DEVICES=all``). Standard
+library only: this file is mounted into that image from a ConfigMap.
+
+Every GPU NodePool starts its nodes with the startup taint ``READINESS_TAINT`` (Karpenter
+``startupTaints``). On start the agent checks, in order:
+
+- GPU count: ``Attached GPUs`` of ``nvidia-smi -q`` equals the instance type's GPU count;
+- ECC: every GPU has ECC enabled, no volatile uncorrectable errors, no pending row remap and no
+  row-remap failure (the same ``nvidia-smi -q`` report; both the row-remapper and the older
+  page-retirement layouts are read);
+- ``dcgmi diag -r 1`` passes (every test ``Pass``/``Skip``, exit code 0);
+- EFA pools: the number of EFA devices under /sys/class/infiniband equals the instance type's.
+
+All pass: the agent removes the taint and sets the node condition ``AcceleratedHardwareReady``
+True. Any fails: the node keeps the taint, is cordoned, labelled with the failure classes, an
+Event and a log line say why, and ``AcceleratedHardwareReady`` goes False: Karpenter's node
+repair (feature gate ``NodeRepair``; the AWS provider's repair policy deletes the NodeClaim of a
+node whose ``AcceleratedHardwareReady`` has been False for 10 minutes) replaces it. A failure of
+the agent's own tools (``tool-error``) cordons and labels but does not mark the hardware
+unhealthy: a broken image must not make Karpenter replace every node it lands on.
+
+Every ``--deep-interval-hours`` the agent runs ``dcgmi diag -r 2`` when the node's GPUs are idle:
+it re-adds the readiness taint first (so nothing new lands during the run), then checks that no
+compute process holds a GPU, and backs off if one does.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Callable, NamedTuple, Optional, Sequence
+
+READINESS_TAINT = {"key": "node.mlplatform.io/gpu-not-ready", "effect": "NoSchedule"}
+HEALTH_CONDITION = "AcceleratedHardwareReady"
+FAILURE_LABEL = "node.mlplatform.io/gpu-health-failure"
+EFA_LABEL = "mlplatform.io/efa"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+COMPONENT = "mlplatform-gpu-node-health"
+
+# Failure classes: each is a label value fragment, a log field and a test fixture.
+GPU_COUNT = "gpu-count"
+ECC_DISABLED = "ecc-disabled"
+ECC_UNCORRECTABLE = "ecc-uncorrectable"
+ROW_REMAP_PENDING = "row-remap-pending"
+ROW_REMAP_FAILURE = "row-remap-failure"
+DCGM_DIAG = "dcgm-diag"
+EFA_COUNT = "efa-count"
+TOOL_ERROR = "tool-error"
+HARDWARE_FAILURES = (GPU_COUNT, ECC_DISABLED, ECC_UNCORRECTABLE, ROW_REMAP_PENDING, ROW_REMAP_FAILURE, DCGM_DIAG, EFA_COUNT)
+
+
+class Failure(NamedTuple):
+    kind: str
+    detail: str
+
+
+# ---------------------------------------------------------------- nvidia-smi -q
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def parse_tree(lines: Sequence[str]) -> dict[str, Any]:
+    """``nvidia-smi -q``'s indented ``Key : value`` blocks as nested dicts (sections hold dicts)."""
+    root: dict[str, Any] = {}
+    stack: list[tuple[int, dict[str, Any]]] = [(-1, root)]
+    for raw in lines:
+        if not raw.strip() or raw.strip().startswith("="):
+            continue
+        level = _indent(raw)
+        while stack[-1][0] >= level:
+            stack.pop()
+        key, sep, value = raw.strip().partition(":")
+        parent = stack[-1][1]
+        if sep and value.strip():
+            parent[key.strip()] = value.strip()
+        else:
+            child: dict[str, Any] = {}
+            parent[key.strip()] = child
+            stack.append((level, child))
+    return root
+
+
+class GpuReport(NamedTuple):
+    attached: Optional[int]
+    gpus: dict[str, dict[str, Any]]  # bus id -> that GPU's sections
+
+
+def parse_nvidia_smi_q(text: str) -> GpuReport:
+    lines = text.splitlines()
+    attached = None
+    gpus: dict[str, dict[str, Any]] = {}
+    current: Optional[str] = None
+    body: list[str] = []
+
+    def close() -> None:
+        if current is not None:
+            gpus[current] = parse_tree(body)
+
+    for line in lines:
+        match = re.match(r"^Attached GPUs\s*:\s*(\d+)", line)
+        if match:
+            attached = int(match.group(1))
+            continue
+        match = re.match(r"^GPU\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s*$", line)
+        if match:
+            close()
+            current, body = match.group(1), []
+            continue
+        if current is not None and line.startswith(" "):
+            body.append(line)
+    close()
+    return GpuReport(attached, gpus)
+
+
+def _number(value: Any) -> int:
+    try:
+        return int(str(value).split()[0])
+    except (ValueError, IndexError):
+        return 0  # "N/A" (not supported) counts as nothing reported
+
+
+def _uncorrectable(volatile: Any) -> int:
+    """Sum of a ``Volatile`` ECC section's uncorrectable counters, in either driver layout:
+    R5xx+ (``SRAM Uncorrectable Parity``, ``DRAM Uncorrectable``...) or the older
+    ``Double Bit`` > ``Device Memory``/``Total``."""
+    if not isinstance(volatile, dict):
+        return 0
+    total = 0
+    for key, value in volatile.items():
+        if key == "Double Bit" and isinstance(value, dict):
+            total += _number(value.get("Total", 0))
+        elif "Uncorrectable" in key and not isinstance(value, dict):
+            total += _number(value)
+    return total
+
+
+def check_gpus(text: str, expected_gpus: int) -> list[Failure]:
+    report = parse_nvidia_smi_q(text)
+    if report.attached is None:
+        return [Failure(TOOL_ERROR, "nvidia-smi -q printed no 'Attached GPUs' line")]
+    failures = []
+    if report.attached != expected_gpus or len(report.gpus) != expected_gpus:
+        failures.append(Failure(GPU_COUNT, f"expected {expected_gpus} GPUs, nvidia-smi reports {report.attached} "
+                                           f"attached and {len(report.gpus)} listed"))
+    for bus_id, gpu in sorted(report.gpus.items()):
+        mode = gpu.get("ECC Mode", {}).get("Current", "N/A")
+        if mode == "Disabled":
+            failures.append(Failure(ECC_DISABLED, f"GPU {bus_id}: ECC mode is Disabled"))
+        errors = _uncorrectable(gpu.get("ECC Errors", {}).get("Volatile"))
+        if errors:
+            failures.append(Failure(ECC_UNCORRECTABLE, f"GPU {bus_id}: {errors} volatile uncorrectable ECC errors"))
+        remap = gpu.get("Remapped Rows", {})
+        if isinstance(remap, dict):
+            if remap.get("Remapping Failure Occurred") == "Yes":
+                failures.append(Failure(ROW_REMAP_FAILURE, f"GPU {bus_id}: row remapping failed (no spare rows)"))
+            if remap.get("Pending") == "Yes":
+                failures.append(Failure(ROW_REMAP_PENDING, f"GPU {bus_id}: a row remap is pending a GPU reset"))
+        retired = gpu.get("Retired Pages", {})
+        if isinstance(retired, dict) and retired.get("Pending Page Blacklist", retired.get("Pending")) == "Yes":
+            failures.append(Failure(ROW_REMAP_PENDING, f"GPU {bus_id}: a page retirement is pending a GPU reset"))
+    return failures
+
+
+# ---------------------------------------------------------------- dcgmi diag
+
+def parse_dcgmi_diag(text: str) -> list[tuple[str, str]]:
+    """(test, result) rows of ``dcgmi diag``'s table, e.g. ``| GPU Memory | Fail - All |``.
+    ``Warning``/``Info`` rows are attached to the test above them; dcgmi wraps long text onto
+    rows with an empty first column, mid-word, so those are joined without a separator."""
+    rows: list[tuple[str, str]] = []
+    for line in text.splitlines():
+        cells = line.split("|")
+        if len(cells) != 4 or cells[0] or cells[3].strip():
+            continue  # not a "| name | result |" row (borders, section rules, other output)
+        name, result = cells[1].strip(), cells[2][1:].rstrip()
+        if name.startswith("-") or name in ("Diagnostic",):
+            continue
+        if not rows:
+            if name:
+                rows.append((name, result.strip()))
+            continue
+        last_name, last_result = rows[-1]
+        if not name:
+            rows[-1] = (last_name, last_result + result)
+        elif name in ("Warning", "Info"):
+            rows[-1] = (last_name, f"{last_result}; {result.strip()}")
+        else:
+            rows.append((name, result.strip()))
+    return rows
+
+
+def check_dcgmi_diag(text: str, returncode: int, level: int) -> list[Failure]:
+    rows = parse_dcgmi_diag(text)
+    failed = [f"{name}: {result}" for name, result in rows if result.startswith("Fail")]
+    if failed:
+        return [Failure(DCGM_DIAG, f"dcgmi diag -r {level}: " + " | ".join(failed))]
+    if returncode != 0:
+        if not rows:
+            return [Failure(TOOL_ERROR, f"dcgmi diag -r {level} exited {returncode}: {text.strip()[-300:]}")]
+        return [Failure(DCGM_DIAG, f"dcgmi diag -r {level} exited {returncode}")]
+    if not any(result.startswith("Pass") for _, result in rows):
+        return [Failure(TOOL_ERROR, f"dcgmi diag -r {level} printed no result table")]
+    return []
+
+
+# ---------------------------------------------------------------- EFA
+
+def count_efa_devices(sys_class_infiniband: str = "/sys/class/infiniband") -> int:
+    """EFA devices: the RDMA devices whose driver is ``efa`` (EC2 names them rdmapNsM)."""
+    try:
+        names = os.listdir(sys_class_infiniband)
+    except FileNotFoundError:
+        return 0
+    count = 0
+    for name in names:
+        driver = os.path.join(sys_class_infiniband, name, "device", "driver")
+        if os.path.basename(os.path.realpath(driver)) == "efa":
+            count += 1
+    return count
+
+
+def check_efa(found: int, expected: int) -> list[Failure]:
+    if found != expected:
+        return [Failure(EFA_COUNT, f"expected {expected} EFA devices, /sys/class/infiniband has {found}")]
+    return []
+
+
+# ---------------------------------------------------------------- decisions (pure)
+
+def failure_label_value(failures: Sequence[Failure]) -> str:
+    """A label value (<= 63 chars of [A-Za-z0-9_.-]) naming the failure classes."""
+    kinds = sorted({f.kind for f in failures})
+    return ".".join(kinds)[:63].strip(".-_")
+
+
+def hardware_failed(failures: Sequence[Failure]) -> bool:
+    return any(f.kind in HARDWARE_FAILURES for f in failures)
+
+
+def taints_without_readiness(taints: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [t for t in taints if not (t.get("key") == READINESS_TAINT["key"] and t.get("effect") == READINESS_TAINT["effect"])]
+
+
+def taint_patch(node: dict[str, Any], *, present: bool) -> Optional[list[dict[str, Any]]]:
+    """A JSON patch adding or removing the readiness taint, guarded by a ``test`` of the taints
+    read (Node.spec.taints has no merge key: a patch replaces the whole list, so a concurrent
+    change must fail the patch rather than be lost). None when nothing changes."""
+    taints = list(node.get("spec", {}).get("taints") or [])
+    kept = taints_without_readiness(taints)
+    wanted = kept + [dict(READINESS_TAINT)] if present else kept
+    if wanted == taints or (present and len(kept) < len(taints)):
+        return None
+    ops: list[dict[str, Any]] = []
+    if "taints" in node.get("spec", {}):
+        ops.append({"op": "test", "path": "/spec/taints", "value": taints})
+    ops.append({"op": "add", "path": "/spec/taints", "value": wanted})
+    return ops
+
+
+def failure_node_patch(failures: Sequence[Failure]) -> dict[str, Any]:
+    """Cordon and label (merge patch)."""
+    return {"metadata": {"labels": {FAILURE_LABEL: failure_label_value(failures)}}, "spec": {"unschedulable": True}}
+
+
+def healthy_node_patch(node: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """Drop a failure label left by an earlier check (the cordon stays: a person lifts it)."""
+    if FAILURE_LABEL in (node.get("metadata", {}).get("labels") or {}):
+        return {"metadata": {"labels": {FAILURE_LABEL: None}}}
+    return None
+
+
+def condition_patch(healthy: bool, message: str, now: dt.datetime) -> dict[str, Any]:
+    """Status merge patch: conditions merge on ``type``, so the kubelet's own stay."""
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"status": {"conditions": [{
+        "type": HEALTH_CONDITION, "status": "True" if healthy else "False",
+        "reason": "GpuReadinessChecksPassed" if healthy else "GpuReadinessChecksFailed",
+        "message": message[:1000], "lastHeartbeatTime": stamp, "lastTransitionTime": stamp,
+    }]}}
+
+
+def failure_event(node_name: str, node_uid: str, failures: Sequence[Failure], now: dt.datetime) -> dict[str, Any]:
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{node_name}.gpu-health-", "namespace": "default"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid},
+        "reason": "GpuReadinessFailed", "type": "Warning",
+        "message": "; ".join(f"{f.kind}: {f.detail}" for f in failures)[:1024],
+        "source": {"component": COMPONENT, "host": node_name},
+        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+    }
+
+
+# ---------------------------------------------------------------- running the tools
+
+Runner = Callable[[Sequence[str], int], tuple[int, str]]
+
+
+def run_command(argv: Sequence[str], timeout_s: int) -> tuple[int, str]:
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s)
+    except FileNotFoundError:
+        return 127, f"{argv[0]}: not found in the image"
+    except subprocess.TimeoutExpired:
+        return 124, f"{' '.join(argv)}: no answer in {timeout_s} s"
+    return done.returncode, done.stdout + done.stderr
+
+
+def run_checks(*, expected_gpus: int, expected_efa: int, diag_level: int, run: Runner = run_command,
+               sys_class_infiniband: str = "/sys/class/infiniband") -> list[Failure]:
+    failures: list[Failure] = []
+    # The full -q report: "Attached GPUs", then per GPU its ECC Mode, ECC Errors, Retired Pages
+    # and Remapped Rows sections.
+    code, out = run(["nvidia-smi", "-q"], 120)
+    failures += check_gpus(out, expected_gpus) if code == 0 else [Failure(TOOL_ERROR, f"nvidia-smi -q exited {code}: {out.strip()[-300:]}")]
+    # -r 1 takes seconds; -r 2 a few minutes on 8 GPUs.
+    code, out = run(["dcgmi", "diag", "-r", str(diag_level)], 600 if diag_level == 1 else 1800)
+    failures += check_dcgmi_diag(out, code, diag_level)
+    if expected_efa:
+        failures += check_efa(count_efa_devices(sys_class_infiniband), expected_efa)
+    return sorted(set(failures))
+
+
+def gpus_busy(run: Runner = run_command) -> bool:
+    code, out = run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], 60)
+    return code != 0 or bool(out.strip())
+
+
+# ---------------------------------------------------------------- Kubernetes API (in-cluster)
+
+class KubeApi:
+    TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+
+    def __init__(self, base_url: Optional[str] = None, token_path: str = TOKEN, context: Optional[ssl.SSLContext] = None) -> None:
+        if base_url is None:
+            host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+            base_url = f"https://{host}:{port}"
+            context = context or ssl.create_default_context(cafile=self.CA)
+        self.base, self.token_path, self.context = base_url, token_path, context
+
+    def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        with open(self.token_path, encoding="utf-8") as f:  # re-read: projected tokens rotate
+            token = f.read().strip()
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.base + path, data=data, method=method, headers={
+            "Authorization": f"Bearer {token}", "Content-Type": content_type, "Accept": "application/json"})
+        with urllib.request.urlopen(request, context=self.context, timeout=30) as response:
+            return json.loads(response.read() or b"null")
+
+    def node(self, name: str) -> dict[str, Any]:
+        return self._call("GET", f"/api/v1/nodes/{name}")
+
+    def patch_node(self, name: str, patch: Any, *, json_patch: bool = False) -> None:
+        self._call("PATCH", f"/api/v1/nodes/{name}", patch,
+                   "application/json-patch+json" if json_patch else "application/merge-patch+json")
+
+    def patch_node_status(self, name: str, patch: Any) -> None:
+        self._call("PATCH", f"/api/v1/nodes/{name}/status", patch, "application/strategic-merge-patch+json")
+
+    def create_event(self, event: dict[str, Any]) -> None:
+        self._call("POST", "/api/v1/namespaces/default/events", event)
+
+
+def log(**fields: Any) -> None:
+    print(json.dumps({"time": dt.datetime.now(dt.timezone.utc).isoformat(), **fields}, sort_keys=True), flush=True)
+
+
+def set_taint(api: KubeApi, name: str, *, present: bool) -> None:
+    for _ in range(5):  # the test op fails when someone else changed the taints meanwhile
+        patch = taint_patch(api.node(name), present=present)
+        if patch is None:
+            return
+        try:
+            api.patch_node(name, patch, json_patch=True)
+            return
+        except urllib.error.HTTPError as error:
+            if error.code != 422:
+                raise
+    raise RuntimeError(f"could not {'add' if present else 'remove'} the readiness taint on {name}")
+
+
+def report(api: KubeApi, name: str, failures: Sequence[Failure], diag_level: int) -> None:
+    now = dt.datetime.now(dt.timezone.utc)
+    node = api.node(name)
+    if not failures:
+        set_taint(api, name, present=False)
+        cleanup = healthy_node_patch(node)
+        if cleanup:
+            api.patch_node(name, cleanup)
+        api.patch_node_status(name, condition_patch(True, f"dcgmi diag -r {diag_level}, ECC, GPU and EFA counts passed", now))
+        log(node=name, level=diag_level, result="pass")
+        return
+    api.patch_node(name, failure_node_patch(failures))
+    if hardware_failed(failures):
+        api.patch_node_status(name, condition_patch(False, "; ".join(f"{f.kind}: {f.detail}" for f in failures), now))
+    api.create_event(failure_event(name, node["metadata"]["uid"], failures, now))
+    log(node=name, level=diag_level, result="fail", failures=[f._asdict() for f in failures],
+        repair="karpenter replaces the node" if hardware_failed(failures) else "none (agent tool error)")
+
+
+def expectations(node: dict[str, Any], instances: dict[str, Any]) -> tuple[int, int]:
+    labels = node["metadata"].get("labels") or {}
+    instance_type = labels.get(INSTANCE_TYPE_LABEL, "")
+    if instance_type not in instances:
+        raise SystemExit(f"instance type {instance_type!r} of node {node['metadata']['name']} is not in the agent's table; "
+                         f"add it to the GPU catalog and redeploy")
+    facts = instances[instance_type]
+    efa = facts["efa_devices"] if labels.get(EFA_LABEL) == "true" else 0
+    return facts["gpus"], efa
+
+
+def startup(api: KubeApi, name: str, instances: dict[str, Any], *, run: Runner = run_command,
+            sys_class_infiniband: str = "/sys/class/infiniband") -> tuple[int, int]:
+    """The start-up gate: check the node at level 1 and report. Returns the expected counts."""
+    gpus, efa = expectations(api.node(name), instances)
+    failures = run_checks(expected_gpus=gpus, expected_efa=efa, diag_level=1, run=run, sys_class_infiniband=sys_class_infiniband)
+    report(api, name, failures, 1)
+    return gpus, efa
+
+
+def deep_check(api: KubeApi, name: str, gpus: int, efa: int, *, run: Runner = run_command,
+               sys_class_infiniband: str = "/sys/class/infiniband") -> bool:
+    """``dcgmi diag -r 2`` on idle GPUs; False (nothing run, taint restored) when a job holds one.
+    The taint goes on first and the idle check follows, so no pod can land in between."""
+    set_taint(api, name, present=True)
+    if gpus_busy(run):
+        set_taint(api, name, present=False)
+        log(node=name, level=2, result="skipped", reason="a compute process holds a GPU")
+        return False
+    report(api, name, run_checks(expected_gpus=gpus, expected_efa=efa, diag_level=2, run=run,
+                                 sys_class_infiniband=sys_class_infiniband), 2)
+    return True
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="node_health_agent")
+    parser.add_argument("--instances", required=True, help="JSON: instance type -> {gpus, efa_devices}")
+    parser.add_argument("--sys-class-infiniband", default="/sys/class/infiniband")
+    parser.add_argument("--deep-interval-hours", type=float, default=24.0)
+    parser.add_argument("--busy-retry-minutes", type=float, default=30.0)
+    args = parser.parse_args(argv)
+    with open(args.instances, encoding="utf-8") as f:
+        instances = json.load(f)
+    name = os.environ["NODE_NAME"]
+    api = KubeApi()
+    gpus, efa = startup(api, name, instances, sys_class_infiniband=args.sys_class_infiniband)
+    next_deep = time.monotonic() + args.deep_interval_hours * 3600
+    while True:
+        time.sleep(max(60.0, next_deep - time.monotonic()))
+        ran = deep_check(api, name, gpus, efa, sys_class_infiniband=args.sys_class_infiniband)
+        next_deep = time.monotonic() + (args.deep_interval_hours * 3600 if ran else args.busy_retry_minutes * 60)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
