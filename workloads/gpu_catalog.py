@@ -217,6 +217,6 @@ def team_quota_problems(path: str, teams: Sequence[Any], pools: Sequence[Any]) -
                 yield Problem(f"{at}.gpuQuota.{pool_name}", gpus, "is negative", "use 0 or more")
             elif gpus > pool_max[pool_name]:
                 yield Problem(f"{at}.gpuQuota.{pool_name}", gpus,
-                              f"exceeds the pool's maxGpus ({pool_max[pool_name]}; slices for a shared pool); "
+                              f"exceeds the pool's maxGpus ({pool_max[pool_name]}) (in slices for a shared pool); "
                               "the quota could never be used",
                               f"lower it to at most {pool_max[pool_name]} or raise gpuPools maxGpus")

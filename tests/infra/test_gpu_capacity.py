@@ -121,6 +121,10 @@ def test_daemonset_placement_from_helm_values_is_a_valid_pod_template(plan):
     assert releases
     for release in releases:
         values = release.inputs["values"]
+        if release.inputs["name"] == "gpu-operator":
+            # The operator places its operands itself; they take these tolerations (daemonsets.tolerations).
+            assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in values["daemonsets"]["tolerations"]
+            continue
         template = {"metadata": {"labels": {"app": release.inputs["name"]}},
                     "spec": {"affinity": values["affinity"], "tolerations": values["tolerations"],
                              "containers": [{"name": "c", "image": "example:1"}]}}
@@ -219,7 +223,10 @@ def test_gpu_node_pools_are_training_safe(plan):
         spec = pool["spec"]
         assert spec["disruption"]["consolidationPolicy"] == "WhenEmpty"
         assert {"key": "nvidia.com/gpu", "effect": "NoSchedule"} in spec["template"]["spec"]["taints"]
-        assert spec["template"]["spec"]["startupTaints"] == [{"key": "fsx.csi.aws.com/agent-not-ready", "effect": "NoExecute"}]
+        # MIG pools also start with the MIG gate's taint (tests/workloads/test_gpu_sharing.py).
+        mig = pool["spec"]["template"]["metadata"]["labels"].get("mlplatform.io/gpu-sharing") == "mig"
+        assert spec["template"]["spec"]["startupTaints"] == [{"key": "fsx.csi.aws.com/agent-not-ready", "effect": "NoExecute"}] + (
+            [{"key": "mlplatform.io/mig-pending", "effect": "NoSchedule"}] if mig else [])
         assert int(spec["limits"]["nvidia.com/gpu"]) > 0
     for node_class in _custom_resources(plan, ("EC2NodeClass",)):
         assert node_class["spec"]["metadataOptions"]["httpPutResponseHopLimit"] == 1
