@@ -74,8 +74,10 @@ MigLayout = tuple[tuple[str, int], ...]  # (profile, instances per GPU), sorted
 
 def parse_mig_layout(gpu_type: str, value: Union[str, Mapping[str, int], None]) -> MigLayout:
     """``all-1g.10gb`` (every GPU cut into as many of that profile as fit) or a mixed layout
-    ``{3g.40gb: 1, 2g.20gb: 1, 1g.10gb: 2}`` (instances per GPU). Assumes a valid layout
-    (``mig_layout_problems``)."""
+    ``{3g.40gb: 1, 2g.20gb: 1, 1g.10gb: 2}`` (instances per GPU). An invalid layout (which
+    ``mig_layout_problems`` reports) gives the empty layout, so the other rules still run."""
+    if gpu_type not in MIG_PROFILES or list(mig_layout_problems("", gpu_type, value)):
+        return ()
     profiles = MIG_PROFILES[gpu_type]
     if isinstance(value, str):
         name = _LAYOUT_ALL.match(value).group("profile")  # type: ignore[union-attr]
