@@ -40,7 +40,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 import yaml
 
 from catalog.gpu_sharing import MIG_PROFILES, SOURCE as MIG_SOURCE, mig_capable, pack
-from workloads.problems import Problem
+from workloads.problems import Problem, accepts_enum_values
 
 GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"  # ResourceName.DefaultSharedRename() in v0.17.1
@@ -161,6 +161,7 @@ def sharing_problems(path: str, pools: Sequence[Any], *, gpu_operator: bool) -> 
 
 
 # -- what a shared pool offers -------------------------------------------------------------------------
+@accepts_enum_values
 @dataclass(frozen=True)
 class PoolSharing:
     """A pool's sharing as the renderers need it (built from infra.config.GpuPoolConfig)."""
@@ -168,9 +169,6 @@ class PoolSharing:
     mode: GpuSharing = GpuSharing.NONE
     time_slicing_replicas: int = 1
     mig_layout: MigLayout = ()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "mode", GpuSharing(self.mode))
 
     @property
     def shared(self) -> bool:
