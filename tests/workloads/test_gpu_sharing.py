@@ -358,3 +358,69 @@ def test_plan_prices_a_slice_as_its_share_of_the_instance(dev_plan, prod_plan):
     lines = pool_lines(prod_plan.config, pool)
     assert any(f"nvidia.com/mig-1g.10gb: ${6.88 / 7:.4f}/slice-hour" in line for line in lines), lines
     del dev
+
+
+# -- a job asking for a slice -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def facts(dev_plan, prod_plan):
+    from infra.facts import facts_from_plan
+    return {"dev": facts_from_plan(dev_plan), "prod": facts_from_plan(prod_plan)}
+
+
+def _spec(**overrides):
+    from workloads.jobspec import parse_job_spec
+    raw = {"name": "small", "team": "applied", "image": "example.com/trainer:1.0.0",
+           "trainer": {"config": "trainer/configs/gpt2-124m.yaml", "overrides": ["data.micro_batch_size=4"]},
+           "gpu": {"type": "h100", "slice": "1g.10gb"}, "nodes": 1, "gpusPerNode": 1, "spot": False,
+           "dataset": "/fsx/datasets/tinystories/gpt2-v1"}
+    raw.update(overrides)
+    return parse_job_spec({k: v for k, v in raw.items() if v is not None})
+
+
+def test_a_mig_slice_job_renders_one_slice_on_the_mig_pool(facts, schemas):
+    from workloads.trainingjob import render, resolve
+    spec = _spec()
+    job = resolve(spec, facts["prod"])
+    assert job.pool.name == "h100-mig"
+    manifest = render(spec, facts["prod"])
+    assert validate_custom_resource(manifest, schemas) == []
+    pod = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+    assert validate_pod_template(pod) == []
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/mig-1g.10gb"] == "1" and "nvidia.com/gpu" not in limits
+    assert {"key": "mlplatform.io/gpu-sharing", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
+
+
+def test_slices_are_one_pod_and_go_only_where_offered(facts):
+    from workloads.jobspec import JobSpecError
+    from workloads.trainingjob import resolve
+    with pytest.raises(JobSpecError) as info:
+        _spec(nodes=2)
+    assert "multi-node and multi-GPU jobs take whole GPUs" in str(info.value)
+    with pytest.raises(JobSpecError) as info:
+        _spec(gpu={"type": "h100", "slice": "1g.10gb"}, shared=True)
+    assert "not both" in str(info.value)
+    with pytest.raises(JobSpecError) as info:  # prod has no 3g.40gb slices
+        resolve(_spec(gpu={"type": "h100", "slice": "3g.40gb"}), facts["prod"])
+    assert "offers nvidia.com/mig-3g.40gb" in str(info.value) and "nvidia.com/mig-1g.10gb" in str(info.value)
+    with pytest.raises(JobSpecError) as info:  # a whole-GPU job never lands on a shared pool
+        resolve(_spec(gpu=None, pool="h100-mig"), facts["prod"])
+    assert "runs slice requests only" in str(info.value)
+    # and a whole-H100 job by type goes to the whole-GPU pool, not the MIG one
+    assert resolve(_spec(gpu=None, gpuType="h100", gpusPerNode=8, team="research"), facts["prod"]).pool.name == "h100"
+
+
+def test_preflight_checks_memory_against_the_slice_not_the_gpu(facts):
+    """A 1g.10gb slice has 9.75 GB (MIG guide, H100-SXM5-80GB); the same model that fits the
+    slice at micro-batch 4 does not at micro-batch 16, though it would fit the whole 80 GB GPU."""
+    from pathlib import Path
+    from workloads.preflight import preflight
+    root = str(Path(__file__).resolve().parents[2])
+    fits = preflight(_spec(), facts["prod"], repo_root=root)
+    assert fits.ok, fits.render()
+    assert fits.figures["gpu_memory_gib"] == pytest.approx(9.75)
+    assert fits.figures["usd_per_slice_hour"] == pytest.approx(6.88 / 7, abs=1e-4)
+    big = _spec(trainer={"config": "trainer/configs/gpt2-124m.yaml", "overrides": ["data.micro_batch_size=16"]})
+    refused = preflight(big, facts["prod"], repo_root=root)
+    assert not refused.ok and refused.figures["memory_per_gpu_gib"] < 80 * 0.95
+    assert any("usable on one nvidia.com/mig-1g.10gb" in p.message for p in refused.problems)
