@@ -294,7 +294,10 @@ def node_overlay(pool_name: str, node_pool_name: str, instance_types: Sequence[s
         "kind": "NodeOverlay",
         "metadata": {"name": f"{node_pool_name}-slices", "labels": {pool_label: pool_name}},
         "spec": {
-            # CRD (v1.14.1): "karpenter.sh/nodepool" is one of the two karpenter.sh keys allowed.
+            # Scoped to this NodePool: the overlay controller matches each instance type together with
+            # karpenter.sh/nodepool=<pool> and the pool's template labels (kubernetes-sigs/karpenter
+            # 6e7eab7a0f48, the core of v1.14.1: pkg/controllers/nodeoverlay/controller.go
+            # getOverlaidOfferings), so the dev l4 pool's identical g6 types gain no shared slices.
             "requirements": [
                 {"key": "karpenter.sh/nodepool", "operator": "In", "values": [node_pool_name]},
                 {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": sorted(instance_types)},
