@@ -31,7 +31,6 @@ Operator deploys the MIG manager with its operands wired to those labels; MIG po
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from enum import Enum
@@ -402,7 +401,3 @@ def slice_memory_gib(gpu_type: str, gpu_memory_gib: float, sharing: PoolSharing,
     if sharing.mode is GpuSharing.TIME_SLICING:
         return gpu_memory_gib / sharing.time_slicing_replicas
     return float(gpu_memory_gib)
-
-
-def ceil_div(a: float, b: float) -> int:
-    return int(math.ceil(a / b))

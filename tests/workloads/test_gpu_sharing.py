@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-from pathlib import Path
-
 import pytest
 import yaml
 
@@ -346,7 +344,6 @@ def test_team_namespaces_quota_slices_separately(dev_plan):
 # -- cost ---------------------------------------------------------------------------------------------------------
 def test_plan_prices_a_slice_as_its_share_of_the_instance(dev_plan, prod_plan):
     from workloads.prices import PRICES
-    dev = "\n".join(dev_plan.text.splitlines()) if hasattr(dev_plan, "text") else None
     sharing = PoolSharing(GpuSharing.TIME_SLICING, time_slicing_replicas=4)
     assert gpu_sharing.usd_per_slice_hour(PRICES["g6.xlarge"].on_demand_usd_per_hour, 1, sharing, "nvidia.com/gpu.shared") == \
         pytest.approx(0.8048 / 4)
@@ -357,7 +354,8 @@ def test_plan_prices_a_slice_as_its_share_of_the_instance(dev_plan, prod_plan):
     pool = next(p for p in prod_plan.config.gpu_pools if p.name == "h100-mig")
     lines = pool_lines(prod_plan.config, pool)
     assert any(f"nvidia.com/mig-1g.10gb: ${6.88 / 7:.4f}/slice-hour" in line for line in lines), lines
-    del dev
+    dev_pool = next(p for p in dev_plan.config.gpu_pools if p.name == "l4-shared")
+    assert any(f"nvidia.com/gpu.shared: ${0.8048 / 4:.4f}/slice-hour" in line for line in pool_lines(dev_plan.config, dev_pool))
 
 
 # -- a job asking for a slice -------------------------------------------------------------------------------------
