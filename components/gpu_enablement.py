@@ -7,9 +7,9 @@ discovery and DCGM.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -19,8 +19,11 @@ from components.k8s import apply_namespace_objects, apply_object
 from components.versions import (
     DCGM_EXPORTER_REPO, DCGM_EXPORTER_VERSION, EFA_DEVICE_PLUGIN_VERSION, EKS_CHARTS_REPO,
     NVIDIA_DEVICE_PLUGIN_REPO, NVIDIA_DEVICE_PLUGIN_VERSION, NVIDIA_GPU_OPERATOR_REPO, NVIDIA_GPU_OPERATOR_VERSION,
+    NVIDIA_MIG_MANAGER_IMAGE,
     PROMETHEUS_OPERATOR_CRDS_REPO, PROMETHEUS_OPERATOR_CRDS_VERSION,
 )
+from workloads import gpu_sharing
+from workloads.gpu_sharing import MIG_PENDING_TAINT, SHARING_TAINT, PoolSharing
 from workloads.karpenter import EFA_LABEL, FSX_STARTUP_TAINT, GPU_TAINT, NODE_ROLE_LABEL, READINESS_STARTUP_TAINT
 from workloads.node_health import node_health_objects
 from workloads.placement import system_pod_placement
@@ -46,9 +49,13 @@ class GpuEnablementMode(str, Enum):
 
 def gpu_tolerations() -> list[dict[str, Any]]:
     # The startup taints (FSx, GPU readiness) are tolerated so GPUs and EFA devices are advertised
-    # and measured while the node is still being checked.
-    return [{"key": t["key"], "operator": "Exists", "effect": t["effect"]}
-            for t in (GPU_TAINT, FSX_STARTUP_TAINT, READINESS_STARTUP_TAINT)]
+    # and measured while the node is still being checked; shared nodes are tainted for slice pods
+    # only, and MIG nodes stay tainted until the MIG manager (an operand itself) and the device
+    # plugin have done their work.
+    return [
+        {"key": taint["key"], "operator": "Exists", "effect": taint["effect"]}
+        for taint in (GPU_TAINT, FSX_STARTUP_TAINT, READINESS_STARTUP_TAINT, SHARING_TAINT, MIG_PENDING_TAINT)
+    ]
 
 
 def node_affinity(label: str, value: str) -> dict[str, Any]:
@@ -65,19 +72,23 @@ def efa_node_placement() -> dict[str, Any]:
     return {"affinity": node_affinity(EFA_LABEL, "true"), "tolerations": gpu_tolerations()}
 
 
-def device_plugin_values() -> dict[str, Any]:
+def device_plugin_values(pool_sharing: Optional[Mapping[str, PoolSharing]] = None) -> dict[str, Any]:
+    # Shared pools: named configs in the chart's ConfigMap; each node's config-manager sidecar
+    # picks its pool's by the nvidia.com/device-plugin.config label (workloads.gpu_sharing).
     return {**gpu_node_placement(), "gfd": {"enabled": False}, "nfd": {"enabled": False},
-            "priorityClassName": "system-node-critical"}
+            "priorityClassName": "system-node-critical", **gpu_sharing.device_plugin_chart_config(pool_sharing or {})}
 
 
-def gpu_operator_values(*, service_monitor: bool) -> dict[str, Any]:
+def gpu_operator_values(*, service_monitor: bool, pool_sharing: Optional[Mapping[str, PoolSharing]] = None) -> dict[str, Any]:
     placement = gpu_node_placement()
+    sharing = gpu_sharing.gpu_operator_sharing_values(pool_sharing or {})
     return {
         "operator": system_pod_placement(),
         "driver": {"enabled": False},  # shipped by the AL2023 NVIDIA AMI
         "toolkit": {"enabled": False},  # shipped by the AL2023 NVIDIA AMI
         "daemonsets": {"tolerations": placement["tolerations"], "priorityClassName": "system-node-critical"},
-        "devicePlugin": {"enabled": True},
+        "devicePlugin": {"enabled": True, **sharing.get("devicePlugin", {})},
+        **{k: v for k, v in sharing.items() if k != "devicePlugin"},
         # The chart turns config.data into a ConfigMap (key dcgm-metrics.csv) the ClusterPolicy
         # points the exporter at (gpu-operator v25.3.0 templates/dcgm_exporter_config.yaml).
         "dcgmExporter": {"enabled": True, "serviceMonitor": {"enabled": service_monitor},
@@ -112,6 +123,8 @@ class GpuEnablementArgs:
     efa: install the EFA device plugin (some pool has EFA).
     node_health_image: the GPU node readiness agent's image (workloads/node_health.py); None
         deploys no agent (only for clusters without GPU pools: their nodes would stay tainted).
+    pool_sharing: pool name -> its GPU sharing; shared pools get device-plugin configs, MIG pools
+        the MIG manager's layouts and the MIG gate (MIG needs ``mode`` gpu-operator).
     """
 
     cluster: Cluster
@@ -121,9 +134,14 @@ class GpuEnablementArgs:
     prometheus_operator_crds: bool = False
     efa: bool = False
     node_health_image: Optional[str] = None
+    pool_sharing: Mapping[str, PoolSharing] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", GpuEnablementMode(self.mode))
+        if gpu_sharing.any_mig(self.pool_sharing) and self.mode is not GpuEnablementMode.GPU_OPERATOR:
+            mig = sorted(n for n, s in self.pool_sharing.items() if s.mode is gpu_sharing.GpuSharing.MIG)
+            raise ValueError(f"GpuEnablementArgs.pool_sharing: MIG pools {mig} need mode gpu-operator (its MIG manager "
+                             "pauses the operator's device plugin while it repartitions the GPUs)")
         if self.service_monitor and not self.prometheus_operator_crds:
             raise ValueError(
                 "GpuEnablementArgs.service_monitor: True needs the Prometheus operator CRDs (ServiceMonitor); "
@@ -160,13 +178,19 @@ class GpuEnablement(pulumi.ComponentResource):
             self._depends_on.append(self.releases["prometheus-operator-crds"])
         if args.mode is GpuEnablementMode.GPU_OPERATOR:
             self._release(name, "gpu-operator", "gpu-operator", NVIDIA_GPU_OPERATOR_REPO, NVIDIA_GPU_OPERATOR_VERSION,
-                          gpu_operator_values(service_monitor=args.service_monitor))
+                          gpu_operator_values(service_monitor=args.service_monitor, pool_sharing=args.pool_sharing))
         else:
             self._release(name, "nvidia-device-plugin", "nvidia-device-plugin", NVIDIA_DEVICE_PLUGIN_REPO,
-                          NVIDIA_DEVICE_PLUGIN_VERSION, device_plugin_values())
+                          NVIDIA_DEVICE_PLUGIN_VERSION, device_plugin_values(args.pool_sharing))
             if args.dcgm_exporter:
                 self._release(name, "dcgm-exporter", "dcgm-exporter", DCGM_EXPORTER_REPO, DCGM_EXPORTER_VERSION,
                               dcgm_exporter_values(service_monitor=args.service_monitor))
+        self.mig_gate: list[pulumi.CustomResource] = []
+        if gpu_sharing.any_mig(args.pool_sharing):
+            # Lifts the MIG startup taint once the operator's MIG manager reports success.
+            in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
+            for obj in gpu_sharing.mig_gate_objects(NAMESPACE, NVIDIA_MIG_MANAGER_IMAGE, gpu_tolerations()):
+                self.mig_gate.append(apply_object(f"{name}-mig-gate-{obj['kind'].lower()}", obj, in_namespace))
         if args.efa:
             self._release(name, "efa-device-plugin", "aws-efa-k8s-device-plugin", EKS_CHARTS_REPO,
                           EFA_DEVICE_PLUGIN_VERSION, efa_device_plugin_values())

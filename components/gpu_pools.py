@@ -13,7 +13,9 @@ import pulumi
 from components.cluster import Cluster
 from components.k8s import apply_object
 from components.karpenter import Karpenter, KarpenterPrerequisites
-from workloads.karpenter import CpuPoolSpec, GpuPoolSpec, NodeClassSpec, cpu_node_class, cpu_node_pool, gpu_node_class, gpu_node_pool
+from workloads.karpenter import (
+    CpuPoolSpec, GpuPoolSpec, NodeClassSpec, cpu_node_class, cpu_node_pool, gpu_node_class, gpu_node_overlay, gpu_node_pool,
+)
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class GpuPools(pulumi.ComponentResource):
         after = pulumi.ResourceOptions(parent=self, depends_on=karpenter)
         self.node_pools: dict[str, pulumi.CustomResource] = {}
         self.node_classes: dict[str, pulumi.CustomResource] = {}
+        self.node_overlays: dict[str, pulumi.CustomResource] = {}
         for pool in args.gpu_pools:
             node_class_resource = apply_object(f"{name}-{pool.name}-nodeclass", gpu_node_class(pool, node_class), after)
             self.node_classes[pool.name] = node_class_resource
@@ -58,6 +61,11 @@ class GpuPools(pulumi.ComponentResource):
                 f"{name}-{pool.name}-nodepool", gpu_node_pool(pool),
                 pulumi.ResourceOptions(parent=self, depends_on=[*karpenter, node_class_resource]),
             )
+            # Shared pools: the slices each instance type offers (NodeOverlay; the controller
+            # runs with the NodeOverlay feature gate on when any pool shares).
+            overlay = gpu_node_overlay(pool)
+            if overlay is not None:
+                self.node_overlays[pool.name] = apply_object(f"{name}-{pool.name}-nodeoverlay", overlay, after)
         if args.cpu_pool is not None:
             cpu = args.cpu_pool
             cpu_class = apply_object(f"{name}-{cpu.name}-nodeclass", cpu_node_class(cpu, node_class), after)

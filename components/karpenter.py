@@ -296,15 +296,18 @@ class KarpenterArgs:
     prerequisites: queue, roles and Pod Identity association created beforehand.
     replicas: controller replicas; > 1 also enables the chart's PodDisruptionBudget.
     log_level: debug | info | error.
+    node_overlay: turn on the alpha NodeOverlay feature gate (shared GPU pools declare slices).
     """
 
     cluster: Cluster
     prerequisites: KarpenterPrerequisites
     replicas: int = 1
     log_level: str = "info"
+    # Alpha NodeOverlay API (karpenter.sh/v1alpha1): slice capacity of shared GPU pools.
+    node_overlay: bool = False
 
 
-def helm_values(*, cluster_name: Any, queue_name: Any, replicas: int, log_level: str) -> dict[str, Any]:
+def helm_values(*, cluster_name: Any, queue_name: Any, replicas: int, log_level: str, node_overlay: bool = False) -> dict[str, Any]:
     placement = system_pod_placement()
     return {
         "replicas": replicas,
@@ -314,10 +317,14 @@ def helm_values(*, cluster_name: Any, queue_name: Any, replicas: int, log_level:
         "tolerations": placement["tolerations"],
         "logLevel": log_level,
         "serviceAccount": {"create": True, "name": SERVICE_ACCOUNT},
-        # NodeRepair (alpha, off by default in 1.14.1): Karpenter replaces a node whose
-        # AcceleratedHardwareReady condition has been False for 10 minutes, the condition the GPU
-        # readiness agent sets (workloads/node_health.py).
-        "settings": {"clusterName": cluster_name, "interruptionQueue": queue_name, **node_repair_settings()},
+        # Both feature gates are alpha and off by default in chart 1.14.1 (values.yaml
+        # settings.featureGates, rendered into FEATURE_GATES by templates/deployment.yaml).
+        # NodeRepair: Karpenter replaces a node whose AcceleratedHardwareReady condition has been
+        # False for 10 minutes, the condition the GPU readiness agent sets (workloads/node_health.py).
+        # NodeOverlay: shared GPU pools declare their slices.
+        "settings": {"clusterName": cluster_name, "interruptionQueue": queue_name,
+                     "featureGates": {**node_repair_settings()["featureGates"],
+                                      **({"nodeOverlay": True} if node_overlay else {})}},
         "controller": {"resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}},
     }
 
@@ -362,7 +369,7 @@ class Karpenter(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.namespace]),
         )
         values = helm_values(cluster_name=cluster.cluster_name, queue_name=args.prerequisites.queue.name,
-                             replicas=args.replicas, log_level=args.log_level)
+                             replicas=args.replicas, log_level=args.log_level, node_overlay=args.node_overlay)
         values = {k: v for k, v in values.items() if v is not None}
         self.release = k8s.helm.v3.Release(
             f"{name}-chart",

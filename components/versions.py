@@ -150,6 +150,10 @@ NVIDIA_DEVICE_PLUGIN_REPO = "https://nvidia.github.io/k8s-device-plugin"
 NVIDIA_DEVICE_PLUGIN_VERSION = "0.17.1"
 NVIDIA_GPU_OPERATOR_REPO = "https://helm.ngc.nvidia.com/nvidia"
 NVIDIA_GPU_OPERATOR_VERSION = "v25.3.0"
+# The MIG manager image that operator release deploys (gpu-operator v25.3.0 values.yaml
+# migManager.repository/image/version); it carries kubectl (its reconfigure-mig.sh calls it), so
+# the MIG gate DaemonSet (workloads.gpu_sharing) runs on the same pinned image.
+NVIDIA_MIG_MANAGER_IMAGE = "nvcr.io/nvidia/cloud-native/k8s-mig-manager:v0.12.1-ubuntu20.04"
 DCGM_EXPORTER_REPO = "https://nvidia.github.io/dcgm-exporter/helm-charts"
 DCGM_EXPORTER_VERSION = "4.1.1"
 # Prometheus operator CRDs (ServiceMonitor and friends) as templates, so Helm upgrades them:

@@ -17,7 +17,10 @@ from infra.config import GpuPoolConfig, PlatformConfig, TeamConfig
 from infra.mock_engine import Recording, RecordedResource
 from infra.platform import Platform
 from workloads import kueue, scheduling, tenancy
+from workloads import gpu_sharing
 from workloads.gpu_catalog import SPOT_NOTICE_SECONDS, gpu_type
+from workloads.gpu_sharing import PoolSharing
+from workloads.prices import PRICES, SPOT_DISCOUNT
 from workloads.karpenter import CapacityType, CpuPoolSpec, GpuPoolSpec, duration_seconds
 
 NODE_POOL_TYPE = "kubernetes:karpenter.sh/v1:NodePool"
@@ -31,7 +34,7 @@ def pool_spec(config: PlatformConfig, pool: GpuPoolConfig) -> GpuPoolSpec:
         consolidate_after=pool.consolidate_after, expire_after=pool.expire_after,
         termination_grace_period_seconds=pool.termination_grace_period_seconds,
         ami_alias=pool.ami_alias or config.karpenter.ami_alias, consolidation_policy=pool.consolidation_policy,
-        weight=pool.weight,
+        weight=pool.weight, sharing=pool.sharing_spec(),
     )
 
 
@@ -57,7 +60,24 @@ def team_specs(config: PlatformConfig, s3_prefix_list_cidrs: Any = None,
     """``s3_prefix_list_cidrs``: the S3 gateway endpoint's CIDRs (an Output at deploy time);
     ``service_cidr``: the cluster's Service CIDR (workflow pods reach the API server's address)."""
     out = []
-    cohort_gpus = sum(sum(t.gpu_quota.values()) for t in config.scheduling.teams)
+    shared = {p.name: p.sharing_spec() for p in config.gpu_pools if p.sharing_spec().shared}
+
+    def whole_gpus(team: TeamConfig) -> int:
+        return sum(n for pool, n in team.gpu_quota.items() if pool not in shared)
+
+    def slices(team: TeamConfig) -> dict[str, int]:
+        # A shared pool's quota is in slices; each of its resources may take up to that many.
+        out_: dict[str, int] = {}
+        for pool, n in team.gpu_quota.items():
+            for resource in shared.get(pool, PoolSharing()).slices_per_gpu():
+                out_[resource] = out_.get(resource, 0) + n
+        return out_
+
+    cohort_gpus = sum(whole_gpus(t) for t in config.scheduling.teams)
+    cohort_slices: dict[str, int] = {}
+    for t in config.scheduling.teams:
+        for resource, n in slices(t).items():
+            cohort_slices[resource] = cohort_slices.get(resource, 0) + n
     for team in config.scheduling.teams:
         ns = team_namespace(team)
         tenancy_ = tenancy_spec(team)
@@ -67,7 +87,8 @@ def team_specs(config: PlatformConfig, s3_prefix_list_cidrs: Any = None,
                 # backstop at what Kueue can admit: the team's own GPUs, or the whole cohort's when
                 # it may borrow. Below that, Kueue would admit a borrowing job whose pods the quota
                 # then refuses (evicted and requeued until deactivated).
-                team=team.name, namespace=ns, gpu_quota=cohort_gpus if team.borrowing else sum(team.gpu_quota.values()),
+                team=team.name, namespace=ns, gpu_quota=cohort_gpus if team.borrowing else whole_gpus(team),
+                slice_quota=dict(cohort_slices) if team.borrowing else slices(team),
                 vpc_cidr=str(config.network.cidr), default_priority=team.priority,
                 extra_labels={"mlplatform.io/default-priority-class": scheduling.priority_class_name(team.priority),
                               **tenancy_.namespace_labels()},
@@ -83,7 +104,8 @@ def team_specs(config: PlatformConfig, s3_prefix_list_cidrs: Any = None,
 def flavor_specs(config: PlatformConfig) -> list[kueue.FlavorSpec]:
     specs = [pool_spec(config, p) for p in config.gpu_pools]
     return [kueue.FlavorSpec(name=s.name, node_labels=s.node_labels, max_gpus=s.max_gpus, gpus_per_node=s.gpus_per_node,
-                             efa_devices_per_node=s.shapes[0].num_efa_network_cards if s.efa else 0)
+                             efa_devices_per_node=s.shapes[0].num_efa_network_cards if s.efa else 0,
+                             slices_per_gpu=s.sharing.slices_per_gpu())
             for s in specs]
 
 
@@ -96,12 +118,13 @@ def deploy(platform: Platform) -> dict[str, Any]:
         opts=platform.workload_opts(),
     )
     replicas = config.karpenter.replicas or (2 if config.is_prod else 1)
+    pools = [pool_spec(config, p) for p in config.gpu_pools]
     karpenter = Karpenter(
         f"{config.name}-karpenter",
-        KarpenterArgs(cluster=cluster, prerequisites=prerequisites, replicas=replicas, log_level=config.karpenter.log_level),
+        KarpenterArgs(cluster=cluster, prerequisites=prerequisites, replicas=replicas, log_level=config.karpenter.log_level,
+                      node_overlay=any(p.sharing.shared for p in pools)),
         opts=platform.kubernetes_opts(),
     )
-    pools = [pool_spec(config, p) for p in config.gpu_pools]
     GpuPools(
         f"{config.name}-node-pools",
         GpuPoolsArgs(cluster=cluster, prerequisites=prerequisites, karpenter=karpenter, gpu_pools=pools,
@@ -114,7 +137,8 @@ def deploy(platform: Platform) -> dict[str, Any]:
         GpuEnablementArgs(cluster=cluster, mode=enablement.mode, dcgm_exporter=enablement.dcgm_exporter,
                           service_monitor=enablement.service_monitor,
                           prometheus_operator_crds=enablement.prometheus_operator_crds, efa=any(p.efa for p in pools),
-                          node_health_image=enablement.node_health_image),
+                          node_health_image=enablement.node_health_image,
+                          pool_sharing={p.name: p.sharing for p in pools if p.sharing.shared}),
         opts=platform.kubernetes_opts(),
     )
     # The gateway endpoint's cidr_blocks are S3's prefix-list ranges for the region.
@@ -178,9 +202,10 @@ def _gpu_pool_eviction(config: PlatformConfig, recording: Recording) -> Iterable
 def _gpu_quota_oversubscribed(config: PlatformConfig, recording: Recording) -> Iterable[str]:
     for pool in config.gpu_pools:
         total = sum(t.gpu_quota.get(pool.name, 0) for t in config.scheduling.teams)
-        if total > pool.max_gpus:
-            yield (f"GPU pool {pool.name}: teams' nominal quotas sum to {total} GPUs but the pool launches at most "
-                   f"{pool.max_gpus}; quotas are not guaranteed (raise maxGpus or lower gpuQuota)")
+        unit = "GPUs" if pool.sharing.value == "none" else "slices"
+        if total > pool.max_quota_units:
+            yield (f"GPU pool {pool.name}: teams' nominal quotas sum to {total} {unit} but the pool launches at most "
+                   f"{pool.max_quota_units}; quotas are not guaranteed (raise maxGpus or lower gpuQuota)")
 
 
 def pool_lines(config: PlatformConfig, pool: GpuPoolConfig) -> list[str]:
@@ -199,7 +224,24 @@ def pool_lines(config: PlatformConfig, pool: GpuPoolConfig) -> list[str]:
         f"ami              {spec.ami_alias}",
         f"disruption       {pool.consolidation_policy.value} after {pool.consolidate_after}, "
         f"expireAfter {pool.expire_after}, terminationGracePeriod {pool.termination_grace_period_seconds}s",
+        f"sharing          {spec.sharing.describe()}",
+        *slice_price_lines(spec),
     ]
+
+
+def slice_price_lines(spec: Any) -> list[str]:
+    """$/slice-hour of a shared pool: the instance's price x the slice's share of one GPU."""
+    lines = []
+    for resource, per_node in spec.slices_per_node.items():
+        prices = [PRICES[t] for t in spec.instance_types if t in PRICES]
+        if not prices:
+            continue
+        cheapest = min(prices, key=lambda p: p.on_demand_usd_per_hour)
+        usd = gpu_sharing.usd_per_slice_hour(cheapest.on_demand_usd_per_hour, spec.gpus_per_node, spec.sharing, resource)
+        lines.append(f"slice price      {resource}: ${usd:.4f}/slice-hour on-demand (${usd * (1 - SPOT_DISCOUNT):.4f} spot) = "
+                     f"{cheapest.instance_type} ${cheapest.on_demand_usd_per_hour:.4f}/h / {spec.gpus_per_node} GPU(s) x "
+                     f"{gpu_sharing.slice_fraction(spec.sharing, resource):.4g} of a GPU; {per_node} per node")
+    return lines
 
 
 def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tuple[str, list[str]]]:

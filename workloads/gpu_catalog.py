@@ -201,7 +201,8 @@ def team_quota_problems(path: str, teams: Sequence[Any], pools: Sequence[Any]) -
     all teams' quotas above a pool's maxGpus is allowed (the plan warns: guaranteed is then not
     guaranteed).
     """
-    pool_max = {p.name: p.max_gpus for p in pools}
+    # A shared pool's quota counts slices (infra.config.GpuPoolConfig.max_quota_units).
+    pool_max = {p.name: getattr(p, "max_quota_units", p.max_gpus) for p in pools}
     seen: set[str] = set()
     for index, team in enumerate(teams):
         at = f"{path}[{index}]"
@@ -216,5 +217,6 @@ def team_quota_problems(path: str, teams: Sequence[Any], pools: Sequence[Any]) -
                 yield Problem(f"{at}.gpuQuota.{pool_name}", gpus, "is negative", "use 0 or more")
             elif gpus > pool_max[pool_name]:
                 yield Problem(f"{at}.gpuQuota.{pool_name}", gpus,
-                              f"exceeds the pool's maxGpus ({pool_max[pool_name]}); the quota could never be used",
+                              f"exceeds the pool's maxGpus ({pool_max[pool_name]}) (in slices for a shared pool); "
+                              "the quota could never be used",
                               f"lower it to at most {pool_max[pool_name]} or raise gpuPools maxGpus")

@@ -215,6 +215,26 @@ class JobSpec(_Model):
     runtime: Runtime = Field(Runtime.PYTORCHJOB, description="pytorchjob | trainjob.")
     model: Optional[ModelSpec] = None
     time_budget: TimeBudgetSpec = Field(default_factory=TimeBudgetSpec)
+    # GPU sharing (workloads.gpu_sharing): ``gpu: {type: a100, slice: 1g.10gb}`` asks for one MIG
+    # slice; ``shared: true`` for one time-slice of a shared pool's GPU. One pod, one device.
+    slice: Optional[str] = Field(None, pattern=r"^[0-9]+g\.[0-9]+gb$",
+                                 description="MIG profile of one slice, e.g. 1g.10gb (or gpu: {type, slice}); nodes 1, gpusPerNode 1.")
+    shared: bool = Field(False, description="One time-slice of a shared GPU (nvidia.com/gpu.shared); nodes 1, gpusPerNode 1.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpu_mapping(cls, raw: Any) -> Any:
+        """``gpu: {type: a100, slice: 1g.10gb}`` is gpuType + slice."""
+        if isinstance(raw, dict) and isinstance(raw.get("gpu"), dict):
+            raw = dict(raw)
+            gpu = dict(raw.pop("gpu"))
+            if "type" in gpu:
+                raw["gpuType"] = gpu.pop("type")
+            if "slice" in gpu:
+                raw["slice"] = gpu.pop("slice")
+            if gpu:
+                raw["gpu"] = gpu  # what is left is reported as unknown
+        return raw
 
     @field_validator("name")
     @classmethod
@@ -271,6 +291,17 @@ class JobSpec(_Model):
             raise ValueError("give exactly one of pool and gpuType. FIX: e.g. gpuType: h100, or pool: h100")
         return self
 
+    @model_validator(mode="after")
+    def _one_slice_one_pod(self) -> "JobSpec":
+        if self.slice and self.shared:
+            raise ValueError("give either gpu.slice (a MIG slice) or shared: true (a time-slice), not both. "
+                             "FIX: keep the one the pool offers")
+        if (self.slice or self.shared) and (self.nodes != 1 or self.gpus_per_node != 1):
+            raise ValueError(f"a GPU slice is one device for one pod: nodes {self.nodes} and gpusPerNode {self.gpus_per_node} "
+                             "cannot share a GPU (multi-node and multi-GPU jobs take whole GPUs). "
+                             "FIX: set nodes: 1 and gpusPerNode: 1, or drop slice/shared")
+        return self
+
     # -- derived -------------------------------------------------------------------------
     @property
     def namespace(self) -> str:
@@ -287,6 +318,13 @@ class JobSpec(_Model):
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def slice_resource(self) -> Optional[str]:
+        """The extended resource of the slice asked for, or None for whole GPUs."""
+        if self.slice:
+            return f"nvidia.com/mig-{self.slice}"
+        return "nvidia.com/gpu.shared" if self.shared else None
 
     @property
     def max_runtime_seconds(self) -> int:
@@ -387,6 +425,8 @@ def parse_job_spec(raw: Any, *, source: str = "job spec") -> JobSpec:
         # The whole-spec rule runs only once every field parsed: check it here too, so a bad
         # field never hides it.
         given = [k for k in ("pool", "gpuType", "gpu_type") if raw.get(k) is not None]
+        if isinstance(raw.get("gpu"), dict) and raw["gpu"].get("type") is not None:
+            given.append("gpu.type")
         if len(given) != 1 and not any(p.path == "pool/gpuType" for p in problems):
             problems.append(Problem("pool/gpuType", {k: raw.get(k) for k in given} or None,
                                     "give exactly one of pool and gpuType", "e.g. gpuType: h100, or pool: h100"))

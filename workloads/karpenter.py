@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Mapping, Optional, Sequence
 
+from workloads import gpu_sharing
 from workloads.gpu_catalog import InstanceShape, gpu_type
 from workloads.node_health_agent import READINESS_TAINT as READINESS_STARTUP_TAINT
+from workloads.gpu_sharing import PoolSharing
 from workloads.problems import accepts_enum_values
 
 NODE_POOL_API = "karpenter.sh/v1"
@@ -100,10 +102,16 @@ class GpuPoolSpec:
     ami_alias: str = "al2023@latest"
     consolidation_policy: ConsolidationPolicy = ConsolidationPolicy.WHEN_EMPTY
     weight: Optional[int] = None
+    sharing: PoolSharing = PoolSharing()
 
     @property
     def resource_name(self) -> str:
         return f"gpu-{self.name}"
+
+    @property
+    def slices_per_node(self) -> dict[str, int]:
+        """Extended resource -> slices one node offers (empty for whole-GPU pools)."""
+        return self.sharing.slices_per_node(self.gpus_per_node)
 
     @property
     def ami_family(self) -> AmiFamily:
@@ -123,6 +131,8 @@ class GpuPoolSpec:
         labels = {POOL_LABEL: self.name, GPU_TYPE_LABEL: self.gpu_type, NODE_ROLE_LABEL: "gpu"}
         if self.efa:
             labels[EFA_LABEL] = "true"
+        # Shared pools: the device plugin's (and MIG manager's) per-node config selectors.
+        labels.update(gpu_sharing.node_labels(self.name, self.sharing))
         return labels
 
 
@@ -202,8 +212,9 @@ def gpu_node_pool(pool: GpuPoolSpec) -> dict[str, Any]:
             "spec": {
                 "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": name},
                 "requirements": gpu_pool_requirements(pool),
-                "taints": [dict(GPU_TAINT)],
-                "startupTaints": [dict(FSX_STARTUP_TAINT), dict(READINESS_STARTUP_TAINT)],
+                "taints": [dict(GPU_TAINT), *gpu_sharing.taints(pool.sharing)],
+                "startupTaints": [dict(FSX_STARTUP_TAINT), dict(READINESS_STARTUP_TAINT),
+                                  *gpu_sharing.startup_taints(pool.sharing)],
                 "expireAfter": pool.expire_after,
                 "terminationGracePeriod": f"{pool.termination_grace_period_seconds}s",
             },
@@ -219,6 +230,13 @@ def gpu_node_pool(pool: GpuPoolSpec) -> dict[str, Any]:
         "metadata": {"name": name, "labels": {POOL_LABEL: pool.name}},
         "spec": spec,
     }
+
+
+def gpu_node_overlay(pool: GpuPoolSpec) -> Optional[dict[str, Any]]:
+    """The pool's slice capacity per instance type (``workloads.gpu_sharing.node_overlay``); None
+    for a whole-GPU pool."""
+    return gpu_sharing.node_overlay(pool.name, pool.resource_name, pool.instance_types, pool.gpus_per_node, pool.sharing,
+                                    pool_label=POOL_LABEL)
 
 
 def metadata_options() -> dict[str, Any]:

@@ -7,11 +7,13 @@ The manager runs with ``waitForPodsReady`` so a multi-node job is admitted all-o
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import yaml
 
+from workloads.gpu_sharing import SHARING_TAINT
 from workloads.karpenter import EFA_RESOURCE, GPU_RESOURCE, GPU_TAINT
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
@@ -35,10 +37,21 @@ class FlavorSpec:
     memory_gib_per_gpu: int = 120
     # EFA devices per node (the EFA device plugin's vpc.amazonaws.com/efa); 0 without EFA.
     efa_devices_per_node: int = 0
+    # A shared pool: extended resource -> slices per GPU (nvidia.com/gpu.shared: 4, or
+    # nvidia.com/mig-1g.10gb: 7). Its quota is in slices, and it offers no whole GPU and no EFA.
+    slices_per_gpu: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def resource_name(self) -> str:
         return f"gpu-{self.name}"
+
+    @property
+    def shared(self) -> bool:
+        return bool(self.slices_per_gpu)
+
+    @property
+    def slices_per_gpu_total(self) -> int:
+        return sum(self.slices_per_gpu.values())
 
 
 @dataclass(frozen=True)
@@ -53,30 +66,58 @@ class TeamQueueSpec:
 
 
 def resource_flavor(flavor: FlavorSpec) -> dict[str, Any]:
+    # Kueue adds these tolerations to admitted pods, so jobs need not know the GPU taint; only a
+    # shared flavor tolerates the sharing taint, so only slice requests land on shared nodes.
+    taints = [GPU_TAINT, SHARING_TAINT] if flavor.shared else [GPU_TAINT]
     return {
         "apiVersion": KUEUE_API,
         "kind": "ResourceFlavor",
         "metadata": {"name": flavor.resource_name},
         "spec": {
             "nodeLabels": dict(flavor.node_labels),
-            # Kueue adds these tolerations to admitted pods, so jobs need not know the GPU taint.
-            "tolerations": [{"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}],
+            "tolerations": [{"key": t["key"], "operator": "Exists", "effect": t["effect"]} for t in taints],
         },
     }
 
 
+def slice_resources(flavors: Sequence[FlavorSpec]) -> list[str]:
+    return sorted({r for f in flavors for r in f.slices_per_gpu})
+
+
+def _flavor_quota(flavor: FlavorSpec, quota: int, slice_names: Sequence[str]) -> list[dict[str, Any]]:
+    """Every covered resource, in the ClusterQueue's order (Kueue requires each flavor to list
+    the group's coveredResources in order). A whole-GPU flavor has no slice quota; a shared one
+    has no whole GPU and no EFA quota, so neither kind of request is ever admitted to the other
+    (Kueue assigns a flavor only where every requested resource fits)."""
+    if flavor.shared:
+        # ``quota`` is in slices of the pool; CPU and memory follow in GPU equivalents.
+        gpu_equivalents = quota / flavor.slices_per_gpu_total
+        gpus, efa = 0, 0
+        cpu = math.ceil(gpu_equivalents * flavor.cpu_per_gpu)
+        memory = math.ceil(gpu_equivalents * flavor.memory_gib_per_gpu)
+        max_slices = {r: n * flavor.max_gpus for r, n in flavor.slices_per_gpu.items()}
+        slices = {r: min(quota, max_slices[r]) for r in flavor.slices_per_gpu}
+    else:
+        gpus = quota
+        # Kueue refuses a pod requesting a resource its ClusterQueue does not cover: EFA pods
+        # request every EFA device of their node, so the quota follows the GPU quota in nodes.
+        efa = gpus // flavor.gpus_per_node * flavor.efa_devices_per_node
+        cpu, memory, slices = gpus * flavor.cpu_per_gpu, gpus * flavor.memory_gib_per_gpu, {}
+    resources = [
+        {"name": "cpu", "nominalQuota": str(cpu)},
+        {"name": "memory", "nominalQuota": f"{memory}Gi"},
+        {"name": GPU_RESOURCE, "nominalQuota": str(gpus)},
+        {"name": EFA_RESOURCE, "nominalQuota": str(efa)},
+    ]
+    resources += [{"name": r, "nominalQuota": str(slices.get(r, 0))} for r in slice_names]
+    return resources
+
+
 def cluster_queue(team: TeamQueueSpec, flavors: Sequence[FlavorSpec]) -> dict[str, Any]:
     flavor_entries = []
+    slice_names = slice_resources(flavors)
     for flavor in flavors:
-        gpus = int(team.gpu_quota.get(flavor.name, 0))
-        resources = [
-            {"name": "cpu", "nominalQuota": str(gpus * flavor.cpu_per_gpu)},
-            {"name": "memory", "nominalQuota": f"{gpus * flavor.memory_gib_per_gpu}Gi"},
-            {"name": GPU_RESOURCE, "nominalQuota": str(gpus)},
-            # Kueue refuses a pod requesting a resource its ClusterQueue does not cover: EFA pods
-            # request every EFA device of their node, so the quota follows the GPU quota in nodes.
-            {"name": EFA_RESOURCE, "nominalQuota": str(gpus // flavor.gpus_per_node * flavor.efa_devices_per_node)},
-        ]
+        resources = _flavor_quota(flavor, int(team.gpu_quota.get(flavor.name, 0)), slice_names)
         if not team.borrowing:
             for resource in resources:
                 resource["borrowingLimit"] = "0"
@@ -89,7 +130,8 @@ def cluster_queue(team: TeamQueueSpec, flavors: Sequence[FlavorSpec]) -> dict[st
             "cohortName": COHORT,
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": team.namespace}},
             "queueingStrategy": "BestEffortFIFO",
-            "resourceGroups": [{"coveredResources": ["cpu", "memory", GPU_RESOURCE, EFA_RESOURCE], "flavors": flavor_entries}],
+            "resourceGroups": [{"coveredResources": ["cpu", "memory", GPU_RESOURCE, EFA_RESOURCE, *slice_names],
+                                "flavors": flavor_entries}],
             # Borrowed GPUs come back to their owner by preemption; within a team, priority wins.
             "preemption": {
                 "reclaimWithinCohort": "Any",

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from workloads import node_health_agent
 from workloads.gpu_catalog import GPU_TYPES
+from workloads.gpu_sharing import MIG_PENDING_TAINT, SHARING_TAINT
 from workloads.karpenter import FSX_STARTUP_TAINT, GPU_TAINT, NODE_ROLE_LABEL, READINESS_STARTUP_TAINT
 
 NAMESPACE = "gpu-system"
@@ -77,8 +78,11 @@ def config_map() -> dict[str, Any]:
 
 def tolerations() -> list[dict[str, Any]]:
     # The readiness taint is the one this agent lifts; GPU and FSx taints as every GPU node agent.
+    # Shared and MIG nodes carry their own taints too: without them the agent would never run
+    # there and those pools would never lose the readiness taint.
     # Cordoned nodes need nothing: DaemonSet pods tolerate node.kubernetes.io/unschedulable.
-    return [{"key": t["key"], "operator": "Exists", "effect": t["effect"]} for t in (GPU_TAINT, FSX_STARTUP_TAINT, READINESS_STARTUP_TAINT)]
+    return [{"key": t["key"], "operator": "Exists", "effect": t["effect"]}
+            for t in (GPU_TAINT, FSX_STARTUP_TAINT, READINESS_STARTUP_TAINT, SHARING_TAINT, MIG_PENDING_TAINT)]
 
 
 def daemon_set(*, image: str, deep_interval_hours: float = DEFAULT_DEEP_INTERVAL_HOURS) -> dict[str, Any]:

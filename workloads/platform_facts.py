@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from workloads.fsx import CLAIM_NAME
+from workloads.gpu_sharing import SHARED_GPU_RESOURCE, SHARING_LABEL
 from workloads.tenancy import ALLOWED_PRIORITIES_ANNOTATION, POSIX_ID_LABEL
 from workloads.karpenter import (
     CAPACITY_TYPE_KEY, FAMILY_KEY, GPU_COUNT_KEY, GPU_NAME_KEY, GPU_RESOURCE, GPU_TYPE_LABEL, INSTANCE_TYPE_KEY, POOL_LABEL,
@@ -25,6 +26,7 @@ from workloads.karpenter import (
 # K8S_SECRET_NAME) and the keys the MLflow client reads.
 TRACKING_SECRET_KEYS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
 TRAINER_SERVICE_ACCOUNT = "trainer"
+SLICE_RESOURCES = (SHARED_GPU_RESOURCE,)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,14 @@ class PoolFacts:
     # Kueue quota per GPU of this flavor (ClusterQueue nominalQuota / GPUs): what a pod may request.
     cpu_per_gpu: Optional[float] = None
     memory_gib_per_gpu: Optional[float] = None
+    # GPU sharing (workloads.gpu_sharing): none | time-slicing | mig, from the NodePool's label, and
+    # the slices one node offers, from the pool's NodeOverlay (extended resource -> count).
+    sharing: str = "none"
+    slices_per_node: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def shared(self) -> bool:
+        return self.sharing != "none"
 
     @property
     def efa(self) -> bool:
@@ -146,6 +156,10 @@ def _gpu_pools(manifests: Sequence[Mapping[str, Any]], flavors: Mapping[str, Map
         efa_devices = sum(1 for i in interfaces if i.get("interfaceType") in ("efa", "efa-only"))
         flavor = next((f for f in flavors.values()
                        if all(labels.get(k) == v for k, v in (f["spec"].get("nodeLabels") or {}).items())), None)
+        overlay = next((o for o in manifests if _kind(o)[1] == "NodeOverlay" and any(
+            r.get("key") == "karpenter.sh/nodepool" and _name(m) in (r.get("values") or [])
+            for r in (o.get("spec") or {}).get("requirements", []))), None)
+        slices = {k: int(str(v)) for k, v in ((overlay or {}).get("spec") or {}).get("capacity", {}).items()}
         pools.append(PoolFacts(
             name=labels[POOL_LABEL], gpu_type=labels[GPU_TYPE_LABEL],
             gpus_per_node=int(requirements[GPU_COUNT_KEY][0]),
@@ -155,6 +169,7 @@ def _gpu_pools(manifests: Sequence[Mapping[str, Any]], flavors: Mapping[str, Map
             termination_grace_period_seconds=duration_seconds(spec.get("terminationGracePeriod")) or 0,
             max_gpus=int(str((m["spec"].get("limits") or {}).get(GPU_RESOURCE, "0"))),
             efa_devices_per_node=efa_devices, kueue_flavor=_name(flavor) if flavor else None,
+            sharing=labels.get(SHARING_LABEL, "none"), slices_per_node=slices,
         ))
     return pools
 
@@ -222,9 +237,12 @@ def facts_from_manifests(
                 for flavor in group.get("flavors", []):
                     for r in flavor.get("resources", []):
                         if r["name"] == GPU_RESOURCE:
-                            quota[flavor["name"]] = int(float(str(r["nominalQuota"])))
+                            quota[flavor["name"]] = max(quota.get(flavor["name"], 0), int(float(str(r["nominalQuota"]))))
                             if str(r.get("borrowingLimit", "")) == "0":
                                 borrowing = False
+                        elif r["name"] in SLICE_RESOURCES or r["name"].startswith("nvidia.com/mig-"):
+                            # A shared flavor's quota is in slices (its whole-GPU quota is 0).
+                            quota[flavor["name"]] = max(quota.get(flavor["name"], 0), int(float(str(r["nominalQuota"]))))
         lq = next((q for q in local_queues if _namespace(q) == name
                    and cq is not None and q["spec"].get("clusterQueue") == _name(cq)), None)
         in_ns = [m for m in manifests if _namespace(m) == name]

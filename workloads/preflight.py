@@ -156,6 +156,9 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
     pool, gpu = job.pool, GPU_TYPES[job.pool.gpu_type]
     world = spec.world_size
     price = PRICES.get(job.instance_type)
+    slice_ = spec.slice_resource
+    if slice_:
+        return _preflight_slice(spec, facts, job, report, repo_root=repo_root)
     report.lines += [
         f"Preflight of job {spec.name} on stack {facts.stack} ({', '.join(facts.notes) or 'facts from the plan'})",
         f"placement      pool {pool.name}: {spec.nodes} x {job.instance_type} ({spec.gpus_per_node} of {pool.gpus_per_node} "
@@ -269,4 +272,61 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
                                            f"saving {_gib(ckpt_bytes)} at {facts.fsx_write_mb_per_s:,.0f} MB/s takes ~{seconds:.0f} s, "
                                            "more than the budget: an interruption would kill the save",
                                            "raise the FSx throughput, shard/async the save, or use on-demand (spot: false) with a larger budget"))
+    return report
+
+
+def _preflight_slice(spec: JobSpec, facts: PlatformFacts, job: ResolvedJob, report: Preflight, *, repo_root: str) -> Preflight:
+    """A one-pod job on a GPU slice: placement, quota in slices, memory against the slice (not the
+    whole GPU), and the slice's share of the instance price."""
+    from workloads import gpu_sharing
+    from workloads.gpu_sharing import GpuSharing, PoolSharing
+
+    pool, gpu = job.pool, GPU_TYPES[job.pool.gpu_type]
+    resource = spec.slice_resource or ""
+    sharing = PoolSharing(GpuSharing(pool.sharing), time_slicing_replicas=int(pool.slices_per_node.get(resource, 1)) // pool.gpus_per_node
+                          if pool.sharing == GpuSharing.TIME_SLICING.value else 1)
+    memory_gib = gpu_sharing.slice_memory_gib(pool.gpu_type, gpu.gpu_memory_gib, sharing, resource)
+    fraction = gpu_sharing.slice_fraction(sharing, resource)
+    report.lines += [
+        f"Preflight of job {spec.name} on stack {facts.stack} ({', '.join(facts.notes) or 'facts from the plan'})",
+        f"placement      pool {pool.name}: one {resource} on a {job.instance_type} ({pool.sharing}; {job.slices_per_node} such "
+        f"slices per node, {pool.gpus_per_node} {gpu.description})",
+        f"queue          {job.team.namespace}/{job.team.local_queue}, priority {job.priority_class}",
+        f"pod            {job.cpu} CPU, {job.memory_gib} GiB, /dev/shm {job.shm_gib} GiB; {job.budget.describe()}",
+    ]
+    quota = job.team.gpu_quota.get(pool.kueue_flavor or "", 0)
+    report.lines.append(f"quota          1 slice requested; team {spec.team} has {quota} nominal slices on {pool.name}"
+                        f"{' (may borrow idle slices)' if job.team.borrowing else ''}")
+    if quota < 1 and not job.team.borrowing:
+        report.problems.append(Problem("team", spec.team, f"team {spec.team} has no slice quota on {pool.name} and may not borrow",
+                                       "ask the platform team for gpuQuota on the shared pool"))
+    report.figures.update({"pool": pool.name, "instance_type": job.instance_type, "slice_resource": resource,
+                           "gpu_memory_gib": memory_gib, "world_size": 1})
+    shape, problems = trainer_shape(spec, repo_root)
+    report.problems += problems
+    if shape is not None:
+        mem = memory_per_gpu(shape, 1)
+        usable = memory_gib * GIB * USABLE_MEMORY_FRACTION
+        isolation = ("MIG: its own memory, enforced" if pool.sharing == GpuSharing.MIG.value else
+                     f"time-slicing: the GPU's {gpu.gpu_memory_gib} GiB is shared by {sharing.time_slicing_replicas} pods "
+                     "with no isolation; this is the fair share")
+        arithmetic = (f"{shape.parameters / 1e9:.2f}B params x {BYTES_PER_PARAMETER} B = {_gib(mem['state'])} state + "
+                      f"{_gib(mem['activations'])} activations + {_gib(mem['logits'])} logits + {_gib(mem['reserve'])} CUDA "
+                      f"= {_gib(mem['total'])}")
+        report.lines.append(f"memory         {arithmetic}; the slice has {memory_gib:g} GiB ({USABLE_MEMORY_FRACTION:.0%} usable = "
+                            f"{_gib(usable)}; {isolation}) [{shape.source}]")
+        report.figures.update({"memory_per_gpu_gib": round(mem["total"] / GIB, 2), "usable_gpu_memory_gib": round(usable / GIB, 2)})
+        if mem["total"] > usable:
+            report.problems.append(Problem("gpu.slice" if spec.slice else "shared", spec.slice or True,
+                                           f"does not fit: {arithmetic} > {_gib(usable)} usable on one {resource}",
+                                           ("a larger MIG profile (e.g. 3g.40gb), " if spec.slice else "a MIG slice or a pool with fewer "
+                                            "time-slices per GPU, ") + "a smaller micro-batch / activation checkpointing, or whole GPUs"))
+    price = PRICES.get(job.instance_type)
+    if price is not None:
+        per_hour = gpu_sharing.usd_per_slice_hour(price.on_demand_usd_per_hour, pool.gpus_per_node, sharing, resource)
+        report.lines.append(f"cost           ${per_hour:.4f}/slice-hour on-demand = {job.instance_type} "
+                            f"${price.on_demand_usd_per_hour:.4f}/h / {pool.gpus_per_node} GPU(s) x {fraction:.4g} of a GPU"
+                            + (f"; spot ~${per_hour * (1 - SPOT_DISCOUNT):.4f}" if job.interruptible else ""))
+        report.lines.append(f"               prices: {SOURCE_URL} ({PRICES_AS_OF})")
+        report.figures["usd_per_slice_hour"] = round(per_hour, 4)
     return report

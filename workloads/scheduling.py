@@ -75,6 +75,9 @@ class TeamNamespaceSpec:
     # The cluster's Service CIDR: workflow pods may reach the `kubernetes` Service address
     # (``api_server_egress_policy``). None: no such policy.
     service_cidr: Optional[str] = None
+    # Shared GPU pools: extended resource (nvidia.com/gpu.shared, nvidia.com/mig-1g.10gb) -> slices
+    # the namespace may request; the same backstop as gpu_quota, in slices.
+    slice_quota: dict[str, int] = field(default_factory=dict)
 
 
 def namespace(spec: TeamNamespaceSpec) -> dict[str, Any]:
@@ -99,7 +102,9 @@ def resource_quota(spec: TeamNamespaceSpec) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "ResourceQuota",
         "metadata": {"name": "gpu-quota", "namespace": spec.namespace},
-        "spec": {"hard": {f"requests.{GPU_RESOURCE}": str(spec.gpu_quota), "pods": str(spec.max_pods)}},
+        "spec": {"hard": {f"requests.{GPU_RESOURCE}": str(spec.gpu_quota),
+                          **{f"requests.{r}": str(n) for r, n in sorted(spec.slice_quota.items())},
+                          "pods": str(spec.max_pods)}},
     }
 
 

@@ -44,6 +44,8 @@ PINNED: tuple[PinnedFile, ...] = tuple([
         "karpenter.k8s.aws_ec2nodeclasses.yaml": "62dec59f01c0972d4503ca3ed25f243ba9c2f561be0d964ce7a14c8df406132f",
         "karpenter.sh_nodeclaims.yaml": "96037dc241031fe0f7a09ddf78183d885ce6a1dfe115f7b3fbf8a12c564be694",
         "karpenter.sh_nodepools.yaml": "3bb64a20c80776b77aa19a699ebdaf34480a7b2e7ec4ef890b43225b3517f878",
+        # NodeOverlay (karpenter.sh/v1alpha1): shared GPU pools declare their slices with it.
+        "karpenter.sh_nodeoverlays.yaml": "6ff6199aff096cc87cd9508f8c5ae62c6d3452aa90c2828ee36380340f3ece62",
     }),
     *_crds("training-operator-1.9.4", "kubeflow/trainer", "v1.9.4", "manifests/base/crds", {
         "kubeflow.org_pytorchjobs.yaml": "8b8a8a719cc94173169290251e817f7ac2bb425c20b6c2fa813397bcf4e932ed",

@@ -140,14 +140,29 @@ class ResolvedJob:
         return max(getattr(instance(t), attribute) for t in self.pool.instance_types)
 
     @property
+    def slices_per_node(self) -> int:
+        """Pods of this slice size one node of the pool holds (0 for whole-GPU jobs)."""
+        resource = self.spec.slice_resource
+        return int(self.pool.slices_per_node.get(resource, 0)) if resource else 0
+
+    def _slice_share(self, attribute: str) -> int:
+        # A slice pod gets its share of the node: allocatable / every slice the node offers.
+        total = sum(self.pool.slices_per_node.values()) or 1
+        return max(1, min(getattr(instance(t), attribute) for t in self.pool.instance_types) // total)
+
+    @property
     def cpu(self) -> int:
         """The team's Kueue CPU share per GPU, within what the pool's largest node can give."""
+        if self.spec.slice_resource:
+            return self._slice_share("allocatable_cpu")
         share = int((self.pool.cpu_per_gpu or 1) * self.spec.gpus_per_node)
         fits = self._largest("allocatable_cpu") * self.spec.gpus_per_node // self.pool.gpus_per_node
         return max(1, min(share, fits))
 
     @property
     def memory_gib(self) -> int:
+        if self.spec.slice_resource:
+            return self._slice_share("allocatable_memory_gib")
         share = int((self.pool.memory_gib_per_gpu or 8) * self.spec.gpus_per_node)
         fits = self._largest("allocatable_memory_gib") * self.spec.gpus_per_node // self.pool.gpus_per_node
         return max(1, min(share, fits))
@@ -195,6 +210,21 @@ def resolve(spec: JobSpec, facts: PlatformFacts) -> ResolvedJob:
     pools, problem = _candidate_pools(spec, facts)
     if problem:
         problems.append(problem)
+    # A slice request goes only to a pool that offers that slice; a whole-GPU job never to a
+    # shared pool (Kueue's flavors refuse both the other way round too: workloads.kueue).
+    wanted = spec.slice_resource
+    matching = [p for p in pools if (wanted in p.slices_per_node if wanted else not p.shared)]
+    if pools and not matching:
+        offered = sorted({r for p in facts.pools for r in p.slices_per_node})
+        if wanted:
+            problems.append(Problem("gpu.slice" if spec.slice else "shared", spec.slice or True,
+                                    f"no {'pool ' + spec.pool if spec.pool else spec.gpu_type + ' pool'} of stack {facts.stack} "
+                                    f"offers {wanted}", f"ask for one of {offered or 'nothing: no pool shares GPUs'}"))
+        else:
+            problems.append(Problem("pool", spec.pool, f"pool {spec.pool} shares its GPUs ({pools[0].sharing}): it runs "
+                                    f"slice requests only", f"add gpu.slice or shared: true for one of {offered}, or pick a "
+                                    "whole-GPU pool"))
+    pools = matching
     fitting = [p for p in pools if p.gpus_per_node >= spec.gpus_per_node]
     if pools and not fitting:
         problems.append(Problem("gpusPerNode", spec.gpus_per_node,
@@ -336,7 +366,8 @@ def team_runtime_env(namespace: str) -> list[dict[str, Any]]:
 
 
 def resources(job: ResolvedJob) -> dict[str, Any]:
-    amounts = {"cpu": str(job.cpu), "memory": f"{job.memory_gib}Gi", GPU_RESOURCE: str(job.spec.gpus_per_node)}
+    gpu = {job.spec.slice_resource: "1"} if job.spec.slice_resource else {GPU_RESOURCE: str(job.spec.gpus_per_node)}
+    amounts = {"cpu": str(job.cpu), "memory": f"{job.memory_gib}Gi", **gpu}
     if job.efa_devices:
         amounts[EFA_RESOURCE] = str(job.efa_devices)
     # requests == limits: Guaranteed QoS, and the LimitRange never adds limits of its own.

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Iterator, Optional
+from typing import Annotated, Any, Iterator, Optional, Union
 
 from pydantic import Field, field_validator
 
@@ -14,6 +14,7 @@ from infra.config.common import Environment, _Model
 from infra.config.engine import Rule, invalid
 from infra.limits import at_most
 from workloads.gpu_catalog import gpu_pool_problems
+from workloads.gpu_sharing import GpuSharing, PoolSharing, parse_mig_layout, sharing_problems
 from workloads.karpenter import CapacityType as KarpenterCapacityType, ConsolidationPolicy
 
 
@@ -62,6 +63,26 @@ class GpuPoolConfig(_Model):
     # NodePool CRD (karpenter 1.14.1, spec.weight): integer, minimum 1, maximum 100.
     weight: Annotated[Optional[int], at_most(limits.KARPENTER_NODEPOOL_WEIGHT)] = Field(
         None, ge=1, description="Karpenter NodePool weight 1-100 (higher is tried first).")
+    sharing: GpuSharing = Field(GpuSharing.NONE, description="none | time-slicing | mig: how pods share a GPU (never with efa).")
+    time_slicing_replicas: Optional[int] = Field(
+        None, description="sharing: time-slicing: pods per GPU (2-16); each gets nvidia.com/gpu.shared, no memory isolation.")
+    mig_layout: Optional[Union[str, dict[str, Any]]] = Field(
+        None, description="sharing: mig: all-<profile> (e.g. all-1g.10gb) or {profile: instances per GPU}; A100/H100/H200 only.")
+
+    def sharing_spec(self) -> PoolSharing:
+        """The pool's sharing for the renderers (valid config only)."""
+        if self.sharing is GpuSharing.MIG:
+            return PoolSharing(GpuSharing.MIG, mig_layout=parse_mig_layout(self.gpu_type, self.mig_layout))
+        if self.sharing is GpuSharing.TIME_SLICING:
+            return PoolSharing(GpuSharing.TIME_SLICING, time_slicing_replicas=int(self.time_slicing_replicas or 1))
+        return PoolSharing()
+
+    @property
+    def max_quota_units(self) -> int:
+        """What a team quota on this pool counts: GPUs, or slices (all profiles) for a shared pool."""
+        if self.sharing is GpuSharing.NONE:
+            return self.max_gpus
+        return sum(self.sharing_spec().slices_per_gpu().values()) * self.max_gpus
 
     @field_validator("capacity_reservation_ids")
     @classmethod
@@ -112,6 +133,10 @@ def _gpu_pool_rules(environment: Environment, ami_alias: str, gpu_pools: list[Gp
     if environment is Environment.PROD and ami_alias.endswith("@latest"):
         yield Problem("karpenter.amiAlias", ami_alias, "prod nodes must not follow @latest (every AMI release drifts every node)",
                       "pin a release, e.g. al2023@v20251023")
+
+
+def _gpu_pool_sharing(mode: GpuEnablementMode, gpu_pools: list[GpuPoolConfig]) -> Iterator[Problem]:
+    yield from sharing_problems("gpuPools", gpu_pools, gpu_operator=mode is GpuEnablementMode.GPU_OPERATOR)
 
 
 def _gpu_pool_zones(availability_zones: list[str], gpu_pools: list[GpuPoolConfig]) -> Iterator[Problem]:
@@ -166,6 +191,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("environment", "gpuEnablement.nodeHealthImage", "gpuPools"), _node_health_image),
     Rule(("cluster.version", "karpenter.amiAlias", "gpuPools"), _ami_alias_ships_version),
     Rule(("network.availabilityZones", "gpuPools"), _gpu_pool_zones),
+    Rule(("gpuEnablement.mode", "gpuPools"), _gpu_pool_sharing),
     Rule(("gpuPools",), _pool_node_limits),
     Rule(("gpuPools", "cluster.systemNodeGroup.maxSize"), _cluster_node_limit),
 )

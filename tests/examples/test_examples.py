@@ -142,7 +142,10 @@ def test_example_job_renders_for_its_stack(path, stack_facts, schemas):
         assert validate_pod_template(pod) == []
         assert pod["spec"]["nodeSelector"] == {k: job.pool.node_labels[k] for k in pod["spec"]["nodeSelector"]}
         limits = pod["spec"]["containers"][0]["resources"]["limits"]
-        assert int(limits[GPU_RESOURCE]) == spec.gpus_per_node
+        if spec.slice_resource:  # one slice, never a whole GPU (workloads.gpu_sharing)
+            assert limits[spec.slice_resource] == "1" and GPU_RESOURCE not in limits
+        else:
+            assert int(limits[GPU_RESOURCE]) == spec.gpus_per_node
     if spec.pool:
         assert job.pool.name == spec.pool
     else:

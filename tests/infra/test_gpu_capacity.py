@@ -121,6 +121,10 @@ def test_daemonset_placement_from_helm_values_is_a_valid_pod_template(plan):
     assert releases
     for release in releases:
         values = release.inputs["values"]
+        if release.inputs["name"] == "gpu-operator":
+            # The operator places its operands itself; they take these tolerations (daemonsets.tolerations).
+            assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in values["daemonsets"]["tolerations"]
+            continue
         template = {"metadata": {"labels": {"app": release.inputs["name"]}},
                     "spec": {"affinity": values["affinity"], "tolerations": values["tolerations"],
                              "containers": [{"name": "c", "image": "example:1"}]}}
@@ -219,8 +223,11 @@ def test_gpu_node_pools_are_training_safe(plan):
         spec = pool["spec"]
         assert spec["disruption"]["consolidationPolicy"] == "WhenEmpty"
         assert {"key": "nvidia.com/gpu", "effect": "NoSchedule"} in spec["template"]["spec"]["taints"]
+        # MIG pools also start with the MIG gate's taint (tests/workloads/test_gpu_sharing.py).
+        mig = pool["spec"]["template"]["metadata"]["labels"].get("mlplatform.io/gpu-sharing") == "mig"
         assert spec["template"]["spec"]["startupTaints"] == [{"key": "fsx.csi.aws.com/agent-not-ready", "effect": "NoExecute"},
-                                                             {"key": "node.mlplatform.io/gpu-not-ready", "effect": "NoSchedule"}]
+                                                             {"key": "node.mlplatform.io/gpu-not-ready", "effect": "NoSchedule"}] + (
+            [{"key": "mlplatform.io/mig-pending", "effect": "NoSchedule"}] if mig else [])
         assert int(spec["limits"]["nvidia.com/gpu"]) > 0
     for node_class in _custom_resources(plan, ("EC2NodeClass",)):
         assert node_class["spec"]["metadataOptions"]["httpPutResponseHopLimit"] == 1
@@ -280,6 +287,25 @@ def test_gpu_nodes_get_the_readiness_agent_that_lifts_their_startup_taint(plan):
     assert len(daemonsets) == 1
     image = daemonsets[0].inputs["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image == plan.config.gpu_enablement.node_health_image
+
+
+def _tolerates(tolerations, taint) -> bool:
+    # Kubernetes' rule (k8s.io/api/core/v1 Toleration.ToleratesTaint): an empty effect matches
+    # every effect; operator Exists matches any value of the key.
+    return any(t.get("key") == taint["key"] and t.get("effect", taint["effect"]) in ("", taint["effect"])
+               and (t.get("operator") == "Exists" or t.get("value") == taint.get("value")) for t in tolerations)
+
+
+def test_the_readiness_agent_tolerates_every_taint_a_gpu_pool_starts_with(plan):
+    """A shared or MIG pool's node carries its own taints besides the readiness taint; an agent
+    that did not tolerate them would never run there, and the node would never take a job."""
+    agent = next(r for r in plan.recording.resources if r.type.startswith("kubernetes:") and r.inputs.get("kind") == "DaemonSet"
+                 and r.inputs["metadata"]["name"] == "gpu-node-health")
+    tolerations = agent.inputs["spec"]["template"]["spec"]["tolerations"]
+    for pool in _custom_resources(plan, ("NodePool",)):
+        spec = pool["spec"]["template"]["spec"]
+        for taint in spec.get("taints", []) + spec.get("startupTaints", []):
+            assert _tolerates(tolerations, taint), (pool["metadata"]["name"], taint)
 
 
 @pytest.mark.parametrize("stack, image, words", [

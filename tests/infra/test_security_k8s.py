@@ -366,7 +366,9 @@ def test_controller_releases_wait_for_nodes_and_dns(plan):
     on and CoreDNS to resolve AWS and in-cluster names (Karpenter exits without DNS)."""
     releases = [r for r in plan.recording.by_type(RELEASE) if not r.inputs["chart"].endswith(CRD_ONLY_CHARTS)]
     names = {r.inputs["name"] for r in releases}
-    assert {"karpenter", "kueue", "nvidia-device-plugin", "dcgm-exporter"} <= names
+    # gpu-operator mode (prod: MIG needs its MIG manager) bundles the device plugin and DCGM.
+    operator = plan.config.gpu_enablement.mode.value == "gpu-operator"
+    assert {"karpenter", "kueue", *(("gpu-operator",) if operator else ("nvidia-device-plugin", "dcgm-exporter"))} <= names
     if any(p.efa for p in plan.config.gpu_pools):
         assert "efa-device-plugin" in names
     for release in releases:
@@ -397,7 +399,10 @@ def test_karpenter_crds_are_their_own_release_and_pools_wait_for_them(plan):
 # -- ServiceMonitor needs the Prometheus operator CRDs -----------------------------------------
 def test_service_monitor_is_off_in_both_stacks(plan):
     assert plan.config.gpu_enablement.service_monitor is False
-    assert _release(plan, "dcgm-exporter").inputs["values"]["serviceMonitor"]["enabled"] is False
+    if plan.config.gpu_enablement.mode.value == "gpu-operator":
+        assert _release(plan, "gpu-operator").inputs["values"]["dcgmExporter"]["serviceMonitor"]["enabled"] is False
+    else:
+        assert _release(plan, "dcgm-exporter").inputs["values"]["serviceMonitor"]["enabled"] is False
 
 
 def test_service_monitor_without_crds_is_refused():
@@ -411,10 +416,11 @@ def test_service_monitor_without_crds_is_refused():
 
 
 def test_service_monitor_with_crds_depends_on_the_crd_release(plan_config):
-    raw = stack_config("prod")
+    # The standalone DCGM exporter release: the dev stack's device-plugin mode (prod runs the operator).
+    raw = stack_config("dev")
     raw.pop("monitoring")
     raw["gpuEnablement"].update(serviceMonitor=True, prometheusOperatorCrds=True)
-    plan = plan_config("prod", raw)
+    plan = plan_config("dev", raw)
     crds, dcgm = _release(plan, "prometheus-operator-crds"), _release(plan, "dcgm-exporter")
     assert crds.inputs["chart"] == "prometheus-operator-crds" and re.fullmatch(r"\d+\.\d+\.\d+", crds.inputs["version"])
     assert dcgm.inputs["values"]["serviceMonitor"]["enabled"] is True

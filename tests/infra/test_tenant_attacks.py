@@ -420,10 +420,17 @@ def test_namespace_quota_agrees_with_kueue_borrowing():
     """A team that may borrow gets a namespace GPU quota as large as what Kueue can admit (the
     cohort's GPUs); one that may not, its own GPUs. Otherwise Kueue admits a borrowing job whose
     pods the ResourceQuota refuses."""
-    cohort = sum(sum(t.gpu_quota.values()) for t in CONFIG.scheduling.teams)
+    # Whole GPUs only: a shared pool's quota counts slices, backed by its own slice resource
+    # (tests/workloads/test_gpu_sharing.py).
+    whole = {p.name for p in CONFIG.gpu_pools if p.sharing.value == "none"}
+
+    def gpus(team):
+        return sum(n for pool, n in team.gpu_quota.items() if pool in whole)
+
+    cohort = sum(gpus(t) for t in CONFIG.scheduling.teams)
     for team in CONFIG.scheduling.teams:
         quota = scheduling.resource_quota(SPECS[team.namespace][0])["spec"]["hard"]["requests.nvidia.com/gpu"]
-        assert int(quota) == (cohort if team.borrowing else sum(team.gpu_quota.values()))
+        assert int(quota) == (cohort if team.borrowing else gpus(team))
 
 
 def test_rules_only_a_cluster_confirms_are_listed_in_the_runbook_cluster_confirms():
