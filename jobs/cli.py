@@ -27,7 +27,16 @@ EXIT_NOT_FOUND = 6
 def _client(args, **kwargs):
     from jobs.client import JobClient
 
-    return JobClient(stack=getattr(args, "stack", None), offline=getattr(args, "offline", False), **kwargs)
+    facts = None
+    if getattr(args, "facts", None):
+        import json
+        from pathlib import Path
+
+        from workloads.platform_facts import PlatformFacts
+
+        facts = PlatformFacts.from_dict(json.loads(Path(args.facts).read_text()))
+    return JobClient(stack=getattr(args, "stack", None) or (facts.stack if facts else None),
+                     offline=getattr(args, "offline", False), facts=facts, **kwargs)
 
 
 def guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -163,7 +172,8 @@ def cmd_data(args) -> int:
 
     client = _client(args)
     facts = client.facts
-    result = upload_dataset(args.dir, dataset=args.dataset, team=args.team, facts=facts, progress=not args.quiet)
+    result = upload_dataset(args.dir, dataset=args.dataset, team=args.team, facts=facts, progress=not args.quiet,
+                            use_outputs=not args.offline)
     print(f"dataset {result.dataset} version {result.version}: {result.files} file(s), {result.bytes:,} bytes "
           f"{'uploaded' if result.uploaded else 'already there'} to {result.s3_uri}")
     print(f"on FSx (through the /datasets association): {result.fsx_path}  (use it as the job spec's dataset)")
@@ -177,6 +187,7 @@ def add_parsers(sub) -> None:
     def stack(p, required=False):
         p.add_argument("--stack", required=required, help="the stack (for checkpoints and attempt history: its bucket)")
         p.add_argument("--offline", action="store_true", help="do not ask `pulumi stack output` for deployed names")
+        p.add_argument("--facts", help="read the platform facts from this JSON file (written by `facts`)")
 
     p = sub.add_parser("list", help="the platform's jobs: phase, size, pool")
     team(p, required=False)
@@ -210,7 +221,7 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("checkpoints", help="a job's complete checkpoints (from the checkpoints bucket)")
     p.add_argument("name")
     team(p)
-    stack(p, required=True)
+    stack(p)
     p.add_argument("--verify", nargs="?", type=int, const=-1, default=None, metavar="STEP",
                    help="run the restore drill (trainer verify-checkpoint) on STEP (default: the newest)")
     p.set_defaults(run=guarded(cmd_checkpoints))
@@ -221,6 +232,6 @@ def add_parsers(sub) -> None:
     p.add_argument("dir")
     p.add_argument("--dataset", required=True, help="dataset name (lowercase letters, digits, '-')")
     team(p)
-    stack(p, required=True)
+    stack(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=guarded(cmd_data))

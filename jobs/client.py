@@ -366,7 +366,7 @@ class JobClient:
     def facts(self):
         if self._facts is None:
             if self.stack is None:
-                raise ValueError("JobClient(stack=...) is needed for preflight, submit and checkpoints")
+                raise ValueError("this needs the stack's facts: give --stack STACK (in Python: JobClient(stack=...))")
             from infra.facts import facts_for_stack
 
             self._facts = facts_for_stack(self.stack, use_outputs=not self.offline)
@@ -374,8 +374,8 @@ class JobClient:
 
     @property
     def store(self) -> Optional[CheckpointStore]:
-        if self._store is None and (self._facts is not None or self.stack is not None):
-            bucket = self.facts.checkpoints_bucket
+        if self._store is None:
+            bucket = self.facts.checkpoints_bucket  # no stack: ValueError, saying so
             if bucket:
                 self._store = S3Store(bucket, region=self.facts.region)
         return self._store
