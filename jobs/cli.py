@@ -206,7 +206,7 @@ def add_parsers(sub) -> None:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--rank", type=int, default=0, help="node rank (0: the master / first node)")
     which.add_argument("--all", action="store_true", help="every rank, each line prefixed")
-    which.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # before --rank: worker N = rank N+1
+    which.add_argument("--worker", type=int, default=None, help="worker N of a PyTorchJob (= --rank N+1)")
     p.add_argument("-f", "--follow", action="store_true", help="stream, and pick up replacement pods until the job ends")
     p.set_defaults(run=guarded(cmd_logs))
 
@@ -226,7 +226,8 @@ def add_parsers(sub) -> None:
                    help="run the restore drill (trainer verify-checkpoint) on STEP (default: the newest)")
     p.set_defaults(run=guarded(cmd_checkpoints))
 
-    data = sub.add_parser("data", help="datasets: upload a directory to the team's prefix")
+    data = sub.add_parser("data", help="datasets: upload a directory to the team's prefix",
+                          epilog="upload DIR --dataset NAME --team TEAM [--stack STACK | --facts FILE] [--offline] [--quiet]")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     p = data_sub.add_parser("upload", help="upload DIR as a dataset version (content digest), visible on FSx")
     p.add_argument("dir")
