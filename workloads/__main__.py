@@ -148,8 +148,23 @@ def cmd_submit(args) -> int:
               f"(pulumi stack output kubeconfig --show-secrets --stack {args.stack} > kubeconfig; export KUBECONFIG=$PWD/kubeconfig)",
               file=sys.stderr)
         return EXIT_NO_CLUSTER
-    print("$ " + " ".join(apply_command()), flush=True)
-    return subprocess.run(apply_command(), input=_dump(manifest), text=True).returncode
+    return _apply(manifest, args)
+
+
+def _apply(manifest: dict, args) -> int:
+    """Server-side apply through the job client's transport (jobs.kube.KubectlApi: the same
+    `kubectl apply --server-side` as apply_command), its failures one line each."""
+    from jobs.cli import guarded
+    from jobs.client import parse_job
+    from jobs.kube import KubectlApi
+
+    def apply(_args) -> int:
+        job = parse_job(KubectlApi().apply(manifest))
+        print(f"submitted {job.kind} {job.namespace}/{job.name}: {job.phase}. Follow it: python -m workloads describe "
+              f"{job.name} --team {job.team} --stack {args.stack}; python -m workloads logs {job.name} --team {job.team} -f")
+        return 0
+
+    return guarded(apply)(args)
 
 
 def _submit_local(manifest: dict, args) -> int:

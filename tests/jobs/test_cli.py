@@ -108,3 +108,27 @@ def test_the_cli_exit_codes_are_the_entry_points():
 
     assert (jobs.cli.EXIT_SPEC, jobs.cli.EXIT_NO_CLUSTER, jobs.cli.EXIT_NOT_FOUND) == (
         entry.EXIT_SPEC, entry.EXIT_NO_CLUSTER, entry.EXIT_NOT_FOUND)
+
+
+def test_submit_applies_through_the_client_transport(cluster, dev_facts, tmp_path, capsys):
+    """`submit` (no --dry-run/--local) server-side applies through jobs.kube.KubectlApi: the fake
+    kubectl accepts only `apply --server-side --field-manager=... -f - -o json`, and the fake API
+    validates the PyTorchJob against the pinned CRD."""
+    import json
+
+    from tests.jobs.conftest import SMOKE
+    from tests.jobs.fake_kube import FakeKubeApi
+
+    facts_file = tmp_path / "facts.json"
+    facts_file.write_text(json.dumps(dev_facts.to_dict()))
+    assert main(["submit", str(SMOKE), "--stack", "dev", "--facts", str(facts_file)]) == 0
+    assert "submitted PyTorchJob team-research/smoke-l4" in capsys.readouterr().out
+    assert FakeKubeApi.load(cluster).find("pytorchjobs.kubeflow.org", "smoke-l4", NS)["spec"]["nprocPerNode"] == "1"
+
+
+def test_client_constants_match_the_renderer():
+    import jobs.client as client
+    from workloads import trainingjob, trainjob_runtime
+
+    assert client.PYTORCH_CONTAINER == trainingjob.CONTAINER_NAME
+    assert client.TRAINJOB_CONTAINER == client.TRAINJOB_REPLICATED_JOB == trainjob_runtime.CONTAINER
