@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
 
 from jobs.kube import NODES, PODS, PYTORCHJOBS, TRAINJOBS, WORKLOADS, KubeApi, KubeError, KubectlApi
-from jobs.store import AttemptRecord, CheckpointStore, LocalStore, S3Store, StoreError
+from jobs.store import AttemptRecord, CheckpointStore, S3Store, StoreError
 
 ROOT = Path(__file__).resolve().parent.parent
 MANAGED_BY = "app.kubernetes.io/managed-by=mlplatform"
@@ -492,7 +492,13 @@ class JobClient:
         raw = self._raw(name, team)
         job = parse_job(raw)
         notes: list[str] = []
-        workloads = self.kube.list(WORKLOADS, job.namespace, f"{KUEUE_JOB_UID}={job.uid}") if job.uid else []
+        try:
+            workloads = self.kube.list(WORKLOADS, job.namespace, f"{KUEUE_JOB_UID}={job.uid}") if job.uid else []
+        except KubeError as exc:
+            if "resource type" not in str(exc):
+                raise
+            workloads = []
+            notes.append("Kueue is not installed on this cluster: no admission to show")
         admission = admission_from(workloads[0] if workloads else None)
         nodes: dict[str, Optional[dict]] = {}
         pod_objs = self.pods(job)
