@@ -655,9 +655,10 @@ class JobClient:
         terminationGracePeriodSeconds, which the platform sizes for step + checkpoint + MLflow
         flush (workloads.trainingjob.TimeBudget). The kubelet sends SIGTERM, the launcher
         forwards it, the trainer saves at the step boundary and exits 143. While the job is
-        being deleted the operator does not reconcile it, so nothing recreates the pods
-        (tests/jobs/test_cancel.py quotes the upstream lines). Suspending is no cancel under
-        Kueue: Kueue un-suspends a job whose Workload is admitted.
+        being deleted the Training Operator does not reconcile it, and for a TrainJob neither does
+        JobSet reconcile its JobSet, so nothing recreates the pods (tests/jobs/test_lifecycle.py
+        quotes the upstream lines). Suspending is no cancel under Kueue: Kueue un-suspends a job
+        whose Workload is admitted.
         """
         job = self.get(name, team)
         grace = self._grace_seconds(job)

@@ -206,3 +206,23 @@ def test_verify_reads_the_real_drills_verdict(tmp_path, dev_facts):
     jobs = JobClient(stack="dev", kube=None, facts=dev_facts, store=LocalStore(str(tmp_path)))
     verdict, detail = jobs.verify_checkpoint(str(tmp_path / NS / "pre" / "step-000100"))
     assert verdict == "FAIL" and detail
+
+
+def test_cancel_of_a_trainjob_deletes_it_in_the_foreground(kube, v2_facts):
+    """The TrainJob owns its JobSet, which JobSet v0.12.0 leaves alone once it is being deleted
+    (pkg/controllers/jobset_controller.go:118-121):
+
+        // Don't reconcile JobSets marked for deletion.
+        if jobSetMarkedForDeletion(&js) {
+            return ctrl.Result{}, nil
+    """
+    jobs = client(kube, v2_facts)
+    jobs.submit(raw_spec(MULTINODE, runtime="trainjob"))
+    job = kube.find("trainjobs.trainer.kubeflow.org", "gpt2-ddp-a10g", NS)
+    operator_pods(kube, job)
+    result = jobs.cancel("gpt2-ddp-a10g", "research")
+    assert ("delete", "trainjobs.trainer.kubeflow.org", NS, "gpt2-ddp-a10g", "Foreground") in kube.requests
+    assert len(kube.graceful_deletions) == 2 and result.gone is False
+    for pod in kube.list("pods", NS):
+        kube.terminate(pod["metadata"]["name"], NS, 143, container="node")
+    assert kube.find("trainjobs.trainer.kubeflow.org", "gpt2-ddp-a10g", NS) is None
