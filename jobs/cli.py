@@ -138,7 +138,7 @@ def cmd_logs(args) -> int:
 
 # -- cancel --------------------------------------------------------------------------------
 def cmd_cancel(args) -> int:
-    result = _client(args).cancel(args.name, args.team, wait=args.wait, timeout_seconds=args.timeout)
+    result = _client(args).cancel(args.name, args.team, wait=args.wait, timeout_seconds=args.timeout, force=args.force)
     grace = f"{result.grace_seconds} s" if result.grace_seconds is not None else "their grace period"
     print(f"cancelling {result.namespace}/{result.name}: its pods get SIGTERM and {grace} to save a checkpoint "
           "and exit 143; then the job is removed")
@@ -216,6 +216,7 @@ def add_parsers(sub) -> None:
     stack(p)
     p.add_argument("--wait", action="store_true", help="wait until its pods are gone and print the newest checkpoint")
     p.add_argument("--timeout", type=float, default=600, help="--wait: seconds")
+    p.add_argument("--force", action="store_true", help="cancel a job declared in git too (Argo CD recreates it on its next sync)")
     p.set_defaults(run=guarded(cmd_cancel))
 
     p = sub.add_parser("checkpoints", help="a job's complete checkpoints (from the checkpoints bucket)")

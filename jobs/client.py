@@ -56,6 +56,9 @@ JOBSET_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"  # kueue v0.19.2 pkg/controller/constants/constants.go:43
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+# Argo CD 3.x tracks what it applied by this annotation (its default tracking method since 3.0,
+# docs/user-guide/resource_tracking.md).
+ARGOCD_TRACKING_ID = "argocd.argoproj.io/tracking-id"
 CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
 GPU_RESOURCE = "nvidia.com/gpu"
 PYTORCH_CONTAINER = "pytorch"  # workloads.trainingjob.CONTAINER_NAME
@@ -66,6 +69,10 @@ FINISHED = ("Succeeded", "Failed")
 
 class JobNotFound(LookupError):
     pass
+
+
+class GitOpsOwned(ValueError):
+    """The job is an Argo CD application's resource: deleting it by hand does not last."""
 
 
 class PreflightRefused(ValueError):
@@ -647,7 +654,7 @@ class JobClient:
 
     # -- cancel ---------------------------------------------------------------------------------
     def cancel(self, name: str, team: str, *, wait: bool = False, timeout_seconds: float = 600,
-               poll_seconds: float = 5) -> Cancelled:
+               poll_seconds: float = 5, force: bool = False) -> Cancelled:
         """Stop the job so that its checkpoint lands first, then remove it.
 
         A foreground deletion: the job object stays (deletionTimestamp, foregroundDeletion
@@ -660,7 +667,14 @@ class JobClient:
         quotes the upstream lines). Suspending is no cancel under Kueue: Kueue un-suspends a job
         whose Workload is admitted.
         """
-        job = self.get(name, team)
+        raw = self._raw(name, team)
+        job = parse_job(raw)
+        tracking = ((raw["metadata"].get("annotations") or {}).get(ARGOCD_TRACKING_ID) or "")
+        if tracking and not force:
+            raise GitOpsOwned(
+                f"job {name} is declared in git (Argo CD application {tracking.split(':', 1)[0]}): the next sync "
+                "would create it again. Fix: delete its file under workloads/declared/ and let Argo CD prune it, "
+                "or cancel with --force to stop this run anyway")
         grace = self._grace_seconds(job)
         resource = TRAINJOBS if job.kind == "TrainJob" else PYTORCHJOBS
         self.kube.delete(resource, name, job.namespace, propagation="Foreground")

@@ -226,3 +226,20 @@ def test_cancel_of_a_trainjob_deletes_it_in_the_foreground(kube, v2_facts):
     for pod in kube.list("pods", NS):
         kube.terminate(pod["metadata"]["name"], NS, 143, container="node")
     assert kube.find("trainjobs.trainer.kubeflow.org", "gpt2-ddp-a10g", NS) is None
+
+
+def test_cancel_refuses_a_job_argo_cd_would_recreate(kube, dev_facts, capsys):
+    """Argo CD 3.x tracks its resources by the `argocd.argoproj.io/tracking-id` annotation (the default
+    method since 3.0): a declared job deleted by hand comes back on the next (self-heal) sync."""
+    from jobs.client import GitOpsOwned
+
+    jobs = client(kube, dev_facts)
+    manifest = jobs.render(raw_spec())
+    manifest["metadata"]["annotations"] = {
+        "argocd.argoproj.io/tracking-id": "team-research:kubeflow.org/PyTorchJob:team-research/smoke-l4"}
+    kube.apply(manifest)
+    with pytest.raises(GitOpsOwned, match="declared in git .Argo CD application team-research.*workloads/declared/"):
+        jobs.cancel("smoke-l4", "research")
+    assert not [r for r in kube.requests if r[0] == "delete"]
+    assert jobs.cancel("smoke-l4", "research", force=True).name == "smoke-l4"
+    assert [r[0] for r in kube.requests].count("delete") == 1
