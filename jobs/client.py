@@ -633,8 +633,7 @@ class JobClient:
             pods.sort(key=lambda p: p["metadata"].get("creationTimestamp") or "")
             for pod in pods:
                 seen.append(pod["metadata"].get("uid"))
-                for text in self.kube.logs(pod["metadata"]["name"], job.namespace, container, follow=follow):
-                    yield LogLine(rank, pod["metadata"]["name"], len(seen), text)
+                yield from self._pod_logs(job, pod, rank, len(seen), follow, poll_seconds)
             if not follow:
                 return
             current = self._current(job)
@@ -645,6 +644,31 @@ class JobClient:
                 continue
             if not pods:
                 self.sleep(poll_seconds)
+
+    def _pod_logs(self, job: Job, pod: dict, rank: int, attempt: int, follow: bool,
+                  poll_seconds: float) -> Iterator[LogLine]:
+        """One pod's lines. A followed stream can drop while the container still runs (an API
+        server or load balancer idle timeout): re-attach, skipping the lines already given
+        (`kubectl logs` replays the container's log from its start; after the kubelet rotated the
+        file it replays less, and lines since the rotation may be skipped)."""
+        name, uid, container = pod["metadata"]["name"], pod["metadata"].get("uid"), container_name(job)
+        given = 0
+        while True:
+            for index, text in enumerate(self.kube.logs(name, job.namespace, container, follow=follow)):
+                if index >= given:
+                    given += 1
+                    yield LogLine(rank, name, attempt, text)
+            if not follow or not self._still_running(job, uid, container):
+                return
+            self.sleep(poll_seconds)
+
+    def _still_running(self, job: Job, uid: Optional[str], container: str) -> bool:
+        for pod in self.pods(job):
+            if pod["metadata"].get("uid") == uid:
+                running = any(st.get("name") == container and "running" in (st.get("state") or {})
+                              for st in (pod.get("status") or {}).get("containerStatuses") or [])
+                return running and not pod["metadata"].get("deletionTimestamp")
+        return False
 
     def _current(self, job: Job) -> Optional[Job]:
         try:

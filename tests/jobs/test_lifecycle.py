@@ -243,3 +243,26 @@ def test_cancel_refuses_a_job_argo_cd_would_recreate(kube, dev_facts, capsys):
     assert not [r for r in kube.requests if r[0] == "delete"]
     assert jobs.cancel("smoke-l4", "research", force=True).name == "smoke-l4"
     assert [r[0] for r in kube.requests].count("delete") == 1
+
+
+def test_a_dropped_stream_is_re_attached_without_repeating_lines(kube, dev_facts):
+    """`kubectl logs -f` can end while the container still runs (an idle timeout on the way to
+    the API server): the follower attaches again and gives only the lines it had not given."""
+    jobs = client(kube, dev_facts, sleep=lambda s: None)
+    jobs.submit(raw_spec())
+    job = kube.find("pytorchjobs.kubeflow.org", "smoke-l4", NS)
+    set_conditions(kube, job, "Created", "Running")
+    [pod] = operator_pods(kube, job, logs=lambda name: ["step 1", "step 2"])
+    ends = []
+
+    def connection(streamed):
+        ends.append(streamed["metadata"]["uid"])
+        if len(ends) == 1:  # dropped: the container goes on writing
+            kube.pod_logs[pod["metadata"]["uid"]] += ["step 3", "step 4"]
+        else:
+            kube.terminate(streamed["metadata"]["name"], NS, 0)
+            set_conditions(kube, job, "Created", "Running", "Succeeded")
+
+    kube.on_stream_end.append(connection)
+    assert [l.text for l in jobs.logs("smoke-l4", "research", follow=True)] == ["step 1", "step 2", "step 3", "step 4"]
+    assert ends == [pod["metadata"]["uid"]] * 2
