@@ -165,9 +165,11 @@ class FakeKubeApi:
         return self.objects.get((resource, namespace or "", name))
 
     def save(self, path: Path) -> None:
-        Path(path).write_text(json.dumps({"objects": [[list(k), v] for k, v in self.objects.items()],
+        partial = Path(f"{path}.partial")
+        partial.write_text(json.dumps({"objects": [[list(k), v] for k, v in self.objects.items()],
                                           "logs": self.pod_logs, "graceful": self.graceful_deletions,
                                           "requests": self.requests}))
+        partial.replace(path)
 
     @classmethod
     def load(cls, path: Path) -> "FakeKubeApi":

@@ -7,6 +7,7 @@ flag"). ``$FAKE_KUBE_UNREACHABLE`` makes it fail as kubectl does without a reach
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
@@ -49,7 +50,6 @@ def _flag(args: list[str], flag: str) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    from jobs.kube import KubeError
     from tests.jobs.fake_kube import FakeKubeApi
 
     if os.environ.get("FAKE_KUBE_UNREACHABLE"):
@@ -61,7 +61,16 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 1
     state = Path(os.environ["FAKE_KUBE_STATE"])
-    api = FakeKubeApi.load(state)
+    # One kubectl at a time on the state (the client runs one per rank in parallel for --all),
+    # as the API server serialises writes.
+    with open(state.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _serve(argv, state, FakeKubeApi.load(state))
+
+
+def _serve(argv: list[str], state: Path, api) -> int:
+    from jobs.kube import KubeError
+
     args = list(argv)
     try:
         verb = args.pop(0)
