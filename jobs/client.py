@@ -41,7 +41,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
 
-from jobs.kube import NODES, PODS, PYTORCHJOBS, TRAINJOBS, WORKLOADS, KubeApi, KubeError, KubectlApi
+from jobs.kube import NODES, PODS, PYTORCHJOBS, TRAINJOBS, WORKLOADS, KubeApi, KubeError, KubectlApi, NoClusterAccess
 from jobs.store import AttemptRecord, CheckpointStore, S3Store, StoreError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -482,7 +482,7 @@ class JobClient:
         if node_name and node_name not in nodes:
             try:
                 nodes[node_name] = self.kube.get(NODES, node_name)
-            except Exception:  # nodes are cluster-scoped: a team role may not read them
+            except (KubeError, NoClusterAccess):  # nodes are cluster-scoped: a team role may not read them
                 nodes[node_name] = None
         node = nodes.get(node_name) or {}
         node_labels = (node.get("metadata") or {}).get("labels") or {}
@@ -534,7 +534,7 @@ class JobClient:
     def _store_or_none(self) -> Optional[CheckpointStore]:
         try:
             return self.store
-        except Exception:  # no stack facts (no plan here): describe still works without them
+        except ValueError:  # no stack given: describe and cancel work without its bucket
             return None
 
     def _cost(self, job: Job, pods: tuple[Pod, ...], pod_objs: list[dict], history: list[AttemptRecord],
@@ -737,9 +737,7 @@ class JobClient:
         if checkpoint_dir is None:
             try:
                 checkpoint_dir = self.get(name, team).checkpoint_dir
-            except JobNotFound:
-                checkpoint_dir = None
-            except Exception:  # no cluster access: the checkpoints are still readable
+            except (JobNotFound, KubeError, NoClusterAccess):  # gone, or no cluster: the bucket still has them
                 checkpoint_dir = None
         if checkpoint_dir is None:
             from workloads.trainingjob import team_checkpoint_root
