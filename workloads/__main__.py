@@ -5,7 +5,12 @@
     python -m workloads submit JOB.yaml --stack prod --local     # run its pods on this CPU, tiny
     python -m workloads submit JOB.yaml --stack prod             # kubectl apply (needs a kubeconfig)
     python -m workloads status NAME --team TEAM                  # kubectl: the job, its Kueue workload, its pods
-    python -m workloads logs NAME --team TEAM [--worker N] [-f]
+    python -m workloads list [--team TEAM] [--all]               # the platform's jobs
+    python -m workloads describe NAME --team TEAM [--stack S]    # admission, attempts, checkpoints, cost so far
+    python -m workloads logs NAME --team TEAM [-f] [--rank N | --all]   # every attempt, every rank
+    python -m workloads cancel NAME --team TEAM [--wait]         # SIGTERM -> checkpoint -> removed
+    python -m workloads checkpoints NAME --team TEAM --stack S [--verify [STEP]]
+    python -m workloads data upload DIR --dataset NAME --team TEAM --stack S
     python -m workloads readiness --stack prod --pool h100 --image IMAGE   # the pool's GPU/NCCL check
     python -m workloads facts --stack prod > facts.json   # then --facts facts.json anywhere (GitOps, Argo)
     python -m workloads render --stack dev [--check]     # the stack's GitOps tree (what Argo CD applies)
@@ -13,7 +18,8 @@
 
 Platform facts come from the stack's offline plan, with deployed names from `pulumi stack
 output` when the Pulumi CLI can read them. Exit codes: 0 done, 2 bad job spec or stack,
-3 preflight refused, 4 no cluster access, 5 the local run failed; otherwise kubectl's.
+3 preflight refused, 4 no cluster (or bucket) access, 5 the local run failed, 6 no such job;
+otherwise kubectl's.
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ EXIT_SPEC = 2
 EXIT_REFUSED = 3
 EXIT_NO_CLUSTER = 4
 EXIT_LOCAL_FAILED = 5
+EXIT_NOT_FOUND = 6
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -65,11 +72,19 @@ def apply_command() -> list[str]:
 
 
 def status_commands(name: str, namespace: str, kind: str = "pytorchjob") -> list[list[str]]:
+    from jobs.client import Job, pod_selector
+
+    # TrainJob pods are JobSet pods: they carry the JobSet's labels, not the v1 operator's
+    # (jobs/client.py says where each label comes from).
+    job = Job(name=name, team=namespace.removeprefix("team-"), namespace=namespace,
+              kind="TrainJob" if kind == "trainjob" else "PyTorchJob", phase="", created=None, pool=None,
+              nodes=1, gpus_per_node=1, message="", uid="", checkpoint_dir=None)
+    resource = "trainjobs.trainer.kubeflow.org" if kind == "trainjob" else "pytorchjobs.kubeflow.org"
     return [
-        ["kubectl", "get", kind, name, "-n", namespace, "-o", "wide"],
+        ["kubectl", "get", resource, name, "-n", namespace, "-o", "wide"],
         # Kueue's view: admitted or pending, and why.
         ["kubectl", "get", "workloads.kueue.x-k8s.io", "-n", namespace, "-o", "wide"],
-        ["kubectl", "get", "pods", "-n", namespace, "-l", f"training.kubeflow.org/job-name={name}", "-o", "wide"],
+        ["kubectl", "get", "pods", "-n", namespace, "-l", pod_selector(job), "-o", "wide"],
     ]
 
 
@@ -79,8 +94,12 @@ def logs_command(name: str, namespace: str, *, worker: Optional[int], follow: bo
 
 
 def _run(commands: list[list[str]]) -> int:
-    if shutil.which("kubectl") is None:
-        print("error: kubectl is not installed (https://kubernetes.io/docs/tasks/tools/)", file=sys.stderr)
+    from jobs.kube import no_access_reason
+
+    reason = no_access_reason()
+    if reason:
+        print(f"error: {reason}. Fix: write the cluster's kubeconfig (pulumi stack output kubeconfig --show-secrets "
+              "--stack STACK > kubeconfig; export KUBECONFIG=$PWD/kubeconfig)", file=sys.stderr)
         return EXIT_NO_CLUSTER
     code = 0
     for command in commands:
@@ -129,8 +148,23 @@ def cmd_submit(args) -> int:
               f"(pulumi stack output kubeconfig --show-secrets --stack {args.stack} > kubeconfig; export KUBECONFIG=$PWD/kubeconfig)",
               file=sys.stderr)
         return EXIT_NO_CLUSTER
-    print("$ " + " ".join(apply_command()), flush=True)
-    return subprocess.run(apply_command(), input=_dump(manifest), text=True).returncode
+    return _apply(manifest, args)
+
+
+def _apply(manifest: dict, args) -> int:
+    """Server-side apply through the job client's transport (jobs.kube.KubectlApi: the same
+    `kubectl apply --server-side` as apply_command), its failures one line each."""
+    from jobs.cli import guarded
+    from jobs.client import parse_job
+    from jobs.kube import KubectlApi
+
+    def apply(_args) -> int:
+        job = parse_job(KubectlApi().apply(manifest))
+        print(f"submitted {job.kind} {job.namespace}/{job.name}: {job.phase}. Follow it: python -m workloads describe "
+              f"{job.name} --team {job.team} --stack {args.stack}; python -m workloads logs {job.name} --team {job.team} -f")
+        return 0
+
+    return guarded(apply)(args)
 
 
 def _submit_local(manifest: dict, args) -> int:
@@ -222,12 +256,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     status.add_argument("--team", required=True)
     status.add_argument("--kind", default="pytorchjob", choices=["pytorchjob", "trainjob"])
 
-    logs = sub.add_parser("logs", help="kubectl logs of the master (or a worker)")
-    logs.add_argument("name")
-    logs.add_argument("--team", required=True)
-    logs.add_argument("--worker", type=int, default=None)
-    logs.add_argument("-f", "--follow", action="store_true")
-
     ready = sub.add_parser("readiness", help="print the readiness job of a GPU pool (nvidia-smi + 2-node all-reduce)")
     stack_args(ready)
     ready.add_argument("--pool", help="one pool (default: every pool)")
@@ -240,6 +268,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     # subcommand with add_parser(sub) and sets `run` (args -> exit code).
     for module in ("infra.render", "infra.pipeline_local"):
         importlib.import_module(module).add_parser(sub)
+    # The job lifecycle (list, describe, logs, cancel, checkpoints, data upload) is the jobs
+    # package's: a thin layer over jobs.client.JobClient.
+    from jobs.cli import add_parsers as add_lifecycle_parsers
+
+    add_lifecycle_parsers(sub)
 
     args = parser.parse_args(argv)
     if hasattr(args, "run"):
@@ -255,8 +288,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         return cmd_submit(args)
     if args.command == "status":
         return _run(status_commands(args.name, f"team-{args.team}", args.kind))
-    if args.command == "logs":
-        return _run([logs_command(args.name, f"team-{args.team}", worker=args.worker, follow=args.follow)])
     return cmd_readiness(args)
 
 

@@ -36,10 +36,12 @@ _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 # that both stay within the 63-character DNS label limit.
 MAX_NAME_LENGTH = 40
 _DURATION = re.compile(r"^(\d+h)?(\d+m)?(\d+s)?$")
+# A checkpoint of one of the team's jobs (the job name rule above, a trainer step directory).
+_INIT_FROM = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?/step-\d{1,9}$")
 _OVERRIDE = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+=.*$")
 # Set by the platform from the job spec (or fixed by it): never from a trainer override.
 PLATFORM_OWNED_OVERRIDES = ("data.dir", "checkpoint.dir", "checkpoint.s3_uri", "tracking.job_id", "tracking.uri",
-                            "tracking.experiment")
+                            "tracking.experiment", "checkpoint.initial_load_path")
 
 # An image reference, by the grammar of distribution/reference (v0.5.0 reference.go):
 #   reference := name [ ":" tag ] [ "@" digest ];  name := [domain '/'] remote-name
@@ -163,7 +165,7 @@ class TrainerSpec(_Model):
         if owned:
             messages.append(f"{owned} are set by the platform from the job spec (the tracking server is the "
                             "platform's: the team's MLflow login is sent nowhere else)")
-            fixes.append("use dataset / checkpointDir / s3Mirror / experiment instead")
+            fixes.append("use dataset / checkpointDir / s3Mirror / experiment / initFrom instead")
         if messages:
             raise ValueError(f"{'; '.join(messages)}. FIX: {'; '.join(fixes)}")
         return value
@@ -215,6 +217,8 @@ class JobSpec(_Model):
     runtime: Runtime = Field(Runtime.PYTORCHJOB, description="pytorchjob | trainjob.")
     model: Optional[ModelSpec] = None
     time_budget: TimeBudgetSpec = Field(default_factory=TimeBudgetSpec)
+    init_from: Optional[str] = Field(None, description="Fine-tune from another job of the team: <job>/step-N, loaded as "
+                                     "the trainer's initial weights (checkpoint.initial_load_path), not resumed.")
     # GPU sharing (workloads.gpu_sharing): ``gpu: {type: a100, slice: 1g.10gb}`` asks for one MIG
     # slice; ``shared: true`` for one time-slice of a shared pool's GPU. One pod, one device.
     slice: Optional[str] = Field(None, pattern=r"^[0-9]+g\.[0-9]+gb$",
@@ -285,6 +289,26 @@ class JobSpec(_Model):
             raise ValueError("is not a duration. FIX: write hours/minutes/seconds, e.g. 72h or 1h30m") from None
         return value
 
+    @field_validator("init_from")
+    @classmethod
+    def _init_from(cls, value: Optional[str]) -> Optional[str]:
+        if value is None:
+            return value
+        if _INIT_FROM.match(value):
+            return value
+        if value.count("/") >= 2 or value.startswith(("/", "s3:")):
+            raise ValueError("names a path or another namespace: initFrom takes a checkpoint of your own team's jobs "
+                             "(another team's checkpoints are not readable by your pods). FIX: write <job>/step-N")
+        raise ValueError("is not <job>/step-N. FIX: e.g. initFrom: gpt2-pretrain/step-2000 (list them: "
+                         "python -m workloads checkpoints JOB --team TEAM --stack STACK)")
+
+    @model_validator(mode="after")
+    def _init_from_other_job(self) -> "JobSpec":
+        if self.init_from and self.init_from.split("/", 1)[0] == self.name:
+            raise ValueError(f"names this job's own checkpoint ({self.init_from}): a job resumes its own "
+                             "checkpoints by itself. FIX: remove initFrom, or give the new job another name")
+        return self
+
     @model_validator(mode="after")
     def _pool_or_type(self) -> "JobSpec":
         if (self.pool is None) == (self.gpu_type is None):
@@ -316,6 +340,10 @@ class JobSpec(_Model):
         return self.checkpoint_dir or f"{FSX_MOUNT_PATH}/checkpoints/{self.namespace}/{self.name}"
 
     @property
+    def init_from_path(self) -> Optional[str]:
+        return init_from_path(self)
+
+    @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
 
@@ -333,6 +361,16 @@ class JobSpec(_Model):
     @property
     def ttl_seconds(self) -> int:
         return duration_seconds(self.ttl_after_finished)
+
+
+def init_from_path(spec: "JobSpec") -> Optional[str]:
+    """Where ``initFrom: <job>/step-N`` is inside the pods: that job's default checkpoint
+    directory in the team's own subtree (so a reference can never leave the team), and the
+    step directory the trainer writes (trainer.checkpoint.step_dir: step-%06d)."""
+    if not spec.init_from:
+        return None
+    job, _, step = spec.init_from.partition("/")
+    return f"{FSX_MOUNT_PATH}/checkpoints/{spec.namespace}/{job}/step-{int(step.removeprefix('step-')):06d}"
 
 
 # -- the team's own space -------------------------------------------------------------------
@@ -395,6 +433,8 @@ def _problem_from_error(error: dict[str, Any], raw: Any) -> Problem:
     message = str(error["msg"]).removeprefix("Value error, ")
     if not loc and "pool and gpuType" in message:
         path = "pool/gpuType"
+    if not loc and message.startswith("names this job's own checkpoint"):
+        path, value = "initFrom", raw.get("initFrom", raw.get("init_from")) if isinstance(raw, dict) else None
     kind = error["type"]
     if _FIX in message:
         message, fix = message.split(_FIX, 1)

@@ -296,6 +296,10 @@ def trainer_args(job: ResolvedJob) -> list[str]:
     overrides = [f"data.dir={spec.dataset}", *spec.trainer.overrides]
     if spec.run_name:
         overrides.append(f"tracking.run_name={spec.run_name}")
+    if spec.init_from:
+        # The trainer's initial load (trainer/train.py _initial_load): weights of the other job's
+        # step while this job has no checkpoint of its own; its own checkpoints win on a restart.
+        overrides.append(f"checkpoint.initial_load_path={spec.init_from_path}")
     # Every string from the spec is passed literally: no `$(SECRET_VAR)` expansion by the kubelet.
     overrides = [k8s_literal(o) for o in overrides]
     return [

@@ -1,0 +1,239 @@
+"""`python -m workloads list | describe | logs | cancel | checkpoints | data upload`: a thin layer
+over ``jobs.client.JobClient`` and ``jobs.data``.
+
+    python -m workloads list [--team T] [--all]
+    python -m workloads describe JOB --team T [--stack S]
+    python -m workloads logs JOB --team T [-f] [--rank N | --all]
+    python -m workloads cancel JOB --team T [--wait]
+    python -m workloads checkpoints JOB --team T --stack S [--verify [STEP]]
+    python -m workloads data upload DIR --dataset NAME --team T --stack S
+
+Each failure is one line on stderr and a stable exit code (workloads/__main__.py): 2 bad input,
+4 no cluster or bucket access (no kubectl, no kubeconfig, unreachable, forbidden), 6 no such job;
+kubectl's own messages are never shown raw.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Optional
+
+EXIT_OK = 0
+EXIT_SPEC = 2
+EXIT_NO_CLUSTER = 4
+EXIT_NOT_FOUND = 6
+
+
+def _client(args, **kwargs):
+    from jobs.client import JobClient
+
+    facts = None
+    if getattr(args, "facts", None):
+        import json
+        from pathlib import Path
+
+        from workloads.platform_facts import PlatformFacts
+
+        facts = PlatformFacts.from_dict(json.loads(Path(args.facts).read_text()))
+    return JobClient(stack=getattr(args, "stack", None) or (facts.stack if facts else None),
+                     offline=getattr(args, "offline", False), facts=facts, **kwargs)
+
+
+def guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """One line and an exit code for every way the cluster or the bucket can be out of reach."""
+
+    def wrapper(args: argparse.Namespace) -> int:
+        from jobs.client import JobNotFound
+        from jobs.kube import KubeError, NoClusterAccess
+        from jobs.store import StoreError
+        from workloads.problems import InvalidInputError
+
+        stack = getattr(args, "stack", None) or "STACK"
+        try:
+            return run(args)
+        except NoClusterAccess as exc:
+            print(f"error: {exc}. Fix: write the cluster's kubeconfig (pulumi stack output kubeconfig --show-secrets "
+                  f"--stack {stack} > kubeconfig; export KUBECONFIG=$PWD/kubeconfig)", file=sys.stderr)
+            return EXIT_NO_CLUSTER
+        except JobNotFound as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_NOT_FOUND
+        except StoreError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_NO_CLUSTER
+        except (KubeError, ValueError, InvalidInputError, FileNotFoundError) as exc:
+            print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}" if not isinstance(exc, InvalidInputError)
+                  else f"error: {exc}", file=sys.stderr)
+            return EXIT_SPEC
+        except KeyboardInterrupt:
+            return 130
+
+    return wrapper
+
+
+# -- list ----------------------------------------------------------------------------------
+def cmd_list(args) -> int:
+    jobs = _client(args).list(args.team, include_finished=args.all)
+    if not jobs:
+        print(f"no {'' if args.all else 'active '}jobs{' of team ' + args.team if args.team else ''}"
+              f"{'' if args.all else ' (--all shows finished ones too)'}")
+        return EXIT_OK
+    rows = [("NAME", "TEAM", "KIND", "PHASE", "NODES x GPUS", "POOL", "CREATED")]
+    rows += [(j.name, j.team, j.kind, j.phase, f"{j.nodes} x {j.gpus_per_node}", j.pool or "-", j.created or "-") for j in jobs]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    return EXIT_OK
+
+
+# -- describe ------------------------------------------------------------------------------
+def render_detail(detail) -> str:
+    job = detail.job
+    out = [f"{job.kind} {job.namespace}/{job.name}: {job.phase}" + (f" ({job.message})" if job.message else ""),
+           f"  size: {job.nodes} node(s) x {job.gpus_per_node} GPU(s), pool {job.pool or '-'}, created {job.created or '-'}",
+           f"  Kueue: {detail.admission.reason}" + (f" [Workload {detail.admission.workload}]" if detail.admission.workload else "")]
+    out.append("  pods:" if detail.pods else "  pods: none (queued, finished, or between attempts)")
+    for pod in detail.pods:
+        where = f"{pod.node} ({pod.instance_type or '?'}, {pod.capacity_type or '?'})" if pod.node else "not scheduled"
+        state = pod.phase + (", terminating" if pod.deleting else "")
+        code = f", exit {pod.exit_code}: {_meaning(pod.exit_code)}" if pod.exit_code is not None else ""
+        out.append(f"    rank {pod.node_rank}  {pod.name}  {state} on {where}{code}")
+    out.append("  attempts:" if detail.attempts else "  attempts: none recorded yet")
+    for n, attempt in enumerate(detail.attempts, 1):
+        steps = ""
+        if attempt.step_at_start is not None or attempt.step_at_end is not None:
+            steps = f", checkpoint step {attempt.step_at_start} -> {attempt.step_at_end}"
+        code = "running" if attempt.exit_code is None else f"exit {attempt.exit_code}"
+        out.append(f"    {n}. rank {attempt.node_rank}: {code} ({attempt.meaning}){steps}")
+    out.append(f"  checkpoints: {', '.join(str(s) for s in detail.checkpoint_steps) or 'none complete yet'}")
+    if detail.cost is not None:
+        out.append(f"  cost so far: ${detail.cost.usd:,.2f} ({detail.cost.node_hours:.2f} node-hours; {detail.cost.basis})")
+    out += [f"  note: {n}" for n in detail.notes]
+    return "\n".join(out)
+
+
+def _meaning(code: Optional[int]) -> str:
+    from jobs.client import exit_code_meaning
+
+    return exit_code_meaning(code)
+
+
+def cmd_describe(args) -> int:
+    print(render_detail(_client(args).describe(args.name, args.team)))
+    return EXIT_OK
+
+
+# -- logs ----------------------------------------------------------------------------------
+def cmd_logs(args) -> int:
+    rank = None if args.all else (args.worker + 1 if args.worker is not None else args.rank)
+    prefix = args.all
+    last = None
+    for line in _client(args).logs(args.name, args.team, rank=rank, follow=args.follow):
+        if not prefix and last not in (None, line.pod):
+            print(f"--- {line.pod} (attempt {line.attempt}) ---", flush=True)
+        last = line.pod
+        print(str(line) if prefix else line.text, flush=True)
+    return EXIT_OK
+
+
+# -- cancel --------------------------------------------------------------------------------
+def cmd_cancel(args) -> int:
+    result = _client(args).cancel(args.name, args.team, wait=args.wait, timeout_seconds=args.timeout, force=args.force)
+    grace = f"{result.grace_seconds} s" if result.grace_seconds is not None else "their grace period"
+    print(f"cancelling {result.namespace}/{result.name}: its pods get SIGTERM and {grace} to save a checkpoint "
+          "and exit 143; then the job is removed")
+    if args.wait:
+        if result.gone:
+            print(f"removed; newest complete checkpoint: {result.newest_checkpoint if result.newest_checkpoint is not None else 'unknown (give --stack)'}")
+        else:
+            print(f"still terminating after {args.timeout:.0f} s", file=sys.stderr)
+            return 1
+    return EXIT_OK
+
+
+# -- checkpoints ---------------------------------------------------------------------------
+def cmd_checkpoints(args) -> int:
+    found = _client(args).checkpoints(args.name, args.team, verify=args.verify)
+    if not found:
+        print(f"no complete checkpoint of {args.name} yet")
+        return EXIT_OK
+    for checkpoint in found:
+        verdict = f"  VERDICT: {checkpoint.verdict}" if checkpoint.verdict else ""
+        print(f"step {checkpoint.step:>8}  {checkpoint.uri}{verdict}")
+        if checkpoint.verdict == "FAIL" and checkpoint.detail:
+            print("\n".join("    " + line for line in checkpoint.detail.splitlines()))
+    failed = any(c.verdict == "FAIL" for c in found)
+    return 1 if failed else EXIT_OK
+
+
+# -- data upload ---------------------------------------------------------------------------
+def cmd_data(args) -> int:
+    from jobs.data import upload_dataset
+
+    client = _client(args)
+    facts = client.facts
+    result = upload_dataset(args.dir, dataset=args.dataset, team=args.team, facts=facts, progress=not args.quiet,
+                            use_outputs=not args.offline)
+    print(f"dataset {result.dataset} version {result.version}: {result.files} file(s), {result.bytes:,} bytes "
+          f"{'uploaded' if result.uploaded else 'already there'} to {result.s3_uri}")
+    print(f"on FSx (through the /datasets association): {result.fsx_path}  (use it as the job spec's dataset)")
+    return EXIT_OK
+
+
+def add_parsers(sub) -> None:
+    def team(p, required=True):
+        p.add_argument("--team", required=required, help="the job's team (namespace team-<team>)")
+
+    def stack(p, required=False):
+        p.add_argument("--stack", required=required, help="the stack (for checkpoints and attempt history: its bucket)")
+        p.add_argument("--offline", action="store_true", help="do not ask `pulumi stack output` for deployed names")
+        p.add_argument("--facts", help="read the platform facts from this JSON file (written by `facts`)")
+
+    p = sub.add_parser("list", help="the platform's jobs: phase, size, pool")
+    team(p, required=False)
+    p.add_argument("--all", action="store_true", help="finished jobs too")
+    p.set_defaults(run=guarded(cmd_list))
+
+    p = sub.add_parser("describe", help="a job's phase, Kueue admission, pods, attempts, checkpoints, cost so far")
+    p.add_argument("name")
+    team(p)
+    stack(p)
+    p.set_defaults(run=guarded(cmd_describe))
+
+    p = sub.add_parser("logs", help="a job's logs, every attempt (-f follows restarts), one rank or all")
+    p.add_argument("name")
+    team(p)
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--rank", type=int, default=0, help="node rank (0: the master / first node)")
+    which.add_argument("--all", action="store_true", help="every rank, each line prefixed")
+    which.add_argument("--worker", type=int, default=None, help="worker N of a PyTorchJob (= --rank N+1)")
+    p.add_argument("-f", "--follow", action="store_true", help="stream, and pick up replacement pods until the job ends")
+    p.set_defaults(run=guarded(cmd_logs))
+
+    p = sub.add_parser("cancel", help="stop a job gracefully (checkpoint first), then remove it")
+    p.add_argument("name")
+    team(p)
+    stack(p)
+    p.add_argument("--wait", action="store_true", help="wait until its pods are gone and print the newest checkpoint")
+    p.add_argument("--timeout", type=float, default=600, help="--wait: seconds")
+    p.add_argument("--force", action="store_true", help="cancel a job declared in git too (Argo CD recreates it on its next sync)")
+    p.set_defaults(run=guarded(cmd_cancel))
+
+    p = sub.add_parser("checkpoints", help="a job's complete checkpoints (from the checkpoints bucket)")
+    p.add_argument("name")
+    team(p)
+    stack(p)
+    p.add_argument("--verify", nargs="?", type=int, const=-1, default=None, metavar="STEP",
+                   help="run the restore drill (trainer verify-checkpoint) on STEP (default: the newest)")
+    p.set_defaults(run=guarded(cmd_checkpoints))
+
+    data = sub.add_parser("data", help="datasets: upload a directory to the team's prefix",
+                          epilog="upload DIR --dataset NAME --team TEAM [--stack STACK | --facts FILE] [--offline] [--quiet]")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    p = data_sub.add_parser("upload", help="upload DIR as a dataset version (content digest), visible on FSx")
+    p.add_argument("dir")
+    p.add_argument("--dataset", required=True, help="dataset name (lowercase letters, digits, '-')")
+    team(p)
+    stack(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=guarded(cmd_data))

@@ -1,0 +1,761 @@
+"""A Python client for training jobs, for notebooks and scripts; ``python -m workloads`` is a
+thin layer over it (jobs/cli.py).
+
+    from jobs.client import JobClient
+    jobs = JobClient(stack="dev")
+    report = jobs.preflight("examples/jobs/l4-dev-smoke.yaml")   # fits? cost? (no cluster needed)
+    job = jobs.submit("examples/jobs/l4-dev-smoke.yaml")        # Job(name=..., phase="Queued")
+    jobs.list(team="research")                                  # [Job, ...]
+    jobs.describe(job.name, team="research")                    # JobDetail: admission, attempts, cost
+    for line in jobs.logs(job.name, team="research", follow=True): print(line)
+    jobs.cancel(job.name, team="research", wait=True)           # SIGTERM, checkpoint, gone
+    jobs.checkpoints(job.name, team="research")                 # [Checkpoint(step=..., uri=...)]
+
+Every method returns frozen dataclasses. The cluster is reached through a ``KubeApi``
+(jobs/kube.py: kubectl in production); checkpoints and the attempt history through a
+``CheckpointStore`` (jobs/store.py: the checkpoints bucket the file system exports to).
+
+Where pods are found (by the labels their controllers put on them):
+- PyTorchJob, Training Operator v1.9.4: ``training.kubeflow.org/job-name=<job>``, and the node
+  rank from ``training.kubeflow.org/replica-type`` (master: 0) and ``replica-index`` (worker i:
+  i + 1) (pkg/apis/kubeflow.org/v1/common_types.go:25-34; PET_NODE_RANK in
+  pkg/controller.v1/pytorch/envvar.go).
+- TrainJob, Trainer v2.3.0: the TrainJob's JobSet has the TrainJob's name
+  (pkg/runtime/framework/plugins/jobset/jobset.go:413 ``JobSet(trainJob.Name, ...)``) and JobSet
+  v0.12.0 labels every pod template ``jobset.sigs.k8s.io/jobset-name=<jobset>`` and
+  ``jobset.sigs.k8s.io/replicatedjob-name=<replicated job>`` (pkg/controllers/jobset_controller.go:
+  950, 1020-1022). The node rank is the pod's Job completion index (Kubernetes adds the label
+  ``batch.kubernetes.io/job-completion-index`` to Indexed Job pods; the torch plugin derives
+  PET_NODE_RANK from it). TrainJob pods carry no ``training.kubeflow.org/*`` label.
+"""
+from __future__ import annotations
+
+import signal as _signal
+import subprocess
+import sys
+import threading
+import queue as _queue
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Union
+
+from jobs.kube import NODES, PODS, PYTORCHJOBS, TRAINJOBS, WORKLOADS, KubeApi, KubeError, KubectlApi, NoClusterAccess
+from jobs.store import AttemptRecord, CheckpointStore, S3Store, StoreError
+
+ROOT = Path(__file__).resolve().parent.parent
+MANAGED_BY = "app.kubernetes.io/managed-by=mlplatform"
+# Training Operator v1 pod labels (kubeflow/trainer v1.9.4 pkg/apis/kubeflow.org/v1/common_types.go).
+V1_JOB_NAME = "training.kubeflow.org/job-name"
+V1_REPLICA_TYPE = "training.kubeflow.org/replica-type"
+V1_REPLICA_INDEX = "training.kubeflow.org/replica-index"
+# JobSet v0.12.0 pod labels (api/jobset/v1alpha2/jobset_types.go:24, 32), Kubernetes Indexed Job.
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"  # kueue v0.19.2 pkg/controller/constants/constants.go:43
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+# Argo CD 3.x tracks what it applied by this annotation (its default tracking method since 3.0,
+# docs/user-guide/resource_tracking.md).
+ARGOCD_TRACKING_ID = "argocd.argoproj.io/tracking-id"
+CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
+GPU_RESOURCE = "nvidia.com/gpu"
+PYTORCH_CONTAINER = "pytorch"  # workloads.trainingjob.CONTAINER_NAME
+TRAINJOB_CONTAINER = "node"  # workloads.trainjob_runtime.CONTAINER
+TRAINJOB_REPLICATED_JOB = "node"
+FINISHED = ("Succeeded", "Failed")
+
+
+class JobNotFound(LookupError):
+    pass
+
+
+class GitOpsOwned(ValueError):
+    """The job is an Argo CD application's resource: deleting it by hand does not last."""
+
+
+class PreflightRefused(ValueError):
+    def __init__(self, report: "PreflightResult"):
+        super().__init__(report.text)
+        self.report = report
+
+
+# -- what an exit code means ---------------------------------------------------------------
+def exit_code_meaning(code: Optional[int]) -> str:
+    """The launcher's contract (trainer/launch.py) in one phrase, and what the operator does with it
+    (restartPolicy ExitCode: 1-127 permanent, 128-255 retried, kubeflow/trainer v1.9.4
+    pkg/util/train/train_util.go:24-26)."""
+    if code is None:
+        return "still running"
+    if code == 0:
+        return "done"
+    if code == 1:
+        return "failed (permanent: an error in the trainer, or retries exhausted; see the log)"
+    if code == 2:
+        return "bad input (permanent: the trainer refused its config or data)"
+    if code == 143:
+        return "preempted: SIGTERM (spot notice, drain, Kueue preemption or cancel), checkpointed, retried"
+    if code == 137:
+        return "killed: SIGKILL (OOM killer, lost node, or grace period exceeded), retried from the last checkpoint"
+    if code == 141:
+        return "peer lost: a rank on another node vanished, retried"
+    if code == 0xBEEF:
+        return "pod failed without a container exit code (the operator's 0xbeef), retried"
+    if 128 < code <= 255:
+        try:
+            name = _signal.Signals(code - 128).name
+        except ValueError:
+            name = f"signal {code - 128}"
+        return f"died of {name}, retried from the last checkpoint"
+    return "failed (permanent)"
+
+
+# -- typed results -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Job:
+    name: str
+    team: str
+    namespace: str
+    kind: str  # PyTorchJob | TrainJob
+    phase: str  # Queued | Pending | Running | Restarting | Succeeded | Failed | Terminating
+    created: Optional[str]
+    pool: Optional[str]
+    nodes: int
+    gpus_per_node: int
+    message: str
+    uid: str
+    checkpoint_dir: Optional[str]
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in FINISHED
+
+
+@dataclass(frozen=True)
+class Admission:
+    workload: Optional[str]
+    admitted: bool
+    reason: str  # why it waits, or where it was admitted
+    flavors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Pod:
+    name: str
+    node_rank: int
+    phase: str
+    node: Optional[str]
+    instance_type: Optional[str]
+    capacity_type: Optional[str]
+    started_at: Optional[str]
+    exit_code: Optional[int]
+    deleting: bool
+    gpus: int
+    node_gpus: int  # the node's nvidia.com/gpu capacity (0: node not readable)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    node_rank: int
+    exit_code: Optional[int]
+    meaning: str
+    step_at_start: Optional[int]
+    step_at_end: Optional[int]
+    source: str  # "history" (trainer/retries.py records) or the pod's name
+
+
+@dataclass(frozen=True)
+class Cost:
+    usd: float
+    node_hours: float
+    basis: str
+
+
+@dataclass(frozen=True)
+class JobDetail:
+    job: Job
+    admission: Admission
+    pods: tuple[Pod, ...]
+    attempts: tuple[Attempt, ...]
+    checkpoint_steps: tuple[int, ...]
+    cost: Optional[Cost]
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    uri: str
+    verdict: Optional[str] = None  # PASS | FAIL | None (not verified)
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class LogLine:
+    node_rank: int
+    pod: str
+    attempt: int
+    text: str
+
+    def __str__(self) -> str:
+        return f"[rank {self.node_rank} #{self.attempt}] {self.text}"
+
+
+@dataclass(frozen=True)
+class PreflightResult:
+    ok: bool
+    text: str
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job: Job
+    manifest: dict = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    name: str
+    namespace: str
+    grace_seconds: Optional[int]
+    gone: bool
+    newest_checkpoint: Optional[int]
+
+
+# -- parsing objects -----------------------------------------------------------------------
+def _unliteral(value: str) -> str:
+    return value.replace("$$", "$")  # workloads.jobspec.k8s_literal doubled every '$'
+
+
+def _containers(obj: dict) -> list[dict]:
+    spec = obj.get("spec", {})
+    if obj.get("kind") == "TrainJob":
+        return [spec.get("trainer", {})]
+    return [r["template"]["spec"]["containers"][0] for r in spec.get("pytorchReplicaSpecs", {}).values()]
+
+
+def _env(obj: dict, name: str) -> Optional[str]:
+    for container in _containers(obj):
+        for entry in container.get("env") or []:
+            if entry.get("name") == name and "value" in entry:
+                return _unliteral(entry["value"])
+    return None
+
+
+def _conditions(obj: dict) -> dict[str, dict]:
+    return {c.get("type"): c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("status") == "True"}
+
+
+def parse_job(obj: dict) -> Job:
+    meta, spec = obj["metadata"], obj.get("spec", {})
+    kind = obj["kind"]
+    conditions = _conditions(obj)
+    latest = max((c for c in conditions.values()), key=lambda c: c.get("lastTransitionTime") or "", default={})
+    if meta.get("deletionTimestamp"):
+        phase = "Terminating"
+    elif kind == "PyTorchJob":
+        order = (("Succeeded", "Succeeded"), ("Failed", "Failed"), ("Suspended", "Queued"),
+                 ("Restarting", "Restarting"), ("Running", "Running"))
+        phase = next((p for cond, p in order if cond in conditions), "Pending")
+    else:  # TrainJob (Trainer v2.3.0 trainjob_types.go:58-64: Suspended, Complete, Failed)
+        phase = ("Succeeded" if "Complete" in conditions else "Failed" if "Failed" in conditions
+                 else "Queued" if spec.get("suspend") or "Suspended" in conditions else "Running")
+    if kind == "PyTorchJob":
+        replicas = spec.get("pytorchReplicaSpecs", {})
+        nodes = sum(int(r.get("replicas", 1)) for r in replicas.values())
+        gpus = int(spec.get("nprocPerNode") or 1)
+    else:
+        nodes = int(spec.get("trainer", {}).get("numNodes") or 1)
+        gpus = int(spec.get("trainer", {}).get("numProcPerNode") or 1)
+    labels = meta.get("labels") or {}
+    namespace = meta["namespace"]
+    return Job(name=meta["name"], team=labels.get("mlplatform.io/team") or namespace.removeprefix("team-"),
+               namespace=namespace, kind=kind, phase=phase, created=meta.get("creationTimestamp"),
+               pool=labels.get("mlplatform.io/pool"), nodes=nodes, gpus_per_node=gpus,
+               message=latest.get("message", ""), uid=meta.get("uid", ""),
+               checkpoint_dir=_env(obj, "TRAINER_CHECKPOINT_DIR"))
+
+
+def pod_selector(job: Job) -> str:
+    if job.kind == "TrainJob":
+        return f"{JOBSET_NAME}={job.name},{JOBSET_REPLICATED_JOB}={TRAINJOB_REPLICATED_JOB}"
+    return f"{V1_JOB_NAME}={job.name}"
+
+
+def container_name(job: Job) -> str:
+    return TRAINJOB_CONTAINER if job.kind == "TrainJob" else PYTORCH_CONTAINER
+
+
+def node_rank(job: Job, pod: dict) -> int:
+    labels = pod["metadata"].get("labels") or {}
+    if job.kind == "TrainJob":
+        return int(labels.get(COMPLETION_INDEX, 0))
+    if labels.get(V1_REPLICA_TYPE, "").lower() == "master":
+        return 0
+    return int(labels.get(V1_REPLICA_INDEX, 0)) + 1
+
+
+def _exit_code(pod: dict, container: str) -> Optional[int]:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == container:
+            terminated = (status.get("state") or {}).get("terminated")
+            if terminated:
+                return terminated.get("exitCode")
+    return None
+
+
+def _started(pod: dict, container: str) -> Optional[str]:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == container:
+            state = status.get("state") or {}
+            return (state.get("running") or state.get("terminated") or {}).get("startedAt")
+    return None
+
+
+def _ended(pod: dict, container: str) -> Optional[str]:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == container:
+            return ((status.get("state") or {}).get("terminated") or {}).get("finishedAt")
+    return None
+
+
+def _timestamp(text: Optional[str]) -> Optional[float]:
+    if not text:
+        return None
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+def admission_from(workload: Optional[dict]) -> Admission:
+    """Kueue's view, from the Workload's conditions (kueue v0.19.2 workload_types.go: QuotaReserved,
+    Admitted, Evicted, Finished): admitted where, or the reason it waits."""
+    if workload is None:
+        return Admission(None, False, "no Kueue Workload yet (Kueue creates it for a job with a queue label)")
+    name = workload["metadata"]["name"]
+    conditions = {c.get("type"): c for c in (workload.get("status") or {}).get("conditions") or []}
+    flavors = tuple(sorted({f for ps in ((workload.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
+                            for f in (ps.get("flavors") or {}).values()}))
+    admitted = conditions.get("Admitted", {}).get("status") == "True"
+    evicted = conditions.get("Evicted", {})
+    if evicted.get("status") == "True":
+        return Admission(name, False, f"evicted ({evicted.get('reason')}): {evicted.get('message', '')}".strip(), flavors)
+    if admitted:
+        where = ", ".join(flavors) or "its ClusterQueue"
+        return Admission(name, True, f"admitted on {where}", flavors)
+    reserved = conditions.get("QuotaReserved", {})
+    if reserved:
+        return Admission(name, False, f"waiting ({reserved.get('reason')}): {reserved.get('message', '')}".strip(), flavors)
+    return Admission(name, False, "waiting: not yet considered by its ClusterQueue", flavors)
+
+
+# -- the client ----------------------------------------------------------------------------
+SpecLike = Union[str, Path, Any]
+
+
+class JobClient:
+    """Training jobs of one stack. ``kube`` defaults to kubectl; ``store`` to the stack's
+    checkpoints bucket; ``facts`` to the stack's (read lazily: only preflight, submit and
+    checkpoints need them)."""
+
+    def __init__(self, stack: Optional[str] = None, *, kube: Optional[KubeApi] = None, facts: Any = None,
+                 store: Optional[CheckpointStore] = None, offline: bool = False,
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep):
+        self.stack = stack
+        self.kube: KubeApi = kube if kube is not None else KubectlApi()
+        self._facts = facts
+        self._store = store
+        self.offline = offline
+        self.clock = clock
+        self.sleep = sleep
+
+    # -- platform facts, the store -----------------------------------------------------------
+    @property
+    def facts(self):
+        if self._facts is None:
+            if self.stack is None:
+                raise ValueError("this needs the stack's facts: give --stack STACK (in Python: JobClient(stack=...))")
+            from infra.facts import facts_for_stack
+
+            self._facts = facts_for_stack(self.stack, use_outputs=not self.offline)
+        return self._facts
+
+    @property
+    def store(self) -> Optional[CheckpointStore]:
+        if self._store is None:
+            bucket = self.facts.checkpoints_bucket  # no stack: ValueError, saying so
+            if bucket:
+                self._store = S3Store(bucket, region=self.facts.region)
+        return self._store
+
+    # -- before the cluster ------------------------------------------------------------------
+    def load(self, spec: SpecLike):
+        from workloads.jobspec import JobSpec, load_job_spec, parse_job_spec
+
+        if isinstance(spec, JobSpec):
+            return spec
+        if isinstance(spec, dict):
+            return parse_job_spec(spec)
+        return load_job_spec(spec)
+
+    def preflight(self, spec: SpecLike, *, mfu: Optional[float] = None) -> PreflightResult:
+        """Does the job fit the stack (raises ``workloads.problems.InvalidInputError`` for a bad spec)."""
+        from workloads.preflight import preflight
+
+        job_spec = self.load(spec)
+        report = preflight(job_spec, self.facts, repo_root=str(ROOT), mfu=mfu)
+        problems = self.init_from_problems(job_spec)
+        text = report.render() + "".join(f"\n  x {p}" for p in problems)
+        return PreflightResult(report.ok and not problems, text)
+
+    def init_from_problems(self, spec) -> list[str]:
+        """``initFrom: <job>/step-N`` names a complete checkpoint of the team's job (read from
+        the store when there is one; the spec's own rules ran when it loaded)."""
+        ref = getattr(spec, "init_from", None)
+        if not ref or self.store is None:
+            return []
+        from workloads.jobspec import init_from_path
+
+        path = init_from_path(spec)
+        job_dir, _, step = path.rpartition("/")
+        try:
+            steps = self.store.complete_steps(job_dir)
+        except StoreError as exc:
+            return [f"initFrom: {ref!r}: cannot check it ({exc})"]
+        if int(step.removeprefix("step-")) not in steps:
+            return [f"initFrom: {ref!r}: no complete checkpoint there (complete steps of that job: "
+                    f"{steps or 'none'}). Fix: name one of them, e.g. `python -m workloads checkpoints "
+                    f"{job_dir.rsplit('/', 1)[-1]} --team {spec.team} --stack {self.stack}`"]
+        return []
+
+    def render(self, spec: SpecLike) -> dict:
+        from workloads.trainingjob import render
+
+        return render(self.load(spec), self.facts)
+
+    def submit(self, spec: SpecLike, *, mfu: Optional[float] = None) -> Submitted:
+        """Preflight, render, server-side apply. Raises ``PreflightRefused`` if it does not fit."""
+        job_spec = self.load(spec)
+        result = self.preflight(job_spec, mfu=mfu)
+        if not result.ok:
+            raise PreflightRefused(result)
+        manifest = self.render(job_spec)
+        created = self.kube.apply(manifest)
+        return Submitted(parse_job(created), manifest)
+
+    # -- reading jobs -------------------------------------------------------------------------
+    def _raw(self, name: str, team: str) -> dict:
+        namespace = f"team-{team}"
+        for resource in (PYTORCHJOBS, TRAINJOBS):
+            try:
+                obj = self.kube.get(resource, name, namespace)
+            except KubeError as exc:
+                if "resource type" in str(exc):  # Trainer v2 not installed: no TrainJob CRD
+                    continue
+                raise
+            if obj is not None:
+                return obj
+        raise JobNotFound(f"no job {name!r} in namespace {namespace} (list them: python -m workloads list --team {team})")
+
+    def get(self, name: str, team: str) -> Job:
+        return parse_job(self._raw(name, team))
+
+    def list(self, team: Optional[str] = None, *, include_finished: bool = False) -> list[Job]:
+        """The platform's jobs of one team (every team the caller may read without ``team``),
+        newest first; finished ones only with ``include_finished``."""
+        namespace = f"team-{team}" if team else None
+        found = []
+        for resource in (PYTORCHJOBS, TRAINJOBS):
+            try:
+                found += [parse_job(o) for o in self.kube.list(resource, namespace, MANAGED_BY)]
+            except KubeError as exc:
+                if "resource type" not in str(exc):
+                    raise
+        found = [j for j in found if include_finished or not j.finished]
+        return sorted(found, key=lambda j: (j.created or "", j.name), reverse=True)
+
+    def pods(self, job: Job) -> list[dict]:
+        return self.kube.list(PODS, job.namespace, pod_selector(job))
+
+    def _pod(self, job: Job, obj: dict, nodes: dict[str, Optional[dict]]) -> Pod:
+        container = container_name(job)
+        node_name = (obj.get("spec") or {}).get("nodeName")
+        if node_name and node_name not in nodes:
+            try:
+                nodes[node_name] = self.kube.get(NODES, node_name)
+            except (KubeError, NoClusterAccess):  # nodes are cluster-scoped: a team role may not read them
+                nodes[node_name] = None
+        node = nodes.get(node_name) or {}
+        node_labels = (node.get("metadata") or {}).get("labels") or {}
+        node_gpus = int(((node.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE, 0) or 0)
+        requests = (((obj.get("spec") or {}).get("containers") or [{}])[0].get("resources") or {}).get("requests") or {}
+        return Pod(name=obj["metadata"]["name"], node_rank=node_rank(job, obj),
+                   phase=(obj.get("status") or {}).get("phase", "Unknown"), node=node_name,
+                   instance_type=node_labels.get(INSTANCE_TYPE_LABEL), capacity_type=node_labels.get(CAPACITY_TYPE_LABEL),
+                   started_at=_started(obj, container), exit_code=_exit_code(obj, container),
+                   deleting=bool(obj["metadata"].get("deletionTimestamp")), gpus=int(requests.get(GPU_RESOURCE, 0) or 0),
+                   node_gpus=node_gpus)
+
+    def describe(self, name: str, team: str) -> JobDetail:
+        raw = self._raw(name, team)
+        job = parse_job(raw)
+        notes: list[str] = []
+        try:
+            workloads = self.kube.list(WORKLOADS, job.namespace, f"{KUEUE_JOB_UID}={job.uid}") if job.uid else []
+        except KubeError as exc:
+            if "resource type" not in str(exc):
+                raise
+            workloads = []
+            notes.append("Kueue is not installed on this cluster: no admission to show")
+        admission = admission_from(workloads[0] if workloads else None)
+        nodes: dict[str, Optional[dict]] = {}
+        pod_objs = self.pods(job)
+        pods = tuple(sorted((self._pod(job, p, nodes) for p in pod_objs), key=lambda p: (p.node_rank, p.name)))
+        history: list[AttemptRecord] = []
+        steps: list[int] = []
+        if job.checkpoint_dir and self._store_or_none() is not None:
+            try:
+                history = self.store.attempts(job.checkpoint_dir)
+                steps = self.store.complete_steps(job.checkpoint_dir)
+            except StoreError as exc:
+                notes.append(f"checkpoints and attempt history not read: {exc}")
+        elif job.checkpoint_dir:
+            notes.append("checkpoints and attempt history need the stack (--stack): they are read from its checkpoints bucket")
+        attempts = [Attempt(r.node_rank, r.exit_code, exit_code_meaning(r.exit_code), r.step_at_start, r.step_at_end, "history")
+                    for r in sorted(history, key=lambda r: (r.started_at or 0, r.node_rank))]
+        # The current pods' attempts, unless their launcher already recorded them.
+        recorded_ends = {(r.node_rank, round(r.ended_at or 0)) for r in history}
+        for pod in pods:
+            ended = _timestamp(next((_ended(o, container_name(job)) for o in pod_objs if o["metadata"]["name"] == pod.name), None))
+            if pod.exit_code is None or (pod.node_rank, round(ended or 0)) not in recorded_ends:
+                attempts.append(Attempt(pod.node_rank, pod.exit_code, exit_code_meaning(pod.exit_code), None, None, pod.name))
+        cost = self._cost(job, pods, pod_objs, history, notes)
+        return JobDetail(job, admission, pods, tuple(attempts), tuple(steps), cost, tuple(notes))
+
+    def _store_or_none(self) -> Optional[CheckpointStore]:
+        try:
+            return self.store
+        except ValueError:  # no stack given: describe and cancel work without its bucket
+            return None
+
+    def _cost(self, job: Job, pods: tuple[Pod, ...], pod_objs: list[dict], history: list[AttemptRecord],
+              notes: list[str]) -> Optional[Cost]:
+        """Node hours x price, each pod counted for its share of its node's GPUs: the recorded
+        attempts (started_at..ended_at) and the running pods (container start..now). Spot nodes
+        at the spot assumption of workloads/prices.py."""
+        from workloads.prices import PRICES
+
+        by_rank = {p.node_rank: p for p in pods if p.instance_type}
+        usd = hours = 0.0
+        unpriced = set()
+
+        def add(pod: Optional[Pod], seconds: float) -> None:
+            nonlocal usd, hours
+            if pod is None or pod.instance_type not in PRICES:
+                unpriced.add(pod.instance_type if pod else "unknown node")
+                return
+            share = (pod.gpus / pod.node_gpus) if pod.gpus and pod.node_gpus else 1.0
+            price = PRICES[pod.instance_type]
+            rate = price.spot_usd_per_hour if pod.capacity_type == "spot" else price.on_demand_usd_per_hour
+            hours += seconds / 3600 * share
+            usd += seconds / 3600 * share * rate
+
+        for record in history:
+            if record.started_at and record.ended_at:
+                add(by_rank.get(record.node_rank), record.ended_at - record.started_at)
+        for pod in pods:
+            if pod.exit_code is None and pod.started_at:
+                add(pod, max(0.0, self.clock() - (_timestamp(pod.started_at) or self.clock())))
+        if unpriced:
+            notes.append(f"cost leaves out time on {sorted(unpriced)} (node not readable or not in workloads/prices.py)")
+        if not hours and unpriced:
+            return None
+        return Cost(round(usd, 2), round(hours, 3), "node hours x each pod's share of its node's GPUs x the "
+                    "on-demand price (spot: the spot assumption of workloads/prices.py)")
+
+    # -- waiting -------------------------------------------------------------------------------
+    def wait(self, name: str, team: str, *, until: tuple[str, ...] = FINISHED, timeout_seconds: float = 3600,
+             poll_seconds: float = 10) -> Job:
+        """Poll until the job's phase is one of ``until`` (TimeoutError after ``timeout_seconds``)."""
+        deadline = self.clock() + timeout_seconds
+        while True:
+            job = self.get(name, team)
+            if job.phase in until:
+                return job
+            if self.clock() >= deadline:
+                raise TimeoutError(f"job {name} is still {job.phase} after {timeout_seconds:.0f} s")
+            self.sleep(poll_seconds)
+
+    # -- logs -----------------------------------------------------------------------------------
+    def logs(self, name: str, team: str, *, rank: Optional[int] = 0, follow: bool = False,
+             poll_seconds: float = 5) -> Iterator[LogLine]:
+        """Log lines of one node rank (``rank=None``: every rank, interleaved as they come).
+        With ``follow``, a stream that ends (the pod was preempted, killed, replaced) is picked
+        up again on the pod that replaces it, until the job finishes: every attempt, every rank.
+        Pods deleted before the call (earlier attempts) are gone from the API; their logs are in
+        the cluster's container log group."""
+        job = self.get(name, team)
+        if rank is not None and not 0 <= rank < job.nodes:
+            raise ValueError(f"--rank {rank}: job {name} has node ranks 0-{job.nodes - 1}")
+        ranks = list(range(job.nodes)) if rank is None else [rank]
+        if len(ranks) == 1:
+            yield from self._rank_logs(job, ranks[0], follow, poll_seconds)
+            return
+        lines: "_queue.Queue[Any]" = _queue.Queue()
+        done = object()
+
+        def pump(r: int) -> None:
+            try:
+                for line in self._rank_logs(job, r, follow, poll_seconds):
+                    lines.put(line)
+            except BaseException as exc:  # surfaced on the caller's thread
+                lines.put(exc)
+            finally:
+                lines.put(done)
+
+        for r in ranks:
+            threading.Thread(target=pump, args=(r,), daemon=True).start()
+        remaining = len(ranks)
+        while remaining:
+            item = lines.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+
+    def _rank_logs(self, job: Job, rank: int, follow: bool, poll_seconds: float) -> Iterator[LogLine]:
+        container = container_name(job)
+        seen: list[str] = []  # pod uids already streamed, in order
+        while True:
+            pods = [p for p in self.pods(job) if node_rank(job, p) == rank and p["metadata"].get("uid") not in seen
+                    and ((p.get("status") or {}).get("phase") not in (None, "Pending"))]
+            pods.sort(key=lambda p: p["metadata"].get("creationTimestamp") or "")
+            for pod in pods:
+                seen.append(pod["metadata"].get("uid"))
+                yield from self._pod_logs(job, pod, rank, len(seen), follow, poll_seconds)
+            if not follow:
+                return
+            current = self._current(job)
+            if current is None or current.finished:
+                # One last look: a pod that ran to the end after the stream closed.
+                if not any(p["metadata"].get("uid") not in seen and node_rank(job, p) == rank for p in self.pods(job)):
+                    return
+                continue
+            if not pods:
+                self.sleep(poll_seconds)
+
+    def _pod_logs(self, job: Job, pod: dict, rank: int, attempt: int, follow: bool,
+                  poll_seconds: float) -> Iterator[LogLine]:
+        """One pod's lines. A followed stream can drop while the container still runs (an API
+        server or load balancer idle timeout): re-attach, skipping the lines already given
+        (`kubectl logs` replays the container's log from its start; after the kubelet rotated the
+        file it replays less, and lines since the rotation may be skipped)."""
+        name, uid, container = pod["metadata"]["name"], pod["metadata"].get("uid"), container_name(job)
+        given = 0
+        while True:
+            for index, text in enumerate(self.kube.logs(name, job.namespace, container, follow=follow)):
+                if index >= given:
+                    given += 1
+                    yield LogLine(rank, name, attempt, text)
+            if not follow or not self._still_running(job, uid, container):
+                return
+            self.sleep(poll_seconds)
+
+    def _still_running(self, job: Job, uid: Optional[str], container: str) -> bool:
+        for pod in self.pods(job):
+            if pod["metadata"].get("uid") == uid:
+                running = any(st.get("name") == container and "running" in (st.get("state") or {})
+                              for st in (pod.get("status") or {}).get("containerStatuses") or [])
+                return running and not pod["metadata"].get("deletionTimestamp")
+        return False
+
+    def _current(self, job: Job) -> Optional[Job]:
+        try:
+            return self.get(job.name, job.team)
+        except JobNotFound:
+            return None
+
+    # -- cancel ---------------------------------------------------------------------------------
+    def cancel(self, name: str, team: str, *, wait: bool = False, timeout_seconds: float = 600,
+               poll_seconds: float = 5, force: bool = False) -> Cancelled:
+        """Stop the job so that its checkpoint lands first, then remove it.
+
+        A foreground deletion: the job object stays (deletionTimestamp, foregroundDeletion
+        finalizer) until the garbage collector has deleted its pods, each with its own
+        terminationGracePeriodSeconds, which the platform sizes for step + checkpoint + MLflow
+        flush (workloads.trainingjob.TimeBudget). The kubelet sends SIGTERM, the launcher
+        forwards it, the trainer saves at the step boundary and exits 143. While the job is
+        being deleted the Training Operator does not reconcile it, and for a TrainJob neither does
+        JobSet reconcile its JobSet, so nothing recreates the pods (tests/jobs/test_lifecycle.py
+        quotes the upstream lines). Suspending is no cancel under Kueue: Kueue un-suspends a job
+        whose Workload is admitted.
+        """
+        raw = self._raw(name, team)
+        job = parse_job(raw)
+        tracking = ((raw["metadata"].get("annotations") or {}).get(ARGOCD_TRACKING_ID) or "")
+        if tracking and not force:
+            raise GitOpsOwned(
+                f"job {name} is declared in git (Argo CD application {tracking.split(':', 1)[0]}): the next sync "
+                "would create it again. Fix: delete its file under workloads/declared/ and let Argo CD prune it, "
+                "or cancel with --force to stop this run anyway")
+        grace = self._grace_seconds(job)
+        resource = TRAINJOBS if job.kind == "TrainJob" else PYTORCHJOBS
+        self.kube.delete(resource, name, job.namespace, propagation="Foreground")
+        gone = False
+        if wait:
+            deadline = self.clock() + timeout_seconds
+            while self.clock() < deadline:
+                if self._current(job) is None:
+                    gone = True
+                    break
+                self.sleep(poll_seconds)
+        newest = None
+        if gone and job.checkpoint_dir and self._store_or_none() is not None:
+            try:
+                steps = self.store.complete_steps(job.checkpoint_dir)
+                newest = steps[-1] if steps else None
+            except StoreError:
+                newest = None
+        return Cancelled(name, job.namespace, grace, gone, newest)
+
+    def _grace_seconds(self, job: Job) -> Optional[int]:
+        pods = self.pods(job)
+        values = [(p.get("spec") or {}).get("terminationGracePeriodSeconds") for p in pods]
+        return max((v for v in values if v is not None), default=None)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def checkpoints(self, name: str, team: str, *, verify: Optional[int] = None,
+                    checkpoint_dir: Optional[str] = None) -> list[Checkpoint]:
+        """Complete checkpoint steps of a job, oldest first; ``verify=STEP`` (or -1: the newest)
+        runs the restore drill (``python -m trainer verify-checkpoint``) on that step. The job
+        object may be gone (finished, TTL): its checkpoints stay, found by ``checkpoint_dir``
+        (default: the job's own, else the platform's default for the name)."""
+        store = self.store
+        if store is None:
+            raise StoreError(f"stack {self.stack} has no checkpoints bucket")
+        if checkpoint_dir is None:
+            try:
+                checkpoint_dir = self.get(name, team).checkpoint_dir
+            except (JobNotFound, KubeError, NoClusterAccess):  # gone, or no cluster: the bucket still has them
+                checkpoint_dir = None
+        if checkpoint_dir is None:
+            from workloads.trainingjob import team_checkpoint_root
+
+            checkpoint_dir = f"{team_checkpoint_root(f'team-{team}')}/{name}"
+        steps = store.complete_steps(checkpoint_dir)
+        out = [Checkpoint(s, store.uri(checkpoint_dir, s)) for s in steps]
+        if verify is not None and steps:
+            step = steps[-1] if verify < 0 else verify
+            if step not in steps:
+                raise ValueError(f"--verify {verify}: not a complete step of {name} (complete: {steps})")
+            verdict, detail = self.verify_checkpoint(store.uri(checkpoint_dir, step))
+            out = [Checkpoint(c.step, c.uri, verdict, detail) if c.step == step else c for c in out]
+        return out
+
+    def verify_checkpoint(self, uri: str, *, runner: Callable[..., Any] = subprocess.run) -> tuple[str, str]:
+        """trainer/verify.py's verdict on one step: ("PASS" | "FAIL", its last lines)."""
+        done = runner([sys.executable, "-m", "trainer", "verify-checkpoint", uri], capture_output=True, text=True)
+        text = (done.stdout or "") + (done.stderr or "")
+        verdict = "PASS" if done.returncode == 0 and "VERDICT: PASS" in text else "FAIL"
+        return verdict, "\n".join(text.strip().splitlines()[-8:])

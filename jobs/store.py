@@ -1,0 +1,160 @@
+"""Where a job's checkpoints and attempt history can be read from outside the cluster.
+
+A job writes both to its checkpoint directory on FSx (``/fsx/checkpoints/<namespace>/<job>``):
+complete steps (``step-NNNNNN/complete.json``, trainer/checkpoint.py) and one JSON line per
+attempt per node (``attempts/node-<rank>.jsonl``, trainer/retries.py). The file system's
+``/checkpoints`` data repository association exports that tree to the checkpoints bucket
+(Pulumi.*.yaml ``datasets.fsx.dataRepositoryAssociations``; FSx auto-export of NEW/CHANGED/
+DELETED), so ``/fsx/checkpoints/<rest>`` is ``s3://<checkpoints bucket>/<rest>``: the team's
+prefix (components.training.team_checkpoint_prefix). ``S3Store`` reads it there; ``LocalStore``
+reads a directory (a ``submit --local`` work directory, or a mounted file system).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol
+
+from workloads.fsx import CHECKPOINTS_DIR, FSX_MOUNT_PATH
+
+STEP_DIR = re.compile(r"^step-(\d+)$")
+MARKER = "complete.json"  # trainer.durable: written last, so a step with it is whole
+ATTEMPTS_DIR = "attempts"
+_NODE_FILE = re.compile(r"^node-(\d+)\.jsonl$")
+_FSX_CHECKPOINTS = f"{FSX_MOUNT_PATH}/{CHECKPOINTS_DIR}/"
+
+
+class StoreError(RuntimeError):
+    """The store cannot be read (credentials, bucket, path): one line for the user."""
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    node_rank: int
+    exit_code: int
+    step_at_start: Optional[int]
+    step_at_end: Optional[int]
+    started_at: Optional[float]
+    ended_at: Optional[float]
+
+
+class CheckpointStore(Protocol):
+    def uri(self, checkpoint_dir: str, step: Optional[int] = None) -> str: ...
+
+    def complete_steps(self, checkpoint_dir: str) -> list[int]: ...
+
+    def attempts(self, checkpoint_dir: str) -> list[AttemptRecord]: ...
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def _parse_attempts(node_rank: int, text: str) -> list[AttemptRecord]:
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:  # a line cut by a kill mid-write (trainer.retries reads past it too)
+            continue
+        if isinstance(row, dict) and isinstance(row.get("exit_code"), int):
+            rows.append(AttemptRecord(node_rank, row["exit_code"], row.get("checkpoint_step_at_start"),
+                                      row.get("checkpoint_step_at_end"), row.get("started_at"), row.get("ended_at")))
+    return rows
+
+
+class LocalStore:
+    """A directory tree laid out like /fsx/checkpoints (``root`` stands in for it)."""
+
+    def __init__(self, root: Optional[str] = None):
+        self.root = root
+
+    def _path(self, checkpoint_dir: str) -> str:
+        if self.root and checkpoint_dir.startswith(_FSX_CHECKPOINTS):
+            return os.path.join(self.root, checkpoint_dir[len(_FSX_CHECKPOINTS):])
+        return checkpoint_dir
+
+    def uri(self, checkpoint_dir, step=None):
+        path = self._path(checkpoint_dir)
+        return os.path.join(path, step_name(step)) if step is not None else path
+
+    def complete_steps(self, checkpoint_dir):
+        path = self._path(checkpoint_dir)
+        if not os.path.isdir(path):
+            return []
+        return sorted(int(m.group(1)) for n in os.listdir(path)
+                      if (m := STEP_DIR.match(n)) and os.path.isfile(os.path.join(path, n, MARKER)))
+
+    def attempts(self, checkpoint_dir):
+        folder = os.path.join(self._path(checkpoint_dir), ATTEMPTS_DIR)
+        rows: list[AttemptRecord] = []
+        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+            if m := _NODE_FILE.match(name):
+                with open(os.path.join(folder, name)) as f:
+                    rows += _parse_attempts(int(m.group(1)), f.read())
+        return rows
+
+
+class S3Store:
+    """The checkpoints bucket, where the /checkpoints association exports the file system."""
+
+    def __init__(self, bucket: str, *, region: Optional[str] = None, client: Any = None):
+        self.bucket = bucket
+        self._client = client
+        self.region = region
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import boto3
+
+            self._client = boto3.client("s3", region_name=self.region)
+        return self._client
+
+    def prefix(self, checkpoint_dir: str) -> str:
+        if not checkpoint_dir.startswith(_FSX_CHECKPOINTS):
+            raise StoreError(f"checkpoint directory {checkpoint_dir} is not under {_FSX_CHECKPOINTS}: "
+                             "it is not exported to the checkpoints bucket")
+        return checkpoint_dir[len(_FSX_CHECKPOINTS):].strip("/") + "/"
+
+    def uri(self, checkpoint_dir, step=None):
+        return f"s3://{self.bucket}/{self.prefix(checkpoint_dir)}{step_name(step) + '/' if step is not None else ''}"
+
+    def _keys(self, prefix: str, delimiter: Optional[str] = None) -> tuple[list[str], list[str]]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        keys, prefixes = [], []
+        kwargs = {"Bucket": self.bucket, "Prefix": prefix, **({"Delimiter": delimiter} if delimiter else {})}
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(**kwargs):
+                keys += [o["Key"] for o in page.get("Contents", [])]
+                prefixes += [p["Prefix"] for p in page.get("CommonPrefixes", [])]
+        except (BotoCoreError, ClientError) as exc:
+            raise StoreError(f"cannot list s3://{self.bucket}/{prefix}: {exc}") from None
+        return keys, prefixes
+
+    def complete_steps(self, checkpoint_dir):
+        prefix = self.prefix(checkpoint_dir)
+        _, step_prefixes = self._keys(prefix, "/")
+        steps = []
+        for sub in step_prefixes:
+            m = STEP_DIR.match(sub[len(prefix):].strip("/"))
+            if m and f"{sub}{MARKER}" in self._keys(f"{sub}{MARKER}")[0]:
+                steps.append(int(m.group(1)))
+        return sorted(steps)
+
+    def attempts(self, checkpoint_dir):
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        prefix = f"{self.prefix(checkpoint_dir)}{ATTEMPTS_DIR}/"
+        rows: list[AttemptRecord] = []
+        for key in sorted(self._keys(prefix)[0]):
+            if m := _NODE_FILE.match(key[len(prefix):]):
+                try:
+                    body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
+                except (BotoCoreError, ClientError) as exc:
+                    raise StoreError(f"cannot read s3://{self.bucket}/{key}: {exc}") from None
+                rows += _parse_attempts(int(m.group(1)), body)
+        return rows
