@@ -64,7 +64,12 @@ def collect(directory: Path) -> tuple[list[str], list[Problem]]:
         patterns = [line.strip() for line in ignore.read_text().splitlines() if line.strip() and not line.startswith("#")]
     files = []
     for root, dirs, names in os.walk(directory):
-        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
+        for linked in sorted(d for d in dirs if (Path(root) / d).is_symlink()):
+            relative = (Path(root) / linked).relative_to(directory).as_posix()
+            if not _ignored(relative, patterns):
+                problems.append(Problem("--code", relative, "is a link or not a regular file",
+                                        f"copy the files in, or list it in {IGNORE_FILE}"))
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS and not (Path(root) / d).is_symlink())
         for name in sorted(names):
             path = Path(root) / name
             relative = path.relative_to(directory).as_posix()
@@ -130,9 +135,11 @@ def pin(spec: JobSpec, code: CodeArchive, checkpoints_bucket: Optional[str], sta
 
 
 def upload(spec: JobSpec, code: CodeArchive, *, s3_client=None) -> bool:
-    """Put the archive at its pinned key unless an object with the same digest is there already.
-    Returns whether it uploaded. S3 checks the bytes it received against ChecksumSHA256."""
+    """Put the archive at its pinned key unless the object there already has the pinned digest
+    (read back and hashed here: a replaced object is overwritten). Returns whether it uploaded.
+    ChecksumSHA256 makes S3 refuse the put if the bytes it received are not these."""
     import base64
+    import hashlib
 
     assert spec.code is not None
     bucket, key = spec.code.uri[len("s3://"):].split("/", 1)
@@ -141,14 +148,13 @@ def upload(spec: JobSpec, code: CodeArchive, *, s3_client=None) -> bool:
 
         s3_client = boto3.client("s3")
     try:
-        head = s3_client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
-        if head.get("ChecksumSHA256") == base64.b64encode(bytes.fromhex(code.sha256)).decode():
+        existing = s3_client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        if hashlib.sha256(existing).hexdigest() == code.sha256:
             return False
-    except Exception as exc:  # 404: not there yet; anything else surfaces on the put
-        if "404" not in str(exc) and "Not Found" not in str(exc):
-            raise
-    s3_client.put_object(Bucket=bucket, Key=key, Body=code.data, ChecksumSHA256=base64.b64encode(
-        bytes.fromhex(code.sha256)).decode(), ContentType="application/gzip")
+    except s3_client.exceptions.NoSuchKey:
+        pass
+    s3_client.put_object(Bucket=bucket, Key=key, Body=code.data, ContentType="application/gzip",
+                         ChecksumSHA256=base64.b64encode(bytes.fromhex(code.sha256)).decode())
     return True
 
 

@@ -183,7 +183,8 @@ def _submit_local(manifest: dict, args, *, spec=None, archive=None) -> int:
               "MLFLOW_TRACKING_USERNAME": "", "MLFLOW_TRACKING_PASSWORD": ""}
     secret_names = {e["valueFrom"]["secretKeyRef"]["name"] for e in _containers_env(small) if "valueFrom" in e
                     and "secretKeyRef" in e["valueFrom"]}
-    print(f"local run in {workdir}: MLflow {secret['MLFLOW_TRACKING_URI'] or 'off'}, {args.steps} steps, "
+    print(f"local run in {workdir}: MLflow {secret['MLFLOW_TRACKING_URI'] or 'off'}, "
+          f"{f'{args.steps} steps' if spec is None or spec.trainer else 'the steps your code takes'}, "
           f"SIGTERM to one pod at step {args.interrupt_at_step or 'never'}")
     try:
         # A fresh checkpoint signing key stands in for the team's (trainer/trust.py).
