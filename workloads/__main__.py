@@ -159,6 +159,8 @@ def _submit_local(manifest: dict, args, *, spec=None, archive=None) -> int:
     from workloads.trainingjob import CHECKPOINT_KEY_ITEM, CHECKPOINT_KEY_SECRET
 
     workdir = Path(args.workdir or f"runs/jobs/{manifest['metadata']['name']}").resolve()
+    # The job's own model on a CPU is slow: a faithful run proves a couple of steps by default.
+    args.steps = args.steps or (2 if args.faithful else 40)
     overrides = LocalOverrides(num_steps=args.steps, checkpoint_every_steps=max(1, args.steps // 4), faithful=args.faithful)
     if args.faithful and spec is not None and spec.trainer is not None:
         if (refusal := _faithful_refusal(spec, len(manifest_replicas(manifest)))) is not None:
@@ -271,7 +273,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     mode.add_argument("--dry-run", action="store_true", help="print the rendered job")
     mode.add_argument("--local", action="store_true", help="run the rendered pods as CPU processes, tiny")
     submit.add_argument("--mfu", type=float, default=None)
-    submit.add_argument("--steps", type=int, default=40, help="--local: training steps")
+    submit.add_argument("--steps", type=int, default=None, help="--local: training steps (default 40; 2 with --faithful)")
     submit.add_argument("--interrupt-at-step", type=int, default=None, help="--local: SIGTERM one pod at this step")
     submit.add_argument("--workdir", help="--local: where the FSx stand-in, logs and MLflow go (default runs/jobs/NAME)")
     submit.add_argument("--no-tracking", action="store_true", help="--local: no local MLflow store")

@@ -67,7 +67,7 @@ class LocalOverrides:
     faithful_overrides: tuple[str, ...] = (
         "parallelism.backend=auto", "parallelism.mixed_precision=auto", "parallelism.compile=false",
         'checkpoint.async_mode="off"', "checkpoint.every_seconds=0", "tracking.log_every_steps=1",
-        "schedule.warmup_steps=1",
+        "schedule.warmup_steps=1", "schedule.grad_accum_steps=1",
         # The generated corpus's validation split is too short for a long sequence.
         "evaluation.every_steps=0",
     )

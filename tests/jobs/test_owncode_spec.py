@@ -4,6 +4,7 @@ archive reaches the pod as env + an emptyDir; objects valid against the pinned u
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +105,19 @@ def test_an_archive_outside_the_teams_code_prefix_is_refused(dev_facts):
         render(parse_job_spec(_raw(script="train.py", code=other)), dev_facts)
     [problem] = [p for p in err.value.problems if p.path == "code.uri"]
     assert "outside the job's code prefix" in problem.message and "submit --code DIR" in problem.fix
+
+
+@pytest.mark.parametrize("example", ["ddp", "hf-trainer"])
+def test_shipped_own_code_examples_render_valid_with_their_pinned_archive(example, dev_facts, schemas):
+    import yaml
+
+    from jobs import usercode
+
+    root = Path(__file__).resolve().parents[2] / "examples" / "own-code"
+    spec = parse_job_spec(yaml.safe_load((root / f"{example}.yaml").read_text()))
+    code = usercode.archive(root / example)
+    assert code.files == ("train.py",)
+    job = render(usercode.pin(spec, code, dev_facts.checkpoints_bucket, dev_facts.stack), dev_facts)
+    assert validate_custom_resource(job, schemas) == []
+    env = {e["name"]: e.get("value") for e in _container(job)["env"]}
+    assert env["MLP_CODE_SHA256"] == code.sha256 and env["MLP_CODE_URI"].endswith(f"/{code.sha256}.tar.gz")
