@@ -114,6 +114,10 @@ def cmd_preflight(args) -> int:
 def cmd_submit(args) -> int:
     from workloads.trainingjob import render
 
+    if args.faithful and not args.local:
+        print("error: --faithful is a way to run --local (the job's own model on this CPU); add --local", file=sys.stderr)
+        return EXIT_SPEC
+
     # With --dry-run stdout carries the manifest alone.
     spec, facts, code = _preflighted(args, report_to=sys.stderr if args.dry_run else sys.stdout)
     if code:
