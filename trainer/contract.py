@@ -218,6 +218,8 @@ def latest_checkpoint(root: Optional[str] = None) -> Optional[Checkpoint]:
         except (OSError, ValueError):
             continue  # no marker (a save cut short) or a torn one: not a checkpoint
         path = os.path.join(root, meta["path"]) if isinstance(meta.get("path"), str) else directory
+        if not os.path.isdir(path):
+            continue  # the framework rotated its directory away (e.g. the HF Trainer's save_total_limit)
         return Checkpoint(step, path, meta)
     return None
 

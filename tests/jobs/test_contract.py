@@ -79,6 +79,8 @@ def test_a_checkpoint_without_its_marker_is_never_resumed(tmp_path):
     contract.begin_checkpoint(20, root)  # a save cut short: files, no marker
     assert contract.latest_checkpoint(root) is None
     contract.commit_checkpoint(10, root, path="hf/checkpoint-10", framework="hf")
+    assert contract.latest_checkpoint(root) is None  # the marker points at nothing yet
+    os.makedirs(os.path.join(root, "hf/checkpoint-10"))
     found = contract.latest_checkpoint(root)
     assert (found.step, found.path, found.meta["framework"]) == (10, os.path.join(root, "hf/checkpoint-10"), "hf")
     (tmp_path / "step-000030").mkdir()
