@@ -121,3 +121,15 @@ def test_shipped_own_code_examples_render_valid_with_their_pinned_archive(exampl
     assert validate_custom_resource(job, schemas) == []
     env = {e["name"]: e.get("value") for e in _container(job)["env"]}
     assert env["MLP_CODE_SHA256"] == code.sha256 and env["MLP_CODE_URI"].endswith(f"/{code.sha256}.tar.gz")
+
+
+def test_a_pipeline_refuses_a_job_spec_that_runs_own_code(dev_facts):
+    """The pipeline appends trainer overrides to the train step and evaluates the trainer's
+    checkpoints: an own-code job would get them as script arguments."""
+    from workloads import pipeline
+
+    job = render(parse_job_spec(_raw(script="train.py")), dev_facts)
+    declaration = pipeline.parse_declaration({"name": "p", "jobSpec": "examples/own-code/ddp.yaml",
+                                              "dataset": "/fsx/datasets/x", "modelName": "m"}, source="p.yaml")
+    with pytest.raises(ValueError, match="runs your own code .* Fix: submit it as a job"):
+        pipeline.pipeline_spec(declaration, job, fsx_claim="c", tracking_secret="s", cpu_node_selector={})
