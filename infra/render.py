@@ -152,8 +152,12 @@ def declared_objects(config: PlatformConfig, stack: str, root: Path,
             problems.append(f"{source}: jobSpec {declaration.job_spec} renders a {job.get('kind')}; the pipeline's "
                             "train step waits on a PyTorchJob. Fix: runtime: pytorchjob in the job spec")
             continue
-        spec = pipeline.pipeline_spec(declaration, job, fsx_claim=CLAIM_NAME, tracking_secret=K8S_SECRET_NAME,
-                                      cpu_node_selector=cpu_node_selector(config))
+        try:
+            spec = pipeline.pipeline_spec(declaration, job, fsx_claim=CLAIM_NAME, tracking_secret=K8S_SECRET_NAME,
+                                          cpu_node_selector=cpu_node_selector(config))
+        except ValueError as exc:  # a job spec running your own code
+            problems.append(str(exc))
+            continue
         objects.append(RenderedObject(spec.namespace, pipeline.workflow_template(spec)))
     if problems:
         raise RenderError(f"{len(problems)} problem{'s' if len(problems) != 1 else ''} in {DECLARED_ROOT}/{stack}:\n"

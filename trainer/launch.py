@@ -201,8 +201,15 @@ class AttemptLog:
 
     def __init__(self, argv: list[str]):
         cfg = train_config(argv)
-        self.dir = cfg.checkpoint.dir if cfg is not None else None
-        self.limit = cfg.checkpoint.max_attempts_without_progress if cfg is not None else 0
+        if cfg is not None:
+            self.dir, self.limit = cfg.checkpoint.dir, cfg.checkpoint.max_attempts_without_progress
+        else:
+            # Your own code (trainer/contract.py): the same bound, counted in the job's checkpoint
+            # directory, whose step-N/complete.json markers are progress.
+            from trainer.config import CheckpointConfig
+
+            self.dir = os.environ.get("TRAINER_CHECKPOINT_DIR") if not _runs_builtin_trainer(argv) else None
+            self.limit = CheckpointConfig().max_attempts_without_progress if self.dir else 0
         self.path = retries.history_path(self.dir, node_rank(argv)) if self.dir else None
         self.started_at = time.time()
         self.step_at_start = retries.newest_complete_step(self.dir) if self.dir else None
@@ -222,7 +229,27 @@ class AttemptLog:
             print(f"[trainer.launch] could not record this attempt in {self.path}: {exc}", file=sys.stderr)
 
 
+def _runs_builtin_trainer(argv: list[str]) -> bool:
+    return any(argv[i:i + 3] == ["-m", "trainer", "train"] for i in range(len(argv) - 2))
+
+
+def own_code_dir() -> tuple[str | None, int]:
+    """Your code archive, downloaded and verified against its pinned digest (trainer/code_archive.py):
+    (the directory torchrun runs in, 0), or (None, 2) when it is refused."""
+    from trainer import code_archive
+
+    try:
+        return code_archive.materialize(), 0
+    except code_archive.CodeArchiveError as exc:
+        print(f"[trainer.launch] {exc}", file=sys.stderr)
+        print(f"[trainer.launch] not starting torchrun; exiting {EXIT_BAD_INPUT} (permanent)", file=sys.stderr, flush=True)
+        return None, EXIT_BAD_INPUT
+
+
 def main(argv: list[str]) -> int:
+    code_dir, code = own_code_dir()
+    if code != 0:
+        return code
     if (code := check_trainer_input(argv)) != 0:
         return code
     attempts = AttemptLog(argv)
@@ -239,7 +266,11 @@ def main(argv: list[str]) -> int:
         env["TRAINER_EXIT_STATUS_DIR"] = status_dir
         failures_file = os.path.join(status_dir, "torchrun-failures.json")
         env["TRAINER_TORCHRUN_FAILURES"] = failures_file
-        child = subprocess.Popen([sys.executable, "-m", "trainer.elastic_run", *argv], env=env)
+        if code_dir:
+            # The archive's root is the working directory and first on the path (the image's /app,
+            # with trainer.contract, stays importable after it).
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (code_dir, env.get("PYTHONPATH") or os.getcwd()) if p)
+        child = subprocess.Popen([sys.executable, "-m", "trainer.elastic_run", *argv], env=env, cwd=code_dir)
         signalled = []
 
         def forward(signum, frame):

@@ -133,21 +133,44 @@ def cmd_preflight(args) -> int:
 def cmd_submit(args) -> int:
     from workloads.trainingjob import render
 
+    if args.faithful and not args.local:
+        print("error: --faithful is a way to run --local (the job's own model on this CPU); add --local", file=sys.stderr)
+        return EXIT_SPEC
+
     # With --dry-run stdout carries the manifest alone.
     spec, facts, code = _preflighted(args, report_to=sys.stderr if args.dry_run else sys.stdout)
     if code:
         return code
+    archive = None
+    if args.code:
+        # Your code as an archive pinned by digest (jobs/usercode.py), uploaded below.
+        from jobs import usercode
+        from workloads.problems import InvalidInputError
+
+        try:
+            archive = usercode.archive(args.code)
+            spec = usercode.pin(spec, archive, facts.checkpoints_bucket, facts.stack)
+        except InvalidInputError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_SPEC
+        print(f"code           {args.code}: {len(archive.files)} file(s), {archive.size_bytes:,} bytes, sha256 "
+              f"{archive.sha256} -> {spec.code.uri}", file=sys.stderr if args.dry_run else sys.stdout)
     manifest = render(spec, facts)
     if args.dry_run:
         print(_dump(manifest))
         return 0
     if args.local:
-        return _submit_local(manifest, args)
+        return _submit_local(manifest, args, spec=spec, archive=archive)
     if not kubeconfig_available():
         print("error: no kubectl or kubeconfig: run with --dry-run or --local, or write the cluster's kubeconfig "
               f"(pulumi stack output kubeconfig --show-secrets --stack {args.stack} > kubeconfig; export KUBECONFIG=$PWD/kubeconfig)",
               file=sys.stderr)
         return EXIT_NO_CLUSTER
+    if archive is not None:
+        from jobs import usercode
+
+        uploaded = usercode.upload(spec, archive)
+        print(f"code           {'uploaded to' if uploaded else 'already at'} {spec.code.uri}", flush=True)
     return _apply(manifest, args)
 
 
@@ -167,35 +190,78 @@ def _apply(manifest: dict, args) -> int:
     return guarded(apply)(args)
 
 
-def _submit_local(manifest: dict, args) -> int:
+def _submit_local(manifest: dict, args, *, spec=None, archive=None) -> int:
     import secrets
 
-    from workloads.local import LocalOverrides, LocalRunError, run_local, shrink
+    from workloads.local import LocalOverrides, LocalRunError, replacements, run_local, shrink
     from workloads.trainingjob import CHECKPOINT_KEY_ITEM, CHECKPOINT_KEY_SECRET
 
     workdir = Path(args.workdir or f"runs/jobs/{manifest['metadata']['name']}").resolve()
+    # The job's own model on a CPU is slow: a faithful run proves a couple of steps by default.
+    args.steps = args.steps or (2 if args.faithful else 40)
+    overrides = LocalOverrides(num_steps=args.steps, checkpoint_every_steps=max(1, args.steps // 4), faithful=args.faithful)
+    if args.faithful and spec is not None and spec.trainer is not None:
+        if (refusal := _faithful_refusal(spec, len(manifest_replicas(manifest)))) is not None:
+            print(refusal, file=sys.stderr)
+            return EXIT_REFUSED
     if workdir.exists():
         shutil.rmtree(workdir)  # a local run starts from nothing; a stale checkpoint would be resumed
     workdir.mkdir(parents=True)
-    overrides = LocalOverrides(num_steps=args.steps, checkpoint_every_steps=max(1, args.steps // 4))
+    # Said before the run, so a green local run is never mistaken for the job's own config.
+    print("local run replaces" + (" (--faithful: the job's own model and config)" if args.faithful else "") + ":")
+    for line in replacements(manifest, overrides, dataset=spec.dataset if spec else "the dataset"):
+        print(f"  {line}")
+    s3_root = workdir / "s3"
+    if archive is not None:
+        from jobs import usercode
+
+        target = usercode.local_object_path(spec.code.uri, s3_root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(archive.data)
     small = shrink(manifest, overrides)
     secret = {"MLFLOW_TRACKING_URI": "" if args.no_tracking else f"sqlite:///{workdir}/mlflow.db",
               "MLFLOW_TRACKING_USERNAME": "", "MLFLOW_TRACKING_PASSWORD": ""}
     secret_names = {e["valueFrom"]["secretKeyRef"]["name"] for e in _containers_env(small) if "valueFrom" in e
                     and "secretKeyRef" in e["valueFrom"]}
-    print(f"local run in {workdir}: MLflow {secret['MLFLOW_TRACKING_URI'] or 'off'}, {args.steps} steps, "
+    print(f"local run in {workdir}: MLflow {secret['MLFLOW_TRACKING_URI'] or 'off'}, "
+          f"{f'{args.steps} steps' if spec is None or spec.trainer else 'the steps your code takes'}, "
           f"SIGTERM to one pod at step {args.interrupt_at_step or 'never'}")
     try:
         # A fresh checkpoint signing key stands in for the team's (trainer/trust.py).
         local_secrets = {**{name: secret for name in secret_names},
                          CHECKPOINT_KEY_SECRET: {CHECKPOINT_KEY_ITEM: secrets.token_hex(32)}}
-        result = run_local(small, workdir=workdir, secrets=local_secrets,
+        result = run_local(small, workdir=workdir, secrets=local_secrets, s3_root=s3_root,
                            interrupt_at_step=args.interrupt_at_step, timeout_seconds=args.timeout)
     except LocalRunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_LOCAL_FAILED
     print(f"complete checkpoints: {result.steps}; attempts: {[a.exit_codes for a in result.attempts]}")
     return 0 if result.succeeded else EXIT_LOCAL_FAILED
+
+
+def manifest_replicas(manifest: dict) -> list:
+    from workloads.local import replicas
+
+    return replicas(manifest)
+
+
+def _faithful_refusal(spec, ranks: int) -> Optional[str]:
+    """Why the job's own model cannot run on this host (--faithful), or None."""
+    from trainer.config import build_config
+    from workloads.local import faithful_memory_problem, host_available_bytes
+    from workloads.preflight import CUDA_RESERVE_GIB, GIB, memory_per_gpu, trainer_shape
+
+    cfg = build_config(str(ROOT / spec.trainer.config), list(spec.trainer.overrides), environ={})
+    if cfg.model.hf_path:
+        return (f"--faithful: the model is model.hf_path={cfg.model.hf_path}, on the cluster's FSx, not on this machine. "
+                "Fix: run --local without --faithful, or use a model the trainer builds from its config")
+    shape, problems = trainer_shape(spec, str(ROOT))
+    if shape is None:
+        return f"--faithful: cannot size the model ({'; '.join(p.render() for p in problems)})"
+    per_rank = memory_per_gpu(shape, ranks)["total"] - CUDA_RESERVE_GIB * GIB
+    return faithful_memory_problem(per_rank * ranks, host_available_bytes() * 0.8,
+                                   f"{shape.parameters / 1e6:,.0f}M parameters x {ranks} CPU rank(s), micro-batch "
+                                   f"{shape.micro_batch_size} x {shape.seq_len} tokens")
 
 
 def _containers_env(manifest: dict) -> list[dict]:
@@ -245,11 +311,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     mode.add_argument("--dry-run", action="store_true", help="print the rendered job")
     mode.add_argument("--local", action="store_true", help="run the rendered pods as CPU processes, tiny")
     submit.add_argument("--mfu", type=float, default=None)
-    submit.add_argument("--steps", type=int, default=40, help="--local: training steps")
+    submit.add_argument("--steps", type=int, default=None, help="--local: training steps (default 40; 2 with --faithful)")
     submit.add_argument("--interrupt-at-step", type=int, default=None, help="--local: SIGTERM one pod at this step")
     submit.add_argument("--workdir", help="--local: where the FSx stand-in, logs and MLflow go (default runs/jobs/NAME)")
     submit.add_argument("--no-tracking", action="store_true", help="--local: no local MLflow store")
     submit.add_argument("--timeout", type=float, default=900, help="--local: seconds per attempt")
+    submit.add_argument("--faithful", action="store_true",
+                        help="--local: keep the job's own model and trainer config (only the steps shrink); refused "
+                             "when it would not fit in this host's memory")
+    submit.add_argument("--code", metavar="DIR",
+                        help="your code: DIR is packed, uploaded to the team's S3 prefix and pinned by its SHA-256 "
+                             "(the pod refuses any other bytes); script/command in the spec are relative to DIR")
 
     status = sub.add_parser("status", help="kubectl: the job, its Kueue workload and pods")
     status.add_argument("name")

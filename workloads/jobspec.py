@@ -192,11 +192,62 @@ class TimeBudgetSpec(_Model):
     checkpoint_seconds: int = Field(45, ge=1, le=3600, description="Time to save one checkpoint (measure it: checkpoint_seconds metric).")
 
 
+# -- own code (issue 22 item 1) ----------------------------------------------------------------
+# The platform's launcher owns torchrun: the user gives what torchrun runs, never torchrun itself.
+_PLATFORM_LAUNCHERS = ("torchrun", "python -m torch.distributed.run", "accelerate", "deepspeed", "trainer.launch")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(?P<key>[A-Za-z0-9!_.*'()/-]+)$")
+
+
+class CodeSpec(_Model):
+    """A code archive in the team's S3 prefix, pinned by its SHA-256 (written by `submit --code DIR`).
+    The launcher downloads it, refuses it unless the digest matches, and runs the command in it."""
+
+    uri: str = Field(description="s3://<checkpoints bucket>/team-<team>/code/<name>/<sha256>.tar.gz")
+    sha256: str = Field(description="SHA-256 of the archive, 64 lowercase hex digits.")
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, value: str) -> str:
+        if not _S3_URI.match(value or ""):
+            raise ValueError("is not an s3://bucket/key URI. FIX: let `submit --code DIR` upload and pin it")
+        return value
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha256(cls, value: str) -> str:
+        if not _SHA256.match(value or ""):
+            raise ValueError("is not a SHA-256 digest (64 lowercase hex digits). FIX: let `submit --code DIR` pin it")
+        return value
+
+
+def own_code_problems(raw: Any) -> list[tuple[str, Any, str, str]]:
+    """(field, value, message, fix) for the own-code fields of a parsed spec's raw mapping."""
+    out = []
+    given = [k for k in ("trainer", "command", "script") if raw.get(k) is not None]
+    if len(given) != 1:
+        out.append(("trainer/command/script", given or None, "give exactly one of trainer (the built-in trainer), "
+                    "command or script (your own code)", "e.g. script: train.py with args: [...], or trainer: {config: ...}"))
+    if raw.get("args") and raw.get("script") is None:
+        out.append(("args", raw.get("args"), "are the arguments of script", "give script:, or put them in command"))
+    if raw.get("code") is not None and raw.get("trainer") is not None:
+        out.append(("code", raw.get("code"), "is your own code's archive; the built-in trainer runs from the image",
+                    "remove code, or give command/script"))
+    return out
+
+
 class JobSpec(_Model):
     name: str = Field(description="Job name (DNS label, at most 40 characters).")
     team: str = Field(description="Team; the job runs in namespace team-<team>.")
     image: str = Field(description="Trainer image, tag or digest (digest in prod).")
-    trainer: TrainerSpec
+    trainer: Optional[TrainerSpec] = Field(None, description="The built-in trainer (or command / script: your own code).")
+    command: Optional[list[str]] = Field(None, description="Your own code: what torchrun runs on every rank, e.g. "
+                                         "[python, -m, mypkg.train, --lr, '3e-4'] (the platform's launcher runs torchrun).")
+    script: Optional[str] = Field(None, description="Your own code: a Python file, relative to the code root (the "
+                                  "archive of --code, else the image's /app).")
+    args: list[str] = Field(default_factory=list, description="Arguments of script.")
+    code: Optional[CodeSpec] = Field(None, description="The code archive (set by submit --code DIR); without it the "
+                                     "code is in the image.")
     nodes: int = Field(ge=1, le=128)
     gpus_per_node: int = Field(ge=1, le=16)
     pool: Optional[str] = Field(None, description="GPU pool name; or give gpuType.")
@@ -304,10 +355,53 @@ class JobSpec(_Model):
 
     @model_validator(mode="after")
     def _init_from_other_job(self) -> "JobSpec":
+        if self.init_from and self.trainer is None:
+            raise ValueError(f"initFrom ({self.init_from}) is the built-in trainer's initial load; your own code "
+                             "loads what it likes. FIX: remove initFrom and read the checkpoint in your script "
+                             "(trainer.contract.job() names the checkpoint root)")
         if self.init_from and self.init_from.split("/", 1)[0] == self.name:
             raise ValueError(f"names this job's own checkpoint ({self.init_from}): a job resumes its own "
                              "checkpoints by itself. FIX: remove initFrom, or give the new job another name")
         return self
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: Optional[list[str]]) -> Optional[list[str]]:
+        if value is None:
+            return value
+        if not value or any(not isinstance(a, str) or not a for a in value):
+            raise ValueError("is not a list of non-empty strings. FIX: e.g. [python, train.py, --lr, '3e-4']")
+        head = " ".join(value[:4])
+        for launcher in _PLATFORM_LAUNCHERS:
+            if head == launcher or head.startswith(launcher + " ") or value[0].endswith("/" + launcher.split()[0]):
+                raise ValueError(f"starts {launcher!r}: the platform's launcher runs torchrun itself (rendezvous, "
+                                 "time budget, exit codes). FIX: give what torchrun should run, e.g. [python, train.py, ...]")
+        if value[0] in ("python", "python3") and (len(value) < 2 or (value[1] != "-m" and not value[1].endswith(".py"))):
+            raise ValueError("runs python without a script or module. FIX: [python, train.py, ...] or [python, -m, pkg.train, ...]")
+        return value
+
+    @field_validator("script")
+    @classmethod
+    def _script(cls, value: Optional[str]) -> Optional[str]:
+        if value is None:
+            return value
+        if value.startswith("/") or ".." in value.split("/") or not value.endswith(".py") or "$" in value:
+            raise ValueError("is not a .py path relative to the code root. FIX: e.g. script: train.py")
+        return value
+
+    @model_validator(mode="after")
+    def _one_entrypoint(self) -> "JobSpec":
+        problems = own_code_problems({"trainer": self.trainer, "command": self.command, "script": self.script,
+                                      "args": self.args, "code": self.code})
+        if problems:
+            path, _, message, fix = problems[0]
+            raise ValueError(f"{path}: {message}. FIX: {fix}")
+        return self
+
+    @property
+    def own_code(self) -> bool:
+        """Your own code (command / script) rather than the built-in trainer."""
+        return self.trainer is None
 
     @model_validator(mode="after")
     def _pool_or_type(self) -> "JobSpec":
@@ -388,7 +482,7 @@ def team_space_problems(spec: "JobSpec") -> list[Problem]:
     if not path_within(spec.dataset, readable):
         problems.append(Problem("dataset", spec.dataset, "is outside the team's readable space",
                                 f"use a path under one of {list(readable)}"))
-    for override in spec.trainer.overrides:
+    for override in (spec.trainer.overrides if spec.trainer else ()):
         key, _, value = override.partition("=")
         if key in PATH_OVERRIDES:
             if key == "checkpoint.resume" and value in ("auto", "none"):
@@ -470,6 +564,10 @@ def parse_job_spec(raw: Any, *, source: str = "job spec") -> JobSpec:
         if len(given) != 1 and not any(p.path == "pool/gpuType" for p in problems):
             problems.append(Problem("pool/gpuType", {k: raw.get(k) for k in given} or None,
                                     "give exactly one of pool and gpuType", "e.g. gpuType: h100, or pool: h100"))
+        # Likewise the own-code rule (trainer / command / script), each of its problems once.
+        own = own_code_problems(raw)
+        problems = [p for p in problems if not any(str(p.message).startswith(o[0] + ":") for o in own)]
+        problems += [Problem(*p) for p in own]
         raise JobSpecError(source, problems) from None
 
 

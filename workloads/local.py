@@ -13,7 +13,11 @@ One process per replica (the pod), with what the cluster would add emulated on l
 
 ``shrink`` makes the job tiny first (one process per node, trainer/configs/tiny.yaml, a few dozen
 steps): the only changes to the rendered manifest, so the test that runs this proves the manifest's
-own wiring, not a copy of it. Interruption: SIGTERM to one replica (a reclaimed spot node), every
+own wiring, not a copy of it. ``replacements`` says, line by line, what that changed (model,
+strategy, sequence length, batch, data...). ``faithful`` keeps the job's own trainer config (its
+model, strategy, sequence length and batch) and shortens only the run; your own code
+(``command``/``script``) always runs unchanged, on one CPU process per pod. S3 (a pinned code
+archive) is a local directory, an emptyDir a per-pod directory. Interruption: SIGTERM to one replica (a reclaimed spot node), every
 pod must exit 128-255 (retried under ``restartPolicy: ExitCode``), and the recreated pods resume.
 """
 from __future__ import annotations
@@ -58,8 +62,18 @@ class LocalOverrides:
         'checkpoint.async_mode="off"', "checkpoint.every_seconds=0", "tracking.log_every_steps=5",
     )
 
+    # Keep the job's model, strategy, sequence length and batch; only what a CPU cannot do goes.
+    faithful: bool = False
+    faithful_overrides: tuple[str, ...] = (
+        "parallelism.backend=auto", "parallelism.mixed_precision=auto", "parallelism.compile=false",
+        'checkpoint.async_mode="off"', "checkpoint.every_seconds=0", "tracking.log_every_steps=1",
+        "schedule.warmup_steps=1", "schedule.grad_accum_steps=1",
+        # The generated corpus's validation split is too short for a long sequence.
+        "evaluation.every_steps=0",
+    )
+
     def trainer_args(self) -> list[str]:
-        return [*self.trainer_overrides, f"schedule.num_steps={self.num_steps}",
+        return [*(self.faithful_overrides if self.faithful else self.trainer_overrides), f"schedule.num_steps={self.num_steps}",
                 f"checkpoint.every_steps={self.checkpoint_every_steps}"]
 
 
@@ -138,7 +152,9 @@ def shrink(job: Mapping[str, Any], overrides: LocalOverrides = LocalOverrides())
 
     def patch_args(args: list[str]) -> list[str]:
         args = list(args)
-        if "--config" in args:
+        if not runs_builtin_trainer(args):
+            return args  # your own code: its command and arguments run as they are
+        if "--config" in args and not overrides.faithful:
             args[args.index("--config") + 1] = overrides.config
         return args + overrides.trainer_args()
 
@@ -152,6 +168,97 @@ def shrink(job: Mapping[str, Any], overrides: LocalOverrides = LocalOverrides())
         trainer["numProcPerNode"] = overrides.nproc_per_node
         trainer["args"] = patch_args(trainer["args"])
     return job
+
+
+def runs_builtin_trainer(args: list[str]) -> bool:
+    return any(list(args[i:i + 3]) == ["-m", "trainer", "train"] for i in range(len(args) - 2))
+
+
+def _first_container(job: Mapping[str, Any]) -> dict[str, Any]:
+    return replicas(job)[0].container
+
+
+def _trainer_config(args: list[str], repo_root: Path, extra: list[str] = ()):
+    """The trainer config the args select (file + overrides + extra), or None when unreadable."""
+    from trainer.config import ConfigError, build_config
+
+    start = next(i for i in range(len(args) - 2) if list(args[i:i + 3]) == ["-m", "trainer", "train"]) + 3
+    rest = [a.replace("$$", "$") for a in args[start:]]
+    config = rest[rest.index("--config") + 1] if "--config" in rest else None
+    overrides = [a for i, a in enumerate(rest) if a != "--config" and (i == 0 or rest[i - 1] != "--config")]
+    try:
+        return build_config(str(repo_root / config) if config else None, overrides + list(extra), environ={})
+    except (ConfigError, OSError):
+        return None
+
+
+# What `--local` reports when it differs: (label, dotted field of the trainer config).
+REPORTED_FIELDS = (
+    ("model", "model.kind"), ("model size", "model.size"), ("model path", "model.hf_path"),
+    ("vocabulary", "model.vocab_size"), ("strategy", "parallelism.strategy"),
+    ("precision", "parallelism.mixed_precision"), ("torch.compile", "parallelism.compile"),
+    ("activation ckpt", "parallelism.activation_checkpointing"), ("sequence length", "data.seq_len"),
+    ("micro-batch", "data.micro_batch_size"), ("grad accumulation", "schedule.grad_accum_steps"),
+    ("steps", "schedule.num_steps"), ("warmup steps", "schedule.warmup_steps"),
+    ("checkpoint every", "checkpoint.every_steps"), ("evaluation every", "evaluation.every_steps"),
+)
+
+
+def _field(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def replacements(job: Mapping[str, Any], overrides: LocalOverrides, *, dataset: str, repo_root: Path = REPO_ROOT) -> list[str]:
+    """What the local run changes, one line each ("what: job's value -> local value"), read from
+    the rendered job and from the shrunk one through the trainer's own config parser."""
+    nodes, nproc = len(replicas(job)), nproc_per_node(job)
+    lines = [f"GPUs              {nodes} pod(s) x {nproc} GPU process(es) -> {nodes} pod(s) x "
+             f"{overrides.nproc_per_node} CPU process(es) (gloo)"]
+    args = list(_first_container(job)["args"])
+    if not runs_builtin_trainer(args):
+        lines.append(f"dataset           {dataset} -> a generated byte-level corpus in the platform's format "
+                     f"({len(CORPUS_MODULES)} Python standard-library modules)")
+        lines.append("your code         unchanged: its command, arguments, model and batch are the job's")
+        return lines
+    before = _trainer_config(args, repo_root)
+    after = _trainer_config(list(_first_container(shrink(job, overrides))["args"]), repo_root)
+    if before is None or after is None:
+        lines.append("trainer config    could not be read here; the local run replaced "
+                     + ("only steps and precision" if overrides.faithful else f"it with {overrides.config}"))
+    else:
+        for label, dotted in REPORTED_FIELDS:
+            was, now = _field(before, dotted), _field(after, dotted)
+            if was != now:
+                if dotted == "parallelism.mixed_precision" and now == "auto":
+                    now = "auto (fp32 on CPU)"
+                was, now = ("unset" if v is None else v for v in (was, now))
+                lines.append(f"{label:<17} {was} -> {now}")
+    lines.append(f"dataset           {dataset} -> a generated byte-level corpus ({len(CORPUS_MODULES)} Python "
+                 "standard-library modules)")
+    return lines
+
+
+def faithful_memory_problem(needed_bytes: float, available_bytes: float, what: str) -> Optional[str]:
+    """One line when the job's own model would not fit this host (--faithful), else None."""
+    if needed_bytes <= available_bytes:
+        return None
+    return (f"--faithful: {what} needs about {needed_bytes / 2**30:.1f} GiB of host memory, this machine has "
+            f"{available_bytes / 2**30:.1f} GiB available: it would not fit. Fix: run --local without --faithful "
+            "(a tiny model), lower data.micro_batch_size / data.seq_len, or use a larger host")
+
+
+def host_available_bytes() -> float:
+    """MemAvailable (proc(5)): what can be allocated without swapping."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
 
 
 # -- the kubelet's part ------------------------------------------------------------------------
@@ -215,6 +322,21 @@ def secret_volumes(replica: Replica, *, secrets: Mapping[str, Mapping[str, str]]
             path = target / item["path"]
             path.write_text(secrets[name][item["key"]])
             path.chmod(0o400)
+        mounted[mount["mountPath"]] = str(target)
+    return mounted
+
+
+def emptydir_volumes(replica: Replica, *, local_dir: Path) -> dict[str, str]:
+    """Disk-backed emptyDirs (a pinned code archive's): a fresh directory per pod. Memory-backed
+    ones (/dev/shm) are the host's."""
+    by_volume = {v["name"]: v["emptyDir"] for v in replica.volumes if "emptyDir" in v}
+    mounted = {}
+    for mount in replica.mounts:
+        source = by_volume.get(mount["name"])
+        if source is None or source.get("medium") == "Memory":
+            continue
+        target = local_dir / mount["name"]
+        target.mkdir(parents=True, exist_ok=True)
         mounted[mount["mountPath"]] = str(target)
     return mounted
 
@@ -299,6 +421,7 @@ def run_local(
     workdir: Path,
     secrets: Optional[Mapping[str, Mapping[str, str]]] = None,
     interrupt_at_step: Optional[int] = None,
+    s3_root: Optional[Path] = None,
     max_attempts: int = 3,
     timeout_seconds: float = 600,
     say: Callable[[str], None] = print,
@@ -325,11 +448,17 @@ def run_local(
                 for secret_mount, local in secret_volumes(replica, secrets=secrets,
                                                           local_dir=workdir / "secrets" / replica.pod_name).items():
                     env = {k: remap(v, secret_mount, local) for k, v in env.items()}
+                for empty_mount, local in emptydir_volumes(replica, local_dir=workdir / "pods" / replica.pod_name /
+                                                           f"attempt-{attempt_no}").items():
+                    env = {k: remap(v, empty_mount, local) for k, v in env.items()}
+                if s3_root is not None:
+                    # S3 is a local directory: s3://bucket/key -> file://<s3_root>/bucket/key.
+                    env = {k: (f"file://{s3_root}/{v[len('s3://'):]}" if v.startswith("s3://") else v) for k, v in env.items()}
                 # No AWS here: the S3 mirror stays off (FSx's own export is what the cluster relies on).
                 env.pop("TRAINER_CHECKPOINT_S3_URI", None)
                 command = [remap(expand(c, env), mount, str(fsx_dir)) for c in replica.container["command"]]
                 args = [remap(expand(a, env), mount, str(fsx_dir)) for a in replica.container["args"]]
-                data_dir = next((a.split("=", 1)[1] for a in args if a.startswith("data.dir=")), None)
+                data_dir = next((a.split("=", 1)[1] for a in args if a.startswith("data.dir=")), env.get("MLP_DATASET_DIR"))
                 if data_dir:
                     prepare_dataset(Path(data_dir))
                 if "TRAINER_CHECKPOINT_DIR" in env:

@@ -406,6 +406,12 @@ def pipeline_spec(declaration: PipelineDeclaration, train_job: Mapping[str, Any]
                   tracking_secret: Optional[str], cpu_node_selector: Mapping[str, str]) -> PipelineSpec:
     """The WorkflowTemplate's spec: the job's namespace and image, the declaration's defaults."""
     master = train_job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    train_args = next(c["args"] for c in master["containers"] if c["name"] == "pytorch")
+    if not any(train_args[i:i + 3] == ["-m", "trainer", "train"] for i in range(len(train_args) - 2)):
+        # The pipeline appends trainer overrides and evaluates/exports the trainer's checkpoints.
+        raise ValueError(f"pipeline {declaration.name}: job spec {declaration.job_spec} runs your own code "
+                         "(script/command); pipelines run the built-in trainer. Fix: submit it as a job, "
+                         "or give the job spec trainer: {config: ...}")
     image = next(c["image"] for c in master["containers"] if c["name"] == "pytorch")
     uid = int((master.get("securityContext") or {}).get("runAsUser", TRAINER_UID))
     deadline = job_deadline_seconds(train_job)

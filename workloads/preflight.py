@@ -84,6 +84,10 @@ def trainer_shape(spec: JobSpec, repo_root: str) -> tuple[Optional[ModelShape], 
     """The model and batch from the trainer config file + overrides (the trainer's own parser)."""
     from trainer.config import ConfigError, build_config
 
+    if spec.trainer is None:
+        # Your own code: preflight cannot read its model or batch (the memory and step-time
+        # arithmetic needs them); the placement, quota and time budget above still hold.
+        return None, []
     path = os.path.join(repo_root, spec.trainer.config)
     if not os.path.isfile(path):
         return None, [Problem("trainer.config", spec.trainer.config, "no such trainer config in this checkout",
@@ -197,6 +201,9 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
     shape, problems = trainer_shape(spec, repo)
     report.problems += problems
     if shape is None:
+        if spec.trainer is None:
+            report.lines.append("memory         not checked: your own code's model and batch are unknown to preflight "
+                                "(run it with submit --local first)")
         return report
     mem = memory_per_gpu(shape, world)
     usable = gpu.gpu_memory_gib * GIB * USABLE_MEMORY_FRACTION

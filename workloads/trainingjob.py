@@ -31,7 +31,7 @@ from workloads.kueue import QUEUE_LABEL
 from workloads.monitoring.stack import TRAINER_METRICS_LABEL, TRAINER_METRICS_PORT, TRAINER_METRICS_PORT_NAME
 from workloads.platform_facts import PlatformFacts, PoolFacts, TeamFacts
 from workloads.scheduling import Priority, priority_class_name
-from workloads import trainjob_runtime
+from workloads import owncode, trainjob_runtime
 
 PYTORCHJOB_API = "kubeflow.org/v1"
 TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
@@ -276,6 +276,7 @@ def resolve(spec: JobSpec, facts: PlatformFacts) -> ResolvedJob:
     if spec.s3_mirror and not facts.checkpoints_bucket:
         problems.append(Problem("s3Mirror", True, f"stack {facts.stack} has no checkpoints bucket",
                                 "set s3Mirror: false or configure datasets"))
+    problems += owncode.problems(spec, checkpoints_bucket=facts.checkpoints_bucket, stack=facts.stack)
     if spec.runtime is Runtime.TRAINJOB and not facts.trainer_v2_runtime:
         problems.append(Problem("runtime", spec.runtime.value, f"Trainer v2 is not installed in stack {facts.stack}",
                                 "use runtime: pytorchjob, or enable training.trainerV2 in the stack"))
@@ -293,6 +294,18 @@ def resolve(spec: JobSpec, facts: PlatformFacts) -> ResolvedJob:
 def trainer_args(job: ResolvedJob) -> list[str]:
     """torchrun's arguments from the operator's variables, then the trainer command."""
     spec = job.spec
+    torchrun = [
+        "--nnodes=$(PET_NNODES)", "--nproc-per-node=$(PET_NPROC_PER_NODE)", "--node-rank=$(PET_NODE_RANK)",
+        "--master-addr=$(PET_MASTER_ADDR)", "--master-port=$(PET_MASTER_PORT)",
+        # A failed rank fails the pod; the operator restarts it (restartPolicy ExitCode) and the
+        # trainer resumes. torchrun counts restarts per node, so multi-node jobs rely on pod
+        # restarts rather than torchrun's (docs/trainer.md).
+        "--max-restarts=0",
+        f"--shutdown-timeout={job.budget.shutdown_timeout_seconds}",
+    ]
+    if spec.trainer is None:
+        # Your own code: the same launcher and torchrun options, then your script or module.
+        return torchrun + owncode.torchrun_target(spec)
     overrides = [f"data.dir={spec.dataset}", *spec.trainer.overrides]
     if spec.run_name:
         overrides.append(f"tracking.run_name={spec.run_name}")
@@ -303,13 +316,7 @@ def trainer_args(job: ResolvedJob) -> list[str]:
     # Every string from the spec is passed literally: no `$(SECRET_VAR)` expansion by the kubelet.
     overrides = [k8s_literal(o) for o in overrides]
     return [
-        "--nnodes=$(PET_NNODES)", "--nproc-per-node=$(PET_NPROC_PER_NODE)", "--node-rank=$(PET_NODE_RANK)",
-        "--master-addr=$(PET_MASTER_ADDR)", "--master-port=$(PET_MASTER_PORT)",
-        # A failed rank fails the pod; the operator restarts it (restartPolicy ExitCode) and the
-        # trainer resumes. torchrun counts restarts per node, so multi-node jobs rely on pod
-        # restarts rather than torchrun's (docs/trainer.md).
-        "--max-restarts=0",
-        f"--shutdown-timeout={job.budget.shutdown_timeout_seconds}",
+        *torchrun,
         "-m", "trainer", "train", "--config", k8s_literal(spec.trainer.config), *overrides,
     ]
 
@@ -349,6 +356,8 @@ def trainer_env(job: ResolvedJob) -> list[dict[str, Any]]:
         # No EFA: NCCL's socket transport on the pod's VPC CNI interface.
         env.append({"name": "NCCL_SOCKET_IFNAME", "value": "eth0"})
     env.append({"name": "NCCL_DEBUG", "value": "WARN"})
+    if spec.own_code:
+        env += owncode.env(spec)
     return env + team_runtime_env(spec.namespace)
 
 
@@ -475,6 +484,9 @@ def pod_template(job: ResolvedJob) -> dict[str, Any]:
         "containers": [container],
         "volumes": volumes(job),
     }
+    if owncode.volume(job.spec) is not None:
+        spec["volumes"].append(owncode.volume(job.spec))
+        container["volumeMounts"].append(owncode.volume_mount(job.spec))
     if affinity(job):
         spec["affinity"] = affinity(job)
     return {"metadata": {"labels": pod_labels(job), "annotations": pod_annotations(job)}, "spec": spec}

@@ -1,0 +1,163 @@
+"""`submit --code DIR`: your code as a reproducible archive in the team's S3 prefix, pinned by digest.
+
+The archive is deterministic (sorted members, zeroed owners and times, fixed gzip header), so the
+same tree always has the same SHA-256 and a re-submit of unchanged code uploads nothing new. Its
+key is content-addressed under the job's code prefix of the team's space
+(``s3://<checkpoints bucket>/team-<team>/code/<job>/<sha256>.tar.gz``, workloads/owncode.py),
+and the rendered job carries the digest: the launcher in the pod refuses any other bytes
+(trainer/code_archive.py).
+
+What goes in: every regular file under DIR except version-control and cache directories and
+anything ``.mlpignore`` names (one glob per line, matched against the path relative to DIR).
+Links are refused (an archive member pointing outside DIR would be unpacked as nothing useful,
+or refused by the pod's "data" filter); so is an archive above ``MAX_ARCHIVE_BYTES``.
+"""
+from __future__ import annotations
+
+import fnmatch
+import gzip
+import hashlib
+import io
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from workloads.jobspec import CodeSpec, JobSpec
+from workloads.owncode import CODE_SIZE_LIMIT, code_key
+from workloads.problems import InvalidInputError, Problem
+
+SKIPPED_DIRS = {".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".venv", "venv", ".ipynb_checkpoints"}
+IGNORE_FILE = ".mlpignore"
+# The pod unpacks into an emptyDir of CODE_SIZE_LIMIT (2 GiB); archives are code, not data.
+MAX_ARCHIVE_BYTES = 256 * 1024 * 1024
+
+
+class CodeError(InvalidInputError):
+    """Why DIR cannot be shipped, every problem at once."""
+
+
+@dataclass(frozen=True)
+class CodeArchive:
+    data: bytes
+    sha256: str
+    files: tuple[str, ...]
+
+    @property
+    def size_bytes(self) -> int:
+        return len(self.data)
+
+
+def _ignored(relative: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatch(relative, p) or fnmatch.fnmatch(relative.split("/")[-1], p) for p in patterns)
+
+
+def collect(directory: Path) -> tuple[list[str], list[Problem]]:
+    """The files to ship (relative POSIX paths, sorted) and the problems that stop it."""
+    problems: list[Problem] = []
+    if not directory.is_dir():
+        return [], [Problem("--code", str(directory), "is not a directory", "give the directory holding your script")]
+    patterns = []
+    ignore = directory / IGNORE_FILE
+    if ignore.is_file():
+        patterns = [line.strip() for line in ignore.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    files = []
+    for root, dirs, names in os.walk(directory):
+        for linked in sorted(d for d in dirs if (Path(root) / d).is_symlink()):
+            relative = (Path(root) / linked).relative_to(directory).as_posix()
+            if not _ignored(relative, patterns):
+                problems.append(Problem("--code", relative, "is a link or not a regular file",
+                                        f"copy the files in, or list it in {IGNORE_FILE}"))
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS and not (Path(root) / d).is_symlink())
+        for name in sorted(names):
+            path = Path(root) / name
+            relative = path.relative_to(directory).as_posix()
+            if _ignored(relative, patterns) or name.endswith(".pyc"):
+                continue
+            if path.is_symlink() or not path.is_file():
+                problems.append(Problem("--code", relative, "is a link or not a regular file",
+                                        f"copy the file in, or list it in {IGNORE_FILE}"))
+                continue
+            files.append(relative)
+    if not files and not problems:
+        problems.append(Problem("--code", str(directory), "has no files to ship", "give the directory holding your script"))
+    return sorted(files), problems
+
+
+def build_archive(directory: Path, files: list[str]) -> CodeArchive:
+    """A gzip'ed tar whose bytes depend only on the files' paths, contents and executable bits."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for relative in files:
+            path = directory / relative
+            info = tarfile.TarInfo(relative)
+            info.size = path.stat().st_size
+            info.mode = 0o755 if os.access(path, os.X_OK) else 0o644
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            with open(path, "rb") as f:
+                tar.addfile(info, f)
+    packed = io.BytesIO()
+    # mtime=0 and no file name: the gzip header is the same on every run (RFC 1952 MTIME, FNAME).
+    with gzip.GzipFile(filename="", mode="wb", fileobj=packed, mtime=0) as gz:
+        gz.write(raw.getvalue())
+    data = packed.getvalue()
+    return CodeArchive(data, hashlib.sha256(data).hexdigest(), tuple(files))
+
+
+def archive(directory: Path | str) -> CodeArchive:
+    directory = Path(directory)
+    files, problems = collect(directory)
+    if not problems:
+        result = build_archive(directory, files)
+        if result.size_bytes > MAX_ARCHIVE_BYTES:
+            problems.append(Problem("--code", str(directory), f"packs to {result.size_bytes / 2**20:.0f} MiB, more than "
+                                    f"{MAX_ARCHIVE_BYTES // 2**20} MiB (the pod unpacks into {CODE_SIZE_LIMIT})",
+                                    f"keep data and checkpoints out ({IGNORE_FILE}); datasets go to FSx"))
+        else:
+            return result
+    raise CodeError(f"code directory {directory}", problems)
+
+
+def pin(spec: JobSpec, code: CodeArchive, checkpoints_bucket: Optional[str], stack: str) -> JobSpec:
+    """The spec with ``code`` set to the archive's place and digest."""
+    problems = []
+    if spec.trainer is not None:
+        problems.append(Problem("--code", "given", "the job runs the built-in trainer, which is in the image",
+                                "give script: or command: in the spec to run your own code"))
+    if not checkpoints_bucket:
+        problems.append(Problem("--code", "given", f"stack {stack} has no checkpoints bucket to hold code archives",
+                                "ship the code in an image built FROM the trainer image instead"))
+    if problems:
+        raise CodeError(f"job {spec.name}", problems)
+    uri = f"s3://{checkpoints_bucket}/{code_key(spec.namespace, spec.name, code.sha256)}"
+    return spec.model_copy(update={"code": CodeSpec(uri=uri, sha256=code.sha256)})
+
+
+def upload(spec: JobSpec, code: CodeArchive, *, s3_client=None) -> bool:
+    """Put the archive at its pinned key unless the object there already has the pinned digest
+    (read back and hashed here: a replaced object is overwritten). Returns whether it uploaded.
+    ChecksumSHA256 makes S3 refuse the put if the bytes it received are not these."""
+    import base64
+    import hashlib
+
+    assert spec.code is not None
+    bucket, key = spec.code.uri[len("s3://"):].split("/", 1)
+    if s3_client is None:
+        import boto3
+
+        s3_client = boto3.client("s3")
+    try:
+        existing = s3_client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        if hashlib.sha256(existing).hexdigest() == code.sha256:
+            return False
+    except s3_client.exceptions.NoSuchKey:
+        pass
+    s3_client.put_object(Bucket=bucket, Key=key, Body=code.data, ContentType="application/gzip",
+                         ChecksumSHA256=base64.b64encode(bytes.fromhex(code.sha256)).decode())
+    return True
+
+
+def local_object_path(uri: str, s3_root: Path) -> Path:
+    """Where a local run's stand-in for S3 keeps an object (workloads/local.py maps s3:// there)."""
+    return s3_root / uri[len("s3://"):]
