@@ -146,14 +146,17 @@ def test_submit_code_uploads_the_archive_then_applies_the_job_pinned_to_it(monke
     for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                         "AWS_DEFAULT_REGION": "us-west-2"}.items():
         monkeypatch.setenv(name, value)
+    from jobs.kube import KubectlApi
+
     applied = []
 
-    def kubectl(command, input=None, text=None):
-        applied.append(yaml.safe_load(input))
-        return subprocess.CompletedProcess(command, 0)
+    def apply(self, obj):
+        # What the API server would answer for a server-side apply of a new object.
+        applied.append(obj)
+        return {**obj, "status": {}}
 
     monkeypatch.setattr(cli, "kubeconfig_available", lambda: True)
-    monkeypatch.setattr(cli.subprocess, "run", kubectl)
+    monkeypatch.setattr(KubectlApi, "apply", apply)
     example = ROOT / "examples" / "own-code"
     with mock_aws():
         facts = cli._facts("dev", False)
