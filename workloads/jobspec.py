@@ -190,6 +190,16 @@ class TimeBudgetSpec(_Model):
     checkpoint_seconds: int = Field(45, ge=1, le=3600, description="Time to save one checkpoint (measure it: checkpoint_seconds metric).")
 
 
+class PodResourcesSpec(_Model):
+    """Overrides of the pod's size; by default it is the GPUs' share of the smallest instance of
+    the pool that fits (workloads/nodefit.py). A larger request makes Karpenter launch a larger
+    (dearer) instance; preflight names it and its price."""
+
+    cpu_per_gpu: Optional[float] = Field(None, gt=0, le=96, description="vCPUs per GPU, e.g. 8.")
+    memory_gib_per_gpu: Optional[float] = Field(None, gt=0, le=1024, description="GiB of memory per GPU, e.g. 60.")
+    shm_gib: Optional[int] = Field(None, ge=1, le=512, description="/dev/shm in GiB (counts against the pod's memory).")
+
+
 class JobSpec(_Model):
     name: str = Field(description="Job name (DNS label, at most 40 characters).")
     team: str = Field(description="Team; the job runs in namespace team-<team>.")
@@ -215,6 +225,8 @@ class JobSpec(_Model):
     runtime: Runtime = Field(Runtime.PYTORCHJOB, description="pytorchjob | trainjob.")
     model: Optional[ModelSpec] = None
     time_budget: TimeBudgetSpec = Field(default_factory=TimeBudgetSpec)
+    resources: Optional[PodResourcesSpec] = Field(None, description="Pod size overrides (default: sized from the "
+                                                  "smallest instance of the pool that fits).")
 
     @field_validator("name")
     @classmethod

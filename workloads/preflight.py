@@ -80,6 +80,28 @@ class Preflight:
         return "\n".join(out)
 
 
+def _hourly(instance_type: str) -> tuple[float, str]:
+    found = PRICES.get(instance_type)
+    return (found.on_demand_usd_per_hour if found else float("inf"), instance_type)
+
+
+def _usd(amount: float) -> str:
+    """Dollars, with cents below $100 (a short run must not read as free)."""
+    return f"${amount:,.2f}" if amount < 100 else f"${amount:,.0f}"
+
+
+def _size_source(job: ResolvedJob) -> str:
+    size = job.size
+    if size.source == "spec":
+        return "from the spec's resources"
+    share = (f"{job.spec.gpus_per_node} of {job.pool.gpus_per_node} GPUs' share of " if job.spec.gpus_per_node < job.pool.gpus_per_node
+             else "")
+    text = f"{share}{size.instance_type}'s allocatable after kubelet reserve and DaemonSets"
+    if size.source == "Kueue share":
+        text += f", capped at the team's Kueue share ({job.pool.cpu_per_gpu:g} CPU, {job.pool.memory_gib_per_gpu:g} GiB per GPU)"
+    return text + "; override with resources.cpuPerGpu / memoryGibPerGpu / shmGib"
+
+
 def trainer_shape(spec: JobSpec, repo_root: str) -> tuple[Optional[ModelShape], list[Problem]]:
     """The model and batch from the trainer config file + overrides (the trainer's own parser)."""
     from trainer.config import ConfigError, build_config
@@ -162,11 +184,17 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
         f"{gpu.description} per node), {'spot or ' if job.interruptible else ''}{'/'.join(c for c in pool.capacity_types if c != 'spot') or 'spot'}"
         f"{', EFA x' + str(job.efa_devices) if job.efa_devices else ''}",
         f"queue          {job.team.namespace}/{job.team.local_queue}, priority {job.priority_class}",
-        f"pod            {job.cpu} CPU, {job.memory_gib} GiB, /dev/shm {job.shm_gib} GiB; {job.budget.describe()} "
+        f"instance       {job.instance_type}{f' at ${price.on_demand_usd_per_hour:.2f}/h on-demand' if price else ''}"
+        f"{f' (~${price.spot_usd_per_hour:.2f}/h spot)' if price and job.interruptible else ''}: the cheapest of "
+        f"{', '.join(sorted(pool.instance_types, key=_hourly))} that holds the pod",
+        f"pod            {job.size.cpu_cores:g} CPU, {job.memory_gib} GiB, /dev/shm {job.shm_gib} GiB ({_size_source(job)})",
+        f"time budget    {job.budget.describe()} "
         f"(pool grace {pool.termination_grace_period_seconds}s{', spot notice 120s' if job.interruptible else ''})",
     ]
     report.figures.update({"pool": pool.name, "instance_type": job.instance_type, "gpu_memory_gib": gpu.gpu_memory_gib,
-                           "world_size": world})
+                           "world_size": world, "pod_cpu": job.size.cpu_cores, "pod_memory_gib": job.memory_gib,
+                           "pod_shm_gib": job.shm_gib,
+                           "instance_usd_per_hour": price.on_demand_usd_per_hour if price else None})
 
     # -- quota ------------------------------------------------------------------------------
     quota = job.team.gpu_quota.get(pool.kueue_flavor or "", 0)
@@ -241,12 +269,12 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
                            "given" if mfu_source == "given" else "default"})
     if price is not None:
         on_demand = hours * spec.nodes * price.on_demand_usd_per_hour
-        line = (f"cost           {spec.nodes} x {job.instance_type} x {hours:.1f} h: on-demand ${on_demand:,.0f} "
+        line = (f"cost           {spec.nodes} x {job.instance_type} x {hours:.1f} h: on-demand {_usd(on_demand)} "
                 f"(${price.on_demand_usd_per_hour:.2f}/h)")
         report.figures["cost_on_demand_usd"] = round(on_demand, 2)
         if job.interruptible:
             spot = hours * spec.nodes * price.spot_usd_per_hour
-            line += f", spot ~${spot:,.0f} (assumes {SPOT_DISCOUNT:.0%} below on-demand, plus re-done steps after interruptions)"
+            line += f", spot ~{_usd(spot)} (assumes {SPOT_DISCOUNT:.0%} below on-demand, plus re-done steps after interruptions)"
             report.figures["cost_spot_usd"] = round(spot, 2)
         report.lines.append(line)
         report.lines.append(f"               prices: {SOURCE_URL} ({PRICES_AS_OF})")
