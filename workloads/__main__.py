@@ -12,8 +12,11 @@
     python -m workloads pipeline PIPELINE.yaml --stack dev --local --dataset DIR   # a pipeline's steps on CPU
 
 Platform facts come from the stack's offline plan, with deployed names from `pulumi stack
-output` when the Pulumi CLI can read them. Exit codes: 0 done, 2 bad job spec or stack,
-3 preflight refused, 4 no cluster access, 5 the local run failed; otherwise kubectl's.
+output` when the Pulumi CLI can read them. Exit codes: 0 done; 2 bad input (the spec file, a
+field, a name the stack does not know, the trainer config; with or without other problems);
+3 the spec is well-formed but the job does not fit (memory, quota, time budget, instance size);
+4 no cluster access; 5 the local run failed; otherwise kubectl's. preflight and submit report
+every problem of a spec in one run.
 """
 from __future__ import annotations
 
@@ -93,18 +96,22 @@ def _preflighted(args, *, report_to=None):
     """(spec, facts, exit code): the job spec and platform facts, preflighted and shown; the code
     is 0 when the job fits, else what the command exits with."""
     from workloads.problems import InvalidInputError
-    from workloads.jobspec import load_job_spec
-    from workloads.preflight import preflight
+    from workloads.jobspec import SpecFileError
+    from workloads.preflight import preflight_file
 
     try:
-        spec = load_job_spec(args.job)
         facts = _facts(args.stack, not args.offline, args.facts)
+        # Every mistake of the spec in one run: file, schema, stack facts, trainer config, quota, fit.
+        report = preflight_file(args.job, facts, repo_root=str(ROOT), mfu=args.mfu)
+    except SpecFileError as exc:  # nothing in the file can be checked: one line
+        print(f"error: {exc}", file=sys.stderr)
+        return None, None, EXIT_SPEC
     except (InvalidInputError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None, None, EXIT_SPEC
-    report = preflight(spec, facts, repo_root=str(ROOT), mfu=args.mfu)
     print(report.render(), file=report_to or sys.stdout)
-    return spec, facts, 0 if report.ok else EXIT_REFUSED
+    spec = report.job.spec if report.job is not None else None
+    return spec, facts, report.exit_code
 
 
 def cmd_preflight(args) -> int:

@@ -37,6 +37,8 @@ _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 MAX_NAME_LENGTH = 40
 _DURATION = re.compile(r"^(\d+h)?(\d+m)?(\d+s)?$")
 _OVERRIDE = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+=.*$")
+# Trainer configs a job may name: the repository's (and the image's, at /app/trainer/configs).
+TRAINER_CONFIGS_DIR = "trainer/configs"
 # Set by the platform from the job spec (or fixed by it): never from a trainer override.
 PLATFORM_OWNED_OVERRIDES = ("data.dir", "checkpoint.dir", "checkpoint.s3_uri", "tracking.job_id", "tracking.uri",
                             "tracking.experiment")
@@ -143,6 +145,18 @@ class _Model(BaseModel):
 class TrainerSpec(_Model):
     config: str = Field(description="Trainer config file, relative to the image's /app (and to the repository root locally).")
     overrides: list[str] = Field(default_factory=list, description="Dotted key=value overrides, e.g. optimizer.lr=3e-4.")
+
+    @field_validator("config")
+    @classmethod
+    def _config_in_repository(cls, value: str) -> str:
+        # The pod runs `--config <path>` from the image's /app; preflight reads the same path of
+        # this checkout: only the repository's trainer configs are both.
+        parts = value.split("/")
+        if (value.startswith("/") or ".." in parts or "" in parts or "\\" in value
+                or not value.startswith(TRAINER_CONFIGS_DIR + "/") or not value.endswith((".yaml", ".yml"))):
+            raise ValueError(f"is not a trainer config of the repository. FIX: use a YAML file under "
+                             f"{TRAINER_CONFIGS_DIR}/ (relative, no '..'), e.g. {TRAINER_CONFIGS_DIR}/gpt2-124m.yaml")
+        return value
 
     @field_validator("overrides", mode="before")
     @classmethod
@@ -354,6 +368,30 @@ def team_space_problems(spec: "JobSpec") -> list[Problem]:
 _FIX = ". FIX: "
 
 
+def did_you_mean(word: str, known: list[str]) -> Optional[str]:
+    """A "did you mean" for a misspelt key: the closest known one, or one it abbreviates
+    (`gpus` -> `gpusPerNode`)."""
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+    if not close:
+        lowered = word.lower().replace("_", "")
+        close = [k for k in known if len(lowered) >= 3 and k.lower().startswith(lowered)][:1]
+    return f"did you mean {close[0]!r}?" if close else None
+
+
+def _model_at(loc: list[str]) -> type[BaseModel]:
+    """The pydantic model of the mapping at ``loc`` (for the fields a misspelt key could mean)."""
+    model: type[BaseModel] = JobSpec
+    for part in loc:
+        field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
+        inner = getattr(field, "annotation", None) if field else None
+        candidates = [inner, *getattr(inner, "__args__", ())]
+        inner = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if inner is None:
+            return model
+        model = inner
+    return model
+
+
 def _problem_from_error(error: dict[str, Any], raw: Any) -> Problem:
     loc = [str(part) for part in error["loc"]]
     path = ".".join(p if not p.isdigit() else f"[{p}]" for p in loc).replace(".[", "[") or "<root>"
@@ -373,11 +411,12 @@ def _problem_from_error(error: dict[str, Any], raw: Any) -> Problem:
     if _FIX in message:
         message, fix = message.split(_FIX, 1)
     elif kind == "extra_forbidden":
-        known = list(JobSpec.model_fields) + [f.alias for f in JobSpec.model_fields.values() if f.alias]
-        close = difflib.get_close_matches(loc[-1], [to_camel(k) for k in JobSpec.model_fields], n=1)
-        message, fix = "is not a job spec field", (f"did you mean {close[0]!r}?" if close else "remove it")
-        del known
+        model = _model_at(loc[:-1])
+        message, fix = ("is not a job spec field" if model is JobSpec else f"is not a field of {'.'.join(loc[:-1])}",
+                        did_you_mean(loc[-1], [to_camel(k) for k in model.model_fields]) or
+                        f"remove it (fields: {', '.join(to_camel(k) for k in model.model_fields)})")
     elif kind == "missing":
+        value = None  # the parent's whole mapping is no help
         message, fix = "is required", "add it (see examples/jobs/)"
     elif kind in ("enum", "literal_error"):
         fix = "use one of the listed values"
@@ -405,12 +444,87 @@ def parse_job_spec(raw: Any, *, source: str = "job spec") -> JobSpec:
         raise JobSpecError(source, problems) from None
 
 
-def load_job_spec(path: Union[str, Path]) -> JobSpec:
+class SpecFileError(JobSpecError):
+    """The file itself is not a job spec (missing, a directory, binary, not UTF-8, not YAML):
+    nothing in it can be checked. ``str()`` is one line."""
+
+    def __init__(self, path: str, message: str, fix: str):
+        self.line = f"{path}: {message}. Fix: {fix}"
+        super().__init__(path, [Problem("<file>", path, message, fix)])
+        self.args = (self.line,)
+
+    def __str__(self) -> str:
+        return self.line
+
+
+class _DuplicateKeyLoader(yaml.SafeLoader):
+    """SafeLoader that records every key given twice in one mapping (PyYAML keeps the last,
+    silently) instead of letting the second win unnoticed."""
+
+    def __init__(self, stream: Any):
+        super().__init__(stream)
+        self.duplicates: list[tuple[str, int, int]] = []
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                continue  # the base class reports an unhashable key
+            if key in seen:
+                self.duplicates.append((str(key), seen[key], key_node.start_mark.line + 1))
+            else:
+                seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+MAX_SPEC_BYTES = 1 << 20
+
+
+def read_job_spec_file(path: Union[str, Path]) -> tuple[Any, list[Problem]]:
+    """The YAML document of a job spec file and the problems of the file itself that still let
+    the rest be checked (duplicate keys). Raises ``SpecFileError`` when nothing can be read."""
     path = Path(path)
+    name = str(path)
+    if not path.exists():
+        raise SpecFileError(name, "does not exist", "give the path of a job spec YAML file (see examples/jobs/)")
+    if path.is_dir():
+        raise SpecFileError(name, "is a directory, not a job spec file", "give the path of one YAML file in it")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise JobSpecError(str(path), [Problem("<file>", str(path), "does not exist", "give the path of a job spec YAML")]) from None
+        data = path.read_bytes()[: MAX_SPEC_BYTES + 1]
+    except OSError as exc:
+        raise SpecFileError(name, f"cannot be read ({exc.strerror})", "check the path and its permissions") from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecFileError(name, f"is larger than {MAX_SPEC_BYTES // 1024} KiB: not a job spec", "give the job spec YAML")
+    if b"\0" in data:
+        raise SpecFileError(name, "is a binary file, not YAML", "give the job spec YAML (a text file)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecFileError(name, f"is not UTF-8 text (byte {exc.start})", "save the file as UTF-8") from None
+    loader = _DuplicateKeyLoader(text)
+    try:
+        raw = loader.get_single_data()
     except yaml.YAMLError as exc:
-        raise JobSpecError(str(path), [Problem("<file>", str(path), f"is not valid YAML ({exc})", "fix the YAML syntax")]) from None
-    return parse_job_spec(raw, source=str(path))
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecFileError(name, f"is not valid YAML{where} ({problem})", "fix the YAML syntax there") from None
+    finally:
+        loader.dispose()
+    problems = [Problem(key, f"lines {first} and {again}", "is given twice; YAML would silently keep the second",
+                        "keep one of them") for key, first, again in loader.duplicates]
+    return raw, problems
+
+
+def load_job_spec(path: Union[str, Path]) -> JobSpec:
+    raw, problems = read_job_spec_file(path)
+    try:
+        spec = parse_job_spec(raw, source=str(path))
+    except JobSpecError as exc:
+        raise JobSpecError(str(path), [*problems, *exc.problems]) from None
+    if problems:
+        raise JobSpecError(str(path), problems)
+    return spec

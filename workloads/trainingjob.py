@@ -175,6 +175,9 @@ def _candidate_pools(spec: JobSpec, facts: PlatformFacts) -> tuple[list[PoolFact
                        f"use one of {offered}, or ask the platform team for a pool")
 
 
+candidate_pools = _candidate_pools  # for checks of a spec the schema refused (workloads.preflight)
+
+
 def resolve(spec: JobSpec, facts: PlatformFacts) -> ResolvedJob:
     """Pick the pool, team, queue and priority; raise ``JobSpecError`` with every problem."""
     problems: list[Problem] = []
@@ -245,7 +248,7 @@ def resolve(spec: JobSpec, facts: PlatformFacts) -> ResolvedJob:
     budget = TimeBudget(spec.time_budget.max_step_seconds, spec.time_budget.checkpoint_seconds)
     interruptible = bool(pool and spec.spot and pool.offers_spot)
     if pool is not None:
-        problems += budget.problems(pool, interruptible=interruptible)
+        problems += [p.does_not_fit() for p in budget.problems(pool, interruptible=interruptible)]
     pod = None
     if pool is not None:
         pod, problem = _size(spec, pool)
@@ -270,7 +273,7 @@ def _size(spec: JobSpec, pool: PoolFacts) -> tuple[Optional[PodSize], Optional[P
                         shm_gib=wanted.shm_gib if wanted else None,
                         kueue_cpu_per_gpu=pool.cpu_per_gpu, kueue_memory_gib_per_gpu=pool.memory_gib_per_gpu), None
     except DoesNotFit as exc:
-        return None, Problem(exc.field, exc.value, exc.message, exc.fix)
+        return None, Problem(exc.field, exc.value, exc.message, exc.fix).does_not_fit()
 
 
 # -- the pod ---------------------------------------------------------------------------------
