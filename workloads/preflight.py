@@ -32,7 +32,7 @@ from workloads.gpu_catalog import GPU_TYPES
 from workloads.jobspec import JobSpec, JobSpecError, TRAINER_CONFIGS_DIR, did_you_mean, parse_job_spec, read_job_spec_file
 from workloads.platform_facts import PlatformFacts
 from workloads.prices import PRICES, PRICES_AS_OF, SOURCE_URL, SPOT_DISCOUNT
-from workloads.trainingjob import ResolvedJob, candidate_pools, resolve
+from workloads.trainingjob import ResolvedJob, candidate_pools, resolve_with_problems
 
 EXIT_BAD_INPUT = 2
 EXIT_DOES_NOT_FIT = 3
@@ -265,14 +265,13 @@ def planning_mfu(gpu_type: str, mfu: Optional[float], measured: dict[str, dict[s
 
 def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optional[float] = None,
               measurements_file: str = gpu_measurements.MEASUREMENTS_FILE) -> Preflight:
-    try:
-        job = resolve(spec, facts)
-    except JobSpecError as exc:
+    job, resolve_problems = resolve_with_problems(spec, facts)
+    if job is None:
         # Still check what the trainer would refuse: every mistake in one run.
         _, trainer_problems = trainer_shape(spec, repo_root)
         return Preflight(None, [f"Preflight of job {spec.name} on stack {facts.stack}"],
-                         list(exc.problems) + trainer_problems)
-    report = Preflight(job, warnings=list(job.warnings))
+                         list(resolve_problems) + trainer_problems)
+    report = Preflight(job, problems=list(resolve_problems), warnings=list(job.warnings))
     pool, gpu = job.pool, GPU_TYPES[job.pool.gpu_type]
     world = spec.world_size
     price = PRICES.get(job.instance_type)

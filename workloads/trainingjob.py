@@ -180,6 +180,16 @@ candidate_pools = _candidate_pools  # for checks of a spec the schema refused (w
 
 def resolve(spec: JobSpec, facts: PlatformFacts) -> ResolvedJob:
     """Pick the pool, team, queue and priority; raise ``JobSpecError`` with every problem."""
+    job, problems = resolve_with_problems(spec, facts)
+    if problems:
+        raise JobSpecError(f"job {spec.name}", problems)
+    assert job is not None
+    return job
+
+
+def resolve_with_problems(spec: JobSpec, facts: PlatformFacts) -> tuple[Optional[ResolvedJob], list[Problem]]:
+    """The resolved job (whenever a pool, a team and a pod size were found) and every problem:
+    preflight goes on to the quota and fit checks in the same run as the other problems."""
     problems: list[Problem] = []
     warnings: list[str] = []
     team = facts.team(spec.team)
@@ -257,10 +267,9 @@ def resolve(spec: JobSpec, facts: PlatformFacts) -> ResolvedJob:
         elif pod.source == "spec" and pool.cpu_per_gpu and pod.cpu_millicores > pool.cpu_per_gpu * 1000 * spec.gpus_per_node:
             warnings.append(f"{pod.cpu_quantity} CPU exceed the team's Kueue share of {pool.cpu_per_gpu:g} per GPU: "
                             "admitted only while the cohort has idle CPU quota")
-    if problems:
-        raise JobSpecError(f"job {spec.name}", problems)
-    assert pool is not None and team is not None
-    return ResolvedJob(spec, facts, pool, team, priority_class, budget, interruptible, tuple(warnings), pod)
+    if pool is None or team is None or pod is None:
+        return None, problems
+    return ResolvedJob(spec, facts, pool, team, priority_class, budget, interruptible, tuple(warnings), pod), problems
 
 
 def _size(spec: JobSpec, pool: PoolFacts) -> tuple[Optional[PodSize], Optional[Problem]]:
