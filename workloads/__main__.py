@@ -4,6 +4,7 @@
     python -m workloads submit JOB.yaml --stack prod --dry-run   # print the PyTorchJob
     python -m workloads submit JOB.yaml --stack prod --local     # run its pods on this CPU, tiny
     python -m workloads submit JOB.yaml --stack prod             # kubectl apply (needs a kubeconfig)
+    python -m workloads submit JOB.yaml --stack dev --sweep optimizer.lr=1e-4,3e-4   # one job per point
     python -m workloads status NAME --team TEAM                  # kubectl: the job, its Kueue workload, its pods
     python -m workloads logs NAME --team TEAM [--worker N] [-f]
     python -m workloads readiness --stack prod --pool h100 --image IMAGE   # the pool's GPU/NCCL check
@@ -121,6 +122,9 @@ def cmd_preflight(args) -> int:
 def cmd_submit(args) -> int:
     from workloads.trainingjob import render
 
+    if getattr(args, "sweep", None):
+        return _submit_sweep(args)
+
     # With --dry-run stdout carries the manifest alone.
     spec, facts, code = _preflighted(args, report_to=sys.stderr if args.dry_run else sys.stdout)
     if code:
@@ -138,6 +142,35 @@ def cmd_submit(args) -> int:
         return EXIT_NO_CLUSTER
     print("$ " + " ".join(apply_command()), flush=True)
     return subprocess.run(apply_command(), input=_dump(manifest), text=True).returncode
+
+
+def _submit_sweep(args) -> int:
+    """`submit --sweep`: one job per point of the grid (jobs/sweep.py), each preflighted."""
+    from jobs.sweep import submit_sweep
+    from workloads.problems import InvalidInputError
+
+    if args.local:
+        print("error: --local runs one job: drop --sweep, or set one point's values in trainer.overrides", file=sys.stderr)
+        return EXIT_SPEC
+    try:
+        facts = _facts(args.stack, not args.offline, args.facts)
+    except (InvalidInputError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_SPEC
+    code, manifests = submit_sweep(args, facts=facts, repo_root=str(ROOT), out=sys.stderr if args.dry_run else sys.stdout,
+                                   err=sys.stderr)
+    if code:
+        return code
+    if args.dry_run:
+        print(yaml.safe_dump_all(manifests, sort_keys=False, width=120))
+        return 0
+    if not kubeconfig_available():
+        print("error: no kubectl or kubeconfig: run with --dry-run, or write the cluster's kubeconfig "
+              f"(pulumi stack output kubeconfig --show-secrets --stack {args.stack} > kubeconfig; export KUBECONFIG=$PWD/kubeconfig)",
+              file=sys.stderr)
+        return EXIT_NO_CLUSTER
+    print("$ " + " ".join(apply_command()), flush=True)
+    return subprocess.run(apply_command(), input=yaml.safe_dump_all(manifests, sort_keys=False, width=120), text=True).returncode
 
 
 def _submit_local(manifest: dict, args) -> int:
@@ -223,6 +256,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     submit.add_argument("--workdir", help="--local: where the FSx stand-in, logs and MLflow go (default runs/jobs/NAME)")
     submit.add_argument("--no-tracking", action="store_true", help="--local: no local MLflow store")
     submit.add_argument("--timeout", type=float, default=900, help="--local: seconds per attempt")
+    submit.add_argument("--sweep", action="append", metavar="KEY=V1,V2",
+                        help="one job per point of the grid of these trainer config values (repeat for more keys: "
+                             "the cartesian product), e.g. --sweep optimizer.lr=1e-4,3e-4")
+    submit.add_argument("--sweep-name", help="--sweep: the sweep's name (label mlplatform.io/sweep, MLflow parent run); "
+                                             "default the job name")
 
     status = sub.add_parser("status", help="kubectl: the job, its Kueue workload and pods")
     status.add_argument("name")
