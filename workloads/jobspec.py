@@ -457,27 +457,25 @@ class SpecFileError(JobSpecError):
         return self.line
 
 
-class _DuplicateKeyLoader(yaml.SafeLoader):
-    """SafeLoader that records every key given twice in one mapping (PyYAML keeps the last,
-    silently) instead of letting the second win unnoticed."""
-
-    def __init__(self, stream: Any):
-        super().__init__(stream)
-        self.duplicates: list[tuple[str, int, int]] = []
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            try:
-                hash(key)
-            except TypeError:
-                continue  # the base class reports an unhashable key
-            if key in seen:
-                self.duplicates.append((str(key), seen[key], key_node.start_mark.line + 1))
-            else:
-                seen[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)
+def _duplicate_keys(node: Any, path: str = "") -> list[tuple[str, int, int]]:
+    """(dotted path, first line, repeated line) of every key given twice in one mapping of the
+    composed YAML: PyYAML's loader silently keeps the last one."""
+    found: list[tuple[str, int, int]] = []
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            line = key_node.start_mark.line + 1
+            if key is not None and key != "<<":
+                if key in seen:
+                    found.append((f"{path}{key}", seen[key], line))
+                else:
+                    seen[key] = line
+            found += _duplicate_keys(value_node, f"{path}{key}." if key is not None else path)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            found += _duplicate_keys(item, f"{path.rstrip('.')}[{index}].")
+    return found
 
 
 MAX_SPEC_BYTES = 1 << 20
@@ -504,9 +502,11 @@ def read_job_spec_file(path: Union[str, Path]) -> tuple[Any, list[Problem]]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecFileError(name, f"is not UTF-8 text (byte {exc.start})", "save the file as UTF-8") from None
-    loader = _DuplicateKeyLoader(text)
+    loader = yaml.SafeLoader(text)
     try:
-        raw = loader.get_single_data()
+        node = loader.get_single_node()
+        duplicates = _duplicate_keys(node)
+        raw = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -515,7 +515,7 @@ def read_job_spec_file(path: Union[str, Path]) -> tuple[Any, list[Problem]]:
     finally:
         loader.dispose()
     problems = [Problem(key, f"lines {first} and {again}", "is given twice; YAML would silently keep the second",
-                        "keep one of them") for key, first, again in loader.duplicates]
+                        "keep one of them") for key, first, again in duplicates]
     return raw, problems
 
 

@@ -47,10 +47,10 @@ ENI_MAX_PODS = {
 ENI_MAX_PODS_UNKNOWN = 737
 # Requests of the DaemonSets every GPU node runs (VPC CNI, kube-proxy, EKS Pod Identity agent,
 # FSx CSI node, NVIDIA device plugin, DCGM exporter, EFA device plugin, node exporter, the
-# CloudWatch agent and Fluent Bit of Container Insights, the GPU health agent). Their charts
-# request a few hundred millicores and MiB between them; this budget is deliberately above that
-# sum so that a chart upgrade does not tip a pod onto the next instance size. Check it against
-# `kubectl describe node` (Non-terminated Pods) on a live GPU node.
+# CloudWatch agent and Fluent Bit of Container Insights, the GPU health agent). A budget, not a
+# measurement: it must stay above the sum of their requests, or Karpenter's choice (which counts
+# them) would be one size larger than preflight's. Check it against `kubectl describe node`
+# (Allocated resources of the Non-terminated Pods) on a live GPU node after adding a DaemonSet.
 DAEMONSET_CPU_MILLICORES = 1000
 DAEMONSET_MEMORY_MIB = 1024
 CPU_STEP_MILLICORES = 100  # requests are rounded down to a tenth of a core

@@ -129,7 +129,9 @@ def test_duplicate_keys_are_an_error_not_last_wins(tmp_path, dev_facts):
 def test_nested_duplicate_keys_are_found_too(tmp_path):
     text = "trainer:\n  config: a\n  config: b\n"
     _, problems = read_job_spec_file(write(tmp_path, text))
-    assert [p.path for p in problems] == ["config"] and problems[0].value == "lines 2 and 3"
+    assert [p.path for p in problems] == ["trainer.config"] and problems[0].value == "lines 2 and 3"
+    _, problems = read_job_spec_file(write(tmp_path, "a:\n- {x: 1, x: 2}\n"))
+    assert [p.path for p in problems] == ["a[0].x"]
 
 
 def _file(directory: Path, data: bytes) -> str:
