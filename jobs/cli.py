@@ -73,6 +73,12 @@ def guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
 
 # -- list ----------------------------------------------------------------------------------
 def cmd_list(args) -> int:
+    if args.sweep:
+        from jobs.sweep import results_table
+
+        # A sweep's table shows its finished points too: that is where the results are.
+        print(results_table(_client(args).list(args.team, include_finished=True), args.sweep))
+        return EXIT_OK
     jobs = _client(args).list(args.team, include_finished=args.all)
     if not jobs:
         print(f"no {'' if args.all else 'active '}jobs{' of team ' + args.team if args.team else ''}"
@@ -192,6 +198,7 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("list", help="the platform's jobs: phase, size, pool")
     team(p, required=False)
     p.add_argument("--all", action="store_true", help="finished jobs too")
+    p.add_argument("--sweep", metavar="NAME", help="one sweep's points (label mlplatform.io/sweep), finished ones included")
     p.set_defaults(run=guarded(cmd_list))
 
     p = sub.add_parser("describe", help="a job's phase, Kueue admission, pods, attempts, checkpoints, cost so far")

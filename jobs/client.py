@@ -126,6 +126,8 @@ class Job:
     message: str
     uid: str
     checkpoint_dir: Optional[str]
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -274,7 +276,8 @@ def parse_job(obj: dict) -> Job:
                namespace=namespace, kind=kind, phase=phase, created=meta.get("creationTimestamp"),
                pool=labels.get("mlplatform.io/pool"), nodes=nodes, gpus_per_node=gpus,
                message=latest.get("message", ""), uid=meta.get("uid", ""),
-               checkpoint_dir=_env(obj, "TRAINER_CHECKPOINT_DIR"))
+               checkpoint_dir=_env(obj, "TRAINER_CHECKPOINT_DIR"), labels=dict(labels),
+               annotations=dict(meta.get("annotations") or {}))
 
 
 def pod_selector(job: Job) -> str:

@@ -26,6 +26,13 @@ BRANCH_TAG = "trainer.branch"
 ROLLBACK_OF_TAG = "trainer.rollback_of"
 BRANCH_POINT_TAG = "trainer.branch_point"
 LOSS = "loss"
+# A sweep (jobs/sweep.py): every point's run is a child of one parent run, found by these tags.
+SWEEP_TAG = "trainer.sweep_id"
+SWEEP_PARENT_TAG = "trainer.sweep_parent"
+PARENT_RUN_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag (mlflow/utils/mlflow_tags.py MLFLOW_PARENT_RUN_ID)
+# Set by the platform on every pod of a sweep (jobs/sweep.py): the sweep's id and display name.
+SWEEP_ID_ENV = "TRAINER_SWEEP_ID"
+SWEEP_NAME_ENV = "TRAINER_SWEEP_NAME"
 
 
 class NullTracker:
@@ -95,7 +102,8 @@ class MLflowTracker(NullTracker):
     MAX_BUFFERED_POINTS = 5000
     def __init__(self, *, uri: str, experiment: str, job_id: str, run_name: str | None, run_id: str | None,
                  params: dict[str, Any], tags: dict[str, str], config_yaml: str, retry_seconds: float = 5.0,
-                 client=None, backfill: list[dict] | None = None, branch: str = "main"):
+                 client=None, backfill: list[dict] | None = None, branch: str = "main",
+                 sweep: tuple[str, str] | None = None):
         # A dead server must fail fast inside the worker, not retry for minutes.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
@@ -108,6 +116,7 @@ class MLflowTracker(NullTracker):
         self.branch = branch
         self.tags = {**tags, JOB_TAG: job_id, BRANCH_TAG: branch}
         self.config_yaml = config_yaml
+        self.sweep = sweep  # (sweep id, parent run name)
         self.retry_seconds = retry_seconds
         self._client = client
         self._connected = False
@@ -205,6 +214,8 @@ class MLflowTracker(NullTracker):
             # Runs from before branches were tagged belong to main.
             found = [r for r in found if r.data.tags.get(BRANCH_TAG, "main") == self.branch]
             run = found[0] if found else None
+        if self.sweep is not None:
+            self.tags.update({SWEEP_TAG: self.sweep[0], PARENT_RUN_TAG: self._sweep_parent(client, experiment_id)})
         if run is None:
             run = client.create_run(experiment_id, run_name=self.run_name, tags=self.tags)
             client.log_text(run.info.run_id, self.config_yaml, "config.yaml")
@@ -216,6 +227,24 @@ class MLflowTracker(NullTracker):
             self._points, self._backfill = self._backfill + self._points, []
         self._log_params_and_tags(client, run)
         self._connected = True
+
+    def _sweep_parent(self, client, experiment_id: str) -> str:
+        """The sweep's parent run: the oldest run tagged as its parent, created by whichever point
+        connects first. Two points racing may both create one; every point then names the
+        oldest, and the other stays an empty run of the sweep."""
+        sweep_id, name = self.sweep  # type: ignore[misc]
+        query = f"tags.`{SWEEP_TAG}` = '{sweep_id}' and tags.`{SWEEP_PARENT_TAG}` = 'true'"
+
+        def oldest():
+            found = client.search_runs([experiment_id], filter_string=query, max_results=1,
+                                       order_by=["attributes.start_time ASC"])
+            return found[0] if found else None
+
+        parent = oldest()
+        if parent is None:
+            created = client.create_run(experiment_id, run_name=name, tags={SWEEP_TAG: sweep_id, SWEEP_PARENT_TAG: "true"})
+            parent = oldest() or created
+        return parent.info.run_id
 
     def _log_params_and_tags(self, client, run) -> None:
         from mlflow.entities import Param, RunTag

@@ -28,7 +28,8 @@ from trainer.model import apply_activation_checkpointing, build_model, count_par
 from trainer.preemption import EXIT_PREEMPTED, PreemptionFlag, is_peer_lost, preemption_budget_seconds, report_exit
 from trainer.profiling import profiler_for
 from trainer.s3 import NoMirror, mirror_for
-from trainer.tracking import BRANCH_POINT_TAG, ROLLBACK_OF_TAG, JsonlTracker, MLflowTracker, NullTracker, Trackers
+from trainer.tracking import (BRANCH_POINT_TAG, ROLLBACK_OF_TAG, SWEEP_ID_ENV, SWEEP_NAME_ENV, JsonlTracker, MLflowTracker,
+                              NullTracker, Trackers)
 
 log = logging.getLogger("trainer")
 
@@ -98,7 +99,9 @@ def build_tracker(cfg: TrainerConfig, env, shards, run_id: str | None, resume_st
             # attempt keeps the run recorded in its checkpoint.
             run_id=run_id or (os.environ.get("MLFLOW_RUN_ID") if branch == "main" else None) or None,
             params=cfg.flat(), tags={**run_tags(cfg, env, shards), **(branch_tags or {})}, config_yaml=dump_yaml(cfg),
-            backfill=jsonl.rows, branch=branch))
+            backfill=jsonl.rows, branch=branch,
+            sweep=(os.environ[SWEEP_ID_ENV], os.environ.get(SWEEP_NAME_ENV) or os.environ[SWEEP_ID_ENV])
+            if os.environ.get(SWEEP_ID_ENV) else None))
     elif cfg.tracking.enabled:
         log.warning("tracking.enabled but no MLFLOW_TRACKING_URI: metrics go to metrics.jsonl only")
     return Trackers(*trackers)

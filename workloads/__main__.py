@@ -4,6 +4,7 @@
     python -m workloads submit JOB.yaml --stack prod --dry-run   # print the PyTorchJob
     python -m workloads submit JOB.yaml --stack prod --local     # run its pods on this CPU, tiny
     python -m workloads submit JOB.yaml --stack prod             # kubectl apply (needs a kubeconfig)
+    python -m workloads submit JOB.yaml --stack dev --sweep optimizer.lr=1e-4,3e-4   # one job per point
     python -m workloads status NAME --team TEAM                  # kubectl: the job, its Kueue workload, its pods
     python -m workloads list [--team TEAM] [--all]               # the platform's jobs
     python -m workloads describe NAME --team TEAM [--stack S]    # admission, attempts, checkpoints, cost so far
@@ -17,9 +18,11 @@
     python -m workloads pipeline PIPELINE.yaml --stack dev --local --dataset DIR   # a pipeline's steps on CPU
 
 Platform facts come from the stack's offline plan, with deployed names from `pulumi stack
-output` when the Pulumi CLI can read them. Exit codes: 0 done, 2 bad job spec or stack,
-3 preflight refused, 4 no cluster (or bucket) access, 5 the local run failed, 6 no such job;
-otherwise kubectl's.
+output` when the Pulumi CLI can read them. Exit codes: 0 done; 2 bad input (the spec file, a
+field, a name the stack does not know, the trainer config; with or without other problems);
+3 the spec is well-formed but the job does not fit (memory, quota, time budget, instance size);
+4 no cluster (or bucket) access; 5 the local run failed; 6 no such job; otherwise kubectl's.
+preflight and submit report every problem of a spec in one run.
 """
 from __future__ import annotations
 
@@ -112,18 +115,22 @@ def _preflighted(args, *, report_to=None):
     """(spec, facts, exit code): the job spec and platform facts, preflighted and shown; the code
     is 0 when the job fits, else what the command exits with."""
     from workloads.problems import InvalidInputError
-    from workloads.jobspec import load_job_spec
-    from workloads.preflight import preflight
+    from workloads.jobspec import SpecFileError
+    from workloads.preflight import preflight_file
 
     try:
-        spec = load_job_spec(args.job)
         facts = _facts(args.stack, not args.offline, args.facts)
+        # Every mistake of the spec in one run: file, schema, stack facts, trainer config, quota, fit.
+        report = preflight_file(args.job, facts, repo_root=str(ROOT), mfu=args.mfu)
+    except SpecFileError as exc:  # nothing in the file can be checked: one line
+        print(f"error: {exc}", file=sys.stderr)
+        return None, None, EXIT_SPEC
     except (InvalidInputError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None, None, EXIT_SPEC
-    report = preflight(spec, facts, repo_root=str(ROOT), mfu=args.mfu)
     print(report.render(), file=report_to or sys.stdout)
-    return spec, facts, 0 if report.ok else EXIT_REFUSED
+    spec = report.job.spec if report.job is not None else None
+    return spec, facts, report.exit_code
 
 
 def cmd_preflight(args) -> int:
@@ -136,6 +143,8 @@ def cmd_submit(args) -> int:
     if args.faithful and not args.local:
         print("error: --faithful is a way to run --local (the job's own model on this CPU); add --local", file=sys.stderr)
         return EXIT_SPEC
+    if getattr(args, "sweep", None):
+        return _submit_sweep(args)
 
     # With --dry-run stdout carries the manifest alone.
     spec, facts, code = _preflighted(args, report_to=sys.stderr if args.dry_run else sys.stdout)
@@ -188,6 +197,46 @@ def _apply(manifest: dict, args) -> int:
         return 0
 
     return guarded(apply)(args)
+
+
+def _apply_all(manifests: list[dict], args) -> int:
+    """A sweep's jobs, one server-side apply each; the first failure stops the rest."""
+    for manifest in manifests:
+        if code := _apply(manifest, args):
+            return code
+    return 0
+
+
+def _submit_sweep(args) -> int:
+    """`submit --sweep`: one job per point of the grid (jobs/sweep.py), each preflighted."""
+    from jobs.sweep import submit_sweep
+    from workloads.problems import InvalidInputError
+
+    if args.local:
+        print("error: --local runs one job: drop --sweep, or set one point's values in trainer.overrides", file=sys.stderr)
+        return EXIT_SPEC
+    if args.code:
+        print("error: --sweep renders the built-in trainer's jobs; --code is your own code: submit one job per "
+              "point, or push the code into the image", file=sys.stderr)
+        return EXIT_SPEC
+    try:
+        facts = _facts(args.stack, not args.offline, args.facts)
+    except (InvalidInputError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_SPEC
+    code, manifests = submit_sweep(args, facts=facts, repo_root=str(ROOT), out=sys.stderr if args.dry_run else sys.stdout,
+                                   err=sys.stderr)
+    if code:
+        return code
+    if args.dry_run:
+        print(yaml.safe_dump_all(manifests, sort_keys=False, width=120))
+        return 0
+    if not kubeconfig_available():
+        print("error: no kubectl or kubeconfig: run with --dry-run, or write the cluster's kubeconfig "
+              f"(pulumi stack output kubeconfig --show-secrets --stack {args.stack} > kubeconfig; export KUBECONFIG=$PWD/kubeconfig)",
+              file=sys.stderr)
+        return EXIT_NO_CLUSTER
+    return _apply_all(manifests, args)
 
 
 def _submit_local(manifest: dict, args, *, spec=None, archive=None) -> int:
@@ -322,6 +371,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     submit.add_argument("--code", metavar="DIR",
                         help="your code: DIR is packed, uploaded to the team's S3 prefix and pinned by its SHA-256 "
                              "(the pod refuses any other bytes); script/command in the spec are relative to DIR")
+    submit.add_argument("--sweep", action="append", metavar="KEY=V1,V2",
+                        help="one job per point of the grid of these trainer config values (repeat for more keys: "
+                             "the cartesian product), e.g. --sweep optimizer.lr=1e-4,3e-4")
+    submit.add_argument("--sweep-name", help="--sweep: the sweep's name (label mlplatform.io/sweep, MLflow parent run); "
+                                             "default the job name")
 
     status = sub.add_parser("status", help="kubectl: the job, its Kueue workload and pods")
     status.add_argument("name")

@@ -39,6 +39,8 @@ _DURATION = re.compile(r"^(\d+h)?(\d+m)?(\d+s)?$")
 # A checkpoint of one of the team's jobs (the job name rule above, a trainer step directory).
 _INIT_FROM = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?/step-\d{1,9}$")
 _OVERRIDE = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+=.*$")
+# Trainer configs a job may name: the repository's (and the image's, at /app/trainer/configs).
+TRAINER_CONFIGS_DIR = "trainer/configs"
 # Set by the platform from the job spec (or fixed by it): never from a trainer override.
 PLATFORM_OWNED_OVERRIDES = ("data.dir", "checkpoint.dir", "checkpoint.s3_uri", "tracking.job_id", "tracking.uri",
                             "tracking.experiment", "checkpoint.initial_load_path")
@@ -146,6 +148,18 @@ class TrainerSpec(_Model):
     config: str = Field(description="Trainer config file, relative to the image's /app (and to the repository root locally).")
     overrides: list[str] = Field(default_factory=list, description="Dotted key=value overrides, e.g. optimizer.lr=3e-4.")
 
+    @field_validator("config")
+    @classmethod
+    def _config_in_repository(cls, value: str) -> str:
+        # The pod runs `--config <path>` from the image's /app; preflight reads the same path of
+        # this checkout: only the repository's trainer configs are both.
+        parts = value.split("/")
+        if (value.startswith("/") or ".." in parts or "" in parts or "\\" in value
+                or not value.startswith(TRAINER_CONFIGS_DIR + "/") or not value.endswith((".yaml", ".yml"))):
+            raise ValueError(f"is not a trainer config of the repository. FIX: use a YAML file under "
+                             f"{TRAINER_CONFIGS_DIR}/ (relative, no '..'), e.g. {TRAINER_CONFIGS_DIR}/gpt2-124m.yaml")
+        return value
+
     @field_validator("overrides", mode="before")
     @classmethod
     def _mapping_to_list(cls, value: Any) -> Any:
@@ -236,6 +250,16 @@ def own_code_problems(raw: Any) -> list[tuple[str, Any, str, str]]:
     return out
 
 
+class PodResourcesSpec(_Model):
+    """Overrides of the pod's size; by default it is the GPUs' share of the smallest instance of
+    the pool that fits (workloads/nodefit.py). A larger request makes Karpenter launch a larger
+    (dearer) instance; preflight names it and its price."""
+
+    cpu_per_gpu: Optional[float] = Field(None, gt=0, le=96, description="vCPUs per GPU, e.g. 8.")
+    memory_gib_per_gpu: Optional[float] = Field(None, gt=0, le=1024, description="GiB of memory per GPU, e.g. 60.")
+    shm_gib: Optional[int] = Field(None, ge=1, le=512, description="/dev/shm in GiB (counts against the pod's memory).")
+
+
 class JobSpec(_Model):
     name: str = Field(description="Job name (DNS label, at most 40 characters).")
     team: str = Field(description="Team; the job runs in namespace team-<team>.")
@@ -290,6 +314,10 @@ class JobSpec(_Model):
             if gpu:
                 raw["gpu"] = gpu  # what is left is reported as unknown
         return raw
+
+
+    resources: Optional[PodResourcesSpec] = Field(None, description="Pod size overrides (default: sized from the "
+                                                  "smallest instance of the pool that fits).")
 
     @field_validator("name")
     @classmethod
@@ -512,6 +540,30 @@ def team_space_problems(spec: "JobSpec") -> list[Problem]:
 _FIX = ". FIX: "
 
 
+def did_you_mean(word: str, known: list[str]) -> Optional[str]:
+    """A "did you mean" for a misspelt key: the closest known one, or one it abbreviates
+    (`gpus` -> `gpusPerNode`)."""
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+    if not close:
+        lowered = word.lower().replace("_", "")
+        close = [k for k in known if len(lowered) >= 3 and k.lower().startswith(lowered)][:1]
+    return f"did you mean {close[0]!r}?" if close else None
+
+
+def _model_at(loc: list[str]) -> type[BaseModel]:
+    """The pydantic model of the mapping at ``loc`` (for the fields a misspelt key could mean)."""
+    model: type[BaseModel] = JobSpec
+    for part in loc:
+        field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
+        inner = getattr(field, "annotation", None) if field else None
+        candidates = [inner, *getattr(inner, "__args__", ())]
+        inner = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if inner is None:
+            return model
+        model = inner
+    return model
+
+
 def _problem_from_error(error: dict[str, Any], raw: Any) -> Problem:
     loc = [str(part) for part in error["loc"]]
     path = ".".join(p if not p.isdigit() else f"[{p}]" for p in loc).replace(".[", "[") or "<root>"
@@ -533,11 +585,12 @@ def _problem_from_error(error: dict[str, Any], raw: Any) -> Problem:
     if _FIX in message:
         message, fix = message.split(_FIX, 1)
     elif kind == "extra_forbidden":
-        known = list(JobSpec.model_fields) + [f.alias for f in JobSpec.model_fields.values() if f.alias]
-        close = difflib.get_close_matches(loc[-1], [to_camel(k) for k in JobSpec.model_fields], n=1)
-        message, fix = "is not a job spec field", (f"did you mean {close[0]!r}?" if close else "remove it")
-        del known
+        model = _model_at(loc[:-1])
+        message, fix = ("is not a job spec field" if model is JobSpec else f"is not a field of {'.'.join(loc[:-1])}",
+                        did_you_mean(loc[-1], [to_camel(k) for k in model.model_fields]) or
+                        f"remove it (fields: {', '.join(to_camel(k) for k in model.model_fields)})")
     elif kind == "missing":
+        value = None  # the parent's whole mapping is no help
         message, fix = "is required", "add it (see examples/jobs/)"
     elif kind in ("enum", "literal_error"):
         fix = "use one of the listed values"
@@ -571,12 +624,87 @@ def parse_job_spec(raw: Any, *, source: str = "job spec") -> JobSpec:
         raise JobSpecError(source, problems) from None
 
 
-def load_job_spec(path: Union[str, Path]) -> JobSpec:
+class SpecFileError(JobSpecError):
+    """The file itself is not a job spec (missing, a directory, binary, not UTF-8, not YAML):
+    nothing in it can be checked. ``str()`` is one line."""
+
+    def __init__(self, path: str, message: str, fix: str):
+        self.line = f"{path}: {message}. Fix: {fix}"
+        super().__init__(path, [Problem("<file>", path, message, fix)])
+        self.args = (self.line,)
+
+    def __str__(self) -> str:
+        return self.line
+
+
+def _duplicate_keys(node: Any, path: str = "") -> list[tuple[str, int, int]]:
+    """(dotted path, first line, repeated line) of every key given twice in one mapping of the
+    composed YAML: PyYAML's loader silently keeps the last one."""
+    found: list[tuple[str, int, int]] = []
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            line = key_node.start_mark.line + 1
+            if key is not None and key != "<<":
+                if key in seen:
+                    found.append((f"{path}{key}", seen[key], line))
+                else:
+                    seen[key] = line
+            found += _duplicate_keys(value_node, f"{path}{key}." if key is not None else path)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            found += _duplicate_keys(item, f"{path.rstrip('.')}[{index}].")
+    return found
+
+
+MAX_SPEC_BYTES = 1 << 20
+
+
+def read_job_spec_file(path: Union[str, Path]) -> tuple[Any, list[Problem]]:
+    """The YAML document of a job spec file and the problems of the file itself that still let
+    the rest be checked (duplicate keys). Raises ``SpecFileError`` when nothing can be read."""
     path = Path(path)
+    name = str(path)
+    if not path.exists():
+        raise SpecFileError(name, "does not exist", "give the path of a job spec YAML file (see examples/jobs/)")
+    if path.is_dir():
+        raise SpecFileError(name, "is a directory, not a job spec file", "give the path of one YAML file in it")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise JobSpecError(str(path), [Problem("<file>", str(path), "does not exist", "give the path of a job spec YAML")]) from None
+        data = path.read_bytes()[: MAX_SPEC_BYTES + 1]
+    except OSError as exc:
+        raise SpecFileError(name, f"cannot be read ({exc.strerror})", "check the path and its permissions") from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecFileError(name, f"is larger than {MAX_SPEC_BYTES // 1024} KiB: not a job spec", "give the job spec YAML")
+    if b"\0" in data:
+        raise SpecFileError(name, "is a binary file, not YAML", "give the job spec YAML (a text file)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecFileError(name, f"is not UTF-8 text (byte {exc.start})", "save the file as UTF-8") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        duplicates = _duplicate_keys(node)
+        raw = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
-        raise JobSpecError(str(path), [Problem("<file>", str(path), f"is not valid YAML ({exc})", "fix the YAML syntax")]) from None
-    return parse_job_spec(raw, source=str(path))
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecFileError(name, f"is not valid YAML{where} ({problem})", "fix the YAML syntax there") from None
+    finally:
+        loader.dispose()
+    problems = [Problem(key, f"lines {first} and {again}", "is given twice; YAML would silently keep the second",
+                        "keep one of them") for key, first, again in duplicates]
+    return raw, problems
+
+
+def load_job_spec(path: Union[str, Path]) -> JobSpec:
+    raw, problems = read_job_spec_file(path)
+    try:
+        spec = parse_job_spec(raw, source=str(path))
+    except JobSpecError as exc:
+        raise JobSpecError(str(path), [*problems, *exc.problems]) from None
+    if problems:
+        raise JobSpecError(str(path), problems)
+    return spec

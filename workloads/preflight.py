@@ -16,20 +16,26 @@ Checks, each with its arithmetic in the message:
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 
 from trainer.model_facts import GPT_SIZES, peak_tflops_for_gpu_type
 from trainer.model_facts import flops_per_token as model_flops_per_token
-from workloads.problems import Problem
+from workloads.problems import BAD_INPUT, DOES_NOT_FIT, Problem
 from workloads import gpu_measurements
 from workloads.gpu_catalog import GPU_TYPES
-from workloads.jobspec import JobSpec, JobSpecError
+from workloads.jobspec import JobSpec, JobSpecError, TRAINER_CONFIGS_DIR, did_you_mean, parse_job_spec, read_job_spec_file
 from workloads.platform_facts import PlatformFacts
 from workloads.prices import PRICES, PRICES_AS_OF, SOURCE_URL, SPOT_DISCOUNT
-from workloads.trainingjob import ResolvedJob, resolve
+from workloads.trainingjob import ResolvedJob, candidate_pools, resolve_with_problems
+
+EXIT_BAD_INPUT = 2
+EXIT_DOES_NOT_FIT = 3
 
 BYTES_PER_PARAMETER = 16  # fp32 weights + fp32 grads + AdamW m and v
 ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN_PER_LAYER = 34
@@ -69,33 +75,141 @@ class Preflight:
     def ok(self) -> bool:
         return not self.problems
 
+    @property
+    def exit_code(self) -> int:
+        """0 fits; 2 any bad input (the fit of a wrong spec means little); 3 well-formed but does not fit."""
+        if not self.problems:
+            return 0
+        return EXIT_BAD_INPUT if any(p.kind == BAD_INPUT for p in self.problems) else EXIT_DOES_NOT_FIT
+
     def render(self) -> str:
         out = list(self.lines)
         out += [f"  ! {w}" for w in self.warnings]
         if self.problems:
-            out.append(f"REFUSED: {len(self.problems)} problem(s)")
-            out += [f"  - {p.render()}" for p in self.problems]
+            counts = {kind: sum(1 for p in self.problems if p.kind == kind) for kind in (BAD_INPUT, DOES_NOT_FIT)}
+            out.append(f"REFUSED: {len(self.problems)} problem(s) ("
+                       + ", ".join(f"{n} {kind}" for kind, n in counts.items() if n) + ")")
+            out += [f"  - [{p.kind}] {p.render()}" for p in self.problems]
         else:
             out.append("OK: the job fits")
         return "\n".join(out)
 
 
-def trainer_shape(spec: JobSpec, repo_root: str) -> tuple[Optional[ModelShape], list[Problem]]:
-    """The model and batch from the trainer config file + overrides (the trainer's own parser)."""
-    from trainer.config import ConfigError, build_config
+def _capacity(job: ResolvedJob) -> str:
+    others = [c for c in job.pool.capacity_types if c != "spot"]
+    if not job.interruptible:
+        return "/".join(others)
+    return "spot or " + "/".join(others) if others else "spot only"
 
+
+def _hourly(instance_type: str) -> tuple[float, str]:
+    found = PRICES.get(instance_type)
+    return (found.on_demand_usd_per_hour if found else float("inf"), instance_type)
+
+
+def _usd(amount: float) -> str:
+    """Dollars, with cents below $100 (a short run must not read as free)."""
+    return f"${amount:,.2f}" if amount < 100 else f"${amount:,.0f}"
+
+
+def _size_source(job: ResolvedJob) -> str:
+    size = job.size
+    if size.source == "spec":
+        return "from the spec's resources"
+    share = (f"{job.spec.gpus_per_node} of {job.pool.gpus_per_node} GPUs' share of " if job.spec.gpus_per_node < job.pool.gpus_per_node
+             else "")
+    text = f"{share}{size.instance_type}'s allocatable after kubelet reserve and DaemonSets"
+    if size.source == "Kueue share":
+        text += f", capped at the team's Kueue share ({job.pool.cpu_per_gpu:g} CPU, {job.pool.memory_gib_per_gpu:g} GiB per GPU)"
+    return text + "; override with resources.cpuPerGpu / memoryGibPerGpu / shmGib"
+
+
+# Trainer checks that only the pod can make (the laptop has no FSx, no model directory, no GPU).
+_POD_ONLY_TRAINER_CHECKS = ("data.dir=", "model.hf_path=", "parallelism.backend='nccl'", "parallelism.mixed_precision='bf16'",
+                            "checkpoint.dir=")
+_TRAINER_PROBLEM = re.compile(r"^(?P<key>[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*)(?:/[a-z0-9_]+)?(?:=(?P<value>.*?))?: (?P<message>.*)$")
+
+
+# Names other trainers use for the trainer's keys (for "did you mean").
+_TRAINER_SYNONYMS = {"learning_rate": "lr", "batch_size": "micro_batch_size", "per_device_train_batch_size": "micro_batch_size",
+                     "max_steps": "num_steps", "steps": "num_steps", "gradient_accumulation_steps": "grad_accum_steps",
+                     "warmup": "warmup_steps", "max_grad_norm": "grad_clip_norm", "block_size": "seq_len",
+                     "seq_length": "seq_len", "max_seq_len": "seq_len"}
+
+
+def _trainer_problem(text: str, config: str) -> Problem:
+    """A trainer ConfigError line (`key=value: message`) as a job spec problem."""
+    match = _TRAINER_PROBLEM.match(text)
+    if not match:
+        return Problem("trainer.overrides", None, text, "fix the override (dotted key=value, e.g. optimizer.lr=3e-4)")
+    key, value, message = match.group("key"), match.group("value"), match.group("message")
+    hint = re.search(r"\(did you mean ([a-z0-9_.]+)\?\)", message)
+    if hint:
+        return Problem(f"trainer[{key}]", value, "is not a trainer config key", f"did you mean {hint.group(1)}?")
+    known = re.search(r"\(known: (.*)\)$", message)
+    if known:
+        names = [n.strip() for n in known.group(1).split(",")]
+        section, _, leaf = key.rpartition(".")
+        meant = _TRAINER_SYNONYMS.get(leaf)
+        hint = (f"did you mean {section + '.' if section else ''}{meant}?" if meant in names
+                else did_you_mean(leaf, names))
+        return Problem(f"trainer[{key}]", value, "is not a trainer config key",
+                       hint or f"use one of {known.group(1)}")
+    return Problem(f"trainer[{key}]", value, message, f"set {key} in trainer.overrides (or in {config})")
+
+
+def trainer_config(spec_trainer: Any, repo_root: str, *, dataset: Optional[str] = None,
+                   checkpoint_dir: Optional[str] = None) -> tuple[Any, list[Problem]]:
+    """The trainer's config of a job (file + overrides), checked by the trainer's own parser and
+    cross-field rules (trainer.config.validate), as the pod will run it; (config or None, problems).
+    Checks that need the pod (data and model on FSx, a GPU) are left to the pod."""
+    from trainer.config import ConfigError, build_config, validate
+
+    config = spec_trainer.config
+    root = os.path.realpath(os.path.join(repo_root, TRAINER_CONFIGS_DIR))
+    path = os.path.realpath(os.path.join(repo_root, config))
+    if os.path.commonpath([root, path]) != root:
+        return None, [Problem("trainer.config", config, f"resolves outside the repository's {TRAINER_CONFIGS_DIR}/ "
+                              "(a link out of it)", f"use a config file under {TRAINER_CONFIGS_DIR}/")]
+    if not os.path.isfile(path):
+        configs = sorted(f"{TRAINER_CONFIGS_DIR}/{n}" for n in os.listdir(root) if n.endswith((".yaml", ".yml")))
+        return None, [Problem("trainer.config", config, "no such trainer config in this checkout",
+                              did_you_mean(config, configs) or f"use one of {configs}")]
+    overrides = list(spec_trainer.overrides)
+    # What the platform sets in the pod (trainingjob.trainer_args / trainer_env).
+    platform = [*( [f"data.dir={dataset}"] if dataset else []), *([f"checkpoint.dir={checkpoint_dir}"] if checkpoint_dir else [])]
+    given = dict(o.partition("=")[::2] for o in overrides)
+    problems: list[Problem] = []
+    try:
+        cfg = build_config(path, platform + overrides, environ={})
+    except ConfigError as exc:
+        problems = [_trainer_problem(text, config) for text in exc.problems]
+        # Build once more without the refused keys, so the cross-field rules still run on the
+        # rest (an unknown key must not hide a micro-batch of 0).
+        refused = {p.path.removeprefix("trainer[").rstrip("]") for p in problems}
+        problems = [dataclasses.replace(p, value=given.get(p.path.removeprefix("trainer[").rstrip("]"), p.value))
+                    if p.value is None else p for p in problems]
+        try:
+            cfg = build_config(path, platform + [o for o in overrides if o.partition("=")[0] not in refused], environ={})
+        except ConfigError:
+            return None, problems
+    try:
+        validate(cfg)
+    except ConfigError as exc:
+        problems += [_trainer_problem(text, config) for text in exc.problems if not text.startswith(_POD_ONLY_TRAINER_CHECKS)]
+    return (None if problems else cfg), problems
+
+
+def trainer_shape(spec: JobSpec, repo_root: str) -> tuple[Optional[ModelShape], list[Problem]]:
+    """The model and batch from the trainer config file + overrides (the trainer's own parser and
+    validation), and every problem the trainer would find with them."""
     if spec.trainer is None:
         # Your own code: preflight cannot read its model or batch (the memory and step-time
-        # arithmetic needs them); the placement, quota and time budget above still hold.
+        # arithmetic needs them); the placement, quota and time budget still hold.
         return None, []
-    path = os.path.join(repo_root, spec.trainer.config)
-    if not os.path.isfile(path):
-        return None, [Problem("trainer.config", spec.trainer.config, "no such trainer config in this checkout",
-                              "give a path relative to the repository root, e.g. trainer/configs/gpt2-124m.yaml")]
-    try:
-        cfg = build_config(path, list(spec.trainer.overrides), environ={})
-    except ConfigError as exc:
-        return None, [Problem("trainer", spec.trainer.config, "; ".join(exc.problems), "fix the trainer config or overrides")]
+    cfg, problems = trainer_config(spec.trainer, repo_root, dataset=spec.dataset, checkpoint_dir=spec.checkpoint_path)
+    if cfg is None:
+        return None, problems
     m, d, s, par = cfg.model, cfg.data, cfg.schedule, cfg.parallelism
     vocab = m.vocab_size or DEFAULT_VOCAB
     layers = hidden = None
@@ -113,8 +227,11 @@ def trainer_shape(spec: JobSpec, repo_root: str) -> tuple[Optional[ModelShape], 
         hidden = spec.model.hidden_size or hidden
         source = "job spec model"
     if parameters is None:
-        return None, [Problem("model.parameters", None, f"the trainer config uses a {m.kind} model whose size preflight cannot read",
-                              "add model: {parameters: 8e9, numLayers: 32, hiddenSize: 4096} to the job spec")]
+        return None, problems + [Problem("model.parameters", None, f"the trainer config uses a {m.kind} model whose size "
+                                         "preflight cannot read",
+                                         "add model: {parameters: 8e9, numLayers: 32, hiddenSize: 4096} to the job spec")]
+    if problems:  # a micro-batch of 0 or a bad schedule: no arithmetic on it
+        return None, problems
     return ModelShape(parameters, layers, hidden, vocab, d.seq_len, d.micro_batch_size, s.grad_accum_steps, s.num_steps,
                       par.strategy, par.activation_checkpointing, source), []
 
@@ -152,11 +269,13 @@ def planning_mfu(gpu_type: str, mfu: Optional[float], measured: dict[str, dict[s
 
 def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optional[float] = None,
               measurements_file: str = gpu_measurements.MEASUREMENTS_FILE) -> Preflight:
-    try:
-        job = resolve(spec, facts)
-    except JobSpecError as exc:
-        return Preflight(None, [f"Preflight of job {spec.name} on stack {facts.stack}"], list(exc.problems))
-    report = Preflight(job, warnings=list(job.warnings))
+    job, resolve_problems = resolve_with_problems(spec, facts)
+    if job is None:
+        # Still check what the trainer would refuse: every mistake in one run.
+        _, trainer_problems = trainer_shape(spec, repo_root)
+        return Preflight(None, [f"Preflight of job {spec.name} on stack {facts.stack}"],
+                         list(resolve_problems) + trainer_problems)
+    report = Preflight(job, problems=list(resolve_problems), warnings=list(job.warnings))
     pool, gpu = job.pool, GPU_TYPES[job.pool.gpu_type]
     world = spec.world_size
     price = PRICES.get(job.instance_type)
@@ -166,14 +285,20 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
     report.lines += [
         f"Preflight of job {spec.name} on stack {facts.stack} ({', '.join(facts.notes) or 'facts from the plan'})",
         f"placement      pool {pool.name}: {spec.nodes} x {job.instance_type} ({spec.gpus_per_node} of {pool.gpus_per_node} "
-        f"{gpu.description} per node), {'spot or ' if job.interruptible else ''}{'/'.join(c for c in pool.capacity_types if c != 'spot') or 'spot'}"
+        f"{gpu.description} per node), {_capacity(job)}"
         f"{', EFA x' + str(job.efa_devices) if job.efa_devices else ''}",
         f"queue          {job.team.namespace}/{job.team.local_queue}, priority {job.priority_class}",
-        f"pod            {job.cpu} CPU, {job.memory_gib} GiB, /dev/shm {job.shm_gib} GiB; {job.budget.describe()} "
+        f"instance       {job.instance_type}{f' at ${price.on_demand_usd_per_hour:.2f}/h on-demand' if price else ''}"
+        f"{f' (~${price.spot_usd_per_hour:.2f}/h spot)' if price and job.interruptible else ''}: the cheapest of "
+        f"{', '.join(sorted(pool.instance_types, key=_hourly))} that holds the pod",
+        f"pod            {job.size.cpu_cores:g} CPU, {job.memory_gib} GiB, /dev/shm {job.shm_gib} GiB ({_size_source(job)})",
+        f"time budget    {job.budget.describe()} "
         f"(pool grace {pool.termination_grace_period_seconds}s{', spot notice 120s' if job.interruptible else ''})",
     ]
     report.figures.update({"pool": pool.name, "instance_type": job.instance_type, "gpu_memory_gib": gpu.gpu_memory_gib,
-                           "world_size": world})
+                           "world_size": world, "pod_cpu": job.size.cpu_cores, "pod_memory_gib": job.memory_gib,
+                           "pod_shm_gib": job.shm_gib,
+                           "instance_usd_per_hour": price.on_demand_usd_per_hour if price else None})
 
     # -- quota ------------------------------------------------------------------------------
     quota = job.team.gpu_quota.get(pool.kueue_flavor or "", 0)
@@ -181,15 +306,15 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
                         f"{' (may borrow idle GPUs)' if job.team.borrowing else ''}; the pool launches at most {pool.max_gpus}")
     if pool.max_gpus and world > pool.max_gpus:
         report.problems.append(Problem("nodes", spec.nodes, f"{spec.nodes} x {spec.gpus_per_node} = {world} GPUs, more than pool "
-                                       f"{pool.name} can ever launch ({pool.max_gpus})", f"use at most {pool.max_gpus // spec.gpus_per_node} nodes"))
+                                       f"{pool.name} can ever launch ({pool.max_gpus})", f"use at most {pool.max_gpus // spec.gpus_per_node} nodes").does_not_fit())
     elif world > quota and not job.team.borrowing:
         report.problems.append(Problem("nodes", spec.nodes, f"{world} GPUs exceed team {spec.team}'s quota of {quota} on {pool.name} "
-                                       "and the team may not borrow", f"use at most {quota // spec.gpus_per_node} nodes or raise the quota"))
+                                       "and the team may not borrow", f"use at most {quota // spec.gpus_per_node} nodes or raise the quota").does_not_fit())
     elif world > quota and world > (cohort := sum(t.gpu_quota.get(pool.kueue_flavor or "", 0) for t in job.facts.teams)):
         # Kueue lends only nominal quota of the cohort's ClusterQueues: it would never admit this.
         report.problems.append(Problem("nodes", spec.nodes, f"{world} GPUs exceed what the whole cohort holds on {pool.name} "
                                        f"({cohort}): Kueue can never admit the job, even by borrowing",
-                                       f"use at most {cohort // spec.gpus_per_node} nodes or raise the quotas"))
+                                       f"use at most {cohort // spec.gpus_per_node} nodes or raise the quotas").does_not_fit())
     elif world > quota:
         # The namespace ResourceQuota of a borrowing team is the cohort's GPUs (infra.gpu_capacity),
         # so what Kueue admits by borrowing also gets its pods.
@@ -227,13 +352,9 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
         report.figures["measured_peak_memory_gib"] = peak_gib
         mem["total"] = max(mem["total"], peak_gib * GIB)
     if mem["total"] > usable:
-        fixes = []
-        if shape.strategy != "fsdp" and world > 1:
-            fixes.append(f"shard it with FSDP (parallelism.strategy=fsdp: state {_gib(shape.parameters * BYTES_PER_PARAMETER / world)} per GPU)")
-        fixes += ["more GPUs", "a GPU with more memory", "activation checkpointing / a smaller micro-batch"]
         report.problems.append(Problem("gpusPerNode", spec.gpus_per_node,
                                        f"does not fit: {arithmetic} > {_gib(usable)} usable on one {gpu.gpu_memory_gib} GiB {gpu.name}",
-                                       "; or ".join(fixes)))
+                                       memory_fix(shape, spec, pool, usable, facts)).does_not_fit())
 
     # -- step time and cost -----------------------------------------------------------------------
     peak = peak_tflops_for_gpu_type(pool.gpu_type)  # the figure the trainer's MFU divides by
@@ -251,19 +372,19 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
                            "given" if mfu_source == "given" else "default"})
     if price is not None:
         on_demand = hours * spec.nodes * price.on_demand_usd_per_hour
-        line = (f"cost           {spec.nodes} x {job.instance_type} x {hours:.1f} h: on-demand ${on_demand:,.0f} "
+        line = (f"cost           {spec.nodes} x {job.instance_type} x {hours:.1f} h: on-demand {_usd(on_demand)} "
                 f"(${price.on_demand_usd_per_hour:.2f}/h)")
         report.figures["cost_on_demand_usd"] = round(on_demand, 2)
         if job.interruptible:
             spot = hours * spec.nodes * price.spot_usd_per_hour
-            line += f", spot ~${spot:,.0f} (assumes {SPOT_DISCOUNT:.0%} below on-demand, plus re-done steps after interruptions)"
+            line += f", spot ~{_usd(spot)} (assumes {SPOT_DISCOUNT:.0%} below on-demand, plus re-done steps after interruptions)"
             report.figures["cost_spot_usd"] = round(spot, 2)
         report.lines.append(line)
         report.lines.append(f"               prices: {SOURCE_URL} ({PRICES_AS_OF})")
     if step_seconds > spec.time_budget.max_step_seconds:
         report.problems.append(Problem("timeBudget.maxStepSeconds", spec.time_budget.max_step_seconds,
                                        f"the estimated step takes {step_seconds:.1f} s, longer than the budget the grace period is sized for",
-                                       "lower data.micro_batch_size or schedule.grad_accum_steps, or raise maxStepSeconds (within the grace period)"))
+                                       step_time_fix(step_seconds, shape, spec, job)).does_not_fit())
     if hours * 3600 > spec.max_runtime_seconds:
         report.warnings.append(f"the estimated {hours:.1f} h exceed maxRuntime {spec.max_runtime}: the job will be stopped before the end")
 
@@ -278,7 +399,137 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
             report.problems.append(Problem("timeBudget.checkpointSeconds", spec.time_budget.checkpoint_seconds,
                                            f"saving {_gib(ckpt_bytes)} at {facts.fsx_write_mb_per_s:,.0f} MB/s takes ~{seconds:.0f} s, "
                                            "more than the budget: an interruption would kill the save",
-                                           "raise the FSx throughput, shard/async the save, or use on-demand (spot: false) with a larger budget"))
+                                           "raise the FSx throughput, shard/async the save, or use on-demand (spot: false) with a larger budget").does_not_fit())
+    return report
+
+
+# -- fixes that would actually work ---------------------------------------------------------------
+def _total(shape: ModelShape, world: int, **changes: Any) -> float:
+    return memory_per_gpu(dataclasses.replace(shape, **changes), world)["total"]
+
+
+def memory_fix(shape: ModelShape, spec: JobSpec, pool: Any, usable: float, facts: PlatformFacts) -> str:
+    """Only what this arithmetic says fits: each candidate change is re-estimated, and one that
+    still does not fit is not offered. When nothing on the pool fits, say so and name the pools
+    whose GPUs would."""
+    world, per_node = spec.world_size, spec.gpus_per_node
+    most_nodes = max(1, (pool.max_gpus or world) // per_node)
+    fits: list[str] = []
+
+    def offer(text: str, total: float) -> None:
+        fits.append(f"{text} ({_gib(total)} per GPU)")
+
+    checkpointed = {"activation_checkpointing": True}
+    if shape.strategy != "fsdp" and world > 1 and (t := _total(shape, world, strategy="fsdp")) <= usable:
+        offer("shard it with FSDP (parallelism.strategy=fsdp)", t)
+    elif (shape.strategy != "fsdp" or not shape.activation_checkpointing) and world > 1 and \
+            (t := _total(shape, world, strategy="fsdp", **checkpointed)) <= usable:
+        offer("FSDP with activation checkpointing (parallelism.strategy=fsdp, parallelism.activation_checkpointing=true)", t)
+    if not shape.activation_checkpointing and (t := _total(shape, world, **checkpointed)) <= usable:
+        offer("activation checkpointing (parallelism.activation_checkpointing=true)", t)
+    for micro in range(shape.micro_batch_size - 1, 0, -1):
+        if (t := _total(shape, world, micro_batch_size=micro)) <= usable:
+            offer(f"data.micro_batch_size={micro} (raise schedule.grad_accum_steps to keep the batch)", t)
+            break
+    if not fits:
+        for nodes in range(spec.nodes + 1, most_nodes + 1):
+            if (t := _total(shape, nodes * per_node, strategy="fsdp", **checkpointed)) <= usable:
+                offer(f"FSDP with activation checkpointing over {nodes} nodes ({nodes * per_node} GPUs)", t)
+                break
+    if fits:
+        return "; or ".join(fits)
+    floor = _total(shape, most_nodes * per_node, strategy="fsdp", micro_batch_size=1, **checkpointed)
+    bigger = sorted({p.name for p in facts.pools if GPU_TYPES[p.gpu_type].gpu_memory_gib * GIB * USABLE_MEMORY_FRACTION > floor})
+    return (f"nothing on pool {pool.name} fits: even FSDP over all {most_nodes * per_node} GPUs it can launch, with activation "
+            f"checkpointing and a micro-batch of 1, needs {_gib(floor)} per GPU; "
+            + (f"use a pool with larger GPUs ({', '.join(bigger)})" if bigger else
+               "no pool of this stack has GPUs that large: ask the platform team, or train a smaller model"))
+
+
+def step_time_fix(step_seconds: float, shape: ModelShape, spec: JobSpec, job: ResolvedJob) -> str:
+    """A change that brings the step inside the budget: a shorter step (fewer micro-batches per
+    step) or, where the field and the grace period allow it, a larger budget."""
+    from workloads.jobspec import TimeBudgetSpec
+    from workloads.trainingjob import TimeBudget
+
+    fixes = []
+    field_max = TimeBudgetSpec.model_fields["max_step_seconds"].metadata
+    limit = next((m.le for m in field_max if getattr(m, "le", None) is not None), 60)
+    needed = math.ceil(step_seconds)
+    if needed <= limit:
+        budget = TimeBudget(needed, spec.time_budget.checkpoint_seconds)
+        if not budget.problems(job.pool, interruptible=job.interruptible):
+            fixes.append(f"timeBudget.maxStepSeconds: {needed} (pod grace {budget.grace_seconds}s still fits the pool)")
+    per_micro = step_seconds / (shape.micro_batch_size * shape.grad_accum_steps)
+    allowed = math.floor(spec.time_budget.max_step_seconds / per_micro) if per_micro > 0 else 0
+    if allowed >= 1:
+        if allowed >= shape.micro_batch_size:
+            fixes.append(f"schedule.grad_accum_steps={allowed // shape.micro_batch_size} (fewer tokens per optimizer step)")
+        else:
+            fixes.append(f"data.micro_batch_size={allowed} and schedule.grad_accum_steps=1")
+    if not fixes:
+        fixes.append(f"even one sequence per GPU takes {per_micro:.1f} s here: use more GPUs with FSDP, a faster GPU "
+                     "or a shorter data.seq_len")
+    return "; or ".join(fixes)
+
+
+# -- every mistake of a spec file, in one run ------------------------------------------------------
+def _raw_facts_problems(raw: dict[str, Any], facts: PlatformFacts, already: set[str]) -> list[Problem]:
+    """Stack facts (team, pool or GPU type, GPUs per node) checked from the raw mapping, when the
+    schema refused the spec: in the same run as the schema's problems."""
+    from types import SimpleNamespace
+
+    problems = []
+    team = raw.get("team")
+    if isinstance(team, str) and "team" not in already and facts.team(team) is None:
+        names = [t.name for t in facts.teams]
+        problems.append(Problem("team", team, f"is not a team of stack {facts.stack}",
+                                (f"{did_you_mean(team, names)} " if did_you_mean(team, names) else "") + f"use one of {names}"))
+    pool, gpu_type = raw.get("pool"), raw.get("gpuType", raw.get("gpu_type"))
+    if (isinstance(pool, str)) != (isinstance(gpu_type, str)) and not ({"pool", "gpuType", "pool/gpuType"} & already):
+        pools, problem = candidate_pools(SimpleNamespace(pool=pool if isinstance(pool, str) else None,
+                                                          gpu_type=gpu_type if isinstance(gpu_type, str) else None), facts)
+        if problem:
+            problems.append(problem)
+        per_node = raw.get("gpusPerNode", raw.get("gpus_per_node"))
+        if pools and isinstance(per_node, int) and "gpusPerNode" not in already and all(p.gpus_per_node < per_node for p in pools):
+            problems.append(Problem("gpusPerNode", per_node, f"pool {pools[0].name}'s instances have {pools[0].gpus_per_node} GPUs per node",
+                                    f"use gpusPerNode <= {pools[0].gpus_per_node} (and nodes to scale out)"))
+    return problems
+
+
+def _raw_trainer_problems(raw: dict[str, Any], repo_root: str, already: set[str]) -> list[Problem]:
+    from workloads.jobspec import TrainerSpec
+
+    trainer = raw.get("trainer")
+    if not isinstance(trainer, dict) or any(p == "trainer" or p.startswith("trainer.") for p in already):
+        return []
+    try:
+        parsed = TrainerSpec.model_validate(trainer)
+    except Exception:  # the schema already reported it
+        return []
+    dataset = raw.get("dataset") if isinstance(raw.get("dataset"), str) else None
+    return trainer_config(parsed, repo_root, dataset=dataset, checkpoint_dir="/fsx/checkpoints/preflight")[1]
+
+
+def preflight_file(path: str, facts: PlatformFacts, *, repo_root: str, mfu: Optional[float] = None,
+                   measurements_file: str = gpu_measurements.MEASUREMENTS_FILE) -> Preflight:
+    """Every mistake of a job spec file in one run: the file (duplicate keys), the schema, the
+    stack's facts (team, pool, GPU type), the trainer's own config checks, quota and fit. Raises
+    ``SpecFileError`` only when the file cannot be read as YAML at all."""
+    raw, problems = read_job_spec_file(path)
+    header = f"Preflight of {path} on stack {facts.stack}"
+    try:
+        spec = parse_job_spec(raw, source=path)
+    except JobSpecError as exc:
+        problems += list(exc.problems)
+        if isinstance(raw, dict):
+            already = {p.path.split("[")[0] for p in problems} | {p.path for p in problems}
+            problems += _raw_facts_problems(raw, facts, already)
+            problems += _raw_trainer_problems(raw, repo_root, already)
+        return Preflight(None, [header], problems)
+    report = preflight(spec, facts, repo_root=repo_root, mfu=mfu, measurements_file=measurements_file)
+    report.problems[:0] = problems
     return report
 
 

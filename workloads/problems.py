@@ -17,12 +17,23 @@ from enum import Enum
 from typing import Any, Iterable, Optional
 
 
+# What a problem is, for the exit code a command returns (workloads/__main__.py): the input is
+# wrong (a field, a name, a file: exit 2), or the input is well-formed but the job does not fit
+# the platform (memory, quota, time budget, instance size: exit 3).
+BAD_INPUT = "bad input"
+DOES_NOT_FIT = "does not fit"
+
+
 @dataclass(frozen=True)
 class Problem:
     path: str
     value: Any
     message: str
     fix: str
+    kind: str = BAD_INPUT
+
+    def does_not_fit(self) -> "Problem":
+        return dataclasses.replace(self, kind=DOES_NOT_FIT)
 
     def render(self) -> str:
         value = _short(self.value)

@@ -25,6 +25,7 @@ from workloads.problems import Problem
 from workloads.fsx import team_pod_volumes, team_subtree_path, team_volume_mounts
 from workloads.gpu_catalog import GPU_TYPES, SPOT_NOTICE_SECONDS
 from workloads.instances import instance
+from workloads.nodefit import DoesNotFit, PodSize, size_pod
 from workloads.jobspec import JobSpec, JobSpecError, Runtime, k8s_literal, team_space_problems
 from workloads.karpenter import CAPACITY_TYPE_KEY, EFA_RESOURCE, GPU_RESOURCE, GPU_TYPE_LABEL, POOL_LABEL
 from workloads.kueue import QUEUE_LABEL
@@ -48,7 +49,6 @@ TRAINER_UID = 1000  # the image's `trainer` user (trainer/Dockerfile)
 # The image's entrypoint, spelled out so the pod's command is the whole truth (and runs locally).
 LAUNCH_COMMAND = ("/usr/bin/tini", "--", "python", "-m", "trainer.launch")
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
-SHM_MAX_GIB = 64
 # Instance families with GPUDirect RDMA over EFA (EC2 User Guide, "EFA and NCCL": p4d, p4de, p5, p5e, p5en).
 # The team's checkpoint signing key (trainer/trust.py): a Secret in the team namespace
 # (components.training.TeamTrainerAccess), mounted read-only as a file, never an env var.
@@ -117,15 +117,17 @@ class ResolvedJob:
     interruptible: bool  # may land on spot
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
+    pod: Optional[PodSize] = None  # set by resolve()
+
+    @property
+    def size(self) -> PodSize:
+        assert self.pod is not None, "resolve() sizes the pod"
+        return self.pod
+
     @property
     def instance_type(self) -> str:
         """The cheapest of the pool's instance types that fits the pod (what Karpenter launches)."""
-        from workloads.prices import PRICES
-
-        fitting = [t for t in self.pool.instance_types
-                   if instance(t).allocatable_cpu >= self.cpu and instance(t).allocatable_memory_gib >= self.memory_gib]
-        return min(fitting or self.pool.instance_types,
-                   key=lambda t: (PRICES[t].on_demand_usd_per_hour if t in PRICES else float("inf"), t))
+        return self.size.instance_type
 
     @property
     def whole_node(self) -> bool:
@@ -135,9 +137,6 @@ class ResolvedJob:
     def efa_devices(self) -> int:
         # A job sharing a node cannot own its EFA devices; NCCL then uses TCP (preflight warns).
         return self.pool.efa_devices_per_node if self.whole_node else 0
-
-    def _largest(self, attribute: str) -> int:
-        return max(getattr(instance(t), attribute) for t in self.pool.instance_types)
 
     @property
     def slices_per_node(self) -> int:
@@ -151,26 +150,24 @@ class ResolvedJob:
         return max(1, min(getattr(instance(t), attribute) for t in self.pool.instance_types) // total)
 
     @property
-    def cpu(self) -> int:
-        """The team's Kueue CPU share per GPU, within what the pool's largest node can give."""
+    def cpu(self) -> str:
+        """The pod's CPU as a Kubernetes quantity ("3" or "2900m")."""
         if self.spec.slice_resource:
-            return self._slice_share("allocatable_cpu")
-        share = int((self.pool.cpu_per_gpu or 1) * self.spec.gpus_per_node)
-        fits = self._largest("allocatable_cpu") * self.spec.gpus_per_node // self.pool.gpus_per_node
-        return max(1, min(share, fits))
+            return str(self._slice_share("allocatable_cpu"))
+        return self.size.cpu_quantity
 
     @property
     def memory_gib(self) -> int:
         if self.spec.slice_resource:
             return self._slice_share("allocatable_memory_gib")
-        share = int((self.pool.memory_gib_per_gpu or 8) * self.spec.gpus_per_node)
-        fits = self._largest("allocatable_memory_gib") * self.spec.gpus_per_node // self.pool.gpus_per_node
-        return max(1, min(share, fits))
+        return self.size.memory_gib
 
     @property
     def shm_gib(self) -> int:
-        # A memory-backed emptyDir counts against the container's memory limit.
-        return max(1, min(SHM_MAX_GIB, self.memory_gib // 4))
+        if self.spec.slice_resource:
+            # A memory-backed emptyDir counts against the container's memory limit.
+            return max(1, self.memory_gib // 4)
+        return self.size.shm_gib
 
 
 def _candidate_pools(spec: JobSpec, facts: PlatformFacts) -> tuple[list[PoolFacts], Optional[Problem]]:
@@ -197,8 +194,21 @@ def _candidate_pools(spec: JobSpec, facts: PlatformFacts) -> tuple[list[PoolFact
                        f"use one of {offered}, or ask the platform team for a pool")
 
 
+candidate_pools = _candidate_pools  # for checks of a spec the schema refused (workloads.preflight)
+
+
 def resolve(spec: JobSpec, facts: PlatformFacts) -> ResolvedJob:
     """Pick the pool, team, queue and priority; raise ``JobSpecError`` with every problem."""
+    job, problems = resolve_with_problems(spec, facts)
+    if problems:
+        raise JobSpecError(f"job {spec.name}", problems)
+    assert job is not None
+    return job
+
+
+def resolve_with_problems(spec: JobSpec, facts: PlatformFacts) -> tuple[Optional[ResolvedJob], list[Problem]]:
+    """The resolved job (whenever a pool, a team and a pod size were found) and every problem:
+    preflight goes on to the quota and fit checks in the same run as the other problems."""
     problems: list[Problem] = []
     warnings: list[str] = []
     team = facts.team(spec.team)
@@ -283,11 +293,31 @@ def resolve(spec: JobSpec, facts: PlatformFacts) -> ResolvedJob:
     budget = TimeBudget(spec.time_budget.max_step_seconds, spec.time_budget.checkpoint_seconds)
     interruptible = bool(pool and spec.spot and pool.offers_spot)
     if pool is not None:
-        problems += budget.problems(pool, interruptible=interruptible)
-    if problems:
-        raise JobSpecError(f"job {spec.name}", problems)
-    assert pool is not None and team is not None
-    return ResolvedJob(spec, facts, pool, team, priority_class, budget, interruptible, tuple(warnings))
+        problems += [p.does_not_fit() for p in budget.problems(pool, interruptible=interruptible)]
+    pod = None
+    if pool is not None:
+        pod, problem = _size(spec, pool)
+        if problem:
+            problems.append(problem)
+        elif pod.source == "spec" and pool.cpu_per_gpu and pod.cpu_millicores > pool.cpu_per_gpu * 1000 * spec.gpus_per_node:
+            warnings.append(f"{pod.cpu_quantity} CPU exceed the team's Kueue share of {pool.cpu_per_gpu:g} per GPU: "
+                            "admitted only while the cohort has idle CPU quota")
+    if pool is None or team is None or pod is None:
+        return None, problems
+    return ResolvedJob(spec, facts, pool, team, priority_class, budget, interruptible, tuple(warnings), pod), problems
+
+
+def _size(spec: JobSpec, pool: PoolFacts) -> tuple[Optional[PodSize], Optional[Problem]]:
+    """The pod's size on the smallest instance of the pool that fits it (workloads/nodefit.py)."""
+    wanted = spec.resources
+    try:
+        return size_pod(pool.instance_types, node_gpus=pool.gpus_per_node, gpus=min(spec.gpus_per_node, pool.gpus_per_node),
+                        cpu_per_gpu=wanted.cpu_per_gpu if wanted else None,
+                        memory_gib_per_gpu=wanted.memory_gib_per_gpu if wanted else None,
+                        shm_gib=wanted.shm_gib if wanted else None,
+                        kueue_cpu_per_gpu=pool.cpu_per_gpu, kueue_memory_gib_per_gpu=pool.memory_gib_per_gpu), None
+    except DoesNotFit as exc:
+        return None, Problem(exc.field, exc.value, exc.message, exc.fix).does_not_fit()
 
 
 # -- the pod ---------------------------------------------------------------------------------
@@ -380,7 +410,7 @@ def team_runtime_env(namespace: str) -> list[dict[str, Any]]:
 
 def resources(job: ResolvedJob) -> dict[str, Any]:
     gpu = {job.spec.slice_resource: "1"} if job.spec.slice_resource else {GPU_RESOURCE: str(job.spec.gpus_per_node)}
-    amounts = {"cpu": str(job.cpu), "memory": f"{job.memory_gib}Gi", **gpu}
+    amounts = {"cpu": job.cpu, "memory": f"{job.memory_gib}Gi", **gpu}
     if job.efa_devices:
         amounts[EFA_RESOURCE] = str(job.efa_devices)
     # requests == limits: Guaranteed QoS, and the LimitRange never adds limits of its own.

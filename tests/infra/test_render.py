@@ -219,7 +219,7 @@ def test_render_refuses_what_preflight_refuses_and_writes_nothing(tmp_path):
     message = str(info.value)
     assert "3 problems" in message
     assert "jobs/too-big.yaml: preflight refused it" in message and "nodes: 5 x 1 = 5 GPUs" in message
-    assert "jobs/bad-override.yaml: preflight refused it" in message and "model.n_embd: unknown key" in message
+    assert "jobs/bad-override.yaml: preflight refused it" in message and "trainer[model.n_embd]: is not a trainer config key" in message
     assert "jobs/short-budget.yaml: preflight refused it" in message and "timeBudget.checkpointSeconds" in message
     assert "fits.yaml" not in message
     assert not (root / "workloads/rendered").exists(), "nothing half-done"

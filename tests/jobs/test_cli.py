@@ -132,3 +132,39 @@ def test_client_constants_match_the_renderer():
 
     assert client.PYTORCH_CONTAINER == trainingjob.CONTAINER_NAME
     assert client.TRAINJOB_CONTAINER == client.TRAINJOB_REPLICATED_JOB == trainjob_runtime.CONTAINER
+
+
+def test_list_sweep_shows_each_point_with_its_values(kube, dev_facts, tmp_path, monkeypatch, capsys):
+    """`list --sweep NAME` through the fake kubectl: the jobs `submit --sweep` labels, with the
+    swept values from their point annotation, finished points included."""
+    import copy
+    import json
+
+    from jobs.sweep import POINT_ANNOTATION, SWEEP_LABEL
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_kubectl.install(bin_dir)
+    (tmp_path / "kubeconfig").write_text("apiVersion: v1\nkind: Config\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    monkeypatch.setenv("FAKE_KUBE_STATE", str(tmp_path / "state.json"))
+    JobClient(stack="dev", kube=kube, facts=dev_facts, store=LocalStore()).submit(raw_spec(MULTINODE))
+    base = kube.find("pytorchjobs.kubeflow.org", "gpt2-ddp-a10g", NS)
+    for index, lr in enumerate(("1e-4", "3e-4")):
+        point = copy.deepcopy(base)
+        for key in ("uid", "resourceVersion", "creationTimestamp"):
+            point["metadata"].pop(key, None)
+        point["metadata"]["name"] = f"lr-sweep-{index}"
+        point["metadata"]["labels"][SWEEP_LABEL] = "lr-sweep"
+        point["metadata"].setdefault("annotations", {})[POINT_ANNOTATION] = json.dumps({"optimizer.lr": lr})
+        kube.apply(point)
+    set_conditions(kube, kube.find("pytorchjobs.kubeflow.org", "lr-sweep-0", NS), "Created", "Running", "Succeeded")
+    kube.save(tmp_path / "state.json")
+
+    assert main(["list", "--team", "research", "--sweep", "lr-sweep"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert rows[0] == ["sweep", "lr-sweep:", "2", "job(s)"]
+    assert rows[1][:3] == ["job", "phase", "optimizer.lr"]
+    assert sorted(r[:3] for r in rows[2:]) == [
+        ["lr-sweep-0", "Succeeded", "1e-4"], ["lr-sweep-1", "Pending", "3e-4"]]

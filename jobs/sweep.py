@@ -1,0 +1,301 @@
+"""Hyperparameter sweeps: one job spec, one job per point of a grid.
+
+    python -m workloads submit SPEC --stack dev --sweep optimizer.lr=1e-4,3e-4 --sweep data.micro_batch_size=4,8
+
+renders the cartesian product of the values (here 4 jobs), each a normal training job of the
+team: preflighted like any job, queued through the team's Kueue LocalQueue under its quota (Kueue
+admits as many points at once as the quota holds and queues the rest), labelled
+``mlplatform.io/sweep: <sweep>`` so that ``list --sweep NAME`` finds them, and tracked as its own
+MLflow run under one parent run of the sweep in one experiment: the pods carry
+``TRAINER_SWEEP_ID`` / ``TRAINER_SWEEP_NAME``, from which the trainer's tracking finds or creates
+the parent run and sets MLflow's ``mlflow.parentRunId`` tag on the point's run
+(trainer/tracking.py).
+
+Swept keys are the trainer's config keys (``optimizer.lr``, ``data.micro_batch_size``, ...; a
+``trainer.`` prefix is accepted); every value is typed by the trainer's own parser, and every
+mistake (unknown key, empty or repeated values, wrong type, platform-owned key, too many points)
+is reported at once with the key, the value and the fix.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from workloads.jobspec import MAX_NAME_LENGTH, PLATFORM_OWNED_OVERRIDES, JobSpec
+from workloads.problems import InvalidInputError, Problem
+
+SWEEP_LABEL = "mlplatform.io/sweep"
+POINT_ANNOTATION = "mlplatform.io/sweep-point"  # the point's values, JSON {key: value}
+SWEEP_ID_ENV = "TRAINER_SWEEP_ID"  # trainer/tracking.py reads these two
+SWEEP_NAME_ENV = "TRAINER_SWEEP_NAME"
+MAX_POINTS = 64  # a larger grid is almost always a typo; split it into several sweeps
+_KEY = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
+
+
+class SweepError(InvalidInputError):
+    """Every problem of the --sweep arguments, one per line."""
+
+
+@dataclass(frozen=True)
+class SweepAxis:
+    key: str
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    index: int
+    name: str
+    values: Mapping[str, str]
+    spec: JobSpec = field(compare=False)
+
+    @property
+    def overrides(self) -> list[str]:
+        return [f"{k}={v}" for k, v in self.values.items()]
+
+
+def _split(argument: str) -> tuple[str, list[str]]:
+    key, _, values = argument.partition("=")
+    return key.strip().removeprefix("trainer."), [v.strip() for v in values.split(",")] if values else []
+
+
+def parse_sweeps(arguments: Sequence[str], spec: JobSpec, *, repo_root: str) -> list[SweepAxis]:
+    """The grid of ``--sweep KEY=V1,V2`` arguments, each key and value checked by the trainer's
+    parser against the spec's own config; ``SweepError`` lists every problem."""
+    problems: list[Problem] = []
+    axes: list[SweepAxis] = []
+    seen: set[str] = set()
+    for argument in arguments:
+        where = f"--sweep {argument}"
+        if "=" not in argument:
+            problems.append(Problem("--sweep", argument, "is not KEY=V1,V2", "write it like optimizer.lr=1e-4,3e-4"))
+            continue
+        key, values = _split(argument)
+        if not _KEY.match(key):
+            problems.append(Problem(where, key, "is not a dotted trainer config key", "e.g. optimizer.lr or data.micro_batch_size"))
+            continue
+        if key in PLATFORM_OWNED_OVERRIDES:
+            problems.append(Problem(where, key, "is set by the platform from the job spec, not swept",
+                                    "sweep training settings (optimizer.*, schedule.*, data.micro_batch_size, model.*)"))
+            continue
+        if key in seen:
+            problems.append(Problem(where, key, "is swept twice", "give all its values in one --sweep, comma-separated"))
+            continue
+        seen.add(key)
+        empty = [i for i, v in enumerate(values) if not v]
+        if not values or empty:
+            problems.append(Problem(where, argument, "has an empty value" if values else "has no values",
+                                    f"give values comma-separated, without empty items, e.g. {key}=A,B"))
+            continue
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            problems.append(Problem(where, repeated, "repeats values (each point would run twice)", "give each value once"))
+            continue
+        typed = _trainer_problems(spec, key, values, repo_root)
+        if typed:
+            problems += [Problem(where, value, message, fix) for value, message, fix in typed]
+            continue
+        axes.append(SweepAxis(key, tuple(values)))
+    if not arguments:
+        problems.append(Problem("--sweep", None, "no sweep given", "e.g. --sweep optimizer.lr=1e-4,3e-4"))
+    points = 1
+    for axis in axes:
+        points *= len(axis.values)
+    if points > MAX_POINTS:
+        problems.append(Problem("--sweep", {a.key: len(a.values) for a in axes}, f"makes {points} jobs, more than {MAX_POINTS}",
+                                "sweep fewer values, or split the grid into several sweeps"))
+    if problems:
+        raise SweepError("--sweep", problems)
+    return axes
+
+
+def _trainer_problems(spec: JobSpec, key: str, values: list[str], repo_root: str) -> list[tuple[Any, str, str]]:
+    """(value, message, fix) for a key the trainer does not know, or values its parser refuses."""
+    import os
+
+    from trainer.config import ConfigError, build_config
+
+    path = os.path.join(repo_root, spec.trainer.config)
+    if not os.path.isfile(path):
+        return []  # preflight reports the missing config (with the spec's other problems)
+    found = []
+    for value in values:
+        try:
+            build_config(path, [*spec.trainer.overrides, f"{key}={value}"], environ={})
+        except ConfigError as exc:
+            from workloads.preflight import _trainer_problem
+
+            mine = [_trainer_problem(p, spec.trainer.config) for p in exc.problems if p.startswith(key)]
+            if any(p.message == "is not a trainer config key" for p in mine):
+                return [(key, "is not a trainer config key", mine[0].fix)]
+            found += [(value, p.message, f"give {key} values of the right type") for p in mine]
+    return found
+
+
+def sweep_name(spec: JobSpec, name: Optional[str] = None) -> str:
+    return name or spec.name
+
+
+def point_name(base: str, index: int, count: int) -> str:
+    """`<base>-<index>`, the base cut so the name stays a job name (MAX_NAME_LENGTH)."""
+    suffix = f"-{index:0{len(str(count - 1))}d}"
+    return base[: MAX_NAME_LENGTH - len(suffix)].rstrip("-") + suffix
+
+
+def expand(spec: JobSpec, axes: Sequence[SweepAxis], *, name: Optional[str] = None) -> list[SweepPoint]:
+    """One job spec per point of the cartesian product, in a stable order. Every point logs to
+    the sweep's experiment and checkpoints in a directory of its own."""
+    sweep = sweep_name(spec, name)
+    grid = list(itertools.product(*[[(a.key, v) for v in a.values] for a in axes]))
+    points = []
+    for index, combination in enumerate(grid):
+        values = dict(combination)
+        job = point_name(sweep, index, len(grid))
+        swept = set(values)
+        overrides = [o for o in spec.trainer.overrides if o.partition("=")[0] not in swept] + [f"{k}={v}" for k, v in values.items()]
+        points.append(SweepPoint(index, job, values, spec.model_copy(update={
+            "name": job,
+            "trainer": spec.trainer.model_copy(update={"overrides": overrides}),
+            "experiment": spec.experiment or sweep,
+            "run_name": job,
+            "checkpoint_dir": f"{spec.checkpoint_dir}/{job}" if spec.checkpoint_dir else None,
+        })))
+    return points
+
+
+def _label(manifest: dict[str, Any], sweep: str, point: SweepPoint, sweep_id: str) -> dict[str, Any]:
+    metadata = manifest["metadata"]
+    metadata.setdefault("labels", {})[SWEEP_LABEL] = sweep
+    metadata.setdefault("annotations", {})[POINT_ANNOTATION] = json.dumps(dict(point.values), sort_keys=True)
+    env = [{"name": SWEEP_ID_ENV, "value": sweep_id}, {"name": SWEEP_NAME_ENV, "value": sweep}]
+    if manifest["kind"] == "PyTorchJob":
+        for replica in manifest["spec"]["pytorchReplicaSpecs"].values():
+            replica["template"]["metadata"].setdefault("labels", {})[SWEEP_LABEL] = sweep
+            for container in replica["template"]["spec"]["containers"]:
+                container["env"] = [*container.get("env", []), *env]
+    else:  # TrainJob: the trainer's env and the runtime patch's pod labels
+        manifest["spec"]["trainer"]["env"] = [*manifest["spec"]["trainer"].get("env", []), *env]
+        for patch in manifest["spec"].get("runtimePatches", []):
+            for job in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
+                job["template"]["spec"]["template"]["metadata"].setdefault("labels", {})[SWEEP_LABEL] = sweep
+    return manifest
+
+
+def render_sweep(points: Sequence[SweepPoint], facts: Any, *, sweep: str) -> list[dict[str, Any]]:
+    """The job objects of every point, labelled and given the sweep's identity."""
+    from workloads.trainingjob import render
+
+    manifests = []
+    for point in points:
+        sweep_id = f"{point.spec.namespace}.{sweep}"
+        manifests.append(_label(render(point.spec, facts), sweep, point, sweep_id))
+    return manifests
+
+
+# -- the results table (`list --sweep NAME`) ----------------------------------------------------------
+def _get(job: Any, name: str, default: Any = None) -> Any:
+    if isinstance(job, Mapping):
+        return job.get(name, default)
+    return getattr(job, name, default)
+
+
+def _metadata(job: Any) -> tuple[str, Mapping[str, str], Mapping[str, str]]:
+    """(name, labels, annotations) of a job object (the client's typed job, or a Kubernetes object)."""
+    metadata = _get(job, "metadata")
+    if isinstance(metadata, Mapping):
+        return str(metadata.get("name", "")), metadata.get("labels") or {}, metadata.get("annotations") or {}
+    return str(_get(job, "name", "")), _get(job, "labels", None) or {}, _get(job, "annotations", None) or {}
+
+
+def _phase(job: Any) -> str:
+    phase = _get(job, "phase")
+    if phase:
+        return str(getattr(phase, "value", phase))
+    conditions = ((_get(job, "status") or {}).get("conditions") or []) if isinstance(_get(job, "status"), Mapping) else []
+    true = [c.get("type", "") for c in conditions if str(c.get("status")) == "True"]
+    return true[-1] if true else "Pending"
+
+
+def sweep_jobs(jobs: Iterable[Any], sweep: str) -> list[Any]:
+    return [j for j in jobs if _metadata(j)[1].get(SWEEP_LABEL) == sweep]
+
+
+def results_table(jobs: Iterable[Any], sweep: str, *, metrics: Optional[Mapping[str, Mapping[str, float]]] = None,
+                  sort_by: Optional[str] = None) -> str:
+    """A plain-text table of one sweep: a row per point (job, phase, swept values, metrics).
+
+    ``jobs`` are job objects as the job client returns them (attributes ``name``, ``labels``,
+    ``annotations``, ``phase``) or Kubernetes objects; ``metrics`` maps a job name to its
+    final metrics (e.g. from its MLflow run: {"val_loss": 3.21}). Rows are sorted by ``sort_by``
+    (a metric, ascending; default the first metric), points without it last."""
+    rows = []
+    keys: list[str] = []
+    metric_names: list[str] = []
+    for job in sweep_jobs(jobs, sweep):
+        name, _, annotations = _metadata(job)
+        try:
+            values = json.loads(annotations.get(POINT_ANNOTATION, "{}"))
+        except ValueError:
+            values = {}
+        keys += [k for k in values if k not in keys]
+        found = dict((metrics or {}).get(name, {}) or _get(job, "metrics", None) or {})
+        metric_names += [m for m in found if m not in metric_names]
+        rows.append((name, _phase(job), values, found))
+    if not rows:
+        return f"no jobs of sweep {sweep!r}"
+    order = sort_by or (metric_names[0] if metric_names else None)
+    rows.sort(key=lambda r: (order is None or order not in r[3], r[3].get(order, 0.0) if order else 0.0, r[0]))
+    header = ["job", "phase", *keys, *metric_names]
+    table = [header] + [[name, phase, *(str(values.get(k, "")) for k in keys),
+                         *(f"{found[m]:.4g}" if isinstance(found.get(m), (int, float)) else "" for m in metric_names)]
+                        for name, phase, values, found in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in table]
+    return "\n".join([f"sweep {sweep}: {len(rows)} job(s)" + (f", sorted by {order}" if order else ""), *lines])
+
+
+# -- `submit --sweep` ---------------------------------------------------------------------------------
+def submit_sweep(args: Any, *, facts: Any, repo_root: str, out: Any, err: Any) -> tuple[int, list[dict[str, Any]]]:
+    """Preflight every point (all problems at once, each under its job's name), then return the
+    manifests to print or apply: (exit code, manifests). The exit code follows preflight's
+    classes: 2 bad input (the spec or the --sweep values), 3 a point does not fit."""
+    from workloads.jobspec import SpecFileError, load_job_spec
+    from workloads.preflight import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, preflight, preflight_file
+
+    try:
+        base = preflight_file(args.job, facts, repo_root=repo_root, mfu=getattr(args, "mfu", None))
+    except SpecFileError as exc:
+        print(f"error: {exc}", file=err)
+        return EXIT_BAD_INPUT, []
+    if base.job is None and base.problems:
+        print(base.render(), file=err)
+        return base.exit_code or EXIT_BAD_INPUT, []
+    spec = load_job_spec(args.job) if base.job is None else base.job.spec
+    try:
+        axes = parse_sweeps(args.sweep, spec, repo_root=repo_root)
+    except SweepError as exc:
+        print(f"error: {exc}", file=err)
+        return EXIT_BAD_INPUT, []
+    sweep = sweep_name(spec, getattr(args, "sweep_name", None))
+    points = expand(spec, axes, name=sweep)
+    worst = 0
+    for point in points:
+        report = preflight(point.spec, facts, repo_root=repo_root, mfu=getattr(args, "mfu", None))
+        values = ", ".join(point.overrides)
+        if report.ok:
+            print(f"{point.name} ({values}): OK on {report.figures.get('instance_type')}, "
+                  f"~{report.figures.get('run_hours', 0):.1f} h", file=out)
+        else:
+            print(f"{point.name} ({values}): {report.render().splitlines()[-len(report.problems) - 1]}", file=out)
+            for problem in report.problems:
+                print(f"  - [{problem.kind}] {problem.render()}", file=out)
+            code = report.exit_code
+            worst = EXIT_BAD_INPUT if EXIT_BAD_INPUT in (worst, code) else max(worst, code)
+    if worst:
+        return worst if worst in (EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT) else EXIT_BAD_INPUT, []
+    print(f"sweep {sweep}: {len(points)} job(s) in {spec.namespace}, queued by Kueue under the team's quota; "
+          f"see them with: python -m workloads list --sweep {sweep} --team {spec.team}", file=out)
+    return 0, render_sweep(points, facts, sweep=sweep)
