@@ -370,7 +370,7 @@ def disable_bootstrap_cluster_admin(args: pulumi.ResourceTransformArgs) -> Optio
     children, packaged (remote) components' children included (pulumi.com/docs/iac/concepts/
     options/transforms and .../options/transformations: "Transforms support modifying child
     resources of packaged components"); the offline plan emulates this for the eksCluster
-    child (infra/mock_engine.py). The setting only matters at
+    child (infra/plan/mock_engine.py). The setting only matters at
     creation; pulumi-eks ignores later changes to it, so an existing cluster is not replaced.
     """
     if args.type_ != "aws:eks/cluster:Cluster":

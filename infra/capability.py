@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from infra.config import PlatformConfig
 from infra.costs import CostLine
-from infra.mock_engine import Recording
+from infra.recording import Recording
 from infra.platform import Platform
 
 Section = tuple[str, list[str]]

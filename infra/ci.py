@@ -25,7 +25,7 @@ from infra.capability import Capability
 from infra.config import PlatformConfig
 from infra.config.ci import OidcProviderMode
 from infra.costs import CostLine
-from infra.mock_engine import Recording
+from infra.recording import Recording
 from infra.platform import Platform
 from infra.regions import partition_of
 

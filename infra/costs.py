@@ -13,7 +13,7 @@ from typing import Any, Iterator, Union
 
 from components.versions import EKS_VERSIONS
 from infra.config import PlatformConfig
-from infra.mock_engine import Recording
+from infra.recording import Recording
 from workloads.gpu_catalog import gpu_type
 from workloads.prices import HOURS_PER_MONTH, SPOT_DISCOUNT, STACK_PRICES, InstancePrice, UnitPrice, price
 

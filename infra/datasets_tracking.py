@@ -37,7 +37,7 @@ from infra import costs
 from infra.capability import Capability
 from infra.config import BucketLifecycleConfig, PlatformConfig, dra_spec
 from infra.costs import CostLine
-from infra.mock_engine import Recording
+from infra.recording import Recording
 from infra.platform import Platform
 
 

@@ -40,7 +40,7 @@ from infra.ci import log_group_names as ci_log_group_names
 from infra.capability import Capability
 from infra.config import AuditTrailMode, PlatformConfig
 from infra.costs import CostLine
-from infra.mock_engine import Recording
+from infra.recording import Recording
 from infra.platform import Platform, access_log_bucket
 
 

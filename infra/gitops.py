@@ -15,7 +15,7 @@ from components.argocd import ArgoCD, ArgoCDArgs, SecretSource, SsoArgs
 from components.versions import ARGO_WORKFLOWS_APP_VERSION, ARGOCD_APP_VERSION, ARGOCD_CHART_VERSION
 from infra.capability import Capability
 from infra.config import GitopsConfig, PlatformConfig, SecretSourceConfig
-from infra.mock_engine import Recording
+from infra.recording import Recording
 from infra.platform import Platform
 from workloads import gitops
 

@@ -14,7 +14,7 @@ from components.karpenter import Karpenter, KarpenterArgs, KarpenterPrerequisite
 from components.scheduling import Scheduling, SchedulingArgs
 from infra.capability import Capability
 from infra.config import GpuPoolConfig, PlatformConfig, TeamConfig
-from infra.mock_engine import Recording, RecordedResource
+from infra.recording import Recording, RecordedResource
 from infra.platform import Platform
 from workloads import kueue, scheduling, tenancy
 from workloads.gpu_catalog import SPOT_NOTICE_SECONDS, gpu_type

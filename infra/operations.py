@@ -16,7 +16,7 @@ from infra import costs
 from infra.capability import Capability
 from infra.config import PlatformConfig
 from infra.costs import CostLine
-from infra.mock_engine import Recording
+from infra.recording import Recording
 from infra.platform import Platform
 from workloads.karpenter import duration_seconds
 

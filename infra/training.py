@@ -13,7 +13,7 @@ from components.training import (
 from components.versions import TRAINER_VERSION, TRAINING_OPERATOR_VERSION
 from infra.capability import Capability
 from infra.config import PlatformConfig
-from infra.mock_engine import Recording
+from infra.recording import Recording
 from infra.platform import Platform
 from workloads.trainingjob import TORCH_DISTRIBUTED_RUNTIME
 

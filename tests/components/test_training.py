@@ -135,7 +135,7 @@ def test_kueue_covers_every_resource_the_example_job_requests(prod_plan):
 
 def test_training_job_component_applies_with_the_cluster_provider(prod_plan):
     from infra.config import PROJECT
-    from infra.mock_engine import run_recorded
+    from infra.plan.mock_engine import run_recorded
     from infra.plan import read_stack_file, stack_file
     from infra.facts import facts_from_plan
     from components.training import TrainingJob, TrainingJobArgs
