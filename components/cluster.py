@@ -12,6 +12,7 @@ import pulumi_aws as aws
 import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
+from components.addons import CLUSTER_ADDONS, AddonSpec, AddonTiming
 from components.k8s import apply_object
 from components.kms import create_key
 from components.names import IAM_ROLE_NAME_MAX, fitted_name
@@ -32,11 +33,6 @@ NODE_MANAGED_POLICIES = (
     "AmazonEC2ContainerRegistryPullOnly",
     "AmazonSSMManagedInstanceCore",  # shell access without SSH keys or open ports
 )
-
-
-# Without the CNI's policy agent, NetworkPolicy objects (team namespaces' default deny) are
-# accepted by the API server but never enforced.
-ADDON_CONFIGURATION = {"vpc-cni": {"enableNetworkPolicy": "true"}}
 
 
 class UpgradePolicy(str, Enum):
@@ -148,6 +144,9 @@ class Cluster(pulumi.ComponentResource):
     def __init__(self, name: str, args: ClusterArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("mlplatform:cluster:Cluster", name, None, opts)
         self.args = args
+        # What in-cluster network policies name: the VPC (nodes, endpoints) and the Service range.
+        self.vpc_cidr: str = args.network.args.cidr
+        self.service_cidr: str = args.service_ipv4_cidr
         child = pulumi.ResourceOptions(parent=self)
         tags = dict(args.tags)
         partition = aws.get_partition_output(opts=pulumi.InvokeOutputOptions(parent=self)).partition
@@ -223,11 +222,10 @@ class Cluster(pulumi.ComponentResource):
         self.access_entries = self._access_entries(name, cluster_name, tags)
         self.cluster_security_group_id = self.eks_cluster.cluster_security_group_id
 
-        addon_opts = pulumi.ResourceOptions(parent=self)
         self.addons: dict[str, aws.eks.Addon] = {}
-        for addon in ("vpc-cni", "kube-proxy", "eks-pod-identity-agent"):
-            self.addons[addon] = self._addon(name, addon, cluster_name, tags, addon_opts,
-                                             configuration=ADDON_CONFIGURATION.get(addon))
+        for spec in CLUSTER_ADDONS:
+            if spec.timing is not AddonTiming.AFTER_NODES:
+                self.addons[spec.name] = self.addon(spec, name=name, parent=self)
 
         self.node_role = aws.iam.Role(
             f"{name}-system-node-role", name=fitted_name(f"{name}-system-node-role", IAM_ROLE_NAME_MAX),
@@ -243,10 +241,9 @@ class Cluster(pulumi.ComponentResource):
             )
         self.node_group = self._system_node_group(name, cluster_name, tags)
 
-        for addon in ("coredns", "aws-ebs-csi-driver"):
-            depends = pulumi.ResourceOptions(parent=self, depends_on=[self.node_group])
-            identity = self._ebs_csi_identity(name, tags) if addon == "aws-ebs-csi-driver" else None
-            self.addons[addon] = self._addon(name, addon, cluster_name, tags, depends, identity)
+        for spec in CLUSTER_ADDONS:
+            if spec.timing is AddonTiming.AFTER_NODES:
+                self.addons[spec.name] = self.addon(spec, name=name, parent=self)
 
         # Everything deployed into the cluster goes through this provider: it waits until the
         # deploy role's access entry and policy association exist.
@@ -305,23 +302,34 @@ class Cluster(pulumi.ComponentResource):
                 tags=tags, opts=pulumi.ResourceOptions(parent=self))]
         return out
 
-    def _addon(self, name, addon, cluster_name, tags, opts, pod_identity=None, configuration=None) -> aws.eks.Addon:
-        return aws.eks.Addon(
-            f"{name}-{addon}", cluster_name=cluster_name, addon_name=addon,
-            addon_version=self.args.addon_versions[addon],
-            configuration_values=json.dumps(configuration) if configuration else None,
-            resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
-            pod_identity_associations=pod_identity, tags=tags, opts=opts,
-        )
+    def addon(self, spec: AddonSpec, *, name: str, parent: pulumi.Resource,
+              version: Optional[str] = None, tags: Optional[Mapping[str, str]] = None) -> aws.eks.Addon:
+        """The EKS managed add-on ``spec`` on this cluster, named ``f"{name}-{spec.name}"`` under ``parent``
+        (pulumi-eks' ``Addon(cluster=...)``): the cluster's own add-ons and those another
+        component owns (the FSx CSI driver in ``Datasets``) are made the same way.
 
-    def _ebs_csi_identity(self, name, tags) -> list[dict]:
-        role = pod_identity_role(
-            f"{name}-ebs-csi", cluster_arn=self.eks_cluster.eks_cluster.arn, namespace="kube-system",
-            service_account="ebs-csi-controller-sa", parent=self, tags=tags,
-            managed_policy_arns=[pulumi.Output.concat(
-                "arn:", self.partition, ":iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy")],
+        ``version``: the build; default, the cluster's pin for its Kubernetes minor. An
+        ``AFTER_NODES`` add-on waits for the static node group.
+        """
+        tags = dict(self.args.tags if tags is None else tags)
+        identity = None
+        if spec.identity is not None:
+            role = pod_identity_role(
+                f"{name}-{spec.identity.role}", cluster_arn=self.eks_cluster.eks_cluster.arn,
+                namespace=spec.identity.namespace, service_account=spec.identity.service_account,
+                parent=parent, tags=tags,
+                managed_policy_arns=[pulumi.Output.concat("arn:", self.partition, ":iam::aws:policy/", policy)
+                                     for policy in spec.identity.managed_policies])
+            identity = [{"role_arn": role.arn, "service_account": spec.identity.service_account}]
+        waits_for = [self.node_group] if spec.timing is AddonTiming.AFTER_NODES else []
+        return aws.eks.Addon(
+            f"{name}-{spec.name}", cluster_name=self.eks_cluster.eks_cluster.name, addon_name=spec.name,
+            addon_version=version or self.args.addon_versions[spec.name],
+            configuration_values=json.dumps(dict(spec.configuration)) if spec.configuration else None,
+            resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
+            pod_identity_associations=identity, tags=tags,
+            opts=pulumi.ResourceOptions(parent=parent, depends_on=waits_for),
         )
-        return [{"role_arn": role.arn, "service_account": "ebs-csi-controller-sa"}]
 
     def _system_node_group(self, name, cluster_name, tags) -> aws.eks.NodeGroup:
         group = self.args.system_node_group

@@ -20,6 +20,7 @@ from components.k8s import apply_object
 from components.kms import create_key, set_key_policy
 from components.network import Network
 from components.validation import Problem, accepts_enum_values
+from components.addons import FSX_CSI_DRIVER
 from components.versions import EKS_ADDON_VERSIONS
 from workloads.fsx import fsx_persistent_volume, fsx_persistent_volume_claim, team_volume_specs
 
@@ -372,20 +373,8 @@ class Datasets(pulumi.ComponentResource):
             ))
 
         cluster = args.cluster
-        # No IAM role: with static volumes only, the controller never calls AWS. Its FSx calls
-        # are in CreateVolume/DeleteVolume/ControllerExpandVolume (dynamic provisioning and
-        # resizing) and ValidateVolumeCapabilities, which nothing calls for a static PV; the
-        # CSIDriver has attachRequired: false, and the node plugin only mounts (Lustre client).
-        # Source: kubernetes-sigs/aws-fsx-csi-driver pkg/driver/controller.go and docs/install.md
-        # ("IAM permissions ... to create/delete file systems and volumes").
-        self.addon = aws.eks.Addon(
-            f"{name}-aws-fsx-csi-driver", cluster_name=cluster.cluster_name, addon_name="aws-fsx-csi-driver",
-            addon_version=args.addon_version,
-            resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
-            tags=tags,
-            # Nodes must exist to run the driver.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.node_group]),
-        )
+        # The driver's row says why it needs no IAM role (components/addons.py).
+        self.addon = cluster.addon(FSX_CSI_DRIVER, name=name, parent=self, version=args.addon_version, tags=tags)
 
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=cluster.k8s_provider,
                                           depends_on=[self.addon, *self.associations])

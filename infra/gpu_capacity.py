@@ -120,7 +120,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
     platform.components["scheduling"] = Scheduling(
         f"{config.name}-scheduling",
         SchedulingArgs(cluster=cluster, teams=team_specs(config, platform.network.s3_endpoint.cidr_blocks,
-                                                          cluster.args.service_ipv4_cidr), flavors=flavor_specs(config),
+                                                          cluster.service_cidr), flavors=flavor_specs(config),
                        manager=kueue.ManagerConfigSpec(wait_for_pods_ready_timeout=config.scheduling.wait_for_pods_ready_timeout),
                        kueue_replicas=2 if config.is_prod else 1),
         opts=platform.kubernetes_opts(),
