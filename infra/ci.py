@@ -115,4 +115,5 @@ def cost_lines(recording: Recording, today: dt.date) -> Iterator[CostLine]:
     return iter(())  # the state key is counted with every KMS key; CodeBuild bills per build minute only
 
 
-CAPABILITY = Capability(name="ci", deploy=deploy, plan_sections=plan_sections, warnings=warnings, cost_lines=cost_lines)
+CAPABILITY = Capability(name="ci", deploy=deploy, plan_sections=plan_sections, warnings=warnings, cost_lines=cost_lines,
+                        log_group_names=log_group_names)

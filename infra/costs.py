@@ -174,7 +174,7 @@ def alarms(recording: Recording) -> Iterator[CostLine]:
 
 def gpu_pool_rates(config: PlatformConfig) -> list[str]:
     lines = []
-    for pool in getattr(config, "gpu_pools", None) or []:
+    for pool in config.gpu_pools:
         for shape in gpu_type(pool.gpu_type).shapes_for(pool.gpus_per_node, efa=pool.efa):
             try:
                 rate = price(shape.instance_type)

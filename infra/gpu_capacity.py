@@ -43,10 +43,6 @@ def cpu_pool_spec(config: PlatformConfig) -> Optional[CpuPoolSpec]:
                        root_volume_gib=cpu.root_volume_gib, ami_alias=config.karpenter.ami_alias)
 
 
-def team_namespace(team: TeamConfig) -> str:
-    return team.namespace
-
-
 def tenancy_spec(team: TeamConfig) -> tenancy.TeamTenancy:
     return tenancy.TeamTenancy(namespace=team.namespace, posix_id=team.uid, default_priority=team.priority,
                                local_queue=kueue.LOCAL_QUEUE_NAME)
@@ -59,7 +55,7 @@ def team_specs(config: PlatformConfig, s3_prefix_list_cidrs: Any = None,
     out = []
     cohort_gpus = sum(sum(t.gpu_quota.values()) for t in config.scheduling.teams)
     for team in config.scheduling.teams:
-        ns = team_namespace(team)
+        ns = team.namespace
         tenancy_ = tenancy_spec(team)
         out.append((
             scheduling.TeamNamespaceSpec(
@@ -117,7 +113,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
         opts=platform.kubernetes_opts(),
     )
     # The gateway endpoint's cidr_blocks are S3's prefix-list ranges for the region.
-    platform.components["scheduling"] = Scheduling(
+    platform.scheduling = Scheduling(
         f"{config.name}-scheduling",
         SchedulingArgs(cluster=cluster, teams=team_specs(config, platform.network.s3_endpoint.cidr_blocks,
                                                           cluster.service_cidr), flavors=flavor_specs(config),
@@ -129,7 +125,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
         "karpenterInterruptionQueue": prerequisites.queue.name,
         "karpenterNodeRoleName": prerequisites.node_role.name,
         "gpuPools": [p.name for p in pools],
-        "teamNamespaces": [team_namespace(t) for t in config.scheduling.teams],
+        "teamNamespaces": config.team_namespaces,
     }
 
 

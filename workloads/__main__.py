@@ -253,10 +253,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         return cmd_preflight(args)
     if args.command == "submit":
         return cmd_submit(args)
-    if args.command == "status":
-        return _run(status_commands(args.name, f"team-{args.team}", args.kind))
-    if args.command == "logs":
-        return _run([logs_command(args.name, f"team-{args.team}", worker=args.worker, follow=args.follow)])
+    if args.command in ("status", "logs"):
+        from workloads.scheduling import team_namespace
+
+        namespace = team_namespace(args.team)
+        if args.command == "status":
+            return _run(status_commands(args.name, namespace, args.kind))
+        return _run([logs_command(args.name, namespace, worker=args.worker, follow=args.follow)])
     return cmd_readiness(args)
 
 
