@@ -49,12 +49,15 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import pulumi
 import pulumi_aws as aws
 
-from components.bucket import SSE_S3, LifecycleRule, SecureBucket, SecureBucketArgs, private_bucket
+from components.bucket import LifecycleRule, SecureBucket, SecureBucketArgs
 from components.cluster import Cluster
 from components.images import ECR_PULL_ACTIONS
 from components.names import IAM_ROLE_NAME_MAX, LOAD_BALANCER_NAME_MAX, TARGET_GROUP_NAME_MAX, fitted_name
 from components.k8s import apply_object
 from components.kms import create_key
+from components.log_archive import (  # noqa: F401  (AlbAccessLogs moved; the old name keeps working)
+    ALB_LOG_PREFIX, ELB_ACCOUNT_LOG_DELIVERY_REGIONS, AlbAccessLogs, alb_log_object_arn_suffix,
+)
 from components.mlflow_server import (
     APP_DATABASE_USER,
     HEALTH_CHECK_PATH,
@@ -186,70 +189,6 @@ def team_tracking_secret(namespace: str, tracking_uri: str, password_b64: pulumi
                          "annotations": {MLFLOW_USER_ANNOTATION: namespace}},
             "stringData": {"MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_TRACKING_USERNAME": namespace},
             "data": {"MLFLOW_TRACKING_PASSWORD": password_b64}}
-
-
-# -- ALB access logs (logging account) -------------------------------------------------------
-# Regions where ELB delivers access logs as a regional ELB account (regions opened before
-# August 2022): the keys of terraform-provider-aws's elbAccountIdPerRegionMap, behind
-# aws.elb.get_service_account, which fails with "Unknown region" everywhere else. Newer
-# regions deliver as the service principal logdelivery.elasticloadbalancing.amazonaws.com
-# (https://docs.aws.amazon.com/elasticloadbalancing/latest/application/enable-access-logging.html).
-ELB_ACCOUNT_LOG_DELIVERY_REGIONS = frozenset({
-    "af-south-1", "ap-east-1", "ap-northeast-1", "ap-northeast-2", "ap-northeast-3", "ap-south-1",
-    "ap-southeast-1", "ap-southeast-2", "ca-central-1", "cn-north-1", "cn-northwest-1", "eu-central-1",
-    "eu-north-1", "eu-south-1", "eu-west-1", "eu-west-2", "eu-west-3", "me-south-1", "sa-east-1",
-    "us-east-1", "us-east-2", "us-gov-east-1", "us-gov-west-1", "us-west-1", "us-west-2",
-})
-ALB_LOG_PREFIX = "alb"
-
-
-def alb_log_object_arn_suffix(account_id: str) -> str:
-    """Where ELB writes: <bucket>/<prefix>/AWSLogs/<account-id>/elasticloadbalancing/..."""
-    return f"/{ALB_LOG_PREFIX}/AWSLogs/{account_id}/*"
-
-class AlbAccessLogs(pulumi.ComponentResource):
-    """Bucket for load balancer access logs, in the logging account.
-
-    ALB log delivery supports only SSE-S3 buckets, while the log archive uses SSE-KMS: these
-    logs get their own bucket with the controls of every platform bucket
-    (``components.bucket.private_bucket``: versioning, public access block, owner-enforced
-    objects, lifecycle), TLS-only, and deliveries scoped to the writer accounts.
-    """
-
-    def __init__(self, name: str, *, writer_account_ids: Sequence[str], expiration_days: int,
-                 protect: bool, tags: Mapping[str, str], region: Optional[str] = None,
-                 opts: Optional[pulumi.ResourceOptions] = None):
-        """``region``: the load balancers' region; it decides who delivers the logs (None: both
-        principals, for a region listed in ``ELB_ACCOUNT_LOG_DELIVERY_REGIONS``)."""
-        super().__init__("mlplatform:tracking:AlbAccessLogs", name, None, opts)
-        tags = dict(tags)
-        self.bucket, public, _ = private_bucket(
-            name, parent=self, protect=protect, force_destroy=not protect, tags=tags, encryption=SSE_S3,
-            lifecycle_rules=[LifecycleRule(id="expire-logs", expiration_days=expiration_days,
-                                           noncurrent_version_expiration_days=7)])
-        objects = [pulumi.Output.concat(self.bucket.arn, alb_log_object_arn_suffix(account))
-                   for account in writer_account_ids]
-        statements = [
-            {"Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
-             "Resource": [self.bucket.arn, pulumi.Output.concat(self.bucket.arn, "/*")],
-             "Condition": {"Bool": {"aws:SecureTransport": "false"}}},
-            {"Sid": "ElbServiceDelivers", "Effect": "Allow",
-             "Principal": {"Service": "logdelivery.elasticloadbalancing.amazonaws.com"},
-             "Action": "s3:PutObject", "Resource": objects,
-             "Condition": {"StringEquals": {"aws:SourceAccount": list(writer_account_ids)}}},
-        ]
-        if region is None or region in ELB_ACCOUNT_LOG_DELIVERY_REGIONS:
-            # Older regions deliver as the regional ELB account (which cannot carry a SourceAccount
-            # condition; the object path limits it to the writer accounts' prefixes).
-            elb_account = aws.elb.get_service_account_output(opts=pulumi.InvokeOutputOptions(parent=self))
-            statements.insert(1, {"Sid": "ElbAccountDelivers", "Effect": "Allow", "Principal": {"AWS": elb_account.arn},
-                                  "Action": "s3:PutObject", "Resource": objects})
-        policy = pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": statements})
-        # Load balancers that log here depend on this policy: ELB checks its write access when
-        # the access-log attribute is set and refuses it before the policy exists.
-        self.policy = aws.s3.BucketPolicy(f"{name}-policy", bucket=self.bucket.id, policy=policy,
-                                          opts=pulumi.ResourceOptions(parent=self.bucket, depends_on=[public]))
-        self.register_outputs({"bucket": self.bucket.bucket})
 
 
 # -- the tracking service --------------------------------------------------------------------

@@ -10,12 +10,12 @@ from typing import Any, Iterator
 import pulumi
 
 from components.images import ImageRepositories, ImageRepositoriesArgs
+from components.log_archive import AlbAccessLogs
 from components.mlflow_server import APP_DATABASE_USER
 from components.tracking import (
     service_log_group_names,
     MASTER_USERNAME,
     ROTATION_EXCEPTIONS,
-    AlbAccessLogs,
     DatabaseArgs,
     Tracking,
     TrackingArgs,
