@@ -133,13 +133,20 @@ class Cluster(pulumi.ComponentResource):
     API authentication with access entries, no default node group, a tainted static CPU
     node group for controllers, pinned managed add-ons and a default gp3 StorageClass.
 
-    ``k8s_provider`` deploys into the cluster; later components take this object.
+    ``k8s_provider`` deploys into the cluster; later components take this object. The
+    constructor reads as its steps (pulumi-eks' createCluster: core, security groups, node
+    group, outputs): secrets key, control-plane log group, node security group, control plane,
+    access entries, add-ons before the nodes, system nodes, add-ons after them, provider.
     """
 
     eks_cluster: eks.Cluster
     k8s_provider: k8s.Provider
     node_role: aws.iam.Role
     node_security_group: aws.ec2.SecurityGroup
+    node_group: aws.eks.NodeGroup
+    addons: dict[str, aws.eks.Addon]
+    vpc_cidr: str
+    service_cidr: str
 
     def __init__(self, name: str, args: ClusterArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("mlplatform:cluster:Cluster", name, None, opts)
@@ -147,49 +154,98 @@ class Cluster(pulumi.ComponentResource):
         # What in-cluster network policies name: the VPC (nodes, endpoints) and the Service range.
         self.vpc_cidr: str = args.network.args.cidr
         self.service_cidr: str = args.service_ipv4_cidr
-        child = pulumi.ResourceOptions(parent=self)
         tags = dict(args.tags)
-        partition = aws.get_partition_output(opts=pulumi.InvokeOutputOptions(parent=self)).partition
-        self.partition = partition
+        self.partition = aws.get_partition_output(opts=pulumi.InvokeOutputOptions(parent=self)).partition
 
         self.secrets_key = create_key(
             f"{name}-secrets", description=f"Envelope encryption of {args.cluster_name} Kubernetes secrets",
             parent=self, tags=tags, protect=args.protect,
         )
-        # EKS creates this group on first log write, unencrypted and kept forever, unless it
-        # exists already: it is created first and the cluster depends on it.
-        self.control_plane_logs = aws.cloudwatch.LogGroup(
+        self.control_plane_logs = self._control_plane_logs(name, tags)
+        self.node_security_group, self.node_rules = self._node_security_group(name, tags)
+        self.eks_cluster = self._control_plane(name, tags)
+        cluster_name = self.eks_cluster.eks_cluster.name
+        self.access_entries = self._access_entries(name, cluster_name, tags)
+        self.cluster_security_group_id = self.eks_cluster.cluster_security_group_id
+
+        # Add-ons in two phases around the system nodes (components/addons.py says which).
+        self.addons: dict[str, aws.eks.Addon] = {}
+        for spec in CLUSTER_ADDONS:
+            if spec.timing is not AddonTiming.AFTER_NODES:
+                self.addons[spec.name] = self.addon(spec, name=name, parent=self)
+        self.node_role = self._system_node_role(name, tags)
+        self.node_group = self._system_node_group(name, cluster_name, tags)
+        for spec in CLUSTER_ADDONS:
+            if spec.timing is AddonTiming.AFTER_NODES:
+                self.addons[spec.name] = self.addon(spec, name=name, parent=self)
+
+        self.k8s_provider = self._kubernetes_provider(name)
+
+        self.cluster_name = cluster_name
+        self.endpoint = self.eks_cluster.eks_cluster.endpoint
+        self.kubeconfig = pulumi.Output.secret(self.eks_cluster.kubeconfig_json)
+        self.oidc_issuer = self.eks_cluster.oidc_issuer
+        self.register_outputs({
+            "cluster_name": self.cluster_name,
+            "endpoint": self.endpoint,
+            "node_security_group_id": self.node_security_group.id,
+            "cluster_security_group_id": self.cluster_security_group_id,
+            "vpc_cidr": self.vpc_cidr,
+            "service_cidr": self.service_cidr,
+            "secrets_key_arn": self.secrets_key.arn,
+            "control_plane_log_group": self.control_plane_logs.name,
+            "node_role_arn": self.node_role.arn,
+            "node_group": self.node_group.node_group_name,
+            "addons": {addon_name: addon.addon_version for addon_name, addon in self.addons.items()},
+            "access_entries": sorted(self.access_entries),
+            "oidc_issuer": self.oidc_issuer,
+            "kubeconfig": self.kubeconfig,
+        })
+
+    def _control_plane_logs(self, name: str, tags: dict) -> aws.cloudwatch.LogGroup:
+        """EKS creates this group on first log write, unencrypted and kept forever, unless it
+        exists already: it is created first and the cluster depends on it."""
+        args = self.args
+        return aws.cloudwatch.LogGroup(
             f"{name}-control-plane-logs", name=control_plane_log_group_name(args.cluster_name),
             retention_in_days=args.log_retention_days,
-            kms_key_id=args.log_kms_key.arn if args.log_kms_key is not None else None, tags=tags, opts=child,
+            kms_key_id=args.log_kms_key.arn if args.log_kms_key is not None else None, tags=tags,
+            opts=pulumi.ResourceOptions(parent=self),
         )
-        # Rules are standalone resources only: inline ingress/egress on the group would make the
-        # provider revoke every standalone rule on this group (the FSx rules in datasets too).
-        self.node_security_group = aws.ec2.SecurityGroup(
+
+    def _node_security_group(self, name: str, tags: dict) -> tuple[aws.ec2.SecurityGroup, list[pulumi.Resource]]:
+        """Rules are standalone resources only: inline ingress/egress on the group would make the
+        provider revoke every standalone rule on this group (the FSx rules in datasets too)."""
+        args = self.args
+        group = aws.ec2.SecurityGroup(
             f"{name}-node-sg", vpc_id=args.network.vpc_id,
             description=f"Nodes of {args.cluster_name}: node-to-node traffic (pods, NCCL, EFA)",
-            tags={**tags, "Name": f"{name}-node-sg", "karpenter.sh/discovery": args.cluster_name}, opts=child,
+            tags={**tags, "Name": f"{name}-node-sg", "karpenter.sh/discovery": args.cluster_name},
+            opts=pulumi.ResourceOptions(parent=self),
         )
-        sg_child = pulumi.ResourceOptions(parent=self.node_security_group)
+        sg_child = pulumi.ResourceOptions(parent=group)
         # EFA: "the security group must allow all inbound and outbound traffic to and from the
         # security group itself" (EC2 User Guide, "Get started with EFA and NCCL", step 1).
-        self.node_rules = [
+        rules = [
             aws.vpc.SecurityGroupIngressRule(
-                f"{name}-node-self-ingress", security_group_id=self.node_security_group.id,
-                referenced_security_group_id=self.node_security_group.id, ip_protocol="-1",
+                f"{name}-node-self-ingress", security_group_id=group.id,
+                referenced_security_group_id=group.id, ip_protocol="-1",
                 description="All traffic between nodes (pods, NCCL; EFA needs every protocol)", tags=tags, opts=sg_child),
             aws.vpc.SecurityGroupEgressRule(
-                f"{name}-node-self-egress", security_group_id=self.node_security_group.id,
-                referenced_security_group_id=self.node_security_group.id, ip_protocol="-1",
+                f"{name}-node-self-egress", security_group_id=group.id,
+                referenced_security_group_id=group.id, ip_protocol="-1",
                 description="All traffic to other nodes (EFA requires the self-referencing egress rule)", tags=tags,
                 opts=sg_child),
             aws.vpc.SecurityGroupEgressRule(
-                f"{name}-node-egress", security_group_id=self.node_security_group.id,
+                f"{name}-node-egress", security_group_id=group.id,
                 cidr_ipv4="0.0.0.0/0", ip_protocol="-1",
                 description="Image pulls, AWS APIs, S3 through endpoints or NAT", tags=tags, opts=sg_child),
         ]
+        return group, rules
 
-        self.eks_cluster = eks.Cluster(
+    def _control_plane(self, name: str, tags: dict) -> eks.Cluster:
+        args = self.args
+        return eks.Cluster(
             f"{name}-eks",
             name=args.cluster_name,
             version=args.version,
@@ -205,7 +261,7 @@ class Cluster(pulumi.ComponentResource):
             kubernetes_service_ip_address_range=args.service_ipv4_cidr,
             skip_default_node_group=True,
             skip_default_security_groups=True,
-            # Every add-on below is an EKS managed add-on with a pinned version.
+            # Every add-on is an EKS managed add-on with a pinned version (components/addons.py).
             bootstrap_self_managed_addons=False,
             use_default_vpc_cni=True,
             coredns_addon_options={"enabled": False},
@@ -218,54 +274,35 @@ class Cluster(pulumi.ComponentResource):
                                         depends_on=[self.control_plane_logs],
                                         transforms=[disable_bootstrap_cluster_admin]),
         )
-        cluster_name = self.eks_cluster.eks_cluster.name
-        self.access_entries = self._access_entries(name, cluster_name, tags)
-        self.cluster_security_group_id = self.eks_cluster.cluster_security_group_id
 
-        self.addons: dict[str, aws.eks.Addon] = {}
-        for spec in CLUSTER_ADDONS:
-            if spec.timing is not AddonTiming.AFTER_NODES:
-                self.addons[spec.name] = self.addon(spec, name=name, parent=self)
-
-        self.node_role = aws.iam.Role(
+    def _system_node_role(self, name: str, tags: dict) -> aws.iam.Role:
+        role = aws.iam.Role(
             f"{name}-system-node-role", name=fitted_name(f"{name}-system-node-role", IAM_ROLE_NAME_MAX),
             assume_role_policy=json.dumps({"Version": "2012-10-17", "Statement": [{
                 "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}),
-            tags=tags, opts=child,
+            tags=tags, opts=pulumi.ResourceOptions(parent=self),
         )
         for policy in NODE_MANAGED_POLICIES:
             aws.iam.RolePolicyAttachment(
-                f"{name}-system-node-{policy}", role=self.node_role.name,
-                policy_arn=pulumi.Output.concat("arn:", partition, ":iam::aws:policy/", policy),
-                opts=pulumi.ResourceOptions(parent=self.node_role),
+                f"{name}-system-node-{policy}", role=role.name,
+                policy_arn=pulumi.Output.concat("arn:", self.partition, ":iam::aws:policy/", policy),
+                opts=pulumi.ResourceOptions(parent=role),
             )
-        self.node_group = self._system_node_group(name, cluster_name, tags)
+        return role
 
-        for spec in CLUSTER_ADDONS:
-            if spec.timing is AddonTiming.AFTER_NODES:
-                self.addons[spec.name] = self.addon(spec, name=name, parent=self)
-
-        # Everything deployed into the cluster goes through this provider: it waits until the
-        # deploy role's access entry and policy association exist.
-        self.k8s_provider = k8s.Provider(
+    def _kubernetes_provider(self, name: str) -> k8s.Provider:
+        """Everything deployed into the cluster goes through this provider: it waits until the
+        deploy role's access entry and policy association exist. Its first object is the default
+        gp3 StorageClass (after the EBS CSI driver)."""
+        provider = k8s.Provider(
             f"{name}-k8s", kubeconfig=self.eks_cluster.kubeconfig_json, enable_server_side_apply=True,
             opts=pulumi.ResourceOptions(parent=self, depends_on=self.access_entries["deploy"]),
         )
         apply_object(
-            f"{name}-gp3", gp3_storage_class(reclaim_policy="Retain" if args.protect else "Delete"),
-            pulumi.ResourceOptions(parent=self, provider=self.k8s_provider,
-                                   depends_on=[self.addons["aws-ebs-csi-driver"]]),
+            f"{name}-gp3", gp3_storage_class(reclaim_policy="Retain" if self.args.protect else "Delete"),
+            pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.addons["aws-ebs-csi-driver"]]),
         )
-
-        self.cluster_name = cluster_name
-        self.endpoint = self.eks_cluster.eks_cluster.endpoint
-        self.kubeconfig = pulumi.Output.secret(self.eks_cluster.kubeconfig_json)
-        self.oidc_issuer = self.eks_cluster.oidc_issuer
-        self.register_outputs({
-            "cluster_name": self.cluster_name,
-            "endpoint": self.endpoint,
-            "node_security_group_id": self.node_security_group.id,
-        })
+        return provider
 
     def _access_entries(self, name, cluster_name, tags) -> dict[str, list[pulumi.Resource]]:
         """Every principal with Kubernetes access, as visible access entries and associations.
