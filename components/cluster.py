@@ -189,17 +189,13 @@ class Cluster(pulumi.ComponentResource):
             "cluster_name": self.cluster_name,
             "endpoint": self.endpoint,
             "node_security_group_id": self.node_security_group.id,
-            "cluster_security_group_id": self.cluster_security_group_id,
-            "vpc_cidr": self.vpc_cidr,
-            "service_cidr": self.service_cidr,
-            "secrets_key_arn": self.secrets_key.arn,
-            "control_plane_log_group": self.control_plane_logs.name,
-            "node_role_arn": self.node_role.arn,
-            "node_group": self.node_group.node_group_name,
-            "addons": {addon_name: addon.addon_version for addon_name, addon in self.addons.items()},
-            "access_entries": sorted(self.access_entries),
-            "oidc_issuer": self.oidc_issuer,
-            "kubeconfig": self.kubeconfig,
+            # Every public attribute, as pulumi-eks registers its outputs.
+            "cluster_security_group_id": self.cluster_security_group_id, "vpc_cidr": self.vpc_cidr,
+            "service_cidr": self.service_cidr, "partition": self.partition, "secrets_key": self.secrets_key,
+            "control_plane_logs": self.control_plane_logs, "node_security_group": self.node_security_group,
+            "node_rules": self.node_rules, "eks_cluster": self.eks_cluster, "access_entries": self.access_entries,
+            "addons": self.addons, "node_role": self.node_role, "node_group": self.node_group,
+            "k8s_provider": self.k8s_provider, "oidc_issuer": self.oidc_issuer, "kubeconfig": self.kubeconfig,
         })
 
     def _control_plane_logs(self, name: str, tags: dict) -> aws.cloudwatch.LogGroup:

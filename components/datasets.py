@@ -284,12 +284,11 @@ class Datasets(pulumi.ComponentResource):
             "mount_name": self.file_system.mount_name,
             "datasets_bucket": self.buckets[DatasetBucket.DATASETS].name,
             "checkpoints_bucket": self.buckets[DatasetBucket.CHECKPOINTS].name,
-            "key_arn": self.key.arn,
-            "security_group_id": self.security_group.id,
-            "log_group": self.log_group.name,
-            "associations": [association.id for association in self.associations],
-            "addon": self.addon.addon_name,
-            "volume_claims": sorted(self.volume_claims),
+            # Every public attribute, as pulumi-eks registers its outputs.
+            "key": self.key, "buckets": {kind.value: bucket for kind, bucket in self.buckets.items()},
+            "security_group": self.security_group, "security_group_rules": self.security_group_rules,
+            "log_group": self.log_group, "file_system": self.file_system, "key_policy": self.key_policy,
+            "associations": self.associations, "addon": self.addon, "volume_claims": self.volume_claims,
         })
 
     def _buckets(self, name: str, tags: dict) -> tuple[aws.kms.Key, dict[DatasetBucket, SecureBucket]]:
