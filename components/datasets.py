@@ -19,7 +19,7 @@ from components.cluster import Cluster
 from components.k8s import apply_object
 from components.kms import create_key, set_key_policy
 from components.network import Network
-from components.validation import Problem, accepts_enum_values
+from components.validation import Problem, accepts_enum_values, raise_if_any
 from components.addons import FSX_CSI_DRIVER
 from components.versions import EKS_ADDON_VERSIONS
 from workloads.fsx import fsx_persistent_volume, fsx_persistent_volume_claim, team_volume_specs
@@ -228,8 +228,6 @@ class DatasetsArgs:
     tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from components.validation import raise_if_any
-
         raise_if_any("DatasetsArgs.fsx", fsx_problems(
             "fsx", storage_capacity_gib=self.fsx.storage_capacity_gib,
             throughput_mb_per_tib=self.fsx.throughput_mb_per_tib, associations=self.fsx.associations))

@@ -73,7 +73,7 @@ from components.mlflow_server import (
     mlflow_server_command,
 )
 from components.network import Network
-from components.validation import Problem, accepts_enum_values
+from components.validation import Problem, accepts_enum_values, raise_if_any
 from components.versions import AURORA_POSTGRESQL_VERSION, SECRETS_MANAGER_POSTGRES_ROTATION_APP
 
 TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"  # TLS 1.3 and 1.2 only
@@ -259,8 +259,6 @@ class TrackingArgs:
     tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from components.validation import raise_if_any
-
         raise_if_any("TrackingArgs", tracking_problems(
             "tracking", is_prod=self.protect, image=self.image, min_capacity_acu=self.database.min_capacity_acu,
             max_capacity_acu=self.database.max_capacity_acu,
