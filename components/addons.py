@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Mapping, Optional
 
+from components.validation import accepts_enum_values
+
 
 class AddonTiming(str, Enum):
     """When an add-on can be created relative to the static node group."""
@@ -38,6 +40,7 @@ class AddonIdentity:
     managed_policies: tuple[str, ...] = ()
 
 
+@accepts_enum_values
 @dataclass(frozen=True)
 class AddonSpec:
     """One EKS managed add-on: its name, timing, configuration values and Pod Identity."""
