@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components.helm_addon import helm_addon
 from components.cluster import Cluster
 from components.k8s import apply_namespace_objects
 from components.validation import Problem, raise_if_any
@@ -111,14 +112,11 @@ class ArgoWorkflows(pulumi.ComponentResource):
         raise_if_any(f"ArgoWorkflows {name}", args_problems(args))
         super().__init__("mlplatform:argo_workflows:ArgoWorkflows", name, None, opts)
         cluster = args.cluster
-        objects = namespace_objects(namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr))
+        objects = namespace_objects(namespace_spec(cluster.vpc_cidr, cluster.service_cidr))
         self.namespace, self.network_policies = apply_namespace_objects(name, objects, self)
-        self.release = k8s.helm.v3.Release(
-            f"{name}-chart", name="argo-workflows", chart="argo-workflows", version=ARGO_WORKFLOWS_CHART_VERSION,
-            repository_opts={"repo": ARGO_HELM_REPO}, namespace=NAMESPACE, values=helm_values(args),
-            skip_crds=False, atomic=True, cleanup_on_fail=True, timeout=600,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[
-                self.namespace, *self.network_policies, cluster.node_group, cluster.addons["coredns"],
-                *args.namespace_resources.values()]),
+        self.release = helm_addon(
+            f"{name}-chart", parent=self, cluster=cluster, release="argo-workflows", chart="argo-workflows",
+            version=ARGO_WORKFLOWS_CHART_VERSION, repo=ARGO_HELM_REPO, namespace=NAMESPACE, values=helm_values(args),
+            skip_crds=False, depends_on=[self.namespace, *self.network_policies, *args.namespace_resources.values()],
         )
         self.register_outputs({"release_status": self.release.status, "namespaces": sorted(args.namespaces)})

@@ -25,6 +25,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 import yaml
 
+from components.helm_addon import helm_addon
 from components.cluster import Cluster
 from components.k8s import apply_namespace_objects, apply_object
 from components.validation import Problem, raise_if_any
@@ -221,7 +222,7 @@ class ArgoCD(pulumi.ComponentResource):
               if sso is not None and sso.client_secret.secrets_manager_secret_id else []),
         ])
         cluster = args.cluster
-        objects = namespace_objects(namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr))
+        objects = namespace_objects(namespace_spec(cluster.vpc_cidr, cluster.service_cidr))
         if is_ssh_url(args.gitops.repo_url):
             objects.append(git_ssh_policy())
         self.namespace, self.network_policies = apply_namespace_objects(name, objects, self)
@@ -247,14 +248,11 @@ class ArgoCD(pulumi.ComponentResource):
                     sso.client_secret.secrets_manager_secret_id, v, [OIDC_SECRET_KEY])[OIDC_SECRET_KEY])})),
             }, in_namespace))
 
-        self.release = k8s.helm.v3.Release(
-            f"{name}-chart", name="argo-cd", chart="argo-cd", version=ARGOCD_CHART_VERSION,
-            repository_opts={"repo": ARGO_HELM_REPO}, namespace=NAMESPACE,
-            values=helm_values(domain=args.domain, ha=args.ha, sso=sso),
-            skip_crds=False, atomic=True, cleanup_on_fail=True, timeout=900,
-            # The atomic release waits for its pods: they need the static nodes and DNS.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[
-                self.namespace, *self.network_policies, *secrets, cluster.node_group, cluster.addons["coredns"]]),
+        self.release = helm_addon(
+            f"{name}-chart", parent=self, cluster=cluster, release="argo-cd", chart="argo-cd",
+            version=ARGOCD_CHART_VERSION, repo=ARGO_HELM_REPO, namespace=NAMESPACE,
+            values=helm_values(domain=args.domain, ha=args.ha, sso=sso), skip_crds=False, timeout_seconds=900,
+            depends_on=[self.namespace, *self.network_policies, *secrets],
         )
         # The CRDs arrive with the chart: the bootstrap objects wait for it.
         after_chart = pulumi.ResourceOptions(parent=self, depends_on=[self.release])

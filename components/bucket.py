@@ -125,7 +125,7 @@ def private_bucket(name: str, *, parent: pulumi.Resource, encryption: Mapping[st
     block on, default encryption ``encryption`` (an ``apply_server_side_encryption_by_default``
     rule), versioning, lifecycle. Returns the bucket, its public access block (a bucket policy
     must depend on it) and its versioning (Object Lock must depend on it). Shared by
-    ``SecureBucket``, ``AccessLogBucket`` and ``components.tracking.AlbAccessLogs``.
+    ``SecureBucket``, ``AccessLogBucket`` and ``components.log_archive.AlbAccessLogs``.
     """
     bucket = aws.s3.Bucket(f"{name}-bucket", force_destroy=force_destroy, tags={**tags, "Name": name},
                            opts=pulumi.ResourceOptions(parent=parent, protect=protect))

@@ -12,6 +12,7 @@ import pulumi_aws as aws
 import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
+from components.addons import CLUSTER_ADDONS, AddonSpec, AddonTiming
 from components.k8s import apply_object
 from components.kms import create_key
 from components.names import IAM_ROLE_NAME_MAX, fitted_name
@@ -32,11 +33,6 @@ NODE_MANAGED_POLICIES = (
     "AmazonEC2ContainerRegistryPullOnly",
     "AmazonSSMManagedInstanceCore",  # shell access without SSH keys or open ports
 )
-
-
-# Without the CNI's policy agent, NetworkPolicy objects (team namespaces' default deny) are
-# accepted by the API server but never enforced.
-ADDON_CONFIGURATION = {"vpc-cni": {"enableNetworkPolicy": "true"}}
 
 
 class UpgradePolicy(str, Enum):
@@ -137,60 +133,115 @@ class Cluster(pulumi.ComponentResource):
     API authentication with access entries, no default node group, a tainted static CPU
     node group for controllers, pinned managed add-ons and a default gp3 StorageClass.
 
-    ``k8s_provider`` deploys into the cluster; later components take this object.
+    ``k8s_provider`` deploys into the cluster; later components take this object. The
+    constructor reads as its steps (pulumi-eks' createCluster: core, security groups, node
+    group, outputs): secrets key, control-plane log group, node security group, control plane,
+    access entries, add-ons before the nodes, system nodes, add-ons after them, provider.
     """
 
     eks_cluster: eks.Cluster
     k8s_provider: k8s.Provider
     node_role: aws.iam.Role
     node_security_group: aws.ec2.SecurityGroup
+    node_group: aws.eks.NodeGroup
+    addons: dict[str, aws.eks.Addon]
+    vpc_cidr: str
+    service_cidr: str
 
     def __init__(self, name: str, args: ClusterArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("mlplatform:cluster:Cluster", name, None, opts)
         self.args = args
-        child = pulumi.ResourceOptions(parent=self)
+        # What in-cluster network policies name: the VPC (nodes, endpoints) and the Service range.
+        self.vpc_cidr: str = args.network.args.cidr
+        self.service_cidr: str = args.service_ipv4_cidr
         tags = dict(args.tags)
-        partition = aws.get_partition_output(opts=pulumi.InvokeOutputOptions(parent=self)).partition
-        self.partition = partition
+        self.partition = aws.get_partition_output(opts=pulumi.InvokeOutputOptions(parent=self)).partition
 
         self.secrets_key = create_key(
             f"{name}-secrets", description=f"Envelope encryption of {args.cluster_name} Kubernetes secrets",
             parent=self, tags=tags, protect=args.protect,
         )
-        # EKS creates this group on first log write, unencrypted and kept forever, unless it
-        # exists already: it is created first and the cluster depends on it.
-        self.control_plane_logs = aws.cloudwatch.LogGroup(
+        self.control_plane_logs = self._control_plane_logs(name, tags)
+        self.node_security_group, self.node_rules = self._node_security_group(name, tags)
+        self.eks_cluster = self._control_plane(name, tags)
+        cluster_name = self.eks_cluster.eks_cluster.name
+        self.access_entries = self._access_entries(name, cluster_name, tags)
+        self.cluster_security_group_id = self.eks_cluster.cluster_security_group_id
+
+        # Add-ons in two phases around the system nodes (components/addons.py says which).
+        self.addons: dict[str, aws.eks.Addon] = {}
+        for spec in CLUSTER_ADDONS:
+            if spec.timing is not AddonTiming.AFTER_NODES:
+                self.addons[spec.name] = self.addon(spec, name=name, parent=self)
+        self.node_role = self._system_node_role(name, tags)
+        self.node_group = self._system_node_group(name, cluster_name, tags)
+        for spec in CLUSTER_ADDONS:
+            if spec.timing is AddonTiming.AFTER_NODES:
+                self.addons[spec.name] = self.addon(spec, name=name, parent=self)
+
+        self.k8s_provider = self._kubernetes_provider(name)
+
+        self.cluster_name = cluster_name
+        self.endpoint = self.eks_cluster.eks_cluster.endpoint
+        self.kubeconfig = pulumi.Output.secret(self.eks_cluster.kubeconfig_json)
+        self.oidc_issuer = self.eks_cluster.oidc_issuer
+        self.register_outputs({
+            "cluster_name": self.cluster_name,
+            "endpoint": self.endpoint,
+            "node_security_group_id": self.node_security_group.id,
+            # Every public attribute, as pulumi-eks registers its outputs.
+            "cluster_security_group_id": self.cluster_security_group_id, "vpc_cidr": self.vpc_cidr,
+            "service_cidr": self.service_cidr, "partition": self.partition, "secrets_key": self.secrets_key,
+            "control_plane_logs": self.control_plane_logs, "node_security_group": self.node_security_group,
+            "node_rules": self.node_rules, "eks_cluster": self.eks_cluster, "access_entries": self.access_entries,
+            "addons": self.addons, "node_role": self.node_role, "node_group": self.node_group,
+            "k8s_provider": self.k8s_provider, "oidc_issuer": self.oidc_issuer, "kubeconfig": self.kubeconfig,
+        })
+
+    def _control_plane_logs(self, name: str, tags: dict) -> aws.cloudwatch.LogGroup:
+        """EKS creates this group on first log write, unencrypted and kept forever, unless it
+        exists already: it is created first and the cluster depends on it."""
+        args = self.args
+        return aws.cloudwatch.LogGroup(
             f"{name}-control-plane-logs", name=control_plane_log_group_name(args.cluster_name),
             retention_in_days=args.log_retention_days,
-            kms_key_id=args.log_kms_key.arn if args.log_kms_key is not None else None, tags=tags, opts=child,
+            kms_key_id=args.log_kms_key.arn if args.log_kms_key is not None else None, tags=tags,
+            opts=pulumi.ResourceOptions(parent=self),
         )
-        # Rules are standalone resources only: inline ingress/egress on the group would make the
-        # provider revoke every standalone rule on this group (the FSx rules in datasets too).
-        self.node_security_group = aws.ec2.SecurityGroup(
+
+    def _node_security_group(self, name: str, tags: dict) -> tuple[aws.ec2.SecurityGroup, list[pulumi.Resource]]:
+        """Rules are standalone resources only: inline ingress/egress on the group would make the
+        provider revoke every standalone rule on this group (the FSx rules in datasets too)."""
+        args = self.args
+        group = aws.ec2.SecurityGroup(
             f"{name}-node-sg", vpc_id=args.network.vpc_id,
             description=f"Nodes of {args.cluster_name}: node-to-node traffic (pods, NCCL, EFA)",
-            tags={**tags, "Name": f"{name}-node-sg", "karpenter.sh/discovery": args.cluster_name}, opts=child,
+            tags={**tags, "Name": f"{name}-node-sg", "karpenter.sh/discovery": args.cluster_name},
+            opts=pulumi.ResourceOptions(parent=self),
         )
-        sg_child = pulumi.ResourceOptions(parent=self.node_security_group)
+        sg_child = pulumi.ResourceOptions(parent=group)
         # EFA: "the security group must allow all inbound and outbound traffic to and from the
         # security group itself" (EC2 User Guide, "Get started with EFA and NCCL", step 1).
-        self.node_rules = [
+        rules = [
             aws.vpc.SecurityGroupIngressRule(
-                f"{name}-node-self-ingress", security_group_id=self.node_security_group.id,
-                referenced_security_group_id=self.node_security_group.id, ip_protocol="-1",
+                f"{name}-node-self-ingress", security_group_id=group.id,
+                referenced_security_group_id=group.id, ip_protocol="-1",
                 description="All traffic between nodes (pods, NCCL; EFA needs every protocol)", tags=tags, opts=sg_child),
             aws.vpc.SecurityGroupEgressRule(
-                f"{name}-node-self-egress", security_group_id=self.node_security_group.id,
-                referenced_security_group_id=self.node_security_group.id, ip_protocol="-1",
+                f"{name}-node-self-egress", security_group_id=group.id,
+                referenced_security_group_id=group.id, ip_protocol="-1",
                 description="All traffic to other nodes (EFA requires the self-referencing egress rule)", tags=tags,
                 opts=sg_child),
             aws.vpc.SecurityGroupEgressRule(
-                f"{name}-node-egress", security_group_id=self.node_security_group.id,
+                f"{name}-node-egress", security_group_id=group.id,
                 cidr_ipv4="0.0.0.0/0", ip_protocol="-1",
                 description="Image pulls, AWS APIs, S3 through endpoints or NAT", tags=tags, opts=sg_child),
         ]
+        return group, rules
 
-        self.eks_cluster = eks.Cluster(
+    def _control_plane(self, name: str, tags: dict) -> eks.Cluster:
+        args = self.args
+        return eks.Cluster(
             f"{name}-eks",
             name=args.cluster_name,
             version=args.version,
@@ -206,7 +257,7 @@ class Cluster(pulumi.ComponentResource):
             kubernetes_service_ip_address_range=args.service_ipv4_cidr,
             skip_default_node_group=True,
             skip_default_security_groups=True,
-            # Every add-on below is an EKS managed add-on with a pinned version.
+            # Every add-on is an EKS managed add-on with a pinned version (components/addons.py).
             bootstrap_self_managed_addons=False,
             use_default_vpc_cni=True,
             coredns_addon_options={"enabled": False},
@@ -219,56 +270,35 @@ class Cluster(pulumi.ComponentResource):
                                         depends_on=[self.control_plane_logs],
                                         transforms=[disable_bootstrap_cluster_admin]),
         )
-        cluster_name = self.eks_cluster.eks_cluster.name
-        self.access_entries = self._access_entries(name, cluster_name, tags)
-        self.cluster_security_group_id = self.eks_cluster.cluster_security_group_id
 
-        addon_opts = pulumi.ResourceOptions(parent=self)
-        self.addons: dict[str, aws.eks.Addon] = {}
-        for addon in ("vpc-cni", "kube-proxy", "eks-pod-identity-agent"):
-            self.addons[addon] = self._addon(name, addon, cluster_name, tags, addon_opts,
-                                             configuration=ADDON_CONFIGURATION.get(addon))
-
-        self.node_role = aws.iam.Role(
+    def _system_node_role(self, name: str, tags: dict) -> aws.iam.Role:
+        role = aws.iam.Role(
             f"{name}-system-node-role", name=fitted_name(f"{name}-system-node-role", IAM_ROLE_NAME_MAX),
             assume_role_policy=json.dumps({"Version": "2012-10-17", "Statement": [{
                 "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}),
-            tags=tags, opts=child,
+            tags=tags, opts=pulumi.ResourceOptions(parent=self),
         )
         for policy in NODE_MANAGED_POLICIES:
             aws.iam.RolePolicyAttachment(
-                f"{name}-system-node-{policy}", role=self.node_role.name,
-                policy_arn=pulumi.Output.concat("arn:", partition, ":iam::aws:policy/", policy),
-                opts=pulumi.ResourceOptions(parent=self.node_role),
+                f"{name}-system-node-{policy}", role=role.name,
+                policy_arn=pulumi.Output.concat("arn:", self.partition, ":iam::aws:policy/", policy),
+                opts=pulumi.ResourceOptions(parent=role),
             )
-        self.node_group = self._system_node_group(name, cluster_name, tags)
+        return role
 
-        for addon in ("coredns", "aws-ebs-csi-driver"):
-            depends = pulumi.ResourceOptions(parent=self, depends_on=[self.node_group])
-            identity = self._ebs_csi_identity(name, tags) if addon == "aws-ebs-csi-driver" else None
-            self.addons[addon] = self._addon(name, addon, cluster_name, tags, depends, identity)
-
-        # Everything deployed into the cluster goes through this provider: it waits until the
-        # deploy role's access entry and policy association exist.
-        self.k8s_provider = k8s.Provider(
+    def _kubernetes_provider(self, name: str) -> k8s.Provider:
+        """Everything deployed into the cluster goes through this provider: it waits until the
+        deploy role's access entry and policy association exist. Its first object is the default
+        gp3 StorageClass (after the EBS CSI driver)."""
+        provider = k8s.Provider(
             f"{name}-k8s", kubeconfig=self.eks_cluster.kubeconfig_json, enable_server_side_apply=True,
             opts=pulumi.ResourceOptions(parent=self, depends_on=self.access_entries["deploy"]),
         )
         apply_object(
-            f"{name}-gp3", gp3_storage_class(reclaim_policy="Retain" if args.protect else "Delete"),
-            pulumi.ResourceOptions(parent=self, provider=self.k8s_provider,
-                                   depends_on=[self.addons["aws-ebs-csi-driver"]]),
+            f"{name}-gp3", gp3_storage_class(reclaim_policy="Retain" if self.args.protect else "Delete"),
+            pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.addons["aws-ebs-csi-driver"]]),
         )
-
-        self.cluster_name = cluster_name
-        self.endpoint = self.eks_cluster.eks_cluster.endpoint
-        self.kubeconfig = pulumi.Output.secret(self.eks_cluster.kubeconfig_json)
-        self.oidc_issuer = self.eks_cluster.oidc_issuer
-        self.register_outputs({
-            "cluster_name": self.cluster_name,
-            "endpoint": self.endpoint,
-            "node_security_group_id": self.node_security_group.id,
-        })
+        return provider
 
     def _access_entries(self, name, cluster_name, tags) -> dict[str, list[pulumi.Resource]]:
         """Every principal with Kubernetes access, as visible access entries and associations.
@@ -305,23 +335,34 @@ class Cluster(pulumi.ComponentResource):
                 tags=tags, opts=pulumi.ResourceOptions(parent=self))]
         return out
 
-    def _addon(self, name, addon, cluster_name, tags, opts, pod_identity=None, configuration=None) -> aws.eks.Addon:
-        return aws.eks.Addon(
-            f"{name}-{addon}", cluster_name=cluster_name, addon_name=addon,
-            addon_version=self.args.addon_versions[addon],
-            configuration_values=json.dumps(configuration) if configuration else None,
-            resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
-            pod_identity_associations=pod_identity, tags=tags, opts=opts,
-        )
+    def addon(self, spec: AddonSpec, *, name: str, parent: pulumi.Resource,
+              version: Optional[str] = None, tags: Optional[Mapping[str, str]] = None) -> aws.eks.Addon:
+        """The EKS managed add-on ``spec`` on this cluster, named ``f"{name}-{spec.name}"`` under ``parent``
+        (pulumi-eks' ``Addon(cluster=...)``): the cluster's own add-ons and those another
+        component owns (the FSx CSI driver in ``Datasets``) are made the same way.
 
-    def _ebs_csi_identity(self, name, tags) -> list[dict]:
-        role = pod_identity_role(
-            f"{name}-ebs-csi", cluster_arn=self.eks_cluster.eks_cluster.arn, namespace="kube-system",
-            service_account="ebs-csi-controller-sa", parent=self, tags=tags,
-            managed_policy_arns=[pulumi.Output.concat(
-                "arn:", self.partition, ":iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy")],
+        ``version``: the build; default, the cluster's pin for its Kubernetes minor. An
+        ``AFTER_NODES`` add-on waits for the static node group.
+        """
+        tags = dict(self.args.tags if tags is None else tags)
+        identity = None
+        if spec.identity is not None:
+            role = pod_identity_role(
+                f"{name}-{spec.identity.role}", cluster_arn=self.eks_cluster.eks_cluster.arn,
+                namespace=spec.identity.namespace, service_account=spec.identity.service_account,
+                parent=parent, tags=tags,
+                managed_policy_arns=[pulumi.Output.concat("arn:", self.partition, ":iam::aws:policy/", policy)
+                                     for policy in spec.identity.managed_policies])
+            identity = [{"role_arn": role.arn, "service_account": spec.identity.service_account}]
+        waits_for = [self.node_group] if spec.timing is AddonTiming.AFTER_NODES else []
+        return aws.eks.Addon(
+            f"{name}-{spec.name}", cluster_name=self.eks_cluster.eks_cluster.name, addon_name=spec.name,
+            addon_version=version or self.args.addon_versions[spec.name],
+            configuration_values=json.dumps(dict(spec.configuration)) if spec.configuration else None,
+            resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
+            pod_identity_associations=identity, tags=tags,
+            opts=pulumi.ResourceOptions(parent=parent, depends_on=waits_for),
         )
-        return [{"role_arn": role.arn, "service_account": "ebs-csi-controller-sa"}]
 
     def _system_node_group(self, name, cluster_name, tags) -> aws.eks.NodeGroup:
         group = self.args.system_node_group
@@ -370,7 +411,7 @@ def disable_bootstrap_cluster_admin(args: pulumi.ResourceTransformArgs) -> Optio
     children, packaged (remote) components' children included (pulumi.com/docs/iac/concepts/
     options/transforms and .../options/transformations: "Transforms support modifying child
     resources of packaged components"); the offline plan emulates this for the eksCluster
-    child (infra/mock_engine.py). The setting only matters at
+    child (infra/plan/mock_engine.py). The setting only matters at
     creation; pulumi-eks ignores later changes to it, so an existing cluster is not replaced.
     """
     if args.type_ != "aws:eks/cluster:Cluster":

@@ -27,8 +27,8 @@ from typing import Any, Mapping, Optional
 
 import pulumi
 import pulumi_aws as aws
-import pulumi_kubernetes as k8s
 
+from components.helm_addon import helm_addon
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_namespace_objects
 from components.versions import CLOUDWATCH_OBSERVABILITY_REPO, CLOUDWATCH_OBSERVABILITY_VERSION
@@ -154,19 +154,15 @@ class ContainerInsights(pulumi.ComponentResource):
             kms_key_id=args.log_kms_key.arn if args.log_kms_key is not None else None, tags=tags,
             opts=pulumi.ResourceOptions(parent=self))
 
-        objects = namespace_objects(namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr))
+        objects = namespace_objects(namespace_spec(cluster.vpc_cidr, cluster.service_cidr))
         self.namespace, self.network_policies = apply_namespace_objects(name, objects, self)
 
-        self.release = k8s.helm.v3.Release(
-            f"{name}-chart", name=RELEASE, chart=RELEASE, version=CLOUDWATCH_OBSERVABILITY_VERSION,
-            repository_opts={"repo": CLOUDWATCH_OBSERVABILITY_REPO}, namespace=NAMESPACE,
+        self.release = helm_addon(
+            f"{name}-chart", parent=self, cluster=cluster, release=RELEASE, chart=RELEASE,
+            version=CLOUDWATCH_OBSERVABILITY_VERSION, repo=CLOUDWATCH_OBSERVABILITY_REPO, namespace=NAMESPACE,
             values=helm_values(cluster_name=cluster.cluster_name, region=args.region),
-            atomic=True, cleanup_on_fail=True, timeout=600,
-            # The agent must start with its credentials (no node-role fallback is granted), and
-            # Helm waits for pods that need the system nodes and DNS.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[
-                self.namespace, *self.network_policies, self.pod_identity, self.performance_logs,
-                cluster.node_group, cluster.addons["coredns"]]),
+            # The agent must start with its credentials (no node-role fallback is granted).
+            depends_on=[self.namespace, *self.network_policies, self.pod_identity, self.performance_logs],
         )
         self.cluster_name = cluster.cluster_name
         self.register_outputs({"release_status": self.release.status, "agent_role_arn": self.agent_role.arn})

@@ -22,8 +22,8 @@ from typing import Any, Mapping, Optional
 
 import pulumi
 import pulumi_aws as aws
-import pulumi_kubernetes as k8s
 
+from components.helm_addon import helm_addon
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_namespace_objects
 from components.versions import AWS_FOR_FLUENT_BIT_VERSION, EKS_CHARTS_REPO
@@ -151,16 +151,14 @@ class ContainerLogs(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.addons["eks-pod-identity-agent"]]))
         spec = SystemNamespaceSpec(
             name=NAMESPACE, pod_security=PodSecurityLevel.PRIVILEGED, pod_security_reason=POD_SECURITY_REASON,
-            vpc_cidr=cluster.args.network.args.cidr, service_cidr=cluster.args.service_ipv4_cidr,
+            vpc_cidr=cluster.vpc_cidr, service_cidr=cluster.service_cidr,
             metrics_ports=(FLUENT_BIT_METRICS_PORT,), uses_aws=True)
         self.namespace, self.network_policies = apply_namespace_objects(name, namespace_objects(spec), self)
-        self.release = k8s.helm.v3.Release(
-            f"{name}-fluent-bit", name=RELEASE, chart=RELEASE, version=AWS_FOR_FLUENT_BIT_VERSION,
-            repository_opts={"repo": EKS_CHARTS_REPO}, namespace=NAMESPACE,
-            values=helm_values(region=args.region, group=self.log_group.name), atomic=True, cleanup_on_fail=True,
-            timeout=600, opts=pulumi.ResourceOptions(parent=self, depends_on=[
-                self.namespace, *self.network_policies, identity, self.log_group, cluster.node_group,
-                cluster.addons["coredns"]]))
+        self.release = helm_addon(
+            f"{name}-fluent-bit", parent=self, cluster=cluster, release=RELEASE, chart=RELEASE,
+            version=AWS_FOR_FLUENT_BIT_VERSION, repo=EKS_CHARTS_REPO, namespace=NAMESPACE,
+            values=helm_values(region=args.region, group=self.log_group.name),
+            depends_on=[self.namespace, *self.network_policies, identity, self.log_group])
         self.subscription: Optional[aws.cloudwatch.LogSubscriptionFilter] = None
         if args.archive is not None:
             self.subscription = aws.cloudwatch.LogSubscriptionFilter(

@@ -19,7 +19,8 @@ from components.cluster import Cluster
 from components.k8s import apply_object
 from components.kms import create_key, set_key_policy
 from components.network import Network
-from components.validation import Problem, accepts_enum_values
+from components.validation import Problem, accepts_enum_values, raise_if_any
+from components.addons import FSX_CSI_DRIVER
 from components.versions import EKS_ADDON_VERSIONS
 from workloads.fsx import fsx_persistent_volume, fsx_persistent_volume_claim, team_volume_specs
 
@@ -227,8 +228,6 @@ class DatasetsArgs:
     tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from components.validation import raise_if_any
-
         raise_if_any("DatasetsArgs.fsx", fsx_problems(
             "fsx", storage_capacity_gib=self.fsx.storage_capacity_gib,
             throughput_mb_per_tib=self.fsx.throughput_mb_per_tib, associations=self.fsx.associations))
@@ -244,9 +243,21 @@ def bucket_arn_prefix(partition: pulumi.Input[str], component_name: str, kind: "
     return pulumi.Output.concat("arn:", partition, ":s3:::", f"{component_name}-{kind.value}-bucket-")
 
 
+@dataclass(frozen=True)
+class _FileSystem:
+    log_group: aws.cloudwatch.LogGroup
+    file_system: aws.fsx.LustreFileSystem
+    key_policy: pulumi.Resource
+    associations: list[aws.fsx.DataRepositoryAssociation]
+
+
 class Datasets(pulumi.ComponentResource):
     """Datasets and checkpoints buckets, a PERSISTENT_2 Lustre file system linked to them,
-    the FSx CSI add-on and a static PV/PVC per team namespace."""
+    the FSx CSI add-on and a static PV/PVC per team namespace.
+
+    The constructor reads as its steps: key and buckets, the file system's security group, the
+    file system with its associations, the CSI add-on, the team volumes.
+    """
 
     buckets: dict[DatasetBucket, SecureBucket]
     file_system: aws.fsx.LustreFileSystem
@@ -255,43 +266,66 @@ class Datasets(pulumi.ComponentResource):
         super().__init__("mlplatform:datasets:Datasets", name, None, opts)
         self.args = args
         tags = dict(args.tags)
-        child = pulumi.ResourceOptions(parent=self)
-        stateful = pulumi.ResourceOptions(parent=self, protect=args.protect)
-        partition = aws.get_partition_output(opts=pulumi.InvokeOutputOptions(parent=self)).partition
+        self.key, self.buckets = self._buckets(name, tags)
+        self.security_group, self.security_group_rules = self._security_group(name, tags)
+        storage = self._file_system(name, tags)
+        self.log_group, self.file_system = storage.log_group, storage.file_system
+        self.key_policy, self.associations = storage.key_policy, storage.associations
+        # The driver's row says why it needs no IAM role (components/addons.py).
+        self.addon = args.cluster.addon(FSX_CSI_DRIVER, name=name, parent=self, version=args.addon_version, tags=tags)
+        self.volume_claims = self._team_volumes(name)
 
+        self.file_system_id = self.file_system.id
+        self.register_outputs({
+            "file_system_id": self.file_system.id,
+            "dns_name": self.file_system.dns_name,
+            "mount_name": self.file_system.mount_name,
+            "datasets_bucket": self.buckets[DatasetBucket.DATASETS].name,
+            "checkpoints_bucket": self.buckets[DatasetBucket.CHECKPOINTS].name,
+            # Every public attribute, as pulumi-eks registers its outputs.
+            "key": self.key, "buckets": {kind.value: bucket for kind, bucket in self.buckets.items()},
+            "security_group": self.security_group, "security_group_rules": self.security_group_rules,
+            "log_group": self.log_group, "file_system": self.file_system, "key_policy": self.key_policy,
+            "associations": self.associations, "addon": self.addon, "volume_claims": self.volume_claims,
+        })
+
+    def _buckets(self, name: str, tags: dict) -> tuple[aws.kms.Key, dict[DatasetBucket, SecureBucket]]:
+        args = self.args
         # The key's policy names the file system's S3 service-linked role, so it is attached
-        # once the file system exists (``set_key_policy`` below), before any association.
-        self.key = create_key(f"{name}-data", description="Encrypts training datasets, checkpoints and the FSx file system",
-                              parent=self, tags=tags, protect=args.protect, policy_set_later=True)
+        # once the file system exists (``set_key_policy`` in _file_system), before any association.
+        key = create_key(f"{name}-data", description="Encrypts training datasets, checkpoints and the FSx file system",
+                         parent=self, tags=tags, protect=args.protect, policy_set_later=True)
         lifecycles = {DatasetBucket.DATASETS: args.datasets_lifecycle, DatasetBucket.CHECKPOINTS: args.checkpoints_lifecycle}
-        self.buckets = {
+        buckets = {
             kind: SecureBucket(
                 f"{name}-{kind.value}",
-                SecureBucketArgs(kms_key=self.key, lifecycle_rules=lifecycles[kind],
+                SecureBucketArgs(kms_key=key, lifecycle_rules=lifecycles[kind],
                                  access_logs_bucket=args.access_logs_bucket,
                                  access_logs_prefix=f"s3-access/{name}-{kind.value}/",
                                  protect=args.protect, force_destroy=not args.protect, tags=tags),
-                opts=child,
+                opts=pulumi.ResourceOptions(parent=self),
             )
             for kind in DatasetBucket
         }
+        return key, buckets
 
+    def _security_group(self, name: str, tags: dict) -> tuple[aws.ec2.SecurityGroup, list[pulumi.CustomResource]]:
+        """Rules are standalone resources only (inline rules would make the provider revoke the
+        standalone ones on the same group). FSx for Lustre: TCP 988 and 1018-1023 from the
+        clients and from the file servers themselves (FSx Lustre User Guide, "File system
+        access control with Amazon VPC")."""
+        args = self.args
         node_sg = args.cluster.node_security_group
-        # Rules are standalone resources only (inline rules would make the provider revoke the
-        # standalone ones on the same group). FSx for Lustre: TCP 988 and 1018-1023 from the
-        # clients and from the file servers themselves (FSx Lustre User Guide, "File system
-        # access control with Amazon VPC").
-        self.security_group = aws.ec2.SecurityGroup(
+        fsx_sg = aws.ec2.SecurityGroup(
             f"{name}-fsx-sg", vpc_id=args.network.vpc_id,
             description="FSx for Lustre: Lustre ports from the cluster's nodes only",
-            tags={**tags, "Name": f"{name}-fsx"}, opts=child,
+            tags={**tags, "Name": f"{name}-fsx"}, opts=pulumi.ResourceOptions(parent=self),
         )
-        fsx_sg = self.security_group
         sg_child = pulumi.ResourceOptions(parent=fsx_sg)
-        self.security_group_rules: list[pulumi.CustomResource] = []
+        rules: list[pulumi.CustomResource] = []
         for low, high in LUSTRE_PORTS:
             ports = {"ip_protocol": "tcp", "from_port": low, "to_port": high, "tags": tags, "opts": sg_child}
-            self.security_group_rules += [
+            rules += [
                 aws.vpc.SecurityGroupIngressRule(
                     f"{name}-fsx-from-nodes-{low}", security_group_id=fsx_sg.id,
                     referenced_security_group_id=node_sg.id, description=f"Lustre {low}-{high} from the cluster's nodes",
@@ -310,18 +344,22 @@ class Datasets(pulumi.ComponentResource):
         for low, high in LUSTRE_PORTS:
             aws.vpc.SecurityGroupIngressRule(
                 f"{name}-nodes-from-fsx-{low}", security_group_id=node_sg.id,
-                referenced_security_group_id=self.security_group.id, ip_protocol="tcp", from_port=low, to_port=high,
-                description=f"Lustre {low}-{high} from FSx", tags=tags, opts=child,
+                referenced_security_group_id=fsx_sg.id, ip_protocol="tcp", from_port=low, to_port=high,
+                description=f"Lustre {low}-{high} from FSx", tags=tags, opts=pulumi.ResourceOptions(parent=self),
             )
+        return fsx_sg, rules
 
-        fsx = args.fsx
+    def _file_system(self, name: str, tags: dict) -> _FileSystem:
+        """The Lustre file system, its log group, the key policy admitting it, its S3 associations."""
+        args, fsx = self.args, self.args.fsx
         # FSx only writes to groups named /aws/fsx/...
-        self.log_group = aws.cloudwatch.LogGroup(
+        log_group = aws.cloudwatch.LogGroup(
             f"{name}-fsx-logs", name=fsx_log_group_name(name), retention_in_days=fsx.log_retention_days,
-            kms_key_id=args.log_kms_key.arn if args.log_kms_key is not None else None, tags=tags, opts=child,
+            kms_key_id=args.log_kms_key.arn if args.log_kms_key is not None else None, tags=tags,
+            opts=pulumi.ResourceOptions(parent=self),
         )
         backups = fsx.automatic_backup_retention_days > 0
-        self.file_system = aws.fsx.LustreFileSystem(
+        file_system = aws.fsx.LustreFileSystem(
             f"{name}-fsx",
             deployment_type="PERSISTENT_2",
             storage_type="SSD",
@@ -332,7 +370,7 @@ class Datasets(pulumi.ComponentResource):
             subnet_ids=args.network.private_subnets[fsx.subnet_index].id,  # one subnet: one AZ
             security_group_ids=[self.security_group.id],
             data_compression_type="LZ4" if fsx.data_compression else "NONE",
-            log_configuration={"destination": self.log_group.arn, "level": fsx.log_level.value},
+            log_configuration={"destination": log_group.arn, "level": fsx.log_level.value},
             automatic_backup_retention_days=fsx.automatic_backup_retention_days,
             daily_automatic_backup_start_time=fsx.daily_automatic_backup_start_time if backups else None,
             copy_tags_to_backups=True,
@@ -343,23 +381,23 @@ class Datasets(pulumi.ComponentResource):
             weekly_maintenance_start_time=fsx.weekly_maintenance_start_time,
             skip_final_backup=not args.protect,
             tags={**tags, "Name": f"{name}-fsx"},
-            opts=stateful,
+            opts=pulumi.ResourceOptions(parent=self, protect=args.protect),
         )
         linked = sorted({dra.bucket for dra in fsx.associations}, key=lambda b: b.value)
-        self.key_policy = set_key_policy(
+        key_policy = set_key_policy(
             f"{name}-data", self.key, parent=self,
-            statements=[fsx_s3_key_statement(self.file_system.id, [self.buckets[b].arn for b in linked], parent=self)]
+            statements=[fsx_s3_key_statement(file_system.id, [self.buckets[b].arn for b in linked], parent=self)]
             if linked else [],
         )
         # Lazy loads and exports use the key through the service-linked role: it must be admitted first.
-        fs_child = pulumi.ResourceOptions(parent=self.file_system, depends_on=[self.key_policy])
-        self.associations = []
+        fs_child = pulumi.ResourceOptions(parent=file_system, depends_on=[key_policy])
+        associations = []
         for index, dra in enumerate(fsx.associations):
             bucket = self.buckets[dra.bucket]
             prefix = dra.prefix.strip("/")
-            self.associations.append(aws.fsx.DataRepositoryAssociation(
+            associations.append(aws.fsx.DataRepositoryAssociation(
                 f"{name}-dra-{index}",
-                file_system_id=self.file_system.id,
+                file_system_id=file_system.id,
                 file_system_path=dra.file_system_path,
                 data_repository_path=pulumi.Output.concat("s3://", bucket.name, "/", prefix + "/" if prefix else ""),
                 batch_import_meta_data_on_create=dra.batch_import_metadata_on_create,
@@ -370,29 +408,16 @@ class Datasets(pulumi.ComponentResource):
                     "auto_export_policy": {"events": [e.value for e in dra.export_events]}},
                 tags=tags, opts=fs_child,
             ))
+        return _FileSystem(log_group, file_system, key_policy, associations)
 
-        cluster = args.cluster
-        # No IAM role: with static volumes only, the controller never calls AWS. Its FSx calls
-        # are in CreateVolume/DeleteVolume/ControllerExpandVolume (dynamic provisioning and
-        # resizing) and ValidateVolumeCapabilities, which nothing calls for a static PV; the
-        # CSIDriver has attachRequired: false, and the node plugin only mounts (Lustre client).
-        # Source: kubernetes-sigs/aws-fsx-csi-driver pkg/driver/controller.go and docs/install.md
-        # ("IAM permissions ... to create/delete file systems and volumes").
-        self.addon = aws.eks.Addon(
-            f"{name}-aws-fsx-csi-driver", cluster_name=cluster.cluster_name, addon_name="aws-fsx-csi-driver",
-            addon_version=args.addon_version,
-            resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
-            tags=tags,
-            # Nodes must exist to run the driver.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.node_group]),
-        )
-
-        k8s_opts = pulumi.ResourceOptions(parent=self, provider=cluster.k8s_provider,
+    def _team_volumes(self, name: str) -> dict[str, pulumi.Resource]:
+        """Per team namespace: its own subtree (read-write) and the datasets (read-only); never the root."""
+        args, fsx = self.args, self.args.fsx
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.cluster.k8s_provider,
                                           depends_on=[self.addon, *self.associations])
-        self.volume_claims = {}
+        claims = {}
         for namespace in args.namespaces:
             specs = pulumi.Output.all(self.file_system.id, self.file_system.dns_name, self.file_system.mount_name)
-            # The team's own subtree (read-write) and the datasets (read-only); never the root.
             for index in range(2):
                 spec = specs.apply(lambda v, ns=namespace, i=index: team_volume_specs(
                     file_system_id=v[0], dns_name=v[1], mount_name=v[2],
@@ -406,16 +431,8 @@ class Datasets(pulumi.ComponentResource):
                         depends_on=[pv, *_namespace_dependency(args.namespace_resources, namespace)])),
                 )
                 if index == 0:
-                    self.volume_claims[namespace] = claim
-
-        self.file_system_id = self.file_system.id
-        self.register_outputs({
-            "file_system_id": self.file_system.id,
-            "dns_name": self.file_system.dns_name,
-            "mount_name": self.file_system.mount_name,
-            "datasets_bucket": self.buckets[DatasetBucket.DATASETS].name,
-            "checkpoints_bucket": self.buckets[DatasetBucket.CHECKPOINTS].name,
-        })
+                    claims[namespace] = claim
+        return claims
 
 
 # nobody:nogroup; the team uids lie below it (workloads.tenancy.POSIX_ID_MAX).

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components.helm_addon import helm_addon
 from components.cluster import Cluster
 from components.k8s import apply_namespace_objects, apply_object
 from components.versions import (
@@ -165,11 +166,10 @@ class GpuEnablement(pulumi.ComponentResource):
     def __init__(self, name: str, args: GpuEnablementArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("mlplatform:gpu_enablement:GpuEnablement", name, None, opts)
         cluster = args.cluster
-        objects = namespace_objects(namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr, args.mode))
+        objects = namespace_objects(namespace_spec(cluster.vpc_cidr, cluster.service_cidr, args.mode))
         self.namespace, self.network_policies = apply_namespace_objects(name, objects, self)
-        # Helm waits for the pods of an atomic release; they need nodes and DNS to start.
-        self._depends_on: list[pulumi.Resource] = [
-            self.namespace, *self.network_policies, cluster.node_group, cluster.addons["coredns"]]
+        self._cluster = cluster
+        self._depends_on: list[pulumi.Resource] = [self.namespace, *self.network_policies]
         self.releases: dict[str, k8s.helm.v3.Release] = {}
         if args.prometheus_operator_crds:
             self._release(name, "prometheus-operator-crds", "prometheus-operator-crds", PROMETHEUS_OPERATOR_CRDS_REPO,
@@ -204,9 +204,7 @@ class GpuEnablement(pulumi.ComponentResource):
         self.register_outputs({"releases": sorted(self.releases), "node_health": len(self.node_health)})
 
     def _release(self, name: str, key: str, chart: str, repo: str, version: str, values: dict[str, Any]) -> None:
-        self.releases[key] = k8s.helm.v3.Release(
-            f"{name}-{key}", name=key, chart=chart, version=version,
-            repository_opts={"repo": repo}, namespace=NAMESPACE,
-            values=values, atomic=True, cleanup_on_fail=True, timeout=600,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self._depends_on)),
+        self.releases[key] = helm_addon(
+            f"{name}-{key}", parent=self, cluster=self._cluster, release=key, chart=chart, version=version,
+            repo=repo, namespace=NAMESPACE, values=values, depends_on=list(self._depends_on),
         )

@@ -18,6 +18,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from components.helm_addon import helm_addon
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_namespace_objects, apply_object
 from components.names import EVENT_RULE_NAME_MAX, IAM_ROLE_NAME_MAX, fitted_name
@@ -351,40 +352,25 @@ class Karpenter(pulumi.ComponentResource):
         super().__init__("mlplatform:karpenter:Karpenter", name, None, opts)
         cluster = args.cluster
         child = pulumi.ResourceOptions(parent=self)
-        objects = namespace_objects(namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr))
+        objects = namespace_objects(namespace_spec(cluster.vpc_cidr, cluster.service_cidr))
         self.namespace, self.network_policies = apply_namespace_objects(name, objects, self)
         self.flow_schemas = [apply_object(f"{name}-flowschema-{obj['metadata']['name']}", obj, child)
                              for obj in karpenter_flow_schemas(NAMESPACE, SERVICE_ACCOUNT)]
 
-        runs_on = [cluster.node_group, cluster.addons["coredns"]]
-        self.crds = k8s.helm.v3.Release(
-            f"{name}-crds",
-            name="karpenter-crd",
-            chart=KARPENTER_CRD_CHART,
-            version=KARPENTER_VERSION,
-            namespace=NAMESPACE,
-            atomic=True,
-            cleanup_on_fail=True,
-            timeout=300,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.namespace]),
+        self.crds = helm_addon(
+            f"{name}-crds", parent=self, cluster=cluster, release="karpenter-crd", chart=KARPENTER_CRD_CHART,
+            version=KARPENTER_VERSION, namespace=NAMESPACE, timeout_seconds=300, runs_pods=False,
+            depends_on=[self.namespace],
         )
         values = helm_values(cluster_name=cluster.cluster_name, queue_name=args.prerequisites.queue.name,
                              replicas=args.replicas, log_level=args.log_level, node_overlay=args.node_overlay)
         values = {k: v for k, v in values.items() if v is not None}
-        self.release = k8s.helm.v3.Release(
-            f"{name}-chart",
-            name="karpenter",
-            chart=KARPENTER_CHART,
-            version=KARPENTER_VERSION,
-            namespace=NAMESPACE,
-            values=values,
+        self.release = helm_addon(
+            f"{name}-chart", parent=self, cluster=cluster, release="karpenter", chart=KARPENTER_CHART,
+            version=KARPENTER_VERSION, namespace=NAMESPACE, values=values,
             # CRDs come from the karpenter-crd release above, which Helm upgrades.
             skip_crds=True,
-            atomic=True,
-            cleanup_on_fail=True,
-            timeout=600,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[
-                self.crds, self.namespace, *self.network_policies, *self.flow_schemas,
-                args.prerequisites.pod_identity, args.prerequisites.node_access_entry, *runs_on]),
+            depends_on=[self.crds, self.namespace, *self.network_policies, *self.flow_schemas,
+                        args.prerequisites.pod_identity, args.prerequisites.node_access_entry],
         )
         self.register_outputs({"release_status": self.release.status})

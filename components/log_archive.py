@@ -4,7 +4,7 @@ Every service that writes here is admitted by the bucket policy and the key poli
 on behalf of the resources that write (``aws:SourceArn``) in the accounts that own them
 (``aws:SourceAccount``), with the statement shapes each service documents. S3 server access
 logs and ALB access logs cannot use an SSE-KMS bucket: they go to SSE-S3 buckets of their
-own (``components.bucket.AccessLogBucket``, ``components.tracking.AlbAccessLogs``).
+own (``components.bucket.AccessLogBucket``, ``AlbAccessLogs`` below).
 """
 from __future__ import annotations
 
@@ -16,12 +16,14 @@ import pulumi_aws as aws
 
 from components.bucket import (
     SELF_ARN,
+    SSE_S3,
     AccessLogBucket,
     LifecycleRule,
     ObjectLock,
     SecureBucket,
     SecureBucketArgs,
     lifecycle_problems,
+    private_bucket,
 )
 from components.kms import create_key
 from components.validation import Problem, raise_if_any
@@ -329,3 +331,69 @@ class AuditTrail(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[archive.policy]),
         )
         self.register_outputs({"arn": self.trail.arn})
+
+
+# -- ALB access logs (logging account) -------------------------------------------------------
+# Regions where ELB delivers access logs as a regional ELB account (regions opened before
+# August 2022): the keys of terraform-provider-aws's elbAccountIdPerRegionMap, behind
+# aws.elb.get_service_account, which fails with "Unknown region" everywhere else. Newer
+# regions deliver as the service principal logdelivery.elasticloadbalancing.amazonaws.com
+# (https://docs.aws.amazon.com/elasticloadbalancing/latest/application/enable-access-logging.html).
+ELB_ACCOUNT_LOG_DELIVERY_REGIONS = frozenset({
+    "af-south-1", "ap-east-1", "ap-northeast-1", "ap-northeast-2", "ap-northeast-3", "ap-south-1",
+    "ap-southeast-1", "ap-southeast-2", "ca-central-1", "cn-north-1", "cn-northwest-1", "eu-central-1",
+    "eu-north-1", "eu-south-1", "eu-west-1", "eu-west-2", "eu-west-3", "me-south-1", "sa-east-1",
+    "us-east-1", "us-east-2", "us-gov-east-1", "us-gov-west-1", "us-west-1", "us-west-2",
+})
+ALB_LOG_PREFIX = "alb"
+
+
+def alb_log_object_arn_suffix(account_id: str) -> str:
+    """Where ELB writes: <bucket>/<prefix>/AWSLogs/<account-id>/elasticloadbalancing/..."""
+    return f"/{ALB_LOG_PREFIX}/AWSLogs/{account_id}/*"
+
+class AlbAccessLogs(pulumi.ComponentResource):
+    # Type token kept from its first home, components/tracking.py: URNs are a contract
+    # (docs/versioning.md).
+    """Bucket for load balancer access logs, in the logging account.
+
+    ALB log delivery supports only SSE-S3 buckets, while the log archive uses SSE-KMS: these
+    logs get their own bucket with the controls of every platform bucket
+    (``components.bucket.private_bucket``: versioning, public access block, owner-enforced
+    objects, lifecycle), TLS-only, and deliveries scoped to the writer accounts.
+    """
+
+    def __init__(self, name: str, *, writer_account_ids: Sequence[str], expiration_days: int,
+                 protect: bool, tags: Mapping[str, str], region: Optional[str] = None,
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        """``region``: the load balancers' region; it decides who delivers the logs (None: both
+        principals, for a region listed in ``ELB_ACCOUNT_LOG_DELIVERY_REGIONS``)."""
+        super().__init__("mlplatform:tracking:AlbAccessLogs", name, None, opts)
+        tags = dict(tags)
+        self.bucket, public, _ = private_bucket(
+            name, parent=self, protect=protect, force_destroy=not protect, tags=tags, encryption=SSE_S3,
+            lifecycle_rules=[LifecycleRule(id="expire-logs", expiration_days=expiration_days,
+                                           noncurrent_version_expiration_days=7)])
+        objects = [pulumi.Output.concat(self.bucket.arn, alb_log_object_arn_suffix(account))
+                   for account in writer_account_ids]
+        statements = [
+            {"Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
+             "Resource": [self.bucket.arn, pulumi.Output.concat(self.bucket.arn, "/*")],
+             "Condition": {"Bool": {"aws:SecureTransport": "false"}}},
+            {"Sid": "ElbServiceDelivers", "Effect": "Allow",
+             "Principal": {"Service": "logdelivery.elasticloadbalancing.amazonaws.com"},
+             "Action": "s3:PutObject", "Resource": objects,
+             "Condition": {"StringEquals": {"aws:SourceAccount": list(writer_account_ids)}}},
+        ]
+        if region is None or region in ELB_ACCOUNT_LOG_DELIVERY_REGIONS:
+            # Older regions deliver as the regional ELB account (which cannot carry a SourceAccount
+            # condition; the object path limits it to the writer accounts' prefixes).
+            elb_account = aws.elb.get_service_account_output(opts=pulumi.InvokeOutputOptions(parent=self))
+            statements.insert(1, {"Sid": "ElbAccountDelivers", "Effect": "Allow", "Principal": {"AWS": elb_account.arn},
+                                  "Action": "s3:PutObject", "Resource": objects})
+        policy = pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": statements})
+        # Load balancers that log here depend on this policy: ELB checks its write access when
+        # the access-log attribute is set and refuses it before the policy exists.
+        self.policy = aws.s3.BucketPolicy(f"{name}-policy", bucket=self.bucket.id, policy=policy,
+                                          opts=pulumi.ResourceOptions(parent=self.bucket, depends_on=[public]))
+        self.register_outputs({"bucket": self.bucket.bucket})

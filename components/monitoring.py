@@ -15,6 +15,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from components.helm_addon import helm_addon, system_ready
 from components.names import IAM_ROLE_NAME_MAX, fitted_name
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_namespace_objects, apply_object
@@ -89,19 +90,18 @@ class Monitoring(pulumi.ComponentResource):
         super().__init__("mlplatform:monitoring:Monitoring", name, None, opts)
         cluster = args.cluster
         tags = dict(args.tags)
-        vpc_cidr = cluster.args.network.args.cidr
-        objects = namespace_objects(namespace_spec(vpc_cidr, cluster.args.service_ipv4_cidr))
+        vpc_cidr = cluster.vpc_cidr
+        objects = namespace_objects(namespace_spec(vpc_cidr, cluster.service_cidr))
         self.namespace, self.network_policies = apply_namespace_objects(name, objects, self)
         in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
         self.network_policies.append(apply_object(f"{name}-netpol-scrapes", scrape_egress_policy(vpc_cidr), in_namespace))
-        ready = [self.namespace, *self.network_policies, cluster.node_group, cluster.addons["coredns"]]
+        ready = [self.namespace, *self.network_policies, *system_ready(cluster)]
 
         # CRDs first, as their own release so Helm upgrades them (a chart's crds/ never upgrade).
-        self.crds = k8s.helm.v3.Release(
-            f"{name}-prometheus-operator-crds", name="prometheus-operator-crds", chart="prometheus-operator-crds",
-            version=PROMETHEUS_OPERATOR_CRDS_VERSION, repository_opts={"repo": PROMETHEUS_OPERATOR_CRDS_REPO},
-            namespace=stack.NAMESPACE, values={}, atomic=True, cleanup_on_fail=True, timeout=600,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=ready))
+        self.crds = helm_addon(
+            f"{name}-prometheus-operator-crds", parent=self, cluster=cluster, release="prometheus-operator-crds",
+            chart="prometheus-operator-crds", version=PROMETHEUS_OPERATOR_CRDS_VERSION,
+            repo=PROMETHEUS_OPERATOR_CRDS_REPO, namespace=stack.NAMESPACE, values={}, depends_on=ready)
 
         cluster_arn = cluster.eks_cluster.eks_cluster.arn
         identities: list[pulumi.Resource] = []
@@ -155,12 +155,12 @@ class Monitoring(pulumi.ComponentResource):
         spec = stack.StackSpec(**{**args.stack_spec.__dict__,
                                   "sns_topic_arn": args.sns_topic.arn if args.sns_topic is not None else None,
                                   "remote_write": remote_write, "region": args.region})
-        self.release = k8s.helm.v3.Release(
-            f"{name}-kube-prometheus-stack", name=stack.RELEASE, chart="kube-prometheus-stack",
-            version=KUBE_PROMETHEUS_STACK_VERSION, repository_opts={"repo": PROMETHEUS_COMMUNITY_REPO},
-            namespace=stack.NAMESPACE, values=stack.helm_values(spec), atomic=True, cleanup_on_fail=True, timeout=900,
+        self.release = helm_addon(
+            f"{name}-kube-prometheus-stack", parent=self, cluster=cluster, release=stack.RELEASE,
+            chart="kube-prometheus-stack", version=KUBE_PROMETHEUS_STACK_VERSION, repo=PROMETHEUS_COMMUNITY_REPO,
+            namespace=stack.NAMESPACE, values=stack.helm_values(spec), timeout_seconds=900,
             # Every object with a ServiceMonitor/PodMonitor/PrometheusRule kind needs the CRDs release.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[*ready, self.crds, *identities]))
+            depends_on=[*ready, self.crds, *identities])
 
         after_crds = pulumi.ResourceOptions(parent=self, depends_on=[self.crds, self.namespace])
         ns = args.component_namespaces

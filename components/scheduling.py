@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import pulumi
-import pulumi_kubernetes as k8s
 
+from components.helm_addon import helm_addon
 from components.cluster import Cluster
 from components.k8s import apply_namespace_objects, apply_object
 from components.versions import KUEUE_CHART, KUEUE_VERSION
@@ -76,16 +76,12 @@ class Scheduling(pulumi.ComponentResource):
             apply_object(f"{name}-priority-{pc['metadata']['name']}", pc, child)
 
         cluster = args.cluster
-        objects = namespace_objects(kueue_namespace_spec(cluster.args.network.args.cidr, cluster.args.service_ipv4_cidr))
+        objects = namespace_objects(kueue_namespace_spec(cluster.vpc_cidr, cluster.service_cidr))
         self.kueue_namespace, self.kueue_network_policies = apply_namespace_objects(f"{name}-kueue", objects, self)
-        # The atomic release waits for the manager's pods: they need nodes and DNS.
-        self.kueue = k8s.helm.v3.Release(
-            f"{name}-kueue", name="kueue", chart=KUEUE_CHART, version=KUEUE_VERSION,
-            namespace=KUEUE_NAMESPACE,
-            values=kueue_values(args.manager, replicas=args.kueue_replicas),
-            atomic=True, cleanup_on_fail=True, timeout=600,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[
-                self.kueue_namespace, *self.kueue_network_policies, cluster.node_group, cluster.addons["coredns"]]),
+        self.kueue = helm_addon(
+            f"{name}-kueue", parent=self, cluster=cluster, release="kueue", chart=KUEUE_CHART, version=KUEUE_VERSION,
+            namespace=KUEUE_NAMESPACE, values=kueue_values(args.manager, replicas=args.kueue_replicas),
+            depends_on=[self.kueue_namespace, *self.kueue_network_policies],
         )
         after_kueue = pulumi.ResourceOptions(parent=self, depends_on=[self.kueue])
         for flavor in args.flavors:

@@ -49,12 +49,15 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import pulumi
 import pulumi_aws as aws
 
-from components.bucket import SSE_S3, LifecycleRule, SecureBucket, SecureBucketArgs, private_bucket
+from components.bucket import LifecycleRule, SecureBucket, SecureBucketArgs
 from components.cluster import Cluster
 from components.images import ECR_PULL_ACTIONS
 from components.names import IAM_ROLE_NAME_MAX, LOAD_BALANCER_NAME_MAX, TARGET_GROUP_NAME_MAX, fitted_name
 from components.k8s import apply_object
 from components.kms import create_key
+from components.log_archive import (  # noqa: F401  (AlbAccessLogs moved; the old name keeps working)
+    ALB_LOG_PREFIX, ELB_ACCOUNT_LOG_DELIVERY_REGIONS, AlbAccessLogs, alb_log_object_arn_suffix,
+)
 from components.mlflow_server import (
     APP_DATABASE_USER,
     HEALTH_CHECK_PATH,
@@ -70,7 +73,7 @@ from components.mlflow_server import (
     mlflow_server_command,
 )
 from components.network import Network
-from components.validation import Problem, accepts_enum_values
+from components.validation import Problem, accepts_enum_values, raise_if_any
 from components.versions import AURORA_POSTGRESQL_VERSION, SECRETS_MANAGER_POSTGRES_ROTATION_APP
 
 TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"  # TLS 1.3 and 1.2 only
@@ -188,70 +191,6 @@ def team_tracking_secret(namespace: str, tracking_uri: str, password_b64: pulumi
             "data": {"MLFLOW_TRACKING_PASSWORD": password_b64}}
 
 
-# -- ALB access logs (logging account) -------------------------------------------------------
-# Regions where ELB delivers access logs as a regional ELB account (regions opened before
-# August 2022): the keys of terraform-provider-aws's elbAccountIdPerRegionMap, behind
-# aws.elb.get_service_account, which fails with "Unknown region" everywhere else. Newer
-# regions deliver as the service principal logdelivery.elasticloadbalancing.amazonaws.com
-# (https://docs.aws.amazon.com/elasticloadbalancing/latest/application/enable-access-logging.html).
-ELB_ACCOUNT_LOG_DELIVERY_REGIONS = frozenset({
-    "af-south-1", "ap-east-1", "ap-northeast-1", "ap-northeast-2", "ap-northeast-3", "ap-south-1",
-    "ap-southeast-1", "ap-southeast-2", "ca-central-1", "cn-north-1", "cn-northwest-1", "eu-central-1",
-    "eu-north-1", "eu-south-1", "eu-west-1", "eu-west-2", "eu-west-3", "me-south-1", "sa-east-1",
-    "us-east-1", "us-east-2", "us-gov-east-1", "us-gov-west-1", "us-west-1", "us-west-2",
-})
-ALB_LOG_PREFIX = "alb"
-
-
-def alb_log_object_arn_suffix(account_id: str) -> str:
-    """Where ELB writes: <bucket>/<prefix>/AWSLogs/<account-id>/elasticloadbalancing/..."""
-    return f"/{ALB_LOG_PREFIX}/AWSLogs/{account_id}/*"
-
-class AlbAccessLogs(pulumi.ComponentResource):
-    """Bucket for load balancer access logs, in the logging account.
-
-    ALB log delivery supports only SSE-S3 buckets, while the log archive uses SSE-KMS: these
-    logs get their own bucket with the controls of every platform bucket
-    (``components.bucket.private_bucket``: versioning, public access block, owner-enforced
-    objects, lifecycle), TLS-only, and deliveries scoped to the writer accounts.
-    """
-
-    def __init__(self, name: str, *, writer_account_ids: Sequence[str], expiration_days: int,
-                 protect: bool, tags: Mapping[str, str], region: Optional[str] = None,
-                 opts: Optional[pulumi.ResourceOptions] = None):
-        """``region``: the load balancers' region; it decides who delivers the logs (None: both
-        principals, for a region listed in ``ELB_ACCOUNT_LOG_DELIVERY_REGIONS``)."""
-        super().__init__("mlplatform:tracking:AlbAccessLogs", name, None, opts)
-        tags = dict(tags)
-        self.bucket, public, _ = private_bucket(
-            name, parent=self, protect=protect, force_destroy=not protect, tags=tags, encryption=SSE_S3,
-            lifecycle_rules=[LifecycleRule(id="expire-logs", expiration_days=expiration_days,
-                                           noncurrent_version_expiration_days=7)])
-        objects = [pulumi.Output.concat(self.bucket.arn, alb_log_object_arn_suffix(account))
-                   for account in writer_account_ids]
-        statements = [
-            {"Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
-             "Resource": [self.bucket.arn, pulumi.Output.concat(self.bucket.arn, "/*")],
-             "Condition": {"Bool": {"aws:SecureTransport": "false"}}},
-            {"Sid": "ElbServiceDelivers", "Effect": "Allow",
-             "Principal": {"Service": "logdelivery.elasticloadbalancing.amazonaws.com"},
-             "Action": "s3:PutObject", "Resource": objects,
-             "Condition": {"StringEquals": {"aws:SourceAccount": list(writer_account_ids)}}},
-        ]
-        if region is None or region in ELB_ACCOUNT_LOG_DELIVERY_REGIONS:
-            # Older regions deliver as the regional ELB account (which cannot carry a SourceAccount
-            # condition; the object path limits it to the writer accounts' prefixes).
-            elb_account = aws.elb.get_service_account_output(opts=pulumi.InvokeOutputOptions(parent=self))
-            statements.insert(1, {"Sid": "ElbAccountDelivers", "Effect": "Allow", "Principal": {"AWS": elb_account.arn},
-                                  "Action": "s3:PutObject", "Resource": objects})
-        policy = pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": statements})
-        # Load balancers that log here depend on this policy: ELB checks its write access when
-        # the access-log attribute is set and refuses it before the policy exists.
-        self.policy = aws.s3.BucketPolicy(f"{name}-policy", bucket=self.bucket.id, policy=policy,
-                                          opts=pulumi.ResourceOptions(parent=self.bucket, depends_on=[public]))
-        self.register_outputs({"bucket": self.bucket.bucket})
-
-
 # -- the tracking service --------------------------------------------------------------------
 @dataclass(frozen=True)
 class DatabaseArgs:
@@ -320,8 +259,6 @@ class TrackingArgs:
     tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from components.validation import raise_if_any
-
         raise_if_any("TrackingArgs", tracking_problems(
             "tracking", is_prod=self.protect, image=self.image, min_capacity_acu=self.database.min_capacity_acu,
             max_capacity_acu=self.database.max_capacity_acu,
@@ -330,66 +267,161 @@ class TrackingArgs:
             password_rotation_days=self.database.password_rotation_days))
 
 
+@dataclass(frozen=True)
+class _SecurityGroups:
+    alb: aws.ec2.SecurityGroup
+    service: aws.ec2.SecurityGroup
+    database: aws.ec2.SecurityGroup
+
+
+@dataclass(frozen=True)
+class _Database:
+    cluster: aws.rds.Cluster
+    instances: list[aws.rds.ClusterInstance]
+    master_secret_arn: pulumi.Output[str]  # RDS-managed master login
+
+
+@dataclass(frozen=True)
+class _TaskRuntime:
+    log_group: aws.cloudwatch.LogGroup
+    ecs_cluster: aws.ecs.Cluster
+    execution_role: aws.iam.Role
+    task_role: aws.iam.Role
+
+
+@dataclass(frozen=True)
+class _Endpoints:
+    certificate: aws.acm.Certificate
+    load_balancers: dict[LoadBalancerScheme, aws.lb.LoadBalancer]
+    target_groups: dict[LoadBalancerScheme, aws.lb.TargetGroup]
+    listeners: list[aws.lb.Listener]
+
+
 class Tracking(pulumi.ComponentResource):
-    """MLflow on Fargate behind HTTPS, Aurora Serverless v2 behind it, artifacts in S3."""
+    """MLflow on Fargate behind HTTPS, Aurora Serverless v2 behind it, artifacts in S3.
+
+    The constructor reads as its steps: key and artifacts bucket, security groups, the log
+    groups services would otherwise create, the database, the secrets and logins, the task
+    runtime, the HTTPS endpoints, the service (once an image is set), in-VPC name resolution and
+    each team's Kubernetes Secret.
+    """
 
     def __init__(self, name: str, args: TrackingArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("mlplatform:tracking:Tracking", name, None, opts)
         self.args = args
         tags = dict(args.tags)
-        child = pulumi.ResourceOptions(parent=self)
-        stateful = pulumi.ResourceOptions(parent=self, protect=args.protect)
-        network, cluster = args.network, args.cluster
         identity = aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(parent=self))
         partition = aws.get_partition_output(opts=pulumi.InvokeOutputOptions(parent=self)).partition
 
-        self.key = create_key(f"{name}-tracking", description="Encrypts MLflow metadata, artifacts and secrets",
-                              parent=self, tags=tags, protect=args.protect)
-        self.artifacts = SecureBucket(
+        self.key, self.artifacts = self._artifacts(name, tags)
+        groups = self._security_groups(name, tags)
+        self.alb_sg, self.service_sg, self.database_sg = groups.alb, groups.service, groups.database
+        self.service_log_groups = self._service_log_groups(name, tags)
+        database = self._database(name, tags)
+        self.database, self.database_instances = database.cluster, database.instances
+        self._secrets(name, partition, tags)
+        runtime = self._task_runtime(name, identity, database.master_secret_arn, tags)
+        self.log_group, self.ecs_cluster = runtime.log_group, runtime.ecs_cluster
+        self.execution_role, self.task_role = runtime.execution_role, runtime.task_role
+        endpoints = self._endpoints(name, tags)
+        self.certificate = endpoints.certificate
+        self.load_balancers, self.target_groups = endpoints.load_balancers, endpoints.target_groups
+        self.task_definition: Optional[aws.ecs.TaskDefinition] = None
+        self.service: Optional[aws.ecs.Service] = None
+        if args.image is not None:
+            self._service(name, args, database.master_secret_arn, endpoints.listeners, tags)
+            self._rotation(name)
+        self.private_zone = self._name_resolution(name, tags)
+        # -- what training pods read -------------------------------------------------------------
+        self.tracking_uri = f"https://{args.domain_name}"
+        self.k8s_secrets = self._team_kubernetes_secrets(name)
+
+        internal = self.load_balancers[LoadBalancerScheme.INTERNAL]
+        self.register_outputs({
+            "tracking_uri": self.tracking_uri,
+            "artifacts_bucket": self.artifacts.name,
+            "database_endpoint": self.database.endpoint,
+            "certificate_arn": self.certificate.arn,
+            "internal_load_balancer": internal.dns_name,
+            "database_user": APP_DATABASE_USER,
+            # Every public attribute, as pulumi-eks registers its outputs.
+            "key": self.key, "artifacts": self.artifacts, "alb_sg": self.alb_sg, "service_sg": self.service_sg,
+            "database_sg": self.database_sg, "rotation_sg": self.rotation_sg,
+            "service_log_groups": self.service_log_groups, "database": self.database,
+            "database_instances": self.database_instances, "admin_password": self.admin_password,
+            "flask_secret": self.flask_secret, "db_app_secret": self.db_app_secret,
+            "rotation_application": self.rotation_application, "db_app_rotation": self.db_app_rotation,
+            "team_secrets": self.team_secrets, "team_passwords": self.team_passwords,
+            "log_group": self.log_group, "ecs_cluster": self.ecs_cluster, "execution_role": self.execution_role,
+            "task_role": self.task_role, "certificate": self.certificate,
+            "load_balancers": {scheme.value: lb for scheme, lb in self.load_balancers.items()},
+            "target_groups": {scheme.value: tg for scheme, tg in self.target_groups.items()},
+            "task_definition": self.task_definition, "service": self.service, "private_zone": self.private_zone,
+            "k8s_secrets": self.k8s_secrets,
+        })
+
+    def _artifacts(self, name: str, tags: dict) -> tuple[aws.kms.Key, SecureBucket]:
+        args = self.args
+        key = create_key(f"{name}-tracking", description="Encrypts MLflow metadata, artifacts and secrets",
+                         parent=self, tags=tags, protect=args.protect)
+        artifacts = SecureBucket(
             f"{name}-artifacts",
-            SecureBucketArgs(kms_key=self.key, lifecycle_rules=args.artifacts_lifecycle,
+            SecureBucketArgs(kms_key=key, lifecycle_rules=args.artifacts_lifecycle,
                              access_logs_bucket=args.access_logs_bucket, access_logs_prefix=f"s3-access/{name}-artifacts/",
                              protect=args.protect, force_destroy=not args.protect, tags=tags),
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self),
         )
+        return key, artifacts
 
-        # -- security groups: ALB <- clients, service <- ALB, database <- service only --------
+    def _security_groups(self, name: str, tags: dict) -> _SecurityGroups:
+        """ALB <- clients, service <- ALB, database <- service only."""
+        args, network = self.args, self.args.network
+        child = pulumi.ResourceOptions(parent=self)
+
         def sg(suffix: str, description: str) -> aws.ec2.SecurityGroup:
             return aws.ec2.SecurityGroup(f"{name}-{suffix}-sg", vpc_id=network.vpc_id, description=description,
                                          tags={**tags, "Name": f"{name}-{suffix}"}, opts=child)
 
-        self.alb_sg = sg("alb", "MLflow load balancers: HTTPS (and redirecting HTTP) from the VPC and listed CIDRs")
-        self.service_sg = sg("service", "MLflow tasks: port 5000 from the load balancers")
-        self.database_sg = sg("db", "MLflow Aurora: PostgreSQL from the MLflow tasks only")
+        groups = _SecurityGroups(
+            alb=sg("alb", "MLflow load balancers: HTTPS (and redirecting HTTP) from the VPC and listed CIDRs"),
+            service=sg("service", "MLflow tasks: port 5000 from the load balancers"),
+            database=sg("db", "MLflow Aurora: PostgreSQL from the MLflow tasks only"))
         client_cidrs = [network.vpc_cidr, *args.ingress_cidrs]
         for port in (443, 80):
             for index, cidr in enumerate(client_cidrs):
                 aws.vpc.SecurityGroupIngressRule(
-                    f"{name}-alb-in-{port}-{index}", security_group_id=self.alb_sg.id, cidr_ipv4=cidr,
+                    f"{name}-alb-in-{port}-{index}", security_group_id=groups.alb.id, cidr_ipv4=cidr,
                     ip_protocol="tcp", from_port=port, to_port=port, description=f"clients on {port}", tags=tags,
-                    opts=pulumi.ResourceOptions(parent=self.alb_sg))
-        self._sg_link(name, "alb-to-service", self.alb_sg, self.service_sg, MLFLOW_PORT, tags)
-        self._sg_link(name, "service-to-db", self.service_sg, self.database_sg, 5432, tags)
+                    opts=pulumi.ResourceOptions(parent=groups.alb))
+        self._sg_link(name, "alb-to-service", groups.alb, groups.service, MLFLOW_PORT, tags)
+        self._sg_link(name, "service-to-db", groups.service, groups.database, 5432, tags)
         # Secrets Manager, ECR, CloudWatch Logs and S3 through the VPC endpoints.
         aws.vpc.SecurityGroupEgressRule(
-            f"{name}-service-out-https", security_group_id=self.service_sg.id, cidr_ipv4="0.0.0.0/0",
+            f"{name}-service-out-https", security_group_id=groups.service.id, cidr_ipv4="0.0.0.0/0",
             ip_protocol="tcp", from_port=443, to_port=443, description="AWS APIs (endpoints, S3)", tags=tags,
-            opts=pulumi.ResourceOptions(parent=self.service_sg))
+            opts=pulumi.ResourceOptions(parent=groups.service))
+        return groups
 
-        # Log groups the services would otherwise create on first write, with the AWS-owned key
-        # and no expiry: the Aurora `postgresql` export (RDS User Guide, "Publishing Aurora
-        # PostgreSQL logs to CloudWatch Logs": /aws/rds/cluster/<cluster>/postgresql) and the
-        # rotation Lambda (/aws/lambda/<function>). Created first, they use the logs key and
-        # the retention; the services then write into them.
-        self.service_log_groups = [
+    def _service_log_groups(self, name: str, tags: dict) -> list[aws.cloudwatch.LogGroup]:
+        """Log groups the services would otherwise create on first write, with the AWS-owned key
+        and no expiry: the Aurora `postgresql` export (RDS User Guide, "Publishing Aurora
+        PostgreSQL logs to CloudWatch Logs": /aws/rds/cluster/<cluster>/postgresql) and the
+        rotation Lambda (/aws/lambda/<function>). Created first, they use the logs key and
+        the retention; the services then write into them."""
+        args = self.args
+        return [
             aws.cloudwatch.LogGroup(f"{name}-{suffix}-logs", name=group, retention_in_days=args.log_retention_days,
                                     kms_key_id=args.log_kms_key.arn if args.log_kms_key is not None else None,
-                                    tags=tags, opts=child)
+                                    tags=tags, opts=pulumi.ResourceOptions(parent=self))
             for suffix, group in service_log_group_names(name).items()]
-        # -- Aurora PostgreSQL Serverless v2 -------------------------------------------------
-        db = args.database
-        subnet_group = aws.rds.SubnetGroup(f"{name}-db-subnets", subnet_ids=network.private_subnet_ids,
-                                           description="MLflow database: private subnets", tags=tags, opts=child)
+
+    def _database(self, name: str, tags: dict) -> _Database:
+        """Aurora PostgreSQL Serverless v2."""
+        args, db = self.args, self.args.database
+        stateful = pulumi.ResourceOptions(parent=self, protect=args.protect)
+        subnet_group = aws.rds.SubnetGroup(f"{name}-db-subnets", subnet_ids=args.network.private_subnet_ids,
+                                           description="MLflow database: private subnets", tags=tags,
+                                           opts=pulumi.ResourceOptions(parent=self))
         scaling = {"min_capacity": db.min_capacity_acu, "max_capacity": db.max_capacity_acu}
         if db.seconds_until_auto_pause is not None:
             scaling["seconds_until_auto_pause"] = db.seconds_until_auto_pause
@@ -401,7 +433,7 @@ class Tracking(pulumi.ComponentResource):
         # internal/service/rds compareActualEngineVersion keeps only a configured *prefix*), so
         # without ignore_changes the next `up` would try to downgrade. A major upgrade is a
         # deliberate change: raise the pin and run `up` once with this ignore_changes removed.
-        self.database = aws.rds.Cluster(
+        cluster = aws.rds.Cluster(
             f"{name}-db", cluster_identifier=cluster_identifier,
             engine="aurora-postgresql", engine_mode="provisioned", engine_version=AURORA_POSTGRESQL_VERSION,
             auto_minor_version_upgrade=True,
@@ -417,123 +449,121 @@ class Tracking(pulumi.ComponentResource):
             tags=tags, opts=pulumi.ResourceOptions.merge(stateful, pulumi.ResourceOptions(
                 ignore_changes=["engineVersion"], depends_on=self.service_log_groups)),
         )
-        self.database_instances = [aws.rds.ClusterInstance(
+        instances = [aws.rds.ClusterInstance(
             # No engine_version: instances follow the cluster's (set there, upgraded there).
-            f"{name}-db-{index + 1}", cluster_identifier=self.database.id, instance_class="db.serverless",
+            f"{name}-db-{index + 1}", cluster_identifier=cluster.id, instance_class="db.serverless",
             engine="aurora-postgresql",
             db_subnet_group_name=subnet_group.name, publicly_accessible=False,
             auto_minor_version_upgrade=True, promotion_tier=index, tags=tags, opts=stateful,
         ) for index in range(db.num_instances)]
-        db_secret_arn = self.database.master_user_secrets.apply(lambda s: s[0]["secret_arn"] if s and isinstance(s[0], dict)
-                                                               else (s[0].secret_arn if s else None))
+        master_secret_arn = cluster.master_user_secrets.apply(lambda s: s[0]["secret_arn"] if s and isinstance(s[0], dict)
+                                                              else (s[0].secret_arn if s else None))
+        return _Database(cluster, instances, master_secret_arn)
 
-        # -- generated secrets ----------------------------------------------------------------
+    def _secrets(self, name: str, partition: pulumi.Output[str], tags: dict) -> None:
+        """The generated admin password and Flask key, the server's database user, the team logins."""
         self.admin_password = self._generated_secret(
             name, "admin-password", f"MLflow basic-auth admin password. {ROTATION_EXCEPTION_PREFIX} "
             f"{ROTATION_EXCEPTIONS['admin-password']}", write_only=True, tags=tags)
         self.flask_secret = self._generated_secret(
             name, "flask-secret-key", f"MLflow Flask session signing key. {ROTATION_EXCEPTION_PREFIX} "
             f"{ROTATION_EXCEPTIONS['flask-secret-key']}", write_only=True, tags=tags)
-        self._database_user(name, network, partition, tags)
+        self._database_user(name, self.args.network, partition, tags)
         self._team_users(name, tags)
 
-        # -- ECS ------------------------------------------------------------------------------
-        self.log_group = aws.cloudwatch.LogGroup(f"{name}-logs", name=f"/ecs/{name}",
-                                                 retention_in_days=args.log_retention_days,
-                                                 kms_key_id=args.log_kms_key.arn if args.log_kms_key is not None else None,
-                                                 tags=tags, opts=child)
-        self.ecs_cluster = aws.ecs.Cluster(f"{name}-ecs", settings=[{"name": "containerInsights", "value": "enabled"}],
-                                           tags=tags, opts=child)
+    def _task_runtime(self, name: str, identity: Any, db_secret_arn: pulumi.Output[str], tags: dict) -> _TaskRuntime:
+        """The ECS cluster, its log group, and the roles: what ECS injects at start, what the server reads."""
+        args = self.args
+        child = pulumi.ResourceOptions(parent=self)
+        log_group = aws.cloudwatch.LogGroup(f"{name}-logs", name=f"/ecs/{name}",
+                                            retention_in_days=args.log_retention_days,
+                                            kms_key_id=args.log_kms_key.arn if args.log_kms_key is not None else None,
+                                            tags=tags, opts=child)
+        ecs_cluster = aws.ecs.Cluster(f"{name}-ecs", settings=[{"name": "containerInsights", "value": "enabled"}],
+                                      tags=tags, opts=child)
         ecs_trust = pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [{
             "Effect": "Allow", "Principal": {"Service": "ecs-tasks.amazonaws.com"}, "Action": "sts:AssumeRole",
             "Condition": {"StringEquals": {"aws:SourceAccount": identity.account_id}}}]})
-        self.execution_role = aws.iam.Role(f"{name}-execution", name=fitted_name(f"{name}-execution", IAM_ROLE_NAME_MAX),
-                                           assume_role_policy=ecs_trust, tags=tags, opts=child)
+        execution_role = aws.iam.Role(f"{name}-execution", name=fitted_name(f"{name}-execution", IAM_ROLE_NAME_MAX),
+                                      assume_role_policy=ecs_trust, tags=tags, opts=child)
         # What ECS injects at task start: the master login and the server user's initial password
         # into the bootstrap container, the admin password and Flask key into the server.
         secret_arns = [db_secret_arn, self.db_app_secret.arn, self.admin_password.arn, self.flask_secret.arn]
         execution_statements = [
             {"Effect": "Allow", "Action": "ecr:GetAuthorizationToken", "Resource": "*"},
             {"Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
-             "Resource": pulumi.Output.concat(self.log_group.arn, ":*")},
+             "Resource": pulumi.Output.concat(log_group.arn, ":*")},
             {"Effect": "Allow", "Action": "secretsmanager:GetSecretValue", "Resource": secret_arns},
             {"Effect": "Allow", "Action": "kms:Decrypt", "Resource": self.key.arn},
         ]
         if args.image_repository_arn is not None:
             execution_statements.append({"Effect": "Allow", "Action": ECR_PULL_ACTIONS, "Resource": args.image_repository_arn})
-        aws.iam.RolePolicy(f"{name}-execution-policy", role=self.execution_role.id,
+        aws.iam.RolePolicy(f"{name}-execution-policy", role=execution_role.id,
                            policy=pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": execution_statements}),
-                           opts=pulumi.ResourceOptions(parent=self.execution_role))
-        self.task_role = aws.iam.Role(f"{name}-task", name=fitted_name(f"{name}-task", IAM_ROLE_NAME_MAX),
-                                      assume_role_policy=ecs_trust, tags=tags, opts=child)
-        self.artifacts.grant_read_write(self.task_role)
+                           opts=pulumi.ResourceOptions(parent=execution_role))
+        task_role = aws.iam.Role(f"{name}-task", name=fitted_name(f"{name}-task", IAM_ROLE_NAME_MAX),
+                                 assume_role_policy=ecs_trust, tags=tags, opts=child)
+        self.artifacts.grant_read_write(task_role)
         # At run time the server reads its own database password (per connection, after a
         # rotation) and the team logins; never the master secret.
         runtime_secrets = [self.db_app_secret.arn, *(s.arn for s in self.team_secrets.values())]
-        aws.iam.RolePolicy(f"{name}-task-secrets", role=self.task_role.id,
+        aws.iam.RolePolicy(f"{name}-task-secrets", role=task_role.id,
                            policy=pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [
                                {"Effect": "Allow", "Action": "secretsmanager:GetSecretValue", "Resource": runtime_secrets},
                                {"Effect": "Allow", "Action": "kms:Decrypt", "Resource": self.key.arn,
                                 "Condition": {"StringLike": {"kms:ViaService": "secretsmanager.*.amazonaws.com"}}},
                            ]}),
-                           opts=pulumi.ResourceOptions(parent=self.task_role))
+                           opts=pulumi.ResourceOptions(parent=task_role))
+        return _TaskRuntime(log_group, ecs_cluster, execution_role, task_role)
 
-        self.certificate = aws.acm.Certificate(f"{name}-cert", domain_name=args.domain_name, validation_method="DNS",
-                                               tags=tags, opts=child)
+    def _endpoints(self, name: str, tags: dict) -> _Endpoints:
+        """The certificate and a load balancer per scheme (internal always; internet-facing on request)."""
+        args = self.args
+        certificate = aws.acm.Certificate(f"{name}-cert", domain_name=args.domain_name, validation_method="DNS",
+                                          tags=tags, opts=pulumi.ResourceOptions(parent=self))
+        self.certificate = certificate  # _validated reads it
         certificate_arn = self._validated(name, args, tags)
-
         schemes = [LoadBalancerScheme.INTERNAL]
         if args.scheme is LoadBalancerScheme.INTERNET_FACING:
             schemes.append(LoadBalancerScheme.INTERNET_FACING)
-        self.load_balancers: dict[LoadBalancerScheme, aws.lb.LoadBalancer] = {}
-        self.target_groups: dict[LoadBalancerScheme, aws.lb.TargetGroup] = {}
-        listeners = []
+        endpoints = _Endpoints(certificate, {}, {}, [])
         for scheme in schemes:
             lb, tg, scheme_listeners = self._load_balancer(name, scheme, certificate_arn, tags)
-            self.load_balancers[scheme], self.target_groups[scheme] = lb, tg
-            listeners += scheme_listeners
+            endpoints.load_balancers[scheme], endpoints.target_groups[scheme] = lb, tg
+            endpoints.listeners.extend(scheme_listeners)
+        return endpoints
 
-        self.task_definition: Optional[aws.ecs.TaskDefinition] = None
-        self.service: Optional[aws.ecs.Service] = None
-        if args.image is not None:
-            self._service(name, args, db_secret_arn, listeners, tags)
-            self._rotation(name)
-
-        # -- in-VPC name resolution: the tracking domain points at the internal load balancer --
+    def _name_resolution(self, name: str, tags: dict) -> aws.route53.Zone:
+        """In-VPC name resolution: the tracking domain points at the internal load balancer."""
+        args = self.args
         internal = self.load_balancers[LoadBalancerScheme.INTERNAL]
-        self.private_zone = aws.route53.Zone(f"{name}-private-zone", name=args.domain_name,
-                                             comment="MLflow tracking domain inside the VPC",
-                                             vpcs=[{"vpc_id": network.vpc_id}], force_destroy=True, tags=tags, opts=child)
-        aws.route53.Record(f"{name}-private-record", zone_id=self.private_zone.zone_id, name=args.domain_name, type="A",
+        zone = aws.route53.Zone(f"{name}-private-zone", name=args.domain_name,
+                                comment="MLflow tracking domain inside the VPC",
+                                vpcs=[{"vpc_id": args.network.vpc_id}], force_destroy=True, tags=tags,
+                                opts=pulumi.ResourceOptions(parent=self))
+        aws.route53.Record(f"{name}-private-record", zone_id=zone.zone_id, name=args.domain_name, type="A",
                            aliases=[{"name": internal.dns_name, "zone_id": internal.zone_id, "evaluate_target_health": True}],
-                           opts=pulumi.ResourceOptions(parent=self.private_zone))
+                           opts=pulumi.ResourceOptions(parent=zone))
         if args.route53_zone_id and args.scheme is LoadBalancerScheme.INTERNET_FACING:
             public = self.load_balancers[LoadBalancerScheme.INTERNET_FACING]
             aws.route53.Record(f"{name}-public-record", zone_id=args.route53_zone_id, name=args.domain_name, type="A",
                                aliases=[{"name": public.dns_name, "zone_id": public.zone_id, "evaluate_target_health": True}],
-                               opts=child)
+                               opts=pulumi.ResourceOptions(parent=self))
+        return zone
 
-        # -- what training pods read -------------------------------------------------------------
-        self.tracking_uri = f"https://{args.domain_name}"
-        self.k8s_secrets = {}
+    def _team_kubernetes_secrets(self, name: str) -> dict[str, pulumi.Resource]:
+        """Each team's login as a Secret in its namespace (the team's own login, never the admin's)."""
+        args = self.args
+        secrets = {}
         for namespace in args.namespaces:
-            # The team's own login, never the admin's.
             password_b64 = self.team_passwords[namespace].apply(lambda p: base64.b64encode(p.encode()).decode())
-            self.k8s_secrets[namespace] = apply_object(
+            secrets[namespace] = apply_object(
                 f"{name}-secret-{namespace}",
                 team_tracking_secret(namespace, self.tracking_uri, pulumi.Output.secret(password_b64)),
-                pulumi.ResourceOptions(parent=self, provider=cluster.k8s_provider, depends_on=(
+                pulumi.ResourceOptions(parent=self, provider=args.cluster.k8s_provider, depends_on=(
                     [args.namespace_resources[namespace]] if namespace in args.namespace_resources else [])),
             )
-
-        self.register_outputs({
-            "tracking_uri": self.tracking_uri,
-            "artifacts_bucket": self.artifacts.name,
-            "database_endpoint": self.database.endpoint,
-            "certificate_arn": self.certificate.arn,
-            "internal_load_balancer": internal.dns_name,
-            "database_user": APP_DATABASE_USER,
-        })
+        return secrets
 
     def _service(self, name, args, db_secret_arn, listeners, tags) -> None:
         network = args.network

@@ -23,6 +23,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from components.helm_addon import helm_addon, system_ready
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_object
 from components.versions import (
@@ -135,9 +136,7 @@ class TrainingOperatorsArgs:
 class TrainingOperators(pulumi.ComponentResource):
     def __init__(self, name: str, args: TrainingOperatorsArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("mlplatform:training:TrainingOperators", name, None, opts)
-        system_ready = ([args.cluster.node_group, args.cluster.addons["coredns"]]
-                        if args.cluster is not None else [])
-        child = pulumi.ResourceOptions(parent=self, depends_on=system_ready)
+        child = pulumi.ResourceOptions(parent=self, depends_on=system_ready(args.cluster) if args.cluster is not None else [])
         # The local overlay (written with the verified upstream tree by infra.vendor before the
         # program runs) is built by the provider; no git, no remote URL at deploy time.
         self.training_operator = k8s.kustomize.v2.Directory(
@@ -145,10 +144,10 @@ class TrainingOperators(pulumi.ComponentResource):
         )
         self.trainer: Optional[k8s.helm.v3.Release] = None
         if args.trainer_v2:
-            self.trainer = k8s.helm.v3.Release(
-                f"{name}-trainer", name="kubeflow-trainer", chart=TRAINER_CHART, version=TRAINER_VERSION,
-                namespace=TRAINER_NAMESPACE, create_namespace=True, values=trainer_values(replicas=args.trainer_replicas),
-                atomic=True, cleanup_on_fail=True, timeout=600, opts=child,
+            self.trainer = helm_addon(
+                f"{name}-trainer", parent=self, cluster=args.cluster, release="kubeflow-trainer", chart=TRAINER_CHART,
+                version=TRAINER_VERSION, namespace=TRAINER_NAMESPACE, create_namespace=True,
+                values=trainer_values(replicas=args.trainer_replicas),
             )
             # The runtime TrainJobs reference: torch-distributed with the platform's failure policy.
             self.torch_runtime = apply_object(f"{name}-torch-runtime", trainjob_runtime.cluster_training_runtime(),

@@ -1,19 +1,21 @@
 """The platform's capabilities, listed once, in deployment order.
 
-``infra.program`` deploys them in this order (each may use components an earlier one left in
-``Platform.components``); ``infra.plan`` prints their sections and warnings in the same order
+``infra.program`` deploys them in this order (each may use what an earlier one set on the
+``Platform``: ``scheduling``, ``datasets``, ...); ``infra.plan`` prints their sections and warnings in the same order
 and adds up their idle-cost lines. The policy gate deploys nothing: it checks the recorded graph.
 """
 from __future__ import annotations
 
-from infra import ci, datasets_tracking, gitops, gpu_capacity, monitoring, operations, pins, policy_gate, training
+from infra import ci, datasets, gitops, gpu_capacity, monitoring, operations, pins, policy_gate, tracking, training
 from infra.capability import Capability
+from infra.config import PlatformConfig
 from infra.foundation import FOUNDATION
 
 CAPABILITIES: tuple[Capability, ...] = (
     FOUNDATION,
     gpu_capacity.CAPABILITY,
-    datasets_tracking.CAPABILITY,
+    datasets.CAPABILITY,
+    tracking.CAPABILITY,
     training.CAPABILITY,
     operations.CAPABILITY,
     monitoring.CAPABILITY,
@@ -22,3 +24,8 @@ CAPABILITIES: tuple[Capability, ...] = (
     ci.CAPABILITY,
     policy_gate.CAPABILITY,
 )
+
+
+def log_group_names(config: PlatformConfig) -> list[str]:
+    """Every CloudWatch log group of the workload account the platform creates, in capability order."""
+    return [name for capability in CAPABILITIES for name in capability.log_group_names(config)]

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from infra.config import PlatformConfig
 from infra.costs import CostLine
-from infra.mock_engine import Recording
+from infra.recording import Recording
 from infra.platform import Platform
 
 Section = tuple[str, list[str]]
@@ -23,6 +23,7 @@ Deploy = Callable[[Platform], Mapping[str, Any]]
 Sections = Callable[[PlatformConfig, Recording], Iterable[Section]]
 Warnings = Callable[[PlatformConfig, Recording], Iterable[str]]
 CostLines = Callable[[Recording, dt.date], Iterable[CostLine]]
+LogGroupNames = Callable[[PlatformConfig], Iterable[str]]
 
 
 def _no_outputs(platform: Platform) -> Mapping[str, Any]:
@@ -38,6 +39,8 @@ class Capability:
     """name: shown in errors and docs. deploy: adds the components, returns stack outputs.
     plan_sections / warnings: what the offline plan prints for it (from the config and the
     recorded graph). cost_lines: idle monthly cost of what it creates, from the recorded graph.
+    log_group_names: the CloudWatch log groups it will create; the foundation's log key, made
+    before any capability runs, must name them all (``infra.capabilities.log_group_names``).
     """
 
     name: str
@@ -45,3 +48,4 @@ class Capability:
     plan_sections: Sections = _nothing
     warnings: Warnings = _nothing
     cost_lines: CostLines = _nothing
+    log_group_names: LogGroupNames = _nothing

@@ -25,7 +25,7 @@ from infra.capability import Capability
 from infra.config import PlatformConfig
 from infra.config.ci import OidcProviderMode
 from infra.costs import CostLine
-from infra.mock_engine import Recording
+from infra.recording import Recording
 from infra.platform import Platform
 from infra.regions import partition_of
 
@@ -115,4 +115,5 @@ def cost_lines(recording: Recording, today: dt.date) -> Iterator[CostLine]:
     return iter(())  # the state key is counted with every KMS key; CodeBuild bills per build minute only
 
 
-CAPABILITY = Capability(name="ci", deploy=deploy, plan_sections=plan_sections, warnings=warnings, cost_lines=cost_lines)
+CAPABILITY = Capability(name="ci", deploy=deploy, plan_sections=plan_sections, warnings=warnings, cost_lines=cost_lines,
+                        log_group_names=log_group_names)

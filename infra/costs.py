@@ -13,7 +13,7 @@ from typing import Any, Iterator, Union
 
 from components.versions import EKS_VERSIONS
 from infra.config import PlatformConfig
-from infra.mock_engine import Recording
+from infra.recording import Recording
 from workloads.gpu_catalog import gpu_type
 from workloads.prices import HOURS_PER_MONTH, SPOT_DISCOUNT, STACK_PRICES, InstancePrice, UnitPrice, price
 
@@ -174,7 +174,7 @@ def alarms(recording: Recording) -> Iterator[CostLine]:
 
 def gpu_pool_rates(config: PlatformConfig) -> list[str]:
     lines = []
-    for pool in getattr(config, "gpu_pools", None) or []:
+    for pool in config.gpu_pools:
         for shape in gpu_type(pool.gpu_type).shapes_for(pool.gpus_per_node, efa=pool.efa):
             try:
                 rate = price(shape.instance_type)

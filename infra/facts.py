@@ -13,7 +13,7 @@ from typing import Any, Optional
 from components.datasets import DatasetBucket, write_throughput_mb_per_s
 from components.tracking import K8S_SECRET_NAME
 from infra.config import PlatformConfig
-from infra.mock_engine import Recording
+from infra.recording import Recording
 from infra.plan import Plan, build_plan
 from workloads.platform_facts import PlatformFacts, facts_from_manifests
 from workloads.trainingjob import TORCH_DISTRIBUTED_RUNTIME

@@ -7,7 +7,8 @@ plane, static nodes, network and the stack's storage and keys.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Iterable, Iterator
+import json
+from typing import Any, Iterable, Iterator, Sequence
 
 import pulumi
 import pulumi_aws as aws
@@ -34,14 +35,13 @@ from components.versions import (
     addon_versions,
     ami_release_date,
 )
-from infra import costs, datasets_tracking, monitoring, operations
+from infra import costs
 from infra.accounts import AccountProviders, create_account_providers
-from infra.ci import log_group_names as ci_log_group_names
 from infra.capability import Capability
 from infra.config import AuditTrailMode, PlatformConfig
 from infra.costs import CostLine
-from infra.mock_engine import Recording
-from infra.platform import Platform, access_log_bucket
+from infra.recording import Recording
+from infra.platform import Platform, access_log_bucket, datasets_name
 
 
 def audit_trail_name(config: PlatformConfig) -> str:
@@ -68,7 +68,7 @@ def _data_event_selectors(config: PlatformConfig, archive: LogArchive) -> dict[s
         "Log archive: object writes other than deliveries", [pulumi.Output.concat(archive.bucket.arn, "/")],
         writes_only_except_delivery=True)]}
     if config.datasets is not None:
-        name = datasets_tracking.datasets_name(config)
+        name = datasets_name(config)
         selectors["workload"] = [s3_object_events(
             "Tenant data: datasets and checkpoints objects",
             [bucket_arn_prefix(partition, name, kind) for kind in (DatasetBucket.DATASETS, DatasetBucket.CHECKPOINTS)])]
@@ -100,14 +100,14 @@ def _audit_trails(config: PlatformConfig, providers: AccountProviders, archive: 
 
 
 def log_group_names(config: PlatformConfig) -> list[str]:
-    """Every CloudWatch log group of the workload account the platform creates."""
-    return [control_plane_log_group_name(config.cluster_name), *datasets_tracking.log_group_names(config),
-            *operations.log_group_names(config), *monitoring.log_group_names(config),
-            *ci_log_group_names(config)]
+    """The foundation's own CloudWatch log groups (the cluster's control-plane logs)."""
+    return [control_plane_log_group_name(config.cluster_name)]
 
 
-def build_platform(config: PlatformConfig, *, read_only: bool = False) -> Platform:
-    """``read_only``: a pull-request preview (``infra.deploy preview --read-only``): every AWS
+def build_platform(config: PlatformConfig, log_groups: Sequence[str], *, read_only: bool = False) -> Platform:
+    """``log_groups``: every log group the platform will create (the log key must name each
+    one before it exists), from ``infra.capabilities.log_group_names``, the foundation's included.
+    ``read_only``: a pull-request preview (``infra.deploy preview --read-only``): every AWS
     provider uses the stack's ``<name>-ci-reader`` roles."""
     providers = create_account_providers(config, read_only=read_only)
     tags = config.resource_tags
@@ -136,7 +136,7 @@ def build_platform(config: PlatformConfig, *, read_only: bool = False) -> Platfo
     audit_trails = _audit_trails(config, providers, log_archive)
     log_group_key = LogGroupKey(
         f"{config.name}-logs",
-        LogGroupKeyArgs(log_group_names=log_group_names(config), protect=config.protect_stateful, tags=tags),
+        LogGroupKeyArgs(log_group_names=list(log_groups), protect=config.protect_stateful, tags=tags),
         opts=pulumi.ResourceOptions(providers={"aws": providers.workload}),
     )
     net = config.network
@@ -236,10 +236,18 @@ def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tupl
         f"{archive.break_glass_role_name}",
         f"S3 server access logs: an SSE-S3 bucket in each of {', '.join(access) or 'no account'}, "
         f"expire after {archive.access_log_expiration_days} days",
-        f"CloudWatch log groups: KMS-encrypted ({len(log_group_names(config))} groups), control plane kept "
+        f"CloudWatch log groups: KMS-encrypted ({_encrypted_log_groups(config, recording)} groups), control plane kept "
         f"{config.cluster.log_retention_days} days",
         f"interface endpoints: {'on' if config.interface_endpoints else 'off (AWS APIs through the NAT gateway)'}",
     ])
+
+
+def _encrypted_log_groups(config: PlatformConfig, recording: Recording) -> int:
+    """How many log groups the recorded log key admits (its ``kms:EncryptionContext:aws:logs:arn``)."""
+    key = recording.one("aws:kms/key:Key", f"{config.name}-logs-key")
+    statements = json.loads(key.inputs["policy"])["Statement"]
+    return sum(len(s.get("Condition", {}).get("ArnLike", {}).get("kms:EncryptionContext:aws:logs:arn", []))
+               for s in statements)
 
 
 def _eks_support(config: PlatformConfig, recording: Recording) -> Iterable[str]:
@@ -329,4 +337,5 @@ def cost_lines(recording: Recording, today: dt.date) -> Iterator[CostLine]:
     yield from costs.observability(recording)
 
 
-FOUNDATION = Capability("foundation", deploy=deploy, plan_sections=plan_sections, warnings=warnings, cost_lines=cost_lines)
+FOUNDATION = Capability("foundation", deploy=deploy, plan_sections=plan_sections, warnings=warnings, cost_lines=cost_lines,
+                        log_group_names=log_group_names)

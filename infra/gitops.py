@@ -15,7 +15,7 @@ from components.argocd import ArgoCD, ArgoCDArgs, SecretSource, SsoArgs
 from components.versions import ARGO_WORKFLOWS_APP_VERSION, ARGOCD_APP_VERSION, ARGOCD_CHART_VERSION
 from infra.capability import Capability
 from infra.config import GitopsConfig, PlatformConfig, SecretSourceConfig
-from infra.mock_engine import Recording
+from infra.recording import Recording
 from infra.platform import Platform
 from workloads import gitops
 
@@ -25,10 +25,6 @@ RENDERED_ROOT = "workloads/rendered"
 def rendered_path(config: PlatformConfig, stack: str) -> str:
     assert config.gitops is not None
     return config.gitops.rendered_path or f"{RENDERED_ROOT}/{stack}"
-
-
-def team_namespaces(config: PlatformConfig) -> list[str]:
-    return sorted(t.namespace for t in config.scheduling.teams)
 
 
 def is_ha(config: PlatformConfig) -> bool:
@@ -48,7 +44,7 @@ def gitops_spec(config: PlatformConfig, stack: str) -> gitops.GitOpsSpec:
     assert g is not None
     return gitops.GitOpsSpec(
         platform=config.name, repo_url=g.repo_url, target_revision=g.target_revision,
-        rendered_path=rendered_path(config, stack), namespaces=tuple(team_namespaces(config)),
+        rendered_path=rendered_path(config, stack), namespaces=tuple(sorted(config.team_namespaces)),
         sync_mode=sync_mode(config),
         sync_windows=tuple(gitops.SyncWindowSpec(kind=gitops.WindowKind(w.kind), schedule=w.schedule,
                                                  duration=w.duration, time_zone=w.time_zone, manual_sync=w.manual_sync)
@@ -83,7 +79,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
                                "gitopsRenderedPath": rendered_path(config, stack)}
     if config.gitops.argo_workflows and config.scheduling.teams:
         ArgoWorkflows(f"{config.name}-argo-workflows",
-                      ArgoWorkflowsArgs(cluster=platform.cluster, namespaces=team_namespaces(config), ha=is_ha(config),
+                      ArgoWorkflowsArgs(cluster=platform.cluster, namespaces=sorted(config.team_namespaces), ha=is_ha(config),
                                         namespace_resources=platform.team_namespace_resources()),
                       opts=platform.kubernetes_opts())
     return outputs

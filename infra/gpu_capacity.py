@@ -14,7 +14,7 @@ from components.karpenter import Karpenter, KarpenterArgs, KarpenterPrerequisite
 from components.scheduling import Scheduling, SchedulingArgs
 from infra.capability import Capability
 from infra.config import GpuPoolConfig, PlatformConfig, TeamConfig
-from infra.mock_engine import Recording, RecordedResource
+from infra.recording import Recording, RecordedResource
 from infra.platform import Platform
 from workloads import kueue, scheduling, tenancy
 from workloads import gpu_sharing
@@ -46,10 +46,6 @@ def cpu_pool_spec(config: PlatformConfig) -> Optional[CpuPoolSpec]:
                        root_volume_gib=cpu.root_volume_gib, ami_alias=config.karpenter.ami_alias)
 
 
-def team_namespace(team: TeamConfig) -> str:
-    return team.namespace
-
-
 def tenancy_spec(team: TeamConfig) -> tenancy.TeamTenancy:
     return tenancy.TeamTenancy(namespace=team.namespace, posix_id=team.uid, default_priority=team.priority,
                                local_queue=kueue.LOCAL_QUEUE_NAME)
@@ -79,7 +75,7 @@ def team_specs(config: PlatformConfig, s3_prefix_list_cidrs: Any = None,
         for resource, n in slices(t).items():
             cohort_slices[resource] = cohort_slices.get(resource, 0) + n
     for team in config.scheduling.teams:
-        ns = team_namespace(team)
+        ns = team.namespace
         tenancy_ = tenancy_spec(team)
         out.append((
             scheduling.TeamNamespaceSpec(
@@ -142,10 +138,10 @@ def deploy(platform: Platform) -> dict[str, Any]:
         opts=platform.kubernetes_opts(),
     )
     # The gateway endpoint's cidr_blocks are S3's prefix-list ranges for the region.
-    platform.components["scheduling"] = Scheduling(
+    platform.scheduling = Scheduling(
         f"{config.name}-scheduling",
         SchedulingArgs(cluster=cluster, teams=team_specs(config, platform.network.s3_endpoint.cidr_blocks,
-                                                          cluster.args.service_ipv4_cidr), flavors=flavor_specs(config),
+                                                          cluster.service_cidr), flavors=flavor_specs(config),
                        manager=kueue.ManagerConfigSpec(wait_for_pods_ready_timeout=config.scheduling.wait_for_pods_ready_timeout),
                        kueue_replicas=2 if config.is_prod else 1),
         opts=platform.kubernetes_opts(),
@@ -154,7 +150,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
         "karpenterInterruptionQueue": prerequisites.queue.name,
         "karpenterNodeRoleName": prerequisites.node_role.name,
         "gpuPools": [p.name for p in pools],
-        "teamNamespaces": [team_namespace(t) for t in config.scheduling.teams],
+        "teamNamespaces": config.team_namespaces,
     }
 
 

@@ -21,7 +21,7 @@ from infra import costs
 from infra.capability import Capability
 from infra.config import PlatformConfig
 from infra.costs import CostLine
-from infra.mock_engine import Recording
+from infra.recording import Recording
 from infra.platform import Platform
 from workloads.monitoring import alerts, stack
 
@@ -50,7 +50,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
     config = platform.config
     if config.monitoring is None:
         return {}
-    alarm = platform.components.get("gpu_idle_alarm")
+    alarm = platform.gpu_idle_alarm
     monitoring = Monitoring(
         f"{config.name}-monitoring",
         MonitoringArgs(cluster=platform.cluster, region=config.region, stack_spec=stack_spec(config),
@@ -58,15 +58,15 @@ def deploy(platform: Platform) -> dict[str, Any]:
                        sns_topic=alarm.topic if alarm is not None else None,
                        sns_topic_key=alarm.key if alarm is not None else None,
                        managed=config.monitoring.managed,
-                       team_namespaces=[t.namespace for t in config.scheduling.teams],
+                       team_namespaces=config.team_namespaces,
                        component_namespaces={"gpu": GPU_NAMESPACE, "karpenter": KARPENTER_NAMESPACE,
                                              "kueue": KUEUE_NAMESPACE,
                                              "training_operator": TRAINING_OPERATOR_NAMESPACE},
                        # Team namespaces (the trainer scrape policies live there) come from scheduling.
-                       depends_on=[platform.components["scheduling"]] if "scheduling" in platform.components else [],
+                       depends_on=[platform.scheduling] if platform.scheduling is not None else [],
                        tags=config.resource_tags),
         opts=platform.kubernetes_opts())
-    platform.components["monitoring"] = monitoring
+    platform.monitoring = monitoring
     outputs: dict[str, Any] = {"monitoringNamespace": stack.NAMESPACE}
     if monitoring.amp_workspace is not None:
         outputs["ampWorkspaceId"] = monitoring.amp_workspace.id
@@ -129,4 +129,4 @@ def cost_lines(recording: Recording, today: dt.date) -> Iterator[CostLine]:
 
 
 CAPABILITY = Capability("monitoring", deploy=deploy, plan_sections=plan_sections, warnings=warnings,
-                        cost_lines=cost_lines)
+                        cost_lines=cost_lines, log_group_names=log_group_names)

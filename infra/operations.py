@@ -16,7 +16,7 @@ from infra import costs
 from infra.capability import Capability
 from infra.config import PlatformConfig
 from infra.costs import CostLine
-from infra.mock_engine import Recording
+from infra.recording import Recording
 from infra.platform import Platform
 from workloads.karpenter import duration_seconds
 
@@ -58,7 +58,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
             opts=platform.workload_opts())
         outputs["gpu_idle_alarm"] = alarm.alarm.name
         # The monitoring capability routes Alertmanager to this alarm's topic.
-        platform.components["gpu_idle_alarm"] = alarm
+        platform.gpu_idle_alarm = alarm
     return outputs
 
 
@@ -110,4 +110,4 @@ def cost_lines(recording: Recording, today: dt.date) -> Iterator[CostLine]:
 
 
 CAPABILITY = Capability("operations", deploy=deploy, plan_sections=plan_sections, warnings=warnings,
-                        cost_lines=cost_lines)
+                        cost_lines=cost_lines, log_group_names=log_group_names)

@@ -11,7 +11,7 @@ from typing import Iterator
 from components.versions import UNCONFIRMED_PINS
 from infra.capability import Capability
 from infra.config import PlatformConfig
-from infra.mock_engine import Recording
+from infra.recording import Recording
 
 
 def warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:

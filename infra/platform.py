@@ -8,9 +8,13 @@ import pulumi
 
 from components.bucket import AccessLogBucket, AccessLogBucketArgs
 from components.cluster import Cluster
+from components.datasets import Datasets
+from components.gpu_idle_alarm import GpuIdleAlarm
 from components.kms import LogGroupKey
 from components.log_archive import AuditTrail, LogArchive
+from components.monitoring import Monitoring
 from components.network import Network
+from components.scheduling import Scheduling
 from infra.accounts import AccountProviders
 from infra.config import PlatformConfig
 
@@ -24,8 +28,12 @@ class Platform:
     log_archive: LogArchive
     network: Network
     cluster: Cluster
-    # Components a capability built that a later one uses (e.g. "datasets", "scheduling").
-    components: dict[str, Any] = field(default_factory=dict)
+    # What a capability built that a later one uses, set by the capability that builds it (None
+    # while that capability has not run, or when its config section is off).
+    scheduling: Optional[Scheduling] = None  # gpu capacity: team namespaces, Kueue
+    datasets: Optional[Datasets] = None  # datasets: buckets, FSx
+    gpu_idle_alarm: Optional[GpuIdleAlarm] = None  # operations: its topic routes Alertmanager
+    monitoring: Optional[Monitoring] = None
     log_group_key: Optional[LogGroupKey] = None
     audit_trails: list[AuditTrail] = field(default_factory=list)
     # S3 server access log targets by account key; see ``access_log_bucket``.
@@ -50,8 +58,7 @@ class Platform:
     def team_namespace_resources(self) -> dict[str, pulumi.Resource]:
         """The team Namespace objects by namespace name (empty before the scheduling capability
         created them, or without teams): every namespaced object depends on its namespace."""
-        scheduling = self.components.get("scheduling")
-        by_team = getattr(scheduling, "namespaces", {}) if scheduling is not None else {}
+        by_team = self.scheduling.namespaces if self.scheduling is not None else {}
         return {team.namespace: by_team[team.name] for team in self.config.scheduling.teams if team.name in by_team}
 
     def workload_opts(self, **kwargs: Any) -> pulumi.ResourceOptions:
@@ -63,6 +70,12 @@ class Platform:
         return pulumi.ResourceOptions(
             providers={"aws": self.providers.workload, "kubernetes": self.cluster.k8s_provider}, **kwargs
         )
+
+
+def datasets_name(config: PlatformConfig) -> str:
+    """The datasets component's name: the foundation's audit trail names its buckets before the
+    datasets capability creates them."""
+    return f"{config.name}-datasets"
 
 
 def access_log_bucket(config: PlatformConfig, providers: AccountProviders, account: str) -> AccessLogBucket:

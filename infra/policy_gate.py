@@ -10,7 +10,7 @@ from typing import Iterator, Optional
 
 from infra.capability import Capability
 from infra.config import PlatformConfig
-from infra.mock_engine import Recording
+from infra.recording import Recording
 from policypack.rules import MANDATORY, RULES, Resource
 
 

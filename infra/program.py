@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 import pulumi
 
-from infra.capabilities import CAPABILITIES
+from infra.capabilities import CAPABILITIES, log_group_names
 from infra.config import PROJECT, PlatformConfig, load_platform_config
 from infra.ci import read_only_requested
 from infra.foundation import build_platform
@@ -64,7 +64,7 @@ def main(prepare: Optional[Callable[[], Any]] = None) -> Platform:
     config = read_config()
     if prepare is not None:
         prepare()
-    platform = build_platform(config, read_only=read_only_requested())
+    platform = build_platform(config, log_group_names(config), read_only=read_only_requested())
     for capability in CAPABILITIES:
         for key, value in capability.deploy(platform).items():
             pulumi.export(key, value)

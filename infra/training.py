@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from components.datasets import DatasetBucket
+from components.datasets import DatasetBucket, Datasets
 from components.training import (
     TeamTrainerAccess, TeamTrainerAccessArgs, TrainingOperators, TrainingOperatorsArgs, team_checkpoint_prefix,
 )
 from components.versions import TRAINER_VERSION, TRAINING_OPERATOR_VERSION
 from infra.capability import Capability
 from infra.config import PlatformConfig
-from infra.mock_engine import Recording
+from infra.recording import Recording
 from infra.platform import Platform
 from workloads.trainingjob import TORCH_DISTRIBUTED_RUNTIME
 
@@ -28,18 +28,15 @@ def deploy(platform: Platform) -> dict[str, Any]:
     )
     outputs: dict[str, Any] = {"trainingOperatorVersion": TRAINING_OPERATOR_VERSION,
                                "trainerV2Runtime": TORCH_DISTRIBUTED_RUNTIME if config.training.trainer_v2 else None}
-    datasets = platform.components.get("datasets")
-    scheduling = platform.components.get("scheduling")
+    datasets = platform.datasets
     teams = config.scheduling.teams
     if datasets is not None and teams:
-        namespaces = {t.namespace: t.name for t in teams}
-        ns_objects = getattr(scheduling, "namespaces", {}) if scheduling is not None else {}
         access = TeamTrainerAccess(
             f"{config.name}-trainer-access",
             TeamTrainerAccessArgs(
                 cluster=platform.cluster, checkpoints_bucket=datasets.buckets[DatasetBucket.CHECKPOINTS],
-                namespaces=list(namespaces), region=config.region,
-                namespace_resources={ns: ns_objects[team] for ns, team in namespaces.items() if team in ns_objects},
+                namespaces=config.team_namespaces, region=config.region,
+                namespace_resources=platform.team_namespace_resources(),
                 fsx=datasets, posix_ids={t.namespace: t.uid for t in teams},
                 checkpoints_dra_prefix=_checkpoints_prefix(datasets), tags=config.resource_tags,
             ),
@@ -49,7 +46,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
     return outputs
 
 
-def _checkpoints_prefix(datasets: Any) -> str:
+def _checkpoints_prefix(datasets: Datasets) -> str:
     """The S3 prefix behind /checkpoints (team directories are created through it)."""
     for dra in datasets.args.fsx.associations:
         if dra.bucket is DatasetBucket.CHECKPOINTS:

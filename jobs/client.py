@@ -39,10 +39,11 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 from jobs.kube import NODES, PODS, PYTORCHJOBS, TRAINJOBS, WORKLOADS, KubeApi, KubeError, KubectlApi, NoClusterAccess
 from jobs.store import AttemptRecord, CheckpointStore, S3Store, StoreError
+from workloads.scheduling import team_namespace
 
 ROOT = Path(__file__).resolve().parent.parent
 MANAGED_BY = "app.kubernetes.io/managed-by=mlplatform"
@@ -447,7 +448,7 @@ class JobClient:
 
     # -- reading jobs -------------------------------------------------------------------------
     def _raw(self, name: str, team: str) -> dict:
-        namespace = f"team-{team}"
+        namespace = team_namespace(team)
         for resource in (PYTORCHJOBS, TRAINJOBS):
             try:
                 obj = self.kube.get(resource, name, namespace)
@@ -465,7 +466,7 @@ class JobClient:
     def list(self, team: Optional[str] = None, *, include_finished: bool = False) -> list[Job]:
         """The platform's jobs of one team (every team the caller may read without ``team``),
         newest first; finished ones only with ``include_finished``."""
-        namespace = f"team-{team}" if team else None
+        namespace = team_namespace(team) if team else None
         found = []
         for resource in (PYTORCHJOBS, TRAINJOBS):
             try:

@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 from workloads.fsx import DATASETS_DIR, FSX_MOUNT_PATH
 from workloads.problems import InvalidInputError, Problem
+from workloads.scheduling import team_namespace
 
 MANIFEST = "_dataset.json"
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9._]{0,61}[a-z0-9])?$")
@@ -146,7 +147,7 @@ def upload_dataset(directory: str, *, dataset: str, team: str, facts: Any = None
     root = Path(directory)
     files = dataset_files(root)
     version, digests = content_version(root, files)
-    namespace = f"team-{team}"
+    namespace = team_namespace(team)
     prefix = f"{namespace}/{dataset}/{version}/"
     fsx_path = f"{FSX_MOUNT_PATH}/{DATASETS_DIR}/{prefix.rstrip('/')}"
     total = sum(p.stat().st_size for p in files)

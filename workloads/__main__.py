@@ -413,7 +413,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.command == "submit":
         return cmd_submit(args)
     if args.command == "status":
-        return _run(status_commands(args.name, f"team-{args.team}", args.kind))
+        from workloads.scheduling import team_namespace
+
+        return _run(status_commands(args.name, team_namespace(args.team), args.kind))
     return cmd_readiness(args)
 
 

@@ -29,7 +29,7 @@ from pydantic.alias_generators import to_camel
 
 from workloads.fsx import DATASETS_DIR, FSX_MOUNT_PATH, team_subtree_path
 from workloads.problems import InvalidInputError, Problem
-from workloads.scheduling import Priority
+from workloads.scheduling import Priority, team_namespace
 
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 # Pod names are <name>-worker-<index> and Services <name>-master-0: keep the name short enough
@@ -451,7 +451,7 @@ class JobSpec(_Model):
     # -- derived -------------------------------------------------------------------------
     @property
     def namespace(self) -> str:
-        return f"team-{self.team}"
+        return team_namespace(self.team)
 
     @property
     def experiment_name(self) -> str:

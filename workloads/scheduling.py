@@ -22,6 +22,11 @@ class Priority(str, Enum):
     DEFAULT = "default"
 
 
+def team_namespace(team: str) -> str:
+    """The namespace of team ``team``: the one spelling of the rule (stack config, job specs, the job CLI)."""
+    return f"team-{team}"
+
+
 # Values leave room for Kueue's borrowWithinCohort.maxPriorityThreshold (see workloads.kueue).
 PRIORITY_VALUES = {Priority.PRODUCTION: 1000, Priority.RESEARCH: 100, Priority.DEFAULT: 0}
 PRIORITY_CLASS_PREFIX = "training-"

@@ -476,7 +476,7 @@ def pod_labels(job: ResolvedJob) -> dict[str, str]:
 
 
 # checkov's pod checks that a training pod fails by design, each with its reason (the security
-# scan, infra/security_scan.py, reads Argo CD's committed jobs as pods and refuses a bare skip).
+# scan, infra/plan/security_scan.py, reads Argo CD's committed jobs as pods and refuses a bare skip).
 TRAINING_POD_CHECKOV_SKIPS = (
     ("CKV_K8S_8", "a batch training pod: its liveness is its exit code (restartPolicy ExitCode); a probe would "
                   "kill a long compile or checkpoint, and a hung step is the stall alert's"),

@@ -5,7 +5,7 @@ What it shows: the components take objects (a ``LogArchive``, a ``Network``) and
 provider the caller passes. Here the caller is a team with its own two accounts and its own
 names (``research-...``): nothing of the platform's stack files or account roles is used.
 
-Tested offline by ``tests/examples/test_consumer.py`` under ``infra.mock_engine.run_recorded``.
+Tested offline by ``tests/examples/test_consumer.py`` under ``infra.plan.mock_engine.run_recorded``.
 """
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The ``datasets`` section: datasets and checkpoints buckets and the FSx for Lustre file system; its rules."""
 from __future__ import annotations
 
-import re
 from typing import Annotated, Iterator, Optional
 
 from pydantic import Field, field_validator
@@ -59,22 +58,11 @@ class FsxConfig(_Model):
     log_level: FsxLogLevel = FsxArgs.log_level
     log_retention_days: int = Field(FsxArgs.log_retention_days, description="CloudWatch retention of FSx event logs; prod: 365 or more.")
     data_compression: bool = FsxArgs.data_compression
-    namespaces: list[str] = Field(default_factory=list, description=(
-        "Team namespaces that get the PVC (and the MLflow Secret). Stand-in until the scheduling "
-        "capability owns team namespaces; they must exist."))
 
     @field_validator("log_retention_days")
     @classmethod
     def _retention(cls, value: int) -> int:
         return check_log_retention(value)
-
-    @field_validator("namespaces")
-    @classmethod
-    def _namespaces(cls, value: list[str]) -> list[str]:
-        bad = [n for n in value if not re.match(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", n)]
-        if bad:
-            raise ValueError(f"{bad} are not Kubernetes namespace names; use lowercase letters, digits and '-'")
-        return value
 
 
 class DatasetsConfig(_Model):

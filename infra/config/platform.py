@@ -78,6 +78,11 @@ class PlatformConfig(_Model):
         return f"{self.name}-eks"
 
     @property
+    def team_namespaces(self) -> list[str]:
+        """Every team's namespace, in ``scheduling.teams`` order (FSx claim, MLflow Secret, pipelines)."""
+        return [team.namespace for team in self.scheduling.teams]
+
+    @property
     def resource_tags(self) -> dict[str, str]:
         base = {"platform": PROJECT, "environment": self.environment.value, "managed-by": "pulumi"}
         return {**base, **self.tags}

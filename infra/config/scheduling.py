@@ -10,7 +10,7 @@ from infra.config.common import _ROLE_ARN, _Model
 from infra.config.engine import Rule, invalid
 from infra.config.gpu import _DURATION, GpuPoolConfig
 from workloads.gpu_catalog import team_quota_problems
-from workloads.scheduling import Priority
+from workloads.scheduling import Priority, team_namespace
 from workloads.tenancy import POSIX_ID_MAX, POSIX_ID_MIN, default_posix_id
 
 
@@ -28,7 +28,7 @@ class TeamConfig(_Model):
 
     @property
     def namespace(self) -> str:
-        return f"team-{self.name}"
+        return team_namespace(self.name)
 
     @property
     def uid(self) -> int:

@@ -14,8 +14,7 @@ from components.datasets import (
 )
 from components.versions import EKS_ADDON_VERSIONS
 from infra.config import ConfigError, load_platform_config
-from infra.datasets_tracking import team_namespaces
-from infra.datasets_tracking import cross_az_warnings, spot_save_warnings
+from infra.datasets import cross_az_warnings, spot_save_warnings
 from tests.conftest import stack_config
 from workloads.fsx import CLAIM_NAME, DATASETS_CLAIM_NAME, FsxVolumeSpec, fsx_persistent_volume, fsx_persistent_volume_claim
 
@@ -144,7 +143,7 @@ def test_static_volume_and_claim_per_namespace_validate_against_kubernetes_1_32(
     from workloads.validation import validate_core
 
     fs = _fs(plan)
-    namespaces = team_namespaces(plan.config)
+    namespaces = plan.config.team_namespaces
     pvs = plan.recording.by_type("kubernetes:core/v1:PersistentVolume")
     pvcs = plan.recording.by_type("kubernetes:core/v1:PersistentVolumeClaim")
     assert {p.inputs["metadata"]["namespace"] for p in pvcs} == set(namespaces)

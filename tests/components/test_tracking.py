@@ -18,7 +18,6 @@ from components.tracking import ROTATION_EXCEPTION_PREFIX, ROTATION_EXCEPTIONS, 
 from components.versions import AURORA_POSTGRESQL_VERSION, SECRETS_MANAGER_POSTGRES_ROTATION_APP
 from infra import plan as plan_module
 from infra.config import load_platform_config
-from infra.datasets_tracking import team_namespaces
 from tests.conftest import problem_per_path, stack_config
 
 SG_IN = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
@@ -133,7 +132,7 @@ def test_task_runs_the_same_command_as_the_integration_test(plan):
     db = plan.recording.one("aws:rds/cluster:Cluster")
     app_secret = plan.recording.one("aws:secretsmanager/secret:Secret", _name(plan, "db-app"))
     team_secrets = {ns: plan.recording.one("aws:secretsmanager/secret:Secret", _name(plan, f"user-{ns}")).outputs["arn"]
-                    for ns in team_namespaces(plan.config)}
+                    for ns in plan.config.team_namespaces}
     settings = MlflowServerSettings(
         artifacts_destination=f"s3://{bucket}/artifacts", allowed_hosts=[plan.config.tracking.domain_name],
         database_host=db.outputs["endpoint"], num_workers=plan.config.tracking.num_workers,
@@ -241,7 +240,7 @@ def test_in_cluster_clients_reach_an_internal_load_balancer(plan):
             assert secret.inputs["stringData"] == "[secret]"  # the password makes the whole map secret
     namespaces = {s.inputs["metadata"]["namespace"] for s in plan.recording.by_type("kubernetes:core/v1:Secret")
                   if s.inputs["metadata"]["name"] == "mlflow-tracking"}
-    assert namespaces == set(team_namespaces(plan.config))
+    assert namespaces == set(plan.config.team_namespaces)
 
 
 def test_prod_is_internal_only_and_admits_the_vpc_and_listed_cidrs(prod_plan, dev_plan):
@@ -374,14 +373,14 @@ def test_every_tracking_secret_rotates_or_states_its_exception_in_the_secret_and
         description = secret.inputs.get("description", "")
         assert ROTATION_EXCEPTION_PREFIX in description, secret.name
         assert any(reason in description for reason in ROTATION_EXCEPTIONS.values()), secret.name
-    section = dict(plan.sections)["Datasets and tracking"]
+    section = dict(plan.sections)["Tracking"]
     for name, reason in ROTATION_EXCEPTIONS.items():
         assert any(name in line and "NOT ROTATED" in line and reason in line for line in section), name
     assert any("without automatic rotation" in w and "written exceptions" in w for w in plan.warnings)
 
 
 def test_each_team_namespace_gets_only_its_own_mlflow_login(plan):
-    namespaces = team_namespaces(plan.config)
+    namespaces = plan.config.team_namespaces
     assert namespaces
     server_env = {e["name"]: e["value"] for e in _container(plan)[1]["environment"]}
     team_secret_ids = json.loads(server_env["MLFLOW_TEAM_SECRET_IDS"])

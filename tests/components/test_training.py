@@ -87,11 +87,9 @@ def test_each_team_trainer_role_reaches_only_its_checkpoint_prefix(plan):
 
 def test_network_policies_allow_pod_identity_and_exactly_the_gateway_prefix_list(plan):
     endpoint = next(r for r in plan.recording.by_type("aws:ec2/vpcEndpoint:VpcEndpoint") if r.inputs.get("vpcEndpointType") == "Gateway")
-    from infra.gpu_capacity import team_namespace
-
     policies = {(r.inputs["metadata"]["namespace"], r.inputs["metadata"]["name"]): r.inputs for r in _k8s(plan, "NetworkPolicy")}
     # Every team namespace (where training pods run); system namespaces have policies of their own.
-    namespaces = {team_namespace(team) for team in plan.config.scheduling.teams}
+    namespaces = set(plan.config.team_namespaces)
     assert namespaces
     for ns in namespaces:
         agent = policies[(ns, "allow-pod-identity-agent")]["spec"]["egress"]
@@ -135,7 +133,7 @@ def test_kueue_covers_every_resource_the_example_job_requests(prod_plan):
 
 def test_training_job_component_applies_with_the_cluster_provider(prod_plan):
     from infra.config import PROJECT
-    from infra.mock_engine import run_recorded
+    from infra.plan.mock_engine import run_recorded
     from infra.plan import read_stack_file, stack_file
     from infra.facts import facts_from_plan
     from components.training import TrainingJob, TrainingJobArgs

@@ -25,7 +25,7 @@ CONSUMER_CONFIG = {
 # -- the consumer program -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def consumer():
-    from infra.mock_engine import run_recorded
+    from infra.plan.mock_engine import run_recorded
 
     project = yaml.safe_load((CONSUMER / "Pulumi.yaml").read_text())["name"]
     return run_recorded(lambda: runpy.run_path(str(CONSUMER / "__main__.py"), run_name="__main__"),

@@ -228,7 +228,7 @@ def test_at_deploy_secret_config_reaches_resources_as_secret_outputs():
     the external id reaches the provider as a secret Output (the mock records it as [secret])."""
     from infra import program
     from infra.config import PROJECT
-    from infra.mock_engine import run_recorded
+    from infra.plan.mock_engine import run_recorded
     from tests.conftest import to_values
 
     raw = stack_config("dev")

@@ -11,8 +11,8 @@ from unittest.mock import create_autospec
 import pytest
 import yaml
 
-from infra import deploy
-from infra.deploy import DeployRequest
+from infra.plan import deploy
+from infra.plan.deploy import DeployRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL_TOOLS = {"pulumi": "/usr/bin/pulumi", "aws": "/usr/bin/aws"}.get

@@ -8,7 +8,7 @@ import pulumi
 import pytest
 
 from infra.config import PROJECT
-from infra.mock_engine import run_recorded
+from infra.plan.mock_engine import run_recorded
 from tests.conftest import stack_config, to_values
 
 MAIN = Path(__file__).resolve().parents[2] / "infra" / "__main__.py"

@@ -70,7 +70,7 @@ def test_network_with_nat_none_as_string_creates_no_nat_gateway():
     import pulumi_aws as aws
 
     from components.network import Network
-    from infra.mock_engine import run_recorded
+    from infra.plan.mock_engine import run_recorded
 
     def program():
         provider = aws.Provider("p", region="us-west-2")

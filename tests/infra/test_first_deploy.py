@@ -419,7 +419,7 @@ def test_a_missing_argocd_secret_is_one_clear_problem_before_any_child(monkeypat
     import pulumi
 
     from infra.config import PROJECT
-    from infra.mock_engine import RecordingMocks, run_recorded
+    from infra.plan.mock_engine import RecordingMocks, run_recorded
     from infra.program import main
     from tests.conftest import stack_config, to_values
 
@@ -469,7 +469,7 @@ def test_urns_carry_the_parents_whole_qualified_type_as_the_engine_builds_them()
     sdk/go/common/resource/urn NewURN: ``typ = string(parentType) + URNTypeDelimiter + typ``."""
     import pulumi
 
-    from infra.mock_engine import run_recorded
+    from infra.plan.mock_engine import run_recorded
 
     def program():
         outer = pulumi.ComponentResource("mlplatform:test:Outer", "outer")
@@ -662,7 +662,7 @@ def test_the_template_is_mounted_where_the_operator_reads_it(tmp_path):
 
 def test_the_scan_sees_the_init_container_the_operator_adds_to_workers():
     """initcontainer.go setInitContainer: only when a Master is specified, only for Worker pods."""
-    from infra.security_scan import pod_templates, with_operator_init_containers
+    from infra.plan.security_scan import pod_templates, with_operator_init_containers
 
     job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "gpt2", "namespace": "team-a"},
            "spec": {"pytorchReplicaSpecs": {

@@ -142,6 +142,37 @@ def test_the_checks_catch_what_they_name():
     assert [set(cycle) for cycle in cycles(edges, "trainer")] == [{"trainer.config", "trainer.model"}]
 
 
+def import_closure(edges: dict[str, set[str]], start: str) -> set[str]:
+    """Every project module ``start`` imports, directly or through others."""
+    reached, pending = set(), [start]
+    while pending:
+        for target in edges[pending.pop()] - reached:
+            reached.add(target)
+            pending.append(target)
+    return reached
+
+
+def offline_wing(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if m == "infra.plan" or m.startswith("infra.plan."))
+
+
+def test_what_pulumi_up_runs_imports_nothing_of_the_offline_wing():
+    """`pulumi up` runs ``infra/__main__.py`` -> ``infra.program``; the recording engine, its
+    fabricated outputs and the offline tools (``infra/plan/``) stay out of that closure. The program
+    reads the recorded graph through ``infra.recording`` only."""
+    edges = graph()
+    for root in ("infra.program", "infra.__main__"):
+        reached = import_closure(edges, root)
+        assert {"infra.capabilities", "infra.costs", "infra.recording"} <= reached  # the walk follows imports
+        assert offline_wing(reached) == [], f"{root} reaches the offline wing"
+
+
+def test_the_closure_check_sees_a_program_module_importing_the_engine():
+    edges = {name: set(targets) for name, targets in graph().items()}
+    edges["infra.costs"].add("infra.plan.mock_engine")
+    assert "infra.plan.mock_engine" in offline_wing(import_closure(edges, "infra.program"))
+
+
 def test_the_program_and_the_plan_use_the_one_capability_tuple(dev_plan, monkeypatch):
     from infra import capabilities, plan as plan_module, program
     from infra.foundation import FOUNDATION
@@ -155,8 +186,9 @@ def test_the_program_and_the_plan_use_the_one_capability_tuple(dev_plan, monkeyp
         "Idle cost per month (no job running)"]
     # Nothing is registered behind the tuple's back: without a capability, its sections,
     # warnings and cost lines are gone from the plan.
-    datasets = next(c for c in capabilities.CAPABILITIES if c.name == "datasets and tracking")
-    monkeypatch.setattr(plan_module, "CAPABILITIES", tuple(c for c in capabilities.CAPABILITIES if c is not datasets))
+    removed = [c for c in capabilities.CAPABILITIES if c.name in ("datasets", "tracking")]
+    assert len(removed) == 2
+    monkeypatch.setattr(plan_module, "CAPABILITIES", tuple(c for c in capabilities.CAPABILITIES if c not in removed))
     titles = [title for title, _ in plan_module.plan_sections(dev_plan.config, dev_plan.recording)]
-    assert "Datasets and tracking" not in titles and "Logs and audit" in titles
+    assert "Datasets" not in titles and "Tracking" not in titles and "Logs and audit" in titles
     assert not any(line.item.startswith(("Aurora", "Fargate", "FSx")) for line in plan_module.idle_costs(dev_plan.recording))

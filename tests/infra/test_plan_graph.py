@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from infra.mock_engine import run_recorded
+from infra.plan.mock_engine import run_recorded
 from infra.plan import resource_graph
 
 import pulumi

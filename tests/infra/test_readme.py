@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from infra.config_reference import END, START, render
+from infra.plan.config_reference import END, START, render
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +27,7 @@ def test_quick_start_is_two_make_targets_and_ci_runs_the_test_one():
 
 
 def test_component_example_runs_and_its_flow_log_waits_for_the_archive_policy():
-    from infra.mock_engine import run_recorded
+    from infra.plan.mock_engine import run_recorded
 
     text = (ROOT / "README.md").read_text()
     code = text.split("## Using the components in your own stack", 1)[1].split("```python", 1)[1].split("```", 1)[0]

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Optional
 
 import pytest
 
-from infra.mock_engine import RecordedResource
+from infra.recording import RecordedResource
 from infra.plan import account_of
 
 BUCKET = "aws:s3/bucket:Bucket"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import yaml
 
-from infra.security_scan import (DOCKERFILES, ROOT, Manifest, as_pod, kubernetes_objects, pod_templates,
+from infra.plan.security_scan import (DOCKERFILES, ROOT, Manifest, as_pod, kubernetes_objects, pod_templates,
                                  skips_without_reason, write_manifests)
 
 PYTORCH_JOB = {
@@ -35,7 +35,7 @@ def test_pod_templates_inside_custom_resources_become_pods():
 def test_every_kubernetes_object_of_the_plan_is_rendered(plan, tmp_path):
     recording = plan.recording
     objects = dict(kubernetes_objects(recording))
-    from infra.security_scan import NOT_RENDERED
+    from infra.plan.security_scan import NOT_RENDERED
 
     expected = {r.name for r in recording.resources
                 if r.type.startswith("kubernetes:") and not r.is_provider and r.type not in NOT_RENDERED}
@@ -70,7 +70,7 @@ def test_the_repository_dockerfiles_justify_every_skip():
 def test_ci_runs_the_scan_through_the_readme_test_command():
     makefile = (ROOT / "Makefile").read_text()
     assert "test: security pytest" in makefile
-    assert "--skip-download" in (ROOT / "infra" / "security_scan.py").read_text()
+    assert "--skip-download" in (ROOT / "infra" / "plan" / "security_scan.py").read_text()
     pin = (ROOT / "requirements-checkov.txt").read_text()
     assert "checkov==" in pin
     assert "make test" in (ROOT / ".ci" / "run").read_text()
@@ -83,14 +83,14 @@ def test_the_gitops_trees_jobs_are_scanned_with_the_operators_init_container():
     (pkg/controller.v1/pytorch/initcontainer.go) adds `init-pytorch` to every Worker of a job
     with a Master: the scanned worker pod carries it, with the image the platform pins."""
     from components.versions import TRAINING_OPERATOR_INIT_CONTAINER_IMAGE
-    from infra.security_scan import gitops_objects
+    from infra.plan.security_scan import gitops_objects
 
     objects = dict(gitops_objects("prod", ROOT))
     jobs = {n: d for n, d in objects.items() if d["kind"] == "PyTorchJob"}
     assert jobs, "the prod GitOps tree declares a PyTorchJob"
     name, job = next(iter(jobs.items()))
     assert "Worker" in job["spec"]["pytorchReplicaSpecs"]
-    from infra.security_scan import with_operator_init_containers
+    from infra.plan.security_scan import with_operator_init_containers
     path = "spec.pytorchReplicaSpecs.Worker.template"
     template = dict(pod_templates(job))[path]
     worker = as_pod(job, path, with_operator_init_containers(job, path, template))

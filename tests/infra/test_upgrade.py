@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from components.versions import EKS_RELEASES
-from infra import upgrade
+from infra.plan import upgrade
 from infra.plan import plan_from_values, read_stack_file
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pulumi
 
-from infra.mock_engine import run_recorded
-from infra.urns import diff, golden_file, stack_urns
+from infra.plan.mock_engine import run_recorded
+from infra.plan.urns import diff, golden_file, stack_urns
 
 
 def test_the_urns_of_each_stack_are_the_pinned_ones(plan):

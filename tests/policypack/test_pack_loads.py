@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import deploy
+from infra.plan import deploy
 from policypack.rules import RULES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,6 +8,11 @@ a count per account and the warnings a platform engineer must read before ``pulu
 ``--json`` writes the resource graph, one object per resource (a stable interface):
 ``{"type", "name", "parent", "provider", "account", "remote", "protect",
 "retain_on_delete", "inputs", "urn", "id", "dependencies"}`` (README, "The offline plan").
+
+This package is the offline wing beside the program: the recording engine and its fabricated
+outputs (``mock_engine``, ``mock_outputs``) and the tools that run the program without a cloud
+(``urns``, ``security_scan``, ``deploy``, ``config_reference``, ``upgrade``). It imports the
+program; nothing `pulumi up` runs imports it (tests/infra/test_layout.py).
 """
 from __future__ import annotations
 
@@ -29,9 +34,10 @@ from infra import costs, program
 from infra.capabilities import CAPABILITIES
 from infra.config import PROJECT, PlatformConfig, load_platform_config
 from infra.costs import CostLine
-from infra.mock_engine import SECRET_PLACEHOLDER, Recording, RecordedResource, run_recorded
+from infra.plan.mock_engine import run_recorded
+from infra.recording import SECRET_PLACEHOLDER, Recording, RecordedResource
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def default_project_dir(start: Optional[Path] = None) -> Path:
@@ -278,6 +284,3 @@ def main(argv: Optional[list[str]] = None) -> int:
     errors = [w for w in plan.warnings if w.startswith("ERROR")]
     return 1 if errors else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

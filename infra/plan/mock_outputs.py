@@ -1,7 +1,7 @@
 """Outputs the recording engine fabricates for the resource types whose outputs the platform reads
 (ids, ARNs, DNS names): plausible, deterministic values derived from the URN digest.
 
-Owned by ``infra.mock_engine`` (the offline plan and the tests); no production module imports it.
+Owned by ``infra.plan.mock_engine`` (the offline plan and the tests); no production module imports it.
 """
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ def _uuid(digest: str) -> str:
     return f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
-# Read by ``infra.mock_engine`` on top of its generic per-type outputs.
+# Read by ``infra.plan.mock_engine`` on top of its generic per-type outputs.
 TYPE_OUTPUTS: dict[str, Callable[[str, dict, str, str, str], dict]] = {
     "aws:ec2/vpcEndpoint:VpcEndpoint": _vpc_endpoint_outputs,
     "aws:fsx/lustreFileSystem:LustreFileSystem": _lustre,

@@ -1,0 +1,135 @@
+"""Capability: datasets (S3 datasets and checkpoints buckets, FSx for Lustre, a claim per team).
+
+config -> components. Every team namespace (``scheduling.teams``) gets the FSx claim.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Iterator
+
+from components.bucket import LifecycleRule
+from components.datasets import (
+    SPOT_NOTICE_SECONDS,
+    DatasetBucket,
+    Datasets,
+    DatasetsArgs,
+    FsxArgs,
+    checkpoint_seconds,
+    fsx_log_group_name,
+    write_throughput_mb_per_s,
+)
+from components.versions import addon_versions
+from infra import costs
+from infra.capability import Capability
+from infra.config import BucketLifecycleConfig, PlatformConfig, dra_spec
+from infra.costs import CostLine
+from infra.recording import Recording
+from infra.platform import Platform, datasets_name
+
+
+def lifecycle_rules(rule_id: str, lifecycle: BucketLifecycleConfig) -> list[LifecycleRule]:
+    return [LifecycleRule(
+        id=rule_id,
+        transition_to_infrequent_access_days=lifecycle.transition_to_infrequent_access_days,
+        transition_to_glacier_days=lifecycle.transition_to_glacier_days,
+        expiration_days=lifecycle.expiration_days,
+        noncurrent_version_expiration_days=lifecycle.noncurrent_version_expiration_days,
+    )]
+
+
+def log_group_names(config: PlatformConfig) -> list[str]:
+    """CloudWatch log groups this capability creates (the platform's log key must admit them)."""
+    return [fsx_log_group_name(datasets_name(config))] if config.datasets is not None else []
+
+
+def deploy(platform: Platform) -> dict[str, Any]:
+    config = platform.config
+    if config.datasets is None:
+        return {}
+    datasets_config = config.datasets
+    fsx = datasets_config.fsx
+    datasets = Datasets(
+        datasets_name(config),
+        DatasetsArgs(
+            network=platform.network, cluster=platform.cluster,
+            fsx=FsxArgs(
+                storage_capacity_gib=fsx.storage_capacity_gib,
+                throughput_mb_per_tib=fsx.per_unit_storage_throughput_mb_per_tib,
+                associations=[dra_spec(d) for d in fsx.data_repository_associations],
+                subnet_index=fsx.subnet_index,
+                automatic_backup_retention_days=fsx.automatic_backup_retention_days,
+                daily_automatic_backup_start_time=fsx.daily_automatic_backup_start_time,
+                weekly_maintenance_start_time=fsx.weekly_maintenance_start_time,
+                log_level=fsx.log_level, log_retention_days=fsx.log_retention_days,
+                data_compression=fsx.data_compression,
+            ),
+            namespaces=config.team_namespaces, namespace_resources=platform.team_namespace_resources(),
+            access_logs_bucket=platform.access_log_bucket("workload"),
+            log_kms_key=platform.log_group_key.key if platform.log_group_key else None,
+            datasets_lifecycle=lifecycle_rules("datasets", datasets_config.datasets_bucket),
+            checkpoints_lifecycle=lifecycle_rules("checkpoints", datasets_config.checkpoints_bucket),
+            # The build of the cluster's own Kubernetes minor (components/versions.py EKS_RELEASES).
+            addon_version=addon_versions(config.cluster.version)["aws-fsx-csi-driver"],
+            protect=config.protect_stateful, tags=config.resource_tags,
+        ),
+        opts=platform.kubernetes_opts(),
+    )
+    platform.datasets = datasets
+    return {
+        "fsxFileSystemId": datasets.file_system.id,
+        "fsxDnsName": datasets.file_system.dns_name,
+        "fsxMountName": datasets.file_system.mount_name,
+        "datasetsBucket": datasets.buckets[DatasetBucket.DATASETS].name,
+        "checkpointsBucket": datasets.buckets[DatasetBucket.CHECKPOINTS].name,
+    }
+
+
+# -- plan: warnings and a section ---------------------------------------------------------------
+def spot_save_warnings(config: PlatformConfig) -> Iterator[str]:
+    ds = config.datasets
+    if ds is None:
+        return
+    fsx = ds.fsx
+    budget = SPOT_NOTICE_SECONDS - ds.spot_notice_margin_seconds
+    seconds = checkpoint_seconds(ds.largest_model_parameters, fsx.storage_capacity_gib,
+                                 fsx.per_unit_storage_throughput_mb_per_tib)
+    if seconds > budget:
+        mb_s = write_throughput_mb_per_s(fsx.storage_capacity_gib, fsx.per_unit_storage_throughput_mb_per_tib)
+        yield (f"FSx writes {mb_s:.0f} MB/s ({fsx.storage_capacity_gib} GiB x {fsx.per_unit_storage_throughput_mb_per_tib} "
+               f"MB/s/TiB): saving the state of a {ds.largest_model_parameters / 1e9:.1f}B-parameter model (~16 B/param) "
+               f"takes ~{seconds:.0f} s, more than the {budget} s left of a spot notice; raise "
+               "datasets.fsx.storageCapacityGib or perUnitStorageThroughputMbPerTib, or train it on on-demand capacity")
+
+
+def cross_az_warnings(config: PlatformConfig) -> Iterator[str]:
+    """GPU pools that may launch outside the file system's AZ pay cross-AZ latency and traffic."""
+    if config.datasets is None:
+        return
+    fsx_az = config.network.availability_zones[config.datasets.fsx.subnet_index]
+    spread = [pool.name for pool in config.gpu_pools if set(pool.zones or config.network.availability_zones) != {fsx_az}]
+    if spread:
+        yield (f"FSx for Lustre lives in {fsx_az} only; GPU pools {spread} may launch in other AZs and read it "
+               f"across AZs (higher latency, $0.01/GB each way): set their zones to [{fsx_az}] for training pools")
+
+
+def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tuple[str, list[str]]]:
+    if config.datasets is None:
+        return
+    fsx = config.datasets.fsx
+    yield "Datasets", [
+        f"FSx PERSISTENT_2 {fsx.storage_capacity_gib} GiB x {fsx.per_unit_storage_throughput_mb_per_tib} MB/s/TiB "
+        f"= {write_throughput_mb_per_s(fsx.storage_capacity_gib, fsx.per_unit_storage_throughput_mb_per_tib):.0f} MB/s, "
+        f"{len(fsx.data_repository_associations)} DRA(s), PVC in {', '.join(config.team_namespaces) or 'no namespace'}"]
+
+
+def warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
+    yield from spot_save_warnings(config)
+    yield from cross_az_warnings(config)
+
+
+def cost_lines(recording: Recording, today: dt.date) -> Iterator[CostLine]:
+    yield from costs.file_systems(recording)
+
+
+CAPABILITY = Capability("datasets", deploy=deploy, plan_sections=plan_sections, warnings=warnings,
+                        cost_lines=cost_lines, log_group_names=log_group_names)

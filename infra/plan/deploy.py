@@ -1,0 +1,327 @@
+"""Drive a stack through the Pulumi Automation API: what CI (and a careful human) runs.
+
+    python -m infra.deploy {preview,up,destroy,refresh,outputs} --stack NAME [--policy-pack DIR]...
+    python -m infra.deploy install-policy-pack DIR
+
+Order of work, each step able to stop the run:
+
+1. the tools it needs are there: the ``pulumi`` CLI always, and the AWS CLI (v2, or v1 from
+   1.24.0) for every operation that talks to the cluster (pulumi-eks kubeconfigs run
+   ``aws eks get-token``); each policy pack's virtualenv (created from its requirements.txt when
+   missing: ``pulumi install`` does not do it for a pack inside a program, pulumi/pulumi#16605);
+2. ``preview`` and ``up`` run the offline plan first (``python -m infra.plan``): a config
+   mistake or a mandatory plan error stops here, before any credential is used;
+3. the stack is selected, or created, in the project directory (the stack file
+   ``Pulumi.<NAME>.yaml`` beside ``Pulumi.yaml``);
+4. the operation runs with progress streamed line by line and the policy packs passed on;
+5. the change summary is printed (a preview's ``change_summary``, an update's ``summary``);
+   ``up`` and ``outputs`` print the stack outputs, secret values redacted.
+
+Exit codes: 0 done, 1 the operation failed, 2 the stack config is invalid, 3 a tool is missing.
+Every failure is a message naming the stack and the fix, never a traceback.
+This layer stays thin on purpose: what it sends to the Automation API is built by
+``operation_kwargs`` and tested without the CLI.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import venv
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from infra.ci import READ_ONLY_ENV
+
+ROOT = Path(__file__).resolve().parents[2]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_CONFIG_ERROR = 2
+EXIT_MISSING_TOOL = 3
+
+OPERATIONS = ("preview", "up", "destroy", "refresh", "outputs")
+# Operations that run the program (and so are gated by the offline plan).
+PLANNED_OPERATIONS = frozenset({"preview", "up"})
+# Operations whose Kubernetes provider calls the cluster through the kubeconfig's exec plugin.
+CLUSTER_OPERATIONS = frozenset({"preview", "up", "destroy", "refresh"})
+# The Automation API accepts policy packs on these only (see Stack.preview / Stack.up).
+POLICY_OPERATIONS = frozenset({"preview", "up"})
+
+PULUMI_INSTALL = "https://www.pulumi.com/docs/iac/download-install/"
+AWS_CLI_INSTALL = "https://docs.aws.amazon.com/cli/latest/userguide/getting-started-install.html"
+# `aws eks get-token` returns client.authentication.k8s.io/v1beta1 from AWS CLI 1.24.0 on
+# (aws/aws-cli PR #6940; aws/containers-roadmap#1736) and in every v2 release since 2.7.0.
+AWS_CLI_V1_MINIMUM = (1, 24, 0)
+# What the engine runs for a Python pack: <pack>/<virtualenv>/bin/python -u -m pulumi.policy
+# (pulumi/pulumi sdk/python/dist/pulumi-analyzer-policy-python), so that directory must exist.
+POLICY_PACK_VENV = ".venv"
+# URN globs (`pulumi preview --exclude`, `**` spans `::`) of everything the Kubernetes provider owns.
+READ_ONLY_EXCLUDE = ("**kubernetes:**",)
+
+
+@dataclass(frozen=True)
+class DeployRequest:
+    """One run of ``python -m infra.deploy``."""
+
+    operation: str
+    stack: str
+    project_dir: Path = ROOT
+    policy_packs: tuple[str, ...] = ()
+    message: Optional[str] = None
+    parallel: Optional[int] = None
+    # CI's drift check: a preview that would change anything fails.
+    expect_no_changes: bool = False
+    # `pulumi destroy` of a stack whose resources are `protect`ed stops at the first one; this
+    # removes the unprotected resources and leaves the protected ones (prod's data) in place.
+    exclude_protected: bool = False
+    skip_plan: bool = False
+    # Used when the stack is created (e.g. awskms://alias/mlp-prod-pulumi-state?region=us-west-2);
+    # an existing stack keeps the provider recorded in its stack file (`secretsprovider`).
+    secrets_provider: Optional[str] = None
+    # A pull-request preview with CI's read-only role: the program's AWS providers assume the
+    # stack's <name>-ci-reader roles (infra.ci), and the in-cluster resources are left out, since
+    # a server-side dry-run needs write access (they are checked offline by infra.plan/render).
+    read_only: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.operation not in OPERATIONS:
+            raise ValueError(f"operation {self.operation!r}: use one of {', '.join(OPERATIONS)}")
+        if self.read_only and self.operation != "preview":
+            raise ValueError(f"--read-only is for preview only, not {self.operation}")
+
+
+# -- 1. tools --------------------------------------------------------------------------------
+def missing_tools(
+    operation: str,
+    *,
+    which: Callable[[str], Optional[str]] = shutil.which,
+    version_of: Optional[Callable[[str], str]] = None,
+) -> list[str]:
+    """One message per missing prerequisite, with the fix; empty when all are there."""
+    version_of = version_of or _version_output
+    problems = []
+    if which("pulumi") is None:
+        problems.append(f"the Pulumi CLI (`pulumi`) is not on PATH: the Automation API drives it; install it ({PULUMI_INSTALL})")
+    if operation in CLUSTER_OPERATIONS:
+        if which("aws") is None:
+            problems.append(
+                "the AWS CLI v2 (`aws`) is not on PATH: the cluster's kubeconfig runs `aws eks get-token` "
+                f"for every Kubernetes resource; install it ({AWS_CLI_INSTALL})")
+        else:
+            version = version_of("aws")
+            match = re.search(r"aws-cli/(\d+)\.(\d+)\.(\d+)", version)
+            found = tuple(int(part) for part in match.groups()) if match else None
+            if found is None or (found[0] < 2 and found < AWS_CLI_V1_MINIMUM):
+                problems.append(
+                    f"`aws --version` says {version.strip() or 'nothing'!r}: the kubeconfig needs an AWS CLI whose "
+                    "`aws eks get-token` returns the client.authentication.k8s.io/v1beta1 API (v2, or v1 from "
+                    f"1.24.0); install v2 ({AWS_CLI_INSTALL})")
+    return problems
+
+
+def policy_pack_python(pack: Path) -> Path:
+    return Path(pack) / POLICY_PACK_VENV / "bin" / "python"
+
+
+def install_policy_pack(pack: Path, *, run_command: Optional[Callable[..., Any]] = None) -> list[str]:
+    """Create ``<pack>/.venv`` from ``<pack>/requirements.txt``; the problems, empty when done."""
+    pack = Path(pack)
+    requirements = pack / "requirements.txt"
+    if not (pack / "PulumiPolicy.yaml").is_file():
+        return [f"policy pack {pack}: no PulumiPolicy.yaml there; pass the pack's directory (e.g. policypack)"]
+    if not requirements.is_file():
+        return [f"policy pack {pack}: no requirements.txt to install its virtualenv from"]
+    python = policy_pack_python(pack)
+    if not python.exists():
+        venv.EnvBuilder(with_pip=True, clear=False).create(pack / POLICY_PACK_VENV)
+    done = (run_command or subprocess.run)([str(python), "-m", "pip", "install", "-q", "-r", str(requirements)],
+                       capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return [f"policy pack {pack}: `pip install -r {requirements}` failed (exit {done.returncode}):\n"
+                f"{(done.stderr or done.stdout).strip()[-2000:]}"]
+    return []
+
+
+def _version_output(tool: str) -> str:
+    try:
+        done = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    # AWS CLI v1 printed its version on stderr.
+    return done.stdout or done.stderr
+
+
+# -- 2. the offline plan as a gate -------------------------------------------------------------
+def offline_plan_gate(request: DeployRequest) -> int:
+    """Exit code of ``python -m infra.plan`` for this stack (0: go on)."""
+    # The registered module, as `python -m infra.plan` uses it: capabilities add their
+    # warnings and sections to that one.
+    from infra import plan
+
+    return plan.main(["--stack", request.stack, "--project-dir", str(request.project_dir)])
+
+
+# -- 3./4. the Automation API calls ------------------------------------------------------------
+def operation_kwargs(request: DeployRequest, on_output: Callable[[str], Any]) -> dict[str, Any]:
+    """Keyword arguments for ``Stack.<operation>`` (nothing for ``outputs``)."""
+    if request.operation == "outputs":
+        return {}
+    kwargs: dict[str, Any] = {"on_output": on_output, "color": "never"}
+    if request.message:
+        kwargs["message"] = request.message
+    if request.parallel:
+        kwargs["parallel"] = request.parallel
+    if request.operation in POLICY_OPERATIONS and request.policy_packs:
+        kwargs["policy_packs"] = [str(Path(p).resolve()) for p in request.policy_packs]
+    if request.operation == "preview":
+        kwargs["diff"] = True
+        if request.read_only:
+            kwargs["exclude"] = list(READ_ONLY_EXCLUDE)
+    if request.operation in ("preview", "refresh") and request.expect_no_changes:
+        kwargs["expect_no_changes"] = True
+    if request.operation in ("up", "destroy", "refresh"):
+        # The API's default (True) reads `stack history --show-secrets` to fill the result's
+        # summary.config with decrypted config values; nothing here needs them.
+        kwargs["show_secrets"] = False
+    if request.operation == "up":
+        # The CLI's own outputs table is not printed; `redacted_outputs` prints them instead.
+        kwargs["suppress_outputs"] = True
+    if request.operation == "destroy" and request.exclude_protected:
+        kwargs["exclude_protected"] = True
+    kwargs.update(request.extra)
+    return kwargs
+
+
+def select_stack(request: DeployRequest, auto: Any):
+    """The stack NAME of the project in ``project_dir``, created if it does not exist yet."""
+    return auto.create_or_select_stack(
+        stack_name=request.stack, work_dir=str(request.project_dir),
+        opts=auto.LocalWorkspaceOptions(
+            work_dir=str(request.project_dir), secrets_provider=request.secrets_provider,
+            env_vars={READ_ONLY_ENV: "1"} if request.read_only else None),
+    )
+
+
+def change_summary_line(operation: str, result: Any) -> Optional[str]:
+    """`preview: {"create": 3}` from a PreviewResult's change_summary or an UpResult's summary."""
+    if hasattr(result, "change_summary"):
+        changes, outcome = result.change_summary, "planned"
+    elif getattr(result, "summary", None) is not None:
+        changes, outcome = result.summary.resource_changes, result.summary.result
+    else:
+        return None
+    counts = {getattr(op, "value", op): count for op, count in (changes or {}).items()}
+    return f"{operation}: {outcome} {json.dumps(counts, sort_keys=True)}"
+
+
+def redacted_outputs(outputs: dict[str, Any]) -> dict[str, Any]:
+    """Stack outputs as plain data; secret values (the kubeconfig) replaced by a marker."""
+    return {key: "[secret]" if getattr(value, "secret", False) else getattr(value, "value", value)
+            for key, value in sorted(outputs.items())}
+
+
+def run(
+    request: DeployRequest,
+    *,
+    auto: Any = None,
+    which: Callable[[str], Optional[str]] = shutil.which,
+    version_of: Optional[Callable[[str], str]] = None,
+    out: Callable[[str], Any] = print,
+    err: Callable[[str], Any] = lambda line: print(line, file=sys.stderr),
+) -> int:
+    problems = missing_tools(request.operation, which=which, version_of=version_of)
+    if problems:
+        err(f"error: cannot run `pulumi {request.operation}` for stack '{request.stack}':")
+        for problem in problems:
+            err(f"  - {problem}")
+        return EXIT_MISSING_TOOL
+
+    if request.operation in PLANNED_OPERATIONS and not request.skip_plan:
+        code = offline_plan_gate(request)
+        if code != EXIT_OK:
+            err(f"error: the offline plan of stack '{request.stack}' failed (exit {code}); "
+                f"fix what it reports, then run `python -m infra.deploy {request.operation}` again")
+            return EXIT_CONFIG_ERROR if code == EXIT_CONFIG_ERROR else EXIT_FAILED
+
+    if request.operation in POLICY_OPERATIONS:
+        for pack in request.policy_packs:
+            if not policy_pack_python(Path(pack)).exists():
+                out(f"creating the virtualenv of policy pack {pack} from its requirements.txt")
+                problems = install_policy_pack(Path(pack))
+                if problems:
+                    for problem in problems:
+                        err(f"error: {problem}")
+                    return EXIT_MISSING_TOOL
+
+    if auto is None:
+        import pulumi.automation as auto
+
+    try:
+        stack = select_stack(request, auto)
+        if request.operation != "outputs":
+            line = change_summary_line(request.operation, getattr(stack, request.operation)(**operation_kwargs(request, out)))
+            if line:
+                out(line)
+        if request.operation in ("up", "outputs"):
+            out(json.dumps(redacted_outputs(stack.outputs()), indent=1, sort_keys=True, default=str))
+    except auto.CommandError as error:
+        err(f"error: `pulumi {request.operation}` failed for stack '{request.stack}':\n{error}")
+        return EXIT_FAILED
+    except Exception as error:  # noqa: BLE001 - e.g. InvalidVersionError: a message, not a traceback
+        err(f"error: `pulumi {request.operation}` for stack '{request.stack}' could not run: "
+            f"{type(error).__name__}: {error}")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def parse_args(argv: Optional[list[str]] = None) -> DeployRequest:
+    parser = argparse.ArgumentParser(prog="python -m infra.deploy", description=__doc__.split("\n\n")[0])
+    parser.add_argument("operation", choices=OPERATIONS)
+    parser.add_argument("--stack", required=True, help="stack name (Pulumi.<stack>.yaml in the project directory)")
+    parser.add_argument("--policy-pack", action="append", default=[], metavar="DIR",
+                        help="a policy pack directory to enforce (preview and up); repeatable")
+    parser.add_argument("--project-dir", type=Path, default=None,
+                        help="directory holding Pulumi.yaml (default: the nearest one from the working directory up)")
+    parser.add_argument("--message", help="update message recorded in the stack history")
+    parser.add_argument("--parallel", type=int, help="resource operations run at once")
+    parser.add_argument("--expect-no-changes", action="store_true", help="fail a preview or refresh that finds changes")
+    parser.add_argument("--exclude-protected", action="store_true",
+                        help="destroy: remove everything but the protected (stateful) resources")
+    parser.add_argument("--skip-plan", action="store_true", help="do not run the offline plan first (not for CI)")
+    parser.add_argument("--read-only", action="store_true",
+                        help="preview with CI's read-only reader roles, in-cluster resources left out (pull requests)")
+    parser.add_argument("--secrets-provider", help="secrets provider for a new stack, e.g. awskms://alias/<name>-pulumi-state")
+    args = parser.parse_args(argv)
+    from infra.plan import default_project_dir
+
+    return DeployRequest(
+        operation=args.operation, stack=args.stack, project_dir=(args.project_dir or default_project_dir()).resolve(),
+        policy_packs=tuple(args.policy_pack), message=args.message, parallel=args.parallel,
+        expect_no_changes=args.expect_no_changes, exclude_protected=args.exclude_protected,
+        skip_plan=args.skip_plan, secrets_provider=args.secrets_provider, read_only=args.read_only,
+    )
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["install-policy-pack"]:
+        if len(argv) != 2:
+            print("usage: python -m infra.deploy install-policy-pack DIR", file=sys.stderr)
+            return EXIT_CONFIG_ERROR
+        problems = install_policy_pack(Path(argv[1]))
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        if not problems:
+            print(f"policy pack {argv[1]}: {policy_pack_python(Path(argv[1]))} ready")
+        return EXIT_MISSING_TOOL if problems else EXIT_OK
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
