@@ -59,6 +59,14 @@ _UNMAPPED_ADDONS = {
     # v1.7.0-eksbuild.1 and above", awsdocs/amazon-eks-user-guide PR #1215,
     # latest/ug/nodes/hybrid-nodes-add-ons.adoc).
     "aws-fsx-csi-driver": "v1.7.0-eksbuild.1",
+    # Datasets storage mode s3-mountpoint (dev). Driver v2 is the first with EKS Pod Identity
+    # (awslabs/mountpoint-s3-csi-driver README: "v2 introduces ... EKS Pod Identity support");
+    # v2.2.2 is a driver release run with Pod Identity in public EKS test notes. The eksbuild
+    # suffix is NOT confirmed by any stored source: listed in UNCONFIRMED_PINS.
+    "aws-mountpoint-s3-csi-driver": "v2.2.2-eksbuild.1",
+    # EFS CSI v2.1.0-eksbuild.1: in public EKS configs beside 1.31/1.32 add-on builds (e.g. kube-proxy
+    # v1.32.0-eksbuild.2); no AWS table maps it to 1.33-1.35: listed in UNCONFIRMED_PINS.
+    "aws-efs-csi-driver": "v2.1.0-eksbuild.1",
 }
 
 # One row per Kubernetes minor the platform can run. Sources:
@@ -255,6 +263,18 @@ UNCONFIRMED_PINS: tuple[UnconfirmedPin, ...] = (
         "aws eks describe-addon-versions --region {region} --kubernetes-version {eks} --addon-name aws-ebs-csi-driver "
         "--query 'addons[].addonVersions[].addonVersion'",
         "aws:eks/addon:Addon", ("addonName", "aws-ebs-csi-driver")),
+    UnconfirmedPin(
+        "aws-mountpoint-s3-csi-driver add-on", EKS_ADDON_VERSIONS["aws-mountpoint-s3-csi-driver"],
+        "driver release v2.2.2 exists; its eksbuild suffix is not in any stored source",
+        "aws eks describe-addon-versions --region {region} --kubernetes-version {eks} --addon-name aws-mountpoint-s3-csi-driver "
+        "--query 'addons[].addonVersions[].addonVersion'",
+        "aws:eks/addon:Addon", ("addonName", "aws-mountpoint-s3-csi-driver")),
+    UnconfirmedPin(
+        "aws-efs-csi-driver add-on", EKS_ADDON_VERSIONS["aws-efs-csi-driver"],
+        "seen beside 1.32 builds in public configs; no AWS table maps it to Kubernetes versions",
+        "aws eks describe-addon-versions --region {region} --kubernetes-version {eks} --addon-name aws-efs-csi-driver "
+        "--query 'addons[].addonVersions[].addonVersion'",
+        "aws:eks/addon:Addon", ("addonName", "aws-efs-csi-driver")),
     UnconfirmedPin(
         "Aurora PostgreSQL engine version", AURORA_POSTGRESQL_VERSION,
         "AWS retires old minors for creation; no release-calendar row found for it",

@@ -15,6 +15,7 @@ from components.datasets import (
     SPOT_NOTICE_SECONDS,
     Datasets,
     DatasetsArgs,
+    DatasetsStorage,
     FsxArgs,
     checkpoint_seconds,
     fsx_log_group_name,
@@ -60,7 +61,12 @@ def team_namespaces(config: PlatformConfig) -> list[str]:
     teams = getattr(getattr(config, "scheduling", None), "teams", None) or []
     if teams:
         return [team.namespace for team in teams]
-    return list(config.datasets.fsx.namespaces) if config.datasets else []
+    return list(config.datasets.fsx.namespaces) if config.datasets and config.datasets.fsx else []
+
+
+def team_posix_ids(config: PlatformConfig) -> dict[str, int]:
+    teams = getattr(getattr(config, "scheduling", None), "teams", None) or []
+    return {team.namespace: team.uid for team in teams}
 
 
 def datasets_name(config: PlatformConfig) -> str:
@@ -74,7 +80,7 @@ def tracking_name(config: PlatformConfig) -> str:
 def log_group_names(config: PlatformConfig) -> list[str]:
     """CloudWatch log groups this capability creates (the platform's log key must admit them)."""
     names = []
-    if config.datasets is not None:
+    if config.datasets is not None and config.datasets.storage is DatasetsStorage.FSX:
         names.append(fsx_log_group_name(datasets_name(config)))
     if config.tracking is not None:
         names.append(f"/ecs/{tracking_name(config)}")  # components.tracking names its group /ecs/<name>
@@ -90,11 +96,13 @@ def deploy(platform: Platform) -> dict[str, Any]:
     if config.datasets is not None:
         ds = config.datasets
         fsx = ds.fsx
+        releases = addon_versions(config.cluster.version)
         datasets = Datasets(
             datasets_name(config),
             DatasetsArgs(
-                network=platform.network, cluster=platform.cluster,
-                fsx=FsxArgs(
+                network=platform.network, cluster=platform.cluster, storage=ds.storage,
+                posix_ids=team_posix_ids(config),
+                fsx=None if fsx is None else FsxArgs(
                     storage_capacity_gib=fsx.storage_capacity_gib,
                     throughput_mb_per_tib=fsx.per_unit_storage_throughput_mb_per_tib,
                     associations=[dra_spec(d) for d in fsx.data_repository_associations],
@@ -110,17 +118,21 @@ def deploy(platform: Platform) -> dict[str, Any]:
                 log_kms_key=platform.log_group_key.key if platform.log_group_key else None,
                 datasets_lifecycle=_lifecycle("datasets", ds.datasets_bucket),
                 checkpoints_lifecycle=_lifecycle("checkpoints", ds.checkpoints_bucket),
-                # The build of the cluster's own Kubernetes minor (components/versions.py EKS_RELEASES).
-                addon_version=addon_versions(config.cluster.version)["aws-fsx-csi-driver"],
+                # The builds of the cluster's own Kubernetes minor (components/versions.py EKS_RELEASES).
+                addon_version=releases["aws-fsx-csi-driver"],
+                mountpoint_addon_version=releases["aws-mountpoint-s3-csi-driver"],
+                efs_addon_version=releases["aws-efs-csi-driver"],
                 protect=config.protect_stateful, tags=tags,
             ),
             opts=platform.kubernetes_opts(),
         )
         platform.components["datasets"] = datasets
+        if datasets.file_system is not None:
+            outputs.update({"fsxFileSystemId": datasets.file_system.id, "fsxDnsName": datasets.file_system.dns_name,
+                            "fsxMountName": datasets.file_system.mount_name})
+        else:
+            outputs["efsFileSystemId"] = datasets.efs.id
         outputs.update({
-            "fsxFileSystemId": datasets.file_system.id,
-            "fsxDnsName": datasets.file_system.dns_name,
-            "fsxMountName": datasets.file_system.mount_name,
             "datasetsBucket": datasets.buckets[next(iter(datasets.buckets))].name,
             "checkpointsBucket": list(datasets.buckets.values())[1].name,
         })
@@ -182,7 +194,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
 # -- plan: warnings and a section ---------------------------------------------------------------
 def spot_save_warnings(config: PlatformConfig) -> Iterator[str]:
     ds = config.datasets
-    if ds is None:
+    if ds is None or ds.fsx is None:
         return
     fsx = ds.fsx
     budget = SPOT_NOTICE_SECONDS - ds.spot_notice_margin_seconds
@@ -198,7 +210,7 @@ def spot_save_warnings(config: PlatformConfig) -> Iterator[str]:
 
 def cross_az_warnings(config: PlatformConfig) -> Iterator[str]:
     """GPU pools that may launch outside the file system's AZ pay cross-AZ latency and traffic."""
-    if config.datasets is None:
+    if config.datasets is None or config.datasets.fsx is None:
         return
     fsx_az = config.network.availability_zones[config.datasets.fsx.subnet_index]
     pools = getattr(config, "gpu_pools", None) or []
@@ -237,7 +249,10 @@ def first_deploy_warnings(config: PlatformConfig) -> Iterator[str]:
 
 def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tuple[str, list[str]]]:
     lines = []
-    if config.datasets is not None:
+    if config.datasets is not None and config.datasets.fsx is None:
+        lines.append(f"Datasets storage s3-mountpoint: datasets bucket read-only through Mountpoint for Amazon S3, team "
+                     f"subtrees on EFS (access points, team uid); claims in {', '.join(team_namespaces(config)) or 'no namespace'}")
+    elif config.datasets is not None:
         fsx = config.datasets.fsx
         lines.append(f"FSx PERSISTENT_2 {fsx.storage_capacity_gib} GiB x {fsx.per_unit_storage_throughput_mb_per_tib} MB/s/TiB "
                      f"= {write_throughput_mb_per_s(fsx.storage_capacity_gib, fsx.per_unit_storage_throughput_mb_per_tib):.0f} MB/s, "
