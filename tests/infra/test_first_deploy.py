@@ -600,7 +600,7 @@ def test_each_malformed_value_is_refused_at_once_naming_field_value_and_fix():
 
     from tests.conftest import problems_of, stack_config
 
-    raw = copy.deepcopy(stack_config("dev"))
+    raw = copy.deepcopy(stack_config("prod"))
     expected = {}
     for section, key, value in BAD_VALUES:
         node = raw
