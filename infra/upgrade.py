@@ -55,28 +55,58 @@ REMOVED_API_VERSIONS: dict[str, tuple[tuple[str, str], ...]] = {
 
 @dataclass(frozen=True)
 class ChartSupport:
+    """What a component's own source states about Kubernetes versions.
+
+    minimum / maximum: the stated supported range (a target outside it blocks); maximum None: the
+    source states no upper bound ("1.29 or newer"). tested_up_to: the newest minor the release's
+    own CI runs on (a later target is a check, not a blocker). minimum None: nothing could be
+    verified offline: the upgrade lists it as a check with the source to read."""
+
     name: str
     version: str
-    # Kubernetes minors the project's source states as supported; None: not recorded here.
     minimum: Optional[str]
     maximum: Optional[str]
     source: str
+    tested_up_to: Optional[str] = None
 
 
 CHARTS: tuple[ChartSupport, ...] = (
     ChartSupport("Karpenter", KARPENTER_VERSION, "1.30", "1.36",
                  "karpenter.sh docs, Upgrade > Compatibility matrix (components/versions.py)"),
-    ChartSupport("Kueue", KUEUE_VERSION, None, None, "kueue.sigs.k8s.io/docs/installation (Kubernetes version support)"),
-    ChartSupport("Training Operator", TRAINING_OPERATOR_VERSION, None, None,
-                 "kubeflow/trainer release notes (v1.9.x tested Kubernetes versions)"),
-    ChartSupport("Argo CD", ARGOCD_APP_VERSION, None, None, "argo-cd.readthedocs.io, Installation > Tested versions"),
+    ChartSupport("Kueue", KUEUE_VERSION, "1.29", None,
+                 "kubernetes-sigs/kueue v0.19.2 README: \"Requires Kubernetes 1.29 or newer\"; e2e on kindest/node "
+                 "v1.36.1 (hack/testing/e2e-common_test.sh)", tested_up_to="1.36"),
+    ChartSupport("Training Operator", TRAINING_OPERATOR_VERSION, "1.27", None,
+                 "kubeflow/trainer v1.9.4 README (operator table: latest 1.27+); CI integration tests on v1.34.3 and "
+                 "v1.35.0 (.github/workflows/integration-tests.yaml)", tested_up_to="1.35"),
+    ChartSupport("NVIDIA device plugin", NVIDIA_DEVICE_PLUGIN_VERSION, "1.10", None,
+                 "NVIDIA/k8s-device-plugin v0.17.1 README, Prerequisites: \"Kubernetes version >= 1.10\""),
+    ChartSupport("Argo CD", ARGOCD_APP_VERSION, None, None,
+                 "argo-cd.readthedocs.io, Installation > Tested versions (not readable offline)"),
     ChartSupport("Argo Workflows", ARGO_WORKFLOWS_APP_VERSION, None, None,
-                 "argo-workflows.readthedocs.io, Installation > Kubernetes compatibility"),
+                 "argo-workflows.readthedocs.io, Installation (not readable offline)"),
     ChartSupport("NVIDIA GPU Operator", NVIDIA_GPU_OPERATOR_VERSION, None, None,
-                 "docs.nvidia.com/datacenter/cloud-native/gpu-operator, Platform Support"),
-    ChartSupport("NVIDIA device plugin", NVIDIA_DEVICE_PLUGIN_VERSION, None, None,
-                 "NVIDIA/k8s-device-plugin README, Prerequisites"),
+                 "docs.nvidia.com/datacenter/cloud-native/gpu-operator, Platform Support (not readable offline)"),
 )
+
+
+def chart_verdicts(target: str, charts: tuple[ChartSupport, ...] = CHARTS) -> tuple[list[str], list[str]]:
+    """(blockers, checks) for ``target`` from each chart's stated range."""
+    blockers, checks = [], []
+    for chart in charts:
+        if chart.minimum is None:
+            checks.append(f"{chart.name} {chart.version}: supported Kubernetes range not recorded here; confirm {target} "
+                          f"in {chart.source}")
+            continue
+        above = chart.maximum is not None and _minor(target) > _minor(chart.maximum)
+        if _minor(target) < _minor(chart.minimum) or above:
+            stated = f"{chart.minimum}-{chart.maximum}" if chart.maximum else f"{chart.minimum} or newer"
+            blockers.append(f"{chart.name} {chart.version} supports Kubernetes {stated} ({chart.source}), not {target}: "
+                            "upgrade the chart first")
+        elif chart.tested_up_to is not None and _minor(target) > _minor(chart.tested_up_to):
+            checks.append(f"{chart.name} {chart.version}: its CI runs up to {chart.tested_up_to}, not {target} "
+                          f"({chart.source}); test in dev before prod")
+    return blockers, checks
 
 
 def _minor(version: str) -> tuple[int, int]:
@@ -188,13 +218,9 @@ def plan_upgrade(stack: str, target: str, project_dir: Path) -> UpgradePlan:
         if (api_version, kind) in removed:
             blockers.append(f"{kind} {name} uses {api_version}, which Kubernetes {removed[(api_version, kind)]} "
                             "no longer serves (Deprecated API Migration Guide): move it to the served version first")
-    for chart in CHARTS:
-        if chart.minimum is None or chart.maximum is None:
-            checks.append(f"{chart.name} {chart.version}: supported Kubernetes range not recorded here; confirm {target} in "
-                          f"{chart.source}")
-        elif not (_minor(chart.minimum) <= _minor(target) <= _minor(chart.maximum)):
-            blockers.append(f"{chart.name} {chart.version} supports Kubernetes {chart.minimum}-{chart.maximum} "
-                            f"({chart.source}), not {target}: upgrade the chart first")
+    chart_blockers, chart_checks = chart_verdicts(target, CHARTS)
+    blockers += chart_blockers
+    checks += chart_checks
     unmapped = sorted(name for name, build in release.addons.items() if old.addons.get(name) == build)
     if unmapped:
         checks.append(f"add-ons without a per-version AWS table keep their build ({', '.join(unmapped)}): confirm with "

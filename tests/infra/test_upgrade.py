@@ -119,3 +119,22 @@ def test_a_pinned_alias_without_the_clusters_version_is_refused():
     values["ml-training-platform:cluster"] = json.dumps(cluster)
     with pytest.raises(ConfigError, match=r"karpenter.amiAlias.*v20251023.*1.35"):
         load_platform_config(raw_project_config(values))
+
+
+def test_stated_chart_ranges_block_outside_and_check_beyond_their_ci():
+    """Kueue v0.19.2 README: "Requires Kubernetes 1.29 or newer"; Training Operator v1.9.4 README
+    (latest 1.27+) with CI on 1.34/1.35; NVIDIA device plugin v0.17.1: "Kubernetes version >= 1.10"."""
+    charts = {c.name: c for c in upgrade.CHARTS}
+    assert (charts["Kueue"].minimum, charts["Kueue"].maximum) == ("1.29", None)
+    assert charts["Training Operator"].minimum == "1.27" and charts["NVIDIA device plugin"].minimum == "1.10"
+    blockers, checks = upgrade.chart_verdicts("1.28", (charts["Kueue"],))
+    assert blockers == [f"Kueue {charts['Kueue'].version} supports Kubernetes 1.29 or newer ({charts['Kueue'].source}), "
+                        "not 1.28: upgrade the chart first"] and not checks
+    assert upgrade.chart_verdicts("1.35", (charts["Kueue"],)) == ([], [])
+    blockers, checks = upgrade.chart_verdicts("1.36", (charts["Training Operator"],))
+    assert not blockers and "CI runs up to 1.35" in checks[0]
+    for version in VERSIONS[1:]:  # every supported hop of both stacks passes the recorded ranges
+        assert upgrade.chart_verdicts(version)[0] == []
+    unverified = [c.name for c in upgrade.CHARTS if c.minimum is None]
+    assert unverified == ["Argo CD", "Argo Workflows", "NVIDIA GPU Operator"]
+    assert all(any(name in check for check in upgrade.chart_verdicts("1.33")[1]) for name in unverified)
