@@ -200,6 +200,8 @@ def plan_upgrade(stack: str, target: str, project_dir: Path) -> UpgradePlan:
     # The target's config: version bumped, and a pinned AMI alias moved to a release that ships it.
     target_cluster = json.loads(values["ml-training-platform:cluster"])
     target_cluster["version"] = target
+    # The system group's release names the current minor; the target's is read at upgrade time (step 4).
+    target_cluster.get("systemNodeGroup", {}).pop("releaseVersion", None)
     target_values = {**values, "ml-training-platform:cluster": json.dumps(target_cluster)}
     alias = config.karpenter.ami_alias
     alias_date, needed = ami_release_date(alias), ami_release_date(release.ami_release)
@@ -238,7 +240,11 @@ def plan_upgrade(stack: str, target: str, project_dir: Path) -> UpgradePlan:
         "first (EKS keeps the API available; 10-20 min; no rollback).",
         "Managed add-ons to the target's builds (same `up`, after the control plane): "
         + ("; ".join(addon_changes) if addon_changes else "no build changes"),
-        f"System node group rolls to the {target} AMI (managed node group update, respecting PodDisruptionBudgets).",
+        f"System node group rolls to the {target} AMI (managed node group update, respecting PodDisruptionBudgets)"
+        + (f"; cluster.systemNodeGroup.releaseVersion ({config.cluster.system_node_group.release_version}) names a "
+           f"{current} release: set it to the {target} one (`aws ssm get-parameter --name /aws/service/eks/optimized-ami/"
+           f"{target}/amazon-linux-2023/x86_64/standard/recommended/release_version`) in the same change"
+           if config.cluster.system_node_group.release_version else "") + ".",
         f"Karpenter CPU pool: nodes drift to the {target} AMI of {new_alias} and are replaced by Karpenter.",
         (f"GPU pools ({', '.join(gpu_pools)}): their Drifted budget is 0, so old-AMI GPU nodes are replaced only when "
          "they are empty (consolidation) or expire (expireAfter); finish the step by waiting for running jobs, then "

@@ -138,3 +138,33 @@ def test_stated_chart_ranges_block_outside_and_check_beyond_their_ci():
     unverified = [c.name for c in upgrade.CHARTS if c.minimum is None]
     assert unverified == ["Argo CD", "Argo Workflows", "NVIDIA GPU Operator"]
     assert all(any(name in check for check in upgrade.chart_verdicts("1.33")[1]) for name in unverified)
+
+
+def test_system_node_release_version_is_checked_against_the_cluster_and_followed_by_the_upgrade(tmp_path):
+    """awslabs/amazon-eks-ami CHANGELOG: "Release versions for these AMIs: `1.27.1-20230703` ..."
+    (<Kubernetes patch>-<YYYYMMDD>); a managed node group's release must be one of its version."""
+    from infra.config import ConfigError, load_platform_config
+    from infra.plan import raw_project_config
+
+    values, _ = read_stack_file(ROOT / "Pulumi.dev.yaml")
+    raw = raw_project_config(values)
+    raw["cluster"]["systemNodeGroup"]["releaseVersion"] = "1.33.4-20260903"
+    with pytest.raises(ConfigError, match=r"releaseVersion.*1.33.*1.32"):
+        load_platform_config(raw)
+    raw["cluster"]["systemNodeGroup"]["releaseVersion"] = "v20260903"
+    with pytest.raises(ConfigError, match=r"not an EKS AMI release version"):
+        load_platform_config(raw)
+    raw["cluster"]["systemNodeGroup"]["releaseVersion"] = "1.32.9-20260903"
+    assert load_platform_config(raw).cluster.system_node_group.release_version == "1.32.9-20260903"
+    # Unset (the stack files today): the plan says the group is never patched and how to read the release.
+    plan = plan_from_values("dev", values)
+    assert any("releaseVersion is not set" in w and "/aws/service/eks/optimized-ami/1.32/" in w for w in plan.warnings)
+    assert plan.recording.one("aws:eks/nodeGroup:NodeGroup").inputs.get("releaseVersion") is None
+    # Set: the node group pins it, and the upgrade tells the operator to move it with the version.
+    project = _project(tmp_path)
+    document = yaml.safe_load((project / "Pulumi.dev.yaml").read_text())
+    document["config"]["ml-training-platform:cluster"]["systemNodeGroup"]["releaseVersion"] = "1.32.9-20260903"
+    (project / "Pulumi.dev.yaml").write_text(yaml.safe_dump(document))
+    result = upgrade.plan_upgrade("dev", "1.33", project)
+    assert any("releaseVersion (1.32.9-20260903)" in step and "optimized-ami/1.33/" in step for step in result.steps)
+    assert not result.blockers
