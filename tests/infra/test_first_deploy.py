@@ -551,7 +551,8 @@ def test_each_unconfirmed_pin_the_plan_deploys_is_a_warning_with_its_confirming_
 
     pins = [w for w in plan.warnings if w.startswith("unconfirmed pin:")]
     region = plan.config.region
-    for addon in ("aws-fsx-csi-driver", "eks-pod-identity-agent", "aws-ebs-csi-driver"):
+    for addon in ("aws-fsx-csi-driver", "eks-pod-identity-agent", "aws-ebs-csi-driver", "aws-mountpoint-s3-csi-driver",
+                  "aws-efs-csi-driver"):
         deployed = [r for r in plan.recording.by_type("aws:eks/addon:Addon") if r.inputs.get("addonName") == addon]
         listed = [w for w in pins if f"--addon-name {addon}" in w]
         assert bool(listed) == bool(deployed)

@@ -106,6 +106,14 @@ def test_both_stacks_plan_at_every_version(stack, version):
     assert plan.recording.one("eks:index:Cluster").inputs["version"] == version
     addons = {r.inputs["addonName"]: r.inputs["addonVersion"] for r in plan.recording.by_type("aws:eks/addon:Addon")}
     assert addons and all(EKS_RELEASES[version].addons[name] == build for name, build in addons.items())
+    # Each deployed add-on whose build no source confirms for this minor is listed once, with this minor's build.
+    pins = [w for w in plan.warnings if w.startswith("unconfirmed pin:") and "describe-addon-versions" in w]
+    for name in EKS_RELEASES[version].unconfirmed_addons & set(addons):
+        (pin,) = [w for w in pins if f"--addon-name {name} " in w]
+        assert f"{name} add-on {addons[name]} " in pin and f"--kubernetes-version {version} " in pin
+    assert len(pins) == len(EKS_RELEASES[version].unconfirmed_addons & set(addons))
+    # vpc-cni, coredns and kube-proxy rest on the EKS User Guide's per-version tables.
+    assert not EKS_RELEASES[version].unconfirmed_addons & {"vpc-cni", "coredns", "kube-proxy"}
     assert not [o for o in upgrade.rendered_objects(plan.recording) if o[:2] in upgrade.removed_apis_at(version)]
 
 
