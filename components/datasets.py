@@ -217,6 +217,7 @@ class FsxArgs:
     no_squash_nids: Sequence[str] = ()
 
 
+@accepts_enum_values
 @dataclass(frozen=True)
 class DatasetsArgs:
     """Inputs of ``Datasets``.
@@ -255,7 +256,6 @@ class DatasetsArgs:
     def __post_init__(self) -> None:
         from components.validation import raise_if_any
 
-        object.__setattr__(self, "storage", DatasetsStorage(self.storage))
         if self.storage is DatasetsStorage.S3_MOUNTPOINT:
             missing = [ns for ns in self.namespaces if ns not in self.posix_ids]
             if missing:

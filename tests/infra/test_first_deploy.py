@@ -243,8 +243,14 @@ def _selects(selector: dict, labels: dict) -> bool:
     if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
         return False
     for expr in selector.get("matchExpressions", []):
-        assert expr["operator"] in ("Exists", "DoesNotExist"), f"operator {expr['operator']} not modelled"
-        if (expr["key"] in labels) != (expr["operator"] == "Exists"):
+        # LabelSelectorRequirement: In/NotIn compare the value, Exists/DoesNotExist only the key.
+        key, operator, values = expr["key"], expr["operator"], expr.get("values", [])
+        assert operator in ("Exists", "DoesNotExist", "In", "NotIn"), f"operator {operator} not modelled"
+        if operator in ("Exists", "DoesNotExist") and (key in labels) != (operator == "Exists"):
+            return False
+        if operator == "In" and labels.get(key) not in values:
+            return False
+        if operator == "NotIn" and key in labels and labels[key] in values:
             return False
     return True
 
