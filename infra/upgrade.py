@@ -223,7 +223,9 @@ def plan_upgrade(stack: str, target: str, project_dir: Path) -> UpgradePlan:
     chart_blockers, chart_checks = chart_verdicts(target, CHARTS)
     blockers += chart_blockers
     checks += chart_checks
-    unmapped = sorted(name for name, build in release.addons.items() if old.addons.get(name) == build)
+    deployed = {r.inputs.get("addonName") for r in target_plan.recording.by_type("aws:eks/addon:Addon")}
+    unmapped = sorted(name for name, build in release.addons.items()
+                      if name in deployed and (old.addons.get(name) == build or name in release.unconfirmed_addons))
     if unmapped:
         checks.append(f"add-ons without a per-version AWS table keep their build ({', '.join(unmapped)}): confirm with "
                       f"`aws eks describe-addon-versions --kubernetes-version {target} --addon-name <name>`")
