@@ -50,6 +50,10 @@ class NodeGroupArgs:
     desired_size: int
     disk_size_gib: int = 50
     capacity_type: str = "ON_DEMAND"
+    # The EKS AMI release the group runs ("<Kubernetes patch>-<YYYYMMDD>", e.g. 1.27.1-20230703 in
+    # awslabs/amazon-eks-ami CHANGELOG "Release versions"); None: the one EKS picks at creation,
+    # frozen until the next minor upgrade or a manual `update-nodegroup-version`.
+    release_version: Optional[str] = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_size <= self.desired_size <= self.max_size:
@@ -383,6 +387,7 @@ class Cluster(pulumi.ComponentResource):
             f"{name}-system-nodes", cluster_name=cluster_name, version=self.args.version,
             node_role_arn=self.node_role.arn, subnet_ids=self.args.network.private_subnet_ids,
             ami_type=SYSTEM_NODE_AMI_TYPE, capacity_type=group.capacity_type,
+            release_version=group.release_version,
             instance_types=list(group.instance_types),
             scaling_config={"min_size": group.min_size, "max_size": group.max_size, "desired_size": group.desired_size},
             update_config={"max_unavailable": 1},

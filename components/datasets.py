@@ -1,5 +1,11 @@
 """Training data: S3 buckets and FSx for Lustre linked to them, mounted in every team namespace.
 
+Storage mode ``fsx`` (prod) is described below. Mode ``s3-mountpoint`` (a dev stack's idle cost:
+PERSISTENT_2's 1200 GiB floor is $174/month) keeps the buckets and the two claims but mounts the
+datasets bucket read-only through Mountpoint for Amazon S3 and each team's subtree from an
+encrypted EFS file system through an access point (``workloads.s3_storage``); nothing is billed
+by the hour.
+
 Datasets live in S3 and are lazy-loaded into a PERSISTENT_2 Lustre file system through data
 repository associations (DRAs); checkpoints written to the file system are exported back to
 S3 by the same mechanism. Pods see the file system through a static PV/PVC per team namespace
@@ -7,6 +13,7 @@ S3 by the same mechanism. Pods see the file system through a static PV/PVC per t
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Iterator, Mapping, Optional, Sequence, Union
@@ -15,14 +22,19 @@ import pulumi
 import pulumi_aws as aws
 
 from components.bucket import AccessLogBucket, LifecycleRule, SecureBucket, SecureBucketArgs
-from components.cluster import Cluster
+from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_object
 from components.kms import create_key, set_key_policy
 from components.network import Network
 from components.validation import Problem, accepts_enum_values, raise_if_any
 from components.addons import FSX_CSI_DRIVER
 from components.versions import EKS_ADDON_VERSIONS
-from workloads.fsx import fsx_persistent_volume, fsx_persistent_volume_claim, team_volume_specs
+from workloads.fsx import (
+    CHECKPOINTS_DIR, CLAIM_NAME, DATASETS_CLAIM_NAME, fsx_persistent_volume, fsx_persistent_volume_claim, team_volume_specs,
+)
+from workloads.s3_storage import (
+    EfsVolumeSpec, MountpointVolumeSpec, efs_persistent_volume, mountpoint_persistent_volume, static_claim,
+)
 
 # -- FSx for Lustre PERSISTENT_2 facts ------------------------------------------------------
 FIRST_CAPACITY_GIB = 1200
@@ -50,6 +62,14 @@ class DatasetBucket(str, Enum):
 
     DATASETS = "datasets"
     CHECKPOINTS = "checkpoints"
+
+
+class DatasetsStorage(str, Enum):
+    """What backs the team claims: FSx for Lustre linked to the buckets, or (no hourly cost) the
+    datasets bucket through Mountpoint for Amazon S3 plus EFS for the teams' subtrees."""
+
+    FSX = "fsx"
+    S3_MOUNTPOINT = "s3-mountpoint"
 
 
 class FsxLogLevel(str, Enum):
@@ -198,6 +218,7 @@ class FsxArgs:
     no_squash_nids: Sequence[str] = ()
 
 
+@accepts_enum_values
 @dataclass(frozen=True)
 class DatasetsArgs:
     """Inputs of ``Datasets``.
@@ -206,7 +227,9 @@ class DatasetsArgs:
         network / cluster: the file system lives in a private subnet and admits the cluster's nodes.
         access_logs_bucket: S3 server access log target in this (the workload) account.
         log_kms_key: key of the FSx log group (its policy must admit CloudWatch Logs for it).
-        fsx: the file system.
+        storage: ``fsx`` or ``s3-mountpoint`` (``DatasetsStorage``).
+        fsx: the file system (mode ``fsx`` only).
+        posix_ids: each namespace's uid/gid (mode ``s3-mountpoint``: the owner of its EFS subtree).
         namespaces: team namespaces that get a PVC (they must exist).
         namespace_resources: those namespaces' Namespace objects; each claim depends on its own.
         datasets_lifecycle / checkpoints_lifecycle: lifecycle rules per bucket.
@@ -216,18 +239,30 @@ class DatasetsArgs:
 
     network: Network
     cluster: Cluster
-    fsx: FsxArgs
+    fsx: Optional[FsxArgs]
     namespaces: Sequence[str]
+    storage: DatasetsStorage = DatasetsStorage.FSX
+    posix_ids: Mapping[str, int] = field(default_factory=dict)
     namespace_resources: Mapping[str, pulumi.Resource] = field(default_factory=dict)
     access_logs_bucket: Optional[Union[AccessLogBucket, aws.s3.Bucket]] = None
     log_kms_key: Optional[aws.kms.Key] = None
     datasets_lifecycle: Sequence[LifecycleRule] = ()
     checkpoints_lifecycle: Sequence[LifecycleRule] = ()
     addon_version: str = EKS_ADDON_VERSIONS["aws-fsx-csi-driver"]
+    mountpoint_addon_version: str = EKS_ADDON_VERSIONS["aws-mountpoint-s3-csi-driver"]
+    efs_addon_version: str = EKS_ADDON_VERSIONS["aws-efs-csi-driver"]
     protect: bool = False
     tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.storage is DatasetsStorage.S3_MOUNTPOINT:
+            missing = [ns for ns in self.namespaces if ns not in self.posix_ids]
+            if missing:
+                raise ValueError(f"DatasetsArgs.posix_ids: no uid for {missing}; mode s3-mountpoint owns each "
+                                 "team's EFS subtree by the team's uid (workloads.tenancy)")
+            return
+        if self.fsx is None:
+            raise ValueError("DatasetsArgs.fsx: required with storage 'fsx'; set it or use storage 's3-mountpoint'")
         raise_if_any("DatasetsArgs.fsx", fsx_problems(
             "fsx", storage_capacity_gib=self.fsx.storage_capacity_gib,
             throughput_mb_per_tib=self.fsx.throughput_mb_per_tib, associations=self.fsx.associations))
@@ -267,26 +302,36 @@ class Datasets(pulumi.ComponentResource):
         self.args = args
         tags = dict(args.tags)
         self.key, self.buckets = self._buckets(name, tags)
-        self.security_group, self.security_group_rules = self._security_group(name, tags)
-        storage = self._file_system(name, tags)
-        self.log_group, self.file_system = storage.log_group, storage.file_system
-        self.key_policy, self.associations = storage.key_policy, storage.associations
-        # The driver's row says why it needs no IAM role (components/addons.py).
-        self.addon = args.cluster.addon(FSX_CSI_DRIVER, name=name, parent=self, version=args.addon_version, tags=tags)
-        self.volume_claims = self._team_volumes(name)
-
-        self.file_system_id = self.file_system.id
+        if args.storage is DatasetsStorage.FSX:
+            self.security_group, self.security_group_rules = self._security_group(name, tags)
+            storage = self._file_system(name, tags)
+            self.log_group, self.file_system = storage.log_group, storage.file_system
+            self.key_policy, self.associations = storage.key_policy, storage.associations
+            # The driver's row says why it needs no IAM role (components/addons.py).
+            self.addon = args.cluster.addon(FSX_CSI_DRIVER, name=name, parent=self, version=args.addon_version, tags=tags)
+            self.volume_claims = self._team_volumes(name)
+            self.file_system_id = self.file_system.id
+            storage_outputs = {
+                "file_system_id": self.file_system.id, "dns_name": self.file_system.dns_name,
+                "mount_name": self.file_system.mount_name,
+                "security_group_rules": self.security_group_rules, "log_group": self.log_group,
+                "file_system": self.file_system, "associations": self.associations,
+            }
+        else:
+            self.file_system = None
+            self._s3_mountpoint(name, tags)
+            self.file_system_id = self.efs.id
+            storage_outputs = {
+                "efs_file_system_id": self.efs.id, "efs": self.efs, "mountpoint_role": self.mountpoint_role,
+                "mount_targets": self.mount_targets, "efs_addon": self.efs_addon, "access_points": self.access_points,
+            }
         self.register_outputs({
-            "file_system_id": self.file_system.id,
-            "dns_name": self.file_system.dns_name,
-            "mount_name": self.file_system.mount_name,
             "datasets_bucket": self.buckets[DatasetBucket.DATASETS].name,
             "checkpoints_bucket": self.buckets[DatasetBucket.CHECKPOINTS].name,
             # Every public attribute, as pulumi-eks registers its outputs.
             "key": self.key, "buckets": {kind.value: bucket for kind, bucket in self.buckets.items()},
-            "security_group": self.security_group, "security_group_rules": self.security_group_rules,
-            "log_group": self.log_group, "file_system": self.file_system, "key_policy": self.key_policy,
-            "associations": self.associations, "addon": self.addon, "volume_claims": self.volume_claims,
+            "security_group": self.security_group, "key_policy": self.key_policy, "addon": self.addon,
+            "volume_claims": self.volume_claims, **storage_outputs,
         })
 
     def _buckets(self, name: str, tags: dict) -> tuple[aws.kms.Key, dict[DatasetBucket, SecureBucket]]:
@@ -433,6 +478,130 @@ class Datasets(pulumi.ComponentResource):
                 if index == 0:
                     claims[namespace] = claim
         return claims
+
+    def _s3_mountpoint(self, name: str, tags: dict) -> None:
+        """Datasets bucket read-only through Mountpoint for Amazon S3; teams' subtrees on EFS."""
+        args = self.args
+        cluster = args.cluster
+        child = pulumi.ResourceOptions(parent=self)
+        stateful = pulumi.ResourceOptions(parent=self, protect=args.protect)
+        # The key has no service statement to add here: EFS and S3 use it on behalf of callers
+        # the account's IAM policies admit (the account-admin statement delegates to IAM).
+        self.key_policy = set_key_policy(f"{name}-data", self.key, parent=self, statements=[])
+        datasets_bucket = self.buckets[DatasetBucket.DATASETS]
+
+        # Mountpoint's driver-level credentials through EKS Pod Identity (driver v2: "EKS Pod
+        # Identity support", awslabs/mountpoint-s3-csi-driver README; the node plugin's service
+        # account is s3-csi-driver-sa in kube-system, EKS User Guide "mountpoint-for-s3-add-on").
+        # Read-only: list the bucket, get objects, decrypt with the data key (Mountpoint's
+        # CONFIGURATION.md "IAM permissions": s3:ListBucket, s3:GetObject; kms:Decrypt for SSE-KMS).
+        self.mountpoint_role = pod_identity_role(
+            f"{name}-mountpoint", cluster_arn=cluster.eks_cluster.eks_cluster.arn, namespace="kube-system",
+            service_account=MOUNTPOINT_SERVICE_ACCOUNT, parent=self, tags=tags)
+        policy = pulumi.Output.all(datasets_bucket.arn, self.key.arn).apply(
+            lambda arns: json.dumps(mountpoint_read_only_policy(bucket_arn=arns[0], key_arn=arns[1])))
+        aws.iam.RolePolicy(f"{name}-mountpoint-read", role=self.mountpoint_role.id, policy=policy,
+                           opts=pulumi.ResourceOptions(parent=self.mountpoint_role))
+        association = aws.eks.PodIdentityAssociation(
+            f"{name}-mountpoint-association", cluster_name=cluster.cluster_name, namespace="kube-system",
+            service_account=MOUNTPOINT_SERVICE_ACCOUNT, role_arn=self.mountpoint_role.arn, tags=tags, opts=child)
+        self.addon = aws.eks.Addon(
+            f"{name}-aws-mountpoint-s3-csi-driver", cluster_name=cluster.cluster_name,
+            addon_name="aws-mountpoint-s3-csi-driver", addon_version=args.mountpoint_addon_version,
+            resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE", tags=tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.node_group, association]))
+
+        # EFS: elastic throughput (billed per GB moved, nothing while idle), encrypted with the data
+        # key; a mount target in every private subnet so a node in any AZ resolves the file
+        # system's DNS name to its own AZ (EFS User Guide, "Mounting EFS file systems").
+        self.efs = aws.efs.FileSystem(
+            f"{name}-efs", encrypted=True, kms_key_id=self.key.arn, performance_mode="generalPurpose",
+            throughput_mode="elastic", tags={**tags, "Name": f"{name}-efs"},
+            opts=pulumi.ResourceOptions.merge(stateful, pulumi.ResourceOptions(depends_on=[self.key_policy])))
+        self.security_group = aws.ec2.SecurityGroup(
+            f"{name}-efs-sg", vpc_id=args.network.vpc_id, description="EFS: NFS from the cluster's nodes only",
+            tags={**tags, "Name": f"{name}-efs"}, opts=child)
+        aws.vpc.SecurityGroupIngressRule(
+            f"{name}-efs-from-nodes", security_group_id=self.security_group.id,
+            referenced_security_group_id=args.cluster.node_security_group.id, ip_protocol="tcp",
+            from_port=NFS_PORT, to_port=NFS_PORT, description="NFS from the cluster's nodes", tags=tags,
+            opts=pulumi.ResourceOptions(parent=self.security_group))
+        self.mount_targets = [
+            aws.efs.MountTarget(f"{name}-efs-mount-{index}", file_system_id=self.efs.id, subnet_id=subnet.id,
+                                security_groups=[self.security_group.id], opts=pulumi.ResourceOptions(parent=self.efs))
+            for index, subnet in enumerate(args.network.private_subnets)
+        ]
+        # No IAM role: static volumes with access points need none ("by default no additional IAM
+        # permissions are necessary", aws-efs-csi-driver examples/kubernetes/access_points).
+        self.efs_addon = aws.eks.Addon(
+            f"{name}-aws-efs-csi-driver", cluster_name=cluster.cluster_name, addon_name="aws-efs-csi-driver",
+            addon_version=args.efs_addon_version, resolve_conflicts_on_create="OVERWRITE",
+            resolve_conflicts_on_update="PRESERVE", tags=tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.node_group]))
+
+        region = aws.get_region_output(opts=pulumi.InvokeOutputOptions(parent=self)).region
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=cluster.k8s_provider,
+                                          depends_on=[self.addon, self.efs_addon, *self.mount_targets])
+        self.access_points = {}
+        self.volume_claims = {}
+        for namespace in args.namespaces:
+            uid = args.posix_ids[namespace]
+            # The access point creates /checkpoints/<ns> owned by the team (mode 0750) on first
+            # mount and maps every client to the team's uid/gid: root in a pod is the team too.
+            access_point = aws.efs.AccessPoint(
+                f"{name}-efs-ap-{namespace}", file_system_id=self.efs.id,
+                posix_user={"uid": uid, "gid": uid},
+                root_directory={"path": f"/{CHECKPOINTS_DIR}/{namespace}",
+                                "creation_info": {"owner_uid": uid, "owner_gid": uid, "permissions": "0750"}},
+                tags={**tags, "Name": f"{name}-{namespace}"}, opts=pulumi.ResourceOptions(parent=self.efs))
+            self.access_points[namespace] = access_point
+            ns_dep = _namespace_dependency(args.namespace_resources, namespace)
+            efs_spec = pulumi.Output.all(self.efs.id, access_point.id).apply(
+                lambda v, ns=namespace: EfsVolumeSpec(file_system_id=v[0], access_point_id=v[1], namespace=ns,
+                                                      pv_name_prefix=name))
+            placeholder = EfsVolumeSpec(file_system_id="fs-0", access_point_id="fsap-0", namespace=namespace,
+                                        pv_name_prefix=name)
+            pv = apply_object(f"{name}-pv-{namespace}", _output_manifest(efs_persistent_volume, placeholder, efs_spec),
+                              k8s_opts)
+            claim = apply_object(
+                f"{name}-pvc-{namespace}",
+                static_claim(namespace=namespace, claim_name=CLAIM_NAME, pv_name=placeholder.pv_name, read_only=False),
+                pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=[pv, *ns_dep])))
+            self.volume_claims[namespace] = claim
+            s3_spec = pulumi.Output.all(datasets_bucket.name, region).apply(
+                lambda v, ns=namespace: MountpointVolumeSpec(bucket_name=v[0], region=v[1], namespace=ns,
+                                                             pv_name_prefix=name))
+            s3_placeholder = MountpointVolumeSpec(bucket_name="b", region="r", namespace=namespace, pv_name_prefix=name)
+            datasets_pv = apply_object(
+                f"{name}-pv-{namespace}-datasets",
+                _output_manifest(mountpoint_persistent_volume, s3_placeholder, s3_spec), k8s_opts)
+            apply_object(
+                f"{name}-pvc-{namespace}-datasets",
+                static_claim(namespace=namespace, claim_name=DATASETS_CLAIM_NAME, pv_name=s3_placeholder.pv_name,
+                             read_only=True),
+                pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=[datasets_pv, *ns_dep])))
+
+
+MOUNTPOINT_SERVICE_ACCOUNT = "s3-csi-driver-sa"
+NFS_PORT = 2049
+
+
+def mountpoint_read_only_policy(*, bucket_arn: str, key_arn: str) -> dict:
+    """What Mountpoint needs to serve a bucket read-only (Mountpoint CONFIGURATION.md, "IAM
+    permissions": ListBucket on the bucket, GetObject on its objects; SSE-KMS objects need
+    kms:Decrypt on their key). No write, no delete."""
+    return {"Version": "2012-10-17", "Statement": [
+        {"Sid": "ListDatasets", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [bucket_arn]},
+        {"Sid": "ReadDatasets", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"{bucket_arn}/*"]},
+        {"Sid": "DecryptDatasets", "Effect": "Allow", "Action": ["kms:Decrypt"], "Resource": [key_arn]},
+    ]}
+
+
+def _output_manifest(render, placeholder, spec: pulumi.Output) -> dict:
+    """Structure (names, kind) from a placeholder spec; the spec's leaves from the real one."""
+    full = render(placeholder)
+    return {"apiVersion": full["apiVersion"], "kind": full["kind"], "metadata": full["metadata"],
+            "spec": spec.apply(lambda v: render(v)["spec"])}
 
 
 # nobody:nogroup; the team uids lie below it (workloads.tenancy.POSIX_ID_MAX).

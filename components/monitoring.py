@@ -172,6 +172,8 @@ class Monitoring(pulumi.ComponentResource):
         in_teams = pulumi.ResourceOptions(parent=self, depends_on=[self.crds, *args.depends_on])
         self.monitors += [apply_object(f"{name}-podmonitor-{team_ns}", stack.trainer_pod_monitor(team_ns), in_teams)
                           for team_ns in args.team_namespaces]
+        self.monitors += [apply_object(f"{name}-podmonitor-{team_ns}-trainjob", stack.trainjob_pod_monitor(team_ns), in_teams)
+                          for team_ns in args.team_namespaces]
         self.team_policies = [apply_object(f"{name}-netpol-{team_ns}-trainer-health", stack.trainer_scrape_policy(team_ns),
                                            pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
                               for team_ns in args.team_namespaces]

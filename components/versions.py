@@ -38,6 +38,9 @@ class EksRelease:
     addons: Mapping[str, str]
     ami_release: str
     verified: _dt.date
+    # Add-ons whose build for this minor no stored source confirms (listed by the plan with the
+    # `aws eks describe-addon-versions` command that settles it, UNCONFIRMED_PINS).
+    unconfirmed_addons: frozenset = frozenset()
 
     @property
     def support(self) -> EksVersionSupport:
@@ -59,7 +62,21 @@ _UNMAPPED_ADDONS = {
     # v1.7.0-eksbuild.1 and above", awsdocs/amazon-eks-user-guide PR #1215,
     # latest/ug/nodes/hybrid-nodes-add-ons.adoc).
     "aws-fsx-csi-driver": "v1.7.0-eksbuild.1",
+    # Datasets storage mode s3-mountpoint (dev). Driver v2 is the first with EKS Pod Identity
+    # (awslabs/mountpoint-s3-csi-driver README: "v2 introduces ... EKS Pod Identity support");
+    # v2.2.2 is a driver release run with Pod Identity in public EKS test notes. The eksbuild
+    # suffix is NOT confirmed by any stored source: listed in UNCONFIRMED_PINS.
+    "aws-mountpoint-s3-csi-driver": "v2.2.2-eksbuild.1",
+    # EFS CSI v2.1.0-eksbuild.1: in public EKS configs beside 1.31/1.32 add-on builds (e.g. kube-proxy
+    # v1.32.0-eksbuild.2); no AWS table maps it to 1.33-1.35: listed in UNCONFIRMED_PINS.
+    "aws-efs-csi-driver": "v2.1.0-eksbuild.1",
 }
+
+# Each of these builds, in each minor's row, is unconfirmed for that minor: AWS publishes no
+# per-version table for them (the EKS User Guide has tables for vpc-cni, coredns and kube-proxy
+# only) and `describe-addon-versions` cannot run offline. The plan names each one the stack
+# deploys, with its command (UNCONFIRMED_PINS); a row moves a build to confirmed only with a source.
+_UNCONFIRMED_ADDONS = frozenset(_UNMAPPED_ADDONS)
 
 # One row per Kubernetes minor the platform can run. Sources:
 # - support dates: EKS User Guide release calendar (kubernetes-versions.adoc) for <= 1.34;
@@ -77,16 +94,20 @@ _UNMAPPED_ADDONS = {
 EKS_RELEASES: dict[str, EksRelease] = {
     "1.32": EksRelease(_dt.date(2026, 3, 23), _dt.date(2027, 3, 23), {
         "vpc-cni": "v1.20.1-eksbuild.3", "coredns": "v1.11.4-eksbuild.24", "kube-proxy": "v1.32.9-eksbuild.2",
-        **_UNMAPPED_ADDONS}, ami_release="v20251023", verified=_dt.date(2026, 11, 24)),
+        **_UNMAPPED_ADDONS}, ami_release="v20251023", verified=_dt.date(2026, 11, 24),
+        unconfirmed_addons=_UNCONFIRMED_ADDONS),
     "1.33": EksRelease(_dt.date(2026, 7, 29), _dt.date(2027, 7, 29), {
         "vpc-cni": "v1.21.1-eksbuild.7", "coredns": "v1.13.2-eksbuild.4", "kube-proxy": "v1.33.10-eksbuild.2",
-        **_UNMAPPED_ADDONS}, ami_release="v20260903", verified=_dt.date(2026, 11, 25)),
+        **_UNMAPPED_ADDONS}, ami_release="v20260903", verified=_dt.date(2026, 11, 25),
+        unconfirmed_addons=_UNCONFIRMED_ADDONS),
     "1.34": EksRelease(_dt.date(2026, 12, 2), _dt.date(2027, 12, 2), {
         "vpc-cni": "v1.21.1-eksbuild.7", "coredns": "v1.13.2-eksbuild.4", "kube-proxy": "v1.34.6-eksbuild.2",
-        **_UNMAPPED_ADDONS}, ami_release="v20260903", verified=_dt.date(2026, 11, 25)),
+        **_UNMAPPED_ADDONS}, ami_release="v20260903", verified=_dt.date(2026, 11, 25),
+        unconfirmed_addons=_UNCONFIRMED_ADDONS),
     "1.35": EksRelease(_dt.date(2027, 3, 27), _dt.date(2028, 3, 27), {
         "vpc-cni": "v1.21.1-eksbuild.7", "coredns": "v1.13.2-eksbuild.4", "kube-proxy": "v1.35.3-eksbuild.2",
-        **_UNMAPPED_ADDONS}, ami_release="v20260903", verified=_dt.date(2026, 11, 25)),
+        **_UNMAPPED_ADDONS}, ami_release="v20260903", verified=_dt.date(2026, 11, 25),
+        unconfirmed_addons=_UNCONFIRMED_ADDONS),
 }
 
 # Derived views (a version missing from EKS_RELEASES is refused by the config).
@@ -238,27 +259,30 @@ class UnconfirmedPin:
     check: str
     resource_type: str
     match: tuple[str, str]
+    # Only for stacks at this Kubernetes minor (add-on builds are per minor); None: every stack.
+    kubernetes_version: Optional[str] = None
 
 
-UNCONFIRMED_PINS: tuple[UnconfirmedPin, ...] = (
-    UnconfirmedPin(
-        "aws-fsx-csi-driver add-on", EKS_ADDON_VERSIONS["aws-fsx-csi-driver"],
-        "named only in the EKS hybrid-nodes add-on table; no table maps it to Kubernetes 1.32",
-        "aws eks describe-addon-versions --region {region} --kubernetes-version {eks} --addon-name aws-fsx-csi-driver "
-        "--query 'addons[].addonVersions[].addonVersion'",
-        "aws:eks/addon:Addon", ("addonName", "aws-fsx-csi-driver")),
-    UnconfirmedPin(
-        "eks-pod-identity-agent add-on", EKS_ADDON_VERSIONS["eks-pod-identity-agent"],
-        "no AWS document maps agent builds to Kubernetes versions",
-        "aws eks describe-addon-versions --region {region} --kubernetes-version {eks} --addon-name eks-pod-identity-agent "
-        "--query 'addons[].addonVersions[].addonVersion'",
-        "aws:eks/addon:Addon", ("addonName", "eks-pod-identity-agent")),
-    UnconfirmedPin(
-        "aws-ebs-csi-driver add-on", EKS_ADDON_VERSIONS["aws-ebs-csi-driver"],
-        "no AWS version table exists for this add-on",
-        "aws eks describe-addon-versions --region {region} --kubernetes-version {eks} --addon-name aws-ebs-csi-driver "
-        "--query 'addons[].addonVersions[].addonVersion'",
-        "aws:eks/addon:Addon", ("addonName", "aws-ebs-csi-driver")),
+_ADDON_UNCONFIRMED_WHY = {
+    "aws-fsx-csi-driver": "named only in the EKS hybrid-nodes add-on table; no table maps it to Kubernetes versions",
+    "eks-pod-identity-agent": "no AWS document maps agent builds to Kubernetes versions",
+    "aws-ebs-csi-driver": "no AWS version table exists for this add-on",
+    "aws-mountpoint-s3-csi-driver": "driver release v2.2.2 exists; its eksbuild suffix is not in any stored source",
+    "aws-efs-csi-driver": "seen beside 1.32 builds in public configs; no AWS table maps it to Kubernetes versions",
+}
+
+
+def _addon_pins() -> tuple[UnconfirmedPin, ...]:
+    return tuple(
+        UnconfirmedPin(
+            f"{name} add-on", release.addons[name], _ADDON_UNCONFIRMED_WHY[name],
+            "aws eks describe-addon-versions --region {region} --kubernetes-version {eks} --addon-name "
+            + name + " --query 'addons[].addonVersions[].addonVersion'",
+            "aws:eks/addon:Addon", ("addonName", name), kubernetes_version=version)
+        for version, release in EKS_RELEASES.items() for name in sorted(release.unconfirmed_addons))
+
+
+UNCONFIRMED_PINS: tuple[UnconfirmedPin, ...] = _addon_pins() + (
     UnconfirmedPin(
         "Aurora PostgreSQL engine version", AURORA_POSTGRESQL_VERSION,
         "AWS retires old minors for creation; no release-calendar row found for it",

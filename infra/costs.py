@@ -20,6 +20,14 @@ from workloads.prices import HOURS_PER_MONTH, SPOT_DISCOUNT, STACK_PRICES, Insta
 # Stated assumptions of an idle month (traffic that happens with no job running).
 IDLE_NAT_GB_PER_MONTH = 20  # image pulls of restarted controllers, OS updates, API calls
 IDLE_AURORA_STORAGE_GB = 1  # MLflow's metadata tables with a few hundred runs
+IDLE_EFS_GB = 10  # a few small checkpoints kept in the teams' EFS subtrees (storage mode s3-mountpoint)
+# All five control-plane log types of a small idle cluster; the audit log dominates (controllers'
+# watches and leases). An assumption to check against the first month's bill.
+IDLE_CONTROL_PLANE_LOG_GB = 30
+IDLE_OTHER_LOG_GB = 1  # MLflow, the rotation function, FSx events: a few MB a day
+# Container Insights (enhanced) samples each entity every 60 s: 2 system nodes (~100 metrics each),
+# ~50 pods (~40 each) and ~70 containers (~15 each) with no job running, ~3,250 a minute.
+IDLE_CONTAINER_INSIGHTS_OBSERVATIONS_PER_MINUTE = 3_250
 
 # The operations issue's target for dev, with the control-plane fee set aside.
 DEV_IDLE_GOAL_USD_PER_MONTH = 287.0
@@ -133,6 +141,10 @@ def file_systems(recording: Recording) -> Iterator[CostLine]:
         capacity, tier = int(fs.inputs["storageCapacity"]), int(fs.inputs["perUnitStorageThroughput"])
         yield _monthly(f"FSx for Lustre {fs.name}: {capacity} GiB PERSISTENT_2 at {tier} MB/s/TiB", capacity,
                        f"fsx_lustre_p2_{tier}_gb_month")
+    for fs in recording.by_type("aws:efs/fileSystem:FileSystem"):
+        # Billed for what is stored (elastic throughput: per GB moved, none while idle).
+        yield _monthly(f"EFS {fs.name} (team subtrees): {IDLE_EFS_GB} GB of checkpoints assumed stored",
+                       IDLE_EFS_GB, "efs_standard_gb_month")
 
 
 def storage_and_keys(recording: Recording) -> Iterator[CostLine]:
@@ -155,14 +167,26 @@ def storage_and_keys(recording: Recording) -> Iterator[CostLine]:
 
 
 def observability(recording: Recording) -> Iterator[CostLine]:
-    """What CloudWatch bills by volume: stated, not guessed (0 in the total)."""
-    groups = len(recording.by_type("aws:cloudwatch/logGroup:LogGroup"))
-    if groups:
-        yield _monthly(f"CloudWatch Logs ingestion ({groups} log groups): UNPRICED, by volume; 5 GB/month free", 0,
-                       "cloudwatch_logs_ingest_gb")
+    """What CloudWatch bills by volume, from stated idle assumptions (the account's 5 GB/month of
+    free ingestion is not subtracted). The container log group is priced with the monitoring stack."""
+    for cluster in recording.by_type("eks:index:Cluster"):
+        types = list(cluster.inputs.get("enabledClusterLogTypes") or [])
+        if types:
+            yield _monthly(f"CloudWatch Logs ingestion: EKS control-plane logs ({len(types)} types), "
+                           f"{IDLE_CONTROL_PLANE_LOG_GB} GB assumed idle", IDLE_CONTROL_PLANE_LOG_GB, "cloudwatch_logs_ingest_gb")
+    others = [g for g in recording.by_type("aws:cloudwatch/logGroup:LogGroup")
+              if not str(g.inputs.get("name", "")).endswith("/containers")
+              and not str(g.inputs.get("name", "")).endswith("/cluster")
+              # Enhanced observability's performance events are billed as observations, below.
+              and not str(g.inputs.get("name", "")).endswith("/performance")]
+    if others:
+        yield _monthly(f"CloudWatch Logs ingestion: {len(others)} other log groups, "
+                       f"{IDLE_OTHER_LOG_GB} GB assumed idle", IDLE_OTHER_LOG_GB, "cloudwatch_logs_ingest_gb")
     if recording.by_type("mlplatform:container_insights:ContainerInsights"):
-        yield _monthly("Container Insights (enhanced observability) observations: UNPRICED, billed per observation",
-                       0, "cloudwatch_logs_ingest_gb")
+        observations = IDLE_CONTAINER_INSIGHTS_OBSERVATIONS_PER_MINUTE * 60 * HOURS_PER_MONTH
+        yield _monthly(f"Container Insights (enhanced observability): {observations / 1e6:,.0f}M observations "
+                       f"({IDLE_CONTAINER_INSIGHTS_OBSERVATIONS_PER_MINUTE:,}/minute assumed idle)",
+                       observations / 1e6, "container_insights_observations_million")
 
 
 def alarms(recording: Recording) -> Iterator[CostLine]:

@@ -13,6 +13,7 @@ from components.datasets import (
     DatasetBucket,
     Datasets,
     DatasetsArgs,
+    DatasetsStorage,
     FsxArgs,
     checkpoint_seconds,
     fsx_log_group_name,
@@ -39,7 +40,9 @@ def lifecycle_rules(rule_id: str, lifecycle: BucketLifecycleConfig) -> list[Life
 
 def log_group_names(config: PlatformConfig) -> list[str]:
     """CloudWatch log groups this capability creates (the platform's log key must admit them)."""
-    return [fsx_log_group_name(datasets_name(config))] if config.datasets is not None else []
+    if config.datasets is None or config.datasets.storage is not DatasetsStorage.FSX:
+        return []
+    return [fsx_log_group_name(datasets_name(config))]
 
 
 def deploy(platform: Platform) -> dict[str, Any]:
@@ -48,11 +51,13 @@ def deploy(platform: Platform) -> dict[str, Any]:
         return {}
     datasets_config = config.datasets
     fsx = datasets_config.fsx
+    releases = addon_versions(config.cluster.version)
     datasets = Datasets(
         datasets_name(config),
         DatasetsArgs(
-            network=platform.network, cluster=platform.cluster,
-            fsx=FsxArgs(
+            network=platform.network, cluster=platform.cluster, storage=datasets_config.storage,
+            posix_ids={team.namespace: team.uid for team in config.scheduling.teams},
+            fsx=None if fsx is None else FsxArgs(
                 storage_capacity_gib=fsx.storage_capacity_gib,
                 throughput_mb_per_tib=fsx.per_unit_storage_throughput_mb_per_tib,
                 associations=[dra_spec(d) for d in fsx.data_repository_associations],
@@ -68,17 +73,22 @@ def deploy(platform: Platform) -> dict[str, Any]:
             log_kms_key=platform.log_group_key.key if platform.log_group_key else None,
             datasets_lifecycle=lifecycle_rules("datasets", datasets_config.datasets_bucket),
             checkpoints_lifecycle=lifecycle_rules("checkpoints", datasets_config.checkpoints_bucket),
-            # The build of the cluster's own Kubernetes minor (components/versions.py EKS_RELEASES).
-            addon_version=addon_versions(config.cluster.version)["aws-fsx-csi-driver"],
+            # The builds of the cluster's own Kubernetes minor (components/versions.py EKS_RELEASES).
+            addon_version=releases["aws-fsx-csi-driver"],
+            mountpoint_addon_version=releases["aws-mountpoint-s3-csi-driver"],
+            efs_addon_version=releases["aws-efs-csi-driver"],
             protect=config.protect_stateful, tags=config.resource_tags,
         ),
         opts=platform.kubernetes_opts(),
     )
     platform.datasets = datasets
+    if datasets.file_system is not None:
+        storage = {"fsxFileSystemId": datasets.file_system.id, "fsxDnsName": datasets.file_system.dns_name,
+                   "fsxMountName": datasets.file_system.mount_name}
+    else:
+        storage = {"efsFileSystemId": datasets.efs.id}
     return {
-        "fsxFileSystemId": datasets.file_system.id,
-        "fsxDnsName": datasets.file_system.dns_name,
-        "fsxMountName": datasets.file_system.mount_name,
+        **storage,
         "datasetsBucket": datasets.buckets[DatasetBucket.DATASETS].name,
         "checkpointsBucket": datasets.buckets[DatasetBucket.CHECKPOINTS].name,
     }
@@ -87,7 +97,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
 # -- plan: warnings and a section ---------------------------------------------------------------
 def spot_save_warnings(config: PlatformConfig) -> Iterator[str]:
     ds = config.datasets
-    if ds is None:
+    if ds is None or ds.fsx is None:
         return
     fsx = ds.fsx
     budget = SPOT_NOTICE_SECONDS - ds.spot_notice_margin_seconds
@@ -103,7 +113,7 @@ def spot_save_warnings(config: PlatformConfig) -> Iterator[str]:
 
 def cross_az_warnings(config: PlatformConfig) -> Iterator[str]:
     """GPU pools that may launch outside the file system's AZ pay cross-AZ latency and traffic."""
-    if config.datasets is None:
+    if config.datasets is None or config.datasets.fsx is None:
         return
     fsx_az = config.network.availability_zones[config.datasets.fsx.subnet_index]
     spread = [pool.name for pool in config.gpu_pools if set(pool.zones or config.network.availability_zones) != {fsx_az}]
@@ -114,6 +124,11 @@ def cross_az_warnings(config: PlatformConfig) -> Iterator[str]:
 
 def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tuple[str, list[str]]]:
     if config.datasets is None:
+        return
+    if config.datasets.fsx is None:
+        yield "Datasets", [
+            "Datasets storage s3-mountpoint: datasets bucket read-only through Mountpoint for Amazon S3, team subtrees "
+            f"on EFS (access points, team uid); claims in {', '.join(config.team_namespaces) or 'no namespace'}"]
         return
     fsx = config.datasets.fsx
     yield "Datasets", [

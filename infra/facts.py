@@ -24,6 +24,12 @@ def _kubernetes_manifests(recording: Recording) -> list[dict[str, Any]]:
             if r.type.startswith("kubernetes:") and not r.is_provider and "kind" in r.inputs]
 
 
+# EFS User Guide, "Amazon EFS performance specifications", General Purpose: per-client read/write
+# 500 MiBps (1,500 MiBps only for Regional Elastic file systems with the footnoted client setup):
+# the conservative figure a checkpoint save from one node can count on.
+EFS_CLIENT_WRITE_MB_PER_S = 500 * 1.048576
+
+
 def facts_from_plan(plan: Plan) -> PlatformFacts:
     config: PlatformConfig = plan.config
     recording = plan.recording
@@ -32,6 +38,9 @@ def facts_from_plan(plan: Plan) -> PlatformFacts:
     fsx = next((r.inputs for r in recording.resources if r.type == "aws:fsx/lustreFileSystem:LustreFileSystem"), None)
     write_mb_s = (write_throughput_mb_per_s(int(fsx["storageCapacity"]), int(fsx["perUnitStorageThroughput"]))
                   if fsx else None)
+    if write_mb_s is None and any(r.type == "aws:efs/fileSystem:FileSystem" for r in recording.resources):
+        # Datasets storage s3-mountpoint: checkpoints go to EFS, at most its per-client rate.
+        write_mb_s = EFS_CLIENT_WRITE_MB_PER_S
     trainer_v2 = any(r.type == "kubernetes:helm.sh/v3:Release" and "kubeflow-trainer" in str(r.inputs.get("chart", ""))
                      for r in recording.resources)
     return facts_from_manifests(

@@ -177,7 +177,7 @@ def build_platform(config: PlatformConfig, log_groups: Sequence[str], *, read_on
             system_node_group=NodeGroupArgs(
                 instance_types=list(group.instance_types), min_size=group.min_size, max_size=group.max_size,
                 desired_size=group.desired_size, disk_size_gib=group.disk_size_gib,
-                capacity_type=group.capacity_type.value,
+                capacity_type=group.capacity_type.value, release_version=group.release_version,
             ),
             public_access_cidrs=[str(c) for c in cl.public_access_cidrs],
             admin_role_arns=list(cl.admin_role_arns) + ([cl.deploy_role_arn] if cl.deploy_role_arn else []),
@@ -289,6 +289,21 @@ def _version_age(config: PlatformConfig, recording: Recording, today: dt.date | 
         if date is not None and (today - date).days > AMI_ALIAS_MAX_AGE_DAYS:
             yield (f"Karpenter AMI alias {alias} is {(today - date).days} days old (> {AMI_ALIAS_MAX_AGE_DAYS}): nodes miss "
                    "kernel and NVIDIA driver patches; move it to a recent release (docs/runbooks/upgrading-eks.md, AMI patches)")
+    version = config.cluster.version
+    node_release = config.cluster.system_node_group.release_version
+    ssm = f"/aws/service/eks/optimized-ami/{version}/amazon-linux-2023/x86_64/standard/recommended/release_version"
+    if node_release is None:
+        # No stored source gives the AL2023 release versions (<patch>-<date>) of the pinned AMI
+        # releases, so none is pinned for the operator.
+        yield (f"cluster.systemNodeGroup.releaseVersion is not set: the system nodes keep the AMI EKS picked at creation "
+               f"(no kernel/containerd patches until the next minor upgrade). Read the current one with "
+               f"`aws ssm get-parameter --name {ssm}` and set it (docs/runbooks/upgrading-eks.md, AMI patches)")
+    else:
+        date = ami_release_date("v" + node_release.rsplit("-", 1)[1])
+        if date is not None and (today - date).days > AMI_ALIAS_MAX_AGE_DAYS:
+            yield (f"system node group AMI release {node_release} is {(today - date).days} days old "
+                   f"(> {AMI_ALIAS_MAX_AGE_DAYS}): move cluster.systemNodeGroup.releaseVersion to the current "
+                   f"`aws ssm get-parameter --name {ssm}`")
     if (today - release.verified).days > VERSION_ROW_MAX_AGE_DAYS:
         yield (f"the EKS {config.cluster.version} add-on builds (components/versions.py EKS_RELEASES) were last checked "
                f"{release.verified} ({(today - release.verified).days} days ago): compare with `aws eks describe-addon-versions "

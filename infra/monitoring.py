@@ -17,7 +17,7 @@ from components.karpenter import NAMESPACE as KARPENTER_NAMESPACE
 from components.monitoring import Monitoring, MonitoringArgs
 from components.scheduling import KUEUE_NAMESPACE
 from components.training import TRAINING_OPERATOR_NAMESPACE
-from infra import costs
+from infra import costs, system_capacity
 from infra.capability import Capability
 from infra.config import PlatformConfig
 from infra.costs import CostLine
@@ -116,12 +116,16 @@ def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tupl
          f"({m.log_retention_days}d, log key) -> log-archive account (Firehose to the archive bucket)"
          if m.container_logs else "container logs: off"),
     ]
+    capacity = system_capacity.system_capacity(recording)
+    if capacity is not None:
+        yield "System node capacity (monitoring included)", list(system_capacity.plan_lines(capacity))
 
 
 def warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
     m = config.monitoring
     if m is not None and config.gpu_idle_alarm is None:
         yield "monitoring: no gpuIdleAlarm, so Alertmanager has no SNS topic and alerts page nobody"
+    yield from system_capacity.warnings(system_capacity.system_capacity(recording))
 
 
 def cost_lines(recording: Recording, today: dt.date) -> Iterator[CostLine]:

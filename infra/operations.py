@@ -89,7 +89,7 @@ def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tupl
         f"(Container Insights {METRIC_NAME}, cluster minimum, 1-minute periods); "
         f"{len(alarm.alert_emails)} address(es) by e-mail (SNS, KMS-encrypted)",
         "Container Insights (enhanced observability) is billed per observation, tiered "
-        "(https://aws.amazon.com/cloudwatch/pricing/): not in the idle total below; it grows with pods and nodes",
+        "(https://aws.amazon.com/cloudwatch/pricing/): in the idle total below at an assumed idle rate; it grows with pods and nodes",
     ]
 
 

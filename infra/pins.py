@@ -16,6 +16,8 @@ from infra.recording import Recording
 
 def warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
     for pin in UNCONFIRMED_PINS:
+        if pin.kubernetes_version not in (None, config.cluster.version):
+            continue
         key, value = pin.match
         if not any(r.inputs.get(key) == value for r in recording.by_type(pin.resource_type)):
             continue

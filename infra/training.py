@@ -37,7 +37,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
                 cluster=platform.cluster, checkpoints_bucket=datasets.buckets[DatasetBucket.CHECKPOINTS],
                 namespaces=config.team_namespaces, region=config.region,
                 namespace_resources=platform.team_namespace_resources(),
-                fsx=datasets, posix_ids={t.namespace: t.uid for t in teams},
+                fsx=datasets if datasets.file_system is not None else None, posix_ids={t.namespace: t.uid for t in teams},
                 checkpoints_dra_prefix=_checkpoints_prefix(datasets), tags=config.resource_tags,
             ),
             opts=platform.kubernetes_opts(),
@@ -48,7 +48,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
 
 def _checkpoints_prefix(datasets: Datasets) -> str:
     """The S3 prefix behind /checkpoints (team directories are created through it)."""
-    for dra in datasets.args.fsx.associations:
+    for dra in datasets.args.fsx.associations if datasets.args.fsx is not None else ():
         if dra.bucket is DatasetBucket.CHECKPOINTS:
             return dra.prefix
     return ""

@@ -103,6 +103,14 @@ STACK_PRICES: Mapping[str, UnitPrice] = {
     "cloudwatch_logs_ingest_gb": UnitPrice(0.50, "GB ingested into CloudWatch Logs (standard)", "https://aws.amazon.com/cloudwatch/pricing/"),
     "cloudwatch_logs_storage_gb_month": UnitPrice(0.03, "GB-month of CloudWatch Logs storage", "https://aws.amazon.com/cloudwatch/pricing/"),
     "firehose_ingest_gb": UnitPrice(0.029, "GB ingested by Firehose (Direct PUT, first 500 TB)", "https://aws.amazon.com/firehose/pricing/"),
+    # EFS Standard storage (Regional), us-east-1/us-west-2; elastic throughput is billed per GB
+    # read/written ($0.03/$0.06), nothing while idle.
+    "efs_standard_gb_month": UnitPrice(0.30, "GB-month of EFS Standard storage", "https://aws.amazon.com/efs/pricing/"),
+    # Container Insights with enhanced observability for EKS is billed per observation (one metric
+    # sample of one entity), tiered; this is the first tier's price.
+    "container_insights_observations_million": UnitPrice(
+        0.21, "million observations (Container Insights with enhanced observability, first tier)",
+        "https://aws.amazon.com/cloudwatch/pricing/"),
     "amg_editor_month": UnitPrice(9.00, "Managed Grafana editor/admin user-month", "https://aws.amazon.com/grafana/pricing/"),
 }
 

@@ -29,7 +29,9 @@ from workloads.nodefit import DoesNotFit, PodSize, size_pod
 from workloads.jobspec import JobSpec, JobSpecError, Runtime, k8s_literal, team_space_problems
 from workloads.karpenter import CAPACITY_TYPE_KEY, EFA_RESOURCE, GPU_RESOURCE, GPU_TYPE_LABEL, POOL_LABEL
 from workloads.kueue import QUEUE_LABEL
-from workloads.monitoring.stack import TRAINER_METRICS_LABEL, TRAINER_METRICS_PORT, TRAINER_METRICS_PORT_NAME
+from workloads.monitoring.stack import (
+    TRAINER_METRICS_LABEL, TRAINER_METRICS_PORT, TRAINER_METRICS_PORT_NAME, TRAINJOB_METRICS_LABEL_VALUE,
+)
 from workloads.platform_facts import PlatformFacts, PoolFacts, TeamFacts
 from workloads.scheduling import Priority, priority_class_name
 from workloads import owncode, trainjob_runtime
@@ -589,8 +591,13 @@ def render_trainjob(job: ResolvedJob) -> dict[str, Any]:
     """
     spec = job.spec
     pod = pod_template(job)
+    # Every node's pod carries the label; the TrainJob PodMonitor keeps node index 0 (rank 0,
+    # the only one serving), workloads/monitoring/stack.py.
+    pod["metadata"]["labels"][TRAINER_METRICS_LABEL] = TRAINJOB_METRICS_LABEL_VALUE
     pod_spec = pod["spec"]
     container = pod_spec["containers"][0]
+    container["env"] = [*container["env"], {"name": "TRAINER_METRICS_PORT", "value": str(TRAINER_METRICS_PORT)},
+                        {"name": "TRAINER_JOB_NAME", "value": spec.name}]
     patch_spec = {k: v for k, v in pod_spec.items() if k not in ("containers", "priorityClassName")}
     patch_spec["containers"] = [{"name": TRAINJOB_CONTAINER, "volumeMounts": container["volumeMounts"],
                                  "securityContext": container["securityContext"]}]

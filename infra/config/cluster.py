@@ -28,6 +28,19 @@ class NodeGroupConfig(_Model):
     max_size: Annotated[int, at_most(limits.EKS_NODES_PER_MANAGED_NODE_GROUP)] = Field(ge=1)
     desired_size: Annotated[int, at_most(limits.EKS_NODES_PER_MANAGED_NODE_GROUP)] = Field(ge=0)
     disk_size_gib: Annotated[int, at_most(limits.EBS_GP3_VOLUME_GIB)] = Field(NodeGroupArgs.disk_size_gib, ge=20)
+    release_version: Optional[str] = Field(None, description=(
+        "EKS AL2023 AMI release of the group, <Kubernetes patch>-<YYYYMMDD> (e.g. 1.32.9-20251023): monthly AMI "
+        "patches between minor upgrades. Read it with `aws ssm get-parameter --name /aws/service/eks/optimized-ami/"
+        "<minor>/amazon-linux-2023/x86_64/standard/recommended/release_version`. Unset: the release EKS picks at "
+        "creation, never patched (the plan warns)."))
+
+    @field_validator("release_version")
+    @classmethod
+    def _release(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not re.match(r"^1\.\d+\.\d+-20\d{6}$", value):
+            raise invalid(f"{value!r} is not an EKS AMI release version",
+                          "use <Kubernetes patch>-<YYYYMMDD>, e.g. 1.32.9-20251023 (the SSM release_version parameter)")
+        return value
 
     @field_validator("instance_types")
     @classmethod
@@ -145,8 +158,16 @@ def _access_entries(workload: AccountConfig, admin_role_arns, deploy_role_arn, t
 
 
 # Listed in the order the loader runs them (infra.config.platform.RULES).
+def _release_matches_version(version: str, release: Optional[str]) -> Iterator[Problem]:
+    if release is not None and not release.startswith(f"{version}."):
+        yield Problem("cluster.systemNodeGroup.releaseVersion", release,
+                      f"is an AMI release for Kubernetes {release.rsplit('.', 1)[0]}, the cluster runs {version}",
+                      f"use a {version}.x release (or unset it when changing cluster.version)")
+
+
 RULES: tuple[Rule, ...] = (
     prod_retention_rule("cluster.logRetentionDays"),
+    Rule(("cluster.version", "cluster.systemNodeGroup.releaseVersion"), _release_matches_version),
     Rule(("cluster.systemNodeGroup.minSize", "cluster.systemNodeGroup.maxSize", "cluster.systemNodeGroup.desiredSize"), _node_group_sizes),
     Rule(("environment", "cluster.publicAccessCidrs", "cluster.deletionProtection"), _endpoint_and_protection),
     Rule(("accounts.workload", "cluster.adminRoleArns", "cluster.deployRoleArn", "scheduling.teams"), _access_entries),

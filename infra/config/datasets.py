@@ -8,7 +8,7 @@ from pydantic import Field, field_validator
 from components.bucket import lifecycle_problems
 from components.bucket import LifecycleRule
 from components.datasets import (
-    DataRepositoryAssociationSpec, DatasetBucket, FsxEvent, FsxLogLevel, association_problems, fsx_capacity_problems,
+    DataRepositoryAssociationSpec, DatasetBucket, DatasetsStorage, FsxEvent, FsxLogLevel, association_problems, fsx_capacity_problems,
 )
 from components.datasets import FsxArgs
 from components.validation import Problem
@@ -70,9 +70,24 @@ class DatasetsConfig(_Model):
 
     datasets_bucket: BucketLifecycleConfig = Field(default_factory=BucketLifecycleConfig)
     checkpoints_bucket: BucketLifecycleConfig = Field(default_factory=BucketLifecycleConfig)
-    fsx: FsxConfig
+    storage: DatasetsStorage = Field(DatasetsStorage.FSX, description=(
+        "fsx: FSx for Lustre linked to the buckets (prod). s3-mountpoint (dev only): the datasets bucket "
+        "read-only through Mountpoint for Amazon S3 and each team's subtree on EFS; same claims and paths, "
+        "no hourly cost (FSx's 1200 GiB floor is $174/month)."))
+    fsx: Optional[FsxConfig] = Field(None, description="Required with storage fsx; refused with s3-mountpoint.")
     largest_model_parameters: int = Field(gt=0, description="Parameters of the largest model trained here (spot-save check).")
     spot_notice_margin_seconds: int = Field(30, ge=0, lt=120, description="Part of the 120 s spot notice not available for saving.")
+
+
+def _storage(environment: str, storage: DatasetsStorage, fsx: Optional[FsxConfig]) -> Iterator[Problem]:
+    if storage is DatasetsStorage.FSX and fsx is None:
+        yield Problem("datasets.fsx", None, "storage fsx needs the file system", "add datasets.fsx or set datasets.storage: s3-mountpoint (dev)")
+    if storage is DatasetsStorage.S3_MOUNTPOINT and fsx is not None:
+        yield Problem("datasets.fsx", "set", "storage s3-mountpoint creates no FSx file system", "remove datasets.fsx or set datasets.storage: fsx")
+    if storage is DatasetsStorage.S3_MOUNTPOINT and environment == "prod":
+        yield Problem("datasets.storage", storage.value,
+                      "prod trains on FSx for Lustre (throughput, the checkpoint budget of a spot notice, S3 export)",
+                      "use datasets.storage: fsx in prod")
 
 
 def _fsx_capacity(storage_capacity_gib: int, throughput_mb_per_tib: int) -> Iterator[Problem]:
@@ -112,6 +127,7 @@ def bucket_lifecycle_problems(path: str, lifecycle: BucketLifecycleConfig) -> It
 
 # Listed in the order the loader runs them (infra.config.platform.RULES).
 RULES: tuple[Rule, ...] = (
+    Rule(("environment", "datasets.storage", "datasets.fsx"), _storage),
     prod_retention_rule("datasets.fsx.logRetentionDays"),
     Rule(("datasets.fsx.storageCapacityGib", "datasets.fsx.perUnitStorageThroughputMbPerTib"), _fsx_capacity),
     Rule(("datasets.fsx.dataRepositoryAssociations",), _fsx_associations),

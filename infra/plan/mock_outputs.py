@@ -26,6 +26,17 @@ def _lustre(name: str, inputs: dict, account: str, region: str, digest: str) -> 
             "arn": f"arn:aws:fsx:{region}:{account}:file-system/{fs_id}"}
 
 
+def _efs(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    fs_id = f"fs-{digest[:17]}"
+    return {"id": fs_id, "dnsName": f"{fs_id}.efs.{region}.amazonaws.com",
+            "arn": f"arn:aws:elasticfilesystem:{region}:{account}:file-system/{fs_id}"}
+
+
+def _efs_access_point(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    ap_id = f"fsap-{digest[:17]}"
+    return {"id": ap_id, "arn": f"arn:aws:elasticfilesystem:{region}:{account}:access-point/{ap_id}"}
+
+
 def _aurora(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
     ident = inputs.get("clusterIdentifier") or name
     return {"id": ident, "endpoint": f"{ident}.cluster-{digest[:12]}.{region}.rds.amazonaws.com",
@@ -144,6 +155,8 @@ def _uuid(digest: str) -> str:
 TYPE_OUTPUTS: dict[str, Callable[[str, dict, str, str, str], dict]] = {
     "aws:ec2/vpcEndpoint:VpcEndpoint": _vpc_endpoint_outputs,
     "aws:fsx/lustreFileSystem:LustreFileSystem": _lustre,
+    "aws:efs/fileSystem:FileSystem": _efs,
+    "aws:efs/accessPoint:AccessPoint": _efs_access_point,
     "aws:rds/cluster:Cluster": _aurora,
     "aws:lb/loadBalancer:LoadBalancer": _alb,
     "aws:acm/certificate:Certificate": _certificate,

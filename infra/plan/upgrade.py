@@ -55,28 +55,58 @@ REMOVED_API_VERSIONS: dict[str, tuple[tuple[str, str], ...]] = {
 
 @dataclass(frozen=True)
 class ChartSupport:
+    """What a component's own source states about Kubernetes versions.
+
+    minimum / maximum: the stated supported range (a target outside it blocks); maximum None: the
+    source states no upper bound ("1.29 or newer"). tested_up_to: the newest minor the release's
+    own CI runs on (a later target is a check, not a blocker). minimum None: nothing could be
+    verified offline: the upgrade lists it as a check with the source to read."""
+
     name: str
     version: str
-    # Kubernetes minors the project's source states as supported; None: not recorded here.
     minimum: Optional[str]
     maximum: Optional[str]
     source: str
+    tested_up_to: Optional[str] = None
 
 
 CHARTS: tuple[ChartSupport, ...] = (
     ChartSupport("Karpenter", KARPENTER_VERSION, "1.30", "1.36",
                  "karpenter.sh docs, Upgrade > Compatibility matrix (components/versions.py)"),
-    ChartSupport("Kueue", KUEUE_VERSION, None, None, "kueue.sigs.k8s.io/docs/installation (Kubernetes version support)"),
-    ChartSupport("Training Operator", TRAINING_OPERATOR_VERSION, None, None,
-                 "kubeflow/trainer release notes (v1.9.x tested Kubernetes versions)"),
-    ChartSupport("Argo CD", ARGOCD_APP_VERSION, None, None, "argo-cd.readthedocs.io, Installation > Tested versions"),
+    ChartSupport("Kueue", KUEUE_VERSION, "1.29", None,
+                 "kubernetes-sigs/kueue v0.19.2 README: \"Requires Kubernetes 1.29 or newer\"; e2e on kindest/node "
+                 "v1.36.1 (hack/testing/e2e-common_test.sh)", tested_up_to="1.36"),
+    ChartSupport("Training Operator", TRAINING_OPERATOR_VERSION, "1.27", None,
+                 "kubeflow/trainer v1.9.4 README (operator table: latest 1.27+); CI integration tests on v1.34.3 and "
+                 "v1.35.0 (.github/workflows/integration-tests.yaml)", tested_up_to="1.35"),
+    ChartSupport("NVIDIA device plugin", NVIDIA_DEVICE_PLUGIN_VERSION, "1.10", None,
+                 "NVIDIA/k8s-device-plugin v0.17.1 README, Prerequisites: \"Kubernetes version >= 1.10\""),
+    ChartSupport("Argo CD", ARGOCD_APP_VERSION, None, None,
+                 "argo-cd.readthedocs.io, Installation > Tested versions (not readable offline)"),
     ChartSupport("Argo Workflows", ARGO_WORKFLOWS_APP_VERSION, None, None,
-                 "argo-workflows.readthedocs.io, Installation > Kubernetes compatibility"),
+                 "argo-workflows.readthedocs.io, Installation (not readable offline)"),
     ChartSupport("NVIDIA GPU Operator", NVIDIA_GPU_OPERATOR_VERSION, None, None,
-                 "docs.nvidia.com/datacenter/cloud-native/gpu-operator, Platform Support"),
-    ChartSupport("NVIDIA device plugin", NVIDIA_DEVICE_PLUGIN_VERSION, None, None,
-                 "NVIDIA/k8s-device-plugin README, Prerequisites"),
+                 "docs.nvidia.com/datacenter/cloud-native/gpu-operator, Platform Support (not readable offline)"),
 )
+
+
+def chart_verdicts(target: str, charts: tuple[ChartSupport, ...] = CHARTS) -> tuple[list[str], list[str]]:
+    """(blockers, checks) for ``target`` from each chart's stated range."""
+    blockers, checks = [], []
+    for chart in charts:
+        if chart.minimum is None:
+            checks.append(f"{chart.name} {chart.version}: supported Kubernetes range not recorded here; confirm {target} "
+                          f"in {chart.source}")
+            continue
+        above = chart.maximum is not None and _minor(target) > _minor(chart.maximum)
+        if _minor(target) < _minor(chart.minimum) or above:
+            stated = f"{chart.minimum}-{chart.maximum}" if chart.maximum else f"{chart.minimum} or newer"
+            blockers.append(f"{chart.name} {chart.version} supports Kubernetes {stated} ({chart.source}), not {target}: "
+                            "upgrade the chart first")
+        elif chart.tested_up_to is not None and _minor(target) > _minor(chart.tested_up_to):
+            checks.append(f"{chart.name} {chart.version}: its CI runs up to {chart.tested_up_to}, not {target} "
+                          f"({chart.source}); test in dev before prod")
+    return blockers, checks
 
 
 def _minor(version: str) -> tuple[int, int]:
@@ -170,6 +200,8 @@ def plan_upgrade(stack: str, target: str, project_dir: Path) -> UpgradePlan:
     # The target's config: version bumped, and a pinned AMI alias moved to a release that ships it.
     target_cluster = json.loads(values["ml-training-platform:cluster"])
     target_cluster["version"] = target
+    # The system group's release names the current minor; the target's is read at upgrade time (step 4).
+    target_cluster.get("systemNodeGroup", {}).pop("releaseVersion", None)
     target_values = {**values, "ml-training-platform:cluster": json.dumps(target_cluster)}
     alias = config.karpenter.ami_alias
     alias_date, needed = ami_release_date(alias), ami_release_date(release.ami_release)
@@ -188,14 +220,12 @@ def plan_upgrade(stack: str, target: str, project_dir: Path) -> UpgradePlan:
         if (api_version, kind) in removed:
             blockers.append(f"{kind} {name} uses {api_version}, which Kubernetes {removed[(api_version, kind)]} "
                             "no longer serves (Deprecated API Migration Guide): move it to the served version first")
-    for chart in CHARTS:
-        if chart.minimum is None or chart.maximum is None:
-            checks.append(f"{chart.name} {chart.version}: supported Kubernetes range not recorded here; confirm {target} in "
-                          f"{chart.source}")
-        elif not (_minor(chart.minimum) <= _minor(target) <= _minor(chart.maximum)):
-            blockers.append(f"{chart.name} {chart.version} supports Kubernetes {chart.minimum}-{chart.maximum} "
-                            f"({chart.source}), not {target}: upgrade the chart first")
-    unmapped = sorted(name for name, build in release.addons.items() if old.addons.get(name) == build)
+    chart_blockers, chart_checks = chart_verdicts(target, CHARTS)
+    blockers += chart_blockers
+    checks += chart_checks
+    deployed = {r.inputs.get("addonName") for r in target_plan.recording.by_type("aws:eks/addon:Addon")}
+    unmapped = sorted(name for name, build in release.addons.items()
+                      if name in deployed and (old.addons.get(name) == build or name in release.unconfirmed_addons))
     if unmapped:
         checks.append(f"add-ons without a per-version AWS table keep their build ({', '.join(unmapped)}): confirm with "
                       f"`aws eks describe-addon-versions --kubernetes-version {target} --addon-name <name>`")
@@ -212,7 +242,11 @@ def plan_upgrade(stack: str, target: str, project_dir: Path) -> UpgradePlan:
         "first (EKS keeps the API available; 10-20 min; no rollback).",
         "Managed add-ons to the target's builds (same `up`, after the control plane): "
         + ("; ".join(addon_changes) if addon_changes else "no build changes"),
-        f"System node group rolls to the {target} AMI (managed node group update, respecting PodDisruptionBudgets).",
+        f"System node group rolls to the {target} AMI (managed node group update, respecting PodDisruptionBudgets)"
+        + (f"; cluster.systemNodeGroup.releaseVersion ({config.cluster.system_node_group.release_version}) names a "
+           f"{current} release: set it to the {target} one (`aws ssm get-parameter --name /aws/service/eks/optimized-ami/"
+           f"{target}/amazon-linux-2023/x86_64/standard/recommended/release_version`) in the same change"
+           if config.cluster.system_node_group.release_version else "") + ".",
         f"Karpenter CPU pool: nodes drift to the {target} AMI of {new_alias} and are replaced by Karpenter.",
         (f"GPU pools ({', '.join(gpu_pools)}): their Drifted budget is 0, so old-AMI GPU nodes are replaced only when "
          "they are empty (consolidation) or expire (expireAfter); finish the step by waiting for running jobs, then "

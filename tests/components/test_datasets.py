@@ -1,6 +1,8 @@
 """Datasets capability: buckets, FSx PERSISTENT_2 + DRAs, CSI add-on, static PV/PVC, config rules."""
 from __future__ import annotations
 
+import copy
+import functools
 
 import pytest
 
@@ -23,12 +25,48 @@ DRA = "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation"
 LUSTRE_PORT_RANGES = {(988, 988), (1018, 1023)}
 
 
+# Dev runs datasets storage s3-mountpoint; its former FSx block keeps the FSx tests on a small
+# file system (prod's is 9,600 GiB) and proves the fsx mode still plans in a dev stack.
+DEV_FSX = {
+    "storageCapacityGib": 1200, "perUnitStorageThroughputMbPerTib": 125, "subnetIndex": 0,
+    "automaticBackupRetentionDays": 0, "logRetentionDays": 14,
+    "dataRepositoryAssociations": [
+        {"fileSystemPath": "/datasets", "bucket": "datasets", "importEvents": ["NEW", "CHANGED", "DELETED"],
+         "exportEvents": ["NEW", "CHANGED"]},
+        {"fileSystemPath": "/checkpoints", "bucket": "checkpoints", "importEvents": ["NEW", "CHANGED", "DELETED"],
+         "exportEvents": ["NEW", "CHANGED", "DELETED"]},
+    ],
+}
+
+
+def dev_with_fsx() -> dict:
+    raw = stack_config("dev")
+    raw["datasets"]["storage"] = "fsx"
+    raw["datasets"]["fsx"] = copy.deepcopy(DEV_FSX)
+    return raw
+
+
+@functools.lru_cache(maxsize=None)
+def _dev_fsx_plan():
+    from infra.plan import plan_from_values
+    from tests.conftest import to_values
+
+    return plan_from_values("dev", to_values(dev_with_fsx()))
+
+
+@pytest.fixture(scope="module", params=["dev-fsx", "prod"])
+def fsx_plan(request, prod_plan):
+    """Both FSx stacks: dev with storage fsx, and prod."""
+    return _dev_fsx_plan() if request.param == "dev-fsx" else prod_plan
+
+
 def _fs(plan):
     return plan.recording.one(FSX)
 
 
 # -- plan: file system ------------------------------------------------------------------------
-def test_file_system_is_persistent_2_lustre_215_kms_in_one_private_subnet(plan):
+def test_file_system_is_persistent_2_lustre_215_kms_in_one_private_subnet(fsx_plan):
+    plan = fsx_plan
     fs = _fs(plan)
     fsx_config = plan.config.datasets.fsx
     inputs = fs.inputs
@@ -52,12 +90,13 @@ def _private_subnet_name(plan, index):
     return sorted(subnets)[index] if len(subnets) > index else None
 
 
-def test_prod_keeps_backups_dev_does_not(dev_plan, prod_plan):
+def test_prod_keeps_backups_dev_does_not(prod_plan):
     assert _fs(prod_plan).inputs["automaticBackupRetentionDays"] > 0
-    assert _fs(dev_plan).inputs["automaticBackupRetentionDays"] == 0
+    assert _fs(_dev_fsx_plan()).inputs["automaticBackupRetentionDays"] == 0
 
 
-def test_data_repository_associations_link_s3_with_import_and_export_events(plan):
+def test_data_repository_associations_link_s3_with_import_and_export_events(fsx_plan):
+    plan = fsx_plan
     fs = _fs(plan)
     dras = plan.recording.by_type(DRA)
     configured = plan.config.datasets.fsx.data_repository_associations
@@ -83,7 +122,8 @@ def _rules_on(plan, kind, group):
             if r.inputs["securityGroupId"] == group.id]
 
 
-def test_fsx_security_group_admits_only_lustre_ports_from_the_node_group(plan):
+def test_fsx_security_group_admits_only_lustre_ports_from_the_node_group(fsx_plan):
+    plan = fsx_plan
     name = plan.config.name
     sg = plan.recording.one("aws:ec2/securityGroup:SecurityGroup", f"{name}-datasets-fsx-sg")
     node_sg = plan.recording.one("aws:ec2/securityGroup:SecurityGroup", f"{name}-cluster-node-sg")
@@ -105,7 +145,8 @@ def test_fsx_security_group_admits_only_lustre_ports_from_the_node_group(plan):
     assert all(r.inputs["securityGroupId"] == node_sg.id for r in back)
 
 
-def test_fsx_csi_addon_is_pinned_and_has_no_aws_role(plan):
+def test_fsx_csi_addon_is_pinned_and_has_no_aws_role(fsx_plan):
+    plan = fsx_plan
     # Static volumes only: the controller makes no AWS calls, so it gets no role at all.
     addon = plan.recording.one("aws:eks/addon:Addon", f"{plan.config.name}-datasets-aws-fsx-csi-driver")
     assert addon.inputs["addonVersion"] == EKS_ADDON_VERSIONS["aws-fsx-csi-driver"]
@@ -139,7 +180,8 @@ def test_platform_buckets_are_private_kms_encrypted_versioned_and_logged(plan, b
 
 
 # -- static PV / PVC --------------------------------------------------------------------------
-def test_static_volume_and_claim_per_namespace_validate_against_kubernetes_1_32(plan):
+def test_static_volume_and_claim_per_namespace_validate_against_kubernetes_1_32(fsx_plan):
+    plan = fsx_plan
     from workloads.validation import validate_core
 
     fs = _fs(plan)
@@ -174,7 +216,8 @@ def test_static_volume_and_claim_per_namespace_validate_against_kubernetes_1_32(
                                                  "name": pvc.inputs["metadata"]["name"]}
 
 
-def test_root_is_squashed_on_the_file_system(plan):
+def test_root_is_squashed_on_the_file_system(fsx_plan):
+    plan = fsx_plan
     """FSx for Lustre User Guide, "Lustre root squash": RootSquash "UID:GID" maps root on every
     client (except NoSquashNids) to that identity; 65534 is nobody, no team's uid."""
     fs = plan.recording.one("aws:fsx/lustreFileSystem:LustreFileSystem")
@@ -227,7 +270,7 @@ def _problems(raw):
 
 
 def test_bad_storage_config_is_reported_all_at_once():
-    raw = stack_config("dev")
+    raw = dev_with_fsx()
     fsx = raw["datasets"]["fsx"]
     fsx["storageCapacityGib"] = 3000
     fsx["perUnitStorageThroughputMbPerTib"] = 200
@@ -259,7 +302,7 @@ def test_duplicate_paths_and_unknown_events_are_errors():
 
 
 def test_spot_save_warning_when_fsx_is_too_slow_for_the_largest_model():
-    raw = stack_config("dev")
+    raw = dev_with_fsx()
     assert list(spot_save_warnings(load_platform_config(raw))) == []
     raw["datasets"]["largestModelParameters"] = 8_000_000_000
     (warning,) = spot_save_warnings(load_platform_config(raw))
@@ -268,13 +311,13 @@ def test_spot_save_warning_when_fsx_is_too_slow_for_the_largest_model():
 
 def test_prod_plan_has_no_spot_save_warning_and_dev_with_a_big_model_does(prod_plan, plan_config):
     assert not [w for w in prod_plan.warnings if "spot notice" in w]
-    raw = stack_config("dev")
+    raw = dev_with_fsx()
     raw["datasets"]["largestModelParameters"] = 2_000_000_000
     assert [w for w in plan_config("dev", raw).warnings if "spot notice" in w]
 
 
 def test_cross_az_warning_names_gpu_pools_outside_the_file_systems_az():
-    raw = stack_config("dev")
+    raw = dev_with_fsx()
     fsx_az = raw["network"]["availabilityZones"][raw["datasets"]["fsx"]["subnetIndex"]]
     pools = raw.get("gpuPools") or []
     if not pools:
@@ -285,3 +328,82 @@ def test_cross_az_warning_names_gpu_pools_outside_the_file_systems_az():
     pools[0]["zones"] = []
     (warning,) = cross_az_warnings(load_platform_config(raw))
     assert pools[0]["name"] in warning and fsx_az in warning
+
+
+# -- storage mode s3-mountpoint (dev) ------------------------------------------------------------
+def test_dev_mounts_datasets_through_mountpoint_and_team_subtrees_on_efs(dev_plan):
+    """Same claims and paths as FSx, so jobs render the same. Mountpoint CSI: static provisioning
+    only, ``csi.driver s3.csi.aws.com``, ``volumeAttributes.bucketName``; EFS CSI access points:
+    ``volumeHandle: <fs-id>``, ``mountOptions: [tls, accesspoint=<fsap-id>]``."""
+    from workloads.validation import validate_core
+
+    recording = dev_plan.recording
+    assert dev_plan.config.datasets.storage.value == "s3-mountpoint"
+    assert not recording.by_type(FSX)
+    efs = recording.one("aws:efs/fileSystem:FileSystem")
+    assert efs.inputs["encrypted"] is True and efs.inputs["throughputMode"] == "elastic"
+    key = recording.one("aws:kms/key:Key", f"{dev_plan.config.name}-datasets-data-key")
+    assert efs.inputs["kmsKeyId"] == key.outputs["arn"]
+    subnets = [r for r in recording.by_type("aws:ec2/subnet:Subnet") if "-private-" in r.name]
+    targets = recording.by_type("aws:efs/mountTarget:MountTarget")
+    assert sorted(t.inputs["subnetId"] for t in targets) == sorted(s.id for s in subnets)
+    datasets_bucket = recording.one("aws:s3/bucket:Bucket", f"{dev_plan.config.name}-datasets-datasets-bucket")
+    access_points = {a.inputs["rootDirectory"]["path"]: a for a in recording.by_type("aws:efs/accessPoint:AccessPoint")}
+    namespaces = team_namespaces(dev_plan.config)
+    uids = {t.namespace: t.uid for t in dev_plan.config.scheduling.teams}
+    pvs = {p.inputs["spec"]["claimRef"]["namespace"] + "/" + p.inputs["spec"]["claimRef"]["name"]: p
+           for p in recording.by_type("kubernetes:core/v1:PersistentVolume")}
+    assert len(pvs) == 2 * len(namespaces)
+    for ns in namespaces:
+        ap = access_points[f"/checkpoints/{ns}"]
+        assert ap.inputs["posixUser"] == {"uid": uids[ns], "gid": uids[ns]}
+        assert ap.inputs["rootDirectory"]["creationInfo"] == {"ownerUid": uids[ns], "ownerGid": uids[ns], "permissions": "0750"}
+        team = pvs[f"{ns}/{CLAIM_NAME}"].inputs
+        assert validate_core(team) == []
+        assert team["spec"]["csi"] == {"driver": "efs.csi.aws.com", "volumeHandle": efs.id}
+        assert team["spec"]["mountOptions"] == ["tls", f"accesspoint={ap.id}"]
+        assert team["spec"]["accessModes"] == ["ReadWriteMany"]
+        data = pvs[f"{ns}/{DATASETS_CLAIM_NAME}"].inputs
+        assert validate_core(data) == []
+        assert data["spec"]["csi"]["driver"] == "s3.csi.aws.com" and data["spec"]["csi"]["readOnly"] is True
+        assert data["spec"]["csi"]["volumeAttributes"] == {"bucketName": datasets_bucket.outputs["bucket"]}
+        assert "read-only" in data["spec"]["mountOptions"] and "region us-west-2" in data["spec"]["mountOptions"]
+        assert data["spec"]["accessModes"] == ["ReadOnlyMany"]
+    for pvc in recording.by_type("kubernetes:core/v1:PersistentVolumeClaim"):
+        assert validate_core(pvc.inputs) == []
+        pv = pvs[pvc.inputs["metadata"]["namespace"] + "/" + pvc.inputs["metadata"]["name"]]
+        assert pvc.inputs["spec"]["volumeName"] == pv.inputs["metadata"]["name"]
+
+
+def test_mountpoint_driver_reads_the_datasets_bucket_only(dev_plan):
+    """The driver's Pod Identity role can list and get the datasets bucket and decrypt, nothing else:
+    an attacker holding the node plugin's credentials cannot write, delete or read checkpoints."""
+    import json
+
+    recording = dev_plan.recording
+    name = f"{dev_plan.config.name}-datasets"
+    addon = recording.one("aws:eks/addon:Addon", f"{name}-aws-mountpoint-s3-csi-driver")
+    assert addon.inputs["addonVersion"] == EKS_ADDON_VERSIONS["aws-mountpoint-s3-csi-driver"]
+    association = recording.one("aws:eks/podIdentityAssociation:PodIdentityAssociation", f"{name}-mountpoint-association")
+    assert (association.inputs["namespace"], association.inputs["serviceAccount"]) == ("kube-system", "s3-csi-driver-sa")
+    policy = json.loads(recording.one("aws:iam/rolePolicy:RolePolicy", f"{name}-mountpoint-read").inputs["policy"])
+    actions = {a for st in policy["Statement"] for a in st["Action"]}
+    assert actions == {"s3:ListBucket", "s3:GetObject", "kms:Decrypt"}
+    bucket = recording.one("aws:s3/bucket:Bucket", f"{name}-datasets-bucket").outputs["arn"]
+    resources = {r for st in policy["Statement"] if st["Action"][0].startswith("s3:") for r in st["Resource"]}
+    assert resources == {bucket, f"{bucket}/*"}
+    assert recording.one("aws:eks/addon:Addon", f"{name}-aws-efs-csi-driver")
+
+
+def test_storage_mode_rules():
+    raw = stack_config("dev")
+    raw["datasets"]["fsx"] = copy.deepcopy(DEV_FSX)
+    assert _problems(raw)["datasets.fsx"].fix.startswith("remove datasets.fsx")
+    raw = stack_config("dev")
+    raw["datasets"]["storage"] = "fsx"
+    assert "add datasets.fsx" in _problems(raw)["datasets.fsx"].fix
+    raw = stack_config("prod")
+    raw["datasets"]["storage"] = "s3-mountpoint"
+    del raw["datasets"]["fsx"]
+    problem = _problems(raw)["datasets.storage"]
+    assert problem.value == "s3-mountpoint" and "fsx" in problem.fix

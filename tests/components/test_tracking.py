@@ -310,8 +310,12 @@ STATEFUL_TYPES = ("aws:kms/key:Key", "aws:s3/bucket:Bucket", "aws:fsx/lustreFile
 
 def test_stateful_resources_of_datasets_and_tracking_are_protected_in_prod_only(plan):
     prefixes = tuple(f"{plan.config.name}-{part}" for part in ("datasets", "mlflow", "images", "alb-logs"))
-    stateful = [r for t in STATEFUL_TYPES for r in plan.recording.by_type(t) if r.name.startswith(prefixes)]
-    assert {r.type for r in stateful} == set(STATEFUL_TYPES)
+    # The shared file system: FSx for Lustre, or EFS with datasets storage s3-mountpoint (dev).
+    file_system = ("aws:fsx/lustreFileSystem:LustreFileSystem" if plan.config.datasets.fsx is not None
+                   else "aws:efs/fileSystem:FileSystem")
+    types = {t for t in STATEFUL_TYPES if t != "aws:fsx/lustreFileSystem:LustreFileSystem"} | {file_system}
+    stateful = [r for t in types for r in plan.recording.by_type(t) if r.name.startswith(prefixes)]
+    assert {r.type for r in stateful} == types
     assert [r.name for r in stateful if r.protect is not plan.config.is_prod] == []
 
 

@@ -167,10 +167,19 @@ def test_each_team_gets_its_directory_owned_by_its_uid_without_a_root_pod(plan):
     """The team directory is an S3 directory object with POSIX metadata, imported by the
     /checkpoints association (FSx for Lustre User Guide, "POSIX metadata support for data
     repositories": a key ending in "/" maps to a directory; x-amz-meta-file-owner, -group and
-    -permissions "<octal file type><octal permission mask>" as st_mode). No Job runs as root."""
+    -permissions "<octal file type><octal permission mask>" as st_mode). No Job runs as root.
+    Dev (storage s3-mountpoint): the team's EFS access point creates the directory with the
+    same owner and mode (EFS User Guide, access points "CreationInfo")."""
     objects = {r.inputs["key"]: r for r in plan.recording.by_type("aws:s3/bucketObjectv2:BucketObjectv2")}
     teams = {t.namespace: t.uid for t in plan.config.scheduling.teams}
     assert teams
+    if plan.config.datasets.fsx is None:
+        points = {a.inputs["rootDirectory"]["path"]: a.inputs for a in plan.recording.by_type("aws:efs/accessPoint:AccessPoint")}
+        for namespace, uid in teams.items():
+            assert points[f"/checkpoints/{namespace}"]["rootDirectory"]["creationInfo"] == {
+                "ownerUid": uid, "ownerGid": uid, "permissions": "0750"}
+            assert f"{namespace}/" not in objects
+        return
     for namespace, uid in teams.items():
         obj = objects[f"{namespace}/"]
         assert obj.inputs["metadata"] == {"file-owner": str(uid), "file-group": str(uid), "file-permissions": "040750"}

@@ -243,8 +243,14 @@ def _selects(selector: dict, labels: dict) -> bool:
     if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
         return False
     for expr in selector.get("matchExpressions", []):
-        assert expr["operator"] in ("Exists", "DoesNotExist"), f"operator {expr['operator']} not modelled"
-        if (expr["key"] in labels) != (expr["operator"] == "Exists"):
+        # LabelSelectorRequirement: In/NotIn compare the value, Exists/DoesNotExist only the key.
+        key, operator, values = expr["key"], expr["operator"], expr.get("values", [])
+        assert operator in ("Exists", "DoesNotExist", "In", "NotIn"), f"operator {operator} not modelled"
+        if operator in ("Exists", "DoesNotExist") and (key in labels) != (operator == "Exists"):
+            return False
+        if operator == "In" and labels.get(key) not in values:
+            return False
+        if operator == "NotIn" and key in labels and labels[key] in values:
             return False
     return True
 
@@ -551,7 +557,8 @@ def test_each_unconfirmed_pin_the_plan_deploys_is_a_warning_with_its_confirming_
 
     pins = [w for w in plan.warnings if w.startswith("unconfirmed pin:")]
     region = plan.config.region
-    for addon in ("aws-fsx-csi-driver", "eks-pod-identity-agent", "aws-ebs-csi-driver"):
+    for addon in ("aws-fsx-csi-driver", "eks-pod-identity-agent", "aws-ebs-csi-driver", "aws-mountpoint-s3-csi-driver",
+                  "aws-efs-csi-driver"):
         deployed = [r for r in plan.recording.by_type("aws:eks/addon:Addon") if r.inputs.get("addonName") == addon]
         listed = [w for w in pins if f"--addon-name {addon}" in w]
         assert bool(listed) == bool(deployed)
@@ -600,7 +607,7 @@ def test_each_malformed_value_is_refused_at_once_naming_field_value_and_fix():
 
     from tests.conftest import problems_of, stack_config
 
-    raw = copy.deepcopy(stack_config("dev"))
+    raw = copy.deepcopy(stack_config("prod"))
     expected = {}
     for section, key, value in BAD_VALUES:
         node = raw

@@ -200,12 +200,13 @@ def test_render_refuses_what_preflight_refuses_and_writes_nothing(tmp_path):
     path does the same, so a job preflight refuses never reaches the tree Argo CD applies. Three
     jobs that resolve (trainingjob.render accepts them) but preflight refuses: more GPUs than the
     pool can ever launch, a trainer override the trainer's own parser rejects, and a checkpoint
-    budget shorter than the save takes at FSx's throughput (a spot interruption kills the save)."""
+    budget shorter than the save takes at the shared file system's throughput (dev: EFS per client;
+    a spot interruption kills the save)."""
     root = _scratch(tmp_path)
     job = yaml.safe_load((ROOT / "workloads/declared/dev/pipelines/jobs/shakespeare-gpt.yaml").read_text())
     too_big = {**job, "name": "too-big", "nodes": 5}
     bad_override = {**job, "name": "bad-override", "trainer": {**job["trainer"], "overrides": ["model.n_embd=13"]}}
-    short_budget = {**job, "name": "short-budget", "timeBudget": {"maxStepSeconds": 5, "checkpointSeconds": 5}}
+    short_budget = {**job, "name": "short-budget", "timeBudget": {"maxStepSeconds": 5, "checkpointSeconds": 1}}
     for doc in (too_big, bad_override, short_budget, {**job, "name": "fits"}):
         _declare(root, f"workloads/declared/dev/jobs/{doc['name']}.yaml", doc)
     # The renderer alone accepts them: the refusal below is preflight's.

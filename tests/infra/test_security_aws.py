@@ -227,7 +227,8 @@ def test_fsx_dra_buckets_keys_admit_the_file_systems_service_linked_role(graph):
     key of an SSE-KMS bucket linked by a DRA must let AWSServiceRoleForFSxS3Access_<fs-id> use it
     through S3 (encryption context: the bucket ARN, as the buckets use S3 Bucket Keys)."""
     dras = graph.all(DRA)
-    if graph.config.datasets is None or not graph.config.datasets.fsx.data_repository_associations:
+    if graph.config.datasets is None or graph.config.datasets.fsx is None \
+            or not graph.config.datasets.fsx.data_repository_associations:
         pytest.skip("no data repository associations in this stack")
     assert dras
     region = graph.config.region

@@ -336,8 +336,10 @@ def test_groups_with_standalone_rules_have_no_inline_rules(plan):
 def test_node_and_fsx_groups_admit_nothing_from_the_internet(plan):
     """Nodes are private; the only sources allowed in are security groups (CIS EKS 5.4 / EKS BPG)."""
     name = plan.config.name
+    # The shared file system's group: FSx (prod) or EFS (dev, datasets storage s3-mountpoint).
+    storage = "fsx" if plan.config.datasets.fsx is not None else "efs"
     groups = [plan.recording.one("aws:ec2/securityGroup:SecurityGroup", f"{name}-cluster-node-sg"),
-              plan.recording.one("aws:ec2/securityGroup:SecurityGroup", f"{name}-datasets-fsx-sg")]
+              plan.recording.one("aws:ec2/securityGroup:SecurityGroup", f"{name}-datasets-{storage}-sg")]
     for group in groups:
         ingress = [r for r in plan.recording.by_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
                    if r.inputs["securityGroupId"] == group.id]

@@ -106,6 +106,14 @@ def test_both_stacks_plan_at_every_version(stack, version):
     assert plan.recording.one("eks:index:Cluster").inputs["version"] == version
     addons = {r.inputs["addonName"]: r.inputs["addonVersion"] for r in plan.recording.by_type("aws:eks/addon:Addon")}
     assert addons and all(EKS_RELEASES[version].addons[name] == build for name, build in addons.items())
+    # Each deployed add-on whose build no source confirms for this minor is listed once, with this minor's build.
+    pins = [w for w in plan.warnings if w.startswith("unconfirmed pin:") and "describe-addon-versions" in w]
+    for name in EKS_RELEASES[version].unconfirmed_addons & set(addons):
+        (pin,) = [w for w in pins if f"--addon-name {name} " in w]
+        assert f"{name} add-on {addons[name]} " in pin and f"--kubernetes-version {version} " in pin
+    assert len(pins) == len(EKS_RELEASES[version].unconfirmed_addons & set(addons))
+    # vpc-cni, coredns and kube-proxy rest on the EKS User Guide's per-version tables.
+    assert not EKS_RELEASES[version].unconfirmed_addons & {"vpc-cni", "coredns", "kube-proxy"}
     assert not [o for o in upgrade.rendered_objects(plan.recording) if o[:2] in upgrade.removed_apis_at(version)]
 
 
@@ -119,3 +127,52 @@ def test_a_pinned_alias_without_the_clusters_version_is_refused():
     values["ml-training-platform:cluster"] = json.dumps(cluster)
     with pytest.raises(ConfigError, match=r"karpenter.amiAlias.*v20251023.*1.35"):
         load_platform_config(raw_project_config(values))
+
+
+def test_stated_chart_ranges_block_outside_and_check_beyond_their_ci():
+    """Kueue v0.19.2 README: "Requires Kubernetes 1.29 or newer"; Training Operator v1.9.4 README
+    (latest 1.27+) with CI on 1.34/1.35; NVIDIA device plugin v0.17.1: "Kubernetes version >= 1.10"."""
+    charts = {c.name: c for c in upgrade.CHARTS}
+    assert (charts["Kueue"].minimum, charts["Kueue"].maximum) == ("1.29", None)
+    assert charts["Training Operator"].minimum == "1.27" and charts["NVIDIA device plugin"].minimum == "1.10"
+    blockers, checks = upgrade.chart_verdicts("1.28", (charts["Kueue"],))
+    assert blockers == [f"Kueue {charts['Kueue'].version} supports Kubernetes 1.29 or newer ({charts['Kueue'].source}), "
+                        "not 1.28: upgrade the chart first"] and not checks
+    assert upgrade.chart_verdicts("1.35", (charts["Kueue"],)) == ([], [])
+    blockers, checks = upgrade.chart_verdicts("1.36", (charts["Training Operator"],))
+    assert not blockers and "CI runs up to 1.35" in checks[0]
+    for version in VERSIONS[1:]:  # every supported hop of both stacks passes the recorded ranges
+        assert upgrade.chart_verdicts(version)[0] == []
+    unverified = [c.name for c in upgrade.CHARTS if c.minimum is None]
+    assert unverified == ["Argo CD", "Argo Workflows", "NVIDIA GPU Operator"]
+    assert all(any(name in check for check in upgrade.chart_verdicts("1.33")[1]) for name in unverified)
+
+
+def test_system_node_release_version_is_checked_against_the_cluster_and_followed_by_the_upgrade(tmp_path):
+    """awslabs/amazon-eks-ami CHANGELOG: "Release versions for these AMIs: `1.27.1-20230703` ..."
+    (<Kubernetes patch>-<YYYYMMDD>); a managed node group's release must be one of its version."""
+    from infra.config import ConfigError, load_platform_config
+    from infra.plan import raw_project_config
+
+    values, _ = read_stack_file(ROOT / "Pulumi.dev.yaml")
+    raw = raw_project_config(values)
+    raw["cluster"]["systemNodeGroup"]["releaseVersion"] = "1.33.4-20260903"
+    with pytest.raises(ConfigError, match=r"releaseVersion.*1.33.*1.32"):
+        load_platform_config(raw)
+    raw["cluster"]["systemNodeGroup"]["releaseVersion"] = "v20260903"
+    with pytest.raises(ConfigError, match=r"not an EKS AMI release version"):
+        load_platform_config(raw)
+    raw["cluster"]["systemNodeGroup"]["releaseVersion"] = "1.32.9-20260903"
+    assert load_platform_config(raw).cluster.system_node_group.release_version == "1.32.9-20260903"
+    # Unset (the stack files today): the plan says the group is never patched and how to read the release.
+    plan = plan_from_values("dev", values)
+    assert any("releaseVersion is not set" in w and "/aws/service/eks/optimized-ami/1.32/" in w for w in plan.warnings)
+    assert plan.recording.one("aws:eks/nodeGroup:NodeGroup").inputs.get("releaseVersion") is None
+    # Set: the node group pins it, and the upgrade tells the operator to move it with the version.
+    project = _project(tmp_path)
+    document = yaml.safe_load((project / "Pulumi.dev.yaml").read_text())
+    document["config"]["ml-training-platform:cluster"]["systemNodeGroup"]["releaseVersion"] = "1.32.9-20260903"
+    (project / "Pulumi.dev.yaml").write_text(yaml.safe_dump(document))
+    result = upgrade.plan_upgrade("dev", "1.33", project)
+    assert any("releaseVersion (1.32.9-20260903)" in step and "optimized-ami/1.33/" in step for step in result.steps)
+    assert not result.blockers

@@ -319,3 +319,77 @@ def test_only_the_master_pod_serves_and_is_scraped_for_trainer_health(prod_facts
     monitor = trainer_pod_monitor(job["metadata"]["namespace"])
     assert monitor["spec"]["selector"]["matchLabels"] == {TRAINER_METRICS_LABEL: "true"}
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+
+def test_trainjob_rank0_is_scraped_for_trainer_health(prod_facts, example_raw):
+    """A TrainJob's nodes share one pod template and cannot declare ports (runtimePatches
+    containers take env, volumeMounts, securityContext only: the TrainJob CRD 2.3.0). Trainer
+    v2.3's torch plugin sets PET_NODE_RANK from the Job completion index; Kubernetes labels an
+    Indexed Job's pods ``batch.kubernetes.io/job-completion-index`` (v1.28+). Prometheus's pod
+    role: "If a container has no specified ports, a port-free target per container is created for
+    manually adding a port via relabeling". So: every node's pod carries the label and the port
+    env, and the TrainJob PodMonitor keeps node 0's trainer container at <pod IP>:<port>."""
+    import re
+
+    from workloads.monitoring.stack import (
+        JOB_COMPLETION_INDEX_LABEL, TRAINER_METRICS_LABEL, TRAINER_METRICS_PORT, trainer_scrape_policy, trainjob_pod_monitor,
+    )
+    raw = {**copy.deepcopy(example_raw), "runtime": "trainjob"}
+    facts = dataclasses.replace(prod_facts, trainer_v2_runtime=prod_facts.trainer_v2_runtime or "torch-distributed")
+    trainjob = render_trainjob(_job(raw, facts))
+    template = trainjob["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0][
+        "template"]["spec"]["template"]
+    env = {e["name"]: e.get("value") for e in trainjob["spec"]["trainer"]["env"]}
+    assert env["TRAINER_METRICS_PORT"] == str(TRAINER_METRICS_PORT) and env["TRAINER_JOB_NAME"] == raw["name"]
+    namespace = trainjob["metadata"]["namespace"]
+    monitor = trainjob_pod_monitor(namespace)
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    # The pods JobSet creates for numNodes=2: the template's labels plus each pod's index.
+    pods = [{**template["metadata"]["labels"], JOB_COMPLETION_INDEX_LABEL: str(i)} for i in range(2)]
+    selected = [i for i, labels in enumerate(pods) if all(labels.get(k) == v for k, v in selector.items())]
+    assert selected == [0]
+    # Prometheus applies the relabelings to each container target of the selected pod.
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    targets = []
+    for container in ("node", "istio-proxy"):
+        meta = {"__meta_kubernetes_pod_container_name": container, "__meta_kubernetes_pod_ip": "10.0.1.7",
+                "__address__": "10.0.1.7"}
+        keep = True
+        for rule in endpoint["relabelings"]:
+            value = ";".join(meta.get(s, "") for s in rule["sourceLabels"])
+            match = re.fullmatch(rule.get("regex", "(.*)"), value)
+            if rule.get("action") == "keep":
+                keep = keep and match is not None
+            elif match:
+                meta[rule["targetLabel"]] = match.expand(rule.get("replacement", "$1").replace("$1", r"\1"))
+        if keep:
+            targets.append(meta["__address__"])
+    assert targets == [f"10.0.1.7:{TRAINER_METRICS_PORT}"]
+    # The team namespace's NetworkPolicy admits Prometheus to both kinds of rank-0 pod.
+    expressions = trainer_scrape_policy(namespace)["spec"]["podSelector"]["matchExpressions"]
+    assert expressions == [{"key": TRAINER_METRICS_LABEL, "operator": "In", "values": ["true", "trainjob"]}]
+
+
+def test_training_operator_service_monitor_matches_the_pinned_service():
+    """kubeflow/trainer v1.9.4 (commit 4445c12a), manifests/base/service.yaml:
+        metadata: {labels: {app: training-operator}, name: training-operator}
+        spec: {ports: [{name: monitoring-port, port: 8080, targetPort: 8080},
+                       {name: webhook-server, port: 443, targetPort: 9443}],
+               selector: {control-plane: kubeflow-training-operator}}
+    cmd/training-operator.v1/main.go: --metrics-bind-address default ":8080".
+    A ServiceMonitor's selector matches the *Service's* labels (prometheus-operator API), not its
+    pod selector."""
+    from workloads.monitoring.stack import platform_scrape_targets, service_monitor
+
+    upstream_service = {"metadata": {"labels": {"app": "training-operator"}, "name": "training-operator"},
+                        "spec": {"ports": [{"name": "monitoring-port", "port": 8080, "targetPort": 8080},
+                                           {"name": "webhook-server", "port": 443, "targetPort": 9443}],
+                                 "selector": {"control-plane": "kubeflow-training-operator"}}}
+    (target,) = [t for t in platform_scrape_targets(gpu_namespace="g", karpenter_namespace="k", kueue_namespace="q",
+                                                    training_operator_namespace="kubeflow") if t.name == "training-operator"]
+    monitor = service_monitor(target)
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert all(upstream_service["metadata"]["labels"].get(k) == v for k, v in selector.items())
+    (port,) = [p for p in upstream_service["spec"]["ports"] if p["name"] == monitor["spec"]["endpoints"][0]["port"]]
+    assert port["targetPort"] == 8080
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == ["kubeflow"]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from workloads.placement import system_node_selector, system_tolerations
+from workloads import trainjob_runtime
 
 NAMESPACE = "monitoring"
 RELEASE = "kube-prometheus-stack"
@@ -22,6 +23,20 @@ ALERTMANAGER_SERVICE_ACCOUNT = "alertmanager"
 SELECTOR_LABEL = {"mlplatform.io/monitoring": "platform"}
 DASHBOARD_LABEL = "grafana_dashboard"
 TRAINER_METRICS_LABEL = "mlplatform.io/trainer-metrics"
+# PyTorchJob: only the Master pod (rank 0) carries the label, value "true", and declares the port.
+# TrainJob: every node's pod shares one template and a TrainJob cannot declare container ports
+# (runtimePatches containers take env/volumeMounts/securityContext only), so its pods carry
+# "trainjob" and a second PodMonitor picks node rank 0 by the Indexed Job's pod label (Trainer
+# v2.3 torch plugin: PET_NODE_RANK = the job-completion index; Kubernetes Jobs: "the pod label
+# batch.kubernetes.io/job-completion-index", v1.28+) and sets the port by relabeling (Prometheus
+# kubernetes_sd pod role: "If a container has no specified ports, a port-free target per
+# container is created for manually adding a port via relabeling").
+TRAINJOB_METRICS_LABEL_VALUE = "trainjob"
+JOB_COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+TRAINJOB_CONTAINER_NAME = trainjob_runtime.CONTAINER
+TRAINING_OPERATOR_SERVICE_LABELS = {"app": "training-operator"}
+TRAINING_OPERATOR_METRICS_PORT_NAME = "monitoring-port"
+TRAINING_OPERATOR_METRICS_PORT = 8080
 TRAINER_METRICS_PORT_NAME = "metrics"
 TRAINER_METRICS_PORT = 9464
 # Ports the stack listens on (ingress from the VPC: port-forwards through the kubelet, scrapes).
@@ -282,11 +297,12 @@ def platform_scrape_targets(*, gpu_namespace: str, karpenter_namespace: str, kue
         ScrapeTarget("kueue", kueue_namespace,
                      {"app.kubernetes.io/name": "kueue", "app.kubernetes.io/component": "metrics-service"},
                      "https", scheme="https"),
-        # Training Operator (kubeflow/training-operator manifests/base/service.yaml): Service
-        # "training-operator", label control-plane=kubeflow-training-operator, port "monitoring-port"
-        # (annotated prometheus.io/path /metrics).
+        # Training Operator v1.9.4 (kubeflow/trainer at the pinned commit, manifests/base/service.yaml):
+        # Service "training-operator" labelled app=training-operator (control-plane=... is its
+        # *pod* selector, which a ServiceMonitor does not match), port "monitoring-port" 8080 ->
+        # the manager's --metrics-bind-address default ":8080" (cmd/training-operator.v1/main.go).
         ScrapeTarget("training-operator", training_operator_namespace,
-                     {"control-plane": "kubeflow-training-operator"}, "monitoring-port"),
+                     dict(TRAINING_OPERATOR_SERVICE_LABELS), TRAINING_OPERATOR_METRICS_PORT_NAME),
     ]
 
 
@@ -309,11 +325,27 @@ def trainer_pod_monitor(namespace: str) -> dict[str, Any]:
                     [namespace])
 
 
+def trainjob_pod_monitor(namespace: str) -> dict[str, Any]:
+    """Rank 0 of a TrainJob (node index 0) in one team namespace, port set by relabeling."""
+    monitor = _monitor("PodMonitor", "trainer-health-trainjob", namespace,
+                       {TRAINER_METRICS_LABEL: TRAINJOB_METRICS_LABEL_VALUE, JOB_COMPLETION_INDEX_LABEL: "0"},
+                       [{"interval": "30s", "path": "/metrics", "relabelings": [
+                           {"sourceLabels": ["__meta_kubernetes_pod_container_name"], "regex": TRAINJOB_CONTAINER_NAME,
+                            "action": "keep"},
+                           {"sourceLabels": ["__meta_kubernetes_pod_ip"], "regex": "(.+)",
+                            "targetLabel": "__address__", "replacement": f"$1:{TRAINER_METRICS_PORT}", "action": "replace"},
+                           *NODE_RELABEL]}],
+                       [namespace])
+    return monitor
+
+
 def trainer_scrape_policy(namespace: str) -> dict[str, Any]:
     """Team namespaces deny ingress by default: admit Prometheus to rank 0's health port only."""
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": {"name": "allow-prometheus-trainer-health", "namespace": namespace},
-            "spec": {"podSelector": {"matchLabels": {TRAINER_METRICS_LABEL: "true"}}, "policyTypes": ["Ingress"],
+            "spec": {"podSelector": {"matchExpressions": [{"key": TRAINER_METRICS_LABEL, "operator": "In",
+                                                           "values": ["true", TRAINJOB_METRICS_LABEL_VALUE]}]},
+                     "policyTypes": ["Ingress"],
                      "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
                                             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
                                   "ports": [{"protocol": "TCP", "port": TRAINER_METRICS_PORT}]}]}}
