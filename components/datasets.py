@@ -302,6 +302,10 @@ class Datasets(pulumi.ComponentResource):
         self.args = args
         tags = dict(args.tags)
         self.key, self.buckets = self._buckets(name, tags)
+        # One mode's resources exist; the other mode's attributes stay empty (None, [] or {}).
+        self.file_system = self.log_group = self.efs = self.mountpoint_role = self.efs_addon = None
+        self.security_group_rules, self.associations, self.mount_targets = [], [], []
+        self.access_points = {}
         if args.storage is DatasetsStorage.FSX:
             self.security_group, self.security_group_rules = self._security_group(name, tags)
             storage = self._file_system(name, tags)
@@ -311,27 +315,25 @@ class Datasets(pulumi.ComponentResource):
             self.addon = args.cluster.addon(FSX_CSI_DRIVER, name=name, parent=self, version=args.addon_version, tags=tags)
             self.volume_claims = self._team_volumes(name)
             self.file_system_id = self.file_system.id
-            storage_outputs = {
-                "file_system_id": self.file_system.id, "dns_name": self.file_system.dns_name,
-                "mount_name": self.file_system.mount_name,
-                "security_group_rules": self.security_group_rules, "log_group": self.log_group,
-                "file_system": self.file_system, "associations": self.associations,
-            }
+            mode_outputs = {"dns_name": self.file_system.dns_name,
+                            "mount_name": self.file_system.mount_name}
         else:
-            self.file_system = None
+            # Sets key_policy, mountpoint_role, addon, efs, security_group, mount_targets, efs_addon,
+            # access_points and volume_claims.
             self._s3_mountpoint(name, tags)
             self.file_system_id = self.efs.id
-            storage_outputs = {
-                "efs_file_system_id": self.efs.id, "efs": self.efs, "mountpoint_role": self.mountpoint_role,
-                "mount_targets": self.mount_targets, "efs_addon": self.efs_addon, "access_points": self.access_points,
-            }
+            mode_outputs = {"efs_file_system_id": self.efs.id}
         self.register_outputs({
+            **mode_outputs,
             "datasets_bucket": self.buckets[DatasetBucket.DATASETS].name,
             "checkpoints_bucket": self.buckets[DatasetBucket.CHECKPOINTS].name,
             # Every public attribute, as pulumi-eks registers its outputs.
             "key": self.key, "buckets": {kind.value: bucket for kind, bucket in self.buckets.items()},
-            "security_group": self.security_group, "key_policy": self.key_policy, "addon": self.addon,
-            "volume_claims": self.volume_claims, **storage_outputs,
+            "security_group": self.security_group, "security_group_rules": self.security_group_rules,
+            "log_group": self.log_group, "file_system": self.file_system, "key_policy": self.key_policy,
+            "associations": self.associations, "addon": self.addon, "volume_claims": self.volume_claims,
+            "file_system_id": self.file_system_id, "efs": self.efs, "mountpoint_role": self.mountpoint_role,
+            "mount_targets": self.mount_targets, "efs_addon": self.efs_addon, "access_points": self.access_points,
         })
 
     def _buckets(self, name: str, tags: dict) -> tuple[aws.kms.Key, dict[DatasetBucket, SecureBucket]]:

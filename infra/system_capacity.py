@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional
 
-from infra.mock_engine import Recording
+from infra.recording import Recording
 
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 ADDON = "aws:eks/addon:Addon"

@@ -37,6 +37,6 @@ def test_every_public_attribute_is_a_registered_output(path, class_name):
 
 def test_an_attribute_set_without_registering_it_is_found():
     source = (ROOT / "components/datasets.py").read_text().replace(
-        "        self.file_system_id = self.file_system.id\n",
-        "        self.file_system_id = self.file_system.id\n        self.forgotten = self.key.arn\n")
+        "            self.file_system_id = self.file_system.id\n",
+        "            self.file_system_id = self.file_system.id\n            self.forgotten = self.key.arn\n")
     assert unregistered(source, "Datasets") == ["forgotten"]

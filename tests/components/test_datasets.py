@@ -349,7 +349,7 @@ def test_dev_mounts_datasets_through_mountpoint_and_team_subtrees_on_efs(dev_pla
     assert sorted(t.inputs["subnetId"] for t in targets) == sorted(s.id for s in subnets)
     datasets_bucket = recording.one("aws:s3/bucket:Bucket", f"{dev_plan.config.name}-datasets-datasets-bucket")
     access_points = {a.inputs["rootDirectory"]["path"]: a for a in recording.by_type("aws:efs/accessPoint:AccessPoint")}
-    namespaces = team_namespaces(dev_plan.config)
+    namespaces = dev_plan.config.team_namespaces
     uids = {t.namespace: t.uid for t in dev_plan.config.scheduling.teams}
     pvs = {p.inputs["spec"]["claimRef"]["namespace"] + "/" + p.inputs["spec"]["claimRef"]["name"]: p
            for p in recording.by_type("kubernetes:core/v1:PersistentVolume")}
