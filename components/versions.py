@@ -10,7 +10,7 @@ import datetime as _dt
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from workloads.prices import HOURS_PER_MONTH, STACK_PRICES  # noqa: F401  (re-exported for the plan)
+from catalog.prices import HOURS_PER_MONTH, STACK_PRICES  # noqa: F401  (re-exported for the plan)
 
 # -- EKS ---------------------------------------------------------------------------------
 DEFAULT_EKS_VERSION = "1.32"

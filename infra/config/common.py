@@ -13,9 +13,9 @@ from typing import Annotated, Any, Iterator, Optional
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, PlainSerializer
 from pydantic.alias_generators import to_camel
 
+from catalog.regions import PARTITION_OF_REGION, partition_of
 from components.validation import Problem
 from infra.config.engine import Rule, invalid
-from infra.regions import PARTITION_OF_REGION, partition_of
 
 _ACCOUNT_ID = re.compile(r"^\d{12}$")
 _ROLE_ARN = re.compile(r"^arn:(aws|aws-us-gov|aws-cn):iam::(\d{12}):role/[\w+=,.@/-]{1,512}$")
@@ -83,7 +83,7 @@ def _check_region(value: str) -> str:
         close = difflib.get_close_matches(value, sorted(PARTITION_OF_REGION), n=1)
         hint = f"did you mean {close[0]}? " if close else ""
         raise invalid(
-            "is not a region of the aws, aws-cn or aws-us-gov partitions (table: infra/regions.py, from botocore's endpoints.json)",
+            "is not a region of the aws, aws-cn or aws-us-gov partitions (table: catalog/regions.py, from botocore's endpoints.json)",
             f"{hint}use a region name such as us-west-2",
         )
     return value

@@ -6,6 +6,7 @@ from typing import Annotated, Iterator, Optional
 
 from pydantic import Field, field_validator
 
+from catalog.gpus import GPU_TYPES
 from components.gpu_enablement import GpuEnablementMode
 from components.validation import Problem
 from components.versions import EKS_RELEASES, ami_release_date
@@ -45,7 +46,7 @@ class GpuPoolConfig(_Model):
     """One GPU pool: what an ML engineer means (GPU type, GPUs per node, capacity, EFA)."""
 
     name: str = Field(pattern=r"^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$", description="Pool name; nodes get label mlplatform.io/pool=<name>.")
-    gpu_type: str = Field(description="a100 | a100-80gb | h100 | h200 | l4 | a10g | l40s")
+    gpu_type: str = Field(description=" | ".join(GPU_TYPES))  # catalog/gpus.py: the README lists what it holds
     gpus_per_node: int = Field(ge=1, description="GPUs per node; the type must offer it (e.g. h100: 1 or 8).")
     capacity_types: list[KarpenterCapacityType] = Field(min_length=1, description="spot | on-demand | reserved, in preference order.")
     capacity_reservation_ids: list[str] = Field(default_factory=list, description="cr-... ids; required with `reserved`.")
