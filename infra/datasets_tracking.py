@@ -10,12 +10,10 @@ from typing import Any, Iterator
 
 import pulumi
 
-from components.bucket import LifecycleRule
 from components.datasets import (
     SPOT_NOTICE_SECONDS,
     Datasets,
     DatasetsArgs,
-    FsxArgs,
     checkpoint_seconds,
     fsx_log_group_name,
     write_throughput_mb_per_s,
@@ -35,20 +33,10 @@ from components.versions import AURORA_POSTGRESQL_VERSION
 from components.versions import addon_versions
 from infra import costs
 from infra.capability import Capability
-from infra.config import BucketLifecycleConfig, PlatformConfig, dra_spec
+from infra.config import PlatformConfig
 from infra.costs import CostLine
 from infra.mock_engine import Recording
 from infra.platform import Platform
-
-
-def _lifecycle(rule_id: str, lifecycle: BucketLifecycleConfig) -> list[LifecycleRule]:
-    return [LifecycleRule(
-        id=rule_id,
-        transition_to_infrequent_access_days=lifecycle.transition_to_infrequent_access_days,
-        transition_to_glacier_days=lifecycle.transition_to_glacier_days,
-        expiration_days=lifecycle.expiration_days,
-        noncurrent_version_expiration_days=lifecycle.noncurrent_version_expiration_days,
-    )]
 
 
 def team_namespaces(config: PlatformConfig) -> list[str]:
@@ -89,27 +77,16 @@ def deploy(platform: Platform) -> dict[str, Any]:
     namespaces = team_namespaces(config)
     if config.datasets is not None:
         ds = config.datasets
-        fsx = ds.fsx
         datasets = Datasets(
             datasets_name(config),
             DatasetsArgs(
                 network=platform.network, cluster=platform.cluster,
-                fsx=FsxArgs(
-                    storage_capacity_gib=fsx.storage_capacity_gib,
-                    throughput_mb_per_tib=fsx.per_unit_storage_throughput_mb_per_tib,
-                    associations=[dra_spec(d) for d in fsx.data_repository_associations],
-                    subnet_index=fsx.subnet_index,
-                    automatic_backup_retention_days=fsx.automatic_backup_retention_days,
-                    daily_automatic_backup_start_time=fsx.daily_automatic_backup_start_time,
-                    weekly_maintenance_start_time=fsx.weekly_maintenance_start_time,
-                    log_level=fsx.log_level, log_retention_days=fsx.log_retention_days,
-                    data_compression=fsx.data_compression,
-                ),
+                fsx=ds.fsx.args(),
                 namespaces=namespaces, namespace_resources=platform.team_namespace_resources(),
                 access_logs_bucket=platform.access_log_bucket("workload"),
                 log_kms_key=platform.log_group_key.key if platform.log_group_key else None,
-                datasets_lifecycle=_lifecycle("datasets", ds.datasets_bucket),
-                checkpoints_lifecycle=_lifecycle("checkpoints", ds.checkpoints_bucket),
+                datasets_lifecycle=[ds.datasets_bucket.rule("datasets")],
+                checkpoints_lifecycle=[ds.checkpoints_bucket.rule("checkpoints")],
                 # The build of the cluster's own Kubernetes minor (components/versions.py EKS_RELEASES).
                 addon_version=addon_versions(config.cluster.version)["aws-fsx-csi-driver"],
                 protect=config.protect_stateful, tags=tags,
@@ -146,21 +123,14 @@ def deploy(platform: Platform) -> dict[str, Any]:
         db = tr.database
         tracking = Tracking(
             tracking_name(config),
-            TrackingArgs(
-                network=platform.network, cluster=platform.cluster, image=tr.image, domain_name=tr.domain_name,
+            tr.copy_into(
+                TrackingArgs, network=platform.network, cluster=platform.cluster,
                 namespaces=namespaces, namespace_resources=platform.team_namespace_resources(),
-                database=DatabaseArgs(min_capacity_acu=db.min_capacity_acu, max_capacity_acu=db.max_capacity_acu,
-                                      seconds_until_auto_pause=db.seconds_until_auto_pause,
-                                      backup_retention_days=db.backup_retention_days,
-                                      password_rotation_days=db.password_rotation_days,
-                                      # prod: a reader in a second AZ takes over when the writer fails
-                                      num_instances=2 if config.is_prod else 1),
+                # prod: a reader in a second AZ takes over when the writer fails
+                database=db.copy_into(DatabaseArgs, num_instances=2 if config.is_prod else 1),
                 image_repository_arn=images.repositories["mlflow"].arn,
-                route53_zone_id=tr.route53_zone_id, scheme=tr.load_balancer_scheme,
-                ingress_cidrs=[str(c) for c in tr.ingress_cidrs], num_workers=tr.num_workers,
-                cpu_units=tr.cpu_units, memory_mib=tr.memory_mib, desired_count=tr.desired_count,
-                admin_username=tr.admin_username, log_retention_days=tr.log_retention_days,
-                artifacts_lifecycle=_lifecycle("artifacts", tr.artifacts_bucket),
+                scheme=tr.load_balancer_scheme,
+                artifacts_lifecycle=[tr.artifacts_bucket.rule("artifacts")],
                 # S3 delivers server access logs only within the source bucket's account.
                 access_logs_bucket=platform.access_log_bucket("workload"), alb_logs_bucket=alb_logs.bucket,
                 alb_logs_policy=alb_logs.policy,

@@ -18,29 +18,13 @@ from infra.mock_engine import Recording, RecordedResource
 from infra.platform import Platform
 from workloads import kueue, scheduling, tenancy
 from workloads.gpu_catalog import SPOT_NOTICE_SECONDS, gpu_type
-from workloads.karpenter import CapacityType, CpuPoolSpec, GpuPoolSpec, duration_seconds
+from workloads.karpenter import CpuPoolSpec, duration_seconds
 
 NODE_POOL_TYPE = "kubernetes:karpenter.sh/v1:NodePool"
 
 
-def pool_spec(config: PlatformConfig, pool: GpuPoolConfig) -> GpuPoolSpec:
-    return GpuPoolSpec(
-        name=pool.name, gpu_type=pool.gpu_type, gpus_per_node=pool.gpus_per_node,
-        capacity_types=tuple(pool.capacity_types), max_gpus=pool.max_gpus, efa=pool.efa, zones=tuple(pool.zones),
-        capacity_reservation_ids=tuple(pool.capacity_reservation_ids), root_volume_gib=pool.root_volume_gib,
-        consolidate_after=pool.consolidate_after, expire_after=pool.expire_after,
-        termination_grace_period_seconds=pool.termination_grace_period_seconds,
-        ami_alias=pool.ami_alias or config.karpenter.ami_alias, consolidation_policy=pool.consolidation_policy,
-        weight=pool.weight,
-    )
-
-
 def cpu_pool_spec(config: PlatformConfig) -> Optional[CpuPoolSpec]:
-    cpu = config.karpenter.cpu_pool
-    if not cpu.enabled:
-        return None
-    return CpuPoolSpec(capacity_types=tuple(cpu.capacity_types), max_cpu=cpu.max_cpu, max_memory_gib=cpu.max_memory_gib,
-                       root_volume_gib=cpu.root_volume_gib, ami_alias=config.karpenter.ami_alias)
+    return config.karpenter.cpu_pool.spec(config.karpenter.ami_alias)
 
 
 def team_namespace(team: TeamConfig) -> str:
@@ -81,7 +65,7 @@ def team_specs(config: PlatformConfig, s3_prefix_list_cidrs: Any = None,
 
 
 def flavor_specs(config: PlatformConfig) -> list[kueue.FlavorSpec]:
-    specs = [pool_spec(config, p) for p in config.gpu_pools]
+    specs = [p.spec(config.karpenter.ami_alias) for p in config.gpu_pools]
     return [kueue.FlavorSpec(name=s.name, node_labels=s.node_labels, max_gpus=s.max_gpus, gpus_per_node=s.gpus_per_node,
                              efa_devices_per_node=s.shapes[0].num_efa_network_cards if s.efa else 0)
             for s in specs]
@@ -101,7 +85,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
         KarpenterArgs(cluster=cluster, prerequisites=prerequisites, replicas=replicas, log_level=config.karpenter.log_level),
         opts=platform.kubernetes_opts(),
     )
-    pools = [pool_spec(config, p) for p in config.gpu_pools]
+    pools = [p.spec(config.karpenter.ami_alias) for p in config.gpu_pools]
     GpuPools(
         f"{config.name}-node-pools",
         GpuPoolsArgs(cluster=cluster, prerequisites=prerequisites, karpenter=karpenter, gpu_pools=pools,
@@ -111,9 +95,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
     enablement = config.gpu_enablement
     GpuEnablement(
         f"{config.name}-gpu-enablement",
-        GpuEnablementArgs(cluster=cluster, mode=enablement.mode, dcgm_exporter=enablement.dcgm_exporter,
-                          service_monitor=enablement.service_monitor,
-                          prometheus_operator_crds=enablement.prometheus_operator_crds, efa=any(p.efa for p in pools)),
+        enablement.copy_into(GpuEnablementArgs, cluster=cluster, efa=any(p.efa for p in pools)),
         opts=platform.kubernetes_opts(),
     )
     # The gateway endpoint's cidr_blocks are S3's prefix-list ranges for the region.
@@ -183,7 +165,7 @@ def _gpu_quota_oversubscribed(config: PlatformConfig, recording: Recording) -> I
 
 
 def pool_lines(config: PlatformConfig, pool: GpuPoolConfig) -> list[str]:
-    spec = pool_spec(config, pool)
+    spec = pool.spec(config.karpenter.ami_alias)
     gpu = gpu_type(pool.gpu_type)
     num_nodes = pool.max_gpus // pool.gpus_per_node
     return [
