@@ -58,8 +58,7 @@ def team_specs(config: PlatformConfig, s3_prefix_list_cidrs: Any = None,
                 annotations=tenancy_.namespace_annotations(),
                 s3_prefix_list_cidrs=s3_prefix_list_cidrs, service_cidr=service_cidr,
             ),
-            kueue.TeamQueueSpec(team=team.name, namespace=ns, gpu_quota=dict(team.gpu_quota),
-                                fair_sharing_weight=team.fair_sharing_weight, borrowing=team.borrowing),
+            team.copy_into(kueue.TeamQueueSpec, team=team.name, namespace=ns),
         ))
     return out
 
