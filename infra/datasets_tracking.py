@@ -87,7 +87,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
                 log_kms_key=platform.log_group_key.key if platform.log_group_key else None,
                 datasets_lifecycle=[ds.datasets_bucket.rule("datasets")],
                 checkpoints_lifecycle=[ds.checkpoints_bucket.rule("checkpoints")],
-                # The build of the cluster's own Kubernetes minor (components/versions.py EKS_RELEASES).
+                # The build of the cluster's own Kubernetes minor (catalog/versions.py EKS_RELEASES).
                 addon_version=addon_versions(config.cluster.version)["aws-fsx-csi-driver"],
                 protect=config.protect_stateful, tags=tags,
             ),

@@ -254,7 +254,7 @@ def _version_age(config: PlatformConfig, recording: Recording, today: dt.date | 
             yield (f"Karpenter AMI alias {alias} is {(today - date).days} days old (> {AMI_ALIAS_MAX_AGE_DAYS}): nodes miss "
                    "kernel and NVIDIA driver patches; move it to a recent release (docs/runbooks/upgrading-eks.md, AMI patches)")
     if (today - release.verified).days > VERSION_ROW_MAX_AGE_DAYS:
-        yield (f"the EKS {config.cluster.version} add-on builds (components/versions.py EKS_RELEASES) were last checked "
+        yield (f"the EKS {config.cluster.version} add-on builds (catalog/versions.py EKS_RELEASES) were last checked "
                f"{release.verified} ({(today - release.verified).days} days ago): compare with `aws eks describe-addon-versions "
                f"--kubernetes-version {config.cluster.version}` and bump them")
 

@@ -139,7 +139,7 @@ def _cluster_node_limit(gpu_pools: list[GpuPoolConfig], system_max_size: int) ->
 
 
 def _ami_alias_ships_version(version: str, ami_alias: str, gpu_pools: list[GpuPoolConfig]) -> Iterator[Problem]:
-    """A pinned alias must be a release that ships the cluster's minor (components/versions.py EKS_RELEASES)."""
+    """A pinned alias must be a release that ships the cluster's minor (catalog/versions.py EKS_RELEASES)."""
     release = EKS_RELEASES.get(version)
     if release is None:
         return
