@@ -54,7 +54,22 @@ KARPENTER_NODEPOOL_WEIGHT = Limit(
 # https://docs.aws.amazon.com/AmazonECS/latest/developerguide/fargate-tasks-services.html#fargate-tasks-size).
 MAX_ACU = int(AURORA_SERVERLESS_V2_MAX_ACU.maximum)
 FARGATE_CPU_UNITS = (256, 512, 1024, 2048, 4096, 8192, 16384)
-# Aurora Serverless v2 auto-pause: SecondsUntilAutoPause is 300-86400
-# (https://docs.aws.amazon.com/AmazonRDS/latest/AuroraUserGuide/aurora-serverless-v2-auto-pause.html).
+# Aurora Serverless v2 auto-pause: "Specify a value between 300 seconds (five minutes) and 86,400
+# seconds (one day)" (https://docs.aws.amazon.com/AmazonRDS/latest/APIReference/API_ServerlessV2ScalingConfiguration.html).
 MIN_AUTO_PAUSE_SECONDS = 300
 MAX_AUTO_PAUSE_SECONDS = 86400
+
+# FSx for Lustre PERSISTENT_2 (SSD): storage is 1,200 GiB, then multiples of 2,400 GiB (FSx API
+# UpdateFileSystem StorageCapacity: "For SCRATCH_2, PERSISTENT_1, and PERSISTENT_2 SSD deployment
+# types, valid values are in multiples of 2400 GiB"); throughput tiers "For PERSISTENT_2 SSD-based
+# deployment types, valid values are 125, 250, 500, and 1000 MB/s/TiB"
+# (https://docs.aws.amazon.com/fsx/latest/LustreGuide/managing-throughput-capacity.html); at most 8 data repository
+# associations per file system (https://docs.aws.amazon.com/fsx/latest/LustreGuide/create-dra-linked-data-repo.html).
+FSX_FIRST_CAPACITY_GIB = 1200
+FSX_CAPACITY_STEP_GIB = 2400
+FSX_THROUGHPUT_TIERS_MB_PER_TIB = (125, 250, 500, 1000)
+FSX_MAX_DATA_REPOSITORY_ASSOCIATIONS = 8
+LUSTRE_VERSION = "2.15"
+# Lustre: 988 for LNet, 1018-1023 for the clients' privileged source ports
+# (https://docs.aws.amazon.com/fsx/latest/LustreGuide/limit-access-security-groups.html).
+LUSTRE_PORTS = ((988, 988), (1018, 1023))
