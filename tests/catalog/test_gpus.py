@@ -27,13 +27,13 @@ def test_every_shape_of_every_gpu_type_has_facts_a_price_and_a_peak():
 def test_the_check_names_what_an_entry_lacks(monkeypatch):
     h100 = gpus.GPU_TYPES["h100"]
     broken = dataclasses.replace(
-        h100, name="b200", peak_bf16_tflops=0.0, cuda_device_name="NVIDIA B200", cuda_name_key="B200",
-        shapes=(dataclasses.replace(h100.shapes[0], instance_type="p6-b200.48xlarge", on_demand_usd_per_hour=0.0),))
-    monkeypatch.setattr(gpus, "GPU_TYPES", {**gpus.GPU_TYPES, "b200": broken})
+        h100, name="x1", peak_bf16_tflops=0.0, cuda_device_name="NVIDIA A10", cuda_name_key="A10",
+        shapes=(dataclasses.replace(h100.shapes[0], instance_type="x1.48xlarge", on_demand_usd_per_hour=0.0),))
+    monkeypatch.setattr(gpus, "GPU_TYPES", {**gpus.GPU_TYPES, "x1": broken})
     found = gpus.catalog_problems()
-    assert "GPU type 'b200' has no peak bf16 TFLOP/s" in found
-    assert "p6-b200.48xlarge (b200): on_demand_usd_per_hour is 0.0, must be > 0" in found
-    assert "GPU type 'b200': key 'B200' is also an other-device key" in found
+    assert "GPU type 'x1' has no peak bf16 TFLOP/s" in found
+    assert "x1.48xlarge (x1): on_demand_usd_per_hour is 0.0, must be > 0" in found
+    assert "GPU type 'x1': key 'A10' is also an other-device key" in found
 
 
 def test_g_family_ladder_matches_the_ec2_pages():
