@@ -20,7 +20,6 @@ from components.log_archive import (
     AuditTrailArgs,
     AuditTrailSources,
     LogArchive,
-    LogArchiveArgs,
     s3_object_events,
 )
 from components.datasets import DatasetBucket, bucket_arn_prefix
@@ -114,8 +113,7 @@ def build_platform(config: PlatformConfig, *, read_only: bool = False) -> Platfo
     archive_access_logs = access_log_bucket(config, providers, "logging")
     log_archive = LogArchive(
         f"{config.name}-log-archive",
-        config.log_archive.copy_into(
-            LogArchiveArgs,
+        config.log_archive.args(
             flow_log_account_ids=[config.accounts.workload.id],
             audit_trail=_trail_sources(config),
             object_lock_retention_days=config.object_lock_retention_days,  # 365 in prod when unset

@@ -37,8 +37,11 @@ class NetworkConfig(_Model):
         "off in dev (traffic goes through the NAT gateway)."))
     flow_logs: FlowLogsConfig = Field(default_factory=FlowLogsConfig)
 
-    def args(self, **wiring: Any) -> NetworkArgs:
-        return self.copy_into(NetworkArgs, flow_logs_traffic_type=self.flow_logs.traffic_type,
+    def args(self, *, interface_endpoints: bool, **wiring: Any) -> NetworkArgs:
+        """``interface_endpoints``: the stack's resolved choice (PlatformConfig.interface_endpoints:
+        unset here means on in prod), required so an unset value never reaches the Args as None."""
+        return self.copy_into(NetworkArgs, interface_endpoints=interface_endpoints,
+                              flow_logs_traffic_type=self.flow_logs.traffic_type,
                               flow_logs_max_aggregation_interval_seconds=self.flow_logs.max_aggregation_interval_seconds,
                               **wiring)
 
