@@ -25,14 +25,25 @@ def _shared(model: type, target: type) -> list[str]:
     return [f.name for f in dataclasses.fields(target) if f.name in model.model_fields]
 
 
-def test_a_gpu_pool_spec_carries_every_field_of_its_config(prod):
+# Shared names whose config value the spec holds translated: the pool's alias falls back to
+# karpenter's; ``sharing`` is the config's mode plus its sizing fields, as the spec's PoolSharing.
+_TRANSLATED = ("ami_alias", "sharing")
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_a_gpu_pool_spec_carries_every_field_of_its_config(stack):
+    config = load_platform_config(stack_config(stack))
     assert _shared(GpuPoolConfig, GpuPoolSpec) == [f.name for f in dataclasses.fields(GpuPoolSpec)]
-    for pool in prod.gpu_pools:
-        spec = pool.spec(prod.karpenter.ami_alias)
+    assert any(pool.sharing_spec().shared for pool in config.gpu_pools), "each stack file declares a shared pool"
+    for pool in config.gpu_pools:
+        spec = pool.spec(config.karpenter.ami_alias)
         for name in _shared(GpuPoolConfig, GpuPoolSpec):
             want = getattr(pool, name)
             if name == "ami_alias":
-                want = pool.ami_alias or prod.karpenter.ami_alias
+                want = pool.ami_alias or config.karpenter.ami_alias
+            if name == "sharing":
+                want = pool.sharing_spec()
+                assert spec.sharing.mode is pool.sharing
             assert getattr(spec, name) == (tuple(want) if isinstance(want, list) else want), name
 
 
@@ -40,8 +51,11 @@ def test_shared_defaults_are_the_specs():
     for name in _shared(GpuPoolConfig, GpuPoolSpec):
         field = next(f for f in dataclasses.fields(GpuPoolSpec) if f.name == name)
         config_default = GpuPoolConfig.model_fields[name].get_default(call_default_factory=True)
-        if field.default is not dataclasses.MISSING and name != "ami_alias":  # the pool's alias defaults to karpenter's
+        if field.default is not dataclasses.MISSING and name not in _TRANSLATED:
             assert config_default == field.default or (list(field.default) == config_default), name
+    # An unshared pool's translated sharing is the spec's default.
+    pool = GpuPoolConfig(name="p", gpu_type="l4", gpus_per_node=1, capacity_types=["spot"], max_gpus=1)
+    assert pool.sharing_spec() == GpuPoolSpec.sharing
 
 
 def test_fsx_args_rename_and_build_the_associations(prod):
