@@ -73,8 +73,9 @@ _H200_141GB = _profiles(
     ("7g.141gb", 7, 8, 130.5, 1, (0,)),
 )
 
-# Keyed by the platform's GPU type names (workloads.gpu_catalog). Any type not listed has no MIG
-# (L4, A10G, L40S: the guide lists only A30, A100, H100, H200, GH200, B200 and later).
+# Keyed by the platform's GPU type names (catalog/gpus.py GPU_TYPES; tests/catalog checks it). Any
+# type not listed has no MIG (L4, A10G, L40S: the guide lists only A30, A100, H100, H200, GH200,
+# B200 and later).
 MIG_PROFILES: Mapping[str, Mapping[str, MigProfile]] = {
     "a100": _A100_40GB,
     "a100-80gb": _80GB,

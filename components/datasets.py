@@ -21,6 +21,15 @@ from typing import Iterator, Mapping, Optional, Sequence, Union
 import pulumi
 import pulumi_aws as aws
 
+from catalog.gpus import SPOT_NOTICE_SECONDS  # noqa: F401  (re-exported)
+from catalog.limits import (  # noqa: F401  (re-exported)
+    FSX_CAPACITY_STEP_GIB as CAPACITY_STEP_GIB,
+    FSX_FIRST_CAPACITY_GIB as FIRST_CAPACITY_GIB,
+    FSX_MAX_DATA_REPOSITORY_ASSOCIATIONS as MAX_DATA_REPOSITORY_ASSOCIATIONS,
+    FSX_THROUGHPUT_TIERS_MB_PER_TIB as THROUGHPUT_TIERS_MB_PER_TIB,
+    LUSTRE_PORTS,
+    LUSTRE_VERSION,
+)
 from components.bucket import AccessLogBucket, LifecycleRule, SecureBucket, SecureBucketArgs
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_object
@@ -36,15 +45,7 @@ from workloads.s3_storage import (
     EfsVolumeSpec, MountpointVolumeSpec, efs_persistent_volume, mountpoint_persistent_volume, static_claim,
 )
 
-# -- FSx for Lustre PERSISTENT_2 facts ------------------------------------------------------
-FIRST_CAPACITY_GIB = 1200
-CAPACITY_STEP_GIB = 2400
-THROUGHPUT_TIERS_MB_PER_TIB = (125, 250, 500, 1000)
-MAX_DATA_REPOSITORY_ASSOCIATIONS = 8
-LUSTRE_VERSION = "2.15"
-# Lustre: 988 for LNet, 1018-1023 for the clients' privileged source ports.
-LUSTRE_PORTS = ((988, 988), (1018, 1023))
-SPOT_NOTICE_SECONDS = 120
+# -- FSx for Lustre PERSISTENT_2 (capacity steps, tiers, ports: catalog/limits.py) ----------------
 # FSx reaches a linked bucket through this per-file-system service-linked role.
 FSX_S3_SLR_PATH = "role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/AWSServiceRoleForFSxS3Access_"
 # bf16 weights (2) + fp32 master weights (4) + Adam moments (4 + 4) + bf16 grads (2).

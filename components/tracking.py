@@ -49,6 +49,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import pulumi
 import pulumi_aws as aws
 
+from catalog.limits import FARGATE_CPU_UNITS, MAX_ACU, MAX_AUTO_PAUSE_SECONDS, MIN_AUTO_PAUSE_SECONDS
 from components.bucket import LifecycleRule, SecureBucket, SecureBucketArgs
 from components.cluster import Cluster
 from components.images import ECR_PULL_ACTIONS
@@ -77,10 +78,6 @@ from components.validation import Problem, accepts_enum_values, raise_if_any
 from components.versions import AURORA_POSTGRESQL_VERSION, SECRETS_MANAGER_POSTGRES_ROTATION_APP
 
 TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"  # TLS 1.3 and 1.2 only
-MIN_AUTO_PAUSE_SECONDS = 300
-MAX_AUTO_PAUSE_SECONDS = 86400
-MAX_ACU = 256
-FARGATE_CPU_UNITS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 DATABASE_NAME = "mlflow"
 # The Aurora master user (RDS-managed password). The name is kept from before the server had
 # its own user: renaming a cluster's master user replaces the cluster.

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from catalog.regions import partition_of
 from components.ci_access import reader_role_name
 from infra.config import AccountConfig, PlatformConfig
-from infra.regions import partition_of
 
 ACCOUNT_KEYS = ("automation", "workload", "logging")
 

@@ -10,6 +10,7 @@ import datetime as dt
 import os
 from typing import Any, Iterator
 
+from catalog.regions import partition_of
 from components.ci_access import (
     DEPLOY_SESSION_SECONDS,
     CiAccess,
@@ -27,7 +28,6 @@ from infra.config.ci import OidcProviderMode
 from infra.costs import CostLine
 from infra.recording import Recording
 from infra.platform import Platform
-from infra.regions import partition_of
 
 READ_ONLY_ENV = "ML_PLATFORM_READ_ONLY"
 

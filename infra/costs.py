@@ -14,7 +14,6 @@ from typing import Any, Iterator, Union
 from components.versions import EKS_VERSIONS
 from infra.config import PlatformConfig
 from infra.recording import Recording
-from workloads.gpu_catalog import gpu_type
 from workloads.prices import HOURS_PER_MONTH, SPOT_DISCOUNT, STACK_PRICES, InstancePrice, UnitPrice, price
 
 # Stated assumptions of an idle month (traffic that happens with no job running).
@@ -199,12 +198,9 @@ def alarms(recording: Recording) -> Iterator[CostLine]:
 def gpu_pool_rates(config: PlatformConfig) -> list[str]:
     lines = []
     for pool in config.gpu_pools:
-        for shape in gpu_type(pool.gpu_type).shapes_for(pool.gpus_per_node, efa=pool.efa):
-            try:
-                rate = price(shape.instance_type)
-            except KeyError:
-                lines.append(f"GPU pool {pool.name}: {shape.instance_type}: no price in workloads/prices.py")
-                continue
+        # catalog/gpus.py refuses a shape without a price at import: every shape has one.
+        for shape in pool.spec(config.karpenter.ami_alias).shapes:
+            rate = price(shape.instance_type)
             lines.append(f"GPU pool {pool.name}: {shape.instance_type} ${rate.on_demand_usd_per_hour:,.2f}/node-hour "
                          f"on-demand, ~${rate.spot_usd_per_hour:,.2f} spot (estimate), 0 while scaled to zero")
         if pool.capacity_reservation_ids:

@@ -7,14 +7,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Iterator
 
-from components.bucket import LifecycleRule
 from components.datasets import (
     SPOT_NOTICE_SECONDS,
     DatasetBucket,
     Datasets,
     DatasetsArgs,
     DatasetsStorage,
-    FsxArgs,
     checkpoint_seconds,
     fsx_log_group_name,
     write_throughput_mb_per_s,
@@ -22,20 +20,10 @@ from components.datasets import (
 from components.versions import addon_versions
 from infra import costs
 from infra.capability import Capability
-from infra.config import BucketLifecycleConfig, PlatformConfig, dra_spec
+from infra.config import PlatformConfig
 from infra.costs import CostLine
 from infra.recording import Recording
 from infra.platform import Platform, datasets_name
-
-
-def lifecycle_rules(rule_id: str, lifecycle: BucketLifecycleConfig) -> list[LifecycleRule]:
-    return [LifecycleRule(
-        id=rule_id,
-        transition_to_infrequent_access_days=lifecycle.transition_to_infrequent_access_days,
-        transition_to_glacier_days=lifecycle.transition_to_glacier_days,
-        expiration_days=lifecycle.expiration_days,
-        noncurrent_version_expiration_days=lifecycle.noncurrent_version_expiration_days,
-    )]
 
 
 def log_group_names(config: PlatformConfig) -> list[str]:
@@ -57,23 +45,13 @@ def deploy(platform: Platform) -> dict[str, Any]:
         DatasetsArgs(
             network=platform.network, cluster=platform.cluster, storage=datasets_config.storage,
             posix_ids={team.namespace: team.uid for team in config.scheduling.teams},
-            fsx=None if fsx is None else FsxArgs(
-                storage_capacity_gib=fsx.storage_capacity_gib,
-                throughput_mb_per_tib=fsx.per_unit_storage_throughput_mb_per_tib,
-                associations=[dra_spec(d) for d in fsx.data_repository_associations],
-                subnet_index=fsx.subnet_index,
-                automatic_backup_retention_days=fsx.automatic_backup_retention_days,
-                daily_automatic_backup_start_time=fsx.daily_automatic_backup_start_time,
-                weekly_maintenance_start_time=fsx.weekly_maintenance_start_time,
-                log_level=fsx.log_level, log_retention_days=fsx.log_retention_days,
-                data_compression=fsx.data_compression,
-            ),
+            fsx=None if fsx is None else fsx.args(),
             namespaces=config.team_namespaces, namespace_resources=platform.team_namespace_resources(),
             access_logs_bucket=platform.access_log_bucket("workload"),
             log_kms_key=platform.log_group_key.key if platform.log_group_key else None,
-            datasets_lifecycle=lifecycle_rules("datasets", datasets_config.datasets_bucket),
-            checkpoints_lifecycle=lifecycle_rules("checkpoints", datasets_config.checkpoints_bucket),
-            # The builds of the cluster's own Kubernetes minor (components/versions.py EKS_RELEASES).
+            datasets_lifecycle=[datasets_config.datasets_bucket.rule("datasets")],
+            checkpoints_lifecycle=[datasets_config.checkpoints_bucket.rule("checkpoints")],
+            # The builds of the cluster's own Kubernetes minor (catalog/versions.py EKS_RELEASES).
             addon_version=releases["aws-fsx-csi-driver"],
             mountpoint_addon_version=releases["aws-mountpoint-s3-csi-driver"],
             efs_addon_version=releases["aws-efs-csi-driver"],

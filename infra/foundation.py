@@ -13,7 +13,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import pulumi
 import pulumi_aws as aws
 
-from components.cluster import Cluster, ClusterArgs, NodeGroupArgs, control_plane_log_group_name
+from components.cluster import Cluster, control_plane_log_group_name
 from components.kms import LogGroupKey, LogGroupKeyArgs
 from components.log_archive import (
     FLOW_LOGS_PREFIX,
@@ -21,18 +21,16 @@ from components.log_archive import (
     AuditTrailArgs,
     AuditTrailSources,
     LogArchive,
-    LogArchiveArgs,
     s3_object_events,
 )
 from components.datasets import DatasetBucket, bucket_arn_prefix
-from components.network import Network, NetworkArgs
+from components.network import Network
 from components.versions import (
     EKS_EXTENDED_USD_PER_HOUR,
     EKS_RELEASES,
     EKS_STANDARD_USD_PER_HOUR,
     EKS_VERSIONS,
     HOURS_PER_MONTH,
-    addon_versions,
     ami_release_date,
 )
 from infra import costs
@@ -115,19 +113,13 @@ def build_platform(config: PlatformConfig, log_groups: Sequence[str], *, read_on
     archive_access_logs = access_log_bucket(config, providers, "logging")
     log_archive = LogArchive(
         f"{config.name}-log-archive",
-        LogArchiveArgs(
+        config.log_archive.args(
             flow_log_account_ids=[config.accounts.workload.id],
             audit_trail=_trail_sources(config),
-            transition_to_infrequent_access_days=config.log_archive.transition_to_infrequent_access_days,
-            transition_to_glacier_days=config.log_archive.transition_to_glacier_days,
-            expiration_days=config.log_archive.expiration_days,
-            noncurrent_version_expiration_days=config.log_archive.noncurrent_version_expiration_days,
-            object_lock_retention_days=config.object_lock_retention_days,
+            object_lock_retention_days=config.object_lock_retention_days,  # 365 in prod when unset
             # COMPLIANCE in prod: not even the logging account's root can shorten or lift it.
             object_lock_mode="COMPLIANCE" if config.is_prod else "GOVERNANCE",
-            break_glass_role_name=config.log_archive.break_glass_role_name,
             access_logs_bucket=archive_access_logs,
-            kms_key_deletion_window_days=config.log_archive.kms_key_deletion_window_days,
             protect=config.protect_stateful,
             tags=tags,
         ),
@@ -139,54 +131,32 @@ def build_platform(config: PlatformConfig, log_groups: Sequence[str], *, read_on
         LogGroupKeyArgs(log_group_names=list(log_groups), protect=config.protect_stateful, tags=tags),
         opts=pulumi.ResourceOptions(providers={"aws": providers.workload}),
     )
-    net = config.network
     network = Network(
         f"{config.name}-network",
-        NetworkArgs(
-            cidr=str(net.cidr),
-            availability_zones=list(net.availability_zones),
-            private_subnet_cidrs=[str(c) for c in net.private_subnet_cidrs],
-            public_subnet_cidrs=[str(c) for c in net.public_subnet_cidrs],
+        config.network.args(
             cluster_name=config.cluster_name,
             flow_logs_bucket=log_archive.bucket,
             flow_logs_prefix=FLOW_LOGS_PREFIX,
             flow_logs_bucket_policy=log_archive.policy,
-            nat=net.nat,
-            interface_endpoints=config.interface_endpoints,
-            flow_logs_traffic_type=net.flow_logs.traffic_type,
-            flow_logs_max_aggregation_interval_seconds=net.flow_logs.max_aggregation_interval_seconds,
+            interface_endpoints=config.interface_endpoints,  # on in prod when unset
             tags=tags,
         ),
         opts=pulumi.ResourceOptions(providers={"aws": providers.workload}),
     )
-    cl = config.cluster
-    group = cl.system_node_group
     namespace_editors: dict[str, list[str]] = {}
     for team in config.scheduling.teams:
         for arn in team.role_arns:
             namespace_editors.setdefault(arn, []).append(team.namespace)
     cluster = Cluster(
         f"{config.name}-cluster",
-        ClusterArgs(
+        config.cluster.args(
+            is_prod=config.is_prod,
             cluster_name=config.cluster_name,
-            version=cl.version,
-            # Each stack installs the add-on builds of its own minor, so dev upgrades first.
-            addon_versions=addon_versions(cl.version),
-            upgrade_policy=cl.upgrade_policy,
             network=network,
-            system_node_group=NodeGroupArgs(
-                instance_types=list(group.instance_types), min_size=group.min_size, max_size=group.max_size,
-                desired_size=group.desired_size, disk_size_gib=group.disk_size_gib,
-                capacity_type=group.capacity_type.value, release_version=group.release_version,
-            ),
-            public_access_cidrs=[str(c) for c in cl.public_access_cidrs],
-            admin_role_arns=list(cl.admin_role_arns) + ([cl.deploy_role_arn] if cl.deploy_role_arn else []),
             # Unchanged in read-only previews: they exclude the in-cluster resources (infra.deploy).
             kubeconfig_role_arn=config.accounts.workload.role_arn,
             namespace_editors=namespace_editors,
-            log_retention_days=cl.log_retention_days,
             log_kms_key=log_group_key.key,
-            deletion_protection=cl.deletion_protection if cl.deletion_protection is not None else config.is_prod,
             protect=config.protect_stateful,
             tags=tags,
         ),
@@ -305,7 +275,7 @@ def _version_age(config: PlatformConfig, recording: Recording, today: dt.date | 
                    f"(> {AMI_ALIAS_MAX_AGE_DAYS}): move cluster.systemNodeGroup.releaseVersion to the current "
                    f"`aws ssm get-parameter --name {ssm}`")
     if (today - release.verified).days > VERSION_ROW_MAX_AGE_DAYS:
-        yield (f"the EKS {config.cluster.version} add-on builds (components/versions.py EKS_RELEASES) were last checked "
+        yield (f"the EKS {config.cluster.version} add-on builds (catalog/versions.py EKS_RELEASES) were last checked "
                f"{release.verified} ({(today - release.verified).days} days ago): compare with `aws eks describe-addon-versions "
                f"--kubernetes-version {config.cluster.version}` and bump them")
 

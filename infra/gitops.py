@@ -11,7 +11,7 @@ from typing import Any, Iterator, Optional
 import pulumi
 
 from components.argo_workflows import ArgoWorkflows, ArgoWorkflowsArgs
-from components.argocd import ArgoCD, ArgoCDArgs, SecretSource, SsoArgs
+from components.argocd import ArgoCD, ArgoCDArgs
 from components.versions import ARGO_WORKFLOWS_APP_VERSION, ARGOCD_APP_VERSION, ARGOCD_CHART_VERSION
 from infra.capability import Capability
 from infra.config import GitopsConfig, PlatformConfig, SecretSourceConfig
@@ -46,27 +46,15 @@ def gitops_spec(config: PlatformConfig, stack: str) -> gitops.GitOpsSpec:
         platform=config.name, repo_url=g.repo_url, target_revision=g.target_revision,
         rendered_path=rendered_path(config, stack), namespaces=tuple(sorted(config.team_namespaces)),
         sync_mode=sync_mode(config),
-        sync_windows=tuple(gitops.SyncWindowSpec(kind=gitops.WindowKind(w.kind), schedule=w.schedule,
-                                                 duration=w.duration, time_zone=w.time_zone, manual_sync=w.manual_sync)
-                           for w in g.sync_windows),
+        sync_windows=tuple(w.spec() for w in g.sync_windows),
     )
-
-
-def _source(source: Optional[SecretSourceConfig]) -> Optional[SecretSource]:
-    if source is None:
-        return None
-    return SecretSource(secrets_manager_secret_id=source.secrets_manager_secret_id, existing_secret=source.existing_secret)
 
 
 def argocd_args(config: PlatformConfig, stack: str, cluster: Any) -> ArgoCDArgs:
     g: GitopsConfig = config.gitops  # type: ignore[assignment]
-    sso = None
-    if g.sso is not None:
-        sso = SsoArgs(issuer=g.sso.issuer, client_id=g.sso.client_id, client_secret=_source(g.sso.client_secret),  # type: ignore[arg-type]
-                      admin_groups=tuple(g.sso.admin_groups), readonly_groups=tuple(g.sso.readonly_groups),
-                      scopes=tuple(g.sso.scopes))
     return ArgoCDArgs(cluster=cluster, gitops=gitops_spec(config, stack), domain=g.domain, ha=is_ha(config),
-                      repo_credentials=_source(g.repo_credentials), sso=sso)
+                      repo_credentials=g.repo_credentials.args() if g.repo_credentials else None,
+                      sso=g.sso.args() if g.sso else None)
 
 
 def deploy(platform: Platform) -> dict[str, Any]:

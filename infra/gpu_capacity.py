@@ -21,29 +21,13 @@ from workloads import gpu_sharing
 from workloads.gpu_catalog import SPOT_NOTICE_SECONDS, gpu_type
 from workloads.gpu_sharing import PoolSharing
 from workloads.prices import PRICES, SPOT_DISCOUNT
-from workloads.karpenter import CapacityType, CpuPoolSpec, GpuPoolSpec, duration_seconds
+from workloads.karpenter import CpuPoolSpec, duration_seconds
 
 NODE_POOL_TYPE = "kubernetes:karpenter.sh/v1:NodePool"
 
 
-def pool_spec(config: PlatformConfig, pool: GpuPoolConfig) -> GpuPoolSpec:
-    return GpuPoolSpec(
-        name=pool.name, gpu_type=pool.gpu_type, gpus_per_node=pool.gpus_per_node,
-        capacity_types=tuple(pool.capacity_types), max_gpus=pool.max_gpus, efa=pool.efa, zones=tuple(pool.zones),
-        capacity_reservation_ids=tuple(pool.capacity_reservation_ids), root_volume_gib=pool.root_volume_gib,
-        consolidate_after=pool.consolidate_after, expire_after=pool.expire_after,
-        termination_grace_period_seconds=pool.termination_grace_period_seconds,
-        ami_alias=pool.ami_alias or config.karpenter.ami_alias, consolidation_policy=pool.consolidation_policy,
-        weight=pool.weight, sharing=pool.sharing_spec(),
-    )
-
-
 def cpu_pool_spec(config: PlatformConfig) -> Optional[CpuPoolSpec]:
-    cpu = config.karpenter.cpu_pool
-    if not cpu.enabled:
-        return None
-    return CpuPoolSpec(capacity_types=tuple(cpu.capacity_types), max_cpu=cpu.max_cpu, max_memory_gib=cpu.max_memory_gib,
-                       root_volume_gib=cpu.root_volume_gib, ami_alias=config.karpenter.ami_alias)
+    return config.karpenter.cpu_pool.spec(config.karpenter.ami_alias)
 
 
 def tenancy_spec(team: TeamConfig) -> tenancy.TeamTenancy:
@@ -91,14 +75,13 @@ def team_specs(config: PlatformConfig, s3_prefix_list_cidrs: Any = None,
                 annotations=tenancy_.namespace_annotations(),
                 s3_prefix_list_cidrs=s3_prefix_list_cidrs, service_cidr=service_cidr,
             ),
-            kueue.TeamQueueSpec(team=team.name, namespace=ns, gpu_quota=dict(team.gpu_quota),
-                                fair_sharing_weight=team.fair_sharing_weight, borrowing=team.borrowing),
+            team.copy_into(kueue.TeamQueueSpec, team=team.name, namespace=ns),
         ))
     return out
 
 
 def flavor_specs(config: PlatformConfig) -> list[kueue.FlavorSpec]:
-    specs = [pool_spec(config, p) for p in config.gpu_pools]
+    specs = [p.spec(config.karpenter.ami_alias) for p in config.gpu_pools]
     return [kueue.FlavorSpec(name=s.name, node_labels=s.node_labels, max_gpus=s.max_gpus, gpus_per_node=s.gpus_per_node,
                              efa_devices_per_node=s.shapes[0].num_efa_network_cards if s.efa else 0,
                              slices_per_gpu=s.sharing.slices_per_gpu())
@@ -114,7 +97,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
         opts=platform.workload_opts(),
     )
     replicas = config.karpenter.replicas or (2 if config.is_prod else 1)
-    pools = [pool_spec(config, p) for p in config.gpu_pools]
+    pools = [p.spec(config.karpenter.ami_alias) for p in config.gpu_pools]
     karpenter = Karpenter(
         f"{config.name}-karpenter",
         KarpenterArgs(cluster=cluster, prerequisites=prerequisites, replicas=replicas, log_level=config.karpenter.log_level,
@@ -130,11 +113,8 @@ def deploy(platform: Platform) -> dict[str, Any]:
     enablement = config.gpu_enablement
     GpuEnablement(
         f"{config.name}-gpu-enablement",
-        GpuEnablementArgs(cluster=cluster, mode=enablement.mode, dcgm_exporter=enablement.dcgm_exporter,
-                          service_monitor=enablement.service_monitor,
-                          prometheus_operator_crds=enablement.prometheus_operator_crds, efa=any(p.efa for p in pools),
-                          node_health_image=enablement.node_health_image,
-                          pool_sharing={p.name: p.sharing for p in pools if p.sharing.shared}),
+        enablement.copy_into(GpuEnablementArgs, cluster=cluster, efa=any(p.efa for p in pools),
+                             pool_sharing={p.name: p.sharing for p in pools if p.sharing.shared}),
         opts=platform.kubernetes_opts(),
     )
     # The gateway endpoint's cidr_blocks are S3's prefix-list ranges for the region.
@@ -205,7 +185,7 @@ def _gpu_quota_oversubscribed(config: PlatformConfig, recording: Recording) -> I
 
 
 def pool_lines(config: PlatformConfig, pool: GpuPoolConfig) -> list[str]:
-    spec = pool_spec(config, pool)
+    spec = pool.spec(config.karpenter.ami_alias)
     gpu = gpu_type(pool.gpu_type)
     num_nodes = pool.max_gpus // pool.gpus_per_node
     return [

@@ -1,54 +1,17 @@
-"""Upper bounds of config sizes, each from the service limit it mirrors and its source.
-
-A value above one of these fails at `pulumi up` (or deploys something AWS then refuses to
-scale to); the config refuses it first, naming the limit and where it comes from. Quotas
-marked "default, adjustable" are the account defaults: raise the quota in Service Quotas
-first, then the bound here in a reviewed change.
-"""
+"""The config's bound check for the service limits of catalog/limits.py (re-exported here under
+the names the config sections import)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import AfterValidator
 
+from catalog.limits import (  # noqa: F401  (re-exported)
+    AURORA_SERVERLESS_V2_MAX_ACU, EBS_GP3_VOLUME_GIB, EKS_NODES_PER_MANAGED_NODE_GROUP, FSX_BACKUP_RETENTION_DAYS,
+    FSX_IMPORTED_FILE_CHUNK_MIB, FSX_LUSTRE_STORAGE_GIB, KARPENTER_NODEPOOL_WEIGHT, KMS_PENDING_WINDOW_DAYS,
+    KUBERNETES_NODES_PER_CLUSTER, RDS_BACKUP_RETENTION_DAYS, Limit,
+)
 from infra.config.engine import invalid
-
-
-@dataclass(frozen=True)
-class Limit:
-    maximum: float
-    what: str
-    source: str
-
-
-EKS_NODES_PER_MANAGED_NODE_GROUP = Limit(
-    450, "Amazon EKS quota 'Nodes per managed node group' (default, adjustable)",
-    "https://docs.aws.amazon.com/eks/latest/userguide/service-quotas.html")
-KUBERNETES_NODES_PER_CLUSTER = Limit(
-    5000, "Kubernetes' largest supported cluster (5,000 nodes)",
-    "https://kubernetes.io/docs/setup/best-practices/cluster-large/")
-FSX_LUSTRE_STORAGE_GIB = Limit(
-    100800, "FSx for Lustre quota 'Lustre Persistent_2 SSD storage capacity' (default, adjustable)",
-    "https://docs.aws.amazon.com/fsx/latest/LustreGuide/limits.html")
-FSX_BACKUP_RETENTION_DAYS = Limit(
-    90, "FSx AutomaticBackupRetentionDays (0-90)",
-    "https://docs.aws.amazon.com/fsx/latest/APIReference/API_CreateFileSystemLustreConfiguration.html")
-FSX_IMPORTED_FILE_CHUNK_MIB = Limit(
-    512000, "FSx ImportedFileChunkSize (1-512,000 MiB)",
-    "https://docs.aws.amazon.com/fsx/latest/APIReference/API_CreateDataRepositoryAssociation.html")
-AURORA_SERVERLESS_V2_MAX_ACU = Limit(
-    256, "Aurora Serverless v2 capacity (0-256 ACU)",
-    "https://docs.aws.amazon.com/AmazonRDS/latest/AuroraUserGuide/aurora-serverless-v2.setting-capacity.html")
-RDS_BACKUP_RETENTION_DAYS = Limit(
-    35, "RDS BackupRetentionPeriod (1-35 days)",
-    "https://docs.aws.amazon.com/AmazonRDS/latest/APIReference/API_CreateDBCluster.html")
-EBS_GP3_VOLUME_GIB = Limit(
-    16384, "EBS gp3 volume size (1-16,384 GiB)",
-    "https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html")
-KMS_PENDING_WINDOW_DAYS = Limit(
-    30, "KMS PendingWindowInDays (7-30)",
-    "https://docs.aws.amazon.com/kms/latest/APIReference/API_ScheduleKeyDeletion.html")
 
 
 def at_most(limit: Limit) -> AfterValidator:
@@ -62,8 +25,3 @@ def at_most(limit: Limit) -> AfterValidator:
         return value
 
     return AfterValidator(check)
-
-
-KARPENTER_NODEPOOL_WEIGHT = Limit(
-    100, "Karpenter NodePool spec.weight (1-100)",
-    "karpenter 1.14.1 CRD karpenter.sh_nodepools.yaml, spec.weight: minimum 1, maximum 100")

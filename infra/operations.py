@@ -30,10 +30,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
             account = key.value
             budget = AccountBudget(
                 f"{platform.config.name}-{account}-monthly",
-                AccountBudgetArgs(limit_usd=limit, alert_emails=list(budgets.alert_emails),
-                                  actual_thresholds_percent=list(budgets.actual_thresholds_percent),
-                                  forecast_threshold_percent=budgets.forecast_threshold_percent,
-                                  tags=platform.config.resource_tags),
+                budgets.copy_into(AccountBudgetArgs, limit_usd=limit, tags=platform.config.resource_tags),
                 # A budget sees the costs of the account it is created in.
                 opts=pulumi.ResourceOptions(providers={"aws": getattr(platform.providers, account)}),
             )
@@ -52,9 +49,8 @@ def deploy(platform: Platform) -> dict[str, Any]:
         # The metric lives in the cluster's account and region, so the alarm does too.
         alarm = GpuIdleAlarm(
             f"{config.name}-gpu-idle",
-            GpuIdleAlarmArgs(container_insights=insights, idle_minutes=alarm_config.idle_minutes,
-                             alert_emails=list(alarm_config.alert_emails), protect=config.protect_stateful,
-                             tags=config.resource_tags),
+            alarm_config.copy_into(GpuIdleAlarmArgs, container_insights=insights, protect=config.protect_stateful,
+                                   tags=config.resource_tags),
             opts=platform.workload_opts())
         outputs["gpu_idle_alarm"] = alarm.alarm.name
         # The monitoring capability routes Alertmanager to this alarm's topic.

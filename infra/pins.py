@@ -2,7 +2,7 @@
 
 Audit 3 (section 3) could not confirm some builds from AWS documents; rather than claim them, the
 offline plan lists each one it deploys with the `aws` (or `docker`) command to run before
-`pulumi up` (``components.versions.UNCONFIRMED_PINS``).
+`pulumi up` (``catalog.versions.UNCONFIRMED_PINS``).
 """
 from __future__ import annotations
 

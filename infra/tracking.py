@@ -25,7 +25,6 @@ from infra import costs
 from infra.capability import Capability
 from infra.config import PlatformConfig
 from infra.costs import CostLine
-from infra.datasets import lifecycle_rules
 from infra.recording import Recording
 from infra.platform import Platform
 
@@ -69,23 +68,14 @@ def deploy(platform: Platform) -> dict[str, Any]:
     database = tracking_config.database
     tracking = Tracking(
         tracking_name(config),
-        TrackingArgs(
-            network=platform.network, cluster=platform.cluster, image=tracking_config.image,
-            domain_name=tracking_config.domain_name,
+        tracking_config.copy_into(
+            TrackingArgs, network=platform.network, cluster=platform.cluster,
             namespaces=config.team_namespaces, namespace_resources=platform.team_namespace_resources(),
-            database=DatabaseArgs(min_capacity_acu=database.min_capacity_acu, max_capacity_acu=database.max_capacity_acu,
-                                  seconds_until_auto_pause=database.seconds_until_auto_pause,
-                                  backup_retention_days=database.backup_retention_days,
-                                  password_rotation_days=database.password_rotation_days,
-                                  # prod: a reader in a second AZ takes over when the writer fails
-                                  num_instances=2 if config.is_prod else 1),
+            # prod: a reader in a second AZ takes over when the writer fails
+            database=database.copy_into(DatabaseArgs, num_instances=2 if config.is_prod else 1),
             image_repository_arn=images.repositories["mlflow"].arn,
-            route53_zone_id=tracking_config.route53_zone_id, scheme=tracking_config.load_balancer_scheme,
-            ingress_cidrs=[str(c) for c in tracking_config.ingress_cidrs], num_workers=tracking_config.num_workers,
-            cpu_units=tracking_config.cpu_units, memory_mib=tracking_config.memory_mib,
-            desired_count=tracking_config.desired_count,
-            admin_username=tracking_config.admin_username, log_retention_days=tracking_config.log_retention_days,
-            artifacts_lifecycle=lifecycle_rules("artifacts", tracking_config.artifacts_bucket),
+            scheme=tracking_config.load_balancer_scheme,
+            artifacts_lifecycle=[tracking_config.artifacts_bucket.rule("artifacts")],
             # S3 delivers server access logs only within the source bucket's account.
             access_logs_bucket=platform.access_log_bucket("workload"), alb_logs_bucket=alb_logs.bucket,
             alb_logs_policy=alb_logs.policy,

@@ -133,7 +133,7 @@ def ensure(tree: VendoredTree, root: Path = ROOT, download: Callable[[str], byte
         if found == tree.tree_id:
             return dest
         raise VendorError(
-            f"{tree.dest} has tree id {found}, pinned {tree.tree_id} (components/versions.py). "
+            f"{tree.dest} has tree id {found}, pinned {tree.tree_id} (catalog/versions.py). "
             f"FIX: delete {tree.dest} and run `python -m infra.vendor` again")
     try:
         archive = download(tree.archive_url)

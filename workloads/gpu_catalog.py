@@ -1,129 +1,16 @@
-"""What each GPU type an ML engineer names means on EC2 (pure data, no Pulumi).
+"""The GPU pool rules of the stack config (pure, yield ``Problem``s): what an ML engineer's pool
+declaration ("h100, 8 per node, EFA") may say, checked against the GPU catalog.
 
-A pool is declared as "h100, 8 per node, EFA": this catalog turns that into the instance
-families and types Karpenter may launch, the value of Karpenter's well-known label
-``karpenter.k8s.aws/instance-gpu-name``, GPU memory, and which sizes have EFA (and how many
-network cards, for the EC2NodeClass's EFA interfaces).
-
-Instance data from the EC2 accelerated-computing instance pages (Nov 2026). Where two GPU types
-share a Karpenter gpu-name (a100 40 GB on p4d, a100 80 GB on p4de), the instance family tells
-them apart.
+The facts themselves (GPU types, their instance shapes, memory, EFA cards, peaks) live in
+catalog/gpus.py and are re-exported here for the modules that import them from this name.
 """
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Sequence
 
+from catalog.gpus import GPU_TYPES, SPOT_NOTICE_SECONDS, GpuType, InstanceShape, gpu_type  # noqa: F401  (re-exported)
 from workloads.problems import Problem
-
-# EC2 gives a spot instance two minutes between the interruption notice and reclaiming it.
-SPOT_NOTICE_SECONDS = 120
-
-
-@dataclass(frozen=True)
-class InstanceShape:
-    """One EC2 instance type of a GPU type."""
-
-    instance_type: str
-    num_gpus: int
-    # 0 = no EFA; otherwise the number of network cards that each get an EFA interface.
-    num_efa_network_cards: int = 0
-
-    @property
-    def family(self) -> str:
-        return self.instance_type.split(".", 1)[0]
-
-    @property
-    def efa(self) -> bool:
-        return self.num_efa_network_cards > 0
-
-
-@dataclass(frozen=True)
-class GpuType:
-    """A GPU model as ML engineers name it, and where EC2 offers it."""
-
-    name: str  # the config value: "h100"
-    karpenter_gpu_name: str  # value of karpenter.k8s.aws/instance-gpu-name
-    gpu_memory_gib: int
-    shapes: tuple[InstanceShape, ...] = field(default_factory=tuple)
-    description: str = ""
-
-    @property
-    def families(self) -> tuple[str, ...]:
-        return tuple(sorted({s.family for s in self.shapes}))
-
-    @property
-    def gpus_per_node_options(self) -> tuple[int, ...]:
-        return tuple(sorted({s.num_gpus for s in self.shapes}))
-
-    @property
-    def efa_gpus_per_node_options(self) -> tuple[int, ...]:
-        return tuple(sorted({s.num_gpus for s in self.shapes if s.efa}))
-
-    @property
-    def supports_efa(self) -> bool:
-        return any(s.efa for s in self.shapes)
-
-    def shapes_for(self, num_gpus: int, *, efa: bool) -> tuple[InstanceShape, ...]:
-        """Instance types a pool of ``num_gpus`` GPUs per node may launch.
-
-        With EFA, only EFA-capable types that share the first one's network-card layout: one
-        EC2NodeClass describes one set of EFA interfaces, and a layout with fewer cards than the
-        instance has would leave bandwidth unused.
-        """
-        shapes = tuple(s for s in self.shapes if s.num_gpus == num_gpus and (s.efa or not efa))
-        if efa and shapes:
-            shapes = tuple(s for s in shapes if s.num_efa_network_cards == shapes[0].num_efa_network_cards)
-        return shapes
-
-
-def _g_family(family: str, *, efa_cards_48xl: int) -> tuple[InstanceShape, ...]:
-    """g5 / g6 / g6e share one size ladder: 1 GPU up to 16xlarge, 4 GPUs at 12/24xlarge, 8 at 48xlarge.
-
-    EFA exists from 8xlarge up (one network card, except 48xlarge).
-    """
-    return (
-        InstanceShape(f"{family}.xlarge", 1),
-        InstanceShape(f"{family}.2xlarge", 1),
-        InstanceShape(f"{family}.4xlarge", 1),
-        InstanceShape(f"{family}.8xlarge", 1, 1),
-        InstanceShape(f"{family}.16xlarge", 1, 1),
-        InstanceShape(f"{family}.12xlarge", 4, 1),
-        InstanceShape(f"{family}.24xlarge", 4, 1),
-        InstanceShape(f"{family}.48xlarge", 8, efa_cards_48xl),
-    )
-
-
-GPU_TYPES: Mapping[str, GpuType] = {
-    t.name: t
-    for t in (
-        GpuType("a100", "a100", 40, (InstanceShape("p4d.24xlarge", 8, 4),), "NVIDIA A100 40 GB (p4d)"),
-        GpuType("a100-80gb", "a100", 80, (InstanceShape("p4de.24xlarge", 8, 4),), "NVIDIA A100 80 GB (p4de)"),
-        GpuType(
-            "h100", "h100", 80,
-            # p5.4xlarge (1 GPU) is listed without EFA here: multi-node jobs use p5.48xlarge.
-            (InstanceShape("p5.48xlarge", 8, 32), InstanceShape("p5.4xlarge", 1)),
-            "NVIDIA H100 80 GB (p5)",
-        ),
-        GpuType(
-            "h200", "h200", 141,
-            # p5en first: an EFA pool uses one network-card layout (see shapes_for).
-            (InstanceShape("p5en.48xlarge", 8, 16), InstanceShape("p5e.48xlarge", 8, 32)),
-            "NVIDIA H200 141 GB (p5e, p5en)",
-        ),
-        GpuType("l4", "l4", 24, _g_family("g6", efa_cards_48xl=1), "NVIDIA L4 24 GB (g6)"),
-        GpuType("a10g", "a10g", 24, _g_family("g5", efa_cards_48xl=1), "NVIDIA A10G 24 GB (g5)"),
-        GpuType("l40s", "l40s", 48, _g_family("g6e", efa_cards_48xl=4), "NVIDIA L40S 48 GB (g6e)"),
-    )
-}
-
-
-def gpu_type(name: str) -> GpuType:
-    try:
-        return GPU_TYPES[name]
-    except KeyError:
-        raise KeyError(f"unknown GPU type {name!r}; known: {', '.join(sorted(GPU_TYPES))}") from None
 
 
 # -- config rules (pure; called from the infra.config section rules) ----------------------------

@@ -15,21 +15,13 @@ import json
 import os
 from typing import Any, Optional
 
+from catalog.gpus import gpu_type_for_device
+
 MEASUREMENTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_measurements.json")
 
-# torch.cuda.get_device_name() substrings -> workloads.gpu_catalog GPU type; longest first so
-# "L40S" is not read as "L4", and the A100 memory size picks the 40 or 80 GB type.
-_NAME_TO_TYPE = (("H200", "h200"), ("H100", "h100"), ("L40S", "l40s"), ("A10G", "a10g"), ("L4", "l4"), ("A100", "a100"))
-
-
 def gpu_type_for(device_name: str, memory_gib: float) -> Optional[str]:
-    upper = device_name.upper()
-    for key, gpu_type in _NAME_TO_TYPE:
-        if key in upper:
-            if gpu_type == "a100" and memory_gib > 60:
-                return "a100-80gb"
-            return gpu_type
-    return None
+    """The catalog GPU type of a device (catalog/gpus.py), or None for one no pool offers."""
+    return gpu_type_for_device(device_name, memory_gib)
 
 
 def load(path: str = MEASUREMENTS_FILE) -> dict[str, dict[str, Any]]:

@@ -73,7 +73,7 @@ cluster = Cluster(
     ClusterArgs(
         cluster_name=cluster_name,
         version="1.32",
-        # 1.32 is past standard support (components/versions.py): STANDARD would have AWS upgrade
+        # 1.32 is past standard support (catalog/versions.py): STANDARD would have AWS upgrade
         # the control plane on its own schedule; EXTENDED keeps it until you upgrade (and costs more).
         upgrade_policy=UpgradePolicy.EXTENDED,
         network=network,

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Iterator, Optional
+from typing import Annotated, Any, Iterator, Optional
 
 from pydantic import Field, field_validator
 
 from components.cluster import UpgradePolicy
 from components.cluster import ClusterArgs, NodeGroupArgs
 from components.validation import Problem
-from components.versions import DEFAULT_EKS_VERSION, EKS_VERSIONS
+from components.versions import DEFAULT_EKS_VERSION, EKS_VERSIONS, addon_versions
 from infra import limits
 from infra.config.accounts import AccountConfig
 from infra.config.common import (
@@ -23,7 +23,7 @@ class NodeGroupConfig(_Model):
     """Static CPU managed node group that runs the cluster's controllers."""
 
     instance_types: list[str] = Field(min_length=1, description="e.g. [m7i.xlarge]")
-    capacity_type: CapacityType = CapacityType.ON_DEMAND
+    capacity_type: CapacityType = CapacityType(NodeGroupArgs.capacity_type)
     min_size: Annotated[int, at_most(limits.EKS_NODES_PER_MANAGED_NODE_GROUP)] = Field(ge=0)
     max_size: Annotated[int, at_most(limits.EKS_NODES_PER_MANAGED_NODE_GROUP)] = Field(ge=1)
     desired_size: Annotated[int, at_most(limits.EKS_NODES_PER_MANAGED_NODE_GROUP)] = Field(ge=0)
@@ -49,6 +49,9 @@ class NodeGroupConfig(_Model):
         if bad:
             raise invalid(f"{bad} are not EC2 instance types", "use names such as m7i.xlarge")
         return value
+
+    def args(self) -> NodeGroupArgs:
+        return self.copy_into(NodeGroupArgs)
 
 
 class ClusterConfig(_Model):
@@ -91,6 +94,15 @@ class ClusterConfig(_Model):
     @classmethod
     def _retention(cls, value: int) -> int:
         return check_log_retention(value)
+
+    def args(self, *, is_prod: bool, **wiring: Any) -> ClusterArgs:
+        """The control plane's Args: the deploy role joins the admins, deletion protection defaults
+        to on in prod, and the add-on builds are those of this Kubernetes minor (dev upgrades first)."""
+        return self.copy_into(
+            ClusterArgs, system_node_group=self.system_node_group.args(), addon_versions=addon_versions(self.version),
+            admin_role_arns=list(self.admin_role_arns) + ([self.deploy_role_arn] if self.deploy_role_arn else []),
+            deletion_protection=self.deletion_protection if self.deletion_protection is not None else is_prod,
+            **wiring)
 
 
 def _node_group_sizes(min_size: int, max_size: int, desired_size: int) -> Iterator[Problem]:

@@ -3,19 +3,34 @@ and the rules more than one section applies (log retention in prod, internet exp
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import ipaddress
 import re
 import unicodedata
 from enum import Enum
-from typing import Annotated, Any, Iterator, Optional
+from typing import Annotated, Any, Iterator, Optional, TypeVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, PlainSerializer
 from pydantic.alias_generators import to_camel
 
+from catalog.regions import PARTITION_OF_REGION, partition_of
 from components.validation import Problem
 from infra.config.engine import Rule, invalid
-from infra.regions import PARTITION_OF_REGION, partition_of
+
+T = TypeVar("T")
+
+
+def _spec_value(value: Any, annotation: str) -> Any:
+    if isinstance(value, ipaddress.IPv4Network):
+        return str(value)
+    if isinstance(value, list):
+        items = [_spec_value(v, "") for v in value]
+        return tuple(items) if annotation.startswith(("Sequence", "tuple", "Tuple")) else items
+    if isinstance(value, Enum) and annotation == "str":
+        return value.value
+    return value
+
 
 _ACCOUNT_ID = re.compile(r"^\d{12}$")
 _ROLE_ARN = re.compile(r"^arn:(aws|aws-us-gov|aws-cn):iam::(\d{12}):role/[\w+=,.@/-]{1,512}$")
@@ -47,6 +62,26 @@ class _Model(BaseModel):
         # .inf and .nan are valid YAML floats that no AWS size or period accepts.
         allow_inf_nan=False,
     )
+
+    def copy_into(self, target: type[T], /, **given: Any) -> T:
+        """``target`` (a component's frozen Args or a manifest spec) built from this section.
+
+        Every field the two share by name is copied (a CIDR as its string, a list as a tuple where
+        the target declares a Sequence, an enum as its value where the target wants a ``str``);
+        ``given`` supplies what the section does not hold (other components, platform-wide
+        settings) and overrides a shared field whose meaning differs. A shared field that is itself
+        a config section must be given: its translation is that section's own.
+        """
+        fields = {f.name: f for f in dataclasses.fields(target)}
+        values: dict[str, Any] = {}
+        for name in type(self).model_fields:
+            if name not in fields or name in given:
+                continue
+            value = getattr(self, name)
+            if isinstance(value, BaseModel):
+                raise TypeError(f"{type(self).__name__}.{name} is a section: pass {target.__name__}'s {name}= explicitly")
+            values[name] = _spec_value(value, str(fields[name].type))
+        return target(**values, **given)
 
 
 def _ipv4_network(value: Any) -> ipaddress.IPv4Network:
@@ -83,7 +118,7 @@ def _check_region(value: str) -> str:
         close = difflib.get_close_matches(value, sorted(PARTITION_OF_REGION), n=1)
         hint = f"did you mean {close[0]}? " if close else ""
         raise invalid(
-            "is not a region of the aws, aws-cn or aws-us-gov partitions (table: infra/regions.py, from botocore's endpoints.json)",
+            "is not a region of the aws, aws-cn or aws-us-gov partitions (table: catalog/regions.py, from botocore's endpoints.json)",
             f"{hint}use a region name such as us-west-2",
         )
     return value

@@ -27,6 +27,9 @@ class BucketLifecycleConfig(_Model):
     expiration_days: Optional[int] = Field(None, ge=1, description="Current objects are deleted after this.")
     noncurrent_version_expiration_days: int = Field(LifecycleRule.noncurrent_version_expiration_days, ge=1, description="Overwritten/deleted versions kept this long.")
 
+    def rule(self, rule_id: str) -> LifecycleRule:
+        return self.copy_into(LifecycleRule, id=rule_id)
+
 
 class DataRepositoryAssociationConfig(_Model):
     """A file system directory linked to an S3 prefix of the datasets or checkpoints bucket."""
@@ -38,6 +41,9 @@ class DataRepositoryAssociationConfig(_Model):
     export_events: list[FsxEvent] = Field(default_factory=lambda: list(FsxEvent), description="FSx -> S3: NEW, CHANGED, DELETED.")
     batch_import_metadata_on_create: bool = Field(True, description="List the S3 objects into the file system at creation.")
     imported_file_chunk_size_mib: Annotated[int, at_most(limits.FSX_IMPORTED_FILE_CHUNK_MIB)] = Field(DataRepositoryAssociationSpec.imported_file_chunk_size_mib, ge=1)
+
+    def spec(self) -> DataRepositoryAssociationSpec:
+        return self.copy_into(DataRepositoryAssociationSpec)
 
     @field_validator("prefix")
     @classmethod
@@ -58,6 +64,10 @@ class FsxConfig(_Model):
     log_level: FsxLogLevel = FsxArgs.log_level
     log_retention_days: int = Field(FsxArgs.log_retention_days, description="CloudWatch retention of FSx event logs; prod: 365 or more.")
     data_compression: bool = FsxArgs.data_compression
+
+    def args(self) -> FsxArgs:
+        return self.copy_into(FsxArgs, throughput_mb_per_tib=self.per_unit_storage_throughput_mb_per_tib,
+                              associations=[d.spec() for d in self.data_repository_associations])
 
     @field_validator("log_retention_days")
     @classmethod
@@ -110,12 +120,7 @@ def _fsx_subnet(availability_zones, subnet_index: int) -> Iterator[Problem]:
 
 
 def dra_spec(dra: DataRepositoryAssociationConfig) -> DataRepositoryAssociationSpec:
-    return DataRepositoryAssociationSpec(
-        file_system_path=dra.file_system_path, bucket=dra.bucket, prefix=dra.prefix,
-        import_events=tuple(dra.import_events), export_events=tuple(dra.export_events),
-        batch_import_metadata_on_create=dra.batch_import_metadata_on_create,
-        imported_file_chunk_size_mib=dra.imported_file_chunk_size_mib,
-    )
+    return dra.spec()
 
 
 def bucket_lifecycle_problems(path: str, lifecycle: BucketLifecycleConfig) -> Iterator[Problem]:

@@ -5,6 +5,7 @@ from typing import Iterator, Optional
 
 from pydantic import Field, field_validator
 
+from components.argocd import SecretSource, SsoArgs
 from components.validation import Problem
 from infra.config.common import Environment, _Model
 from infra.config.engine import Rule, invalid
@@ -12,6 +13,7 @@ from infra.config.syntax import (
     checked, dns_name_problem, git_ref_problem, https_url_problem, relative_path_problem, secrets_manager_id_problem,
     url_path_problem,
 )
+from workloads.gitops import SyncWindowSpec, WindowKind
 
 _GIT_URL = r"^(https://[\w.-]+(:\d+)?/[\w./~-]+|ssh://[\w.@-]+(:\d+)?/[\w./~-]+|git@[\w.-]+:[\w./~-]+)$"
 _CRON = r"^(\S+\s+){4}\S+$"
@@ -25,6 +27,9 @@ class SecretSourceConfig(_Model):
     secrets_manager_secret_id: Optional[str] = Field(None, description="Name or ARN of a Secrets Manager secret holding JSON.")
     existing_secret: Optional[str] = Field(None, pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
                                            description="A Secret already in the argocd namespace.")
+
+    def args(self) -> SecretSource:
+        return self.copy_into(SecretSource)
 
     @field_validator("secrets_manager_secret_id")
     @classmethod
@@ -48,7 +53,10 @@ class SsoConfig(_Model):
     client_secret: SecretSourceConfig = Field(description="JSON key `clientSecret` (Secrets Manager) or the Secret's key `clientSecret`.")
     admin_groups: list[str] = Field(default_factory=list, description="IdP groups given role:admin.")
     readonly_groups: list[str] = Field(default_factory=list, description="IdP groups given role:readonly.")
-    scopes: list[str] = Field(default_factory=lambda: ["openid", "profile", "email", "groups"])
+    scopes: list[str] = Field(default_factory=lambda: list(SsoArgs.scopes))
+
+    def args(self) -> SsoArgs:
+        return self.copy_into(SsoArgs, client_secret=self.client_secret.args())
 
     @field_validator("issuer")
     @classmethod
@@ -62,6 +70,9 @@ class SyncWindowConfig(_Model):
     duration: str = Field(pattern=r"^\d+[mh]$", description="How long it stays open, e.g. 4h.")
     time_zone: str = Field("UTC")
     manual_sync: bool = Field(False, description="Allow manual syncs while the window blocks syncs.")
+
+    def spec(self) -> SyncWindowSpec:
+        return self.copy_into(SyncWindowSpec, kind=WindowKind(self.kind))
 
 
 class GitopsConfig(_Model):

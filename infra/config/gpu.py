@@ -6,6 +6,7 @@ from typing import Annotated, Any, Iterator, Optional, Union
 
 from pydantic import Field, field_validator
 
+from catalog.gpus import GPU_TYPES
 from components.gpu_enablement import GpuEnablementMode
 from components.validation import Problem
 from components.versions import EKS_RELEASES, ami_release_date
@@ -15,7 +16,7 @@ from infra.config.engine import Rule, invalid
 from infra.limits import at_most
 from workloads.gpu_catalog import gpu_pool_problems
 from workloads.gpu_sharing import GpuSharing, PoolSharing, parse_mig_layout, sharing_problems
-from workloads.karpenter import CapacityType as KarpenterCapacityType, ConsolidationPolicy
+from workloads.karpenter import CapacityType as KarpenterCapacityType, ConsolidationPolicy, CpuPoolSpec, GpuPoolSpec
 
 
 _DURATION = r"^(([0-9]+(s|m|h))+|Never)$"
@@ -26,10 +27,14 @@ class CpuPoolConfig(_Model):
 
     enabled: bool = True
     capacity_types: list[KarpenterCapacityType] = Field(
-        default_factory=lambda: [KarpenterCapacityType.SPOT, KarpenterCapacityType.ON_DEMAND], min_length=1)
-    max_cpu: int = Field(256, ge=1, description="NodePool limit on vCPUs.")
-    max_memory_gib: int = Field(1024, ge=1)
-    root_volume_gib: Annotated[int, at_most(limits.EBS_GP3_VOLUME_GIB)] = Field(100, ge=20)
+        default_factory=lambda: list(CpuPoolSpec.capacity_types), min_length=1)
+    max_cpu: int = Field(CpuPoolSpec.max_cpu, ge=1, description="NodePool limit on vCPUs.")
+    max_memory_gib: int = Field(CpuPoolSpec.max_memory_gib, ge=1)
+    root_volume_gib: Annotated[int, at_most(limits.EBS_GP3_VOLUME_GIB)] = Field(CpuPoolSpec.root_volume_gib, ge=20)
+
+    def spec(self, ami_alias: str) -> Optional[CpuPoolSpec]:
+        """The pool's NodePool spec (None when disabled); ``ami_alias``: karpenter.amiAlias."""
+        return self.copy_into(CpuPoolSpec, ami_alias=ami_alias) if self.enabled else None
 
 
 class KarpenterConfig(_Model):
@@ -46,23 +51,23 @@ class GpuPoolConfig(_Model):
     """One GPU pool: what an ML engineer means (GPU type, GPUs per node, capacity, EFA)."""
 
     name: str = Field(pattern=r"^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$", description="Pool name; nodes get label mlplatform.io/pool=<name>.")
-    gpu_type: str = Field(description="a100 | a100-80gb | h100 | h200 | l4 | a10g | l40s")
+    gpu_type: str = Field(description=" | ".join(GPU_TYPES))  # catalog/gpus.py: the README lists what it holds
     gpus_per_node: int = Field(ge=1, description="GPUs per node; the type must offer it (e.g. h100: 1 or 8).")
     capacity_types: list[KarpenterCapacityType] = Field(min_length=1, description="spot | on-demand | reserved, in preference order.")
     capacity_reservation_ids: list[str] = Field(default_factory=list, description="cr-... ids; required with `reserved`.")
     max_gpus: int = Field(ge=1, description="NodePool limit on nvidia.com/gpu; at least one node's GPUs.")
-    efa: bool = Field(False, description="Attach EFA interfaces (multi-node NCCL); the type must support EFA.")
+    efa: bool = Field(GpuPoolSpec.efa, description="Attach EFA interfaces (multi-node NCCL); the type must support EFA.")
     zones: list[str] = Field(default_factory=list, description="Restrict to these AZs (default: every AZ of the network).")
-    root_volume_gib: Annotated[int, at_most(limits.EBS_GP3_VOLUME_GIB)] = Field(200, ge=50, description="Encrypted gp3 root volume.")
-    consolidation_policy: ConsolidationPolicy = Field(ConsolidationPolicy.WHEN_EMPTY, description="WhenEmpty keeps running training safe.")
-    consolidate_after: str = Field("10m", pattern=_DURATION, description="Idle time before an empty node goes away.")
-    expire_after: str = Field("720h", pattern=_DURATION, description="Node lifetime; an expiring node is drained like a spot notice.")
+    root_volume_gib: Annotated[int, at_most(limits.EBS_GP3_VOLUME_GIB)] = Field(GpuPoolSpec.root_volume_gib, ge=50, description="Encrypted gp3 root volume.")
+    consolidation_policy: ConsolidationPolicy = Field(GpuPoolSpec.consolidation_policy, description="WhenEmpty keeps running training safe.")
+    consolidate_after: str = Field(GpuPoolSpec.consolidate_after, pattern=_DURATION, description="Idle time before an empty node goes away.")
+    expire_after: str = Field(GpuPoolSpec.expire_after, pattern=_DURATION, description="Node lifetime; an expiring node is drained like a spot notice.")
     checkpoint_seconds: int = Field(60, ge=1, description="Measured time to save a checkpoint on this hardware.")
-    termination_grace_period_seconds: int = Field(110, ge=10, le=3600, description="Drain budget; > checkpointSeconds, < 120 with spot.")
+    termination_grace_period_seconds: int = Field(GpuPoolSpec.termination_grace_period_seconds, ge=10, le=3600, description="Drain budget; > checkpointSeconds, < 120 with spot.")
     ami_alias: Optional[str] = Field(None, pattern=r"^(al2023|bottlerocket)@(latest|v[0-9][0-9.]*)$", description="Overrides karpenter.amiAlias.")
     # NodePool CRD (karpenter 1.14.1, spec.weight): integer, minimum 1, maximum 100.
     weight: Annotated[Optional[int], at_most(limits.KARPENTER_NODEPOOL_WEIGHT)] = Field(
-        None, ge=1, description="Karpenter NodePool weight 1-100 (higher is tried first).")
+        GpuPoolSpec.weight, ge=1, description="Karpenter NodePool weight 1-100 (higher is tried first).")
     sharing: GpuSharing = Field(GpuSharing.NONE, description="none | time-slicing | mig: how pods share a GPU (never with efa).")
     time_slicing_replicas: Optional[int] = Field(
         None, description="sharing: time-slicing: pods per GPU (2-16); each gets nvidia.com/gpu.shared, no memory isolation.")
@@ -83,6 +88,12 @@ class GpuPoolConfig(_Model):
         if self.sharing is GpuSharing.NONE:
             return self.max_gpus
         return sum(self.sharing_spec().slices_per_gpu().values()) * self.max_gpus
+
+    def spec(self, default_ami_alias: str) -> GpuPoolSpec:
+        """The pool's NodePool/EC2NodeClass spec: the same fields (and defaults, read from the spec),
+        with karpenter.amiAlias where the pool names no AMI; checkpointSeconds, timeSlicingReplicas and
+        migLayout are config-only (``sharing`` is given as the spec's PoolSharing, built from the three)."""
+        return self.copy_into(GpuPoolSpec, ami_alias=self.ami_alias or default_ami_alias, sharing=self.sharing_spec())
 
     @field_validator("capacity_reservation_ids")
     @classmethod
@@ -168,7 +179,7 @@ def _cluster_node_limit(gpu_pools: list[GpuPoolConfig], system_max_size: int) ->
 
 
 def _ami_alias_ships_version(version: str, ami_alias: str, gpu_pools: list[GpuPoolConfig]) -> Iterator[Problem]:
-    """A pinned alias must be a release that ships the cluster's minor (components/versions.py EKS_RELEASES)."""
+    """A pinned alias must be a release that ships the cluster's minor (catalog/versions.py EKS_RELEASES)."""
     release = EKS_RELEASES.get(version)
     if release is None:
         return

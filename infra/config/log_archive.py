@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Iterator, Optional
+from typing import Annotated, Any, Iterator, Optional
 
 from pydantic import Field, field_validator
 
@@ -55,6 +55,11 @@ class LogArchiveConfig(_Model):
     access_log_expiration_days: int = Field(AccessLogBucketArgs.expiration_days, ge=1, le=36500, description="S3 server access logs (one SSE-S3 bucket per account) are deleted after this.")
     audit_trail: AuditTrailConfig = Field(default_factory=AuditTrailConfig)
     kms_key_deletion_window_days: Annotated[int, at_most(limits.KMS_PENDING_WINDOW_DAYS)] = Field(_ARCHIVE.kms_key_deletion_window_days, ge=7)
+
+    def args(self, *, object_lock_retention_days: Optional[int], **wiring: Any) -> _ARCHIVE:
+        """``object_lock_retention_days``: the stack's resolved value (PlatformConfig.object_lock_retention_days:
+        unset here means 365 in prod), required so the prod default cannot be skipped."""
+        return self.copy_into(_ARCHIVE, object_lock_retention_days=object_lock_retention_days, **wiring)
 
 
 def _log_archive_rules(environment: Environment, log_archive: LogArchiveConfig) -> Iterator[Problem]:

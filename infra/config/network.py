@@ -1,7 +1,7 @@
 """The ``network`` section: the multi-AZ VPC, NAT and endpoints; its rules."""
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 from pydantic import Field, field_validator
 
@@ -36,6 +36,14 @@ class NetworkConfig(_Model):
         "ECR api+dkr, STS, CloudWatch Logs, SQS, EC2 endpoints (about $88/month with 2 AZs). Default: on in prod, "
         "off in dev (traffic goes through the NAT gateway)."))
     flow_logs: FlowLogsConfig = Field(default_factory=FlowLogsConfig)
+
+    def args(self, *, interface_endpoints: bool, **wiring: Any) -> NetworkArgs:
+        """``interface_endpoints``: the stack's resolved choice (PlatformConfig.interface_endpoints:
+        unset here means on in prod), required so an unset value never reaches the Args as None."""
+        return self.copy_into(NetworkArgs, interface_endpoints=interface_endpoints,
+                              flow_logs_traffic_type=self.flow_logs.traffic_type,
+                              flow_logs_max_aggregation_interval_seconds=self.flow_logs.max_aggregation_interval_seconds,
+                              **wiring)
 
 
 def _network_rules(region, cidr, availability_zones, private_subnet_cidrs, public_subnet_cidrs, nat) -> Iterator[Problem]:

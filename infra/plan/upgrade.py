@@ -4,7 +4,7 @@
 
 EKS upgrades the control plane one minor at a time ("UpdateClusterVersion ... you can only update
 to the next minor version"), so a skip is refused. Each stack moves on its own: the add-on builds
-and AMI releases come from the target's row of ``components.versions.EKS_RELEASES``, so dev can
+and AMI releases come from the target's row of ``catalog.versions.EKS_RELEASES``, so dev can
 run 1.33 while prod stays on 1.32; prod is refused until dev runs the target.
 
 Blockers (exit 1): Kubernetes objects the stack renders whose API version the target no longer
@@ -72,7 +72,7 @@ class ChartSupport:
 
 CHARTS: tuple[ChartSupport, ...] = (
     ChartSupport("Karpenter", KARPENTER_VERSION, "1.30", "1.36",
-                 "karpenter.sh docs, Upgrade > Compatibility matrix (components/versions.py)"),
+                 "karpenter.sh docs, Upgrade > Compatibility matrix (catalog/versions.py)"),
     ChartSupport("Kueue", KUEUE_VERSION, "1.29", None,
                  "kubernetes-sigs/kueue v0.19.2 README: \"Requires Kubernetes 1.29 or newer\"; e2e on kindest/node "
                  "v1.36.1 (hack/testing/e2e-common_test.sh)", tested_up_to="1.36"),
@@ -180,7 +180,7 @@ def plan_upgrade(stack: str, target: str, project_dir: Path) -> UpgradePlan:
         raise UpgradeInputError(f"--to {target}: stack '{stack}' already runs {current}; EKS cannot downgrade a control plane")
     if target not in EKS_RELEASES:
         raise UpgradeInputError(f"--to {target}: not a version this platform knows; use one of {sorted(EKS_RELEASES)} "
-                                "(a new one needs its row in components/versions.py EKS_RELEASES, with sources)")
+                                "(a new one needs its row in catalog/versions.py EKS_RELEASES, with sources)")
     if _minor(target)[1] - _minor(current)[1] != 1:
         following = f"{_minor(current)[0]}.{_minor(current)[1] + 1}"
         raise UpgradeInputError(f"--to {target}: EKS upgrades one minor at a time; upgrade stack '{stack}' to {following} first")

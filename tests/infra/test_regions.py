@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.regions import REGIONS_BY_PARTITION, partition_of
+from catalog.regions import REGIONS_BY_PARTITION, partition_of
 
 
 def botocore_partitions() -> dict[str, set[str]]:
@@ -20,7 +20,7 @@ def test_every_region_of_the_partition_and_no_other(partition):
     upstream = botocore_partitions()[partition]
     ours = set(REGIONS_BY_PARTITION[partition])
     assert ours - upstream == set(), "regions AWS does not list"
-    assert upstream - ours == set(), "AWS opened a region: add it to infra/regions.py"
+    assert upstream - ours == set(), "AWS opened a region: add it to catalog/regions.py"
 
 
 def test_partition_of():

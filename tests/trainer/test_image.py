@@ -127,3 +127,20 @@ def test_runtime_dirs_are_created_for_the_image_environment(tmp_path):
                                  "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "debug" / "nccl_trace_rank_")})
     assert os.path.isdir(tmp_path / "ind") and os.path.isdir(tmp_path / "debug")
     assert len(made) == 2
+
+
+def test_the_image_copies_every_package_the_trainer_imports(parsed):
+    """The trainer reads its GPU peaks from catalog/ (tests/infra/test_layout.py: trainer may import
+    catalog): an image without it fails at `import trainer.metrics`, on the GPU node."""
+    import ast
+
+    ours = {"catalog", "components", "infra", "jobs", "policypack", "trainer", "workloads"}
+    imported = set()
+    for path in glob.glob(os.path.join(REPO, "trainer", "**", "*.py"), recursive=True):
+        for node in ast.walk(ast.parse(open(path).read())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            imported |= {n.split(".")[0] for n in names} & ours
+    copied = {rest.split()[-2].strip("/").split("/")[0] for keyword, rest in parsed if keyword == "COPY"
+              and rest.split()[-1].startswith("/app/")}
+    assert imported == {"trainer", "catalog"} and imported <= copied, (imported, copied)

@@ -6,8 +6,8 @@ from trainer.config import ModelConfig
 from trainer.metrics import PEAK_BF16_TFLOPS, flops_per_token, peak_tflops_for
 from trainer.model import build_model, count_params
 
-# torch.cuda.get_device_name() of each GPU type of workloads/gpu_catalog.py (names as the
-# CUDA driver reports them on the EC2 instance families of the catalog).
+# torch.cuda.get_device_name() of the GPU types of catalog/gpus.py (names as the CUDA driver
+# reports them on the EC2 instance families of the catalog), with their datasheet peaks below.
 DEVICE_NAMES = {
     "a100": "NVIDIA A100-SXM4-40GB",
     "a100-80gb": "NVIDIA A100-SXM4-80GB",
@@ -20,9 +20,11 @@ DEVICE_NAMES = {
 
 
 def test_every_catalog_gpu_has_a_peak():
-    from workloads.gpu_catalog import GPU_TYPES
+    from catalog.gpus import GPU_TYPES
 
-    assert set(DEVICE_NAMES) == set(GPU_TYPES), "a GPU type was added to the catalog: add its device name and peak"
+    # A new type is one catalog entry; its own device name must resolve to its own peak.
+    assert all(peak_tflops_for(gpu.cuda_device_name) == gpu.peak_bf16_tflops > 0 for gpu in GPU_TYPES.values())
+    assert {name: GPU_TYPES[name].cuda_device_name for name in DEVICE_NAMES} == DEVICE_NAMES
     peaks = {name: peak_tflops_for(device) for name, device in DEVICE_NAMES.items()}
     assert all(peaks.values()), peaks
     # Datasheet figures (dense bf16), and the substring traps: A100 is not A10, L40S is not L4.
@@ -123,9 +125,9 @@ def test_export_crops_a_padded_vocabulary_to_the_tokenizers():
 
 
 def test_preflight_plans_with_the_peak_the_trainer_measures_mfu_against():
-    """One table (trainer/model_facts.py): preflight said 125 TFLOP/s for an A10G, the trainer 70."""
+    """One table (catalog/gpus.py): preflight said 125 TFLOP/s for an A10G, the trainer 70."""
+    from catalog.gpus import GPU_TYPES
     from trainer.model_facts import peak_tflops_for_gpu_type
-    from workloads.gpu_catalog import GPU_TYPES
 
     for gpu_type in GPU_TYPES:
         assert peak_tflops_for_gpu_type(gpu_type) is not None, gpu_type
