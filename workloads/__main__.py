@@ -59,7 +59,7 @@ def _facts(stack: str, use_outputs: bool, facts_file: Optional[str] = None):
         return PlatformFacts.from_dict(json.loads(Path(facts_file).read_text()))
     # The CLI is an entry point like infra/__main__: it may use the offline plan; the renderer
     # and preflight modules themselves stay free of infra/.
-    from infra.facts import facts_for_stack
+    from jobs.facts import facts_for_stack
 
     return facts_for_stack(stack, use_outputs=use_outputs)
 
@@ -116,7 +116,7 @@ def _preflighted(args, *, report_to=None):
     is 0 when the job fits, else what the command exits with."""
     from workloads.problems import InvalidInputError
     from workloads.jobspec import SpecFileError
-    from workloads.preflight import preflight_file
+    from jobs.preflight import preflight_file
 
     try:
         facts = _facts(args.stack, not args.offline, args.facts)
@@ -242,7 +242,7 @@ def _submit_sweep(args) -> int:
 def _submit_local(manifest: dict, args, *, spec=None, archive=None) -> int:
     import secrets
 
-    from workloads.local import LocalOverrides, LocalRunError, replacements, run_local, shrink
+    from jobs.local import LocalOverrides, LocalRunError, replacements, run_local, shrink
     from workloads.trainingjob import CHECKPOINT_KEY_ITEM, CHECKPOINT_KEY_SECRET
 
     workdir = Path(args.workdir or f"runs/jobs/{manifest['metadata']['name']}").resolve()
@@ -289,7 +289,7 @@ def _submit_local(manifest: dict, args, *, spec=None, archive=None) -> int:
 
 
 def manifest_replicas(manifest: dict) -> list:
-    from workloads.local import replicas
+    from jobs.local import replicas
 
     return replicas(manifest)
 
@@ -297,8 +297,8 @@ def manifest_replicas(manifest: dict) -> list:
 def _faithful_refusal(spec, ranks: int) -> Optional[str]:
     """Why the job's own model cannot run on this host (--faithful), or None."""
     from trainer.config import build_config
-    from workloads.local import faithful_memory_problem, host_available_bytes
-    from workloads.preflight import CUDA_RESERVE_GIB, GIB, memory_per_gpu, trainer_shape
+    from jobs.local import faithful_memory_problem, host_available_bytes
+    from jobs.preflight import CUDA_RESERVE_GIB, GIB, memory_per_gpu, trainer_shape
 
     cfg = build_config(str(ROOT / spec.trainer.config), list(spec.trainer.overrides), environ={})
     if cfg.model.hf_path:
@@ -392,7 +392,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     # The GitOps commands live in infra/ (they read the stack configuration); each registers its
     # subcommand with add_parser(sub) and sets `run` (args -> exit code).
-    for module in ("infra.render", "infra.pipeline_local"):
+    for module in ("jobs.render", "jobs.pipeline_local"):
         importlib.import_module(module).add_parser(sub)
     # The job lifecycle (list, describe, logs, cancel, checkpoints, data upload) is the jobs
     # package's: a thin layer over jobs.client.JobClient.

@@ -105,7 +105,7 @@ def _stack_of(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def stack_facts(dev_plan, prod_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     return {"dev": facts_from_plan(dev_plan), "prod": facts_from_plan(prod_plan)}
 
@@ -185,7 +185,7 @@ def test_example_pipeline_renders_a_valid_workflow_template(path, stack_facts, s
     WorkflowTemplate and the PyTorchJob of its train step validate against the pinned CRDs, and
     the file's values are the template's parameter defaults."""
     from components.tracking import K8S_SECRET_NAME
-    from infra.render import cpu_node_selector, load_config
+    from jobs.render import cpu_node_selector, load_config
     from workloads import pipeline
     from workloads.fsx import CLAIM_NAME
     from workloads.jobspec import load_job_spec

@@ -111,7 +111,7 @@ def test_the_walk_sees_the_imports_it_checks():
     assert "infra.capabilities" in edges["infra.program"]
     assert "infra.gpu_capacity" in edges["infra.capabilities"]  # `from infra import gpu_capacity`
     assert "workloads.problems" in edges["components.validation"]
-    assert "trainer.model_facts" in edges["workloads.preflight"]
+    assert "trainer.model_facts" in edges["jobs.preflight"]
     assert "trainer.config" in edges["trainer.model"]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra import render
+from jobs import render
 from infra.plan import ROOT
 from workloads import gitops
 from workloads.validation import validate_custom_resource, validate_pod_template

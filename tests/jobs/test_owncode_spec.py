@@ -18,7 +18,7 @@ IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/mlp-dev/trainer:1.0.0"
 
 @pytest.fixture(scope="module")
 def dev_facts(dev_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     return facts_from_plan(dev_plan)
 

@@ -19,7 +19,7 @@ SPEC = yaml.safe_load((ROOT / "examples" / "jobs" / "l4-dev-smoke.yaml").read_te
 
 @pytest.fixture(scope="module")
 def dev_facts(dev_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     return facts_from_plan(dev_plan)
 

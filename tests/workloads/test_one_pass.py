@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from workloads.jobspec import JobSpecError, SpecFileError, load_job_spec, parse_job_spec, read_job_spec_file
-from workloads.preflight import (EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, GIB, USABLE_MEMORY_FRACTION, ModelShape, memory_per_gpu,
+from jobs.preflight import (EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, GIB, USABLE_MEMORY_FRACTION, ModelShape, memory_per_gpu,
                                  preflight_file)
 from workloads.problems import BAD_INPUT, DOES_NOT_FIT
 
@@ -34,7 +34,7 @@ dataset: /fsx/datasets/tinystories/gpt2-v1
 
 @pytest.fixture(scope="module")
 def dev_facts(dev_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     return facts_from_plan(dev_plan)
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def prod_facts(prod_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     return facts_from_plan(prod_plan)
 
