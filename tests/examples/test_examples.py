@@ -161,7 +161,7 @@ def test_example_job_passes_submit_dry_run(path, stack_facts, tmp_path, capsys):
     print the rendered PyTorchJob."""
     import json
 
-    from workloads.__main__ import main
+    from jobs.__main__ import main
 
     stack = _stack_of(path)
     facts_file = tmp_path / "facts.json"

@@ -196,7 +196,7 @@ def test_no_object_is_applied_by_both_pulumi_and_argo_cd(stack):
 
 
 def test_render_refuses_what_preflight_refuses_and_writes_nothing(tmp_path):
-    """`submit` runs preflight before it renders (workloads/__main__.py ``_preflighted``); the Git
+    """`submit` runs preflight before it renders (jobs/__main__.py ``_preflighted``); the Git
     path does the same, so a job preflight refuses never reaches the tree Argo CD applies. Three
     jobs that resolve (trainingjob.render accepts them) but preflight refuses: more GPUs than the
     pool can ever launch, a trainer override the trainer's own parser rejects, and a checkpoint

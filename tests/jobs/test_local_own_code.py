@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workloads import __main__ as cli
+from jobs import __main__ as cli
 from jobs import local
 from workloads.jobspec import parse_job_spec
 from jobs.local import LocalOverrides, replacements, shrink

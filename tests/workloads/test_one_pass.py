@@ -155,7 +155,7 @@ def test_unreadable_files_are_one_clear_line(tmp_path, make, words):
 
 
 def test_unreadable_file_cli_exits_2_with_one_line(tmp_path, dev_facts, capsys, monkeypatch):
-    import workloads.__main__ as cli
+    import jobs.__main__ as cli
 
     monkeypatch.setattr(cli, "_facts", lambda *a, **k: dev_facts)
     assert cli.main(["preflight", str(tmp_path), "--stack", "dev"]) == 2
