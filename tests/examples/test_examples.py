@@ -127,7 +127,7 @@ def test_example_job_renders_for_its_stack(path, stack_facts, schemas):
     from workloads.jobspec import load_job_spec
     from workloads.karpenter import GPU_RESOURCE
     from workloads.trainingjob import render, resolve
-    from workloads.validation import validate_custom_resource, validate_pod_template
+    from tests.support.validation import validate_custom_resource, validate_pod_template
 
     stack = _stack_of(path)
     spec = load_job_spec(path)
@@ -190,7 +190,7 @@ def test_example_pipeline_renders_a_valid_workflow_template(path, stack_facts, s
     from workloads.fsx import CLAIM_NAME
     from workloads.jobspec import load_job_spec
     from workloads.trainingjob import render
-    from workloads.validation import validate_custom_resource, validate_pod_template
+    from tests.support.validation import validate_custom_resource, validate_pod_template
 
     stack = _stack_of(path)
     declaration = pipeline.parse_declaration(yaml.safe_load(path.read_text()), source=str(path))

@@ -14,7 +14,7 @@ import yaml
 from jobs import render
 from infra.plan import ROOT
 from workloads import gitops
-from workloads.validation import validate_custom_resource, validate_pod_template
+from tests.support.validation import validate_custom_resource, validate_pod_template
 
 STACKS = ("dev", "prod")
 

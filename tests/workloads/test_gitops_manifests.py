@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from workloads import gitops, pipeline
-from workloads.validation import validate_custom_resource, validate_pod_template
+from tests.support.validation import validate_custom_resource, validate_pod_template
 from tests.workloads.golden_files import assert_golden
 
 REPO = "https://github.com/example-org/ml-training-platform.git"

@@ -13,7 +13,7 @@ from infra.config import ConfigError, load_platform_config
 from tests.conftest import stack_config
 from workloads import gpu_sharing
 from workloads.gpu_sharing import GpuSharing, PoolSharing
-from workloads.validation import validate_core, validate_custom_resource, validate_pod_template
+from tests.support.validation import validate_core, validate_custom_resource, validate_pod_template
 
 
 def _inputs(plan, kind):

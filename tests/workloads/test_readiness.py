@@ -11,7 +11,7 @@ import pytest
 from trainer.nccl_check import bus_bandwidth
 from workloads.instances import INSTANCES, busbw_floor_gb_per_s
 from workloads.readiness import gate_floor_gb_per_s, readiness_job, readiness_namespace
-from workloads.validation import validate_core, validate_custom_resource, validate_pod_template
+from tests.support.validation import validate_core, validate_custom_resource, validate_pod_template
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,7 +19,7 @@ from workloads.jobspec import JobSpecError, load_job_spec, parse_job_spec
 from workloads.karpenter import EFA_RESOURCE, GPU_RESOURCE
 from jobs.local import Replica, expand, operator_env, replicas
 from workloads.trainingjob import render, render_pytorchjob, render_trainjob, resolve
-from workloads.validation import validate_custom_resource, validate_pod_template
+from tests.support.validation import validate_custom_resource, validate_pod_template
 from tests.workloads.golden_files import assert_golden
 
 ROOT = Path(__file__).resolve().parents[2]
