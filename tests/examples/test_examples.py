@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.pipelines import embedded_job
+
 ROOT = Path(__file__).resolve().parents[2]
 CONSUMER = ROOT / "examples" / "consumer"
 JOBS = sorted((ROOT / "examples" / "jobs").glob("*.yaml"))
@@ -208,7 +210,7 @@ def test_example_pipeline_renders_a_valid_workflow_template(path, stack_facts, s
     assert params["job-spec"] == declaration.job_spec
     steps = {t["name"] for t in template["spec"]["templates"]}
     assert set(pipeline.STEP_NAMES) <= steps
-    train_job = pipeline.embedded_job(template)
+    train_job = embedded_job(template)
     assert validate_custom_resource(train_job, schemas) == []
     for replica in train_job["spec"]["pytorchReplicaSpecs"].values():
         assert validate_pod_template(replica["template"]) == []

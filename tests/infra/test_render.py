@@ -15,6 +15,7 @@ from jobs import render
 from infra.plan import ROOT
 from workloads import gitops
 from tests.support.validation import validate_custom_resource, validate_pod_template
+from tests.support.pipelines import embedded_job
 
 STACKS = ("dev", "prod")
 
@@ -65,7 +66,7 @@ def _pod_templates(doc):
     if doc["kind"] == "PyTorchJob":
         return [(replica, spec["template"]) for replica, spec in doc["spec"]["pytorchReplicaSpecs"].items()]
     if doc["kind"] == "WorkflowTemplate":
-        job = pipeline.embedded_job(doc)
+        job = embedded_job(doc)
         return pipeline.pod_templates(doc) + [(f"train/{r}", s["template"]) for r, s in job["spec"]["pytorchReplicaSpecs"].items()]
     return []
 
@@ -75,7 +76,7 @@ def test_dev_pipeline_runs_the_declared_job_as_its_train_step(schemas):
     template = docs["namespaces/team-research/workflowtemplate-shakespeare-gpt.yaml"]
     from workloads import pipeline
 
-    job = pipeline.embedded_job(template)
+    job = embedded_job(template)
     assert validate_custom_resource(job, schemas) == []
     assert job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["nodeSelector"]["mlplatform.io/pool"] == "l4"
     args = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"]
