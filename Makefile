@@ -38,9 +38,9 @@ test: security pytest
 pytest: $(STAMP)
 	$(PY) -m pytest
 
-# Pinned upstream CRDs and the pulumi-eks schema, verified by SHA-256 (workloads/schemas.py).
+# Pinned upstream CRDs and the pulumi-eks schema, verified by SHA-256 (tools/schemas.py).
 schemas: $(STAMP)
-	$(PY) -m workloads.schemas fetch
+	$(PY) -m tools.schemas fetch
 
 # checkov, offline, on the Dockerfiles and every Kubernetes object both plans render.
 security: $(STAMP) $(CHECKOV_STAMP)

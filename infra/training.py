@@ -1,6 +1,6 @@
 """Training capability: the training operators and each team's trainer identity.
 
-The facts job specs are rendered against are read from a stack's plan in ``infra.facts``.
+The facts job specs are rendered against are read from a stack's plan in ``jobs.facts``.
 """
 from __future__ import annotations
 

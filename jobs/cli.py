@@ -8,7 +8,7 @@ over ``jobs.client.JobClient`` and ``jobs.data``.
     python -m workloads checkpoints JOB --team T --stack S [--verify [STEP]]
     python -m workloads data upload DIR --dataset NAME --team T --stack S
 
-Each failure is one line on stderr and a stable exit code (workloads/__main__.py): 2 bad input,
+Each failure is one line on stderr and a stable exit code (jobs/__main__.py): 2 bad input,
 4 no cluster or bucket access (no kubectl, no kubeconfig, unreachable, forbidden), 6 no such job;
 kubectl's own messages are never shown raw.
 """

@@ -378,7 +378,7 @@ class JobClient:
         if self._facts is None:
             if self.stack is None:
                 raise ValueError("this needs the stack's facts: give --stack STACK (in Python: JobClient(stack=...))")
-            from infra.facts import facts_for_stack
+            from jobs.facts import facts_for_stack
 
             self._facts = facts_for_stack(self.stack, use_outputs=not self.offline)
         return self._facts
@@ -403,7 +403,7 @@ class JobClient:
 
     def preflight(self, spec: SpecLike, *, mfu: Optional[float] = None) -> PreflightResult:
         """Does the job fit the stack (raises ``workloads.problems.InvalidInputError`` for a bad spec)."""
-        from workloads.preflight import preflight
+        from jobs.preflight import preflight
 
         job_spec = self.load(spec)
         report = preflight(job_spec, self.facts, repo_root=str(ROOT), mfu=mfu)

@@ -123,7 +123,7 @@ class _Progress:
 
 def datasets_bucket(stack: str, *, use_outputs: bool = True) -> Optional[str]:
     """The stack's datasets bucket: the deployed name from `pulumi stack output`, else None."""
-    from infra.facts import stack_outputs
+    from jobs.facts import stack_outputs
 
     outputs = stack_outputs(stack) if use_outputs else None
     return (outputs or {}).get("datasetsBucket")

@@ -126,7 +126,7 @@ def _trainer_problems(spec: JobSpec, key: str, values: list[str], repo_root: str
         try:
             build_config(path, [*spec.trainer.overrides, f"{key}={value}"], environ={})
         except ConfigError as exc:
-            from workloads.preflight import _trainer_problem
+            from jobs.preflight import _trainer_problem
 
             mine = [_trainer_problem(p, spec.trainer.config) for p in exc.problems if p.startswith(key)]
             if any(p.message == "is not a trainer config key" for p in mine):
@@ -263,7 +263,7 @@ def submit_sweep(args: Any, *, facts: Any, repo_root: str, out: Any, err: Any) -
     manifests to print or apply: (exit code, manifests). The exit code follows preflight's
     classes: 2 bad input (the spec or the --sweep values), 3 a point does not fit."""
     from workloads.jobspec import SpecFileError, load_job_spec
-    from workloads.preflight import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, preflight, preflight_file
+    from jobs.preflight import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, preflight, preflight_file
 
     try:
         base = preflight_file(args.job, facts, repo_root=repo_root, mfu=getattr(args, "mfu", None))

@@ -159,5 +159,5 @@ def upload(spec: JobSpec, code: CodeArchive, *, s3_client=None) -> bool:
 
 
 def local_object_path(uri: str, s3_root: Path) -> Path:
-    """Where a local run's stand-in for S3 keeps an object (workloads/local.py maps s3:// there)."""
+    """Where a local run's stand-in for S3 keeps an object (jobs/local.py maps s3:// there)."""
     return s3_root / uri[len("s3://"):]

@@ -15,14 +15,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def schemas_dir() -> Path:
     """Upstream CRD and pulumi-eks schemas: $ML_PLATFORM_SCHEMAS, else `make schemas`' cache."""
-    from workloads.schemas import schemas_dir as pinned_schemas_dir
+    from tools.schemas import schemas_dir as pinned_schemas_dir
 
     return pinned_schemas_dir(ROOT)
 
 
 @pytest.fixture(scope="session")
 def schemas() -> Path:
-    from workloads.schemas import problems
+    from tools.schemas import problems
 
     path = schemas_dir()
     found = problems(path)

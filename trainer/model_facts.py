@@ -1,6 +1,6 @@
 """Model and hardware facts, torch-free: the built-in GPT sizes, FLOPs per trained token and
 each GPU's peak dense bf16 throughput (read from catalog/gpus.py). The trainer's MFU (trainer/metrics.py), its model
-(trainer/model.py) and config checks, and the platform's preflight (workloads/preflight.py)
+(trainer/model.py) and config checks, and the platform's preflight (jobs/preflight.py)
 all read them here, so the planning figure and the measured one use the same peak.
 """
 from __future__ import annotations

@@ -40,7 +40,7 @@ def record(gpu_type: str, figures: dict[str, Any], path: str = MEASUREMENTS_FILE
             data = json.load(f)
     except FileNotFoundError:
         data = {}
-    data.setdefault("about", "Written by `make gpu-check` (tools/gpu_check.py); read by workloads/preflight.py. "
+    data.setdefault("about", "Written by `make gpu-check` (tools/gpu_check.py); read by jobs/preflight.py. "
                              "Measured figures only, per GPU type.")
     data.setdefault("gpus", {})[gpu_type] = figures
     tmp = f"{path}.tmp-{os.getpid()}"

@@ -343,12 +343,6 @@ def pod_templates(template: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]
     return out
 
 
-def embedded_job(template: Mapping[str, Any]) -> dict[str, Any]:
-    """The PyTorchJob inside the train step, parsed back (for CRD validation)."""
-    step = next(t for t in template["spec"]["templates"] if t["name"] == "train")
-    return yaml.safe_load(step["resource"]["manifest"])
-
-
 # -- declarations (workloads/declared/<stack>/pipelines/*.yaml) -------------------------------
 @dataclass(frozen=True)
 class PipelineDeclaration:

@@ -17,7 +17,7 @@ from enum import Enum
 from typing import Any, Iterable, Optional
 
 
-# What a problem is, for the exit code a command returns (workloads/__main__.py): the input is
+# What a problem is, for the exit code a command returns (jobs/__main__.py): the input is
 # wrong (a field, a name, a file: exit 2), or the input is well-formed but the job does not fit
 # the platform (memory, quota, time budget, instance size: exit 3).
 BAD_INPUT = "bad input"

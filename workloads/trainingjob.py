@@ -196,7 +196,7 @@ def _candidate_pools(spec: JobSpec, facts: PlatformFacts) -> tuple[list[PoolFact
                        f"use one of {offered}, or ask the platform team for a pool")
 
 
-candidate_pools = _candidate_pools  # for checks of a spec the schema refused (workloads.preflight)
+candidate_pools = _candidate_pools  # for checks of a spec the schema refused (jobs.preflight)
 
 
 def resolve(spec: JobSpec, facts: PlatformFacts) -> ResolvedJob:

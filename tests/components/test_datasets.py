@@ -182,7 +182,7 @@ def test_platform_buckets_are_private_kms_encrypted_versioned_and_logged(plan, b
 # -- static PV / PVC --------------------------------------------------------------------------
 def test_static_volume_and_claim_per_namespace_validate_against_kubernetes_1_32(fsx_plan):
     plan = fsx_plan
-    from workloads.validation import validate_core
+    from tests.support.validation import validate_core
 
     fs = _fs(plan)
     namespaces = plan.config.team_namespaces
@@ -335,7 +335,7 @@ def test_dev_mounts_datasets_through_mountpoint_and_team_subtrees_on_efs(dev_pla
     """Same claims and paths as FSx, so jobs render the same. Mountpoint CSI: static provisioning
     only, ``csi.driver s3.csi.aws.com``, ``volumeAttributes.bucketName``; EFS CSI access points:
     ``volumeHandle: <fs-id>``, ``mountOptions: [tls, accesspoint=<fsap-id>]``."""
-    from workloads.validation import validate_core
+    from tests.support.validation import validate_core
 
     recording = dev_plan.recording
     assert dev_plan.config.datasets.storage.value == "s3-mountpoint"

@@ -30,7 +30,7 @@ def test_training_operator_pinned_kustomize_on_system_nodes(plan):
 
 
 def test_trainer_v2_behind_the_config_flag(plan_config):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
     from tests.conftest import stack_config
 
     raw = stack_config("dev")
@@ -57,7 +57,7 @@ def test_kueue_manager_integrates_both_job_kinds(plan):
 
 
 def test_each_team_trainer_role_reaches_only_its_checkpoint_prefix(plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     facts = facts_from_plan(plan)
     bucket = next(r for r in plan.recording.by_type("aws:s3/bucket:Bucket") if r.name.endswith("datasets-checkpoints-bucket"))
@@ -113,7 +113,7 @@ def test_limit_range_sets_no_default_limits(plan):
 
 
 def test_kueue_covers_every_resource_the_example_job_requests(prod_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     facts = facts_from_plan(prod_plan)
     job = render(parse_job_spec(EXAMPLE), facts)
@@ -135,7 +135,7 @@ def test_training_job_component_applies_with_the_cluster_provider(prod_plan):
     from infra.config import PROJECT
     from infra.plan.mock_engine import run_recorded
     from infra.plan import read_stack_file, stack_file
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
     from components.training import TrainingJob, TrainingJobArgs
 
     facts = facts_from_plan(prod_plan)
@@ -155,7 +155,7 @@ def test_training_job_component_applies_with_the_cluster_provider(prod_plan):
 
 
 def test_training_job_component_refuses_a_bad_spec_before_registering(prod_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
     from components.training import TrainingJob, TrainingJobArgs
 
     facts = facts_from_plan(prod_plan)
@@ -190,7 +190,7 @@ def test_each_team_gets_its_directory_owned_by_its_uid_without_a_root_pod(plan):
 
 
 def test_checkpoint_dir_outside_the_team_directory_is_refused(prod_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
     from workloads.trainingjob import resolve
 
     with pytest.raises(JobSpecError) as info:

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.pipelines import embedded_job
+
 ROOT = Path(__file__).resolve().parents[2]
 CONSUMER = ROOT / "examples" / "consumer"
 JOBS = sorted((ROOT / "examples" / "jobs").glob("*.yaml"))
@@ -105,7 +107,7 @@ def _stack_of(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def stack_facts(dev_plan, prod_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     return {"dev": facts_from_plan(dev_plan), "prod": facts_from_plan(prod_plan)}
 
@@ -127,7 +129,7 @@ def test_example_job_renders_for_its_stack(path, stack_facts, schemas):
     from workloads.jobspec import load_job_spec
     from workloads.karpenter import GPU_RESOURCE
     from workloads.trainingjob import render, resolve
-    from workloads.validation import validate_custom_resource, validate_pod_template
+    from tests.support.validation import validate_custom_resource, validate_pod_template
 
     stack = _stack_of(path)
     spec = load_job_spec(path)
@@ -161,7 +163,7 @@ def test_example_job_passes_submit_dry_run(path, stack_facts, tmp_path, capsys):
     print the rendered PyTorchJob."""
     import json
 
-    from workloads.__main__ import main
+    from jobs.__main__ import main
 
     stack = _stack_of(path)
     facts_file = tmp_path / "facts.json"
@@ -185,12 +187,12 @@ def test_example_pipeline_renders_a_valid_workflow_template(path, stack_facts, s
     WorkflowTemplate and the PyTorchJob of its train step validate against the pinned CRDs, and
     the file's values are the template's parameter defaults."""
     from components.tracking import K8S_SECRET_NAME
-    from infra.render import cpu_node_selector, load_config
+    from jobs.render import cpu_node_selector, load_config
     from workloads import pipeline
     from workloads.fsx import CLAIM_NAME
     from workloads.jobspec import load_job_spec
     from workloads.trainingjob import render
-    from workloads.validation import validate_custom_resource, validate_pod_template
+    from tests.support.validation import validate_custom_resource, validate_pod_template
 
     stack = _stack_of(path)
     declaration = pipeline.parse_declaration(yaml.safe_load(path.read_text()), source=str(path))
@@ -208,7 +210,7 @@ def test_example_pipeline_renders_a_valid_workflow_template(path, stack_facts, s
     assert params["job-spec"] == declaration.job_spec
     steps = {t["name"] for t in template["spec"]["templates"]}
     assert set(pipeline.STEP_NAMES) <= steps
-    train_job = pipeline.embedded_job(template)
+    train_job = embedded_job(template)
     assert validate_custom_resource(train_job, schemas) == []
     for replica in train_job["spec"]["pytorchReplicaSpecs"].values():
         assert validate_pod_template(replica["template"]) == []

@@ -12,7 +12,7 @@ from components.versions import ARGO_WORKFLOWS_APP_VERSION, ARGOCD_CHART_VERSION
 from infra.config import load_platform_config
 from tests.conftest import problem_per_path, stack_config
 from workloads.placement import system_node_selector
-from workloads.validation import validate_core, validate_custom_resource
+from tests.support.validation import validate_core, validate_custom_resource
 
 
 def _release(plan, chart):

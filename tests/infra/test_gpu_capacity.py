@@ -7,7 +7,7 @@ import pytest
 
 from infra.config import ConfigError, load_platform_config
 from tests.conftest import stack_config
-from workloads.validation import validate_core, validate_custom_resource, validate_pod_template
+from tests.support.validation import validate_core, validate_custom_resource, validate_pod_template
 
 CR_KINDS = ("NodePool", "EC2NodeClass", "ResourceFlavor", "ClusterQueue", "LocalQueue")
 

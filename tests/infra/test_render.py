@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra import render
+from jobs import render
 from infra.plan import ROOT
 from workloads import gitops
-from workloads.validation import validate_custom_resource, validate_pod_template
+from tests.support.validation import validate_custom_resource, validate_pod_template
+from tests.support.pipelines import embedded_job
 
 STACKS = ("dev", "prod")
 
@@ -65,7 +66,7 @@ def _pod_templates(doc):
     if doc["kind"] == "PyTorchJob":
         return [(replica, spec["template"]) for replica, spec in doc["spec"]["pytorchReplicaSpecs"].items()]
     if doc["kind"] == "WorkflowTemplate":
-        job = pipeline.embedded_job(doc)
+        job = embedded_job(doc)
         return pipeline.pod_templates(doc) + [(f"train/{r}", s["template"]) for r, s in job["spec"]["pytorchReplicaSpecs"].items()]
     return []
 
@@ -75,7 +76,7 @@ def test_dev_pipeline_runs_the_declared_job_as_its_train_step(schemas):
     template = docs["namespaces/team-research/workflowtemplate-shakespeare-gpt.yaml"]
     from workloads import pipeline
 
-    job = pipeline.embedded_job(template)
+    job = embedded_job(template)
     assert validate_custom_resource(job, schemas) == []
     assert job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["nodeSelector"]["mlplatform.io/pool"] == "l4"
     args = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"]
@@ -196,7 +197,7 @@ def test_no_object_is_applied_by_both_pulumi_and_argo_cd(stack):
 
 
 def test_render_refuses_what_preflight_refuses_and_writes_nothing(tmp_path):
-    """`submit` runs preflight before it renders (workloads/__main__.py ``_preflighted``); the Git
+    """`submit` runs preflight before it renders (jobs/__main__.py ``_preflighted``); the Git
     path does the same, so a job preflight refuses never reaches the tree Argo CD applies. Three
     jobs that resolve (trainingjob.render accepts them) but preflight refuses: more GPUs than the
     pool can ever launch, a trainer override the trainer's own parser rejects, and a checkpoint

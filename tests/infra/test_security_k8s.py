@@ -13,7 +13,7 @@ import pytest
 
 from infra.config import ConfigError, load_platform_config
 from tests.conftest import stack_config
-from workloads.validation import validate_core
+from tests.support.validation import validate_core
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
 POD_IDENTITY_PRINCIPAL = "pods.eks.amazonaws.com"

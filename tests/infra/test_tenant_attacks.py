@@ -499,7 +499,7 @@ def test_compiler_caches_and_dumps_live_in_the_team_tree():
 
 
 def test_every_tenancy_object_validates_against_kubernetes_1_32():
-    from workloads.validation import validate_core
+    from tests.support.validation import validate_core
 
     objects = [*POLICIES, *gitops.application_policy(GITOPS), tenancy.team_role(A), tenancy.team_role_binding(A),
                *NAMESPACES.values()]

@@ -18,7 +18,7 @@ MULTINODE = ROOT / "examples" / "jobs" / "a10g-multinode-ddp.yaml"
 
 @pytest.fixture(scope="session")
 def dev_facts(dev_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     return facts_from_plan(dev_plan)
 

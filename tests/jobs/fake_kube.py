@@ -2,7 +2,7 @@
 
 What it does as the API server does:
 - every object created or patched is validated against the pinned upstream schema of its kind
-  (CRDs under $ML_PLATFORM_SCHEMAS via workloads.validation; built-in kinds against the
+  (CRDs under $ML_PLATFORM_SCHEMAS via tests.support.validation; built-in kinds against the
   Kubernetes OpenAPI schema), and refused with the errors (HTTP 422 "Invalid") otherwise;
 - label selectors follow the Kubernetes grammar (k8s.io/apimachinery pkg/labels/selector.go:
   ``a=b``, ``a==b``, ``a!=b``, ``a in (x,y)``, ``a notin (x)``, ``a``, ``!a``; requirements ANDed);
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from jobs.kube import KubeError
-from workloads.validation import validate_core, validate_custom_resource
+from tests.support.validation import validate_core, validate_custom_resource
 
 # kubectl resource name -> (apiVersion, kind, namespaced, validated)
 RESOURCES = {

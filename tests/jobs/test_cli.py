@@ -9,7 +9,7 @@ from jobs.client import JobClient
 from jobs.store import LocalStore
 from tests.jobs import fake_kubectl
 from tests.jobs.conftest import MULTINODE, operator_pods, raw_spec, set_conditions
-from workloads.__main__ import main
+from jobs.__main__ import main
 
 NS = "team-research"
 
@@ -104,7 +104,7 @@ def test_an_unreachable_cluster_is_one_line_never_kubectls_output(argv, cluster,
 
 def test_the_cli_exit_codes_are_the_entry_points():
     import jobs.cli
-    import workloads.__main__ as entry
+    import jobs.__main__ as entry
 
     assert (jobs.cli.EXIT_SPEC, jobs.cli.EXIT_NO_CLUSTER, jobs.cli.EXIT_NOT_FOUND) == (
         entry.EXIT_SPEC, entry.EXIT_NO_CLUSTER, entry.EXIT_NOT_FOUND)

@@ -176,7 +176,7 @@ def test_trainjob_pods_are_found_by_the_jobset_labels_they_carry(kube, v2_facts)
 
 
 def test_status_command_selects_trainjob_pods_by_the_jobset_label():
-    from workloads.__main__ import status_commands
+    from jobs.__main__ import status_commands
 
     commands = status_commands("j", "team-a", "trainjob")
     assert ["kubectl", "get", "pods", "-n", "team-a", "-l",

@@ -136,7 +136,7 @@ def test_data_upload_and_checkpoints_commands(s3, dev_facts, tmp_path, monkeypat
     import dataclasses
 
     import jobs.data
-    from workloads.__main__ import main
+    from jobs.__main__ import main
 
     facts_file = tmp_path / "facts.json"
     facts_file.write_text(json.dumps(dataclasses.replace(dev_facts, checkpoints_bucket=BUCKET).to_dict()))

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workloads import __main__ as cli
-from workloads import local
+from jobs import __main__ as cli
+from jobs import local
 from workloads.jobspec import parse_job_spec
-from workloads.local import LocalOverrides, replacements, shrink
+from jobs.local import LocalOverrides, replacements, shrink
 from workloads.trainingjob import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def prod_facts(prod_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     return facts_from_plan(prod_plan)
 

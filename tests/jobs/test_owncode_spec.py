@@ -10,7 +10,7 @@ import pytest
 
 from workloads.jobspec import JobSpecError, parse_job_spec
 from workloads.trainingjob import LAUNCH_COMMAND, render
-from workloads.validation import validate_custom_resource, validate_pod_template
+from tests.support.validation import validate_custom_resource, validate_pod_template
 
 SHA = "ab" * 32
 IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/mlp-dev/trainer:1.0.0"
@@ -18,7 +18,7 @@ IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/mlp-dev/trainer:1.0.0"
 
 @pytest.fixture(scope="module")
 def dev_facts(dev_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     return facts_from_plan(dev_plan)
 

@@ -11,7 +11,7 @@ import yaml
 from jobs.sweep import (MAX_POINTS, POINT_ANNOTATION, SWEEP_ID_ENV, SWEEP_LABEL, SWEEP_NAME_ENV, SweepError, expand,
                         parse_sweeps, point_name, render_sweep, results_table, submit_sweep)
 from workloads.jobspec import MAX_NAME_LENGTH, parse_job_spec
-from workloads.validation import validate_custom_resource
+from tests.support.validation import validate_custom_resource
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = yaml.safe_load((ROOT / "examples" / "jobs" / "l4-dev-smoke.yaml").read_text())
@@ -19,7 +19,7 @@ SPEC = yaml.safe_load((ROOT / "examples" / "jobs" / "l4-dev-smoke.yaml").read_te
 
 @pytest.fixture(scope="module")
 def dev_facts(dev_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     return facts_from_plan(dev_plan)
 

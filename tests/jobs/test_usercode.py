@@ -141,7 +141,7 @@ def test_submit_code_uploads_the_archive_then_applies_the_job_pinned_to_it(monke
     object lands at the pinned key before the job is applied, and the job carries its digest."""
     import yaml
 
-    from workloads import __main__ as cli
+    from jobs import __main__ as cli
 
     for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                         "AWS_DEFAULT_REGION": "us-west-2"}.items():

@@ -63,7 +63,7 @@ def test_the_expansion_port_agrees_with_the_documented_rule():
 
 @pytest.fixture(scope="module")
 def prod_facts(prod_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     return facts_from_plan(prod_plan)
 

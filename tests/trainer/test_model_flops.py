@@ -141,7 +141,7 @@ def test_model_facts_import_without_torch():
 
     from trainer_helpers import REPO
 
-    code = ("import sys; sys.modules['torch'] = None; import trainer.model_facts, workloads.preflight; "
+    code = ("import sys; sys.modules['torch'] = None; import trainer.model_facts, jobs.preflight; "
             "print(trainer.model_facts.peak_tflops_for_gpu_type('h100'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO})
     assert out.returncode == 0 and out.stdout.strip() == "989.0", out.stderr[-2000:]

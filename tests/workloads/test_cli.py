@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workloads.__main__ import apply_command, kubeconfig_available, logs_command, main, status_commands
+from jobs.__main__ import apply_command, kubeconfig_available, logs_command, main, status_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "jobs" / "gpt2-pretrain.yaml")

@@ -35,7 +35,7 @@ from typing import Optional
 import pytest
 import yaml
 
-from infra import render
+from jobs import render
 from infra.plan import ROOT
 from workloads import gitops, gitops_jobs
 from workloads.jobspec import parse_job_spec
@@ -55,7 +55,7 @@ def operator_deletes(job: dict, *, completed: datetime, now: datetime) -> bool:
 
 @pytest.fixture(scope="module")
 def prod_facts(prod_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     return facts_from_plan(prod_plan)
 

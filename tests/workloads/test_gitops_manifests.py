@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from workloads import gitops, pipeline
-from workloads.validation import validate_custom_resource, validate_pod_template
+from tests.support.validation import validate_custom_resource, validate_pod_template
 from tests.workloads.golden_files import assert_golden
+from tests.support.pipelines import embedded_job
 
 REPO = "https://github.com/example-org/ml-training-platform.git"
 NAMESPACES = ("team-research", "team-platform")
@@ -86,7 +87,7 @@ def test_train_fixture_is_a_valid_pytorchjob(schemas):
 
 def test_embedded_train_job_is_valid_and_carries_the_pipeline_paths(schemas):
     template = pipeline.workflow_template(PIPELINE)
-    job = pipeline.embedded_job(template)
+    job = embedded_job(template)
     assert validate_custom_resource(job, schemas) == []
     assert job["metadata"]["name"] == "{{workflow.name}}-train"
     args = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"]

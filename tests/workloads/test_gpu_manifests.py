@@ -14,7 +14,7 @@ from workloads.karpenter import (
     FSX_STARTUP_TAINT, GPU_TAINT, CapacityType, ConsolidationPolicy, CpuPoolSpec, GpuPoolSpec, NodeClassSpec,
     cpu_node_class, cpu_node_pool, efa_network_interfaces, gpu_node_class, gpu_node_pool,
 )
-from workloads.validation import validate_core, validate_custom_resource
+from tests.support.validation import validate_core, validate_custom_resource
 from tests.workloads.golden_files import assert_golden
 
 NODE_CLASS = NodeClassSpec(cluster_name="mlp-test-eks", node_role_name="mlp-test-karpenter-node",

@@ -13,7 +13,7 @@ from infra.config import ConfigError, load_platform_config
 from tests.conftest import stack_config
 from workloads import gpu_sharing
 from workloads.gpu_sharing import GpuSharing, PoolSharing
-from workloads.validation import validate_core, validate_custom_resource, validate_pod_template
+from tests.support.validation import validate_core, validate_custom_resource, validate_pod_template
 
 
 def _inputs(plan, kind):
@@ -361,7 +361,7 @@ def test_plan_prices_a_slice_as_its_share_of_the_instance(dev_plan, prod_plan):
 # -- a job asking for a slice -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def facts(dev_plan, prod_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
     return {"dev": facts_from_plan(dev_plan), "prod": facts_from_plan(prod_plan)}
 
 
@@ -412,7 +412,7 @@ def test_preflight_checks_memory_against_the_slice_not_the_gpu(facts):
     """A 1g.10gb slice has 9.75 GB (MIG guide, H100-SXM5-80GB); the same model that fits the
     slice at micro-batch 4 does not at micro-batch 16, though it would fit the whole 80 GB GPU."""
     from pathlib import Path
-    from workloads.preflight import preflight
+    from jobs.preflight import preflight
     root = str(Path(__file__).resolve().parents[2])
     fits = preflight(_spec(), facts["prod"], repo_root=root)
     assert fits.ok, fits.render()

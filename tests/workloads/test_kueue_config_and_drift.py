@@ -130,7 +130,7 @@ def stack(request):
 
 
 def test_admitting_a_rendered_pytorchjob_changes_no_list_argo_cd_compares(stack):
-    from infra.facts import facts_for_stack
+    from jobs.facts import facts_for_stack
     from tests.conftest import _plan
 
     facts = facts_for_stack(stack, use_outputs=False)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from workloads.jobspec import parse_job_spec
-from workloads.local import LocalOverrides, run_local, shrink
+from jobs.local import LocalOverrides, run_local, shrink
 from workloads.trainingjob import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def rendered(prod_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     spec = parse_job_spec(yaml.safe_load((ROOT / "examples" / "jobs" / "gpt2-pretrain.yaml").read_text()))
     return render(spec, facts_from_plan(prod_plan))
@@ -70,7 +70,7 @@ def test_trainjob_pods_run_locally_with_trainer_v2_env(prod_plan, tmp_path):
     """The same arguments work under Trainer v2's torch plugin (PET_* only, no MASTER_ADDR/RANK)."""
     import dataclasses
 
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     facts = dataclasses.replace(facts_from_plan(prod_plan), trainer_v2_runtime="torch-distributed")
     raw = yaml.safe_load((ROOT / "examples" / "jobs" / "gpt2-pretrain.yaml").read_text())

@@ -8,7 +8,7 @@ from tests.workloads.golden_files import assert_golden
 from workloads import node_health, node_health_agent
 from workloads.gpu_catalog import GPU_TYPES
 from workloads.karpenter import READINESS_STARTUP_TAINT, GpuPoolSpec, gpu_node_pool
-from workloads.validation import validate_core, validate_custom_resource
+from tests.support.validation import validate_core, validate_custom_resource
 
 IMAGE = "example.com/node-health@sha256:" + "0" * 64
 

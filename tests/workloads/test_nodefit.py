@@ -9,7 +9,7 @@ import yaml
 from workloads.jobspec import JobSpecError, parse_job_spec
 from workloads.nodefit import (DoesNotFit, kube_reserved_cpu_millicores, kube_reserved_memory_mib, node_allocatable,
                                size_pod)
-from workloads.preflight import preflight
+from jobs.preflight import preflight
 from workloads.trainingjob import render, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,14 +19,14 @@ H100 = yaml.safe_load((ROOT / "examples" / "jobs" / "gpt2-pretrain.yaml").read_t
 
 @pytest.fixture(scope="module")
 def dev_facts(dev_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     return facts_from_plan(dev_plan)
 
 
 @pytest.fixture(scope="module")
 def prod_facts(prod_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     return facts_from_plan(prod_plan)
 

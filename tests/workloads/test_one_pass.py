@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from workloads.jobspec import JobSpecError, SpecFileError, load_job_spec, parse_job_spec, read_job_spec_file
-from workloads.preflight import (EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, GIB, USABLE_MEMORY_FRACTION, ModelShape, memory_per_gpu,
+from jobs.preflight import (EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, GIB, USABLE_MEMORY_FRACTION, ModelShape, memory_per_gpu,
                                  preflight_file)
 from workloads.problems import BAD_INPUT, DOES_NOT_FIT
 
@@ -34,7 +34,7 @@ dataset: /fsx/datasets/tinystories/gpt2-v1
 
 @pytest.fixture(scope="module")
 def dev_facts(dev_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     return facts_from_plan(dev_plan)
 
@@ -155,7 +155,7 @@ def test_unreadable_files_are_one_clear_line(tmp_path, make, words):
 
 
 def test_unreadable_file_cli_exits_2_with_one_line(tmp_path, dev_facts, capsys, monkeypatch):
-    import workloads.__main__ as cli
+    import jobs.__main__ as cli
 
     monkeypatch.setattr(cli, "_facts", lambda *a, **k: dev_facts)
     assert cli.main(["preflight", str(tmp_path), "--stack", "dev"]) == 2

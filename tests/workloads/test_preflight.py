@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from workloads.jobspec import parse_job_spec
-from workloads.preflight import BYTES_PER_PARAMETER, GIB, memory_per_gpu, preflight, trainer_shape
+from jobs.preflight import BYTES_PER_PARAMETER, GIB, memory_per_gpu, preflight, trainer_shape
 from workloads.prices import PRICES, SPOT_DISCOUNT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,7 +17,7 @@ EXAMPLE = yaml.safe_load((ROOT / "examples" / "jobs" / "gpt2-pretrain.yaml").rea
 
 @pytest.fixture(scope="session")
 def prod_facts(prod_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     return facts_from_plan(prod_plan)
 

@@ -26,7 +26,7 @@ def test_the_shipped_file_holds_no_invented_figures():
 
 
 def test_planning_mfu_prefers_a_measurement_and_says_which(tmp_path):
-    from workloads.preflight import DEFAULT_MFU, planning_mfu
+    from jobs.preflight import DEFAULT_MFU, planning_mfu
 
     path = tmp_path / "m.json"
     gpu_measurements.record("h100", {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-25", "torch": "2.11.0",

@@ -11,14 +11,14 @@ import pytest
 from trainer.nccl_check import bus_bandwidth
 from workloads.instances import INSTANCES, busbw_floor_gb_per_s
 from workloads.readiness import gate_floor_gb_per_s, readiness_job, readiness_namespace
-from workloads.validation import validate_core, validate_custom_resource, validate_pod_template
+from tests.support.validation import validate_core, validate_custom_resource, validate_pod_template
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def prod_facts(prod_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     return facts_from_plan(prod_plan)
 

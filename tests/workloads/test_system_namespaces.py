@@ -11,7 +11,7 @@ from components.gpu_enablement import GpuEnablementArgs
 from workloads.system_namespaces import (
     PodSecurityLevel, SystemNamespaceSpec, karpenter_flow_schemas, namespace_objects,
 )
-from workloads.validation import validate_core
+from tests.support.validation import validate_core
 
 SPEC = SystemNamespaceSpec(name="ctl", pod_security=PodSecurityLevel.RESTRICTED, vpc_cidr="10.0.0.0/16",
                            service_cidr="172.20.0.0/16", api_server_ingress_ports=(9443,), metrics_ports=(8080,),

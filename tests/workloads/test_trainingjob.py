@@ -17,9 +17,9 @@ from components.validation import InvalidInputError
 from workloads.gpu_catalog import SPOT_NOTICE_SECONDS
 from workloads.jobspec import JobSpecError, load_job_spec, parse_job_spec
 from workloads.karpenter import EFA_RESOURCE, GPU_RESOURCE
-from workloads.local import Replica, expand, operator_env, replicas
+from jobs.local import Replica, expand, operator_env, replicas
 from workloads.trainingjob import render, render_pytorchjob, render_trainjob, resolve
-from workloads.validation import validate_custom_resource, validate_pod_template
+from tests.support.validation import validate_custom_resource, validate_pod_template
 from tests.workloads.golden_files import assert_golden
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ EXAMPLE = ROOT / "examples" / "jobs" / "gpt2-pretrain.yaml"
 
 @pytest.fixture(scope="session")
 def prod_facts(prod_plan):
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
 
     return facts_from_plan(prod_plan)
 
@@ -220,7 +220,7 @@ def test_priority_above_the_teams_entitlement_is_refused_before_the_cluster_woul
 
 def test_facts_follow_the_stack_config(plan_config, example_raw):
     """Nothing is hard-coded: a pool's grace period and a team's queue come from the plan."""
-    from infra.facts import facts_from_plan
+    from jobs.facts import facts_from_plan
     from tests.conftest import stack_config
 
     raw = stack_config("prod")

@@ -29,7 +29,7 @@ import pytest
 
 from workloads import trainjob_runtime
 from workloads.trainingjob import TORCH_DISTRIBUTED_RUNTIME, TRAINJOB_CONTAINER
-from workloads.validation import validate_custom_resource, validate_pod_template
+from tests.support.validation import validate_custom_resource, validate_pod_template
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ the cluster would run it, with ``<work-dir>/<run>/fsx`` standing in for the FSx 
 1. prepare   the template's ``prepare-data`` command (``workloads.pipeline.step_commands``),
              text files -> token shards with a validation split
 2. train     the PyTorchJob embedded in the template's train step, ``{{workflow.name}}``
-             substituted as Argo does, made tiny by ``workloads.local.shrink`` and run by
-             ``workloads.local.run_local``: each pod's exact command, arguments and environment
+             substituted as Argo does, made tiny by ``jobs.local.shrink`` and run by
+             ``jobs.local.run_local``: each pod's exact command, arguments and environment
              (the operator's rendezvous variables on loopback, Secrets from a local stand-in),
              retryable exits retried as ``restartPolicy: ExitCode`` would
 3. evaluate  the template's ``trainer.evaluate`` command: validation loss of the final checkpoint
@@ -36,10 +36,10 @@ import yaml
 
 from components.tracking import K8S_SECRET_NAME
 from infra.plan import ROOT
-from infra.render import RenderError, cpu_node_selector, default_job_renderer, load_config
+from jobs.render import RenderError, cpu_node_selector, default_job_renderer, load_config
 from workloads import pipeline
 from workloads.jobspec import FSX_MOUNT_PATH
-from workloads.local import LocalOverrides, LocalRunError, remap, run_local as run_pods, shrink
+from jobs.local import LocalOverrides, LocalRunError, remap, run_local as run_pods, shrink
 from workloads.trainingjob import CHECKPOINT_KEY_ITEM, CHECKPOINT_KEY_SECRET
 
 # MLflow is the trainer's dependency (not the infra extra's): its helpers live trainer-side.
@@ -78,7 +78,7 @@ def run_local(declaration_path: Path, stack: str, *, dataset: str, work_dir: Pat
 
     run_name = f"{declaration.name}-local"
     run_dir = work_dir.resolve() / run_name
-    fsx = run_dir / "fsx"  # the FSx stand-in (workloads.local maps the pods' mount here too)
+    fsx = run_dir / "fsx"  # the FSx stand-in (jobs.local maps the pods' mount here too)
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     # The cluster's paths for this run, on the stand-in.

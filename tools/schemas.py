@@ -1,9 +1,9 @@
 """Pinned upstream schemas (CRDs, pulumi-eks) that generated objects are validated against.
 
-The files are not in the repository: ``make schemas`` (``python -m workloads.schemas fetch``)
+The files are not in the repository: ``make schemas`` (``python -m tools.schemas fetch``)
 downloads each from its upstream tag into ``.cache/schemas`` and keeps it only if its SHA-256
 matches the sum pinned here. ``ML_PLATFORM_SCHEMAS`` points at a local copy instead (an offline
-mirror); ``python -m workloads.schemas verify DIR`` checks such a copy against the same sums.
+mirror); ``python -m tools.schemas verify DIR`` checks such a copy against the same sums.
 """
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def fetch(directory: Path, *, opener=urllib.request.urlopen) -> list[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workloads.schemas", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.schemas", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["fetch", "verify"])
     parser.add_argument("directory", nargs="?", type=Path, help=f"default: ${ENV_VAR} or {CACHE_DIR}")
     args = parser.parse_args(argv)

@@ -1,11 +1,11 @@
-"""workloads.validation: CRD schemas converted to strict JSON Schema, core kinds via kubernetes-validate."""
+"""tests.support.validation: CRD schemas converted to strict JSON Schema, core kinds via kubernetes-validate."""
 from __future__ import annotations
 
 import copy
 
 import pytest
 
-from workloads.validation import (
+from tests.support.validation import (
     structural_to_json_schema,
     validate_core,
     validate_custom_resource,
@@ -149,7 +149,7 @@ def test_every_pinned_crd_converts_to_a_valid_json_schema(schemas):
     # Guards the converter (and RE2-only regex syntax such as a mid-pattern `(?i)`) on all pinned CRDs.
     import jsonschema
 
-    from workloads.validation import _crd_file_texts, _parse_crds
+    from tests.support.validation import _crd_file_texts, _parse_crds
 
     num_schemas = 0
     for path, _ in _crd_file_texts(str(schemas.resolve())):

@@ -63,7 +63,7 @@ def default_job_renderer(stack: str, root: Path) -> JobRenderer:
     repository alone, so the committed tree and CI's render agree byte for byte.
     """
     from workloads import jobspec, trainingjob
-    from workloads.preflight import preflight
+    from jobs.preflight import preflight
 
     facts = _plan_facts(stack)
 
@@ -87,7 +87,7 @@ def default_job_renderer(stack: str, root: Path) -> JobRenderer:
 @functools.lru_cache(maxsize=None)
 def _plan_facts(stack: str):
     # Building the offline plan takes seconds; one render (or test session) needs it once per stack.
-    from infra.facts import facts_for_stack
+    from jobs.facts import facts_for_stack
 
     return facts_for_stack(stack, use_outputs=False)
 

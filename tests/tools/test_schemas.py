@@ -5,7 +5,7 @@ import io
 import shutil
 from pathlib import Path
 
-from workloads import schemas as pinned
+from tools import schemas as pinned
 
 
 def test_the_configured_copy_is_exactly_the_pinned_set(schemas):

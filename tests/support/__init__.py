@@ -1,0 +1,1 @@
+"""Test support: what the checks share (schema validation of generated manifests)."""
