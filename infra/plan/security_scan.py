@@ -28,7 +28,7 @@ from typing import Any, Iterator, Optional
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILES = ("trainer/Dockerfile", "docker/mlflow/Dockerfile")
+DOCKERFILES = ("trainer/Dockerfile", "docker/mlflow/Dockerfile", "docker/node-health/Dockerfile")
 DEFAULT_STACKS = ("dev", "prod")
 # Not renderable offline: a Helm release is values for a chart, a kustomize Directory a remote
 # overlay (the training operator), both rendered by the engine at deploy.

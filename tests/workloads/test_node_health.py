@@ -111,3 +111,16 @@ def test_the_agents_event_is_a_valid_core_event():
     event = {**event, "metadata": {**event["metadata"], "name": "ip-10-0-1-2.gpu-health-x"}}  # the server fills generateName
     assert validate_core(event) == []
     assert node_health_agent.failure_label_value(failures) == "efa-count"
+
+
+def test_checkov_skips_carry_a_reason_checkov_can_read():
+    """checkov splits a skip annotation on '=' (its k8s runner: ``check_id, reason = value.split('=')``):
+    a reason with '=' or none at all would be read wrong, so building one is refused."""
+    import pytest
+
+    from workloads.scan_skips import skip_annotations
+
+    assert skip_annotations([("CKV_K8S_8", "no server")]) == {"checkov.io/skip1": "CKV_K8S_8=no server"}
+    for reason in ("a=b", " "):
+        with pytest.raises(ValueError, match="CKV_K8S_8"):
+            skip_annotations([("CKV_K8S_8", reason)])
