@@ -73,6 +73,14 @@ CLUSTER_ADDONS: tuple[AddonSpec, ...] = (
 # attachRequired: false, and the node plugin only mounts (Lustre client). Source:
 # kubernetes-sigs/aws-fsx-csi-driver pkg/driver/controller.go and docs/install.md ("IAM
 # permissions ... to create/delete file systems and volumes").
+# Add-ons another component owns (``Datasets``), by storage mode. The FSx and EFS drivers need no
+# role here (FSx: the node's; EFS static volumes with access points: "no additional IAM permissions",
+# aws-efs-csi-driver examples/kubernetes/access_points). Mountpoint's read-only role has an inline
+# policy scoped to one bucket, which a managed-policy row cannot say: ``Datasets`` makes it and its
+# Pod Identity association, and the add-on waits for that association.
 FSX_CSI_DRIVER = AddonSpec("aws-fsx-csi-driver")
+EFS_CSI_DRIVER = AddonSpec("aws-efs-csi-driver")
+MOUNTPOINT_S3_CSI_DRIVER = AddonSpec("aws-mountpoint-s3-csi-driver")
 
-ADDONS: dict[str, AddonSpec] = {spec.name: spec for spec in (*CLUSTER_ADDONS, FSX_CSI_DRIVER)}
+ADDONS: dict[str, AddonSpec] = {spec.name: spec for spec in (*CLUSTER_ADDONS, FSX_CSI_DRIVER, EFS_CSI_DRIVER,
+                                                             MOUNTPOINT_S3_CSI_DRIVER)}

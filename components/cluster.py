@@ -340,13 +340,15 @@ class Cluster(pulumi.ComponentResource):
         return out
 
     def addon(self, spec: AddonSpec, *, name: str, parent: pulumi.Resource,
-              version: Optional[str] = None, tags: Optional[Mapping[str, str]] = None) -> aws.eks.Addon:
+              version: Optional[str] = None, tags: Optional[Mapping[str, str]] = None,
+              depends_on: Sequence[pulumi.Resource] = ()) -> aws.eks.Addon:
         """The EKS managed add-on ``spec`` on this cluster, named ``f"{name}-{spec.name}"`` under ``parent``
         (pulumi-eks' ``Addon(cluster=...)``): the cluster's own add-ons and those another
         component owns (the FSx CSI driver in ``Datasets``) are made the same way.
 
         ``version``: the build; default, the cluster's pin for its Kubernetes minor. An
-        ``AFTER_NODES`` add-on waits for the static node group.
+        ``AFTER_NODES`` add-on waits for the static node group (and for ``depends_on``: an identity
+        its owner made, for example).
         """
         tags = dict(self.args.tags if tags is None else tags)
         identity = None
@@ -365,7 +367,7 @@ class Cluster(pulumi.ComponentResource):
             configuration_values=json.dumps(dict(spec.configuration)) if spec.configuration else None,
             resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE",
             pod_identity_associations=identity, tags=tags,
-            opts=pulumi.ResourceOptions(parent=parent, depends_on=waits_for),
+            opts=pulumi.ResourceOptions(parent=parent, depends_on=[*waits_for, *depends_on]),
         )
 
     def _system_node_group(self, name, cluster_name, tags) -> aws.eks.NodeGroup:

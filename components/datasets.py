@@ -36,7 +36,7 @@ from components.k8s import apply_object
 from components.kms import create_key, set_key_policy
 from components.network import Network
 from components.validation import Problem, accepts_enum_values, raise_if_any
-from components.addons import FSX_CSI_DRIVER
+from components.addons import EFS_CSI_DRIVER, FSX_CSI_DRIVER, MOUNTPOINT_S3_CSI_DRIVER
 from components.versions import EKS_ADDON_VERSIONS
 from workloads.fsx import (
     CHECKPOINTS_DIR, CLAIM_NAME, DATASETS_CLAIM_NAME, fsx_persistent_volume, fsx_persistent_volume_claim, team_volume_specs,
@@ -508,11 +508,8 @@ class Datasets(pulumi.ComponentResource):
         association = aws.eks.PodIdentityAssociation(
             f"{name}-mountpoint-association", cluster_name=cluster.cluster_name, namespace="kube-system",
             service_account=MOUNTPOINT_SERVICE_ACCOUNT, role_arn=self.mountpoint_role.arn, tags=tags, opts=child)
-        self.addon = aws.eks.Addon(
-            f"{name}-aws-mountpoint-s3-csi-driver", cluster_name=cluster.cluster_name,
-            addon_name="aws-mountpoint-s3-csi-driver", addon_version=args.mountpoint_addon_version,
-            resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="PRESERVE", tags=tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.node_group, association]))
+        self.addon = cluster.addon(MOUNTPOINT_S3_CSI_DRIVER, name=name, parent=self, version=args.mountpoint_addon_version,
+                                   tags=tags, depends_on=[association])
 
         # EFS: elastic throughput (billed per GB moved, nothing while idle), encrypted with the data
         # key; a mount target in every private subnet so a node in any AZ resolves the file
@@ -536,11 +533,7 @@ class Datasets(pulumi.ComponentResource):
         ]
         # No IAM role: static volumes with access points need none ("by default no additional IAM
         # permissions are necessary", aws-efs-csi-driver examples/kubernetes/access_points).
-        self.efs_addon = aws.eks.Addon(
-            f"{name}-aws-efs-csi-driver", cluster_name=cluster.cluster_name, addon_name="aws-efs-csi-driver",
-            addon_version=args.efs_addon_version, resolve_conflicts_on_create="OVERWRITE",
-            resolve_conflicts_on_update="PRESERVE", tags=tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.node_group]))
+        self.efs_addon = cluster.addon(EFS_CSI_DRIVER, name=name, parent=self, version=args.efs_addon_version, tags=tags)
 
         region = aws.get_region_output(opts=pulumi.InvokeOutputOptions(parent=self)).region
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=cluster.k8s_provider,
