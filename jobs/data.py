@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from trainer.durable import sha256_file
 from workloads.fsx import DATASETS_DIR, FSX_MOUNT_PATH
 from workloads.problems import InvalidInputError, Problem
 from workloads.scheduling import team_namespace
 
 MANIFEST = "_dataset.json"
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9._]{0,61}[a-z0-9])?$")
-_CHUNK = 8 << 20
 
 
 class DataUploadError(InvalidInputError):
@@ -48,14 +48,6 @@ class UploadResult:
     uploaded: bool  # False: this version was already complete in the bucket
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def dataset_files(root: Path) -> list[Path]:
     """Regular files under ``root``, sorted; symbolic links are not followed (they could point
     outside the directory the user named)."""
@@ -68,7 +60,7 @@ def dataset_files(root: Path) -> list[Path]:
 
 def content_version(root: Path, files: list[Path]) -> tuple[str, dict[str, str]]:
     """("sha256-<16 hex>", {relative path: sha256}): the version names the content."""
-    digests = {p.relative_to(root).as_posix(): _sha256(p) for p in files}
+    digests = {p.relative_to(root).as_posix(): sha256_file(p) for p in files}
     whole = hashlib.sha256("".join(f"{rel}\0{d}\n" for rel, d in sorted(digests.items())).encode()).hexdigest()
     return f"sha256-{whole[:16]}", digests
 

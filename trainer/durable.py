@@ -1,10 +1,14 @@
 """Files that survive a crash or a power loss: written, fsynced, renamed into place, and the
-step directory's completion marker name. Torch-free; shared by the checkpointer
-(trainer/checkpoint.py) and the checkpoint trust check (trainer/trust.py)."""
+step directory's completion marker name; a file's SHA-256. Torch-free; shared by the checkpointer
+(trainer/checkpoint.py), the checkpoint trust check (trainer/trust.py) and dataset uploads
+(jobs/data.py)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+
+_HASH_CHUNK_BYTES = 8 << 20
 
 # A step directory is complete when this file exists: written last, after every shard.
 MARKER = "complete.json"
@@ -42,3 +46,12 @@ def fsync_dir(path: str) -> None:
         fsync_file(path)
     except OSError:  # some file systems refuse fsync on a directory; the rename is still atomic
         pass
+
+
+def sha256_file(path: "str | os.PathLike[str]") -> str:
+    """The file's SHA-256, hex, read in 8 MiB chunks (multi-GB shards never sit in memory)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -37,7 +37,7 @@ import stat
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
-from trainer.durable import MARKER, fsync_file, write_json_atomic
+from trainer.durable import MARKER, fsync_file, sha256_file, write_json_atomic
 from trainer.guards import TrainingStopped
 
 MANIFEST = "manifest.json"
@@ -48,7 +48,6 @@ FORMAT = 1
 # The files DCP and the trainer unpickle: never opened unless their digest matches.
 PICKLED = (".metadata",)
 PICKLED_PREFIX = "rng-rank-"
-_CHUNK = 8 << 20
 
 
 class UntrustedCheckpoint(TrainingStopped):
@@ -66,14 +65,6 @@ class UntrustedCheckpoint(TrainingStopped):
 
 class CheckpointKeyError(ValueError):
     """The signing key is configured wrongly (exit 2: bad input)."""
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _canonical(body: dict) -> bytes:

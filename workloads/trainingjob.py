@@ -33,6 +33,7 @@ from workloads.monitoring.stack import (
     TRAINER_METRICS_LABEL, TRAINER_METRICS_PORT, TRAINER_METRICS_PORT_NAME, TRAINJOB_METRICS_LABEL_VALUE,
 )
 from workloads.platform_facts import PlatformFacts, PoolFacts, TeamFacts
+from workloads.scan_skips import skip_annotations
 from workloads.scheduling import Priority, priority_class_name
 from workloads import owncode, trainjob_runtime
 
@@ -495,7 +496,7 @@ TRAINING_POD_CHECKOV_SKIPS = (
 def pod_annotations(job: ResolvedJob) -> dict[str, str]:
     # Karpenter never voluntarily disrupts (consolidation, drift) a node running this pod.
     return {DO_NOT_DISRUPT: "true", "mlplatform.io/time-budget": job.budget.describe(),
-            **{f"checkov.io/skip{i}": f"{check}={reason}" for i, (check, reason) in enumerate(TRAINING_POD_CHECKOV_SKIPS, 1)}}
+            **skip_annotations(TRAINING_POD_CHECKOV_SKIPS)}
 
 
 def pod_template(job: ResolvedJob) -> dict[str, Any]:
