@@ -2,7 +2,7 @@
 
 What it does as the API server does:
 - every object created or patched is validated against the pinned upstream schema of its kind
-  (CRDs under $ML_PLATFORM_SCHEMAS via tests.support.validation; built-in kinds against the
+  (CRDs under $ML_PLATFORM_SCHEMAS or `make schemas`' cache, via tests.support.validation; built-in kinds against the
   Kubernetes OpenAPI schema), and refused with the errors (HTTP 422 "Invalid") otherwise;
 - label selectors follow the Kubernetes grammar (k8s.io/apimachinery pkg/labels/selector.go:
   ``a=b``, ``a==b``, ``a!=b``, ``a in (x,y)``, ``a notin (x)``, ``a``, ``!a``; requirements ANDed);
@@ -28,7 +28,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from jobs.kube import KubeError
+from tools import schemas
 from tests.support.validation import validate_core, validate_custom_resource
+
+PROJECT_DIR = Path(__file__).resolve().parents[2]
 
 # kubectl resource name -> (apiVersion, kind, namespaced, validated)
 RESOURCES = {
@@ -117,7 +120,9 @@ class FakeKubeApi:
     """``jobs.kube.KubeApi`` in memory."""
 
     def __init__(self, schemas_dir: Optional[str] = None):
-        self.schemas_dir = schemas_dir or os.environ["ML_PLATFORM_SCHEMAS"]
+        # The fake kubectl runs as a subprocess: it finds the schemas the way the tests do, so a CI
+        # run that fetched them with `make schemas` (no ML_PLATFORM_SCHEMAS) works too.
+        self.schemas_dir = schemas_dir or str(schemas.schemas_dir(PROJECT_DIR))
         self.objects: dict[tuple[str, str, str], dict] = {}  # (resource, namespace, name)
         self.pod_logs: dict[str, list[str]] = {}  # pod uid -> lines
         self.requests: list[tuple] = []  # every call, for assertions
