@@ -38,15 +38,16 @@ def facts_from_plan(plan: Plan) -> PlatformFacts:
     fsx = next((r.inputs for r in recording.resources if r.type == "aws:fsx/lustreFileSystem:LustreFileSystem"), None)
     write_mb_s = (write_throughput_mb_per_s(int(fsx["storageCapacity"]), int(fsx["perUnitStorageThroughput"]))
                   if fsx else None)
+    store = "FSx for Lustre" if fsx else None
     if write_mb_s is None and any(r.type == "aws:efs/fileSystem:FileSystem" for r in recording.resources):
         # Datasets storage s3-mountpoint: checkpoints go to EFS, at most its per-client rate.
-        write_mb_s = EFS_CLIENT_WRITE_MB_PER_S
+        write_mb_s, store = EFS_CLIENT_WRITE_MB_PER_S, "EFS"
     trainer_v2 = any(r.type == "kubernetes:helm.sh/v3:Release" and "kubeflow-trainer" in str(r.inputs.get("chart", ""))
                      for r in recording.resources)
     return facts_from_manifests(
         _kubernetes_manifests(recording), stack=plan.stack, region=config.region, tracking_secret_name=K8S_SECRET_NAME,
         checkpoints_bucket=bucket, fsx_write_mb_per_s=write_mb_s,
-        trainer_v2_runtime=TORCH_DISTRIBUTED_RUNTIME if trainer_v2 else None,
+        trainer_v2_runtime=TORCH_DISTRIBUTED_RUNTIME if trainer_v2 else None, checkpoint_store=store,
     )
 
 

@@ -390,16 +390,20 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
 
     # -- checkpoint time ------------------------------------------------------------------------
     if facts.fsx_write_mb_per_s:
+        store = facts.checkpoint_store or "FSx"
+        # EFS's per-client rate is fixed (500 MiB/s): the platform-side fix there is FSx.
+        faster_store = ("use datasets.storage fsx (FSx for Lustre) on this stack" if store == "EFS"
+                        else f"raise the {store} throughput (storage capacity or per-unit throughput)")
         ckpt_bytes = shape.parameters * BYTES_PER_PARAMETER
         seconds = ckpt_bytes / (facts.fsx_write_mb_per_s * 1e6)
-        report.lines.append(f"checkpoint     {_gib(ckpt_bytes)} state / FSx {facts.fsx_write_mb_per_s:,.0f} MB/s = {seconds:.1f} s; "
+        report.lines.append(f"checkpoint     {_gib(ckpt_bytes)} state / {store} {facts.fsx_write_mb_per_s:,.0f} MB/s = {seconds:.1f} s; "
                             f"budget {spec.time_budget.checkpoint_seconds}s, pod grace {job.budget.grace_seconds}s")
         report.figures["checkpoint_seconds"] = round(seconds, 2)
         if seconds > spec.time_budget.checkpoint_seconds:
             report.problems.append(Problem("timeBudget.checkpointSeconds", spec.time_budget.checkpoint_seconds,
                                            f"saving {_gib(ckpt_bytes)} at {facts.fsx_write_mb_per_s:,.0f} MB/s takes ~{seconds:.0f} s, "
                                            "more than the budget: an interruption would kill the save",
-                                           "raise the FSx throughput, shard/async the save, or use on-demand (spot: false) with a larger budget").does_not_fit())
+                                           (f"{faster_store}, shard/async the save, or use on-demand (spot: false) with a larger budget")).does_not_fit())
     return report
 
 

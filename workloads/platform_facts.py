@@ -93,10 +93,13 @@ class PlatformFacts:
     fsx_claim_name: str = CLAIM_NAME
     tracking_secret_keys: tuple[str, ...] = TRACKING_SECRET_KEYS
     checkpoints_bucket: Optional[str] = None
-    # Sustained FSx write throughput (MB/s), for the checkpoint-time estimate.
+    # Sustained write throughput (MB/s) of the checkpoint volume, for the checkpoint-time estimate.
+    # The field keeps its first name (facts JSON files carry it); `checkpoint_store` says which
+    # file system the figure is for: FSx for Lustre, or EFS under datasets storage s3-mountpoint.
     fsx_write_mb_per_s: Optional[float] = None
     trainer_v2_runtime: Optional[str] = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    checkpoint_store: Optional[str] = None  # "FSx for Lustre" | "EFS"; None in older facts files
 
     def pool(self, name: str) -> Optional[PoolFacts]:
         return next((p for p in self.pools if p.name == name), None)
@@ -200,6 +203,7 @@ def facts_from_manifests(
     checkpoints_bucket: Optional[str] = None,
     fsx_write_mb_per_s: Optional[float] = None,
     trainer_v2_runtime: Optional[str] = None,
+    checkpoint_store: Optional[str] = None,
 ) -> PlatformFacts:
     """Platform facts from the platform's Kubernetes objects (as rendered / recorded)."""
     manifests = [m for m in manifests if isinstance(m, Mapping)]
@@ -263,6 +267,6 @@ def facts_from_manifests(
         stack=stack, region=region, pools=tuple(sorted(pools, key=lambda p: p.name)),
         teams=tuple(sorted(teams, key=lambda t: t.name)), priority_classes=priority_classes,
         checkpoints_bucket=checkpoints_bucket, fsx_write_mb_per_s=fsx_write_mb_per_s,
-        trainer_v2_runtime=trainer_v2_runtime,
+        trainer_v2_runtime=trainer_v2_runtime, checkpoint_store=checkpoint_store,
     )
 

@@ -102,6 +102,25 @@ def test_checkpoint_slower_than_the_budget_is_refused(prod_facts):
     assert "150 MB/s" in problem.message and f"{8e9 * 16 / (150e6):.0f} s" in problem.message
 
 
+def test_the_checkpoint_estimate_names_the_file_system_the_checkpoints_land_on(dev_plan, prod_facts):
+    """Dev (datasets.storage s3-mountpoint) checkpoints to EFS, whose per-client write rate is
+    500 MiB/s (EFS User Guide, "Amazon EFS performance specifications"); prod to FSx for Lustre.
+    The line and the fix must name the store the rate belongs to."""
+    from jobs.facts import facts_from_plan
+
+    dev_facts = facts_from_plan(dev_plan)
+    assert dev_facts.checkpoint_store == "EFS" and dev_facts.fsx_write_mb_per_s == pytest.approx(500 * 1.048576)
+    assert prod_facts.checkpoint_store == "FSx for Lustre"
+    smoke = parse_job_spec(yaml.safe_load((ROOT / "examples" / "jobs" / "l4-dev-smoke.yaml").read_text()))
+    (line,) = [l for l in preflight(smoke, dev_facts, repo_root=str(ROOT)).lines if l.startswith("checkpoint")]
+    assert "/ EFS 524 MB/s" in line and "FSx" not in line
+    slow = dataclasses.replace(dev_facts, fsx_write_mb_per_s=1.0)
+    problem = next(p for p in preflight(smoke, slow, repo_root=str(ROOT)).problems if p.path == "timeBudget.checkpointSeconds")
+    assert "datasets.storage fsx" in problem.fix
+    (prod_line,) = [l for l in preflight(parse_job_spec(EXAMPLE), prod_facts, repo_root=str(ROOT)).lines if l.startswith("checkpoint")]
+    assert "/ FSx for Lustre " in prod_line
+
+
 def test_memory_figures_are_arithmetic_not_constants():
     shape, _ = trainer_shape(parse_job_spec(EXAMPLE), str(ROOT))
     small, big = memory_per_gpu(shape, 1), memory_per_gpu(dataclasses.replace(shape, micro_batch_size=32), 1)
