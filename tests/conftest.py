@@ -20,12 +20,19 @@ def schemas_dir() -> Path:
     return pinned_schemas_dir(ROOT)
 
 
-@pytest.fixture(scope="session")
-def schemas() -> Path:
+@functools.lru_cache(maxsize=None)
+def _schema_problems(path: Path) -> tuple[str, ...]:
     from tools.schemas import problems
 
+    return tuple(problems(path))
+
+
+@pytest.fixture
+def schemas() -> Path:
+    # Per test, not per session: a test that points ML_PLATFORM_SCHEMAS elsewhere (monkeypatch)
+    # must not decide where every later test reads. Hashing is cached per directory.
     path = schemas_dir()
-    found = problems(path)
+    found = _schema_problems(path)
     if found:
         message = (f"pinned upstream schemas not usable at {path} ({len(found)} problems, first: {found[0]}); "
                    "run `make schemas` or set ML_PLATFORM_SCHEMAS to a verified copy")
