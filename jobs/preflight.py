@@ -269,6 +269,8 @@ def planning_mfu(gpu_type: str, mfu: Optional[float], measured: dict[str, dict[s
 
 def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optional[float] = None,
               measurements_file: str = gpu_measurements.MEASUREMENTS_FILE) -> Preflight:
+    """Every check a job can fail before it is submitted, all in one pass: placement, quota,
+    memory per GPU, step time and cost, checkpoint time (each section below is one function)."""
     job, resolve_problems = resolve_with_problems(spec, facts)
     if job is None:
         # Still check what the trainer would refuse: every mistake in one run.
@@ -276,12 +278,27 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
         return Preflight(None, [f"Preflight of job {spec.name} on stack {facts.stack}"],
                          list(resolve_problems) + trainer_problems)
     report = Preflight(job, problems=list(resolve_problems), warnings=list(job.warnings))
-    pool, gpu = job.pool, GPU_TYPES[job.pool.gpu_type]
-    world = spec.world_size
-    price = PRICES.get(job.instance_type)
-    slice_ = spec.slice_resource
-    if slice_:
+    if spec.slice_resource:
         return _preflight_slice(spec, facts, job, report, repo_root=repo_root)
+    price = PRICES.get(job.instance_type)
+    _describe_placement(spec, facts, job, price, report)
+    _check_quota(spec, job, report)
+    shape, problems = trainer_shape(spec, repo_root)
+    report.problems += problems
+    if shape is None:
+        if spec.trainer is None:
+            report.lines.append("memory         not checked: your own code's model and batch are unknown to preflight "
+                                "(run it with submit --local first)")
+        return report
+    measured = gpu_measurements.load(measurements_file)
+    _check_memory(spec, facts, job, shape, measured, report)
+    _check_step_time_and_cost(spec, job, shape, price, mfu, measured, report)
+    _check_checkpoint_time(spec, facts, job, shape, report)
+    return report
+
+
+def _describe_placement(spec: JobSpec, facts: PlatformFacts, job: ResolvedJob, price: Any, report: Preflight) -> None:
+    pool, gpu, world = job.pool, GPU_TYPES[job.pool.gpu_type], spec.world_size
     report.lines += [
         f"Preflight of job {spec.name} on stack {facts.stack} ({', '.join(facts.notes) or 'facts from the plan'})",
         f"placement      pool {pool.name}: {spec.nodes} x {job.instance_type} ({spec.gpus_per_node} of {pool.gpus_per_node} "
@@ -300,7 +317,9 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
                            "pod_shm_gib": job.shm_gib,
                            "instance_usd_per_hour": price.on_demand_usd_per_hour if price else None})
 
-    # -- quota ------------------------------------------------------------------------------
+
+def _check_quota(spec: JobSpec, job: ResolvedJob, report: Preflight) -> None:
+    pool, world = job.pool, spec.world_size
     quota = job.team.gpu_quota.get(pool.kueue_flavor or "", 0)
     report.lines.append(f"quota          {world} GPUs requested; team {spec.team} has {quota} nominal on {pool.name}"
                         f"{' (may borrow idle GPUs)' if job.team.borrowing else ''}; the pool launches at most {pool.max_gpus}")
@@ -321,15 +340,10 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
         report.warnings.append(f"{world} GPUs exceed the team's nominal {quota} on {pool.name}: admitted only while others' GPUs "
                                "are idle, and preempted when they reclaim them")
 
-    # -- memory -------------------------------------------------------------------------------
-    repo = repo_root
-    shape, problems = trainer_shape(spec, repo)
-    report.problems += problems
-    if shape is None:
-        if spec.trainer is None:
-            report.lines.append("memory         not checked: your own code's model and batch are unknown to preflight "
-                                "(run it with submit --local first)")
-        return report
+
+def _check_memory(spec: JobSpec, facts: PlatformFacts, job: ResolvedJob, shape: ModelShape,
+                  measured: dict[str, dict[str, Any]], report: Preflight) -> None:
+    pool, gpu, world = job.pool, GPU_TYPES[job.pool.gpu_type], spec.world_size
     mem = memory_per_gpu(shape, world)
     usable = gpu.gpu_memory_gib * GIB * USABLE_MEMORY_FRACTION
     sharding = f"/ {world} ranks (FSDP)" if shape.strategy == "fsdp" else "(replicated: DDP)"
@@ -340,7 +354,6 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
     report.lines.append(f"memory         {arithmetic}; {gpu.name} has {gpu.gpu_memory_gib} GiB ({USABLE_MEMORY_FRACTION:.0%} usable "
                         f"= {_gib(usable)}) [{shape.source}]")
     report.figures.update({"memory_per_gpu_gib": round(mem["total"] / GIB, 2), "usable_gpu_memory_gib": round(usable / GIB, 2)})
-    measured = gpu_measurements.load(measurements_file)
     same_shape = measured.get(pool.gpu_type)
     if same_shape and same_shape.get("peak_memory_gib") and gpu_measurements.matches(
             same_shape, num_layers=shape.num_layers, hidden_size=shape.hidden_size, seq_len=shape.seq_len,
@@ -356,7 +369,10 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
                                        f"does not fit: {arithmetic} > {_gib(usable)} usable on one {gpu.gpu_memory_gib} GiB {gpu.name}",
                                        memory_fix(shape, spec, pool, usable, facts)).does_not_fit())
 
-    # -- step time and cost -----------------------------------------------------------------------
+
+def _check_step_time_and_cost(spec: JobSpec, job: ResolvedJob, shape: ModelShape, price: Any, mfu: Optional[float],
+                              measured: dict[str, dict[str, Any]], report: Preflight) -> None:
+    pool, world = job.pool, spec.world_size
     peak = peak_tflops_for_gpu_type(pool.gpu_type)  # the figure the trainer's MFU divides by
     mfu, mfu_source = planning_mfu(pool.gpu_type, mfu, measured)
     layers, hidden = shape.num_layers or 0, shape.hidden_size or 0
@@ -388,23 +404,25 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
     if hours * 3600 > spec.max_runtime_seconds:
         report.warnings.append(f"the estimated {hours:.1f} h exceed maxRuntime {spec.max_runtime}: the job will be stopped before the end")
 
-    # -- checkpoint time ------------------------------------------------------------------------
-    if facts.fsx_write_mb_per_s:
-        store = facts.checkpoint_store or "FSx"
-        # EFS's per-client rate is fixed (500 MiB/s): the platform-side fix there is FSx.
-        faster_store = ("use datasets.storage fsx (FSx for Lustre) on this stack" if store == "EFS"
-                        else f"raise the {store} throughput (storage capacity or per-unit throughput)")
-        ckpt_bytes = shape.parameters * BYTES_PER_PARAMETER
-        seconds = ckpt_bytes / (facts.fsx_write_mb_per_s * 1e6)
-        report.lines.append(f"checkpoint     {_gib(ckpt_bytes)} state / {store} {facts.fsx_write_mb_per_s:,.0f} MB/s = {seconds:.1f} s; "
-                            f"budget {spec.time_budget.checkpoint_seconds}s, pod grace {job.budget.grace_seconds}s")
-        report.figures["checkpoint_seconds"] = round(seconds, 2)
-        if seconds > spec.time_budget.checkpoint_seconds:
-            report.problems.append(Problem("timeBudget.checkpointSeconds", spec.time_budget.checkpoint_seconds,
-                                           f"saving {_gib(ckpt_bytes)} at {facts.fsx_write_mb_per_s:,.0f} MB/s takes ~{seconds:.0f} s, "
-                                           "more than the budget: an interruption would kill the save",
-                                           (f"{faster_store}, shard/async the save, or use on-demand (spot: false) with a larger budget")).does_not_fit())
-    return report
+
+def _check_checkpoint_time(spec: JobSpec, facts: PlatformFacts, job: ResolvedJob, shape: ModelShape,
+                           report: Preflight) -> None:
+    if not facts.fsx_write_mb_per_s:
+        return
+    store = facts.checkpoint_store or "FSx"
+    # EFS's per-client rate is fixed (500 MiB/s): the platform-side fix there is FSx.
+    faster_store = ("use datasets.storage fsx (FSx for Lustre) on this stack" if store == "EFS"
+                    else f"raise the {store} throughput (storage capacity or per-unit throughput)")
+    ckpt_bytes = shape.parameters * BYTES_PER_PARAMETER
+    seconds = ckpt_bytes / (facts.fsx_write_mb_per_s * 1e6)
+    report.lines.append(f"checkpoint     {_gib(ckpt_bytes)} state / {store} {facts.fsx_write_mb_per_s:,.0f} MB/s = {seconds:.1f} s; "
+                        f"budget {spec.time_budget.checkpoint_seconds}s, pod grace {job.budget.grace_seconds}s")
+    report.figures["checkpoint_seconds"] = round(seconds, 2)
+    if seconds > spec.time_budget.checkpoint_seconds:
+        report.problems.append(Problem("timeBudget.checkpointSeconds", spec.time_budget.checkpoint_seconds,
+                                       f"saving {_gib(ckpt_bytes)} at {facts.fsx_write_mb_per_s:,.0f} MB/s takes ~{seconds:.0f} s, "
+                                       "more than the budget: an interruption would kill the save",
+                                       (f"{faster_store}, shard/async the save, or use on-demand (spot: false) with a larger budget")).does_not_fit())
 
 
 # -- fixes that would actually work ---------------------------------------------------------------

@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-import os
 import re
 from datetime import datetime, timezone
 from pathlib import Path
