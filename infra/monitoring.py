@@ -29,21 +29,13 @@ ALERT_COUNT_NOTE = "each with a runbook in docs/runbooks/ and a promtool unit te
 
 
 def thresholds(config: PlatformConfig) -> alerts.AlertThresholds:
-    m = config.monitoring
-    assert m is not None
-    return alerts.AlertThresholds(
-        gpu_idle_minutes=m.gpu_idle_minutes, kueue_wait_minutes=m.kueue_wait_minutes,
-        stall_step_multiple=m.stall_step_multiple, checkpoint_age_multiple=m.checkpoint_age_multiple,
-        spot_interruptions_per_hour=m.spot_interruptions_per_hour)
+    assert config.monitoring is not None
+    return config.monitoring.thresholds()
 
 
 def stack_spec(config: PlatformConfig) -> stack.StackSpec:
-    m = config.monitoring
-    assert m is not None
-    replicas = m.prometheus_replicas or (2 if config.is_prod else 1)
-    return stack.StackSpec(region=config.region, retention_days=m.retention_days, volume_gib=m.volume_gib,
-                           prometheus_replicas=replicas, alertmanager_replicas=2 if config.is_prod else 1,
-                           grafana=m.grafana, extra_labels={"cluster": config.cluster_name})
+    assert config.monitoring is not None
+    return config.monitoring.stack_spec(region=config.region, is_prod=config.is_prod, cluster_name=config.cluster_name)
 
 
 def deploy(platform: Platform) -> dict[str, Any]:

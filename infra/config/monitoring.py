@@ -10,6 +10,8 @@ from pydantic import Field, field_validator
 from components.validation import Problem
 from infra.config.common import Environment, _Model, check_log_retention, prod_retention_rule
 from infra.config.engine import Rule
+from workloads.monitoring.alerts import AlertThresholds
+from workloads.monitoring.stack import StackSpec
 
 
 class MonitoringConfig(_Model):
@@ -39,6 +41,18 @@ class MonitoringConfig(_Model):
     @classmethod
     def _retention(cls, value: int) -> int:
         return check_log_retention(value)
+
+    def thresholds(self) -> AlertThresholds:
+        """The alerts' thresholds: the five fields the two share by name (the others keep the
+        alerts' own defaults)."""
+        return self.copy_into(AlertThresholds)
+
+    def stack_spec(self, *, region: str, is_prod: bool, cluster_name: str) -> StackSpec:
+        """The metrics stack's spec: retention, volume and Grafana as configured; two Prometheus
+        and two Alertmanager replicas in prod, one in dev (prometheusReplicas overrides)."""
+        return self.copy_into(StackSpec, region=region,
+                              prometheus_replicas=self.prometheus_replicas or (2 if is_prod else 1),
+                              alertmanager_replicas=2 if is_prod else 1, extra_labels={"cluster": cluster_name})
 
 
 def _one_owner_of_the_crds(monitoring: Optional[MonitoringConfig], prometheus_operator_crds: bool,
