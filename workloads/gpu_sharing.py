@@ -39,6 +39,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 import yaml
 
 from catalog.gpu_sharing import MIG_PROFILES, SOURCE as MIG_SOURCE, mig_capable, pack
+from workloads.node_agents import own_node_only_policy
 from workloads.problems import Problem, accepts_enum_values
 from workloads.scan_skips import skip_annotations
 
@@ -349,7 +350,8 @@ MIG_GATE_CHECKOV_SKIPS = (
 
 
 def mig_gate_objects(namespace: str, image: str, tolerations: Sequence[Mapping[str, str]]) -> list[dict[str, Any]]:
-    """ServiceAccount, ClusterRole (get/patch nodes), binding and the DaemonSet on MIG nodes."""
+    """ServiceAccount, ClusterRole (get/patch nodes), binding, the own-node-only admission policy
+    and the DaemonSet on MIG nodes."""
     labels = {"app.kubernetes.io/name": MIG_GATE_NAME, "app.kubernetes.io/part-of": "mlplatform"}
     skips = skip_annotations(MIG_GATE_CHECKOV_SKIPS)
     return [
@@ -359,6 +361,8 @@ def mig_gate_objects(namespace: str, image: str, tolerations: Sequence[Mapping[s
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": MIG_GATE_NAME, "labels": labels},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": MIG_GATE_NAME},
          "subjects": [{"kind": "ServiceAccount", "name": MIG_GATE_NAME, "namespace": namespace}]},
+        # The ClusterRole's patch reaches every Node: admission narrows it to the gate's own.
+        *own_node_only_policy(f"{MIG_GATE_NAME}-own-node-only", [(namespace, MIG_GATE_NAME)], labels=labels),
         {"apiVersion": "apps/v1", "kind": "DaemonSet",
          "metadata": {"name": MIG_GATE_NAME, "namespace": namespace, "labels": labels, "annotations": skips},
          "spec": {

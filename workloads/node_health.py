@@ -21,6 +21,7 @@ from workloads import node_health_agent
 from workloads.scan_skips import skip_annotations
 from workloads.gpu_catalog import GPU_TYPES
 from workloads.gpu_sharing import MIG_PENDING_TAINT, SHARING_TAINT
+from workloads.node_agents import own_node_only_policy
 from workloads.karpenter import FSX_STARTUP_TAINT, GPU_TAINT, NODE_ROLE_LABEL, READINESS_STARTUP_TAINT
 
 NAMESPACE = "gpu-system"
@@ -70,6 +71,8 @@ def rbac_objects() -> list[dict[str, Any]]:
          "rules": [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {**_meta(NAME, "default"), "annotations": events},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAME}, "subjects": subject},
+        # The ClusterRole's patch reaches every Node: admission narrows it to the agent's own.
+        *own_node_only_policy(f"{NAME}-own-node-only", [(NAMESPACE, NAME)], labels=LABELS),
     ]
 
 

@@ -255,7 +255,9 @@ def test_the_gate_lifts_the_taint_only_on_success_and_puts_it_back(node):
 def test_the_gate_objects_are_valid_and_least_privilege(prod_plan):
     recorded = [r for r in prod_plan.recording.resources if "mig-gate" in r.name]
     kinds = {r.inputs.get("kind") or r.type.split(":")[-1] for r in recorded}
-    assert kinds == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"}
+    assert kinds == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet",
+                     # narrows the ClusterRole's patch to the gate's own node (test_node_agent_attacks)
+                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     objects = gpu_sharing.mig_gate_objects("gpu-system", "example:1", [])
     for obj in objects:
         assert validate_core(obj) == [], obj["kind"]
