@@ -11,7 +11,9 @@ The API server puts that node's name in the caller's user extra ``authentication
 node-name`` for every pod-bound service account token (k8s.io/apiserver
 pkg/authentication/serviceaccount ``NodeNameKey``; feature ServiceAccountTokenPodNodeInfo: beta
 and on by default since 1.30, GA and locked on in 1.32, pkg/features/kube_features.go). A token
-without it (a long-lived Secret token, a TokenRequest not bound to a pod) is refused.
+without it (a long-lived Secret token, a TokenRequest not bound to a pod) is refused. In CEL,
+``request.userInfo.extra`` is an optional ``map(string, list(string))`` (k8s.io/apiserver
+pkg/admission/plugin/cel/compile.go, ``buildRequestType``), hence the ``has()`` first.
 """
 from __future__ import annotations
 
