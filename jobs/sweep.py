@@ -29,6 +29,11 @@ from workloads.problems import InvalidInputError, Problem
 
 SWEEP_LABEL = "mlplatform.io/sweep"
 POINT_ANNOTATION = "mlplatform.io/sweep-point"  # the point's values, JSON {key: value}
+# The point's MLflow experiment, so `list --sweep` finds its run without reading the pod template.
+EXPERIMENT_ANNOTATION = "mlplatform.io/mlflow-experiment"
+# What `list --sweep` shows per point by default: the trainer's held-out loss and its training
+# loss (trainer/evaluation.py "val_loss", trainer/train.py "loss"), MLflow's latest value of each.
+DEFAULT_RESULT_METRICS = ("val_loss", "loss")
 SWEEP_ID_ENV = "TRAINER_SWEEP_ID"  # trainer/tracking.py reads these two
 SWEEP_NAME_ENV = "TRAINER_SWEEP_NAME"
 MAX_POINTS = 64  # a larger grid is almost always a typo; split it into several sweeps
@@ -166,11 +171,12 @@ def expand(spec: JobSpec, axes: Sequence[SweepAxis], *, name: Optional[str] = No
     return points
 
 
-def _label(manifest: dict[str, Any], sweep: str, point: SweepPoint, sweep_id: str) -> dict[str, Any]:
+def _label(manifest: dict[str, Any], sweep: str, point: SweepPoint, identity: str) -> dict[str, Any]:
     metadata = manifest["metadata"]
     metadata.setdefault("labels", {})[SWEEP_LABEL] = sweep
     metadata.setdefault("annotations", {})[POINT_ANNOTATION] = json.dumps(dict(point.values), sort_keys=True)
-    env = [{"name": SWEEP_ID_ENV, "value": sweep_id}, {"name": SWEEP_NAME_ENV, "value": sweep}]
+    metadata["annotations"][EXPERIMENT_ANNOTATION] = point.spec.experiment_name
+    env = [{"name": SWEEP_ID_ENV, "value": identity}, {"name": SWEEP_NAME_ENV, "value": sweep}]
     if manifest["kind"] == "PyTorchJob":
         for replica in manifest["spec"]["pytorchReplicaSpecs"].values():
             replica["template"]["metadata"].setdefault("labels", {})[SWEEP_LABEL] = sweep
@@ -190,8 +196,7 @@ def render_sweep(points: Sequence[SweepPoint], facts: Any, *, sweep: str) -> lis
 
     manifests = []
     for point in points:
-        sweep_id = f"{point.spec.namespace}.{sweep}"
-        manifests.append(_label(render(point.spec, facts), sweep, point, sweep_id))
+        manifests.append(_label(render(point.spec, facts), sweep, point, sweep_id(point.spec.namespace, sweep)))
     return manifests
 
 
@@ -221,6 +226,39 @@ def _phase(job: Any) -> str:
 
 def sweep_jobs(jobs: Iterable[Any], sweep: str) -> list[Any]:
     return [j for j in jobs if _metadata(j)[1].get(SWEEP_LABEL) == sweep]
+
+
+def sweep_id(namespace: str, sweep: str) -> str:
+    """The sweep's identity in MLflow (tag trainer.sweep_id of every point's run and the parent)."""
+    return f"{namespace}.{sweep}"
+
+
+def sweep_metrics(jobs: Iterable[Any], sweep: str, client: Any,
+                  metric_names: Sequence[str] = DEFAULT_RESULT_METRICS) -> dict[str, dict[str, float]]:
+    """Each point's latest value of ``metric_names`` from its MLflow run: the runs of the sweep's
+    experiment tagged with its sweep id, the parent run left out, matched to a job by run name
+    (``submit --sweep`` names each point's run after its job). ``client``: an MlflowClient."""
+    from trainer.tracking import SWEEP_PARENT_TAG, SWEEP_TAG
+
+    wanted: dict[tuple[str, str], set[str]] = {}  # (experiment, sweep id) -> job names
+    for job in sweep_jobs(jobs, sweep):
+        name, _, annotations = _metadata(job)
+        experiment = annotations.get(EXPERIMENT_ANNOTATION)
+        namespace = _get(job, "namespace") or (_get(job, "metadata") or {}).get("namespace")
+        if experiment and namespace:
+            wanted.setdefault((experiment, sweep_id(namespace, sweep)), set()).add(name)
+    found: dict[str, dict[str, float]] = {}
+    for (experiment_name, identity), names in wanted.items():
+        experiment = client.get_experiment_by_name(experiment_name)
+        if experiment is None:
+            continue
+        runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{SWEEP_TAG}` = '{identity}'",
+                                  max_results=1000, order_by=["attributes.start_time ASC"])
+        for run in runs:  # oldest first: a later run of the same point (a re-submit) wins
+            if run.data.tags.get(SWEEP_PARENT_TAG) == "true" or run.info.run_name not in names:
+                continue
+            found[run.info.run_name] = {m: run.data.metrics[m] for m in metric_names if m in run.data.metrics}
+    return found
 
 
 def results_table(jobs: Iterable[Any], sweep: str, *, metrics: Optional[Mapping[str, Mapping[str, float]]] = None,
