@@ -15,7 +15,6 @@ kubectl's own messages are never shown raw.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Callable, Optional
 
@@ -73,43 +72,15 @@ def guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
 
 
 # -- list ----------------------------------------------------------------------------------
-def _sweep_metrics(jobs, args) -> tuple[dict, str]:
-    """Each point's results from MLflow (MLflow's own MLFLOW_TRACKING_URI and credentials, or
-    --tracking-uri), and a one-line note when they cannot be read: the table still prints."""
-    from jobs.sweep import DEFAULT_RESULT_METRICS, sweep_metrics
-
-    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if not uri:
-        return {}, ("results: set MLFLOW_TRACKING_URI (and MLFLOW_TRACKING_USERNAME/PASSWORD) or pass --tracking-uri "
-                    "to show each point's " + ", ".join(args.metric or DEFAULT_RESULT_METRICS))
-    try:
-        from mlflow.tracking import MlflowClient
-    except ImportError:
-        return {}, "results: the mlflow package is not installed here (pip install 'ml-training-platform[trainer]')"
-    # MLflow retries an unreachable server with backoff for minutes by default; a listing should
-    # say so in seconds (the user's own settings win).
-    fast = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
-    added = [k for k in fast if k not in os.environ]
-    os.environ.update({k: fast[k] for k in added})
-    try:
-        return sweep_metrics(jobs, args.sweep, MlflowClient(tracking_uri=uri), args.metric or DEFAULT_RESULT_METRICS), ""
-    except Exception as exc:  # noqa: BLE001 - any MLflow/HTTP failure is one line; the table is still useful
-        return {}, f"results: MLflow at {uri} could not be read ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
-    finally:
-        for key in added:
-            os.environ.pop(key, None)
-
-
 def cmd_list(args) -> int:
     if args.sweep:
-        from jobs.sweep import results_table
+        from jobs.sweep import DEFAULT_RESULT_METRICS
 
-        # A sweep's table shows its finished points too: that is where the results are.
-        jobs = _client(args).list(args.team, include_finished=True)
-        metrics, note = _sweep_metrics(jobs, args)
-        print(results_table(jobs, args.sweep, metrics=metrics, sort_by=args.sort_by))
-        if note:
-            print(note)
+        results = _client(args).sweep(args.sweep, args.team, tracking_uri=args.tracking_uri,
+                                      metrics=args.metric or DEFAULT_RESULT_METRICS)
+        print(results.table(sort_by=args.sort_by))
+        if results.note:
+            print(results.note)
         return EXIT_OK
     jobs = _client(args).list(args.team, include_finished=args.all)
     if not jobs:

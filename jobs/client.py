@@ -39,11 +39,14 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 from jobs.kube import NODES, PODS, PYTORCHJOBS, TRAINJOBS, WORKLOADS, KubeApi, KubeError, KubectlApi, NoClusterAccess
 from jobs.store import AttemptRecord, CheckpointStore, S3Store, StoreError
 from workloads.scheduling import team_namespace
+
+if TYPE_CHECKING:
+    from jobs.sweep import SweepResults
 
 ROOT = Path(__file__).resolve().parent.parent
 MANAGED_BY = "app.kubernetes.io/managed-by=mlplatform"
@@ -477,6 +480,16 @@ class JobClient:
         found = [j for j in found if include_finished or not j.finished]
         return sorted(found, key=lambda j: (j.created or "", j.name), reverse=True)
 
+    def sweep(self, name: str, team: str, *, tracking_uri: Optional[str] = None,
+              metrics: Sequence[str] = ()) -> "SweepResults":
+        """One sweep's points (label mlplatform.io/sweep, finished ones included) with each
+        point's latest ``metrics`` (default val_loss, loss) from its MLflow run."""
+        from jobs.sweep import DEFAULT_RESULT_METRICS, SweepResults, read_sweep_metrics, sweep_jobs
+
+        jobs = tuple(sweep_jobs(self.list(team, include_finished=True), name))
+        found, note = read_sweep_metrics(jobs, name, tracking_uri, tuple(metrics) or DEFAULT_RESULT_METRICS)
+        return SweepResults(name=name, jobs=jobs, metrics=found, note=note)
+
     def pods(self, job: Job) -> list[dict]:
         return self.kube.list(PODS, job.namespace, pod_selector(job))
 
@@ -629,7 +642,6 @@ class JobClient:
                 yield item
 
     def _rank_logs(self, job: Job, rank: int, follow: bool, poll_seconds: float) -> Iterator[LogLine]:
-        container = container_name(job)
         seen: list[str] = []  # pod uids already streamed, in order
         while True:
             pods = [p for p in self.pods(job) if node_rank(job, p) == rank and p["metadata"].get("uid") not in seen

@@ -261,6 +261,48 @@ def sweep_metrics(jobs: Iterable[Any], sweep: str, client: Any,
     return found
 
 
+def read_sweep_metrics(jobs: Sequence[Any], sweep: str, tracking_uri: Optional[str],
+                       metric_names: Sequence[str] = DEFAULT_RESULT_METRICS) -> tuple[dict[str, dict[str, float]], str]:
+    """``sweep_metrics`` from the MLflow at ``tracking_uri`` (default MLflow's own
+    ``MLFLOW_TRACKING_URI``; credentials from MLflow's variables), and a one-line note when the
+    results cannot be read (no URI, no mlflow package, the server down): the table still prints."""
+    import os
+
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        return {}, ("results: set MLFLOW_TRACKING_URI (and MLFLOW_TRACKING_USERNAME/PASSWORD) or pass --tracking-uri "
+                    "to show each point's " + ", ".join(metric_names))
+    try:
+        from mlflow.tracking import MlflowClient
+    except ImportError:
+        return {}, "results: the mlflow package is not installed here (pip install 'ml-training-platform[trainer]')"
+    # MLflow retries an unreachable server with backoff for minutes by default; a listing should
+    # say so in seconds (the user's own settings win).
+    fast = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+    added = [k for k in fast if k not in os.environ]
+    os.environ.update({k: fast[k] for k in added})
+    try:
+        return sweep_metrics(jobs, sweep, MlflowClient(tracking_uri=uri), metric_names), ""
+    except Exception as exc:  # noqa: BLE001 - any MLflow/HTTP failure is one line; the table is still useful
+        return {}, f"results: MLflow at {uri} could not be read ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+@dataclass(frozen=True)
+class SweepResults:
+    """One sweep: its jobs (finished ones included), each point's metrics by job name, and a note
+    when the metrics could not be read."""
+    name: str
+    jobs: tuple[Any, ...]
+    metrics: Mapping[str, Mapping[str, float]]
+    note: str = ""
+
+    def table(self, sort_by: Optional[str] = None) -> str:
+        return results_table(self.jobs, self.name, metrics=self.metrics, sort_by=sort_by)
+
+
 def results_table(jobs: Iterable[Any], sweep: str, *, metrics: Optional[Mapping[str, Mapping[str, float]]] = None,
                   sort_by: Optional[str] = None) -> str:
     """A plain-text table of one sweep: a row per point (job, phase, swept values, metrics).

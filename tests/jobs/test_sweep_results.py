@@ -90,3 +90,19 @@ def test_without_mlflow_the_table_still_prints_with_one_line_saying_why(swept, c
     assert main(["list", "--team", "research", "--sweep", "lr-probe", "--tracking-uri", "http://127.0.0.1:9"]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
     assert last.startswith("results: MLflow at http://127.0.0.1:9 could not be read (") and "Traceback" not in last
+
+
+def test_the_python_client_returns_the_same_results_typed(swept, kube, dev_facts, tmp_path, monkeypatch):
+    from jobs.client import JobClient
+    from jobs.store import LocalStore
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = f"file://{tmp_path}/mlruns"
+    first, second = swept
+    _train_in_the_pod(first, uri, val_loss=3.25, loss=3.0)
+    _train_in_the_pod(second, uri, val_loss=2.75, loss=2.5)
+    results = JobClient(stack="dev", kube=kube, facts=dev_facts, store=LocalStore()).sweep(
+        "lr-probe", "research", tracking_uri=uri, metrics=("val_loss",))
+    assert results.note == "" and sorted(j.name for j in results.jobs) == sorted(m["metadata"]["name"] for m in swept)
+    assert results.metrics == {first["metadata"]["name"]: {"val_loss": 3.25}, second["metadata"]["name"]: {"val_loss": 2.75}}
+    assert results.table().splitlines()[2].startswith(second["metadata"]["name"])
