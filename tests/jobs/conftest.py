@@ -12,6 +12,24 @@ import yaml
 from tests.jobs.fake_kube import FakeKubeApi, now
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def use_fake_kubectl(tmp_path: Path, monkeypatch) -> Path:
+    """The fake kubectl first on PATH, a kubeconfig, and the state file it reads and writes
+    (returned: ``kube.save`` it before calling the CLI)."""
+    from tests.jobs import fake_kubectl
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_kubectl.install(bin_dir)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\n")
+    state = tmp_path / "state.json"
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setenv("FAKE_KUBE_STATE", str(state))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # list --sweep reads MLflow only when asked
+    return state
 SMOKE = ROOT / "examples" / "jobs" / "l4-dev-smoke.yaml"
 MULTINODE = ROOT / "examples" / "jobs" / "a10g-multinode-ddp.yaml"
 

@@ -8,7 +8,7 @@ import pytest
 from jobs.client import JobClient
 from jobs.store import LocalStore
 from tests.jobs import fake_kubectl
-from tests.jobs.conftest import MULTINODE, operator_pods, raw_spec, set_conditions
+from tests.jobs.conftest import MULTINODE, operator_pods, raw_spec, set_conditions, use_fake_kubectl
 from jobs.__main__ import main
 
 NS = "team-research"
@@ -17,15 +17,7 @@ NS = "team-research"
 @pytest.fixture
 def cluster(kube, dev_facts, tmp_path, monkeypatch):
     """A kubeconfig, the fake kubectl first on PATH, and a state file it reads and writes."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake_kubectl.install(bin_dir)
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text("apiVersion: v1\nkind: Config\n")
-    state = tmp_path / "state.json"
-    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    monkeypatch.setenv("FAKE_KUBE_STATE", str(state))
+    state = use_fake_kubectl(tmp_path, monkeypatch)
     jobs = JobClient(stack="dev", kube=kube, facts=dev_facts, store=LocalStore())
     jobs.submit(raw_spec(MULTINODE))
     job = kube.find("pytorchjobs.kubeflow.org", "gpt2-ddp-a10g", NS)
@@ -142,14 +134,7 @@ def test_list_sweep_shows_each_point_with_its_values(kube, dev_facts, tmp_path, 
 
     from jobs.sweep import POINT_ANNOTATION, SWEEP_LABEL
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake_kubectl.install(bin_dir)
-    (tmp_path / "kubeconfig").write_text("apiVersion: v1\nkind: Config\n")
-    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
-    monkeypatch.setenv("FAKE_KUBE_STATE", str(tmp_path / "state.json"))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    use_fake_kubectl(tmp_path, monkeypatch)
     JobClient(stack="dev", kube=kube, facts=dev_facts, store=LocalStore()).submit(raw_spec(MULTINODE))
     base = kube.find("pytorchjobs.kubeflow.org", "gpt2-ddp-a10g", NS)
     for index, lr in enumerate(("1e-4", "3e-4")):

@@ -11,8 +11,7 @@ import yaml
 
 from jobs.__main__ import main
 from jobs.sweep import EXPERIMENT_ANNOTATION, SWEEP_ID_ENV, expand, parse_sweeps, render_sweep
-from tests.jobs import fake_kubectl
-from tests.jobs.conftest import SMOKE, set_conditions
+from tests.jobs.conftest import SMOKE, set_conditions, use_fake_kubectl
 from workloads.jobspec import parse_job_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,15 +27,7 @@ def swept(kube, dev_facts, tmp_path, monkeypatch):
         kube.apply(manifest)
     set_conditions(kube, kube.find("pytorchjobs.kubeflow.org", manifests[0]["metadata"]["name"], spec.namespace),
                    "Created", "Running", "Succeeded")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake_kubectl.install(bin_dir)
-    (tmp_path / "kubeconfig").write_text("apiVersion: v1\nkind: Config\n")
-    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
-    monkeypatch.setenv("FAKE_KUBE_STATE", str(tmp_path / "state.json"))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    kube.save(tmp_path / "state.json")
+    kube.save(use_fake_kubectl(tmp_path, monkeypatch))
     return manifests
 
 
