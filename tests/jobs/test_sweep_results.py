@@ -97,3 +97,15 @@ def test_the_python_client_returns_the_same_results_typed(swept, kube, dev_facts
     assert results.note == "" and sorted(j.name for j in results.jobs) == sorted(m["metadata"]["name"] for m in swept)
     assert results.metrics == {first["metadata"]["name"]: {"val_loss": 3.25}, second["metadata"]["name"]: {"val_loss": 2.75}}
     assert results.table().splitlines()[2].startswith(second["metadata"]["name"])
+
+
+def test_without_the_mlflow_package_the_table_says_so(swept, monkeypatch, capsys):
+    """mlflow is optional for the CLI (the infra extra does not carry it, tests/infra/test_packaging.py)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # what `import mlflow` finds when it is not installed
+    monkeypatch.setitem(sys.modules, "mlflow.tracking", None)
+    assert main(["list", "--team", "research", "--sweep", "lr-probe", "--tracking-uri", "http://127.0.0.1:9"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split() == ["job", "phase", "optimizer.lr"]
+    assert out[-1] == "results: the mlflow package is not installed here (pip install 'ml-training-platform[trainer]')"
