@@ -39,10 +39,11 @@ from components.validation import Problem, accepts_enum_values, raise_if_any
 from components.addons import EFS_CSI_DRIVER, FSX_CSI_DRIVER, MOUNTPOINT_S3_CSI_DRIVER
 from components.versions import EKS_ADDON_VERSIONS
 from workloads.fsx import (
-    CHECKPOINTS_DIR, CLAIM_NAME, DATASETS_CLAIM_NAME, fsx_persistent_volume, fsx_persistent_volume_claim, team_volume_specs,
+    CHECKPOINTS_DIR, CLAIM_NAME, DATASETS_CLAIM_NAME, fsx_persistent_volume, fsx_persistent_volume_claim, static_claim,
+    team_volume_specs,
 )
 from workloads.s3_storage import (
-    EfsVolumeSpec, MountpointVolumeSpec, efs_persistent_volume, mountpoint_persistent_volume, static_claim,
+    NOMINAL_CAPACITY, EfsVolumeSpec, MountpointVolumeSpec, efs_persistent_volume, mountpoint_persistent_volume,
 )
 
 # -- FSx for Lustre PERSISTENT_2 (capacity steps, tiers, ports: catalog/limits.py) ----------------
@@ -561,7 +562,8 @@ class Datasets(pulumi.ComponentResource):
                               k8s_opts)
             claim = apply_object(
                 f"{name}-pvc-{namespace}",
-                static_claim(namespace=namespace, claim_name=CLAIM_NAME, pv_name=placeholder.pv_name, read_only=False),
+                static_claim(namespace=namespace, claim_name=CLAIM_NAME, pv_name=placeholder.pv_name, read_only=False,
+                             capacity=NOMINAL_CAPACITY),
                 pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=[pv, *ns_dep])))
             self.volume_claims[namespace] = claim
             s3_spec = pulumi.Output.all(datasets_bucket.name, region).apply(
@@ -574,7 +576,7 @@ class Datasets(pulumi.ComponentResource):
             apply_object(
                 f"{name}-pvc-{namespace}-datasets",
                 static_claim(namespace=namespace, claim_name=DATASETS_CLAIM_NAME, pv_name=s3_placeholder.pv_name,
-                             read_only=True),
+                             read_only=True, capacity=NOMINAL_CAPACITY),
                 pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=[datasets_pv, *ns_dep])))
 
 

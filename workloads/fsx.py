@@ -80,44 +80,54 @@ class FsxVolumeSpec:
         return f"{self.mount_name}/{self.sub_path}" if self.sub_path else self.mount_name
 
 
-def fsx_persistent_volume(spec: FsxVolumeSpec) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": spec.pv_name, "labels": {"app.kubernetes.io/managed-by": "pulumi"}},
-        "spec": {
-            "capacity": {"storage": f"{spec.storage_capacity_gib}Gi"},
-            "volumeMode": "Filesystem",
-            "accessModes": ["ReadOnlyMany" if spec.read_only else "ReadWriteMany"],
-            "mountOptions": list(MOUNT_OPTIONS),
-            # Deleting the PV must never touch the file system (Pulumi owns it).
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "claimRef": {"namespace": spec.namespace, "name": spec.claim_name},
-            "csi": {
-                "driver": FSX_CSI_DRIVER,
-                "volumeHandle": spec.file_system_id,
-                "readOnly": spec.read_only,
-                "volumeAttributes": {"dnsname": spec.dns_name, "mountname": spec.mount_source},
-            },
-        },
-    }
+LABELS = {"app.kubernetes.io/managed-by": "pulumi"}
 
 
-def fsx_persistent_volume_claim(spec: FsxVolumeSpec) -> dict[str, Any]:
+def static_persistent_volume(*, name: str, capacity: str, read_only: bool, mount_options: list[str],
+                             namespace: str, claim_name: str, csi: dict[str, Any],
+                             volume_mode: str | None = "Filesystem") -> dict[str, Any]:
+    """A pre-created PV bound to one team's claim (FSx, EFS and Mountpoint volumes alike)."""
+    spec: dict[str, Any] = {"capacity": {"storage": capacity}}
+    if volume_mode:
+        spec["volumeMode"] = volume_mode
+    spec.update({
+        "accessModes": ["ReadOnlyMany" if read_only else "ReadWriteMany"],
+        "mountOptions": mount_options,
+        # Deleting the PV must never touch the file system or bucket (Pulumi owns it).
+        "persistentVolumeReclaimPolicy": "Retain",
+        "storageClassName": "",
+        "claimRef": {"namespace": namespace, "name": claim_name},
+        "csi": csi,
+    })
+    return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name, "labels": dict(LABELS)}, "spec": spec}
+
+
+def static_claim(*, namespace: str, claim_name: str, pv_name: str, read_only: bool, capacity: str) -> dict[str, Any]:
+    """A claim pre-bound to one PV (empty class: never provisioned dynamically)."""
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": {"name": spec.claim_name, "namespace": spec.namespace,
-                     "labels": {"app.kubernetes.io/managed-by": "pulumi"}},
+        "metadata": {"name": claim_name, "namespace": namespace, "labels": dict(LABELS)},
         "spec": {
-            "accessModes": ["ReadOnlyMany" if spec.read_only else "ReadWriteMany"],
-            # Empty class: bind to the pre-created PV, never provision dynamically.
+            "accessModes": ["ReadOnlyMany" if read_only else "ReadWriteMany"],
             "storageClassName": "",
-            "volumeName": spec.pv_name,
-            "resources": {"requests": {"storage": f"{spec.storage_capacity_gib}Gi"}},
+            "volumeName": pv_name,
+            "resources": {"requests": {"storage": capacity}},
         },
     }
+
+
+def fsx_persistent_volume(spec: FsxVolumeSpec) -> dict[str, Any]:
+    return static_persistent_volume(
+        name=spec.pv_name, capacity=f"{spec.storage_capacity_gib}Gi", read_only=spec.read_only,
+        mount_options=list(MOUNT_OPTIONS), namespace=spec.namespace, claim_name=spec.claim_name,
+        csi={"driver": FSX_CSI_DRIVER, "volumeHandle": spec.file_system_id, "readOnly": spec.read_only,
+             "volumeAttributes": {"dnsname": spec.dns_name, "mountname": spec.mount_source}})
+
+
+def fsx_persistent_volume_claim(spec: FsxVolumeSpec) -> dict[str, Any]:
+    return static_claim(namespace=spec.namespace, claim_name=spec.claim_name, pv_name=spec.pv_name,
+                        read_only=spec.read_only, capacity=f"{spec.storage_capacity_gib}Gi")
 
 
 def team_volume_specs(*, file_system_id: str, dns_name: str, mount_name: str, storage_capacity_gib: int,

@@ -25,13 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from workloads.fsx import CLAIM_NAME, DATASETS_CLAIM_NAME
+from workloads.fsx import CLAIM_NAME, DATASETS_CLAIM_NAME, static_persistent_volume
 
 MOUNTPOINT_CSI_DRIVER = "s3.csi.aws.com"
 EFS_CSI_DRIVER = "efs.csi.aws.com"
 # Static volumes report a size Kubernetes never enforces; it must only match claim and PV.
 NOMINAL_CAPACITY = "1Ti"
-LABELS = {"app.kubernetes.io/managed-by": "pulumi"}
 
 
 @dataclass(frozen=True)
@@ -84,56 +83,16 @@ def mountpoint_persistent_volume(spec: MountpointVolumeSpec) -> dict[str, Any]:
                "allow-other"]
     if spec.prefix:
         options.append(f"prefix {spec.prefix}")
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": spec.pv_name, "labels": dict(LABELS)},
-        "spec": {
-            "capacity": {"storage": NOMINAL_CAPACITY},
-            "accessModes": ["ReadOnlyMany"],
-            "mountOptions": options,
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "claimRef": {"namespace": spec.namespace, "name": DATASETS_CLAIM_NAME},
-            "csi": {
-                "driver": MOUNTPOINT_CSI_DRIVER,
-                # Unique per PV: the driver identifies a volume by its handle.
-                "volumeHandle": spec.pv_name,
-                "readOnly": True,
-                "volumeAttributes": {"bucketName": spec.bucket_name},
-            },
-        },
-    }
+    return static_persistent_volume(
+        name=spec.pv_name, capacity=NOMINAL_CAPACITY, read_only=True, mount_options=options, volume_mode=None,
+        namespace=spec.namespace, claim_name=DATASETS_CLAIM_NAME,
+        # volumeHandle unique per PV: the driver identifies a volume by its handle.
+        csi={"driver": MOUNTPOINT_CSI_DRIVER, "volumeHandle": spec.pv_name, "readOnly": True,
+             "volumeAttributes": {"bucketName": spec.bucket_name}})
 
 
 def efs_persistent_volume(spec: EfsVolumeSpec) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": spec.pv_name, "labels": dict(LABELS)},
-        "spec": {
-            "capacity": {"storage": NOMINAL_CAPACITY},
-            "volumeMode": "Filesystem",
-            "accessModes": ["ReadWriteMany"],
-            "mountOptions": ["tls", f"accesspoint={spec.access_point_id}"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "claimRef": {"namespace": spec.namespace, "name": CLAIM_NAME},
-            "csi": {"driver": EFS_CSI_DRIVER, "volumeHandle": spec.file_system_id},
-        },
-    }
-
-
-def static_claim(*, namespace: str, claim_name: str, pv_name: str, read_only: bool) -> dict[str, Any]:
-    """A claim pre-bound to one PV (empty class: never provisioned dynamically)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": claim_name, "namespace": namespace, "labels": dict(LABELS)},
-        "spec": {
-            "accessModes": ["ReadOnlyMany" if read_only else "ReadWriteMany"],
-            "storageClassName": "",
-            "volumeName": pv_name,
-            "resources": {"requests": {"storage": NOMINAL_CAPACITY}},
-        },
-    }
+    return static_persistent_volume(
+        name=spec.pv_name, capacity=NOMINAL_CAPACITY, read_only=False,
+        mount_options=["tls", f"accesspoint={spec.access_point_id}"], namespace=spec.namespace, claim_name=CLAIM_NAME,
+        csi={"driver": EFS_CSI_DRIVER, "volumeHandle": spec.file_system_id})
