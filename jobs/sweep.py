@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from trainer.tracking import SWEEP_ID_ENV, SWEEP_NAME_ENV  # what the trainer reads (torch-free module)
 from workloads.jobspec import MAX_NAME_LENGTH, PLATFORM_OWNED_OVERRIDES, JobSpec
 from workloads.problems import InvalidInputError, Problem
 
@@ -34,8 +36,6 @@ EXPERIMENT_ANNOTATION = "mlplatform.io/mlflow-experiment"
 # What `list --sweep` shows per point by default: the trainer's held-out loss and its training
 # loss (trainer/evaluation.py "val_loss", trainer/train.py "loss"), MLflow's latest value of each.
 DEFAULT_RESULT_METRICS = ("val_loss", "loss")
-SWEEP_ID_ENV = "TRAINER_SWEEP_ID"  # trainer/tracking.py reads these two
-SWEEP_NAME_ENV = "TRAINER_SWEEP_NAME"
 MAX_POINTS = 64  # a larger grid is almost always a typo; split it into several sweeps
 _KEY = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
 
@@ -266,8 +266,6 @@ def read_sweep_metrics(jobs: Sequence[Any], sweep: str, tracking_uri: Optional[s
     """``sweep_metrics`` from the MLflow at ``tracking_uri`` (default MLflow's own
     ``MLFLOW_TRACKING_URI``; credentials from MLflow's variables), and a one-line note when the
     results cannot be read (no URI, no mlflow package, the server down): the table still prints."""
-    import os
-
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         return {}, ("results: set MLFLOW_TRACKING_URI (and MLFLOW_TRACKING_USERNAME/PASSWORD) or pass --tracking-uri "
