@@ -1,0 +1,59 @@
+"""A real control plane per stack (kube-apiserver, controller-manager, scheduler 1.32, etcd),
+with the stack's in-cluster layer applied from the program's own output (tools/cluster/layer.py).
+
+Every test here is marked ``cluster``. They skip, with the reason, only where the tools are not
+built (`make cluster-tools`); under CI a missing tool fails instead, since `.ci/run` builds them.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tools.cluster import controlplane
+from tools.cluster.layer import install, stack_layer
+
+
+def pytest_collection_modifyitems(items):
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.cluster)
+
+
+def _require_tools(names=controlplane.CONTROL_PLANE_COMMANDS) -> None:
+    missing = controlplane.missing_tools(names)
+    if missing:
+        message = f"cluster tools not built: {', '.join(missing)} (run `make cluster-tools`)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def bare_plane():
+    """A control plane with nothing of ours in it."""
+    _require_tools()
+    with controlplane.ControlPlane.in_tempdir() as plane:
+        yield plane
+
+
+class StackCluster:
+    def __init__(self, stack: str, plane: controlplane.ControlPlane, layer):
+        self.stack, self.plane, self.layer = stack, plane, layer
+
+    def kubectl(self, *args, **kwargs):
+        return self.plane.kubectl(*args, **kwargs)
+
+
+@pytest.fixture(scope="session", params=["dev", "prod"])
+def stack_cluster(request):
+    """A control plane per stack with that stack's layer installed (one at a time)."""
+    _require_tools()
+    from tests.conftest import schemas_dir
+
+    layer = stack_layer(request.param, schemas_dir())
+    with controlplane.ControlPlane.in_tempdir() as plane:
+        install(plane, layer)
+        yield StackCluster(request.param, plane, layer)
