@@ -74,6 +74,19 @@ def test_a_resource_or_remote_component_without_a_provider_is_refused_every_one_
     assert "'fine'" not in message and "(3 problems)" in message
 
 
+def test_reading_an_existing_resource_without_a_provider_is_refused():
+    """source_eval.go ReadResource: ``} else if sdkproviders.IsDenyDefaultsProvider(ref) {
+    msg := diag.GetDefaultProviderDenied("Read").Message``."""
+    def program(opts):
+        def run():
+            aws.s3.Bucket.get("imported", "an-existing-bucket", opts=opts())
+        return run
+
+    assert "read aws:s3/bucket:Bucket 'imported': Default provider for 'aws' disabled." in refusal(
+        program(lambda: None))
+    record(program(lambda: pulumi.ResourceOptions(provider=aws_provider())))
+
+
 def test_the_disabled_list_is_parsed_as_the_engine_parses_it():
     """pkg/resource/deploy/default_providers.go shouldDenyRequest: ``if value.AsString() == "" {``
     -> allowed; ``barred := strings.TrimSpace(s)``; ``if barred == "*" || barred == req.Package().Name().String()``;
