@@ -145,7 +145,8 @@ def compare(first: Recording, second: Recording) -> SecondUp:
                 held.append(f"{label}: {key} (write-only; {key}Version unchanged, so not sent)")
         if keys:
             changes.append(f"{label}: {', '.join(keys)}")
-    return SecondUp(changes, held, nothing)
+    # Sorted: the SDK registers resources from a thread pool, in no fixed order.
+    return SecondUp(sorted(changes), sorted(held), sorted(nothing))
 
 
 def second_up(run: Callable[[int], Recording]) -> SecondUp:

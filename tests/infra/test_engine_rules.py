@@ -104,6 +104,20 @@ def test_the_disabled_list_is_parsed_as_the_engine_parses_it():
     assert "invoke aws:index/getRegion:getRegion" in message and "'b'" not in message
 
 
+def test_the_offline_plan_exits_1_naming_what_the_engine_would_refuse(monkeypatch, capsys):
+    """`python -m infra.plan` runs the program with Pulumi.yaml's config (`pulumi:disable-default-providers:
+    value: [aws, kubernetes]`), as the CLI passes it: a broken program is a clear error, no traceback."""
+    import infra.plan
+    from infra.plan import main
+
+    monkeypatch.setattr(infra.plan.program, "main", lambda: aws.get_caller_identity_output())
+    assert main(["--stack", "dev"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: the Pulumi engine would refuse this program (1 problem):")
+    assert "invoke aws:index/getCallerIdentity:getCallerIdentity: Default provider for 'aws' disabled." in err
+    assert "Traceback" not in err
+
+
 # -- rule 2: providers are inherited through `parent`, for the same package only --------------
 class Holder(pulumi.ComponentResource):
     def __init__(self, name, opts=None):
