@@ -213,7 +213,9 @@ TRAINING_OPERATOR_VERSION = "v1.9.4"
 TRAINING_OPERATOR_COMMIT = "4445c12aa62e4345b0c2c6ac9b215a70eca46ed7"
 TRAINING_OPERATOR_MANIFESTS_TREE = "4aed050ca9c1e7e0e4d4220563b4c57e9a903759"
 TRAINING_OPERATOR_ARCHIVE_URL = f"https://codeload.github.com/kubeflow/trainer/tar.gz/{TRAINING_OPERATOR_COMMIT}"
-# Relative to the project root (Pulumi runs the program and its providers there); build/ is ignored by git.
+# Relative to the project root (infra.vendor writes them there); build/ is ignored by git. Pulumi runs the
+# program and its providers in `main` (infra/), so the Directory gets a path relative to that
+# (components.training.training_operator_overlay_path).
 TRAINING_OPERATOR_VENDOR_DIR = f"build/vendor/kubeflow-trainer-{TRAINING_OPERATOR_COMMIT[:12]}/manifests"
 TRAINING_OPERATOR_OVERLAY_DIR = "build/kustomize/training-operator"
 # Kubeflow Trainer v2 (TrainJob trainer.kubeflow.org/v1alpha1), Helm chart from its OCI registry.

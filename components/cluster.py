@@ -399,7 +399,9 @@ class Cluster(pulumi.ComponentResource):
             tags=tags,
             # The CNI must exist before nodes join, or they never become Ready.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.addons["vpc-cni"], self.addons["kube-proxy"]],
-                                        ignore_changes=["scaling_config.desired_size"]),
+                                        # The engine's input names: the SDK translates only whole
+                                        # top-level names, and a path naming no input ignores nothing.
+                                        ignore_changes=["scalingConfig.desiredSize"]),
         )
 
 

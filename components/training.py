@@ -16,7 +16,9 @@ a ``TrainingJob`` component that applies one rendered job.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import pulumi
@@ -121,6 +123,23 @@ def operator_kustomization(upstream_overlay: str) -> dict[str, Any]:
     }
 
 
+# infra.vendor writes the overlay under the project root: the folder that holds components/.
+_PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def training_operator_overlay_path() -> str:
+    """The overlay folder as the Kubernetes provider must be given it.
+
+    The provider builds it in its own working directory (pulumi-kubernetes
+    provider/pkg/provider/kustomize/v2/directory.go: ``k.Run(fSys, directoryArgs.Directory)``),
+    which is the program's: the folder Pulumi.yaml's ``main`` names (pkg/engine/project.go
+    getPwdMain; ``main: infra/`` here), not the project root. So the path is relative to the
+    current working directory: ``../build/kustomize/training-operator`` under `pulumi up`, the
+    same text on every machine (an absolute path would differ between checkouts and show as a
+    change on every `up`)."""
+    return os.path.relpath(_PROJECT_ROOT / TRAINING_OPERATOR_OVERLAY_DIR)
+
+
 @dataclass(frozen=True)
 class TrainingOperatorsArgs:
     """cluster: the platform cluster; the operators wait for its static nodes and CoreDNS, as
@@ -140,7 +159,7 @@ class TrainingOperators(pulumi.ComponentResource):
         # The local overlay (written with the verified upstream tree by infra.vendor before the
         # program runs) is built by the provider; no git, no remote URL at deploy time.
         self.training_operator = k8s.kustomize.v2.Directory(
-            f"{name}-training-operator", directory=TRAINING_OPERATOR_OVERLAY_DIR, opts=child,
+            f"{name}-training-operator", directory=training_operator_overlay_path(), opts=child,
         )
         self.trainer: Optional[k8s.helm.v3.Release] = None
         if args.trainer_v2:

@@ -11,8 +11,8 @@ import json
 from typing import Any, Iterable, Iterator, Sequence
 
 import pulumi
-import pulumi_aws as aws
 
+from catalog.regions import partition_of
 from components.cluster import Cluster, control_plane_log_group_name
 from components.kms import LogGroupKey, LogGroupKeyArgs
 from components.log_archive import (
@@ -61,7 +61,10 @@ def _data_event_selectors(config: PlatformConfig, archive: LogArchive) -> dict[s
     """Per account role, the S3 data events its trail records: every object call on the tenant
     buckets (datasets, checkpoints: who read or overwrote whose data), and on the archive the
     writes that are not CloudTrail's and the flow logs' own deliveries (deletes, retention)."""
-    partition = aws.get_partition_output().partition
+    # From the region, not an invoke: this runs outside any component, where an invoke has no
+    # parent to inherit a provider from, and Pulumi.yaml disables the default AWS provider (the
+    # engine refuses a provider-less invoke then: audit 4, B1).
+    partition = partition_of(config.region)
     selectors: dict[str, list[dict]] = {"logging": [s3_object_events(
         "Log archive: object writes other than deliveries", [pulumi.Output.concat(archive.bucket.arn, "/")],
         writes_only_except_delivery=True)]}

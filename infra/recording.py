@@ -36,6 +36,14 @@ class RecordedResource:
     property_dependencies: dict[str, list[str]] = field(default_factory=dict)
     # URNs this resource declared in `aliases` (renames keep their identity).
     alias_urns: list[str] = field(default_factory=list)
+    # The `aliases` as the SDK sent them (alias specs, or whole URNs): the engine resolves them
+    # against the old state, parents' aliases included (infra.plan.urns).
+    alias_specs: list[dict[str, Any]] = field(default_factory=list)
+    # `ignore_changes` as the SDK sent it (property paths of the engine's input names).
+    ignore_changes: list[str] = field(default_factory=list)
+    # The inputs with secret values in the clear (the mock's fabricated ones, or the stack file's
+    # "[secret]" placeholders): only the second-`up` comparison reads them; never in the plan JSON.
+    revealed_inputs: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def package(self) -> str:

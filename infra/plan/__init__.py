@@ -19,13 +19,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import re
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 import yaml
 
@@ -34,8 +35,11 @@ from infra import costs, program
 from infra.capabilities import CAPABILITIES
 from infra.config import PROJECT, PlatformConfig, load_platform_config
 from infra.costs import CostLine
-from infra.plan.mock_engine import run_recorded
+from infra.plan.mock_engine import EngineRefusal, run_recorded
 from infra.recording import SECRET_PLACEHOLDER, Recording, RecordedResource
+
+if TYPE_CHECKING:
+    from infra.plan.second_up import SecondUp
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,6 +56,8 @@ def default_project_dir(start: Optional[Path] = None) -> Path:
             return directory
     return ROOT
 EXIT_CONFIG_ERROR = 2
+# `pulumi preview` would fail: a mandatory warning, or a program the engine refuses (EngineRefusal).
+EXIT_FAILED = 1
 
 
 @dataclass
@@ -130,6 +136,53 @@ def raw_project_config(values: dict[str, str]) -> dict[str, Any]:
     return {k[len(prefix):]: program.decode(v) for k, v in values.items() if k.startswith(prefix)}
 
 
+# -- the project file: what the CLI reads before running the program ---------------------
+@dataclass(frozen=True)
+class Project:
+    """Pulumi.yaml as the engine uses it: its ``config:`` values (merged under the stack's) and
+    the program's working directory."""
+
+    config: dict[str, str]
+    main: str  # as written (for messages)
+    working_dir: Path
+
+
+def read_project(project_dir: Path = ROOT) -> Project:
+    """Pulumi.yaml's ``config:`` and ``main``.
+
+    Project-level config with ``value:`` is stack config the stack file may override
+    (sdk/go/common/workspace/project.go); the CLI passes structured values as JSON, so
+    ``pulumi:disable-default-providers: {value: [aws, kubernetes]}`` reaches the engine as
+    '["aws","kubernetes"]'. ``main`` decides the working directory of the program and of every
+    provider it launches (pkg/engine/project.go getPwdMain: ``if maininfo.IsDir() { pwd = main``,
+    else its folder; sdk/go/common/resource/plugin/plugin.go: ``cmd.Dir = pwd``).
+    """
+    path = project_dir / "Pulumi.yaml"
+    document = yaml.safe_load(path.read_text()) if path.is_file() else {}
+    document = document if isinstance(document, dict) else {}
+    values: dict[str, str] = {}
+    for key, entry in (document.get("config") or {}).items():
+        key = str(key) if ":" in str(key) else f"{document.get('name', PROJECT)}:{key}"
+        value = entry.get("value", entry.get("default")) if isinstance(entry, dict) else entry
+        if value is not None:
+            values[key] = value if isinstance(value, str) else json.dumps(value)
+    main = str(document.get("main") or "")
+    target = (project_dir / main) if main else project_dir
+    if not target.exists():
+        raise FileNotFoundError(f"{path}: project 'main' could not be read: no {target} "
+                                f"(the program and its providers run in that folder)")
+    return Project(values, main or ".", target if target.is_dir() else target.parent)
+
+
+# Written by the entry point (infra/__main__.py: infra.vendor.prepare) before the program
+# registers anything; the offline plan does not fetch them, so they need not exist here.
+def prepared_paths() -> tuple[Path, ...]:
+    from components.versions import TRAINING_OPERATOR_OVERLAY_DIR
+    from infra import vendor
+
+    return (vendor.ROOT / TRAINING_OPERATOR_OVERLAY_DIR,)
+
+
 # -- building the plan -------------------------------------------------------------------
 def build_plan(stack: str, project_dir: Path = ROOT) -> Plan:
     path = stack_file(stack, project_dir)
@@ -138,21 +191,50 @@ def build_plan(stack: str, project_dir: Path = ROOT) -> Plan:
             f"no stack file {path.name} in {project_dir}; available stacks: {', '.join(available_stacks(project_dir)) or 'none'}"
         )
     values, secret_paths = read_stack_file(path)
-    return plan_from_values(stack, values, source=path.name, secret_paths=secret_paths)
+    return plan_from_values(stack, values, source=path.name, secret_paths=secret_paths, project_dir=project_dir)
 
 
 def plan_from_values(stack: str, values: dict[str, str], *, source: str = "config",
-                     secret_paths: Iterable[str] = ()) -> Plan:
-    """Plan config values given as the CLI passes them (full keys, JSON for structures)."""
+                     secret_paths: Iterable[str] = (), project_dir: Path = ROOT) -> Plan:
+    """Plan config values given as the CLI passes them (full keys, JSON for structures).
+
+    The program runs as `pulumi up` runs it: with Pulumi.yaml's config under the stack's, in the
+    folder ``main`` names; what the engine would refuse raises ``EngineRefusal``."""
     prefix = f"{PROJECT}:"
     project_secrets = [p[len(prefix):] for p in secret_paths if p.startswith(prefix)]
     config = load_platform_config(raw_project_config(values), source=f"stack '{stack}' ({source})",
                                   secret_paths=project_secrets)
 
     top_level_secrets = sorted({re.split(r"[.\[]", p, maxsplit=1)[0] for p in secret_paths})
-    recording = run_recorded(program.main, project=PROJECT, stack=stack, config=values, secret_keys=top_level_secrets)
+    recording = record_program(stack, values, top_level_secrets, project_dir)
     graph = resource_graph(recording, config)
     return Plan(stack, config, recording, graph, plan_warnings(config, recording), plan_sections(config, recording))
+
+
+def record_program(stack: str, values: dict[str, str], secret_keys: Iterable[str] = (), project_dir: Path = ROOT,
+                   *, epoch: Optional[int] = None) -> Recording:
+    """Run the program once under the recording engine, as the CLI would run it."""
+    project = read_project(project_dir)
+    return run_recorded(program.main, project=PROJECT, stack=stack, config={**project.config, **values},
+                        secret_keys=list(secret_keys), working_dir=project.working_dir, main=project.main,
+                        prepared_paths=prepared_paths(), epoch=epoch)
+
+
+def second_up_of(stack: str, project_dir: Path = ROOT) -> "SecondUp":
+    """What a second `pulumi up` of the stack file, unchanged, would update (``infra.plan.second_up``)."""
+    from infra.plan.second_up import second_up
+
+    values, secret_paths = read_stack_file(stack_file(stack, project_dir))
+    keys = sorted({re.split(r"[.\[]", p, maxsplit=1)[0] for p in secret_paths})
+    return second_up(lambda epoch: record_program(stack, values, keys, project_dir, epoch=epoch))
+
+
+def render_second_up(result: "SecondUp") -> list[str]:
+    lines = ["", "Second `up` of the same program and config (run twice; ignore_changes and write-only inputs applied):"]
+    lines += [f"  update {line}" for line in result.changes] or ["  no resource would change"]
+    lines += [f"  held   {line}" for line in result.write_only_held]
+    lines += [f"  ! {line}" for line in result.ignores_nothing]
+    return lines
 
 
 def plan_sections(config: PlatformConfig, recording: Recording) -> list[tuple[str, list[str]]]:
@@ -262,6 +344,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--stack", required=True, help="stack name: plans Pulumi.<stack>.yaml")
     parser.add_argument("--json", type=Path, help="write the resource graph here as JSON")
+    parser.add_argument("--second-up", action="store_true",
+                        help="also run the program twice and list what a second `pulumi up` would update (exit 1 if any)")
     parser.add_argument("--project-dir", type=Path, default=None,
                         help="directory holding Pulumi.yaml (default: the nearest one from the working directory up)")
     args = parser.parse_args(argv)
@@ -272,15 +356,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     except InvalidInputError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    except EngineRefusal as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FAILED
     except (OSError, UnicodeDecodeError) as error:  # missing, unreadable or not UTF-8
         print(f"error: {error}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     print(render(plan))
+    second = second_up_of(args.stack, args.project_dir) if args.second_up else None
+    if second is not None:
+        print("\n".join(render_second_up(second)))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(plan.graph, indent=1, sort_keys=True) + "\n")
         print(f"\nResource graph: {args.json} ({len(plan.graph)} resources)")
     print(f"Planned in {time.perf_counter() - started:.1f} s")
     errors = [w for w in plan.warnings if w.startswith("ERROR")]
-    return 1 if errors else 0
+    unsettled = second is not None and bool(second.changes or second.ignores_nothing)
+    return 1 if errors or unsettled else 0
 

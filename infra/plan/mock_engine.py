@@ -15,15 +15,30 @@ parent, provider, protect, retain_on_delete, dependencies, remote. Two gaps of t
 
 Outputs are derived from names, so two runs of the same program record the same graph. The graph
 type it fills (`Recording`) lives in `infra/recording.py`, which the program itself may read.
+
+It is at least as strict as the real engine (pulumi/pulumi, quoted in tests/infra/test_engine_rules.py):
+a run that `pulumi preview` would refuse raises ``EngineRefusal`` naming every offending resource
+or invoke and its fix:
+
+* a resource, remote component, read or invoke with no explicit provider whose package's
+  default provider ``pulumi:disable-default-providers`` disables (the SDK has already applied
+  the provider a resource or invoke inherits from its ``parent``: what arrives here is final);
+* two resources with one URN;
+* (given ``working_dir``, as the offline plan always does) a local path a provider reads
+  (kustomize directory, YAML file, local chart, file asset) that does not exist where the
+  provider resolves it: in the program's working directory, the folder Pulumi.yaml's ``main``
+  names.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from google.protobuf import struct_pb2
 
@@ -51,8 +66,11 @@ DEFAULT_REGION = "us-east-1"
 class RecordingMocks(pulumi_mocks.Mocks):
     """Returns plausible outputs for every resource and the invokes the platform uses."""
 
-    def __init__(self) -> None:
+    def __init__(self, epoch: Optional[int] = None) -> None:
         self.by_urn: dict[str, RecordedResource] = {}
+        # None: invokes that return a fresh random value each run (GetRandomPassword) return
+        # nothing, so plans are stable. An int: a value of that run, as two real `up`s differ.
+        self.epoch = epoch
 
     # The monitor sets this before calling new_resource, so outputs can use the URN, account
     # and region of the resource being registered. The SDK registers resources from a thread
@@ -125,6 +143,11 @@ class RecordingMocks(pulumi_mocks.Mocks):
             return {"name": region, "region": region, "id": region, "endpoint": f"ec2.{region}.amazonaws.com"}, None
         if token == "aws:index/getPartition:getPartition":
             return {"partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"}, None
+        if token == "aws:secretsmanager/getRandomPassword:getRandomPassword":
+            if self.epoch is None:
+                return {}, None
+            seed = json.dumps([self.epoch, args.provider, args.args], sort_keys=True, default=str)
+            return {"randomPassword": hashlib.sha256(seed.encode()).hexdigest(), "id": "mock"}, None
         if token == "aws:elb/getServiceAccount:getServiceAccount":
             return {"arn": "arn:aws:iam::127311923021:root", "id": "127311923021"}, None
         if token == "aws:secretsmanager/getSecretVersion:getSecretVersion":
@@ -237,15 +260,121 @@ _TYPE_OUTPUTS: dict[str, Callable[..., dict]] = {
 }
 
 
+# -- what the real engine refuses ---------------------------------------------------------
+class EngineRefusal(Exception):
+    """What `pulumi preview` / `pulumi up` would refuse in the program, every instance at once."""
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = list(problems)
+        super().__init__(f"the Pulumi engine would refuse this program ({len(self.problems)} problem"
+                         f"{'s' if len(self.problems) != 1 else ''}):\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+
+DISABLE_DEFAULT_PROVIDERS = "pulumi:disable-default-providers"
+
+
+def denied_default_providers(config: Mapping[str, str]) -> frozenset[str]:
+    """The packages whose default provider the config disables, parsed as the engine does
+    (pkg/resource/deploy/default_providers.go ``shouldDenyRequest``): a JSON list of strings,
+    each trimmed, ``*`` for all; an empty string for none."""
+    value = config.get(DISABLE_DEFAULT_PROVIDERS)
+    if value is None or value == "":
+        return frozenset()
+    try:
+        items = json.loads(value)
+    except ValueError as error:
+        raise EngineRefusal([f"Failed to parse {value}: {error} (config `{DISABLE_DEFAULT_PROVIDERS}`); "
+                             "FIX: write it as a YAML list of package names"]) from None
+    if not isinstance(items, list):
+        raise EngineRefusal([f"Failed to parse {value}: not a list (config `{DISABLE_DEFAULT_PROVIDERS}`); "
+                             "FIX: write it as a YAML list of package names"])
+    names = set()
+    for index, item in enumerate(items):
+        if not isinstance(item, str):
+            raise EngineRefusal([f"{DISABLE_DEFAULT_PROVIDERS}[{index}] must be a string, not {item!r}"])
+        names.add(item.strip())
+    return frozenset(names)
+
+
+def default_provider_denied(package: str, denied: frozenset[str]) -> bool:
+    # default_providers.go: `if req.Package().Name().String() == "pulumi"` -> always allowed.
+    return package != "pulumi" and ("*" in denied or package in denied)
+
+
+# Inputs a provider reads as local paths, per type (pulumi-kubernetes builds these in the
+# provider process, whose working directory is the program's: the folder `main` names).
+PROVIDER_READ_PATHS: dict[str, tuple[str, ...]] = {
+    "kubernetes:kustomize/v2:Directory": ("directory",),
+    "kubernetes:yaml/v2:ConfigFile": ("file",),
+    "kubernetes:yaml/v2:ConfigGroup": ("files",),
+    "kubernetes:helm.sh/v4:Chart": ("chart",),
+    "kubernetes:helm.sh/v3:Release": ("chart",),
+}
+_HELM_TYPES = ("kubernetes:helm.sh/v4:Chart", "kubernetes:helm.sh/v3:Release")
+
+
+def _is_local_path(type_: str, value: Any) -> bool:
+    if not isinstance(value, str) or not value or "://" in value or value.startswith(("oci:", "git@", "github.com/")):
+        return False
+    # A chart name ("karpenter", "repo/chart") is not a path; helm reads a local chart only from a path.
+    return value.startswith((".", "/")) if type_ in _HELM_TYPES else True
+
+
+def _provider_read_paths(type_: str, inputs: Mapping[str, Any]) -> list[tuple[str, str]]:
+    found = []
+    for key in PROVIDER_READ_PATHS.get(type_, ()):
+        values = inputs.get(key)
+        for value in values if isinstance(values, list) else [values]:
+            if _is_local_path(type_, value) and not any(c in value for c in "*?["):
+                found.append((key, value))
+    return found
+
+
+def _asset_paths(struct: struct_pb2.Struct, prefix: str = "") -> list[tuple[str, str]]:
+    """File assets and archives anywhere in the inputs: the engine reads them relative to the
+    program's working directory (source_eval.go: ``WorkingDirectory: rm.workingDirectory``)."""
+    found = []
+
+    def walk(value: struct_pb2.Value, path: str) -> None:
+        kind = value.WhichOneof("kind")
+        if kind == "struct_value":
+            fields = value.struct_value.fields
+            if _SIG in fields and fields[_SIG].string_value in (_SIG_ASSET, _SIG_ARCHIVE) and "path" in fields:
+                found.append((path, fields["path"].string_value))
+                return
+            for key, item in fields.items():
+                walk(item, f"{path}.{key}" if path else key)
+        elif kind == "list_value":
+            for index, item in enumerate(value.list_value.values):
+                walk(item, f"{path}[{index}]")
+
+    for key, value in struct.fields.items():
+        walk(value, key)
+    return found
+
+
 class RecordingMonitor(pulumi_mocks.MockMonitor):
     """MockMonitor that records whole requests and never deserializes resource objects."""
 
-    def __init__(self, mocks: RecordingMocks, project: str, stack: str):
+    def __init__(self, mocks: RecordingMocks, project: str, stack: str, *, denied: frozenset[str] = frozenset(),
+                 main: Optional[str] = None, prepared_paths: Iterable[Path] = (), check_paths: bool = False):
         super().__init__(mocks)
         self.recording_mocks = mocks
         self.records: list[RecordedResource] = []
         self.project = project
         self.stack = stack
+        # Packages whose default provider is disabled (`pulumi:disable-default-providers`).
+        self.denied = denied
+        # Pulumi.yaml's `main` (for messages) and the paths the entry point writes before the
+        # program registers anything (they need not exist offline).
+        self.main = main
+        # Paths are checked only for a run that says where the program runs (as the CLI would).
+        self.check_paths = check_paths
+        self.prepared_paths = {Path(p).resolve() for p in prepared_paths}
+        # What the engine would refuse, reported together after the run.
+        self.problems: list[str] = []
+        self._lock = threading.Lock()
+        self._urns: set[str] = set()
         # URNs of resources only the mock knows (a remote component's children such as the
         # eksCluster it returns) -> the recorded resource that stands for them.
         self.aliases: dict[str, str] = {}
@@ -261,10 +390,57 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                 type_ = parent_type + "$" + type_
         return f"urn:pulumi:{self.stack}::{self.project}::{type_}::{name}"
 
+    def refuse(self, problem: str) -> None:
+        with self._lock:
+            if problem not in self.problems:
+                self.problems.append(problem)
+
+    def _check_provider(self, kind: str, type_: str, name: str, urn: Optional[str], provider: str) -> None:
+        """source_eval.go: an empty provider reference resolves to the package's default provider;
+        a denied one is refused (``diag.GetDefaultProviderDenied``)."""
+        package = type_.split(":", 1)[0]
+        if provider or not default_provider_denied(package, self.denied):
+            return
+        what = f"{kind} {type_} '{name}'" if name else f"{kind} {type_}"
+        option = "pulumi.InvokeOutputOptions" if kind == "invoke" else "pulumi.ResourceOptions"
+        self.refuse(
+            f"{what}: Default provider for '{package}' disabled. '{urn or type_}' must use an explicit provider "
+            f"(Pulumi.yaml `{DISABLE_DEFAULT_PROVIDERS}` lists '{package}'). FIX: pass opts={option}(provider=<a "
+            f"{package} provider>), or parent=<a resource whose `providers` has '{package}'>: the SDK takes the "
+            f"parent's provider for the same package")
+
+    def _check_paths(self, type_: str, name: str, inputs: Mapping[str, Any], struct: struct_pb2.Struct) -> None:
+        """A relative path is read in the provider's and engine's working directory: the folder
+        Pulumi.yaml's `main` names (pkg/engine/project.go getPwdMain), which is this process's."""
+        if not self.check_paths:
+            return
+        cwd = Path(os.getcwd())
+        for key, value in _provider_read_paths(type_, inputs) + _asset_paths(struct):
+            resolved = (cwd / value).resolve()
+            if resolved.exists() or resolved in self.prepared_paths:
+                continue
+            self.refuse(
+                f"{type_} '{name}' input `{key}` = {value!r}: read by the provider in its working directory "
+                f"{cwd} (Pulumi.yaml main: {self.main or '.'}), that is {resolved}, which does not exist. "
+                f"FIX: build the path from the module that owns the file (os.path.relpath(<absolute path>)), "
+                f"not from the project root")
+
+    def ReadResource(self, request):  # noqa: N802 - gRPC method name
+        self._check_provider("read", request.type, request.name, None, request.provider)
+        return super().ReadResource(request)
+
     def RegisterResource(self, request):  # noqa: N802 - gRPC method name
         urn = self.make_urn(request.parent, request.type, request.name)
         if request.type == "pulumi:pulumi:Stack":
             return resource_pb2.RegisterResourceResponse(urn=urn)
+        with self._lock:
+            duplicate = urn in self._urns
+            self._urns.add(urn)
+        if duplicate:
+            # step_generator.go generateURN: diag.GetDuplicateResourceURNError.
+            self.refuse(f"Duplicate resource URN '{urn}'; try giving it a unique name")
+        if (request.custom and not request.type.startswith("pulumi:providers:")) or request.remote:
+            self._check_provider("resource", request.type, request.name, urn, request.provider)
 
         provider = request.provider.rsplit("::", 1)[0] if request.provider else None
         record = RecordedResource(
@@ -282,7 +458,11 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             inputs=decode_struct(request.object),
             property_dependencies={key: list(deps.urns) for key, deps in request.propertyDependencies.items()},
             alias_urns=self._alias_urns(request),
+            alias_specs=_alias_specs(request),
+            ignore_changes=list(request.ignoreChanges),
+            revealed_inputs=decode_struct(request.object, reveal=True),
         )
+        self._check_paths(request.type, request.name, record.inputs, request.object)
         if record.is_provider:
             # Providers receive structured config JSON-encoded, as the engine passes it.
             record.inputs = {k: _json_or_value(v) for k, v in record.inputs.items()}
@@ -378,6 +558,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
 
     def Invoke(self, request):  # noqa: N802 - gRPC method name
         args = decode_struct(request.args)
+        self._check_provider("invoke", request.tok, "", None, request.provider)
         if request.tok == "pulumi:pulumi:getResource":
             registration = self.resources.get(args["urn"])
             if registration is None:
@@ -394,6 +575,22 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
 
     def SupportsFeature(self, request):  # noqa: N802 - gRPC method name
         return type("SupportsFeatureResponse", (object,), {"hasSupport": request.id not in ("outputValues",)})
+
+
+def _alias_specs(request) -> list[dict[str, Any]]:
+    """The request's aliases as the engine parses them (source_eval.go RegisterResource:
+    ``resource.Alias{Name, Type, Stack, Project}`` plus ``Parent`` or ``NoParent``)."""
+    specs: list[dict[str, Any]] = [{"urn": urn} for urn in request.aliasURNs]
+    for alias in request.aliases:
+        if alias.urn:
+            specs.append({"urn": alias.urn})
+            continue
+        spec = alias.spec
+        which = spec.WhichOneof("parent")
+        specs.append({"name": spec.name, "type": spec.type, "stack": spec.stack, "project": spec.project,
+                      "parent": spec.parentUrn if which == "parentUrn" else "",
+                      "noParent": bool(spec.noParent) if which == "noParent" else False})
+    return specs
 
 
 def _run_transform(callback: Any, type_: str, name: str, parent_urn: str, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -420,11 +617,12 @@ def _json_or_value(value: Any) -> Any:
 
 
 # -- protobuf Struct <-> plain values -----------------------------------------------------
-def decode_struct(struct: struct_pb2.Struct) -> dict[str, Any]:
-    return {key: _decode(value) for key, value in struct.fields.items()}
+def decode_struct(struct: struct_pb2.Struct, *, reveal: bool = False) -> dict[str, Any]:
+    """Plain values; secrets as "[secret]" unless ``reveal`` (the second-`up` comparison)."""
+    return {key: _decode(value, reveal) for key, value in struct.fields.items()}
 
 
-def _decode(value: struct_pb2.Value) -> Any:
+def _decode(value: struct_pb2.Value, reveal: bool = False) -> Any:
     kind = value.WhichOneof("kind")
     if kind == "null_value":
         return None
@@ -436,24 +634,24 @@ def _decode(value: struct_pb2.Value) -> Any:
     if kind == "string_value":
         return None if value.string_value == _UNKNOWN else value.string_value
     if kind == "list_value":
-        return [_decode(v) for v in value.list_value.values]
+        return [_decode(v, reveal) for v in value.list_value.values]
     if kind == "struct_value":
         fields = value.struct_value.fields
         if _SIG in fields:
             sig = fields[_SIG].string_value
             if sig == _SIG_SECRET:
-                return SECRET_PLACEHOLDER
+                return _decode(fields["value"], reveal) if reveal and "value" in fields else SECRET_PLACEHOLDER
             if sig == _SIG_RESOURCE:
                 return fields["urn"].string_value
             if sig == _SIG_OUTPUT:
-                if "secret" in fields and fields["secret"].bool_value:
+                if "secret" in fields and fields["secret"].bool_value and not reveal:
                     return SECRET_PLACEHOLDER
-                return _decode(fields["value"]) if "value" in fields else None
+                return _decode(fields["value"], reveal) if "value" in fields else None
             if sig == _SIG_ASSET:
                 return {key: _decode(v) for key, v in fields.items() if key != _SIG}
             if sig == _SIG_ARCHIVE:
                 return {key: _decode(v) for key, v in fields.items() if key != _SIG}
-        return {key: _decode(v) for key, v in fields.items()}
+        return {key: _decode(v, reveal) for key, v in fields.items()}
     return None
 
 
@@ -497,16 +695,28 @@ def run_recorded(
     stack: str,
     config: Optional[dict[str, str]] = None,
     secret_keys: Sequence[str] = (),
+    working_dir: Optional[Path] = None,
+    main: Optional[str] = None,
+    prepared_paths: Iterable[Path] = (),
+    epoch: Optional[int] = None,
 ) -> Recording:
     """Run ``program`` under the recording engine (preview off, so every apply runs).
 
-    ``config`` maps full keys (``project:key``) to the strings the CLI would pass.
+    ``config`` maps full keys (``project:key``) to the strings the CLI would pass, project-level
+    config (Pulumi.yaml ``config:``) included: ``pulumi:disable-default-providers`` there makes
+    provider-less resources and invokes of those packages an ``EngineRefusal``.
+    ``working_dir``: run the program there, as the language host does (the folder ``main``
+    names, ``main`` its text for messages), and check the local paths providers read from
+    there (without it, the caller's directory and no path check); ``prepared_paths``: paths the entry point writes before
+    the program (they need not exist offline). ``epoch``: see ``RecordingMocks``.
     """
-    mocks = RecordingMocks()
-    monitor = RecordingMonitor(mocks, project, stack)
+    config = dict(config or {})
+    mocks = RecordingMocks(epoch)
+    monitor = RecordingMonitor(mocks, project, stack, denied=denied_default_providers(config), main=main,
+                               prepared_paths=prepared_paths, check_paths=working_dir is not None)
     logger = logging.getLogger("mlplatform.mock_engine")
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor, logger=logger)
-    pulumi.runtime.set_all_config(dict(config or {}), list(secret_keys))
+    pulumi.runtime.set_all_config(config, list(secret_keys))
     settings = pulumi.runtime.settings.SETTINGS
     settings.rpc_manager.clear()
     settings.outputs.clear()
@@ -518,11 +728,23 @@ def run_recorded(
         original_export(name, value)
 
     pulumi.export = export  # type: ignore[assignment]
+    previous_dir = os.getcwd()
     try:
-        _sync_await(run_pulumi_func(program))
-        resolved = {key: _sync_await(_resolve(value)) for key, value in exported.items()}
+        if working_dir is not None:
+            os.chdir(working_dir)
+        try:
+            _sync_await(run_pulumi_func(program))
+            resolved = {key: _sync_await(_resolve(value)) for key, value in exported.items()}
+        except Exception as error:
+            # The engine stops at the first refusal; whatever the program did next is moot.
+            if monitor.problems:
+                raise EngineRefusal(monitor.problems) from error
+            raise
     finally:
+        os.chdir(previous_dir)
         pulumi.export = original_export  # type: ignore[assignment]
+    if monitor.problems:
+        raise EngineRefusal(monitor.problems)
     return Recording(resources=list(monitor.records), stack_outputs=resolved, aliases=dict(monitor.aliases))
 
 

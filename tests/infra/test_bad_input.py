@@ -158,6 +158,8 @@ def run_plan(project: Path, *args: str) -> subprocess.CompletedProcess:
 
 def project_with(tmp_path: Path, text: str) -> Path:
     shutil.copy(ROOT / "Pulumi.yaml", tmp_path / "Pulumi.yaml")
+    # A project holds the folder its `main` names: the program runs there (infra.plan.read_project).
+    (tmp_path / "infra").symlink_to(ROOT / "infra")
     (tmp_path / "Pulumi.broken.yaml").write_text(text)
     return tmp_path
 

@@ -40,6 +40,8 @@ def bad_stack_dir(tmp_path: Path, mutate) -> Path:
     document = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())
     mutate(document["config"])
     shutil.copy(ROOT / "Pulumi.yaml", tmp_path / "Pulumi.yaml")
+    # A project holds the folder its `main` names: the program runs there (infra.plan.read_project).
+    (tmp_path / "infra").symlink_to(ROOT / "infra")
     (tmp_path / "Pulumi.broken.yaml").write_text(yaml.safe_dump(document))
     return tmp_path
 
