@@ -360,6 +360,19 @@ def _system_ports():
     _network_policies()  # and the team cannot open that egress itself
 
 
+def _file_system_protocols():
+    """security-4 N8: a user-space Lustre or NFS client in a team pod talks to the FSx/EFS servers
+    with a uid it chooses. Team pods have no egress to the Lustre (988, 1018-1023) or NFS (2049)
+    ports anywhere: the kernel clients on the node mount the file systems, outside pod policy."""
+    egress = [(peer, port) for p in scheduling.network_policies(SPECS[A][0]) for rule in p["spec"].get("egress", [])
+              for peer in rule["to"] for port in rule.get("ports", [])]
+    assert egress, "the team has some egress (DNS, 443): otherwise the check below is empty"
+    for target in (988, 1018, 1021, 1023, 2049):
+        opened = [(peer, port) for peer, port in egress if port["port"] <= target <= port.get("endPort", port["port"])]
+        assert not opened, (target, opened)
+    _network_policies()  # and the team cannot open that egress itself
+
+
 ATTACKS = [
     Attack("2", "read/overwrite/delete B's checkpoints on FSx (mount root, same uid, root)", lambda: (_fsx_subtree(), _as_other_team(), _root_pod())),
     Attack("3", "poison the shared datasets as root", _datasets_read_only),
@@ -377,6 +390,7 @@ ATTACKS = [
     Attack("3.2 system nodes", "schedule onto the system nodes", _system_nodes),
     Attack("3.2 egress", "edit its own NetworkPolicies", _network_policies),
     Attack("3.2 system ports", "reach Kueue/Argo CD/Argo Workflows ports from a team pod (M6)", _system_ports),
+    Attack("N8", "reach FSx (Lustre) or EFS (NFS) with a user-space client from a pod", _file_system_protocols),
     Attack("3.2 LoadBalancer", "publish a pod with a LoadBalancer/NodePort Service", _load_balancer),
 ]
 
