@@ -38,6 +38,26 @@ GITHUB_OIDC_URL = f"https://{GITHUB_OIDC_HOST}"
 # configure-aws-credentials requests its token with this audience (action.yml `audience` default).
 GITHUB_OIDC_AUDIENCE = "sts.amazonaws.com"
 DEFAULT_WORKFLOW_PATH = ".github/workflows/platform.yml"
+# The workflow's ``name:``; the in-VPC runner starts only for its jobs.
+DEFAULT_WORKFLOW_NAME = "platform"
+DEPLOY_BRANCH = "main"
+
+
+def runner_webhook_filter_groups(workflow_name: str = DEFAULT_WORKFLOW_NAME, branch: str = DEPLOY_BRANCH) -> list[list[dict[str, str]]]:
+    """The in-VPC runner's webhook: a build (and so a runner inside the VPC) only for a queued job
+    of the deploy workflow on the deploy branch (security-4 N5). Without the ref and name filters
+    any workflow job of the repository starts a runner, and a pull request can edit its own
+    workflow's ``runs-on`` to the runner's (public) label and run its code inside the VPC.
+
+    AWS CodeBuild "GitHub webhook events": a build starts when every filter of some group matches;
+    ``HEAD_REF`` is matched against the workflow job's ``head_branch`` and ``WORKFLOW_NAME`` against
+    its ``workflow_name`` for ``WORKFLOW_JOB_QUEUED``. A pull request's jobs carry the PR's head
+    branch, never main (GitHub webhook ``workflow_job``: ``head_branch``)."""
+    return [[
+        {"type": "EVENT", "pattern": "WORKFLOW_JOB_QUEUED"},
+        {"type": "HEAD_REF", "pattern": f"^(refs/heads/)?{branch}$"},
+        {"type": "WORKFLOW_NAME", "pattern": f"^{workflow_name}$"},
+    ]]
 PREVIEW_SESSION_SECONDS = 3600
 # The longest first `up` (prod: EKS, FSx 9.6 TiB, Aurora, Helm releases with 600-900 s timeouts)
 # plus its preview; IAM allows MaxSessionDuration up to 12 h.
@@ -349,6 +369,6 @@ class CiAccess(pulumi.ComponentResource):
         aws.codebuild.Webhook(
             f"{name}-runner-webhook", project_name=codebuild.name, build_type="BUILD",
             filter_groups=[aws.codebuild.WebhookFilterGroupArgs(filters=[
-                aws.codebuild.WebhookFilterGroupFilterArgs(type="EVENT", pattern="WORKFLOW_JOB_QUEUED")])],
+                aws.codebuild.WebhookFilterGroupFilterArgs(**f) for f in group]) for group in runner_webhook_filter_groups()],
             opts=opts)
         return codebuild

@@ -23,7 +23,7 @@ from components.versions import (
     NVIDIA_MIG_MANAGER_IMAGE,
     PROMETHEUS_OPERATOR_CRDS_REPO, PROMETHEUS_OPERATOR_CRDS_VERSION,
 )
-from workloads import gpu_sharing
+from workloads import gpu_runtime, gpu_sharing
 from workloads.gpu_sharing import MIG_PENDING_TAINT, SHARING_TAINT, PoolSharing
 from workloads.karpenter import EFA_LABEL, FSX_STARTUP_TAINT, GPU_TAINT, NODE_ROLE_LABEL, READINESS_STARTUP_TAINT
 from workloads.node_health import node_health_objects
@@ -76,8 +76,10 @@ def efa_node_placement() -> dict[str, Any]:
 def device_plugin_values(pool_sharing: Optional[Mapping[str, PoolSharing]] = None) -> dict[str, Any]:
     # Shared pools: named configs in the chart's ConfigMap; each node's config-manager sidecar
     # picks its pool's by the nvidia.com/device-plugin.config label (workloads.gpu_sharing).
+    # GPUs reach containers only through the plugin's volume mounts (workloads/gpu_runtime.py, security-4 N2).
     return {**gpu_node_placement(), "gfd": {"enabled": False}, "nfd": {"enabled": False},
-            "priorityClassName": "system-node-critical", **gpu_sharing.device_plugin_chart_config(pool_sharing or {})}
+            "priorityClassName": "system-node-critical", **gpu_runtime.device_plugin_values(),
+            **gpu_sharing.device_plugin_chart_config(pool_sharing or {})}
 
 
 def gpu_operator_values(*, service_monitor: bool, pool_sharing: Optional[Mapping[str, PoolSharing]] = None) -> dict[str, Any]:
@@ -88,7 +90,7 @@ def gpu_operator_values(*, service_monitor: bool, pool_sharing: Optional[Mapping
         "driver": {"enabled": False},  # shipped by the AL2023 NVIDIA AMI
         "toolkit": {"enabled": False},  # shipped by the AL2023 NVIDIA AMI
         "daemonsets": {"tolerations": placement["tolerations"], "priorityClassName": "system-node-critical"},
-        "devicePlugin": {"enabled": True, **sharing.get("devicePlugin", {})},
+        "devicePlugin": {"enabled": True, "env": gpu_runtime.gpu_operator_device_plugin_env(), **sharing.get("devicePlugin", {})},
         **{k: v for k, v in sharing.items() if k != "devicePlugin"},
         # The chart turns config.data into a ConfigMap (key dcgm-metrics.csv) the ClusterPolicy
         # points the exporter at (gpu-operator v25.3.0 templates/dcgm_exporter_config.yaml).

@@ -91,7 +91,7 @@ class Scheduling(pulumi.ComponentResource):
         # exists without them.
         self.admission_policies = [
             apply_object(f"{name}-{obj['kind'].lower()}-{obj['metadata']['name']}", obj, child)
-            for obj in tenancy.admission_policies()]
+            for obj in tenancy.admission_policies(gpu_pools=[f.name for f in args.flavors])]
         self.namespaces: dict[str, pulumi.CustomResource] = {}
         for ns_spec, queue_spec in args.teams:
             ns = apply_object(f"{name}-{ns_spec.team}-namespace", scheduling.namespace(ns_spec),

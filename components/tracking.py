@@ -491,7 +491,13 @@ class Tracking(pulumi.ComponentResource):
             {"Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
              "Resource": pulumi.Output.concat(log_group.arn, ":*")},
             {"Effect": "Allow", "Action": "secretsmanager:GetSecretValue", "Resource": secret_arns},
-            {"Effect": "Allow", "Action": "kms:Decrypt", "Resource": self.key.arn},
+            # Only through Secrets Manager (ECS resolving the secrets above): a stolen session of the
+            # execution role cannot decrypt anything else under the key by calling KMS itself
+            # (KMS Developer Guide, "kms:ViaService": secretsmanager.<region>.amazonaws.com).
+            {"Effect": "Allow", "Action": "kms:Decrypt", "Resource": self.key.arn,
+             "Condition": {"StringEquals": {"kms:ViaService": pulumi.Output.concat(
+                 "secretsmanager.", aws.get_region_output(opts=pulumi.InvokeOutputOptions(parent=self)).region, ".",
+                 aws.get_partition_output(opts=pulumi.InvokeOutputOptions(parent=self)).dns_suffix)}}},
         ]
         if args.image_repository_arn is not None:
             execution_statements.append({"Effect": "Allow", "Action": ECR_PULL_ACTIONS, "Resource": args.image_repository_arn})

@@ -18,6 +18,7 @@ from infra.config import GitopsConfig, PlatformConfig, SecretSourceConfig
 from infra.recording import Recording
 from infra.platform import Platform
 from workloads import gitops
+from workloads.scheduling import team_namespace
 
 RENDERED_ROOT = "workloads/rendered"
 
@@ -47,6 +48,7 @@ def gitops_spec(config: PlatformConfig, stack: str) -> gitops.GitOpsSpec:
         rendered_path=rendered_path(config, stack), namespaces=tuple(sorted(config.team_namespaces)),
         sync_mode=sync_mode(config),
         sync_windows=tuple(w.spec() for w in g.sync_windows),
+        viewer_groups={team_namespace(team): tuple(groups) for team, groups in (g.sso.team_groups if g.sso else {}).items()},
     )
 
 

@@ -111,6 +111,8 @@ class GitOpsSpec:
     namespaces: team namespaces Argo CD may deploy into.
     sync_mode: automated (prune + self-heal) or manual.
     sync_windows: windows of the workloads project (prod: when syncs may happen).
+    viewer_groups: team namespace -> SSO groups that see that team's Applications and pod logs
+        (a ``viewer`` role of the team's project), and no other team's.
     """
 
     platform: str
@@ -121,6 +123,7 @@ class GitOpsSpec:
     sync_mode: SyncMode = SyncMode.MANUAL
     sync_windows: Sequence[SyncWindowSpec] = field(default_factory=tuple)
     argocd_namespace: str = ARGOCD_NAMESPACE
+    viewer_groups: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
     @property
     def apps_path(self) -> str:
@@ -210,7 +213,28 @@ def team_project(spec: GitOpsSpec, namespace: str) -> dict[str, Any]:
             "namespaceResourceWhitelist": [{"group": g, "kind": k} for g, k in MANAGED_KINDS],
             "orphanedResources": {"warn": True},
             "syncWindows": [_window(w) for w in spec.sync_windows],
+            "roles": [viewer_role(spec, namespace)],
         },
+    }
+
+
+VIEWER_ROLE = "viewer"
+
+
+def viewer_role(spec: GitOpsSpec, namespace: str) -> dict[str, Any]:
+    """Read-only access to one team's Applications and their pods' logs (security-4 N4): the
+    built-in ``role:readonly`` grants ``applications, get, */*`` and ``logs, get, */*`` (argo-cd
+    assets/builtin-policy.csv), every team's. A project role's policies may only name the
+    project's own Applications (``<project>/*``); ``logs`` is a project-role resource (Argo CD
+    docs, "argocd proj role add-policy": ``-r logs``). No groups: nobody holds the role."""
+    project = spec.team_project_name(namespace)
+    subject = f"proj:{project}:{VIEWER_ROLE}"
+    return {
+        "name": VIEWER_ROLE,
+        "description": f"{namespace}: read its Applications and pod logs",
+        "policies": [f"p, {subject}, applications, get, {project}/*, allow",
+                     f"p, {subject}, logs, get, {project}/*, allow"],
+        "groups": list(spec.viewer_groups.get(namespace, ())),
     }
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Mapping, Optional, Sequence
 
-from workloads import gpu_sharing
+from workloads import gpu_runtime, gpu_sharing
 from workloads.gpu_catalog import InstanceShape, gpu_type
 from workloads.node_health_agent import READINESS_TAINT as READINESS_STARTUP_TAINT
 from workloads.gpu_sharing import PoolSharing
@@ -301,6 +301,13 @@ def gpu_node_class(pool: GpuPoolSpec, node_class: NodeClassSpec) -> dict[str, An
         tags={POOL_LABEL: pool.name, GPU_TYPE_LABEL: pool.gpu_type},
     )
     spec = manifest["spec"]
+    if AmiFamily(pool.ami_alias.split("@", 1)[0]) is AmiFamily.AL2023:
+        # The AMI's NVIDIA runtime honours NVIDIA_VISIBLE_DEVICES from any container by default
+        # (workloads/gpu_runtime.py). Bottlerocket's NVIDIA variant already defaults to the same
+        # two settings (bottlerocket packages/nvidia-container-toolkit/nvidia-container-toolkit-config-k8s:
+        # settings.kubernetes.nvidia.container-runtime.visible-devices-as-volume-mounts default true,
+        # ...visible-devices-envvar-when-unprivileged default false) and takes no shell user data.
+        spec["userData"] = gpu_runtime.al2023_user_data()
     if pool.efa:
         spec["networkInterfaces"] = efa_network_interfaces(pool.shapes[0].num_efa_network_cards)
     if pool.capacity_reservation_ids:

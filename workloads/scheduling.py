@@ -129,7 +129,10 @@ def limit_range(spec: TeamNamespaceSpec) -> dict[str, Any]:
 
 # torchrun's c10d rendezvous, NCCL's bootstrap and socket transport use ephemeral ports between
 # pods of a job: allow everything inside the namespace rather than guessing ports.
-FSX_LUSTRE_PORTS = ((988, None), (1018, 1023))
+# No Lustre (988, 1018-1023) or NFS (2049) egress: the FSx and EFS clients are the node's kernel
+# (mounted by the CSI node plugins), outside the pod's network namespace, so pods never need them,
+# and a user-space client in a pod would reach the file system with a uid it chooses
+# (Lustre trusts the client's uid; security-4 N8).
 # The EKS Pod Identity agent serves credentials on this link-local address (EKS User Guide,
 # "Pod Identity agent": 169.254.170.23, port 80); without it boto3 finds no credentials.
 POD_IDENTITY_AGENT_CIDR = "169.254.170.23/32"
@@ -159,8 +162,6 @@ def network_policies(spec: TeamNamespaceSpec) -> list[dict[str, Any]]:
                 "metadata": {"name": name, "namespace": ns}, "spec": body}
 
     vpc_ports: list[dict[str, Any]] = [{"protocol": "TCP", "port": 443}]  # MLflow ALB, VPC endpoints
-    for port, end_port in FSX_LUSTRE_PORTS:
-        vpc_ports.append({"protocol": "TCP", "port": port, **({"endPort": end_port} if end_port else {})})
     policies = [
         policy("default-deny", {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
         policy("allow-same-namespace", {

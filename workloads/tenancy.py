@@ -14,13 +14,25 @@ API server refuses whoever asks (pure functions, validated against Kubernetes 1.
                        the pod; containers may not override them), so files on the shared FSx
                        belong to the team that wrote them.
   ``pod-placement``    no toleration of the system nodes' taint, no selector or affinity on the
-                       system-node label, and a priority class the team is entitled to.
-  ``gpu-pods``         a Pod that requests GPUs is created only by a job controller (the Job
-                       controller, the Training Operator, JobSet), i.e. from a job Kueue admitted,
-                       so the per-GPU-type quota of the team's ClusterQueue holds for pods too.
+                       system-node label, no ``spec.nodeName`` (it skips the scheduler, and the
+                       kubelet checks only NoExecute taints), and a priority class the team is
+                       entitled to; on CREATE and UPDATE (an UPDATE may add tolerations).
+  ``gpu-pods``         a Pod that requests GPUs (whole, shared or MIG: any ``nvidia.com/``
+                       resource) is created only by a job controller (the Job controller, the
+                       Training Operator, JobSet), i.e. from a job Kueue admitted, so the
+                       per-GPU-type quota of the team's ClusterQueue holds for pods too; and a
+                       Pod that requests none may not tolerate the GPU or sharing taint nor
+                       select a GPU pool (a GPU-less pod on a GPU node is how a tenant reaches
+                       GPUs without quota, security-4 N2).
   ``queue-label``      Jobs, PyTorchJobs, TrainJobs and JobSets carry the team's LocalQueue
                        label (Kueue also manages unlabelled ones: ``manageJobsWithoutQueueName``),
-                       and their pod templates name an entitled priority class.
+                       their pod templates name an entitled priority class and no node, and a
+                       PyTorchJob's ``runPolicy.schedulingPolicy.priorityClass`` (Kueue's source
+                       of the workload priority) is entitled too.
+  ``secrets``          no Secret of type ``kubernetes.io/service-account-token``: a long-lived
+                       token outlives the member who minted it (security-4 N13).
+  ``pod-volumes``      no generic ``ephemeral`` volume: its PVC is created by the ephemeral-volume
+                       controller, outside the team's RBAC (no PVC create) and any quota.
   ``services``         no Service of type LoadBalancer or NodePort, no externalIPs.
 
 The CEL uses only the standard CEL macros and functions (``has``, ``all``, ``exists``, ``in``,
@@ -32,7 +44,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from workloads.karpenter import GPU_RESOURCE
+from workloads.gpu_sharing import MIG_PENDING_TAINT, SHARING_LABEL, SHARING_TAINT
+from workloads.karpenter import EFA_LABEL, GPU_RESOURCE, GPU_TAINT, GPU_TYPE_LABEL, POOL_LABEL, READINESS_STARTUP_TAINT
 from workloads.kueue import QUEUE_LABEL
 from workloads.placement import SYSTEM_NODE_LABEL_KEY, SYSTEM_NODE_TAINT
 from workloads.problems import accepts_enum_values
@@ -46,6 +59,8 @@ ALLOWED_PRIORITIES_ANNOTATION = "mlplatform.io/allowed-priority-classes"
 LOCAL_QUEUE_LABEL = "mlplatform.io/local-queue"
 # priority.mlplatform.io/<class>: "allowed" for each class the team is entitled to.
 PRIORITY_LABEL_PREFIX = "priority.mlplatform.io/"
+# Kueue's WorkloadPriorityClass label (kueue pkg/constants ``WorkloadPriorityClassLabel``).
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 POLICY_PREFIX = "mlplatform-team-"
 TEAM_ROLE = "mlplatform-team"
 # Service accounts of these namespaces run the controllers that create a job's pods (and a
@@ -53,6 +68,19 @@ TEAM_ROLE = "mlplatform-team"
 # it with per-controller service accounts), the Training Operator (kubeflow), Kubeflow Trainer
 # and its JobSet controller (kubeflow-system). Nothing of a team runs there.
 CONTROLLER_NAMESPACES = ("kube-system", "kubeflow", "kubeflow-system")
+# Resources the NVIDIA device plugin serves: nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-*.
+NVIDIA_RESOURCE_PREFIX = "nvidia.com/"
+# Node labels only GPU nodes carry: the platform's GPU type and EFA labels and the sharing label
+# (workloads/karpenter.py GpuPoolSpec.node_labels), Karpenter's GPU instance labels
+# (karpenter.k8s.aws/instance-gpu-name, -count, -manufacturer, -memory) and the NVIDIA labels of GPU
+# feature discovery and the device plugin's config (nvidia.com/...).
+GPU_ONLY_NODE_LABELS = frozenset({GPU_TYPE_LABEL, EFA_LABEL, SHARING_LABEL})
+GPU_ONLY_NODE_LABEL_PREFIXES = ("karpenter.k8s.aws/instance-gpu", "karpenter.k8s.aws/instance-accelerator", "nvidia.com/")
+# Labels that name a pool: the platform's and Karpenter's (karpenter.sh/nodepool).
+POOL_SELECTOR_KEYS = [POOL_LABEL, "karpenter.sh/nodepool"]
+# Startup taints a team pod may never tolerate: the GPU readiness and MIG gates (a pod that
+# tolerates them lands on a node whose GPUs are unchecked or being repartitioned).
+STARTUP_TAINTS = (READINESS_STARTUP_TAINT, MIG_PENDING_TAINT)
 # POSIX ids: 65534 is what root squash maps root to (nobody); below 10000 are image users
 # (checkov CKV_K8S_40 asks for >= 10000).
 POSIX_ID_MIN = 10000
@@ -167,6 +195,7 @@ def _pod_identity() -> list[dict[str, Any]]:
 def _pod_placement_validations(pod_spec: str, *, what: str) -> list[dict[str, Any]]:
     taint = SYSTEM_NODE_TAINT["key"]
     label = SYSTEM_NODE_LABEL_KEY
+    startup = [t["key"] for t in STARTUP_TAINTS]
     terms = f"{pod_spec}.affinity.nodeAffinity"
     affinity_clean = (
         f"!has({pod_spec}.affinity) || !has({terms}) || ("
@@ -180,9 +209,18 @@ def _pod_placement_validations(pod_spec: str, *, what: str) -> list[dict[str, An
         {"expression": (f"!has({pod_spec}.tolerations) || {pod_spec}.tolerations.all(t, "
                         f"!has(t.key) ? !(has(t.operator) && t.operator == 'Exists') : t.key != '{taint}')"),
          "message": f"{what} may not tolerate the system nodes' taint {taint} (nor every taint)", "reason": "Forbidden"},
+        {"expression": f"!has({pod_spec}.tolerations) || {pod_spec}.tolerations.all(t, !has(t.key) || !(t.key in {startup!r}))",
+         "message": (f"{what} may not tolerate the platform's startup taints {', '.join(startup)}: they keep pods off a "
+                     "GPU node until its checks pass"),
+         "reason": "Forbidden"},
         {"expression": f"!has({pod_spec}.nodeSelector) || !('{label}' in {pod_spec}.nodeSelector)",
          "message": f"{what} may not select the system nodes ({label})", "reason": "Forbidden"},
         {"expression": affinity_clean, "message": f"{what} may not use node affinity on {label}", "reason": "Forbidden"},
+        # The scheduler binds through pods/binding (a subresource these rules do not match), so
+        # only a request that names a node itself sets nodeName; the kubelet then admits the pod
+        # checking NoExecute taints only (kubernetes pkg/kubelet/lifecycle/predicate.go).
+        {"expression": f"!has({pod_spec}.nodeName) || {pod_spec}.nodeName == ''",
+         "message": f"{what} may not name its node (spec.nodeName): the scheduler places team pods", "reason": "Forbidden"},
         {"expression": _priority_ok(pod_spec),
          "messageExpression": (f"'{what} must name one of the priority classes ' + {_ALLOWED} + "
                                "' (the team\\'s entitlement)'"),
@@ -191,20 +229,85 @@ def _pod_placement_validations(pod_spec: str, *, what: str) -> list[dict[str, An
 
 
 def _pod_placement() -> list[dict[str, Any]]:
-    return _policy("pod-placement", resources=[("", "v1", "pods")], operations=("CREATE",),
-                   validations=_pod_placement_validations("object.spec", what="a pod"))
+    # UPDATE too: Kubernetes lets an update add tolerations (ValidatePodUpdate: "spec.tolerations
+    # (only additions to existing tolerations)"), and a gated pod's selector and affinity. The
+    # nodeName rule holds on UPDATE as well: a pod's nodeName is set by pods/binding, never by an
+    # UPDATE of the pod (ValidatePodUpdate refuses the change), so a bound pod is only refused if
+    # it was created with it, which CREATE already refused.
+    return _policy("pod-placement", resources=[("", "v1", "pods")],
+                   validations=_pod_placement_validations("object.spec", what="a pod"),
+                   match_conditions=[_NOT_BOUND])
 
 
-def _gpu_pods() -> list[dict[str, Any]]:
-    requests_gpu = (f"{_all_containers('object.spec')}.exists(c, has(c.resources) && ("
-                    f"(has(c.resources.requests) && '{GPU_RESOURCE}' in c.resources.requests) || "
-                    f"(has(c.resources.limits) && '{GPU_RESOURCE}' in c.resources.limits)))")
-    return _policy("gpu-pods", resources=[("", "v1", "pods")], operations=("CREATE",), validations=[
+# A bound pod's UPDATE (labels, Kueue's finalizer, graceful deletion) carries the nodeName the
+# scheduler set through pods/binding: placement was decided at binding time, so it is not
+# re-validated (the CREATE and the pending-pod UPDATEs were).
+_NOT_BOUND = {"name": "not-a-bound-pod-update",
+              "expression": "request.operation != 'UPDATE' || !has(oldObject.spec.nodeName) || oldObject.spec.nodeName == ''"}
+
+
+def _requests_gpu(pod_spec: str) -> str:
+    """CEL: some container requests a GPU of any kind (``nvidia.com/gpu``, ``nvidia.com/gpu.shared``,
+    ``nvidia.com/mig-<profile>``): every NVIDIA resource the device plugin serves."""
+    def any_nvidia(field: str) -> str:
+        return f"(has(c.resources.{field}) && c.resources.{field}.exists(r, r.startsWith('{NVIDIA_RESOURCE_PREFIX}')))"
+    return f"{_all_containers(pod_spec)}.exists(c, has(c.resources) && ({any_nvidia('requests')} || {any_nvidia('limits')}))"
+
+
+def _selects_gpu_pool(pod_spec: str, gpu_pools: Sequence[str]) -> str:
+    """CEL: the pod selects nodes by a label only GPU nodes carry, or by a GPU pool's name."""
+    keys = sorted(GPU_ONLY_NODE_LABELS)
+    prefixes = list(GPU_ONLY_NODE_LABEL_PREFIXES)
+    # The platform's pool label holds the pool name, Karpenter's the NodePool's (GpuPoolSpec.resource_name).
+    pools = sorted({*gpu_pools, *(f"gpu-{p}" for p in gpu_pools)})
+
+    def gpu_key(k: str) -> str:
+        return f"({k} in {keys!r} || {' || '.join(f'{k}.startsWith({p!r})' for p in prefixes)})"
+
+    by_selector = (f"(has({pod_spec}.nodeSelector) && {pod_spec}.nodeSelector.exists(k, {gpu_key('k')} || "
+                   f"(k in {POOL_SELECTOR_KEYS!r} && {pod_spec}.nodeSelector[k] in {pools!r})))")
+    # An expression on a pool key may name CPU pools only (In); NotIn, Exists or Gt on it could
+    # match a GPU pool.
+    expression = (f"{gpu_key('e.key')} || (e.key in {POOL_SELECTOR_KEYS!r} && "
+                  f"!(e.operator == 'In' && has(e.values) && e.values.all(v, !(v in {pools!r}))))")
+    terms = f"{pod_spec}.affinity.nodeAffinity"
+    required = f"{terms}.requiredDuringSchedulingIgnoredDuringExecution"
+    preferred = f"{terms}.preferredDuringSchedulingIgnoredDuringExecution"
+    by_affinity = (f"(has({pod_spec}.affinity) && has({terms}) && ("
+                   f"(has({required}) && {required}.nodeSelectorTerms.exists(t, has(t.matchExpressions) && "
+                   f"t.matchExpressions.exists(e, {expression}))) || "
+                   f"(has({preferred}) && {preferred}.exists(p, has(p.preference.matchExpressions) && "
+                   f"p.preference.matchExpressions.exists(e, {expression})))))")
+    return f"({by_selector} || {by_affinity})"
+
+
+def _gpu_pods(gpu_pools: Sequence[str]) -> list[dict[str, Any]]:
+    requests_gpu = _requests_gpu("object.spec")
+    gpu_taints = sorted({GPU_TAINT["key"], SHARING_TAINT["key"]})
+    tolerates_gpu = f"(has(object.spec.tolerations) && object.spec.tolerations.exists(t, has(t.key) && t.key in {gpu_taints!r}))"
+    bare = _policy("gpu-pods", resources=[("", "v1", "pods")], operations=("CREATE",), validations=[
         {"expression": f"!({requests_gpu}) || {_CONTROLLER}",
          "message": ("a pod that requests GPUs is created by a job controller from a job Kueue admitted: "
                      "submit a PyTorchJob, TrainJob or Job with the team's queue label"),
          "reason": "Forbidden"},
     ])
+    # Whoever creates it (a team member, or a job controller from a template Kueue admitted to a
+    # GPU flavor): a pod without a GPU request has no business on a GPU node. There the NVIDIA
+    # runtime is the last line (GPU nodes ignore NVIDIA_VISIBLE_DEVICES from unprivileged
+    # containers, workloads/karpenter.py); this keeps such pods off GPU nodes in the first place,
+    # so they neither make Karpenter launch one nor take its CPU and memory from a GPU job.
+    gpu_less = _policy("gpu-less-pods", resources=[("", "v1", "pods")], match_conditions=[_NOT_BOUND], validations=[
+        {"expression": f"{requests_gpu} || !{tolerates_gpu}",
+         "message": (f"a pod that requests no GPU may not tolerate the GPU nodes' taints {', '.join(gpu_taints)}: "
+                     f"request {GPU_RESOURCE} (or a GPU slice) through a job, or drop the toleration"),
+         "reason": "Forbidden"},
+        {"expression": f"{requests_gpu} || !{_selects_gpu_pool('object.spec', gpu_pools)}",
+         "message": ("a pod that requests no GPU may not select a GPU pool's nodes (GPU pool names, "
+                     f"{', '.join(sorted(GPU_ONLY_NODE_LABELS))}, {', '.join(GPU_ONLY_NODE_LABEL_PREFIXES)}*): "
+                     f"select the CPU pool ({POOL_LABEL}) instead"),
+         "reason": "Forbidden"},
+    ])
+    return [*bare, *gpu_less]
 
 
 # The job kinds Kueue manages (workloads.kueue.ManagerConfigSpec.frameworks) and where each
@@ -228,12 +331,35 @@ def _queue_label() -> list[dict[str, Any]]:
             "messageExpression": (f"'{resource} in ' + namespaceObject.metadata.name + ' carry the label {QUEUE_LABEL}: ' + "
                                   f"namespaceObject.metadata.labels['{LOCAL_QUEUE_LABEL}'] + ' (Kueue admits them against the team\\'s quota)'"),
             "reason": "Forbidden"}]
+        # Kueue takes a workload's priority from a WorkloadPriorityClass label first, then (for
+        # kubeflow jobs) runPolicy.schedulingPolicy.priorityClass, then the pod templates (Kueue
+        # v0.19.2 pkg/controller/jobs/kubeflow/kubeflowjob/kubeflowjob_controller.go
+        # ``PriorityClass``; pkg/util/priority): each source is held to the team's entitlement.
+        validations.append({
+            "expression": f"!has(object.metadata.labels) || !('{KUEUE_PRIORITY_LABEL}' in object.metadata.labels)",
+            "message": (f"{resource} may not set {KUEUE_PRIORITY_LABEL}: the workload's priority comes from its pods' "
+                        "priority class, which the team's entitlement bounds"),
+            "reason": "Forbidden"})
+        if resource == "pytorchjobs":
+            policy = "object.spec.runPolicy.schedulingPolicy"
+            validations.append({
+                "expression": (f"!has(object.spec.runPolicy) || !has(object.spec.runPolicy.schedulingPolicy) || "
+                               f"!has({policy}.priorityClass) || "
+                               f"('{PRIORITY_LABEL_PREFIX}' + {policy}.priorityClass) in namespaceObject.metadata.labels"),
+                "messageExpression": (f"'runPolicy.schedulingPolicy.priorityClass (Kueue\\'s priority for the job) must be one "
+                                      f"of ' + {_ALLOWED}"),
+                "reason": "Forbidden"})
         if templates != "[]":
             validations.append({
                 "expression": f"{templates}.all(s, {_priority_ok('s')})",
                 "messageExpression": f"'pod templates must name one of the priority classes ' + {_ALLOWED}",
                 "reason": "Forbidden"})
-        # A TrainJob names no priority class; its JobSet's templates are checked when Trainer creates it.
+            validations.append({
+                "expression": f"{templates}.all(s, !has(s.nodeName) || s.nodeName == '')",
+                "message": "pod templates may not name a node (spec.nodeName): the scheduler places team pods",
+                "reason": "Forbidden"})
+        # A TrainJob names no priority class (Trainer 2.3.0's runtimePatches pod spec has no
+        # priorityClassName field); its JobSet's templates are checked when Trainer creates it.
         out += _policy(f"queue-label-{resource}", resources=[(group, version, resource)], validations=validations,
                        # The controllers create a TrainJob's JobSet and its Jobs: the queue label sits on the TrainJob.
                        match_conditions=[{"name": "not-a-job-controller", "expression": f"!({_CONTROLLER})"}])
@@ -250,9 +376,36 @@ def _services() -> list[dict[str, Any]]:
     ])
 
 
-def admission_policies() -> list[dict[str, Any]]:
-    """Every policy and binding; cluster-scoped, one set for all team namespaces."""
-    return [*_pod_identity(), *_pod_placement(), *_gpu_pods(), *_queue_label(), *_services()]
+def _secrets() -> list[dict[str, Any]]:
+    # A legacy token Secret never expires and survives the removal of the member who minted it
+    # (the team Role writes Secrets); pods get short-lived projected tokens instead.
+    return _policy("secrets", resources=[("", "v1", "secrets")], validations=[
+        {"expression": "!has(object.type) || object.type != 'kubernetes.io/service-account-token'",
+         "message": ("team namespaces hold no long-lived service account tokens (type kubernetes.io/service-account-token): "
+                     "use `kubectl create token` (short-lived) or a projected token volume"),
+         "reason": "Forbidden"},
+    ])
+
+
+def _pod_volumes() -> list[dict[str, Any]]:
+    # Pod Security `restricted` admits generic ephemeral volumes; their PVC is created by the
+    # ephemeral-volume controller, so neither the team's RBAC (no PVC create) nor a quota bounds it.
+    return _policy("pod-volumes", resources=[("", "v1", "pods")], operations=("CREATE",), validations=[
+        {"expression": "!has(object.spec.volumes) || object.spec.volumes.all(v, !has(v.ephemeral))",
+         "message": ("team pods may not use generic ephemeral volumes (an EBS volume outside the team's quota): "
+                     "use emptyDir, or the team's FSx claim"),
+         "reason": "Forbidden"},
+    ])
+
+
+def admission_policies(gpu_pools: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Every policy and binding; cluster-scoped, one set for all team namespaces.
+
+    gpu_pools: the GPU pools' names (their ``mlplatform.io/pool`` label values); a pod that
+        requests no GPU may not select them.
+    """
+    return [*_pod_identity(), *_pod_placement(), *_gpu_pods(gpu_pools), *_pod_volumes(), *_queue_label(),
+            *_secrets(), *_services()]
 
 
 # -- RBAC ---------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The ``gitops`` section: Argo CD (app of apps over the rendered manifests) and Argo Workflows; its rules."""
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 from pydantic import Field, field_validator
 
@@ -52,7 +52,8 @@ class SsoConfig(_Model):
     client_id: str = Field(min_length=1)
     client_secret: SecretSourceConfig = Field(description="JSON key `clientSecret` (Secrets Manager) or the Secret's key `clientSecret`.")
     admin_groups: list[str] = Field(default_factory=list, description="IdP groups given role:admin.")
-    readonly_groups: list[str] = Field(default_factory=list, description="IdP groups given role:readonly.")
+    readonly_groups: list[str] = Field(default_factory=list, description="IdP groups given role:readonly: every team's Applications and pod logs; platform staff only.")
+    team_groups: dict[str, list[str]] = Field(default_factory=dict, description="Team name -> IdP groups that see that team's Applications and pod logs (read-only) in Argo CD, and no other team's.")
     scopes: list[str] = Field(default_factory=lambda: list(SsoArgs.scopes))
 
     def args(self) -> SsoArgs:
@@ -132,6 +133,16 @@ def _gitops_rules(environment: Environment, gitops: Optional[GitopsConfig]) -> I
         yield Problem("gitops.ha", False, "prod Argo CD runs highly available", "remove gitops.ha (true in prod)")
 
 
+def _team_groups(scheduling: Any, gitops: Optional[GitopsConfig]) -> Iterator[Problem]:
+    if gitops is None or gitops.sso is None:
+        return
+    teams = sorted(t.name for t in scheduling.teams)
+    for team in sorted(set(gitops.sso.team_groups) - set(teams)):
+        yield Problem(f"gitops.sso.teamGroups.{team}", team, "is not a team of scheduling.teams",
+                      f"use one of {teams}, or remove it")
+
+
 RULES: tuple[Rule, ...] = (
     Rule(("environment", "gitops"), _gitops_rules),
+    Rule(("scheduling", "gitops"), _team_groups),
 )

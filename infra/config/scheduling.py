@@ -6,7 +6,7 @@ from typing import Iterator, Optional
 from pydantic import Field, field_validator
 
 from components.validation import Problem
-from infra.config.common import _ROLE_ARN, _Model
+from infra.config.common import _ROLE_ARN, Environment, _Model
 from infra.config.engine import Rule, invalid
 from infra.config.gpu import _DURATION, GpuPoolConfig
 from workloads.gpu_catalog import team_quota_problems
@@ -68,7 +68,20 @@ def _team_rules(gpu_pools: list[GpuPoolConfig], teams: list[TeamConfig]) -> Iter
         seen.setdefault(team.uid, team.name)
 
 
+def _team_access(environment: Environment, teams: list[TeamConfig]) -> Iterator[Problem]:
+    """In prod every team reaches its namespace through its own role's access entry: a team
+    without one can only be served through an admin's credentials (security-4 N6)."""
+    if environment is not Environment.PROD:
+        return
+    for index, team in enumerate(teams):
+        if not team.role_arns:
+            yield Problem(f"scheduling.teams[{index}].roleArns", [],
+                          f"team {team.name} has no IAM role, so no access entry: its members could only use an admin's kubeconfig",
+                          "list the team's IAM role ARN(s); members run aws eks update-kubeconfig --role-arn <that role>")
+
+
 # Listed in the order the loader runs them (infra.config.platform.RULES).
 RULES: tuple[Rule, ...] = (
     Rule(("gpuPools", "scheduling.teams"), _team_rules),
+    Rule(("environment", "scheduling.teams"), _team_access),
 )

@@ -182,6 +182,17 @@ def test_roles_are_separate_and_least_privilege(plan):
     # The artifacts grant reads no secrets, the execution role touches no artifacts.
     assert not any("secretsmanager" in str(s["Action"]) for s in artifacts_policy["Statement"])
     assert not any("s3:" in str(s["Action"]) for s in execution_policy["Statement"])
+    # security-4 / audit-3 L4: a stolen execution-role session calls kms:Decrypt itself (no
+    # kms:ViaService in the request context): no statement allows it; ECS resolving the secrets
+    # through Secrets Manager still can.
+    region = plan.config.region
+
+    def decrypt_allowed(context: dict) -> bool:
+        return any(s["Action"] == "kms:Decrypt" and all(context.get(k) == v for k, v in
+                   s.get("Condition", {}).get("StringEquals", {}).items()) for s in execution_policy["Statement"])
+
+    assert not decrypt_allowed({})
+    assert decrypt_allowed({"kms:ViaService": f"secretsmanager.{region}.amazonaws.com"})
 
 
 def test_flask_key_admin_password_and_database_password_never_enter_the_state(plan):

@@ -43,7 +43,7 @@ SPECS = {ns.namespace: (ns, queue) for ns, queue in team_specs(CONFIG)}
 A, B = sorted(SPECS)[:2]  # attacker, victim
 NAMESPACES = {ns: scheduling.namespace(spec) for ns, (spec, _) in SPECS.items()}
 UID = {ns: int(obj["metadata"]["labels"][tenancy.POSIX_ID_LABEL]) for ns, obj in NAMESPACES.items()}
-POLICIES = tenancy.admission_policies()
+POLICIES = tenancy.admission_policies(gpu_pools=[p.name for p in CONFIG.gpu_pools])
 TEAM_USER = {"username": "arn:aws:sts::444455556666:assumed-role/a-ml/alice", "groups": [tenancy.team_group(A), "system:authenticated"]}
 JOB_CONTROLLER = {"username": "system:serviceaccount:kube-system:job-controller", "groups": ["system:serviceaccounts"]}
 OPERATOR = {"username": "system:serviceaccount:kubeflow:training-operator", "groups": ["system:serviceaccounts"]}
@@ -52,7 +52,7 @@ ARGOCD_NS = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "argo
 GITOPS = gitops.GitOpsSpec(platform="mlp-prod", repo_url="https://github.com/example/platform.git", target_revision="main",
                            rendered_path="workloads/rendered/prod", namespaces=tuple(sorted(SPECS)))
 RESOURCES = {"Pod": ("", "v1", "pods"), "Job": ("batch", "v1", "jobs"), "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
-             "Service": ("", "v1", "services"), "Application": ("argoproj.io", "v1alpha1", "applications")}
+             "Service": ("", "v1", "services"), "Secret": ("", "v1", "secrets"), "Application": ("argoproj.io", "v1alpha1", "applications")}
 
 
 def _ns_labels(namespace: dict[str, Any]) -> dict[str, str]:
@@ -71,12 +71,14 @@ def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
 
 
 def admit(obj: dict[str, Any], namespace: dict[str, Any], user: dict[str, Any], policies=POLICIES,
-          operation: str = "CREATE") -> list[str]:
-    """The refusals the bound policies give this request ([] = admitted)."""
+          operation: str = "CREATE", old: Optional[dict[str, Any]] = None) -> list[str]:
+    """The refusals the bound policies give this request ([] = admitted). ``old``: the stored
+    object of an UPDATE (``oldObject``; null on CREATE, as the API server passes it)."""
     group, version, resource = RESOURCES[obj["kind"]]
     bindings = {b["spec"]["policyName"]: b for b in policies if b["kind"] == "ValidatingAdmissionPolicyBinding"}
     env = celpy.Environment()
-    activation = {"object": celpy.json_to_cel(obj), "namespaceObject": celpy.json_to_cel(namespace),
+    activation = {"object": celpy.json_to_cel(obj), "oldObject": celpy.json_to_cel(old),
+                  "namespaceObject": celpy.json_to_cel(namespace),
                   "request": celpy.json_to_cel({"userInfo": user, "operation": operation,
                                                 "namespace": namespace["metadata"]["name"]})}
     refusals = []
@@ -88,7 +90,11 @@ def admit(obj: dict[str, Any], namespace: dict[str, Any], user: dict[str, Any], 
         binding = bindings[policy["metadata"]["name"]]
         if not _selects(binding["spec"]["matchResources"]["namespaceSelector"], _ns_labels(namespace)):
             continue
-        if not all(env.program(env.compile(c["expression"])).evaluate(activation) for c in spec.get("matchConditions", [])):
+        matched = [env.program(env.compile(c["expression"])).evaluate(activation) for c in spec.get("matchConditions", [])]
+        if any(isinstance(m, Exception) for m in matched):  # an error in a match condition: failurePolicy Fail refuses
+            refusals.append(f"{policy['metadata']['name']}: match condition error {matched}")
+            continue
+        if not all(matched):
             continue
         for v in spec["validations"]:
             result = env.program(env.compile(v["expression"])).evaluate(activation)
@@ -354,6 +360,19 @@ def _system_ports():
     _network_policies()  # and the team cannot open that egress itself
 
 
+def _file_system_protocols():
+    """security-4 N8: a user-space Lustre or NFS client in a team pod talks to the FSx/EFS servers
+    with a uid it chooses. Team pods have no egress to the Lustre (988, 1018-1023) or NFS (2049)
+    ports anywhere: the kernel clients on the node mount the file systems, outside pod policy."""
+    egress = [(peer, port) for p in scheduling.network_policies(SPECS[A][0]) for rule in p["spec"].get("egress", [])
+              for peer in rule["to"] for port in rule.get("ports", [])]
+    assert egress, "the team has some egress (DNS, 443): otherwise the check below is empty"
+    for target in (988, 1018, 1021, 1023, 2049):
+        opened = [(peer, port) for peer, port in egress if port["port"] <= target <= port.get("endPort", port["port"])]
+        assert not opened, (target, opened)
+    _network_policies()  # and the team cannot open that egress itself
+
+
 ATTACKS = [
     Attack("2", "read/overwrite/delete B's checkpoints on FSx (mount root, same uid, root)", lambda: (_fsx_subtree(), _as_other_team(), _root_pod())),
     Attack("3", "poison the shared datasets as root", _datasets_read_only),
@@ -371,6 +390,7 @@ ATTACKS = [
     Attack("3.2 system nodes", "schedule onto the system nodes", _system_nodes),
     Attack("3.2 egress", "edit its own NetworkPolicies", _network_policies),
     Attack("3.2 system ports", "reach Kueue/Argo CD/Argo Workflows ports from a team pod (M6)", _system_ports),
+    Attack("N8", "reach FSx (Lustre) or EFS (NFS) with a user-space client from a pod", _file_system_protocols),
     Attack("3.2 LoadBalancer", "publish a pod with a LoadBalancer/NodePort Service", _load_balancer),
 ]
 

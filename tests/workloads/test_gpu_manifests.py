@@ -164,7 +164,7 @@ def test_team_namespace_guardrails():
     assert same["ingress"] == [{"from": [{"podSelector": {}}]}] and same["egress"] == [{"to": [{"podSelector": {}}]}]
     vpc = objects[("NetworkPolicy", "allow-vpc-services")]["spec"]["egress"][0]
     assert vpc["to"] == [{"ipBlock": {"cidr": "10.50.0.0/16"}}]
-    assert {"protocol": "TCP", "port": 988} in vpc["ports"] and {"protocol": "TCP", "port": 1018, "endPort": 1023} in vpc["ports"]
+    assert vpc["ports"] == [{"protocol": "TCP", "port": 443}]  # no Lustre/NFS from pods (security-4 N8)
     priorities = {p["metadata"]["name"]: p for p in scheduling.priority_classes()}
     assert priorities["training-production"]["value"] > priorities["training-research"]["value"] > priorities["training-default"]["value"]
     assert [p["metadata"]["name"] for p in priorities.values() if p["globalDefault"]] == ["training-default"]

@@ -314,15 +314,31 @@ def service_monitor(target: ScrapeTarget) -> dict[str, Any]:
     return _monitor("ServiceMonitor", target.name, NAMESPACE, target.selector, [endpoint], [target.namespace])
 
 
+# A team's pods are scraped by the shared Prometheus: a team (its own code, or bare pods carrying
+# the label) must not be able to flood it with series (security-4 N12). The trainer's health
+# endpoint serves about a dozen series from rank 0; a scrape over a limit fails whole (the target
+# goes down and its samples are dropped), so an attacker only blinds its own team's dashboards.
+# PodMonitor spec fields (prometheus-operator v0.93.1 monitoring.coreos.com/v1 PodMonitorSpec:
+# sampleLimit, targetLimit, labelLimit, labelNameLengthLimit, labelValueLengthLimit). Teams cannot
+# create monitors of their own (no monitoring.coreos.com rights in workloads/tenancy.py), so the
+# limits sit on the platform's monitors and no global enforcedSampleLimit caps the platform's
+# own exporters (kube-state-metrics serves far more per scrape).
+TEAM_SCRAPE_LIMITS: dict[str, int] = {
+    "sampleLimit": 500, "targetLimit": 100, "labelLimit": 30, "labelNameLengthLimit": 128, "labelValueLengthLimit": 512,
+}
+
+
 def trainer_pod_monitor(namespace: str) -> dict[str, Any]:
     """The trainer's rank-0 health endpoint (trainer/health.py) in one team namespace.
 
     Only rank 0 listens; other ranks' pods have no such port and are not scraped. The label
     ``mlplatform.io/trainer-metrics: "true"`` is set by the job template.
     """
-    return _monitor("PodMonitor", "trainer-health", namespace, {TRAINER_METRICS_LABEL: "true"},
-                    [{"port": TRAINER_METRICS_PORT_NAME, "interval": "30s", "relabelings": NODE_RELABEL}],
-                    [namespace])
+    monitor = _monitor("PodMonitor", "trainer-health", namespace, {TRAINER_METRICS_LABEL: "true"},
+                       [{"port": TRAINER_METRICS_PORT_NAME, "interval": "30s", "relabelings": NODE_RELABEL}],
+                       [namespace])
+    monitor["spec"].update(TEAM_SCRAPE_LIMITS)
+    return monitor
 
 
 def trainjob_pod_monitor(namespace: str) -> dict[str, Any]:
@@ -336,6 +352,7 @@ def trainjob_pod_monitor(namespace: str) -> dict[str, Any]:
                             "targetLabel": "__address__", "replacement": f"$1:{TRAINER_METRICS_PORT}", "action": "replace"},
                            *NODE_RELABEL]}],
                        [namespace])
+    monitor["spec"].update(TEAM_SCRAPE_LIMITS)
     return monitor
 
 
