@@ -141,3 +141,23 @@ def test_make_pytest_lays_out_the_schemas_first():
     fetch = [n for n, line in enumerate(plan) if "-m tools.schemas fetch" in line]
     tests = [n for n, line in enumerate(plan) if "-m pytest" in line]
     assert fetch and tests and fetch[0] < tests[0], plan
+
+
+def test_go_module_dir_reads_go_mod_download_and_names_its_error(tmp_path, monkeypatch):
+    """`go mod download -json` prints the extracted Dir, or an Error (with a non-zero exit) for a
+    version the proxy does not serve; a machine without Go is told so, not shown a traceback."""
+    fake = tmp_path / "bin" / "go"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n"
+                    'case "$4" in\n'
+                    '  *@v9.9.9) printf \'{"Path": "x", "Error": "x@v9.9.9: reading proxy: 403 Forbidden\\\\n\\\\tnot available"}\'; exit 1;;\n'
+                    '  *) printf \'{"Path": "x", "Version": "v1.0.0", "Dir": "/mod/x@v1.0.0"}\';;\n'
+                    "esac\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake.parent))
+    assert pinned.go_module_dir("example.com/x@v1.0.0") == Path("/mod/x@v1.0.0")
+    with pytest.raises(OSError, match=r"`go mod download` failed: x@v9.9.9: reading proxy: 403 Forbidden not available$"):
+        pinned.go_module_dir("example.com/x@v9.9.9")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(OSError, match="no `go` on PATH"):
+        pinned.go_module_dir("example.com/x@v1.0.0")
