@@ -35,10 +35,13 @@ $(CHECKOV_STAMP): requirements-checkov.txt
 # The security scan first, pytest last (its summary closes the output).
 test: security pytest
 
-pytest: $(STAMP)
+# The schemas first: without them the tests that validate against upstream CRDs would skip.
+pytest: $(STAMP) schemas
 	$(PY) -m pytest
 
-# Pinned upstream CRDs and the pulumi-eks schema, verified by SHA-256 (tools/schemas.py).
+# Pinned upstream CRDs and the pulumi-eks schema into .cache/schemas, each verified by SHA-256
+# (tools/schemas.py): from the copies in tests/infra/upstream/schemas, GitHub, or the Go module
+# proxy. Once laid out, a run only re-verifies (well under a second).
 schemas: $(STAMP)
 	$(PY) -m tools.schemas fetch
 

@@ -62,7 +62,13 @@ def test_preflight_sizes_against_data_and_memory(tmp_path, data_dir):
 def test_unwritable_checkpoint_dir_is_refused_with_exit_2_naming_the_field(data_dir):
     """From outside the process, as the kernel enforces it: the trainer runs as another uid
     (a pod's uid against a root-owned FSx directory) and the directory is root's 0755. The
-    preflight's write probe fails with EACCES: exit 2, the field and the fix, no traceback."""
+    preflight's write probe fails with EACCES: exit 2, the field and the fix, no traceback.
+
+    The dropped uid keeps one capability, CAP_DAC_READ_SEARCH ("bypass file read permission checks
+    and directory read and execute permission checks", capabilities(7)): it reads the checkout, the
+    config and the interpreter wherever they live (a clone under a private directory, a 0700 home),
+    as a pod reads its image. It grants no write, so the write probe still meets the kernel's
+    ordinary check against the root-owned 0755 directory."""
     import tempfile
 
     base = tempfile.mkdtemp(prefix="ckpt-ro-")
@@ -79,7 +85,8 @@ def test_unwritable_checkpoint_dir_is_refused_with_exit_2_naming_the_field(data_
         env = {**{k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "TRAINER_"))},
                "PYTHONPATH": REPO, "HOME": base, "PYTHONDONTWRITEBYTECODE": "1"}
         result = subprocess.run(
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "trainer", "train",
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--bounding-set=-all,+dac_read_search",
+             "--inh-caps=-all,+dac_read_search", "--ambient-caps=+dac_read_search", sys.executable, "-m", "trainer", "train",
              "--config", str(TINY_CONFIG), f"data.dir={data}", f"checkpoint.dir={owned}/job"],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert result.returncode == 2, (result.stdout, result.stderr)
