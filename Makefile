@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 CHECKOV_VENV ?= .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: demo plan local-run test pytest security docs benchmarks gpu-check schemas clean
+.PHONY: demo plan local-run test pytest security docs benchmarks gpu-check schemas cluster-tools clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +35,8 @@ $(CHECKOV_STAMP): requirements-checkov.txt
 # The security scan first, pytest last (its summary closes the output).
 test: security pytest
 
-# The schemas first: without them the tests that validate against upstream CRDs would skip.
-pytest: $(STAMP) schemas
+# The schemas and the cluster tools first: without them the tests that validate against upstream CRDs would skip.
+pytest: $(STAMP) schemas cluster-tools
 	$(PY) -m pytest
 
 # Pinned upstream CRDs and the pulumi-eks schema into .cache/schemas, each verified by SHA-256
@@ -44,6 +44,12 @@ pytest: $(STAMP) schemas
 # proxy. Once laid out, a run only re-verifies (well under a second).
 schemas: $(STAMP)
 	$(PY) -m tools.schemas fetch
+
+# The Kubernetes 1.32 control plane and the controllers the cluster tests run (tests/cluster/):
+# built from the Go module proxy with the versions tools/cluster/*/go.mod pin, into
+# .cache/cluster-tools/bin; etcd and kubectl from Debian. Warm (Go's caches): about a minute.
+cluster-tools:
+	bash tools/cluster/build.sh
 
 # checkov, offline, on the Dockerfiles and every Kubernetes object both plans render.
 security: $(STAMP) $(CHECKOV_STAMP)

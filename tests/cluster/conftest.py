@@ -51,9 +51,9 @@ class StackCluster:
 def stack_cluster(request):
     """A control plane per stack with that stack's layer installed (one at a time)."""
     _require_tools()
-    from tests.conftest import schemas_dir
+    from tests.conftest import _plan, schemas_dir
 
-    layer = stack_layer(request.param, schemas_dir())
+    layer = stack_layer(request.param, schemas_dir(), plan=_plan(request.param))
     with controlplane.ControlPlane.in_tempdir() as plane:
         install(plane, layer)
         yield StackCluster(request.param, plane, layer)

@@ -150,13 +150,13 @@ class PlanObjects:
     addons: list[str] = field(default_factory=list)
 
 
-def plan_objects(stack: str) -> PlanObjects:
+def plan_objects(stack: str, plan=None) -> PlanObjects:
     """The Kubernetes objects a stack's recorded plan sends, what it leaves to charts, the
     kustomize directory it builds (relative to the project root, as the program declares it) and
     the EKS add-ons it installs."""
     from infra.plan import build_plan, resource_graph
 
-    plan = build_plan(stack, ROOT)
+    plan = plan or build_plan(stack, ROOT)
     found = PlanObjects()
     objects, skipped = found.objects, found.skipped
     for resource in resource_graph(plan.recording, plan.config):
@@ -197,7 +197,11 @@ def training_operator_objects(kustomize_dir: str) -> list[dict[str, Any]]:
     vendor.prepare(ROOT)  # refuses the tree unless its git tree id is the pinned one
     from tools.cluster.controlplane import tool_path
 
-    built = subprocess.run([str(tool_path("kubectl")), "kustomize", str(ROOT / kustomize_dir)],
+    from infra.plan import read_project
+
+    # The provider builds the directory in the program's working directory (Pulumi.yaml main).
+    directory = (read_project(ROOT).working_dir / kustomize_dir).resolve()
+    built = subprocess.run([str(tool_path("kubectl")), "kustomize", str(directory)],
                            capture_output=True, text=True)
     if built.returncode != 0:
         raise LayerError(f"kubectl kustomize {kustomize_dir}: {built.stderr.strip()}")
@@ -211,8 +215,9 @@ def gitops_objects(stack: str) -> list[dict[str, Any]]:
     return docs
 
 
-def stack_layer(stack: str, schemas: Path) -> Layer:
-    planned = plan_objects(stack)
+def stack_layer(stack: str, schemas: Path, plan=None) -> Layer:
+    """``plan``: the stack's recorded plan when the caller has one (``infra.plan.build_plan``)."""
+    planned = plan_objects(stack, plan)
     objects, skipped = planned.objects, planned.skipped
     if planned.kustomize_dir:
         objects.extend(training_operator_objects(planned.kustomize_dir))
@@ -236,7 +241,7 @@ def apply(plane, documents: Iterable[dict[str, Any]], what: str) -> None:
         return
     text = yaml.safe_dump_all(docs, sort_keys=False)
     plane.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=pulumi-kubernetes",
-                  "-f", "-", input=text, timeout_s=180)
+                  "-f", "-", input=text, timeout_s=600)
 
 
 def install(plane, layer: Layer) -> None:
