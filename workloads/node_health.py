@@ -22,7 +22,7 @@ from workloads.scan_skips import skip_annotations
 from workloads.gpu_catalog import GPU_TYPES
 from workloads.gpu_sharing import MIG_PENDING_TAINT, SHARING_TAINT
 from workloads.node_agents import own_node_only_policy
-from workloads.karpenter import FSX_STARTUP_TAINT, GPU_TAINT, NODE_ROLE_LABEL, READINESS_STARTUP_TAINT
+from workloads.karpenter import GPU_TAINT, NODE_ROLE_LABEL, READINESS_STARTUP_TAINT, STORAGE_STARTUP_TAINTS
 
 NAMESPACE = "gpu-system"
 NAME = "gpu-node-health"
@@ -84,12 +84,12 @@ def config_map() -> dict[str, Any]:
 
 
 def tolerations() -> list[dict[str, Any]]:
-    # The readiness taint is the one this agent lifts; GPU and FSx taints as every GPU node agent.
+    # The readiness taint is the one this agent lifts; GPU and storage taints as every GPU node agent.
     # Shared and MIG nodes carry their own taints too: without them the agent would never run
     # there and those pools would never lose the readiness taint.
     # Cordoned nodes need nothing: DaemonSet pods tolerate node.kubernetes.io/unschedulable.
     return [{"key": t["key"], "operator": "Exists", "effect": t["effect"]}
-            for t in (GPU_TAINT, FSX_STARTUP_TAINT, READINESS_STARTUP_TAINT, SHARING_TAINT, MIG_PENDING_TAINT)]
+            for t in (GPU_TAINT, *STORAGE_STARTUP_TAINTS, READINESS_STARTUP_TAINT, SHARING_TAINT, MIG_PENDING_TAINT)]
 
 
 # What the agent needs by design, each a checkov pod check it fails (the security scan reads these).

@@ -225,8 +225,12 @@ def test_gpu_node_pools_are_training_safe(plan):
         assert {"key": "nvidia.com/gpu", "effect": "NoSchedule"} in spec["template"]["spec"]["taints"]
         # MIG pools also start with the MIG gate's taint (tests/workloads/test_gpu_sharing.py).
         mig = pool["spec"]["template"]["metadata"]["labels"].get("mlplatform.io/gpu-sharing") == "mig"
-        assert spec["template"]["spec"]["startupTaints"] == [{"key": "fsx.csi.aws.com/agent-not-ready", "effect": "NoExecute"},
-                                                             {"key": "node.mlplatform.io/gpu-not-ready", "effect": "NoSchedule"}] + (
+        # The storage mode's CSI taints only (aws-readiness-4 R1): fsx in prod, EFS + Mountpoint in dev.
+        storage = {"fsx": [{"key": "fsx.csi.aws.com/agent-not-ready", "effect": "NoExecute"}],
+                   "s3-mountpoint": [{"key": "efs.csi.aws.com/agent-not-ready", "effect": "NoExecute"},
+                                     {"key": "s3.csi.aws.com/agent-not-ready", "effect": "NoExecute"}]}
+        assert spec["template"]["spec"]["startupTaints"] == storage[plan.config.datasets.storage.value] + [
+            {"key": "node.mlplatform.io/gpu-not-ready", "effect": "NoSchedule"}] + (
             [{"key": "mlplatform.io/mig-pending", "effect": "NoSchedule"}] if mig else [])
         assert int(spec["limits"]["nvidia.com/gpu"]) > 0
     for node_class in _custom_resources(plan, ("EC2NodeClass",)):

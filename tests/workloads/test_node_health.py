@@ -7,7 +7,7 @@ import yaml
 from tests.workloads.golden_files import assert_golden
 from workloads import node_health, node_health_agent
 from workloads.gpu_catalog import GPU_TYPES
-from workloads.karpenter import READINESS_STARTUP_TAINT, GpuPoolSpec, gpu_node_pool
+from workloads.karpenter import READINESS_STARTUP_TAINT, STORAGE_STARTUP_TAINTS, GpuPoolSpec, gpu_node_pool
 from tests.support.validation import validate_core, validate_custom_resource
 
 IMAGE = "example.com/node-health@sha256:" + "0" * 64
@@ -52,7 +52,7 @@ def test_daemonset_runs_on_every_gpu_node_through_the_taints():
     pod = node_health.daemon_set(image=IMAGE)["spec"]["template"]["spec"]
     tolerated = {(t["key"], t["effect"]) for t in pod["tolerations"]}
     pool = GpuPoolSpec(name="h100", gpu_type="h100", gpus_per_node=8, capacity_types=["on-demand"], max_gpus=16, efa=True)
-    template = gpu_node_pool(pool)["spec"]["template"]
+    template = gpu_node_pool(pool, storage_startup_taints=STORAGE_STARTUP_TAINTS)["spec"]["template"]
     node_taints = {(t["key"], t["effect"]) for t in template["spec"]["taints"] + template["spec"]["startupTaints"]}
     assert node_taints <= tolerated
     term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
