@@ -275,3 +275,51 @@ def unmatched_monitor_selectors(recording: Recording) -> list[str]:
             problems.append(f"ServiceMonitor {monitor['metadata']['name']}: the Service(s) it selects "
                             f"({', '.join(s[3] for s in matched)}) have no port {ports}")
     return problems
+
+
+# -- 4. roles ------------------------------------------------------------------------------------
+ACCOUNT_KEYS = ("automation", "workload", "logging")
+
+
+def assumed_account_roles(recording: Recording, ci_deploy_role: str) -> set[str]:
+    """The role ARNs CI's deploy role may assume (its inline policies in the plan)."""
+    role = next((r for r in recording.by_type("aws:iam/role:Role") if r.inputs.get("name") == ci_deploy_role), None)
+    if role is None:
+        return set()
+    arns: set[str] = set()
+    for policy in [*(role.inputs.get("inlinePolicies") or []),
+                   *[p.inputs for p in recording.by_type("aws:iam/rolePolicy:RolePolicy")
+                     if p.inputs.get("role") in {role.inputs.get("name"), role.outputs.get("id"), role.outputs.get("name")}]]:
+        document = policy.get("policy")
+        document = json.loads(document) if isinstance(document, str) else (document or {})
+        for statement in document.get("Statement", []):
+            actions = statement.get("Action", [])
+            if "sts:AssumeRole" in ([actions] if isinstance(actions, str) else actions):
+                resources = statement.get("Resource", [])
+                arns |= set([resources] if isinstance(resources, str) else resources)
+    return arns
+
+
+def runbook_trust_lists(text: str) -> list[tuple[str, list[str]]]:
+    """Each ``"Principal": {"AWS": [...]}`` list of the runbook with the paragraph before it."""
+    found = []
+    for match in re.finditer(r'"Principal":\s*\{"AWS":\s*(\[[^\]]*\]|"[^"]*")', text):
+        value = match.group(1)
+        principals = re.findall(r'"([^"]+)"', value)
+        fence = text.rfind("```", 0, match.start())
+        end = len(text[:fence].rstrip())
+        paragraph = text[max(0, text.rfind("\n\n", 0, end)):end]
+        found.append((paragraph, principals))
+    return found
+
+
+def roles_not_trusting_ci(runbook: str, stack_role_prefix: str = "mlp-<stack>") -> list[str]:
+    """The account roles are made by hand (first-deploy.md step 1); CI's deploy role assumes all
+    three directly (components/ci_access.py, infra/accounts.py): the runbook must have them trust it."""
+    ci = f"role/{stack_role_prefix}-ci-deploy"
+    lists = [(para, p) for para, p in runbook_trust_lists(runbook) if any(x.endswith(ci) for x in p)]
+    if not lists:
+        return [f"no trust policy in the runbook lists {ci}: CI's assume-role into the account roles is refused"]
+    covered = {key for para, _ in lists for key in ACCOUNT_KEYS if key in para.lower()}
+    return [f"the runbook's trust policy for the {key} role does not list {ci}" for key in ACCOUNT_KEYS
+            if key not in covered]

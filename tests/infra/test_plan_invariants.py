@@ -94,3 +94,31 @@ def test_a_selector_for_the_other_modes_service_is_found(prod_plan):
 ])
 def test_toleration_rule(taints, taint, expected):
     assert inv._tolerates(taints, taint) is expected
+
+
+def test_every_role_ci_assumes_trusts_ci(plan):
+    """The workflow assumes <name>-ci-deploy (OIDC; its trust is tested in test_ci_roles.py); from
+    it Pulumi assumes each account's role in one hop (infra/accounts.py). The stack grants that
+    hop on exactly the three account roles, which the runbook's trust policies must admit
+    (aws-readiness-4 B3: only the automation role did)."""
+    from components.ci_access import role_name
+
+    arns = inv.assumed_account_roles(plan.recording, role_name(plan.config.name, "deploy"))
+    accounts = plan.config.accounts
+    assert {accounts.automation.role_arn, accounts.workload.role_arn, accounts.logging.role_arn} <= arns
+    runbook = (inv.ROOT / "docs" / "runbooks" / "first-deploy.md").read_text()
+    assert inv.roles_not_trusting_ci(runbook) == []
+
+
+def test_a_runbook_without_ci_in_the_account_trusts_is_found():
+    old = ('''**Workload and logging accounts**: trust the automation account's deploy role
+
+```json
+{"Version": "2012-10-17", "Statement": [
+  {"Effect": "Allow", "Action": "sts:AssumeRole",
+   "Principal": {"AWS": "arn:aws:iam::<automation id>:role/mlp-<stack>-pulumi-deploy"}}
+]}
+```
+''')
+    assert inv.roles_not_trusting_ci(old) == [
+        "no trust policy in the runbook lists role/mlp-<stack>-ci-deploy: CI's assume-role into the account roles is refused"]
