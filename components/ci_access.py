@@ -270,6 +270,12 @@ class CiAccess(pulumi.ComponentResource):
                 "Version": "2012-10-17", "Statement": [{"Sid": "NoDataReads", "Effect": "Deny",
                                                         "Action": list(READER_DENIED_ACTIONS), "Resource": "*"}]}),
                 opts=pulumi.ResourceOptions(parent=self, provider=provider))
+            # The program generates passwords at preview too (GetRandomPassword: no resource, no
+            # data read); ReadOnlyAccess is not documented to include it, so it is granted here.
+            aws.iam.RolePolicy(f"{name}-reader-{account}-random-password", role=reader.name, policy=json.dumps({
+                "Version": "2012-10-17", "Statement": [{"Sid": "GenerateOnly", "Effect": "Allow",
+                                                        "Action": ["secretsmanager:GetRandomPassword"], "Resource": "*"}]}),
+                opts=pulumi.ResourceOptions(parent=self, provider=provider))
         self.state_key = aws.kms.Key(
             f"{name}-state-key", description=f"Pulumi secrets provider of stack {args.name} (awskms://)",
             enable_key_rotation=True, deletion_window_in_days=30,
