@@ -94,7 +94,12 @@ def gpu_operator_values(*, service_monitor: bool, pool_sharing: Optional[Mapping
         # points the exporter at (gpu-operator v25.3.0 templates/dcgm_exporter_config.yaml).
         "dcgmExporter": {"enabled": True, "serviceMonitor": {"enabled": service_monitor},
                          "config": {"name": "mlplatform-dcgm-metrics", "create": True, "data": counters_csv()}},
-        "node-feature-discovery": {"worker": {"tolerations": placement["tolerations"]}},
+        # NFD master and gc are Deployments the release's atomic wait must see Ready; the subchart
+        # (node-feature-discovery v0.17.2 in gpu-operator v25.3.0) tolerates only control-plane
+        # taints for master and nothing for gc, so without this they wait for a Karpenter general
+        # node and can outlast the Helm timeout (aws-readiness-4 K1). They run on the system nodes.
+        "node-feature-discovery": {"worker": {"tolerations": placement["tolerations"]},
+                                   "master": system_pod_placement(), "gc": system_pod_placement()},
     }
 
 

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from workloads import node_health_agent
 from workloads.scan_skips import skip_annotations
 from workloads.gpu_catalog import GPU_TYPES
-from workloads.gpu_sharing import MIG_PENDING_TAINT, SHARING_TAINT
+from workloads.gpu_sharing import MIG_PENDING_TAINT, MIG_STATE_LABEL, MIG_STATE_SUCCESS, SHARING_LABEL, SHARING_TAINT
 from workloads.node_agents import own_node_only_policy
 from workloads.karpenter import GPU_TAINT, NODE_ROLE_LABEL, READINESS_STARTUP_TAINT, STORAGE_STARTUP_TAINTS
 
@@ -108,6 +108,23 @@ AGENT_CHECKOV_SKIPS = (
 )
 
 
+def node_affinity() -> dict[str, Any]:
+    """Every GPU node, but a MIG node only once the MIG manager reports success (aws-readiness-4 R4).
+
+    The agent starts a persistent ``nv-hostengine`` that holds the GPUs open. NVML's
+    ``nvmlDeviceSetMigMode`` fails with NVML_ERROR_IN_USE when a GPU is not idle, and the MIG
+    manager (mig-parted v0.12.1 reconfigure-mig.sh) pauses only the GPU Operator's own clients
+    before a mode change; so on a MIG node the agent waits for
+    ``nvidia.com/mig.config.state=success``. Terms are ORed (Kubernetes NodeSelector): not a MIG
+    pool (NotIn also matches an unlabelled node), or a MIG pool whose reconfiguration succeeded.
+    The DaemonSet controller re-evaluates a node when its labels change."""
+    gpu = {"key": NODE_ROLE_LABEL, "operator": "In", "values": ["gpu"]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [gpu, {"key": SHARING_LABEL, "operator": "NotIn", "values": ["mig"]}]},
+        {"matchExpressions": [gpu, {"key": MIG_STATE_LABEL, "operator": "In", "values": [MIG_STATE_SUCCESS]}]},
+    ]}}}
+
+
 def daemon_set(*, image: str, deep_interval_hours: float = DEFAULT_DEEP_INTERVAL_HOURS) -> dict[str, Any]:
     """``image``: DCGM tools (dcgmi, nv-hostengine) and python3, by digest (docker/node-health)."""
     command = (
@@ -127,8 +144,7 @@ def daemon_set(*, image: str, deep_interval_hours: float = DEFAULT_DEEP_INTERVAL
                 "spec": {
                     "serviceAccountName": NAME,
                     "priorityClassName": "system-node-critical",
-                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                        {"matchExpressions": [{"key": NODE_ROLE_LABEL, "operator": "In", "values": ["gpu"]}]}]}}},
+                    "affinity": node_affinity(),
                     "tolerations": tolerations(),
                     "terminationGracePeriodSeconds": 10,
                     "containers": [{
