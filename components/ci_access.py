@@ -27,6 +27,7 @@ template must include ``job_workflow_ref`` (GitHub docs, "OpenID Connect referen
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -38,6 +39,8 @@ GITHUB_OIDC_URL = f"https://{GITHUB_OIDC_HOST}"
 # configure-aws-credentials requests its token with this audience (action.yml `audience` default).
 GITHUB_OIDC_AUDIENCE = "sts.amazonaws.com"
 DEFAULT_WORKFLOW_PATH = ".github/workflows/platform.yml"
+# That workflow's `name:`: the runner's webhook starts builds for its jobs only.
+DEFAULT_WORKFLOW_NAME = "platform"
 PREVIEW_SESSION_SECONDS = 3600
 # The longest first `up` (prod: EKS, FSx 9.6 TiB, Aurora, Helm releases with 600-900 s timeouts)
 # plus its preview; IAM allows MaxSessionDuration up to 12 h.
@@ -173,6 +176,7 @@ class CiAccessArgs:
     reader_account_ids: Sequence[str]      # accounts that get a <name>-ci-reader role
     state_bucket: str
     workflow_path: str = DEFAULT_WORKFLOW_PATH
+    workflow_name: str = DEFAULT_WORKFLOW_NAME
     create_oidc_provider: bool = True
     preview_decrypts_state: bool = False
     protect: bool = False
@@ -230,10 +234,14 @@ class CiAccess(pulumi.ComponentResource):
         tags = dict(args.tags)
         in_automation = pulumi.ResourceOptions(parent=self, provider=automation)
         if args.create_oidc_provider:
-            # One per account and URL: the stack that owns it sets ci.oidcProvider: create.
+            # One per account and URL: the stack that owns it sets ci.oidcProvider: create. Other
+            # stacks' CI roles trust it too (prod: oidcProvider existing), so destroying or
+            # re-creating the owning stack must not take it away (aws-readiness-4 K5): it is
+            # retained on delete, and protected against a replacement.
             provider = aws.iam.OpenIdConnectProvider(
                 f"{name}-github-oidc", url=GITHUB_OIDC_URL, client_id_lists=[GITHUB_OIDC_AUDIENCE], tags=tags,
-                opts=in_automation)
+                opts=pulumi.ResourceOptions.merge(in_automation, pulumi.ResourceOptions(retain_on_delete=True,
+                                                                                        protect=True)))
             depends: list[pulumi.Resource] = [provider]
         else:
             depends = []
@@ -351,10 +359,17 @@ class CiAccess(pulumi.ComponentResource):
             logs_config=aws.codebuild.ProjectLogsConfigArgs(cloudwatch_logs=aws.codebuild.ProjectLogsConfigCloudwatchLogsArgs(
                 group_name=logs.name, status="ENABLED")),
             tags=tags, opts=opts)
-        # A queued workflow job starts a build that registers itself as the job's runner.
+        # A queued workflow job starts a build that registers itself as the job's runner; only jobs
+        # of the platform workflow (CodeBuild User Guide, "GitHub webhook events": WORKFLOW_NAME
+        # filters WORKFLOW_JOB_QUEUED events), so another workflow file in the repository cannot
+        # claim the in-VPC runner (aws-readiness-4 K3). What it cannot stop, a branch that edits this
+        # workflow itself, is bounded by the deploy role's trust (environment on main only) and
+        # checked in docs/runbooks/ci-roles.md.
         aws.codebuild.Webhook(
             f"{name}-runner-webhook", project_name=codebuild.name, build_type="BUILD",
             filter_groups=[aws.codebuild.WebhookFilterGroupArgs(filters=[
-                aws.codebuild.WebhookFilterGroupFilterArgs(type="EVENT", pattern="WORKFLOW_JOB_QUEUED")])],
+                aws.codebuild.WebhookFilterGroupFilterArgs(type="EVENT", pattern="WORKFLOW_JOB_QUEUED"),
+                aws.codebuild.WebhookFilterGroupFilterArgs(
+                    type="WORKFLOW_NAME", pattern=f"^{re.escape(args.workflow_name)}$")])],
             opts=opts)
         return codebuild
