@@ -277,6 +277,59 @@ def unmatched_monitor_selectors(recording: Recording) -> list[str]:
     return problems
 
 
+def _pod_templates(node: Any) -> Iterator[dict[str, Any]]:
+    """Every pod template in a manifest: a mapping with metadata.labels and spec.containers."""
+    if isinstance(node, dict):
+        spec = node.get("spec")
+        if isinstance(spec, dict) and isinstance(spec.get("containers"), list) and isinstance(node.get("metadata"), dict):
+            yield node
+        for value in node.values():
+            yield from _pod_templates(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _pod_templates(item)
+    elif isinstance(node, str) and "containers:" in node and "kind:" in node:
+        # An Argo Workflows resource template carries its manifest as a YAML string.
+        import yaml
+
+        try:
+            yield from _pod_templates(yaml.safe_load(node))
+        except yaml.YAMLError:
+            return
+
+
+def rendered_pod_templates(stack: str, root: Path = ROOT) -> list[tuple[str, dict[str, Any]]]:
+    """(namespace, pod template) of every job the stack's GitOps tree declares (workloads render)."""
+    import yaml
+
+    found = []
+    for path in sorted((root / "workloads" / "rendered" / stack / "namespaces").glob("*/*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            for template in _pod_templates(document):
+                found.append((path.parent.name, template))
+    return found
+
+
+def unmatched_pod_monitors(recording: Recording, templates: list[tuple[str, dict[str, Any]]],
+                           controller_labels: frozenset[str] = frozenset({"batch.kubernetes.io/job-completion-index"})) -> list[str]:
+    """Each PodMonitor's selector and port against the pod templates the stack's jobs render, in
+    any team namespace (a namespace without a declared job has nothing to match yet). Labels a
+    controller adds at run time (``controller_labels``) cannot be in a template: a selector using
+    one is checked on its other labels, and only against templates that could carry it."""
+    problems = []
+    for _, monitor in k8s_objects(recording, "PodMonitor"):
+        selector = monitor["spec"]["selector"].get("matchLabels", {})
+        static = {k: v for k, v in selector.items() if k not in controller_labels}
+        ports = [e.get("port") for e in monitor["spec"].get("podMetricsEndpoints", []) if e.get("port")]
+        candidates = [t for _, t in templates if all((t["metadata"].get("labels") or {}).get(k) == v for k, v in static.items())]
+        if static == selector and ports and not any(
+                all(any(p.get("name") == port for c in t["spec"]["containers"] for p in c.get("ports", [])) for port in ports)
+                for t in candidates) and any(True for _ in templates):
+            problems.append(f"PodMonitor {monitor['metadata']['namespace']}/{monitor['metadata']['name']}: no job the stack "
+                            f"renders has a pod labelled {selector} with a port named {ports}")
+    return problems
+
+
 # -- 4. roles ------------------------------------------------------------------------------------
 ACCOUNT_KEYS = ("automation", "workload", "logging")
 

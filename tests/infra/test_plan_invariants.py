@@ -24,6 +24,23 @@ def test_every_service_monitor_selects_a_service_the_stack_installs_in_its_mode(
     assert inv.unmatched_monitor_selectors(plan.recording) == []
 
 
+def test_every_trainer_pod_monitor_matches_the_pods_the_stacks_jobs_render(plan):
+    """The stack's rendered jobs (workloads/rendered/<stack>, checked up to date by render --check)."""
+    templates = inv.rendered_pod_templates(plan.stack)
+    assert templates, "no rendered job in this stack"
+    assert inv.unmatched_pod_monitors(plan.recording, templates) == []
+
+
+def test_a_pod_monitor_for_a_port_no_trainer_names_is_found(prod_plan):
+    recording = prod_plan.recording
+    resource, obj = next((r, o) for r, o in inv.k8s_objects(recording, "PodMonitor")
+                         if o["spec"]["selector"]["matchLabels"] == {"mlplatform.io/trainer-metrics": "true"})
+    changed = copy.deepcopy(obj)
+    changed["spec"]["podMetricsEndpoints"][0]["port"] = "http-metrics"
+    problems = inv.unmatched_pod_monitors(_replaced(recording, resource, changed), inv.rendered_pod_templates("prod"))
+    assert len(problems) == 1 and "http-metrics" in problems[0]
+
+
 # -- each check can fail: the defect planted in a copy of the plan ------------------------------
 def _without(recording, predicate):
     from infra.recording import Recording
