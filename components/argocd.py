@@ -76,6 +76,10 @@ class ArgoCDArgs:
     ha: Redis HA plus two replicas (and a PDB) of server, repo server and ApplicationSet controller.
     repo_credentials: Git credentials for ``gitops.repo_url`` (None: a public repository).
     sso: OIDC; when set the local admin user is disabled.
+    placeholder_secrets: a read-only preview (CI's reader roles are denied
+        secretsmanager:GetSecretValue): the secrets are not read; values of the same shape stand in.
+        The in-cluster objects that carry them are left out of such a preview anyway
+        (``infra.deploy preview --read-only`` excludes every Kubernetes resource).
     """
 
     cluster: Cluster
@@ -84,6 +88,7 @@ class ArgoCDArgs:
     ha: bool = False
     repo_credentials: Optional[SecretSource] = None
     sso: Optional[SsoArgs] = None
+    placeholder_secrets: bool = False
 
 
 def args_problems(args: ArgoCDArgs) -> list[Problem]:
@@ -212,6 +217,7 @@ class ArgoCD(pulumi.ComponentResource):
     def __init__(self, name: str, args: ArgoCDArgs, opts: Optional[pulumi.ResourceOptions] = None):
         raise_if_any(f"ArgoCD {name}", args_problems(args))
         super().__init__("mlplatform:argocd:ArgoCD", name, None, opts)
+        self._placeholders = args.placeholder_secrets
         creds = args.repo_credentials
         sso = args.sso
         # Read at preview, before any child: a missing secret is one clear error, not an invoke trace.
@@ -278,6 +284,9 @@ class ArgoCD(pulumi.ComponentResource):
         values: dict[str, pulumi.Output[str]] = {}
         problems: list[Problem] = []
         for purpose, secret_id, example in reads:
+            if self._placeholders:
+                values[secret_id] = pulumi.Output.secret(json.dumps(dict(example)))
+                continue
             try:
                 version = aws.secretsmanager.get_secret_version(secret_id=secret_id, opts=pulumi.InvokeOptions(parent=self))
             except Exception as error:  # the engine's invoke error: its first line names AWS's reason

@@ -27,6 +27,7 @@ template must include ``job_workflow_ref`` (GitHub docs, "OpenID Connect referen
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -193,6 +194,7 @@ class CiAccessArgs:
     reader_account_ids: Sequence[str]      # accounts that get a <name>-ci-reader role
     state_bucket: str
     workflow_path: str = DEFAULT_WORKFLOW_PATH
+    workflow_name: str = DEFAULT_WORKFLOW_NAME
     create_oidc_provider: bool = True
     preview_decrypts_state: bool = False
     protect: bool = False
@@ -250,10 +252,14 @@ class CiAccess(pulumi.ComponentResource):
         tags = dict(args.tags)
         in_automation = pulumi.ResourceOptions(parent=self, provider=automation)
         if args.create_oidc_provider:
-            # One per account and URL: the stack that owns it sets ci.oidcProvider: create.
+            # One per account and URL: the stack that owns it sets ci.oidcProvider: create. Other
+            # stacks' CI roles trust it too (prod: oidcProvider existing), so destroying or
+            # re-creating the owning stack must not take it away (aws-readiness-4 K5): it is
+            # retained on delete, and protected against a replacement.
             provider = aws.iam.OpenIdConnectProvider(
                 f"{name}-github-oidc", url=GITHUB_OIDC_URL, client_id_lists=[GITHUB_OIDC_AUDIENCE], tags=tags,
-                opts=in_automation)
+                opts=pulumi.ResourceOptions.merge(in_automation, pulumi.ResourceOptions(retain_on_delete=True,
+                                                                                        protect=True)))
             depends: list[pulumi.Resource] = [provider]
         else:
             depends = []
@@ -289,6 +295,12 @@ class CiAccess(pulumi.ComponentResource):
             aws.iam.RolePolicy(f"{name}-reader-{account}-no-data", role=reader.name, policy=json.dumps({
                 "Version": "2012-10-17", "Statement": [{"Sid": "NoDataReads", "Effect": "Deny",
                                                         "Action": list(READER_DENIED_ACTIONS), "Resource": "*"}]}),
+                opts=pulumi.ResourceOptions(parent=self, provider=provider))
+            # The program generates passwords at preview too (GetRandomPassword: no resource, no
+            # data read); ReadOnlyAccess is not documented to include it, so it is granted here.
+            aws.iam.RolePolicy(f"{name}-reader-{account}-random-password", role=reader.name, policy=json.dumps({
+                "Version": "2012-10-17", "Statement": [{"Sid": "GenerateOnly", "Effect": "Allow",
+                                                        "Action": ["secretsmanager:GetRandomPassword"], "Resource": "*"}]}),
                 opts=pulumi.ResourceOptions(parent=self, provider=provider))
         self.state_key = aws.kms.Key(
             f"{name}-state-key", description=f"Pulumi secrets provider of stack {args.name} (awskms://)",
@@ -365,10 +377,16 @@ class CiAccess(pulumi.ComponentResource):
             logs_config=aws.codebuild.ProjectLogsConfigArgs(cloudwatch_logs=aws.codebuild.ProjectLogsConfigCloudwatchLogsArgs(
                 group_name=logs.name, status="ENABLED")),
             tags=tags, opts=opts)
-        # A queued workflow job starts a build that registers itself as the job's runner.
+        # A queued workflow job starts a build that registers itself as the job's runner; only jobs
+        # of the platform workflow (CodeBuild User Guide, "GitHub webhook events": WORKFLOW_NAME
+        # filters WORKFLOW_JOB_QUEUED events), so another workflow file in the repository cannot
+        # claim the in-VPC runner (aws-readiness-4 K3). What it cannot stop, a branch that edits this
+        # workflow itself, is bounded by the deploy role's trust (environment on main only) and
+        # checked in docs/runbooks/ci-roles.md.
         aws.codebuild.Webhook(
             f"{name}-runner-webhook", project_name=codebuild.name, build_type="BUILD",
             filter_groups=[aws.codebuild.WebhookFilterGroupArgs(filters=[
-                aws.codebuild.WebhookFilterGroupFilterArgs(**f) for f in group]) for group in runner_webhook_filter_groups()],
+                aws.codebuild.WebhookFilterGroupFilterArgs(**f) for f in group])
+                for group in runner_webhook_filter_groups(re.escape(args.workflow_name))],
             opts=opts)
         return codebuild

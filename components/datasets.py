@@ -38,6 +38,7 @@ from components.network import Network
 from components.validation import Problem, accepts_enum_values, raise_if_any
 from components.addons import EFS_CSI_DRIVER, FSX_CSI_DRIVER, MOUNTPOINT_S3_CSI_DRIVER
 from components.versions import EKS_ADDON_VERSIONS
+from workloads.karpenter import EFS_STARTUP_TAINT, FSX_STARTUP_TAINT, S3_MOUNTPOINT_STARTUP_TAINT
 from workloads.fsx import (
     CHECKPOINTS_DIR, CLAIM_NAME, DATASETS_CLAIM_NAME, fsx_persistent_volume, fsx_persistent_volume_claim, static_claim,
     team_volume_specs,
@@ -235,6 +236,10 @@ class DatasetsArgs:
         namespaces: team namespaces that get a PVC (they must exist).
         namespace_resources: those namespaces' Namespace objects; each claim depends on its own.
         datasets_lifecycle / checkpoints_lifecycle: lifecycle rules per bucket.
+        general_capacity: what an untolerating Deployment needs to be scheduled (the general CPU
+            NodePool): the Mountpoint add-on waits for it, because its ``s3-csi-controller`` has no
+            tolerations (chart v2.2.2 templates/controller.yaml) and the add-on's configuration
+            accepts none (aws/containers-roadmap#2676), so it can run only on a general node.
         protect: Pulumi ``protect`` on buckets, key and file system; final FSx backup (prod).
         tags: tags on every taggable child.
     """
@@ -250,6 +255,7 @@ class DatasetsArgs:
     log_kms_key: Optional[aws.kms.Key] = None
     datasets_lifecycle: Sequence[LifecycleRule] = ()
     checkpoints_lifecycle: Sequence[LifecycleRule] = ()
+    general_capacity: Sequence[pulumi.Resource] = ()
     addon_version: str = EKS_ADDON_VERSIONS["aws-fsx-csi-driver"]
     mountpoint_addon_version: str = EKS_ADDON_VERSIONS["aws-mountpoint-s3-csi-driver"]
     efs_addon_version: str = EKS_ADDON_VERSIONS["aws-efs-csi-driver"]
@@ -278,6 +284,15 @@ def bucket_arn_prefix(partition: pulumi.Input[str], component_name: str, kind: "
     autonaming"), and the bucket's logical name is ``<component>-<kind>-bucket``. The audit
     trail selects the buckets' data events by it (the trail is created before them)."""
     return pulumi.Output.concat("arn:", partition, ":s3:::", f"{component_name}-{kind.value}-bucket-")
+
+
+def storage_startup_taints(storage: DatasetsStorage) -> tuple[dict[str, str], ...]:
+    """The node startup taints of the CSI drivers this storage mode installs, each lifted by its
+    own node plugin once it runs (workloads/karpenter.py cites where): FSx's Lustre client; or
+    EFS (team subtrees) and Mountpoint (datasets), whose volumes every team pod mounts together."""
+    if storage is DatasetsStorage.FSX:
+        return (dict(FSX_STARTUP_TAINT),)
+    return (dict(EFS_STARTUP_TAINT), dict(S3_MOUNTPOINT_STARTUP_TAINT))
 
 
 @dataclass(frozen=True)
@@ -510,7 +525,7 @@ class Datasets(pulumi.ComponentResource):
             f"{name}-mountpoint-association", cluster_name=cluster.cluster_name, namespace="kube-system",
             service_account=MOUNTPOINT_SERVICE_ACCOUNT, role_arn=self.mountpoint_role.arn, tags=tags, opts=child)
         self.addon = cluster.addon(MOUNTPOINT_S3_CSI_DRIVER, name=name, parent=self, version=args.mountpoint_addon_version,
-                                   tags=tags, depends_on=[association])
+                                   tags=tags, depends_on=[association, *self.args.general_capacity])
 
         # EFS: elastic throughput (billed per GB moved, nothing while idle), encrypted with the data
         # key; a mount target in every private subnet so a node in any AZ resolves the file

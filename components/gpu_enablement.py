@@ -25,7 +25,7 @@ from components.versions import (
 )
 from workloads import gpu_runtime, gpu_sharing
 from workloads.gpu_sharing import MIG_PENDING_TAINT, SHARING_TAINT, PoolSharing
-from workloads.karpenter import EFA_LABEL, FSX_STARTUP_TAINT, GPU_TAINT, NODE_ROLE_LABEL, READINESS_STARTUP_TAINT
+from workloads.karpenter import EFA_LABEL, GPU_TAINT, NODE_ROLE_LABEL, READINESS_STARTUP_TAINT, STORAGE_STARTUP_TAINTS
 from workloads.node_health import node_health_objects
 from workloads.placement import system_pod_placement
 from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
@@ -49,13 +49,13 @@ class GpuEnablementMode(str, Enum):
 
 
 def gpu_tolerations() -> list[dict[str, Any]]:
-    # The startup taints (FSx, GPU readiness) are tolerated so GPUs and EFA devices are advertised
+    # The startup taints (storage CSI drivers, GPU readiness) are tolerated so GPUs and EFA devices are advertised
     # and measured while the node is still being checked; shared nodes are tainted for slice pods
     # only, and MIG nodes stay tainted until the MIG manager (an operand itself) and the device
     # plugin have done their work.
     return [
         {"key": taint["key"], "operator": "Exists", "effect": taint["effect"]}
-        for taint in (GPU_TAINT, FSX_STARTUP_TAINT, READINESS_STARTUP_TAINT, SHARING_TAINT, MIG_PENDING_TAINT)
+        for taint in (GPU_TAINT, *STORAGE_STARTUP_TAINTS, READINESS_STARTUP_TAINT, SHARING_TAINT, MIG_PENDING_TAINT)
     ]
 
 
@@ -96,7 +96,12 @@ def gpu_operator_values(*, service_monitor: bool, pool_sharing: Optional[Mapping
         # points the exporter at (gpu-operator v25.3.0 templates/dcgm_exporter_config.yaml).
         "dcgmExporter": {"enabled": True, "serviceMonitor": {"enabled": service_monitor},
                          "config": {"name": "mlplatform-dcgm-metrics", "create": True, "data": counters_csv()}},
-        "node-feature-discovery": {"worker": {"tolerations": placement["tolerations"]}},
+        # NFD master and gc are Deployments the release's atomic wait must see Ready; the subchart
+        # (node-feature-discovery v0.17.2 in gpu-operator v25.3.0) tolerates only control-plane
+        # taints for master and nothing for gc, so without this they wait for a Karpenter general
+        # node and can outlast the Helm timeout (aws-readiness-4 K1). They run on the system nodes.
+        "node-feature-discovery": {"worker": {"tolerations": placement["tolerations"]},
+                                   "master": system_pod_placement(), "gc": system_pod_placement()},
     }
 
 

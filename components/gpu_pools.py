@@ -6,7 +6,7 @@ them after the karpenter-crd release (which installs the CRDs) and the controlle
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import pulumi
 
@@ -27,6 +27,8 @@ class GpuPoolsArgs:
     karpenter: its CRD and controller releases; pools are applied after both.
     gpu_pools: one NodePool + EC2NodeClass each.
     cpu_pool: the general CPU pool, or None.
+    storage_startup_taints: the startup taints of the storage CSI drivers the stack installs
+        (``components.datasets.storage_startup_taints``), on every pool; empty without one.
     tags: cost-allocation tags on every instance, volume and interface Karpenter launches.
     """
 
@@ -35,6 +37,7 @@ class GpuPoolsArgs:
     karpenter: Karpenter
     gpu_pools: Sequence[GpuPoolSpec]
     cpu_pool: Optional[CpuPoolSpec] = None
+    storage_startup_taints: Sequence[Mapping[str, str]] = ()
     tags: dict[str, str] = field(default_factory=dict)
 
 
@@ -58,7 +61,7 @@ class GpuPools(pulumi.ComponentResource):
             node_class_resource = apply_object(f"{name}-{pool.name}-nodeclass", gpu_node_class(pool, node_class), after)
             self.node_classes[pool.name] = node_class_resource
             self.node_pools[pool.name] = apply_object(
-                f"{name}-{pool.name}-nodepool", gpu_node_pool(pool),
+                f"{name}-{pool.name}-nodepool", gpu_node_pool(pool, storage_startup_taints=args.storage_startup_taints),
                 pulumi.ResourceOptions(parent=self, depends_on=[*karpenter, node_class_resource]),
             )
             # Shared pools: the slices each instance type offers (NodeOverlay; the controller
@@ -71,7 +74,7 @@ class GpuPools(pulumi.ComponentResource):
             cpu_class = apply_object(f"{name}-{cpu.name}-nodeclass", cpu_node_class(cpu, node_class), after)
             self.node_classes[cpu.name] = cpu_class
             self.node_pools[cpu.name] = apply_object(
-                f"{name}-{cpu.name}-nodepool", cpu_node_pool(cpu),
+                f"{name}-{cpu.name}-nodepool", cpu_node_pool(cpu, storage_startup_taints=args.storage_startup_taints),
                 pulumi.ResourceOptions(parent=self, depends_on=[*karpenter, cpu_class]),
             )
         self.register_outputs({"node_pools": sorted(self.node_pools)})

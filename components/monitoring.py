@@ -42,6 +42,8 @@ class MonitoringArgs:
     managed: AMP workspace + remote write, and a Managed Grafana workspace.
     team_namespaces: a trainer PodMonitor in each.
     component_namespaces: where the scraped controllers run (gpu, karpenter, kueue, training).
+    gpu_operator: the GPU Operator runs the DCGM exporter (GPU enablement mode gpu-operator), not
+        the standalone chart: its Service has other labels and another port name.
     """
 
     cluster: Cluster
@@ -53,6 +55,7 @@ class MonitoringArgs:
     managed: bool = False
     team_namespaces: Sequence[str] = ()
     component_namespaces: Mapping[str, str] = field(default_factory=dict)
+    gpu_operator: bool = False
     depends_on: Sequence[pulumi.Resource] = ()  # what creates the team namespaces
     tags: Mapping[str, str] = field(default_factory=dict)
 
@@ -167,7 +170,7 @@ class Monitoring(pulumi.ComponentResource):
         self.monitors = [apply_object(f"{name}-servicemonitor-{t.name}", stack.service_monitor(t), after_crds)
                          for t in stack.platform_scrape_targets(
                              gpu_namespace=ns["gpu"], karpenter_namespace=ns["karpenter"], kueue_namespace=ns["kueue"],
-                             training_operator_namespace=ns["training_operator"])]
+                             training_operator_namespace=ns["training_operator"], gpu_operator=args.gpu_operator)]
         # Team namespaces come from the scheduling component (``depends_on``).
         in_teams = pulumi.ResourceOptions(parent=self, depends_on=[self.crds, *args.depends_on])
         self.monitors += [apply_object(f"{name}-podmonitor-{team_ns}", stack.trainer_pod_monitor(team_ns), in_teams)

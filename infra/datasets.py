@@ -33,6 +33,13 @@ def log_group_names(config: PlatformConfig) -> list[str]:
     return [fsx_log_group_name(datasets_name(config))]
 
 
+def _general_node_pool(platform: Platform) -> list[Any]:
+    """The general CPU NodePool (gpu capacity capability), where untolerating controllers land."""
+    pools = platform.node_pools.node_pools if platform.node_pools is not None else {}
+    name = platform.config.karpenter.cpu_pool.spec(platform.config.karpenter.ami_alias).name
+    return [pools[name]] if name in pools else []
+
+
 def deploy(platform: Platform) -> dict[str, Any]:
     config = platform.config
     if config.datasets is None:
@@ -51,6 +58,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
             log_kms_key=platform.log_group_key.key if platform.log_group_key else None,
             datasets_lifecycle=[datasets_config.datasets_bucket.rule("datasets")],
             checkpoints_lifecycle=[datasets_config.checkpoints_bucket.rule("checkpoints")],
+            general_capacity=_general_node_pool(platform),
             # The builds of the cluster's own Kubernetes minor (catalog/versions.py EKS_RELEASES).
             addon_version=releases["aws-fsx-csi-driver"],
             mountpoint_addon_version=releases["aws-mountpoint-s3-csi-driver"],

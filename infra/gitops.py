@@ -14,6 +14,7 @@ from components.argo_workflows import ArgoWorkflows, ArgoWorkflowsArgs
 from components.argocd import ArgoCD, ArgoCDArgs
 from components.versions import ARGO_WORKFLOWS_APP_VERSION, ARGOCD_APP_VERSION, ARGOCD_CHART_VERSION
 from infra.capability import Capability
+from infra.ci import read_only_requested
 from infra.config import GitopsConfig, PlatformConfig, SecretSourceConfig
 from infra.recording import Recording
 from infra.platform import Platform
@@ -56,7 +57,9 @@ def argocd_args(config: PlatformConfig, stack: str, cluster: Any) -> ArgoCDArgs:
     g: GitopsConfig = config.gitops  # type: ignore[assignment]
     return ArgoCDArgs(cluster=cluster, gitops=gitops_spec(config, stack), domain=g.domain, ha=is_ha(config),
                       repo_credentials=g.repo_credentials.args() if g.repo_credentials else None,
-                      sso=g.sso.args() if g.sso else None)
+                      sso=g.sso.args() if g.sso else None,
+                      # aws-readiness-4 R5: the PR preview's reader roles may not read secrets.
+                      placeholder_secrets=read_only_requested())
 
 
 def deploy(platform: Platform) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator, Optional
 
 from components.gpu_enablement import GpuEnablement, GpuEnablementArgs
+from components.datasets import storage_startup_taints
 from components.gpu_pools import GpuPools, GpuPoolsArgs
 from components.karpenter import Karpenter, KarpenterArgs, KarpenterPrerequisites, KarpenterPrerequisitesArgs
 from components.scheduling import Scheduling, SchedulingArgs
@@ -104,10 +105,14 @@ def deploy(platform: Platform) -> dict[str, Any]:
                       node_overlay=any(p.sharing.shared for p in pools)),
         opts=platform.kubernetes_opts(),
     )
-    GpuPools(
+    platform.node_pools = GpuPools(
         f"{config.name}-node-pools",
         GpuPoolsArgs(cluster=cluster, prerequisites=prerequisites, karpenter=karpenter, gpu_pools=pools,
-                     cpu_pool=cpu_pool_spec(config), tags=tags),
+                     cpu_pool=cpu_pool_spec(config), tags=tags,
+                     # Only the taints of drivers this stack installs (aws-readiness-4 R1: dev had
+                     # FSx's taint without FSx, and no node ever became Initialized).
+                     storage_startup_taints=(storage_startup_taints(config.datasets.storage)
+                                             if config.datasets is not None else ())),
         opts=platform.kubernetes_opts(),
     )
     enablement = config.gpu_enablement

@@ -12,7 +12,7 @@ import pulumi
 
 from components.container_logs import ContainerLogArchive, ContainerLogArchiveArgs, ContainerLogs, ContainerLogsArgs
 from components.container_logs import log_group_name as container_log_group_name
-from components.gpu_enablement import NAMESPACE as GPU_NAMESPACE
+from components.gpu_enablement import NAMESPACE as GPU_NAMESPACE, GpuEnablementMode
 from components.karpenter import NAMESPACE as KARPENTER_NAMESPACE
 from components.monitoring import Monitoring, MonitoringArgs
 from components.scheduling import KUEUE_NAMESPACE
@@ -54,6 +54,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
                        component_namespaces={"gpu": GPU_NAMESPACE, "karpenter": KARPENTER_NAMESPACE,
                                              "kueue": KUEUE_NAMESPACE,
                                              "training_operator": TRAINING_OPERATOR_NAMESPACE},
+                       gpu_operator=config.gpu_enablement.mode is GpuEnablementMode.GPU_OPERATOR,
                        # Team namespaces (the trainer scrape policies live there) come from scheduling.
                        depends_on=[platform.scheduling] if platform.scheduling is not None else [],
                        tags=config.resource_tags),

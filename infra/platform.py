@@ -10,6 +10,7 @@ from components.bucket import AccessLogBucket, AccessLogBucketArgs
 from components.cluster import Cluster
 from components.datasets import Datasets
 from components.gpu_idle_alarm import GpuIdleAlarm
+from components.gpu_pools import GpuPools
 from components.kms import LogGroupKey
 from components.log_archive import AuditTrail, LogArchive
 from components.monitoring import Monitoring
@@ -31,6 +32,7 @@ class Platform:
     # What a capability built that a later one uses, set by the capability that builds it (None
     # while that capability has not run, or when its config section is off).
     scheduling: Optional[Scheduling] = None  # gpu capacity: team namespaces, Kueue
+    node_pools: Optional[GpuPools] = None  # gpu capacity: Karpenter NodePools (the general CPU pool too)
     datasets: Optional[Datasets] = None  # datasets: buckets, FSx
     gpu_idle_alarm: Optional[GpuIdleAlarm] = None  # operations: its topic routes Alertmanager
     monitoring: Optional[Monitoring] = None

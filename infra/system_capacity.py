@@ -105,6 +105,16 @@ CHART_PODS: Mapping[str, tuple[PodSpec, ...]] = {
         PodSpec("grafana", resources_path="grafana.resources", enabled_path="grafana.enabled"),
         PodSpec("node-exporter", per_node=True, resources_path="prometheus-node-exporter.resources"),
     ),
+    # gpu-operator v25.3.0 values.yaml: operator requests 200m/100Mi; its node-feature-discovery
+    # v0.17.2 subchart: master 100m/128Mi, gc 10m/128Mi. The platform puts all three on the system
+    # nodes (components/gpu_enablement.py, aws-readiness-4 K1); its operands run on GPU nodes.
+    "gpu-operator": (
+        PodSpec("gpu-operator", 200, 100, resources_path="operator.resources"),
+        PodSpec("nfd-master", 100, 128, replicas_path="node-feature-discovery.master.replicaCount",
+                resources_path="node-feature-discovery.master.resources"),
+        PodSpec("nfd-gc", 10, 128, replicas_path="node-feature-discovery.gc.replicaCount",
+                resources_path="node-feature-discovery.gc.resources"),
+    ),
     # Kubeflow Trainer 2.3 chart: controller manager, no request in the chart.
     "oci://ghcr.io/kubeflow/charts/kubeflow-trainer": (PodSpec("kubeflow-trainer-controller"),),
 }
@@ -112,7 +122,7 @@ CHART_PODS: Mapping[str, tuple[PodSpec, ...]] = {
 # Charts that put no pod on the system nodes (CRDs only, or GPU nodes only by nodeSelector).
 NO_SYSTEM_PODS = frozenset({
     "oci://public.ecr.aws/karpenter/karpenter-crd", "prometheus-operator-crds", "nvidia-device-plugin",
-    "dcgm-exporter", "gpu-operator", "aws-efa-k8s-device-plugin",
+    "dcgm-exporter", "aws-efa-k8s-device-plugin",
 })
 
 # EKS add-ons. CoreDNS: 2 replicas, requests 100m/70Mi (the EKS CoreDNS Deployment); aws-node:

@@ -43,6 +43,16 @@ def log_group_names(config: PlatformConfig) -> list[str]:
     return [f"/ecs/{tracking_name(config)}", *service_log_group_names(tracking_name(config)).values()]
 
 
+def image_repository_names(config: PlatformConfig) -> dict[str, str]:
+    """ECR repositories (automation account) for the images the stack runs that are ours: the MLflow
+    server, the trainer and, with GPU pools, the GPU readiness agent (docker/node-health), whose
+    DaemonSet every GPU node waits for (gpuEnablement.nodeHealthImage)."""
+    names = {"mlflow": f"{config.name}/mlflow", "trainer": f"{config.name}/trainer"}
+    if config.gpu_pools:
+        names["node-health"] = f"{config.name}/node-health"
+    return names
+
+
 def deploy(platform: Platform) -> dict[str, Any]:
     config = platform.config
     if config.tracking is None:
@@ -52,7 +62,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
     images = ImageRepositories(
         f"{config.name}-images",
         ImageRepositoriesArgs(
-            repository_names={"mlflow": f"{config.name}/mlflow", "trainer": f"{config.name}/trainer"},
+            repository_names=image_repository_names(config),
             puller_account_ids=[config.accounts.workload.id],
             untagged_expiration_days=tracking_config.ecr_untagged_expiration_days,
             protect=config.protect_stateful, tags=tags,
@@ -89,6 +99,8 @@ def deploy(platform: Platform) -> dict[str, Any]:
         "mlflowArtifactsBucket": tracking.artifacts.name,
         "mlflowImageRepository": images.repositories["mlflow"].repository_url,
         "trainerImageRepository": images.repositories["trainer"].repository_url,
+        **({"nodeHealthImageRepository": images.repositories["node-health"].repository_url}
+           if "node-health" in images.repositories else {}),
         "mlflowCertificateValidation": tracking.certificate.domain_validation_options,
     }
 

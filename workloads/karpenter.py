@@ -1,8 +1,8 @@
 """Karpenter NodePool and EC2NodeClass manifests (``karpenter.sh/v1``, ``karpenter.k8s.aws/v1``).
 
 Pure builders: a spec in, a manifest dict out. A GPU pool is training-safe by construction:
-nodes are only consolidated when empty, GPUs are tainted so only GPU pods land there, the FSx
-CSI startup taint keeps pods off a node until its Lustre client is ready, and the termination
+nodes are only consolidated when empty, GPUs are tainted so only GPU pods land there, the storage
+CSI driver's startup taint keeps pods off a node until its node plugin is ready, and the termination
 grace period is sized to the checkpoint budget (below the 2-minute spot notice).
 """
 from __future__ import annotations
@@ -28,6 +28,14 @@ GPU_TAINT = {"key": GPU_RESOURCE, "effect": "NoSchedule"}
 # The FSx CSI node plugin removes this taint once its Lustre client is up. It must be a
 # startup taint: as a regular taint it would stay forever and nothing would schedule.
 FSX_STARTUP_TAINT = {"key": "fsx.csi.aws.com/agent-not-ready", "effect": "NoExecute"}
+# The same for the other storage mode's drivers, each removed only by its own node plugin:
+# aws-efs-csi-driver pkg/driver/driver.go AgentNotReadyNodeTaintKey ("taints to be removed on
+# driver startup"); awslabs/mountpoint-s3-csi-driver v2.2.2 pkg/driver/node/taint.go
+# AgentNotReadyNodeTaintKey, watched for 10 minutes from the node plugin's start (driver.go:196).
+EFS_STARTUP_TAINT = {"key": "efs.csi.aws.com/agent-not-ready", "effect": "NoExecute"}
+S3_MOUNTPOINT_STARTUP_TAINT = {"key": "s3.csi.aws.com/agent-not-ready", "effect": "NoExecute"}
+# Every storage startup taint a pool may start with (agents on every node tolerate them all).
+STORAGE_STARTUP_TAINTS = (FSX_STARTUP_TAINT, EFS_STARTUP_TAINT, S3_MOUNTPOINT_STARTUP_TAINT)
 # Every GPU node starts with this taint; the readiness agent (workloads/node_health.py) lifts it
 # once the node's GPUs, ECC, DCGM diagnostics and EFA devices check out. Karpenter 1.14.1
 # (pkg/apis/v1/nodepool.go): "startupTaints are taints that are applied to nodes upon startup
@@ -204,7 +212,11 @@ def gpu_disruption(pool: GpuPoolSpec) -> dict[str, Any]:
     }
 
 
-def gpu_node_pool(pool: GpuPoolSpec) -> dict[str, Any]:
+def gpu_node_pool(pool: GpuPoolSpec, *, storage_startup_taints: Sequence[Mapping[str, str]] = ()) -> dict[str, Any]:
+    """``storage_startup_taints``: the taints of the storage CSI node plugins the stack installs
+    (``components.datasets.storage_startup_taints``), never one whose driver is absent: a startup
+    taint nothing lifts keeps the node un-Initialized and unschedulable forever (Karpenter 1.14.1
+    nodeclaim/lifecycle/initialization.go)."""
     name = pool.resource_name
     spec: dict[str, Any] = {
         "template": {
@@ -213,7 +225,7 @@ def gpu_node_pool(pool: GpuPoolSpec) -> dict[str, Any]:
                 "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": name},
                 "requirements": gpu_pool_requirements(pool),
                 "taints": [dict(GPU_TAINT), *gpu_sharing.taints(pool.sharing)],
-                "startupTaints": [dict(FSX_STARTUP_TAINT), dict(READINESS_STARTUP_TAINT),
+                "startupTaints": [*map(dict, storage_startup_taints), dict(READINESS_STARTUP_TAINT),
                                   *gpu_sharing.startup_taints(pool.sharing)],
                 "expireAfter": pool.expire_after,
                 "terminationGracePeriod": f"{pool.termination_grace_period_seconds}s",
@@ -315,8 +327,22 @@ def gpu_node_class(pool: GpuPoolSpec, node_class: NodeClassSpec) -> dict[str, An
     return manifest
 
 
-def cpu_node_pool(pool: CpuPoolSpec) -> dict[str, Any]:
+def cpu_node_pool(pool: CpuPoolSpec, *, storage_startup_taints: Sequence[Mapping[str, str]] = ()) -> dict[str, Any]:
+    """``storage_startup_taints`` as for ``gpu_node_pool``."""
     name = pool.resource_name
+    template_spec: dict[str, Any] = {
+        "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": name},
+        "requirements": [
+            _requirement(CATEGORY_KEY, list(pool.instance_categories)),
+            _requirement(GENERATION_KEY, ["5"], operator="Gt"),
+            _requirement(CAPACITY_TYPE_KEY, [c.value for c in pool.capacity_types]),
+            _requirement(ARCH_KEY, ["amd64"]),
+            _requirement(OS_KEY, ["linux"]),
+        ],
+    }
+    if storage_startup_taints:
+        template_spec["startupTaints"] = [dict(t) for t in storage_startup_taints]
+    template_spec["expireAfter"] = pool.expire_after
     return {
         "apiVersion": NODE_POOL_API,
         "kind": "NodePool",
@@ -324,18 +350,7 @@ def cpu_node_pool(pool: CpuPoolSpec) -> dict[str, Any]:
         "spec": {
             "template": {
                 "metadata": {"labels": {POOL_LABEL: pool.name, NODE_ROLE_LABEL: "general"}},
-                "spec": {
-                    "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": name},
-                    "requirements": [
-                        _requirement(CATEGORY_KEY, list(pool.instance_categories)),
-                        _requirement(GENERATION_KEY, ["5"], operator="Gt"),
-                        _requirement(CAPACITY_TYPE_KEY, [c.value for c in pool.capacity_types]),
-                        _requirement(ARCH_KEY, ["amd64"]),
-                        _requirement(OS_KEY, ["linux"]),
-                    ],
-                    "startupTaints": [dict(FSX_STARTUP_TAINT)],
-                    "expireAfter": pool.expire_after,
-                },
+                "spec": template_spec,
             },
             "limits": {"cpu": str(pool.max_cpu), "memory": f"{pool.max_memory_gib}Gi"},
             # Stateless CPU work may be packed tighter: consolidation is allowed here.

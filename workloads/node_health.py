@@ -20,9 +20,9 @@ from typing import Any, Mapping
 from workloads import node_health_agent
 from workloads.scan_skips import skip_annotations
 from workloads.gpu_catalog import GPU_TYPES
-from workloads.gpu_sharing import MIG_PENDING_TAINT, SHARING_TAINT
+from workloads.gpu_sharing import MIG_PENDING_TAINT, MIG_STATE_LABEL, MIG_STATE_SUCCESS, SHARING_LABEL, SHARING_TAINT
 from workloads.node_agents import own_node_only_policy
-from workloads.karpenter import FSX_STARTUP_TAINT, GPU_TAINT, NODE_ROLE_LABEL, READINESS_STARTUP_TAINT
+from workloads.karpenter import GPU_TAINT, NODE_ROLE_LABEL, READINESS_STARTUP_TAINT, STORAGE_STARTUP_TAINTS
 
 NAMESPACE = "gpu-system"
 NAME = "gpu-node-health"
@@ -84,12 +84,12 @@ def config_map() -> dict[str, Any]:
 
 
 def tolerations() -> list[dict[str, Any]]:
-    # The readiness taint is the one this agent lifts; GPU and FSx taints as every GPU node agent.
+    # The readiness taint is the one this agent lifts; GPU and storage taints as every GPU node agent.
     # Shared and MIG nodes carry their own taints too: without them the agent would never run
     # there and those pools would never lose the readiness taint.
     # Cordoned nodes need nothing: DaemonSet pods tolerate node.kubernetes.io/unschedulable.
     return [{"key": t["key"], "operator": "Exists", "effect": t["effect"]}
-            for t in (GPU_TAINT, FSX_STARTUP_TAINT, READINESS_STARTUP_TAINT, SHARING_TAINT, MIG_PENDING_TAINT)]
+            for t in (GPU_TAINT, *STORAGE_STARTUP_TAINTS, READINESS_STARTUP_TAINT, SHARING_TAINT, MIG_PENDING_TAINT)]
 
 
 # What the agent needs by design, each a checkov pod check it fails (the security scan reads these).
@@ -106,6 +106,23 @@ AGENT_CHECKOV_SKIPS = (
     ("CKV_K8S_38", "the agent patches its node (taint, label, condition) with its service account token"),
     ("CKV_K8S_43", "dev names an immutable ECR tag; prod's config refuses anything but a digest (gpuEnablement.nodeHealthImage)"),
 )
+
+
+def node_affinity() -> dict[str, Any]:
+    """Every GPU node, but a MIG node only once the MIG manager reports success (aws-readiness-4 R4).
+
+    The agent starts a persistent ``nv-hostengine`` that holds the GPUs open. NVML's
+    ``nvmlDeviceSetMigMode`` fails with NVML_ERROR_IN_USE when a GPU is not idle, and the MIG
+    manager (mig-parted v0.12.1 reconfigure-mig.sh) pauses only the GPU Operator's own clients
+    before a mode change; so on a MIG node the agent waits for
+    ``nvidia.com/mig.config.state=success``. Terms are ORed (Kubernetes NodeSelector): not a MIG
+    pool (NotIn also matches an unlabelled node), or a MIG pool whose reconfiguration succeeded.
+    The DaemonSet controller re-evaluates a node when its labels change."""
+    gpu = {"key": NODE_ROLE_LABEL, "operator": "In", "values": ["gpu"]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [gpu, {"key": SHARING_LABEL, "operator": "NotIn", "values": ["mig"]}]},
+        {"matchExpressions": [gpu, {"key": MIG_STATE_LABEL, "operator": "In", "values": [MIG_STATE_SUCCESS]}]},
+    ]}}}
 
 
 def daemon_set(*, image: str, deep_interval_hours: float = DEFAULT_DEEP_INTERVAL_HOURS) -> dict[str, Any]:
@@ -127,8 +144,7 @@ def daemon_set(*, image: str, deep_interval_hours: float = DEFAULT_DEEP_INTERVAL
                 "spec": {
                     "serviceAccountName": NAME,
                     "priorityClassName": "system-node-critical",
-                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                        {"matchExpressions": [{"key": NODE_ROLE_LABEL, "operator": "In", "values": ["gpu"]}]}]}}},
+                    "affinity": node_affinity(),
                     "tolerations": tolerations(),
                     "terminationGracePeriodSeconds": 10,
                     "containers": [{

@@ -114,7 +114,8 @@ class GpuEnablementConfig(_Model):
         False, description="Install the pinned prometheus-operator-crds chart (ServiceMonitor CRDs); serviceMonitor needs it.")
     node_health_image: Optional[str] = Field(
         None, description="Image of the GPU node readiness agent (docker/node-health: DCGM tools + python3), by digest in "
-                          "prod. Every GPU node starts tainted until this agent's checks pass, so GPU pools need it.")
+                          "prod, pushed to the stack's repository (output nodeHealthImageRepository). Every GPU node "
+                          "starts tainted until this agent's checks pass, so GPU pools need it.")
 
 
 def _service_monitor_needs_crds(service_monitor: bool, prometheus_operator_crds: bool) -> Iterator[Problem]:
@@ -132,7 +133,9 @@ def _node_health_image(environment: Environment, node_health_image: Optional[str
         yield Problem("gpuEnablement.nodeHealthImage", node_health_image,
                       "every GPU node starts with the readiness taint, which only the readiness agent lifts: "
                       "without it no GPU node would ever take a job",
-                      "build docker/node-health, push it and set gpuEnablement.nodeHealthImage to its URI")
+                      "build docker/node-health, push it to the stack's node-health repository (stack output "
+                      "nodeHealthImageRepository, docs/runbooks/first-deploy.md step 5) and set "
+                      "gpuEnablement.nodeHealthImage to its URI")
     elif environment is Environment.PROD and node_health_image and "@sha256:" not in node_health_image:
         yield Problem("gpuEnablement.nodeHealthImage", node_health_image, "prod images are pinned by digest",
                       "use REPOSITORY@sha256:<digest>")

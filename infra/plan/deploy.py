@@ -87,6 +87,11 @@ class DeployRequest:
     # stack's <name>-ci-reader roles (infra.ci), and the in-cluster resources are left out, since
     # a server-side dry-run needs write access (they are checked offline by infra.plan/render).
     read_only: bool = False
+    # The first prod `up` (aws-readiness-4 N1): its API endpoint is private and the in-VPC CI runner
+    # does not exist yet, so phase "aws" (from the administrator's machine) creates everything but
+    # the in-cluster resources and what depends on them: the VPC, the cluster, the CI roles and the
+    # runner. Phase 2 is the whole `up`, run by CI on that runner (docs/runbooks/first-deploy.md).
+    aws_only: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -94,6 +99,8 @@ class DeployRequest:
             raise ValueError(f"operation {self.operation!r}: use one of {', '.join(OPERATIONS)}")
         if self.read_only and self.operation != "preview":
             raise ValueError(f"--read-only is for preview only, not {self.operation}")
+        if self.aws_only and self.operation not in ("preview", "up"):
+            raise ValueError(f"--aws-only is for preview and up only, not {self.operation}")
 
 
 # -- 1. tools --------------------------------------------------------------------------------
@@ -183,6 +190,11 @@ def operation_kwargs(request: DeployRequest, on_output: Callable[[str], Any]) ->
         kwargs["diff"] = True
         if request.read_only:
             kwargs["exclude"] = list(READ_ONLY_EXCLUDE)
+    if request.aws_only:
+        # Pulumi's --exclude with --exclude-dependents: the Kubernetes provider, every in-cluster
+        # object, and every resource that depends on one, are left for phase 2.
+        kwargs["exclude"] = list(READ_ONLY_EXCLUDE)
+        kwargs["exclude_dependents"] = True
     if request.operation in ("preview", "refresh") and request.expect_no_changes:
         kwargs["expect_no_changes"] = True
     if request.operation in ("up", "destroy", "refresh"):
@@ -296,6 +308,8 @@ def parse_args(argv: Optional[list[str]] = None) -> DeployRequest:
     parser.add_argument("--skip-plan", action="store_true", help="do not run the offline plan first (not for CI)")
     parser.add_argument("--read-only", action="store_true",
                         help="preview with CI's read-only reader roles, in-cluster resources left out (pull requests)")
+    parser.add_argument("--aws-only", action="store_true",
+                        help="preview/up everything but the in-cluster resources and their dependents (first prod up, phase 1)")
     parser.add_argument("--secrets-provider", help="secrets provider for a new stack, e.g. awskms://alias/<name>-pulumi-state")
     args = parser.parse_args(argv)
     from infra.plan import default_project_dir
@@ -305,6 +319,7 @@ def parse_args(argv: Optional[list[str]] = None) -> DeployRequest:
         policy_packs=tuple(args.policy_pack), message=args.message, parallel=args.parallel,
         expect_no_changes=args.expect_no_changes, exclude_protected=args.exclude_protected,
         skip_plan=args.skip_plan, secrets_provider=args.secrets_provider, read_only=args.read_only,
+        aws_only=args.aws_only,
     )
 
 

@@ -273,7 +273,9 @@ def test_prod_is_internal_only_and_admits_the_vpc_and_listed_cidrs(prod_plan, de
 def test_image_repositories_live_in_automation_and_let_the_workload_account_pull(plan):
     graph = {(n["type"], n["name"]): n for n in plan.graph}
     repos = plan.recording.by_type("aws:ecr/repository:Repository")
-    assert {r.inputs["name"] for r in repos} == {f"{plan.config.name}/mlflow", f"{plan.config.name}/trainer"}
+    # node-health: the GPU readiness agent (both stacks have GPU pools; aws-readiness-4 R2).
+    assert {r.inputs["name"] for r in repos} == {f"{plan.config.name}/mlflow", f"{plan.config.name}/trainer",
+                                                 f"{plan.config.name}/node-health"}
     for repo in repos:
         assert graph[(repo.type, repo.name)]["account"] == "automation"
         assert repo.inputs["imageTagMutability"] == "IMMUTABLE"

@@ -99,3 +99,31 @@ def test_deploy_sessions_outlast_a_first_up_and_the_workflow_asks_for_them():
     workflow = yaml.safe_load((ROOT / ".github/workflows/platform.yml").read_text())
     creds = next(s for s in workflow["jobs"]["deploy"]["steps"] if s.get("uses", "").startswith("aws-actions/"))
     assert 3 * 3600 <= int(creds["with"]["role-duration-seconds"]) <= DEPLOY_SESSION_SECONDS <= 12 * 3600
+
+
+def test_the_shared_github_oidc_provider_outlives_the_stack_that_creates_it(dev_plan, prod_plan):
+    """aws-readiness-4 K5: prod's CI roles trust the provider dev creates (ci.oidcProvider:
+    existing); destroying or replacing dev must leave it (retainOnDelete, protect)."""
+    (provider,) = dev_plan.recording.by_type("aws:iam/openIdConnectProvider:OpenIdConnectProvider")
+    assert provider.retain_on_delete and provider.protect
+    assert not prod_plan.recording.by_type("aws:iam/openIdConnectProvider:OpenIdConnectProvider")
+
+
+def test_the_in_vpc_runner_starts_only_for_jobs_of_the_platform_workflow(plan):
+    """aws-readiness-4 K3. The attack: another workflow file in the repository (a same-repo
+    branch) asks for `runs-on: codebuild-<runner>-…` to run its code in the private subnets.
+    What refuses it: the webhook's WORKFLOW_NAME filter (CodeBuild User Guide, "GitHub webhook
+    events") admits only jobs of the workflow whose `name:` is the platform workflow's."""
+    import re
+
+    import yaml
+
+    from tests.infra.test_workflow import WORKFLOW
+
+    workflow_name = yaml.safe_load(WORKFLOW.read_text())["name"]
+    (hook,) = plan.recording.by_type("aws:codebuild/webhook:Webhook")
+    (group,) = hook.inputs["filterGroups"]
+    filters = {f["type"]: f["pattern"] for f in group["filters"]}
+    assert filters["EVENT"] == "WORKFLOW_JOB_QUEUED"
+    assert re.fullmatch(filters["WORKFLOW_NAME"].strip("^$"), workflow_name)
+    assert not re.search(filters["WORKFLOW_NAME"], "attacker-workflow")

@@ -276,3 +276,42 @@ def test_read_only_preview_tells_the_program_to_use_the_reader_roles(monkeypatch
     code, _, _ = run(DeployRequest("preview", "dev", read_only=True), calls)
     (_, select), (_, kwargs) = calls
     assert code == 0 and select["opts"].env_vars == {READ_ONLY_ENV: "1"} and kwargs["exclude"]
+
+
+def _phase_one(recording, exclude):
+    """What Pulumi's ``--exclude <globs> --exclude-dependents`` leaves: the matched resources and,
+    transitively, every resource whose parent, provider or dependencies include one of them
+    (pulumi/pulumi pkg/resource/deploy/deployment_executor.go, excludes + ExcludeDependents)."""
+    matchers = [_pulumi_glob(glob) for glob in exclude]
+    excluded = {r.urn for r in recording.resources if any(m.match(r.urn) for m in matchers)}
+    changed = True
+    while changed:
+        changed = False
+        for r in recording.resources:
+            if r.urn in excluded:
+                continue
+            edges = {r.parent, r.provider, *r.dependencies, *(u for us in r.property_dependencies.values() for u in us)}
+            if edges & excluded:
+                excluded.add(r.urn)
+                changed = True
+    return [r for r in recording.resources if r.urn not in excluded]
+
+
+def test_first_prod_up_phase_one_creates_the_cluster_and_the_in_vpc_runner_without_the_api(prod_plan):
+    """aws-readiness-4 N1: prod's endpoint is private and the runner is created by the stack it
+    deploys. Phase 1 (`up --aws-only`, from the administrator's machine) must contain the cluster,
+    the CI roles and the CodeBuild runner with its webhook, and nothing that dials the API server;
+    phase 2 is CI's whole `up` on that runner."""
+    kwargs = deploy.operation_kwargs(DeployRequest("up", "prod", aws_only=True), print)
+    assert kwargs["exclude_dependents"] is True
+    kept = _phase_one(prod_plan.recording, kwargs["exclude"])
+    types = {r.type for r in kept}
+    assert not [r.urn for r in kept if r.type.startswith("kubernetes:") or r.type == "pulumi:providers:kubernetes"]
+    assert {"aws:codebuild/project:Project", "aws:codebuild/webhook:Webhook", "aws:eks/cluster:Cluster"} <= types
+    roles = {r.name for r in kept if r.type == "aws:iam/role:Role"}
+    assert any(name.endswith("ci-deploy") for name in roles), sorted(roles)
+    runner = next(r for r in kept if r.type == "aws:codebuild/project:Project")
+    assert "runner" in runner.name
+    with pytest.raises(ValueError, match="preview and up only"):
+        DeployRequest("destroy", "prod", aws_only=True)
+    assert deploy.parse_args(["up", "--stack", "prod", "--aws-only"]).aws_only

@@ -683,3 +683,61 @@ def test_the_scan_sees_the_init_container_the_operator_adds_to_workers():
     del job["spec"]["pytorchReplicaSpecs"]["Master"]
     alone = dict(pod_templates(job))["spec.pytorchReplicaSpecs.Worker.template"]
     assert "initContainers" not in with_operator_init_containers(job, "spec.pytorchReplicaSpecs.Worker.template", alone)["spec"]
+
+
+def test_a_read_only_preview_reads_no_secret_and_still_runs_the_program(monkeypatch):
+    """aws-readiness-4 R5. The attack: a PR preview runs as <name>-ci-reader-<account>, whose
+    inline policy denies secretsmanager:GetSecretValue (components/ci_access.py
+    READER_DENIED_ACTIONS), so Secrets Manager answers AccessDeniedException to every read. What
+    refuses the failure: in read-only mode Argo CD's secrets are placeholders and are never read
+    (the in-cluster Secrets are excluded from that preview anyway)."""
+    from infra.ci import READ_ONLY_ENV
+    from infra.config import PROJECT
+    from infra.plan.mock_engine import RecordingMocks, run_recorded
+    from infra.program import main
+    from tests.conftest import stack_config, to_values
+
+    import grpc
+
+    class Denied(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.UNKNOWN
+
+        def details(self):
+            return ("reading Secrets Manager Secret Version: operation error Secrets Manager: GetSecretValue, "
+                    "AccessDeniedException: ... with an explicit deny in an identity-based policy")
+
+    reads: list[str] = []
+    real_call = RecordingMocks.call
+
+    def call(self, args):
+        if args.token == "aws:secretsmanager/getSecretVersion:getSecretVersion":
+            reads.append(args.args.get("secretId"))
+            raise Denied()
+        return real_call(self, args)
+
+    monkeypatch.setattr(RecordingMocks, "call", call)
+    monkeypatch.setenv(READ_ONLY_ENV, "1")
+    recording = run_recorded(main, project=PROJECT, stack="dev", config=to_values(stack_config("dev")))
+    assert reads == []
+    assert any(r.name == "mlp-dev-argocd-repo-creds" for r in recording.resources)
+    # Without read-only mode the same denial is the clear error of audit N6 (the read happens).
+    monkeypatch.delenv(READ_ONLY_ENV)
+    from components.validation import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="AccessDeniedException"):
+        run_recorded(main, project=PROJECT, stack="dev", config=to_values(stack_config("dev")))
+    assert reads == ["mlp-dev/argocd/repo-credentials"]
+
+
+def test_the_reader_roles_may_generate_passwords(dev_plan):
+    """The program invokes secretsmanager GetRandomPassword at preview (tracking, training);
+    the reader roles are granted it explicitly rather than relying on ReadOnlyAccess."""
+    import json
+
+    policies = [json.loads(r.inputs["policy"]) for r in dev_plan.recording.by_type("aws:iam/rolePolicy:RolePolicy")
+                if r.name.endswith("-random-password")]
+    readers = [r for r in dev_plan.recording.by_type("aws:iam/role:Role") if "-ci-reader-" in str(r.inputs.get("name"))]
+    assert readers and len(policies) == len(readers)
+    assert all(p["Statement"] == [{"Sid": "GenerateOnly", "Effect": "Allow", "Action": ["secretsmanager:GetRandomPassword"],
+                                   "Resource": "*"}] for p in policies)

@@ -225,8 +225,12 @@ def test_gpu_node_pools_are_training_safe(plan):
         assert {"key": "nvidia.com/gpu", "effect": "NoSchedule"} in spec["template"]["spec"]["taints"]
         # MIG pools also start with the MIG gate's taint (tests/workloads/test_gpu_sharing.py).
         mig = pool["spec"]["template"]["metadata"]["labels"].get("mlplatform.io/gpu-sharing") == "mig"
-        assert spec["template"]["spec"]["startupTaints"] == [{"key": "fsx.csi.aws.com/agent-not-ready", "effect": "NoExecute"},
-                                                             {"key": "node.mlplatform.io/gpu-not-ready", "effect": "NoSchedule"}] + (
+        # The storage mode's CSI taints only (aws-readiness-4 R1): fsx in prod, EFS + Mountpoint in dev.
+        storage = {"fsx": [{"key": "fsx.csi.aws.com/agent-not-ready", "effect": "NoExecute"}],
+                   "s3-mountpoint": [{"key": "efs.csi.aws.com/agent-not-ready", "effect": "NoExecute"},
+                                     {"key": "s3.csi.aws.com/agent-not-ready", "effect": "NoExecute"}]}
+        assert spec["template"]["spec"]["startupTaints"] == storage[plan.config.datasets.storage.value] + [
+            {"key": "node.mlplatform.io/gpu-not-ready", "effect": "NoSchedule"}] + (
             [{"key": "mlplatform.io/mig-pending", "effect": "NoSchedule"}] if mig else [])
         assert int(spec["limits"]["nvidia.com/gpu"]) > 0
     for node_class in _custom_resources(plan, ("EC2NodeClass",)):
@@ -334,3 +338,19 @@ def _all_problems(raw):
     except ConfigError as error:
         return error.problems
     return []
+
+
+def test_every_deployment_the_gpu_operator_release_waits_for_fits_the_system_nodes(prod_plan):
+    """aws-readiness-4 K1. The release's atomic wait needs the operator and NFD's master and gc
+    Deployments Ready. gpu-operator v25.3.0 values.yaml gives node-feature-discovery (v0.17.2)
+    master only control-plane tolerations and gc none (templates master.yaml / nfd-gc.yaml take
+    .Values.<part>.nodeSelector and .tolerations); the system nodes carry CriticalAddonsOnly."""
+    from workloads.placement import system_node_selector
+
+    release = next(r for r in prod_plan.recording.resources
+                   if r.type.startswith("kubernetes:helm.sh") and r.inputs.get("chart") == "gpu-operator")
+    values = release.inputs["values"]
+    system_taint = {"key": "CriticalAddonsOnly", "value": "true", "effect": "NoSchedule"}
+    for part in (values["operator"], values["node-feature-discovery"]["master"], values["node-feature-discovery"]["gc"]):
+        assert part["nodeSelector"] == system_node_selector()
+        assert _tolerates(part["tolerations"], system_taint), part

@@ -70,3 +70,13 @@ def test_a_stack_that_outgrows_its_nodes_is_reported():
     assert "4000m CPU" in warning and "desiredSize" in warning
     prometheus.inputs["values"]["prometheus"]["prometheusSpec"]["resources"]["requests"]["cpu"] = "1500m"
     assert system_capacity(recording).fits
+
+
+def test_prod_counts_the_gpu_operator_and_nfd_controllers_it_places_on_the_system_nodes(prod_plan):
+    """The operator and NFD master/gc Deployments run on the system nodes (aws-readiness-4 K1),
+    with the requests of gpu-operator v25.3.0 values.yaml and its NFD v0.17.2 subchart."""
+    from infra.system_capacity import system_capacity
+
+    placed = {p.name.rsplit("/", 1)[-1]: (p.cpu_m, p.memory_mib) for p in system_capacity(prod_plan.recording).placed
+              if "gpu-operator" in p.name}
+    assert placed == {"gpu-operator": (200, 100), "nfd-master": (100, 128), "nfd-gc": (10, 128)}

@@ -76,6 +76,12 @@ CASES: list[tuple[str, tuple, tuple]] = [
        s('kube_node_status_condition{condition="Ready",status="true",node="gpu-2"}', "1x20"),
        s('kube_pod_container_resource_requests{resource="nvidia_com_gpu",namespace="team-research",pod="p",node="gpu-2"}', "1x20"),
        s('kube_pod_status_phase{phase="Running",namespace="team-research",pod="p"}', "1x20")], "10m")),
+    ("GpuNodeNeverReady",
+     ([s('kube_node_spec_taint{key="node.mlplatform.io/gpu-not-ready",effect="NoSchedule",node="gpu-1"}', "1x50")],
+      "40m", [{"node": "gpu-1"}]),
+     # The deep check's re-taint (a few minutes), then lifted again; another node untainted.
+     ([s('kube_node_spec_taint{key="node.mlplatform.io/gpu-not-ready",effect="NoSchedule",node="gpu-1"}', "1x10 0x40"),
+       s('kube_node_spec_taint{key="nvidia.com/gpu",effect="NoSchedule",node="gpu-2"}', "1x50")], "40m")),
     ("GpuAllocatedIdle",
      ([s(f'DCGM_FI_DEV_GPU_UTIL{{{GPU},pod="p",namespace="team-research"}}', "0x40")], "35m",
       [{**GPU_LABELS, "pod": "p", "namespace": "team-research"}]),

@@ -11,7 +11,7 @@ import yaml
 
 from workloads import kueue, scheduling
 from workloads.karpenter import (
-    FSX_STARTUP_TAINT, GPU_TAINT, CapacityType, ConsolidationPolicy, CpuPoolSpec, GpuPoolSpec, NodeClassSpec,
+    EFS_STARTUP_TAINT, FSX_STARTUP_TAINT, GPU_TAINT, S3_MOUNTPOINT_STARTUP_TAINT, CapacityType, ConsolidationPolicy, CpuPoolSpec, GpuPoolSpec, NodeClassSpec,
     cpu_node_class, cpu_node_pool, efa_network_interfaces, gpu_node_class, gpu_node_pool,
 )
 from tests.support.validation import validate_core, validate_custom_resource
@@ -38,11 +38,14 @@ def _golden(name: str, documents: list[dict]) -> None:
     assert_golden(name, yaml.safe_dump_all(documents, sort_keys=True))
 
 
+FSX = (FSX_STARTUP_TAINT,)
 CASES = {
-    "nodepool-h100-efa": lambda: [gpu_node_pool(H100), gpu_node_class(H100, NODE_CLASS)],
-    "nodepool-l4-spot": lambda: [gpu_node_pool(L4), gpu_node_class(L4, NODE_CLASS)],
-    "nodepool-a100-reserved": lambda: [gpu_node_pool(RESERVED), gpu_node_class(RESERVED, NODE_CLASS)],
-    "nodepool-cpu-general": lambda: [cpu_node_pool(CpuPoolSpec()), cpu_node_class(CpuPoolSpec(), NODE_CLASS)],
+    # Storage mode fsx: the FSx CSI driver's startup taint (the stack passes its storage mode's).
+    "nodepool-h100-efa": lambda: [gpu_node_pool(H100, storage_startup_taints=FSX), gpu_node_class(H100, NODE_CLASS)],
+    "nodepool-l4-spot": lambda: [gpu_node_pool(L4, storage_startup_taints=FSX), gpu_node_class(L4, NODE_CLASS)],
+    "nodepool-a100-reserved": lambda: [gpu_node_pool(RESERVED, storage_startup_taints=FSX), gpu_node_class(RESERVED, NODE_CLASS)],
+    "nodepool-cpu-general": lambda: [cpu_node_pool(CpuPoolSpec(), storage_startup_taints=FSX),
+                                     cpu_node_class(CpuPoolSpec(), NODE_CLASS)],
     "kueue-research": lambda: [*(kueue.resource_flavor(f) for f in FLAVORS), kueue.cluster_queue(TEAM_Q, FLAVORS),
                                kueue.local_queue(TEAM_Q)],
     "team-research": lambda: [*scheduling.priority_classes(), *scheduling.team_objects(TEAM_NS)],
@@ -65,7 +68,7 @@ def test_every_object_validates(case, schemas):
 
 @pytest.mark.parametrize("pool", [H100, L4, RESERVED], ids=lambda p: p.name)
 def test_gpu_pool_is_training_safe(pool):
-    spec = gpu_node_pool(pool)["spec"]
+    spec = gpu_node_pool(pool, storage_startup_taints=FSX)["spec"]
     template = spec["template"]["spec"]
     assert spec["disruption"]["consolidationPolicy"] == "WhenEmpty"
     assert {"nodes": "0", "reasons": ["Drifted", "Underutilized"]} in spec["disruption"]["budgets"]
@@ -123,6 +126,16 @@ def test_selectors_use_discovery_tag_and_cluster_security_group():
     assert spec["subnetSelectorTerms"] == [{"tags": {"karpenter.sh/discovery": "mlp-test-eks"}}]
     assert spec["securityGroupSelectorTerms"] == [{"tags": {"karpenter.sh/discovery": "mlp-test-eks"}},
                                                   {"id": "sg-0123456789abcdef0"}]
+
+
+def test_pools_start_with_only_the_storage_taints_they_are_given():
+    """aws-readiness-4 R1: without a storage driver no storage taint (nothing would lift it)."""
+    for manifest in (gpu_node_pool(L4), cpu_node_pool(CpuPoolSpec())):
+        keys = [t["key"] for t in manifest["spec"]["template"]["spec"].get("startupTaints", [])]
+        assert not [k for k in keys if k.endswith(".csi.aws.com/agent-not-ready")], keys
+    both = (EFS_STARTUP_TAINT, S3_MOUNTPOINT_STARTUP_TAINT)
+    assert gpu_node_pool(L4, storage_startup_taints=both)["spec"]["template"]["spec"]["startupTaints"][:2] == list(both)
+    assert cpu_node_pool(CpuPoolSpec(), storage_startup_taints=both)["spec"]["template"]["spec"]["startupTaints"] == list(both)
 
 
 def test_cpu_pool_may_consolidate_and_has_no_gpu_taint():

@@ -2,12 +2,13 @@
 and Karpenter's node repair (pinned 1.14.1) acting on the condition it sets."""
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from tests.workloads.golden_files import assert_golden
 from workloads import node_health, node_health_agent
 from workloads.gpu_catalog import GPU_TYPES
-from workloads.karpenter import READINESS_STARTUP_TAINT, GpuPoolSpec, gpu_node_pool
+from workloads.karpenter import READINESS_STARTUP_TAINT, STORAGE_STARTUP_TAINTS, GpuPoolSpec, gpu_node_pool
 from tests.support.validation import validate_core, validate_custom_resource
 
 IMAGE = "example.com/node-health@sha256:" + "0" * 64
@@ -52,11 +53,10 @@ def test_daemonset_runs_on_every_gpu_node_through_the_taints():
     pod = node_health.daemon_set(image=IMAGE)["spec"]["template"]["spec"]
     tolerated = {(t["key"], t["effect"]) for t in pod["tolerations"]}
     pool = GpuPoolSpec(name="h100", gpu_type="h100", gpus_per_node=8, capacity_types=["on-demand"], max_gpus=16, efa=True)
-    template = gpu_node_pool(pool)["spec"]["template"]
+    template = gpu_node_pool(pool, storage_startup_taints=STORAGE_STARTUP_TAINTS)["spec"]["template"]
     node_taints = {(t["key"], t["effect"]) for t in template["spec"]["taints"] + template["spec"]["startupTaints"]}
     assert node_taints <= tolerated
-    term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
-    assert term["matchExpressions"] == [{"key": "node.mlplatform.io/role", "operator": "In", "values": ["gpu"]}]
+    assert _schedules(pod, template["metadata"]["labels"])
     assert template["metadata"]["labels"]["node.mlplatform.io/role"] == "gpu"
 
 
@@ -124,3 +124,36 @@ def test_checkov_skips_carry_a_reason_checkov_can_read():
     for reason in ("a=b", " "):
         with pytest.raises(ValueError, match="CKV_K8S_8"):
             skip_annotations([("CKV_K8S_8", reason)])
+
+
+def _schedules(pod: dict, node_labels: dict) -> bool:
+    """Kubernetes NodeSelector semantics (k8s.io/component-helpers/scheduling/corev1/nodeaffinity):
+    terms are ORed, expressions within a term ANDed; NotIn matches a node without the key."""
+    def matches(expr):
+        value = node_labels.get(expr["key"])
+        if expr["operator"] == "In":
+            return value in expr["values"]
+        if expr["operator"] == "NotIn":
+            return value not in expr["values"]
+        raise AssertionError(expr["operator"])
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    return any(all(matches(e) for e in term["matchExpressions"]) for term in terms)
+
+
+@pytest.mark.parametrize("labels, lands", [
+    ({"node.mlplatform.io/role": "gpu"}, True),
+    ({"node.mlplatform.io/role": "gpu", "mlplatform.io/gpu-sharing": "time-slicing"}, True),
+    ({"node.mlplatform.io/role": "gpu", "mlplatform.io/gpu-sharing": "mig"}, False),
+    ({"node.mlplatform.io/role": "gpu", "mlplatform.io/gpu-sharing": "mig", "nvidia.com/mig.config.state": "pending"}, False),
+    ({"node.mlplatform.io/role": "gpu", "mlplatform.io/gpu-sharing": "mig", "nvidia.com/mig.config.state": "failed"}, False),
+    ({"node.mlplatform.io/role": "gpu", "mlplatform.io/gpu-sharing": "mig", "nvidia.com/mig.config.state": "success"}, True),
+    ({"node.mlplatform.io/role": "system"}, False),
+    ({"node.mlplatform.io/role": "general", "nvidia.com/mig.config.state": "success"}, False),
+])
+def test_the_agent_keeps_its_host_engine_off_a_mig_node_until_the_mig_manager_succeeded(labels, lands):
+    """aws-readiness-4 R4: NVML nvmlDeviceSetMigMode returns NVML_ERROR_IN_USE when the GPU is not
+    idle, and the agent's nv-hostengine holds every GPU open; mig-parted v0.12.1
+    reconfigure-mig.sh pauses only the GPU Operator's own clients. The agent lands on a MIG node
+    only once nvidia.com/mig.config.state=success."""
+    pod = node_health.daemon_set(image=IMAGE)["spec"]["template"]["spec"]
+    assert _schedules(pod, labels) is lands

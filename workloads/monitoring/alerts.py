@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from workloads.node_health_agent import READINESS_TAINT
 from workloads.xid import actionable_xids
 
 RUNBOOK_BASE = "https://github.com/example-org/ml-training-platform/blob/main/docs/runbooks"
@@ -25,6 +26,7 @@ FATAL_XIDS: tuple[int, ...] = actionable_xids()
 
 TEAM_NAMESPACE_REGEX = "team-.*"
 GPU_RESOURCE = "nvidia_com_gpu"  # kube-state-metrics' sanitised name of nvidia.com/gpu
+READINESS_TAINT_KEY = READINESS_TAINT["key"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,15 @@ def gpu_alerts(t: AlertThresholds) -> list[Alert]:
               f'< kube_node_status_capacity{{resource="{GPU_RESOURCE}"}})) and on (node) ({gpu_pods})',
               "5m", "critical",
               "GPU node {{ $labels.node }} is not ready or lost GPUs while GPU pods run on it", "gpu-health"),
+        # A GPU node that keeps the readiness taint (workloads/node_health_agent.py READINESS_TAINT)
+        # takes no job and is never consolidated (Karpenter 1.14.1: an un-Initialized node is no
+        # disruption candidate), and node repair does not act: the agent never set
+        # AcceleratedHardwareReady=False (it crashed, never started, or hit a tool error). The
+        # periodic deep check re-adds the taint for the few minutes of `dcgmi diag -r 2`.
+        Alert("GpuNodeNeverReady",
+              f'max by (node) (kube_node_spec_taint{{key="{READINESS_TAINT_KEY}"}}) == 1', "30m", "critical",
+              "GPU node {{ $labels.node }} has kept the readiness taint for 30 minutes: its agent crashed, never ran or "
+              "hit a tool error; the node costs money and takes no job", "gpu-health"),
         Alert("GpuAllocatedIdle",
               f'max_over_time(DCGM_FI_DEV_GPU_UTIL{{pod!=""}}[{t.gpu_idle_minutes}m]) == 0', "0m", "warning",
               f"GPU {{{{ $labels.gpu }}}} held by {{{{ $labels.namespace }}}}/{{{{ $labels.pod }}}} has been idle "

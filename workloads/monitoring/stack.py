@@ -280,13 +280,24 @@ class ScrapeTarget:
     scheme: str = "http"
 
 
+def dcgm_exporter_target(gpu_namespace: str, *, gpu_operator: bool) -> ScrapeTarget:
+    """The DCGM exporter's Service differs by GPU enablement mode."""
+    if gpu_operator:
+        # NVIDIA/gpu-operator v25.3.0 assets/state-dcgm-exporter/0600_service.yaml: Service
+        # nvidia-dcgm-exporter in the operator's namespace, labels app=nvidia-dcgm-exporter, port
+        # "gpu-metrics" (9400) (aws-readiness-4 R3: the standalone labels matched nothing there).
+        return ScrapeTarget("dcgm-exporter", gpu_namespace, {"app": "nvidia-dcgm-exporter"}, "gpu-metrics", "15s")
+    # dcgm-exporter chart 4.1.1: Service port "metrics" (9400), selector labels
+    # app.kubernetes.io/name=dcgm-exporter (deployment/templates/service.yaml, _helpers.tpl).
+    return ScrapeTarget("dcgm-exporter", gpu_namespace, {"app.kubernetes.io/name": "dcgm-exporter"}, "metrics", "15s")
+
+
 def platform_scrape_targets(*, gpu_namespace: str, karpenter_namespace: str, kueue_namespace: str,
-                            training_operator_namespace: str) -> list[ScrapeTarget]:
-    """Services the charts create (selector labels from each chart's templates at its pinned version)."""
+                            training_operator_namespace: str, gpu_operator: bool = False) -> list[ScrapeTarget]:
+    """Services the charts create (selector labels from each chart's templates at its pinned version).
+    ``gpu_operator``: GPU enablement mode gpu-operator (its own DCGM exporter Service)."""
     return [
-        # dcgm-exporter chart 4.1.1: Service port "metrics" (9400), selector labels
-        # app.kubernetes.io/name=dcgm-exporter (deployment/templates/service.yaml, _helpers.tpl).
-        ScrapeTarget("dcgm-exporter", gpu_namespace, {"app.kubernetes.io/name": "dcgm-exporter"}, "metrics", "15s"),
+        dcgm_exporter_target(gpu_namespace, gpu_operator=gpu_operator),
         # Karpenter chart 1.14.1: Service "karpenter", port "http-metrics" (8080).
         ScrapeTarget("karpenter", karpenter_namespace, {"app.kubernetes.io/name": "karpenter"}, "http-metrics"),
         # Kueue chart 0.19.2: Service <fullname>-controller-manager-metrics-service, port "https"
