@@ -9,6 +9,10 @@ problem of that stage):
 
 0. Before anything pickled is read: the step's signed manifest (trainer/trust.py; the key from
    TRAINER_CHECKPOINT_KEY_FILE), its ownership, and the digests of `.metadata` and the RNG files.
+   Without the key an s3:// source, or a manifest signed in a pod, is refused: a team's
+   checkpoint is drilled in its namespace, with its key (`python -m workloads checkpoints JOB
+   --team T --stack S --verify` runs this as a Job there). What is read goes through
+   trainer/safe_load.py, which runs nothing a checkpoint holds.
 1. Finds the newest complete checkpoint (a `step-NNNNNN` directory with `complete.json`).
    From S3 (the layout `trainer.s3.S3Mirror` writes) it downloads that step into a scratch
    directory and checks every object arrived at its listed size. A local directory is read
