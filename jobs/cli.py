@@ -5,7 +5,7 @@ over ``jobs.client.JobClient`` and ``jobs.data``.
     python -m workloads describe JOB --team T [--stack S]
     python -m workloads logs JOB --team T [-f] [--rank N | --all]
     python -m workloads cancel JOB --team T [--wait]
-    python -m workloads checkpoints JOB --team T --stack S [--verify [STEP]]
+    python -m workloads checkpoints JOB --team T --stack S [--verify [STEP] [--image IMAGE]]
     python -m workloads data upload DIR --dataset NAME --team T --stack S
 
 Each failure is one line on stderr and a stable exit code (jobs/__main__.py): 2 bad input,
@@ -162,7 +162,7 @@ def cmd_cancel(args) -> int:
 
 # -- checkpoints ---------------------------------------------------------------------------
 def cmd_checkpoints(args) -> int:
-    found = _client(args).checkpoints(args.name, args.team, verify=args.verify)
+    found = _client(args).checkpoints(args.name, args.team, verify=args.verify, image=args.image)
     if not found:
         print(f"no complete checkpoint of {args.name} yet")
         return EXIT_OK
@@ -238,7 +238,9 @@ def add_parsers(sub) -> None:
     team(p)
     stack(p)
     p.add_argument("--verify", nargs="?", type=int, const=-1, default=None, metavar="STEP",
-                   help="run the restore drill (trainer verify-checkpoint) on STEP (default: the newest)")
+                   help="run the restore drill (trainer verify-checkpoint) on STEP (default: the newest) as a Job in "
+                        "the team's namespace, with the team's role and key; prints its verdict")
+    p.add_argument("--image", help="--verify: the trainer image for the drill (default: the job's own)")
     p.set_defaults(run=guarded(cmd_checkpoints))
 
     data = sub.add_parser("data", help="datasets: upload a directory to the team's prefix",

@@ -31,8 +31,6 @@ Where pods are found (by the labels their controllers put on them):
 from __future__ import annotations
 
 import signal as _signal
-import subprocess
-import sys
 import threading
 import queue as _queue
 import time
@@ -742,9 +740,10 @@ class JobClient:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def checkpoints(self, name: str, team: str, *, verify: Optional[int] = None,
-                    checkpoint_dir: Optional[str] = None) -> list[Checkpoint]:
+                    checkpoint_dir: Optional[str] = None, image: Optional[str] = None) -> list[Checkpoint]:
         """Complete checkpoint steps of a job, oldest first; ``verify=STEP`` (or -1: the newest)
-        runs the restore drill (``python -m trainer verify-checkpoint``) on that step. The job
+        runs the restore drill on that step in the team's namespace (``verify_checkpoint_in_cluster``;
+        ``image``: the trainer image when the job object is gone). The job
         object may be gone (finished, TTL): its checkpoints stay, found by ``checkpoint_dir``
         (default: the job's own, else the platform's default for the name)."""
         store = self.store
@@ -765,13 +764,49 @@ class JobClient:
             step = steps[-1] if verify < 0 else verify
             if step not in steps:
                 raise ValueError(f"--verify {verify}: not a complete step of {name} (complete: {steps})")
-            verdict, detail = self.verify_checkpoint(store.uri(checkpoint_dir, step))
+            verdict, detail = self.verify_checkpoint_in_cluster(name, team, step, checkpoint_dir=checkpoint_dir,
+                                                                image=image)
             out = [Checkpoint(c.step, c.uri, verdict, detail) if c.step == step else c for c in out]
         return out
 
-    def verify_checkpoint(self, uri: str, *, runner: Callable[..., Any] = subprocess.run) -> tuple[str, str]:
-        """trainer/verify.py's verdict on one step: ("PASS" | "FAIL", its last lines)."""
-        done = runner([sys.executable, "-m", "trainer", "verify-checkpoint", uri], capture_output=True, text=True)
-        text = (done.stdout or "") + (done.stderr or "")
-        verdict = "PASS" if done.returncode == 0 and "VERDICT: PASS" in text else "FAIL"
-        return verdict, "\n".join(text.strip().splitlines()[-8:])
+    def verify_checkpoint_in_cluster(self, name: str, team: str, step: int, *, checkpoint_dir: str,
+                                     image: Optional[str] = None, timeout_seconds: float = 4 * 3600,
+                                     poll_seconds: float = 10) -> tuple[str, str]:
+        """The restore drill of one step as a Job in the team's namespace, with the team's service
+        account, uid and checkpoint key (workloads/checkpoint_drill.py): ("PASS" | "FAIL", detail).
+        Nothing of the checkpoint is read on this machine: a team's checkpoint is only ever
+        unpickled with that team's rights (review security-4 N1)."""
+        from jobs.store import S3Store
+        from workloads.checkpoint_drill import JOB_NAME_LABEL, DrillSpec, render_drill, verdict_from_pod
+
+        facts = self.facts
+        namespace = team_namespace(team)
+        tenant = facts.team(team)
+        if tenant is None:
+            raise ValueError(f"--team {team!r}: no such team in stack {facts.stack} "
+                             f"(teams: {sorted(t.name for t in facts.teams)})")
+        if not facts.checkpoints_bucket:
+            raise StoreError(f"stack {facts.stack} has no checkpoints bucket: nothing for the drill to download")
+        if image is None:
+            try:
+                image = next(iter(_containers(self._raw(name, team))), {}).get("image")
+            except (JobNotFound, KubeError, NoClusterAccess):
+                image = None
+            if not image:
+                raise ValueError(f"job {name} is gone: give the trainer image it ran (--image, "
+                                 "e.g. the image of its job spec) for the drill")
+        spec = DrillSpec(job=name, step=step, team=team, namespace=namespace,
+                         source=S3Store(facts.checkpoints_bucket).uri(checkpoint_dir, step), image=image,
+                         service_account=tenant.trainer_service_account or "", uid=tenant.posix_id or 0,
+                         local_queue=tenant.local_queue or "", region=facts.region)
+        self.kube.apply(render_drill(spec))
+        deadline = self.clock() + timeout_seconds
+        while True:
+            for pod in self.kube.list(PODS, namespace, selector=f"{JOB_NAME_LABEL}={spec.name}"):
+                found = verdict_from_pod(pod)
+                if found is not None:
+                    return found
+            if self.clock() >= deadline:
+                return "FAIL", (f"no verdict within {timeout_seconds:.0f} s (waiting for quota or a node?): "
+                                f"kubectl -n {namespace} describe job {spec.name}")
+            self.sleep(poll_seconds)

@@ -85,7 +85,14 @@ def run_local(declaration_path: Path, stack: str, *, dataset: str, work_dir: Pat
     paths = pipeline.StepPaths(remap(pipeline.cluster_paths(spec).work_dir.replace("{{workflow.name}}", run_name),
                                      FSX_MOUNT_PATH, str(fsx)))
     mlflow_uri = f"sqlite:///{run_dir}/mlflow.db"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    # A fresh key stands in for the team's checkpoint signing key (trainer/trust.py): the train
+    # pods sign with it, and evaluate and register (which mount it in the cluster) verify with it.
+    checkpoint_key = secrets_module.token_hex(32)
+    key_file = run_dir / "checkpoint-key"
+    key_file.write_text(checkpoint_key)
+    key_file.chmod(0o600)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1",
+           "TRAINER_CHECKPOINT_KEY_FILE": str(key_file)}
     dataset_path = str(Path(dataset).resolve())
     result: dict[str, Any] = {"run_dir": str(run_dir), "mlflow_uri": mlflow_uri, "exit_codes": {}}
 
@@ -118,8 +125,7 @@ def run_local(declaration_path: Path, stack: str, *, dataset: str, work_dir: Pat
     result["mlflow_run_id"] = run_id
     secrets = {K8S_SECRET_NAME: {"MLFLOW_TRACKING_URI": mlflow_uri, "MLFLOW_TRACKING_USERNAME": "local",
                                  "MLFLOW_TRACKING_PASSWORD": "local"},
-               # A fresh key stands in for the team's checkpoint signing key (trainer/trust.py).
-               CHECKPOINT_KEY_SECRET: {CHECKPOINT_KEY_ITEM: secrets_module.token_hex(32)}}
+               CHECKPOINT_KEY_SECRET: {CHECKPOINT_KEY_ITEM: checkpoint_key}}
     print(f"[train] PyTorchJob {job['metadata']['name']} ({steps} steps), pods run locally", flush=True)
     try:
         pods = run_pods(job, workdir=run_dir, secrets=secrets, timeout_seconds=900,

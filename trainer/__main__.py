@@ -69,11 +69,17 @@ def main(argv: list[str] | None = None) -> int:
         from trainer.config import ConfigError
         from trainer.export import main as export_main
 
+        from trainer.guards import TrainingStopped
+        from trainer.trust import CheckpointKeyError
+
         try:
             return export_main(argv[1:])
-        except ConfigError as exc:
+        except (ConfigError, CheckpointKeyError) as exc:
             print(exc, file=sys.stderr)
             return 2
+        except TrainingStopped as exc:  # a checkpoint refused (trainer/trust.py, trainer/safe_load.py)
+            print(f"export: {exc}", file=sys.stderr)
+            return 1
     args = parser.parse_args(argv)
     if args.command == "train":
         from trainer.config import ConfigError, load_config

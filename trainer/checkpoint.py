@@ -41,6 +41,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
+from trainer import safe_load
 from trainer.branch import ROLLBACK, branch_name, continues_rollback, read_rollback
 from trainer.distributed import Env
 from trainer.durable import MARKER, fsync_dir, fsync_file, write_durably, write_json_atomic  # noqa: F401 (re-exported)
@@ -674,9 +675,10 @@ class Checkpointer:
 
     def load_initial(self, path: str, app: Stateful) -> dict:
         """Weights (and the optimizer when `app` holds it) from another job's checkpoint; no
-        RNG state, no step: everything else of this job starts fresh."""
-        dcp.load({"app": app}, checkpoint_id=path, process_group=self.env.checkpoint_group,
-                 no_dist=not self.env.distributed)
+        RNG state, no step: everything else of this job starts fresh. Trust-checked as a resume
+        is: the path is another job's directory, which any pod of the team may have written."""
+        self._check_trusted(path)
+        safe_load.load({"app": app}, path, process_group=self.env.checkpoint_group, no_dist=not self.env.distributed)
         return read_marker(path)
 
     def annotate_newest(self, extra: dict) -> None:
@@ -699,8 +701,7 @@ class Checkpointer:
 
     def load(self, path: str, app: Stateful) -> dict:
         self._check_trusted(path)
-        dcp.load({"app": app}, checkpoint_id=path, process_group=self.env.checkpoint_group,
-                 no_dist=not self.env.distributed)
+        safe_load.load({"app": app}, path, process_group=self.env.checkpoint_group, no_dist=not self.env.distributed)
         rng_file = os.path.join(path, f"rng-rank-{self.env.rank}.pt")
         if os.path.isfile(rng_file):
             set_rng_state(load_rng_file(rng_file))

@@ -14,7 +14,8 @@ Writes the result as JSON (checkpoint, step, val_loss, perplexity, dataset hash,
 and the checkpoint's path to `--final-checkpoint-file` (the register step exports exactly that
 checkpoint). When MLFLOW_TRACKING_URI is set and the checkpoint names its MLflow run, the loss
 is logged to that run as `final_val_loss` and the `--tag`s (the pipeline's lineage) are set on it.
-Exit codes: 0 done, 2 bad input (no checkpoint, no validation split).
+Exit codes: 0 done, 1 the checkpoint refused (not proven this team's, or it holds code), 2 bad input (no
+checkpoint, no validation split, an unusable key).
 """
 from __future__ import annotations
 
@@ -68,8 +69,7 @@ def validation_windows(data_dir: str, seq_len: int) -> list[np.ndarray]:
 
 
 def load_model(checkpoint: str, cfg, vocab_size: int) -> torch.nn.Module:
-    import torch.distributed.checkpoint as dcp
-
+    from trainer import safe_load
     from trainer.model import build_model
     from trainer.trust import trust_from_env
 
@@ -77,7 +77,7 @@ def load_model(checkpoint: str, cfg, vocab_size: int) -> torch.nn.Module:
     model = build_model(cfg.model, vocab_size, cfg.data.seq_len)
     state = model.state_dict()
     # Only the model's keys are requested: the optimizer state in the checkpoint is left on disk.
-    dcp.load({"app": {"model": state}}, checkpoint_id=checkpoint, no_dist=True)
+    safe_load.load({"app": {"model": state}}, checkpoint, no_dist=True)
     model.load_state_dict(state)
     return model.eval()
 
@@ -148,12 +148,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-windows", type=int, default=512)
     parser.add_argument("--tag", action="append", default=[], help="key=value set on the MLflow run (lineage)")
     args = parser.parse_args(argv)
+    from trainer.guards import TrainingStopped
+    from trainer.trust import CheckpointKeyError
+
     try:
         tags = parse_tags(args.tag)
         result = evaluate(args.checkpoint_dir, args.data_dir, max_windows=args.max_windows)
-    except (EvaluationError, FileNotFoundError) as exc:
+    except (EvaluationError, FileNotFoundError, CheckpointKeyError) as exc:
         print(f"evaluate: {exc}", file=sys.stderr)
         return 2
+    except TrainingStopped as exc:  # a checkpoint refused (trainer/trust.py, trainer/safe_load.py)
+        print(f"evaluate: {exc}", file=sys.stderr)
+        return 1
     result["logged_to_mlflow"] = log_to_run(result, tags)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with open(args.output, "w") as f:

@@ -54,17 +54,16 @@ def checkpoint_config(checkpoint_dir: str) -> TrainerConfig:
 
 
 def _tensor_shape(checkpoint_dir: str, key: str) -> list[int] | None:
-    from torch.distributed.checkpoint import FileSystemReader
+    from trainer.safe_load import read_metadata
 
-    meta = FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata.get(key)
+    meta = read_metadata(checkpoint_dir).state_dict_metadata.get(key)
     return list(meta.size) if meta is not None and hasattr(meta, "size") else None
 
 
 def load_model_from_checkpoint(checkpoint_dir: str, cfg: TrainerConfig) -> torch.nn.Module:
     """Builds the model the checkpoint was trained with and loads its weights (one process,
     no process group; DCP reshards whatever wrote it)."""
-    import torch.distributed.checkpoint as dcp
-
+    from trainer import safe_load
     from trainer.model import build_model
     from trainer.trust import trust_from_env
 
@@ -86,7 +85,7 @@ def load_model_from_checkpoint(checkpoint_dir: str, cfg: TrainerConfig) -> torch
         hf_config = AutoConfig.from_pretrained(cfg.model.hf_path, local_files_only=True)
         model = HFCausalLM(AutoModelForCausalLM.from_config(hf_config, torch_dtype=torch.float32))
     state = model.state_dict()
-    dcp.load({"app": {"model": state}}, checkpoint_id=checkpoint_dir, no_dist=True)
+    safe_load.load({"app": {"model": state}}, checkpoint_dir, no_dist=True)
     model.load_state_dict(state)
     return model.eval()
 

@@ -23,6 +23,15 @@ Without a key (a laptop, the tests) manifests are written unsigned and checked f
 ownership only; inside a Kubernetes pod (`KUBERNETES_SERVICE_HOST` set, as the kubelet does
 for every container) a missing key is refused rather than silently trusted.
 
+Without a key, only a checkpoint the caller wrote itself is read (audit security-4 N1: the
+operator's drill unpickled what a team wrote into its own prefix, with the platform's rights):
+- a signed manifest was written in a team's pod; with no key here it cannot be verified, so it
+  is refused (it is read in that team's namespace, with its key: the in-cluster drill);
+- a downloaded source (`require_key`: `verify-checkpoint s3://...`) was written by someone else
+  whatever its manifest says, so it needs the key;
+- what is left, an unsigned local directory owned by the caller's uid, is read, and even then
+  nothing in it can run code (trainer/safe_load.py).
+
 A manifest written by rank 0 covers the files of every rank, so rank 0 reads the whole step
 once per save (SHA-256 in threads; hashlib releases the GIL on large buffers). On load the
 ranks share the digest work and agree on the verdict.
@@ -119,8 +128,10 @@ class CheckpointTrust:
     """Seals a step directory after a save and checks it before a load. `key=None`: unsigned
     (local runs only, see the module docstring)."""
 
-    def __init__(self, key: bytes | None, uid: int | None = None, threads: int = 4):
+    def __init__(self, key: bytes | None, uid: int | None = None, threads: int = 4, require_key: str | None = None):
         self.key = key
+        # Where a source that needs the key came from (a download), or None.
+        self.require_key = require_key
         self.uid = os.geteuid() if uid is None else uid
         self.threads = threads
 
@@ -197,6 +208,15 @@ class CheckpointTrust:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return blocking + [f"{MANIFEST}: unreadable ({type(exc).__name__}: {exc})"], other, None
         signature = manifest.get("hmac_sha256")
+        if self.key is None and self.require_key:
+            blocking.append(f"no checkpoint key ({KEY_FILE_ENV} is not set): {self.require_key} was written by someone "
+                            "else, and is never unpickled unverified. Run the drill in the team's namespace, with its "
+                            "key: python -m workloads checkpoints JOB --team TEAM --stack STACK --verify")
+        elif self.key is None and signature:
+            blocking.append(f"{MANIFEST}: signed with a team's key (key id {manifest.get('key_id')!r}), and there is no "
+                            f"key here to verify it ({KEY_FILE_ENV} is not set): it was written in a team's pod and is "
+                            "read only there, with that team's key. Run the drill in the team's namespace: python -m "
+                            "workloads checkpoints JOB --team TEAM --stack STACK --verify")
         if self.key is not None:
             if not signature:
                 blocking.append(f"{MANIFEST}: not signed, and this trainer has a checkpoint key "
@@ -289,5 +309,6 @@ def read_key(environ=os.environ) -> bytes | None:
     return key
 
 
-def trust_from_env(environ=os.environ) -> CheckpointTrust:
-    return CheckpointTrust(read_key(environ))
+def trust_from_env(environ=os.environ, require_key: str | None = None) -> CheckpointTrust:
+    """`require_key`: the source, when the checkpoint was not written by the caller (a download)."""
+    return CheckpointTrust(read_key(environ), require_key=require_key)

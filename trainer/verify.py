@@ -9,6 +9,10 @@ problem of that stage):
 
 0. Before anything pickled is read: the step's signed manifest (trainer/trust.py; the key from
    TRAINER_CHECKPOINT_KEY_FILE), its ownership, and the digests of `.metadata` and the RNG files.
+   Without the key an s3:// source, or a manifest signed in a pod, is refused: a team's
+   checkpoint is drilled in its namespace, with its key (`python -m workloads checkpoints JOB
+   --team T --stack S --verify` runs this as a Job there). What is read goes through
+   trainer/safe_load.py, which runs nothing a checkpoint holds.
 1. Finds the newest complete checkpoint (a `step-NNNNNN` directory with `complete.json`).
    From S3 (the layout `trainer.s3.S3Mirror` writes) it downloads that step into a scratch
    directory and checks every object arrived at its listed size. A local directory is read
@@ -220,13 +224,16 @@ def check_files(path: str) -> tuple[list[str], dict]:
 
 
 def check_dcp(path: str, facts: dict) -> list[str]:
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
+
+    from trainer.safe_load import ForbiddenPickle, read_metadata
 
     if not os.path.isfile(os.path.join(path, METADATA)):
         return [f"{METADATA}: missing: DCP writes it last on the coordinator, so the save never finished"]
     try:
-        metadata = FileSystemReader(path).read_metadata()
+        metadata = read_metadata(path)
+    except ForbiddenPickle as exc:
+        return [f"{METADATA}: {str(exc).split(': ', 1)[1]}"]
     except Exception as exc:
         return [f"{METADATA}: unreadable ({type(exc).__name__}: {exc})"]
     facts["metadata"] = metadata
@@ -395,12 +402,10 @@ def load_and_step(path: str, result_file: str, heldout: dict | None = None) -> N
     for one process). Writes a JSON result; rank 0's holds the full-state digests."""
     import torch
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
     import torch.nn.functional as F
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    from trainer import distributed
+    from trainer import distributed, safe_load
     from trainer.checkpoint import ModelAndOptimizer
     from trainer.model import apply_activation_checkpointing
     from trainer.train import build_optimizer
@@ -416,7 +421,7 @@ def load_and_step(path: str, result_file: str, heldout: dict | None = None) -> N
         env = distributed.init(cfg.parallelism)
         result.update(rank=env.rank, world_size=env.world_size)
         torch.manual_seed(cfg.seed)
-        metadata = FileSystemReader(path).read_metadata()
+        metadata = safe_load.read_metadata(path)
         model, vocab, seq_len = build_for_checkpoint(path, cfg, metadata)
         if cfg.parallelism.activation_checkpointing:
             apply_activation_checkpointing(model)  # as the trainer does: same state-dict keys
@@ -427,8 +432,7 @@ def load_and_step(path: str, result_file: str, heldout: dict | None = None) -> N
         optimizer = build_optimizer(model, cfg, env.device)
         app = ModelAndOptimizer(model, optimizer)
         try:
-            dcp.load({"app": app}, checkpoint_id=path, process_group=env.checkpoint_group,
-                     no_dist=not env.distributed)
+            safe_load.load({"app": app}, path, process_group=env.checkpoint_group, no_dist=not env.distributed)
         except BaseException as exc:  # DCP's CheckpointException derives from BaseException
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -581,12 +585,13 @@ def plan_heldout(path: str, facts: dict, data_dir: str | None) -> tuple[dict | N
 
 
 def verify(path: str, timeout_s: float = 1800.0, workdir: str | None = None,
-           say=print, data_dir: str | None = None) -> list[str]:
-    """Every problem found with the complete checkpoint at `path` (empty: it restores)."""
+           say=print, data_dir: str | None = None, downloaded_from: str | None = None) -> list[str]:
+    """Every problem found with the complete checkpoint at `path` (empty: it restores).
+    `downloaded_from`: the source `path` was downloaded from, which then needs the team's key."""
     say(f"checkpoint: {path}")
     from trainer.trust import trust_from_env
 
-    trust = trust_from_env()
+    trust = trust_from_env(require_key=downloaded_from)
     # Stage 0: nothing pickled is opened unless it is this team's (trainer/trust.py). Damage
     # that leaves only tensors unverified is diagnosed further, but never loaded into a model.
     blocking, untrusted = trust.pickled_problems(path)
@@ -688,7 +693,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             path, problems = locate_local(args.source), []
         if not problems:
-            problems = verify(path, data_dir=args.data_dir)
+            problems = verify(path, data_dir=args.data_dir,
+                              downloaded_from=args.source if args.source.startswith("s3://") else None)
     except (SourceError, CheckpointKeyError) as exc:
         print(f"verify-checkpoint: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -49,7 +49,8 @@ from typing import Any, Mapping, Optional, Sequence
 import yaml
 
 from workloads.fsx import team_pod_volumes, team_volume_mounts
-from workloads.trainingjob import TRAINER_UID, pod_security_context, team_checkpoint_root
+from workloads.trainingjob import (CHECKPOINT_KEY_ITEM, CHECKPOINT_KEY_MOUNT, CHECKPOINT_KEY_SECRET, TRAINER_UID,
+                                   pod_security_context, team_checkpoint_root)
 
 WORKFLOW_PARAMS = ("dataset", "model-name", "job-spec")
 STEP_NAMES = ("prepare", "train", "evaluate", "register")
@@ -245,8 +246,15 @@ def job_deadline_seconds(job: Mapping[str, Any]) -> int:
     return int(job["spec"].get("runPolicy", {}).get("activeDeadlineSeconds") or 7 * 24 * 3600)
 
 
-def _container_step(spec: PipelineSpec, name: str, command: list[str], *, outputs: Optional[dict] = None) -> dict[str, Any]:
+def _container_step(spec: PipelineSpec, name: str, command: list[str], *, outputs: Optional[dict] = None,
+                    reads_checkpoints: bool = False) -> dict[str, Any]:
     env_from = [{"secretRef": {"name": spec.tracking_secret}}] if spec.tracking_secret else []
+    env, key_mounts = [], []
+    if reads_checkpoints:
+        # evaluate and register load the train step's checkpoint: its manifest is signed with the
+        # team's key, and in a pod the trainer refuses to read one without it (trainer/trust.py).
+        env = [{"name": "TRAINER_CHECKPOINT_KEY_FILE", "value": f"{CHECKPOINT_KEY_MOUNT}/{CHECKPOINT_KEY_ITEM}"}]
+        key_mounts = [{"name": "checkpoint-key", "mountPath": CHECKPOINT_KEY_MOUNT, "readOnly": True}]
     template: dict[str, Any] = {
         "name": name,
         # The CPU pool consolidates under-used nodes; a half-done tokenisation would start over.
@@ -259,10 +267,11 @@ def _container_step(spec: PipelineSpec, name: str, command: list[str], *, output
             "command": command[:1],
             "args": command[1:],
             "envFrom": env_from,
+            **({"env": env} if env else {}),
             "resources": {"requests": {"cpu": spec.cpu_request, "memory": spec.memory_request},
                           "limits": {"memory": spec.memory_request}},
             # The team's subtree and the datasets, as the training job mounts them (workloads.fsx).
-            "volumeMounts": team_volume_mounts(spec.namespace),
+            "volumeMounts": team_volume_mounts(spec.namespace) + key_mounts,
             "securityContext": {"runAsNonRoot": True, "runAsUser": spec.uid, "runAsGroup": spec.uid,
                                 "allowPrivilegeEscalation": False,
                                 "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
@@ -290,7 +299,9 @@ def workflow_template(spec: PipelineSpec) -> dict[str, Any]:
                 {"name": "model-name", "value": spec.model_name, "description": "MLflow registered model name"},
                 {"name": "job-spec", "value": spec.job_spec, "description": "job spec the train step was rendered from"},
             ]},
-            "volumes": team_pod_volumes(claim_name=spec.fsx_claim),
+            "volumes": team_pod_volumes(claim_name=spec.fsx_claim) + [
+                {"name": "checkpoint-key", "secret": {"secretName": CHECKPOINT_KEY_SECRET, "items": [
+                    {"key": CHECKPOINT_KEY_ITEM, "path": CHECKPOINT_KEY_ITEM}]}}],
             # The team's uid/gid (the team admission policy refuses any other), from the train job.
             "securityContext": pod_security_context(spec.uid),
             "podGC": {"strategy": "OnWorkflowSuccess"},
@@ -317,10 +328,10 @@ def workflow_template(spec: PipelineSpec) -> dict[str, Any]:
                         "manifest": yaml.safe_dump(train_job(spec), sort_keys=True),
                     },
                 },
-                _container_step(spec, "evaluate", commands["evaluate"], outputs={"parameters": [
+                _container_step(spec, "evaluate", commands["evaluate"], reads_checkpoints=True, outputs={"parameters": [
                     {"name": "evaluation", "valueFrom": {"path": paths.evaluation}},
                     {"name": "checkpoint", "valueFrom": {"path": paths.final_checkpoint_file}}]}),
-                _container_step(spec, "register", commands["register"]),
+                _container_step(spec, "register", commands["register"], reads_checkpoints=True),
             ],
         },
     }

@@ -177,37 +177,6 @@ def test_checkpoints_from_the_bucket_the_file_system_exports_to(dev_facts, tmp_p
         assert [(a.node_rank, a.exit_code, a.step_at_end) for a in history] == [(0, 143, 300)]
 
 
-def test_verify_runs_the_restore_drill_on_the_chosen_step(dev_facts, tmp_path):
-    complete_step(tmp_path, "pre", 100)
-    complete_step(tmp_path, "pre", 200)
-    calls = []
-
-    class Done:
-        def __init__(self, code, out):
-            self.returncode, self.stdout, self.stderr = code, out, ""
-
-    def runner(argv, **kwargs):
-        calls.append(argv)
-        return Done(1, "stage 2: step-000200/.metadata unreadable\nVERDICT: FAIL")
-
-    jobs = JobClient(stack="dev", kube=None, facts=dev_facts, store=LocalStore(str(tmp_path)))
-    jobs.verify_checkpoint = lambda uri: JobClient.verify_checkpoint(jobs, uri, runner=runner)
-    found = jobs.checkpoints("pre", "research", verify=-1, checkpoint_dir="/fsx/checkpoints/team-research/pre")
-    assert [(c.step, c.verdict) for c in found] == [(100, None), (200, "FAIL")]
-    assert calls[0][1:] == ["-m", "trainer", "verify-checkpoint", str(tmp_path / NS / "pre" / "step-000200")]
-    with pytest.raises(ValueError, match="not a complete step"):
-        jobs.checkpoints("pre", "research", verify=150, checkpoint_dir="/fsx/checkpoints/team-research/pre")
-
-
-def test_verify_reads_the_real_drills_verdict(tmp_path, dev_facts):
-    """The real `python -m trainer verify-checkpoint` on a step whose files are not a checkpoint:
-    its verdict is not PASS."""
-    complete_step(tmp_path, "pre", 100)
-    jobs = JobClient(stack="dev", kube=None, facts=dev_facts, store=LocalStore(str(tmp_path)))
-    verdict, detail = jobs.verify_checkpoint(str(tmp_path / NS / "pre" / "step-000100"))
-    assert verdict == "FAIL" and detail
-
-
 def test_cancel_of_a_trainjob_deletes_it_in_the_foreground(kube, v2_facts):
     """The TrainJob owns its JobSet, which JobSet v0.12.0 leaves alone once it is being deleted
     (pkg/controllers/jobset_controller.go:118-121):

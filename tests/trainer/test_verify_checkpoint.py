@@ -158,13 +158,33 @@ def s3_server():
     server.stop()
 
 
+def signed_copy(trained: str, tmp_path) -> tuple[str, str]:
+    """The checkpoint as a team's pod writes it: its manifest signed with the team's key (a
+    downloaded source is read only with that key, trainer/trust.py). Returns (dir, key file)."""
+    import json
+
+    from trainer.trust import CheckpointTrust
+
+    key = tmp_path / "team-key"
+    key.write_bytes(b"k" * 32)
+    root = str(tmp_path / "signed")
+    for step in (2, NUM_STEPS):
+        shutil.copytree(step_dir(trained, step), step_dir(root, step))
+        with open(os.path.join(step_dir(root, step), MARKER)) as f:
+            CheckpointTrust(b"k" * 32).seal(step_dir(root, step), json.load(f))
+    return root, str(key)
+
+
 def test_s3_downloads_the_newest_complete_checkpoint_and_verifies_it(trained, tmp_path, s3_server):
     from trainer.s3 import S3Mirror
+    from trainer.trust import KEY_FILE_ENV
 
     bucket, client, env = s3_server
+    root, key = signed_copy(trained, tmp_path)
+    env = {**env, KEY_FILE_ENV: key}  # in the team's pod (the in-cluster drill)
     mirror = S3Mirror(f"s3://{bucket}/team-a/job", client=client)  # the trainer's own mirror wrote it
     for step in (2, NUM_STEPS):
-        mirror.upload(step_dir(trained, step))
+        mirror.upload(step_dir(root, step))
     mirror.close()
     # A newer upload cut short before its marker: never the one verified.
     client.put_object(Bucket=bucket, Key="team-a/job/step-000006/__0_0.distcp", Body=b"partial")
@@ -174,6 +194,7 @@ def test_s3_downloads_the_newest_complete_checkpoint_and_verifies_it(trained, tm
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"checkpoint: {os.path.join(scratch, 'step-000004')}" in result.stdout
     assert "VERDICT: PASS" in result.stdout
+    assert "signed with this team key" in result.stdout
     assert sorted(os.listdir(os.path.join(scratch, "step-000004"))) == sorted(os.listdir(step_dir(trained, NUM_STEPS)))
 
     # The same object damaged in S3 fails the drill.

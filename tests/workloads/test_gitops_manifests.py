@@ -229,3 +229,19 @@ def test_pipeline_runs_write_inside_the_teams_own_directory():
         assert path.startswith(work + "/")
     # Another team's pipeline lands in its own tree.
     assert pipeline.team_work_root("team-platform").startswith(trainingjob.team_checkpoint_root("team-platform") + "/")
+
+
+def test_the_steps_that_read_the_checkpoint_have_the_teams_key_and_only_they():
+    """evaluate and register load the train step's checkpoint, whose manifest the trainer signed
+    with the team's key; in a pod the trainer refuses to read a checkpoint without it
+    (trainer/trust.py `read_key`), so without the mount both steps exit 2."""
+    from workloads.trainingjob import CHECKPOINT_KEY_MOUNT, CHECKPOINT_KEY_SECRET
+
+    template = pipeline.workflow_template(PIPELINE)
+    secret = next(v for v in template["spec"]["volumes"] if v["name"] == "checkpoint-key")
+    assert secret["secret"]["secretName"] == CHECKPOINT_KEY_SECRET
+    steps = {t["name"]: t["container"] for t in template["spec"]["templates"] if "container" in t}
+    for name, container in steps.items():
+        has_key = {"name": "TRAINER_CHECKPOINT_KEY_FILE", "value": f"{CHECKPOINT_KEY_MOUNT}/key"} in container.get("env", [])
+        mounted = {"name": "checkpoint-key", "mountPath": CHECKPOINT_KEY_MOUNT, "readOnly": True} in container["volumeMounts"]
+        assert has_key == mounted == (name in ("evaluate", "register")), name
