@@ -69,7 +69,10 @@ def test_the_filters_name_the_real_workflow_and_its_deploy_trigger():
     workflow = yaml.safe_load((ROOT / DEFAULT_WORKFLOW_PATH).read_text())
     assert workflow["name"] == DEFAULT_WORKFLOW_NAME
     deploy = workflow["jobs"]["deploy"]
-    assert deploy["if"] == "github.event_name == 'push' && github.ref == 'refs/heads/main'"
+    # The deploy job runs from main only: pushed, or dispatched by hand for prod's second phase
+    # (docs/runbooks/first-deploy.md); never for a pull request.
+    assert deploy["if"].endswith("&& github.ref == 'refs/heads/main'"), deploy["if"]
+    assert "pull_request" not in deploy["if"]
     assert any(f["type"] == "HEAD_REF" for f in runner_webhook_filter_groups()[0])
 
 
