@@ -46,11 +46,11 @@ STARTUP_TAINT_OWNERS: dict[str, TaintOwner] = {o.key: o for o in (
     TaintOwner("fsx.csi.aws.com/agent-not-ready", addon="aws-fsx-csi-driver",
                source="kubernetes-sigs/aws-fsx-csi-driver pkg/driver/node.go removeNotReadyTaint"),
     TaintOwner("efs.csi.aws.com/agent-not-ready", addon="aws-efs-csi-driver",
-               source="kubernetes-sigs/aws-efs-csi-driver pkg/driver/node.go removeNotReadyTaint"),
+               source="kubernetes-sigs/aws-efs-csi-driver pkg/driver/driver.go (AgentNotReadyNodeTaintKey, removed once the node plugin runs)"),
     TaintOwner("ebs.csi.aws.com/agent-not-ready", addon="aws-ebs-csi-driver",
                source="kubernetes-sigs/aws-ebs-csi-driver pkg/driver/node.go removeNotReadyTaint"),
     TaintOwner("s3.csi.aws.com/agent-not-ready", addon="aws-mountpoint-s3-csi-driver",
-               source="awslabs/mountpoint-s3-csi-driver v2 (node plugin removes its agent-not-ready taint)"),
+               source="awslabs/mountpoint-s3-csi-driver v2.2.2 pkg/driver/node/taint.go (started at driver.go:196)"),
     TaintOwner("node.mlplatform.io/gpu-not-ready", daemonset=("gpu-system", "gpu-node-health"),
                source="workloads/node_health_agent.py (lifts it when every check passes)"),
     TaintOwner("mlplatform.io/mig-pending", daemonset=("gpu-system", "mig-ready-gate"),
@@ -66,8 +66,9 @@ def kwok_config(module_dir: Path) -> str:
             if path.name == "kustomization.yaml":
                 continue
             docs.extend(d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict) and d.get("kind") == "Stage")
-    return yaml.safe_dump_all([{"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
-                                "options": {}}] + docs, sort_keys=False)
+    # No KwokConfiguration document: kwok then builds its own with every default set
+    # (pkg/apis/config/v1alpha1/zz_generated.defaults.go); one given here is not defaulted.
+    return yaml.safe_dump_all(docs, sort_keys=False)
 
 
 def start_kwok(plane) -> None:
