@@ -45,6 +45,10 @@ wait_for() { # wait_for SECONDS DESCRIPTION CMD...
   for ((i = 0; i < t; i++)); do "$@" >/dev/null 2>&1 && { echo "  ok: $what"; return 0; }; sleep 1; done
   echo "  FAIL: $what (after ${t}s)"; fails=$((fails + 1)); return 1
 }
+apply_retry() { # apply_retry SECONDS DESCRIPTION < manifest: retried until the webhooks answer
+  local f; f="$(mktemp "$work/manifest.XXXXXX.yaml")"; cat >"$f"
+  wait_for "$1" "$2" k apply -f "$f"
+}
 fatal_lines() { grep -E -i '"level":"(error|fatal|panic)"|^E[0-9]{4}|\bpanic:|level=ERROR|ERROR' "$work/$1.log" | head -"${2:-5}" || true; }
 report() { # report NAME: alive? and first error lines
   local name=$1 pid; pid=$(eval echo "\$pid_${name//-/_}")
@@ -67,13 +71,14 @@ ossl genrsa -out sa.key 2048; ossl rsa -in sa.key -pubout -out sa.pub
 
 # Webhook PKI shared by the controllers whose cert rotator (open-policy-agent/cert-controller)
 # keeps a pre-seeded Secret when it is valid: the CA must be RSA PKCS#1 and valid for the
-# rotator's CAName; the serving cert for <service>.<ns>.svc and for 127.0.0.1 (webhook URLs).
+# rotator's CAName; the serving cert for <service>.<ns>.svc and for 127.0.0.1 (webhook URLs); both
+# must outlive the rotator's 90-day lookahead (defaultLookaheadInterval) or it regenerates them.
 openssl genrsa -traditional -out wh-ca.key 2048 2>/dev/null
-ossl req -x509 -key wh-ca.key -out wh-ca.crt -days 2 -subj /CN=smoke-webhook-ca \
+ossl req -x509 -key wh-ca.key -out wh-ca.crt -days 365 -subj /CN=smoke-webhook-ca \
   -addext 'subjectAltName=DNS:kueue-ca,DNS:training-operator-ca,DNS:jobset-ca,DNS:trainer-ca,DNS:kubeflow-trainer-ca'
 ossl req -newkey rsa:2048 -nodes -keyout wh.key -out wh.csr -subj /CN=smoke-webhooks
 printf 'subjectAltName=IP:127.0.0.1,DNS:kueue-webhook-service.kueue-system.svc,DNS:training-operator.kubeflow.svc,DNS:jobset-webhook-service.jobset-system.svc,DNS:kubeflow-trainer-controller-manager.kubeflow-system.svc\nextendedKeyUsage=serverAuth\n' >wh.ext
-ossl x509 -req -in wh.csr -CA wh-ca.crt -CAkey wh-ca.key -CAcreateserial -days 2 -out wh.crt -extfile wh.ext
+ossl x509 -req -in wh.csr -CA wh-ca.crt -CAkey wh-ca.key -CAcreateserial -days 365 -out wh.crt -extfile wh.ext
 cabundle="$(base64 -w0 wh-ca.crt)"
 cd "$work"
 
@@ -264,7 +269,7 @@ integrations:
   frameworks: [batch/job, jobset.x-k8s.io/jobset, kubeflow.org/pytorchjob, trainer.kubeflow.org/trainjob]
 EOF
   start kueue "$bin/kueue" --kubeconfig "$kc" --config "$work/kueue-config.yaml" --feature-gates VisibilityOnDemand=false --zap-log-level=info
-  wait_for 60 "kueue webhook answers (ResourceFlavor create)" k apply -f - <<'EOF' || true
+  apply_retry 60 "kueue webhook answers (ResourceFlavor create)" <<'EOF' || true
 apiVersion: kueue.x-k8s.io/v1beta2
 kind: ResourceFlavor
 metadata: {name: default-flavor}
@@ -299,10 +304,15 @@ spec:
       tolerations: [{operator: Exists}]
       containers: [{name: c, image: registry.invalid/none:0, resources: {requests: {cpu: "1", memory: 1Gi}}}]
 EOF
+  # A Job for a LocalQueue that does not exist is never admitted: spec.suspend=true can only come
+  # from Kueue's mutating webhook mjob.kb.io (ApplyDefaultForSuspend), not from a reconcile.
+  k create job parked --image=registry.invalid/none:0 --dry-run=client -o json \
+    | python3 -c 'import json,sys; j=json.load(sys.stdin); j["metadata"]["labels"]={"kueue.x-k8s.io/queue-name":"no-such-queue"}; print(json.dumps(j))' \
+    | k apply -f - >/dev/null
+  echo "  Job 'parked' (queue-name: no-such-queue) spec.suspend as stored: $(k get job parked -o jsonpath='{.spec.suspend}')"
   wait_for 30 "ClusterQueue Active" bash -c "kubectl --kubeconfig $kc get clusterqueue cq -o jsonpath='{.status.conditions[?(@.type==\"Active\")].status}' | grep -qx True" || true
   wait_for 60 "Workload for the Job admitted" bash -c "kubectl --kubeconfig $kc get workloads -n default -o jsonpath='{.items[*].status.conditions[?(@.type==\"Admitted\")].status}' | grep -q True" || true
   wait_for 30 "Job unsuspended by kueue and its pod created" bash -c "kubectl --kubeconfig $kc get pods -n default -l batch.kubernetes.io/job-name=queued -o name | grep -q pod" || true
-  echo "  job managedFields managers: $(k get job queued -o jsonpath='{.metadata.managedFields[*].manager}')"
   k get workloads -n default 2>&1 | sed 's/^/    /'
   report kueue
 }
@@ -324,7 +334,7 @@ metrics: {bindAddress: "127.0.0.1:$(port)"}
 health: {healthProbeBindAddress: "127.0.0.1:$(port)"}
 EOF
   start jobset "$bin/jobset" --kubeconfig "$kc" --config "$work/jobset-config.yaml"
-  wait_for 60 "JobSet accepted by its webhooks" k apply -f - <<'EOF' || true
+  apply_retry 60 "JobSet accepted by its webhooks" <<'EOF' || true
 apiVersion: jobset.x-k8s.io/v1alpha2
 kind: JobSet
 metadata: {name: js, namespace: default}
@@ -367,7 +377,7 @@ run_training_operator() {
   start training-operator env TMPDIR="$work/to-tmp" MY_POD_NAMESPACE=kubeflow "$bin/training-operator" --kubeconfig "$kc" \
     --enable-scheme pytorchjob --leader-elect=false --webhook-server-port "$whp" \
     --metrics-bind-address "127.0.0.1:$(port)" --health-probe-bind-address "127.0.0.1:$(port)"
-  wait_for 60 "PyTorchJob accepted by the validating webhook" k apply -f - <<'EOF' || true
+  apply_retry 60 "PyTorchJob accepted by the validating webhook" <<'EOF' || true
 apiVersion: kubeflow.org/v1
 kind: PyTorchJob
 metadata: {name: pt, namespace: default}
@@ -422,7 +432,7 @@ leaderElection: {leaderElect: false}
 certManagement: {enable: false}
 EOF
   start trainer env TMPDIR="$work/tr-tmp" "$bin/trainer-controller-manager" --kubeconfig "$kc" --config "$work/trainer-config.yaml"
-  wait_for 60 "ClusterTrainingRuntime accepted by the validating webhook" k apply -f "$d/manifests/base/runtimes/torch_distributed.yaml" || true
+  apply_retry 60 "ClusterTrainingRuntime accepted by the validating webhook" <"$d/manifests/base/runtimes/torch_distributed.yaml" || true
   k apply -f - >/dev/null <<'EOF'
 apiVersion: trainer.kubeflow.org/v1alpha1
 kind: TrainJob
