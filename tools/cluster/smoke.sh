@@ -25,10 +25,12 @@ export KUBE_FEATURE_WatchListClient="${KUBE_FEATURE_WatchListClient:-false}"
 work="$(mktemp -d /tmp/cluster-smoke.XXXXXX)"
 pids=()
 fails=0
+made_to_tmp=""
 cleanup() {
   local p
   # controllers first, etcd last (reverse start order), each by its PID
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill "${pids[i]}" 2>/dev/null || true; wait "${pids[i]}" 2>/dev/null || true; done
+  if [[ -n "$made_to_tmp" ]]; then rm -rf /tmp/k8s-webhook-server; fi
   [[ "${KEEP:-0}" == 1 ]] && echo "logs kept in $work" || rm -rf "$work"
 }
 trap cleanup EXIT
@@ -362,10 +364,9 @@ run_training_operator() {
   seed_cert_secret kubeflow training-operator-webhook-cert
   # The cert rotator only stat()s this hard-coded path (pkg/cert: certDir); the webhook server
   # itself reads $TMPDIR/k8s-webhook-server/serving-certs.
-  local made_tmp=""
   if [[ ! -e /tmp/k8s-webhook-server/serving-certs/tls.crt ]]; then
     mkdir -p /tmp/k8s-webhook-server/serving-certs; cp "$pki/wh.crt" /tmp/k8s-webhook-server/serving-certs/tls.crt
-    cp "$pki/wh.key" /tmp/k8s-webhook-server/serving-certs/tls.key; made_tmp=1
+    cp "$pki/wh.key" /tmp/k8s-webhook-server/serving-certs/tls.key; made_to_tmp=1
   fi
   mkdir -p "$work/to-tmp/k8s-webhook-server/serving-certs"
   cp "$pki/wh.crt" "$work/to-tmp/k8s-webhook-server/serving-certs/tls.crt"; cp "$pki/wh.key" "$work/to-tmp/k8s-webhook-server/serving-certs/tls.key"
@@ -399,8 +400,10 @@ spec:
           containers: [{name: pytorch, image: registry.invalid/none:0}]
 EOF
   wait_for 40 "PyTorchJob pods and services created" bash -c "test \$(kubectl --kubeconfig $kc get pods,services -n default -l training.kubeflow.org/job-name=pt -o name | wc -l) -ge 4" || true
+  echo "  PyTorchJob conditions: $(k get pytorchjob pt -o jsonpath='{range .status.conditions[*]}{.type}={.status} {end}')"
+  echo "  MASTER_ADDR/WORLD_SIZE/RANK on the worker: $(k get pod pt-worker-0 -o jsonpath='{range .spec.containers[0].env[*]}{.name}={.value} {end}' | tr ' ' '\n' | grep -E '^(MASTER_ADDR|WORLD_SIZE|RANK|PET_NNODES)=' | tr '\n' ' ')"
   echo "  rejected as it should be (no pytorch container):"
-  k apply -f - 2>&1 <<'EOF' | sed 's/^/    /' | cut -c1-300
+  { k apply -f - 2>&1 || true; } <<'EOF' | sed 's/^/    /' | cut -c1-300
 apiVersion: kubeflow.org/v1
 kind: PyTorchJob
 metadata: {name: bad, namespace: default}
@@ -410,7 +413,6 @@ spec:
       replicas: 1
       template: {spec: {containers: [{name: wrong, image: x}]}}
 EOF
-  [[ -n "$made_tmp" ]] && rm -rf /tmp/k8s-webhook-server
   report training-operator
 }
 
