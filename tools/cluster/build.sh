@@ -31,7 +31,7 @@ recipes=(
   "training-operator|training-operator|github.com/kubeflow/training-operator/cmd/training-operator.v1|"
   "jobset|jobset|sigs.k8s.io/jobset|sigs.k8s.io/jobset/pkg/version.GitVersion=v0.12.0"
   "trainer|trainer-controller-manager|github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager|"
-  "karpenter|karpenter-kwok|sigs.k8s.io/karpenter/kwok|"
+  "karpenter|karpenter-kwok|sigs.k8s.io/karpenter/kwok|sigs.k8s.io/karpenter/pkg/operator.Version=v1.14.1"
 )
 
 want=("$@")

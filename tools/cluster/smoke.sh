@@ -14,7 +14,6 @@ common="$(git -C "$repo" rev-parse --path-format=absolute --git-common-dir 2>/de
 bin="${CLUSTER_TOOLS_BIN:-$(dirname "$common")/.cache/cluster-tools/bin}"
 [[ -x "$bin/kube-apiserver" ]] || bin="$repo/.cache/cluster-tools/bin"
 modcache="$(go env GOMODCACHE)"
-schemas="${ML_PLATFORM_SCHEMAS:-$(dirname "$bin")/../schemas}"
 
 # Debian's etcd 3.4.23 lacks what kube-apiserver needs for RequestWatchProgress ("feature is not
 # supported by endpoint"), so streaming lists (WatchListClient, on by default in client-go 0.35+)
