@@ -418,7 +418,9 @@ EOF
 run_trainer() {
   echo "== trainer (v2)"
   local d="$modcache/github.com/kubeflow/trainer/v2@v2.3.0" whp; whp=$(port)
-  k apply --server-side -f "$d/manifests/base/crds/" -f "$modcache/sigs.k8s.io/jobset@v0.12.0/config/components/crd/bases/" >/dev/null
+  k apply --server-side $(printf -- '-f %s ' "$d"/manifests/base/crds/trainer.kubeflow.org_*.yaml) \
+    -f "$modcache/sigs.k8s.io/jobset@v0.12.0/config/components/crd/bases/" >/dev/null
+  k wait --for condition=Established crd/trainjobs.trainer.kubeflow.org crd/clustertrainingruntimes.trainer.kubeflow.org >/dev/null
   mkdir -p "$work/tr-tmp/k8s-webhook-server/serving-certs"
   cp "$pki/wh.crt" "$work/tr-tmp/k8s-webhook-server/serving-certs/tls.crt"; cp "$pki/wh.key" "$work/tr-tmp/k8s-webhook-server/serving-certs/tls.key"
   url_webhooks "$d/manifests/base/webhook/manifests.yaml" "$whp" | sed 's/name: mutating-webhook-configuration/name: defaulter.trainer.kubeflow.org/; s/name: validating-webhook-configuration/name: validator.trainer.kubeflow.org/' >"$work/trainer-webhooks.yaml"
@@ -434,7 +436,9 @@ certManagement: {enable: false}
 EOF
   start trainer env TMPDIR="$work/tr-tmp" "$bin/trainer-controller-manager" --kubeconfig "$kc" --config "$work/trainer-config.yaml"
   apply_retry 60 "ClusterTrainingRuntime accepted by the validating webhook" <"$d/manifests/base/runtimes/torch_distributed.yaml" || true
-  k apply -f - >/dev/null <<'EOF'
+  # When Kueue runs too, its vtrainjob.kb.io webhook refuses TrainJobs ("unsupported runtime") until
+  # Kueue has noticed the TrainJob CRD and started that integration (it polls; jobframework/setup.go).
+  apply_retry 60 "TrainJob accepted (Trainer's webhooks, and Kueue's when running)" <<'EOF' || true
 apiVersion: trainer.kubeflow.org/v1alpha1
 kind: TrainJob
 metadata: {name: tj, namespace: default}
