@@ -20,13 +20,6 @@ cases = pytest.importorskip("tests.security.admission_cases")
 ROWS = [c for c in cases.CASES]
 
 
-@pytest.fixture(scope="module")
-def prod_cluster(stack_cluster):
-    if stack_cluster.stack != "prod":
-        pytest.skip("the rows are written against the prod stack's teams and pools")
-    return stack_cluster
-
-
 def _impersonation(user) -> list[str]:
     return [f"--as={user['username']}", *(f"--as-group={g}" for g in user["groups"] if g != "system:authenticated")]
 
@@ -38,9 +31,11 @@ def _unique(obj, suffix: str):
     return obj
 
 
+# The rows are written against the prod stack's teams and pools: only prod's cluster runs them.
+@pytest.mark.parametrize("stack_cluster", ["prod"], indirect=True)
 @pytest.mark.parametrize("case", ROWS, ids=lambda c: f"{c.finding}-{c.name}")
-def test_admission_row_on_the_real_api_server(prod_cluster, case):
-    cluster = prod_cluster
+def test_admission_row_on_the_real_api_server(stack_cluster, case):
+    cluster = stack_cluster
     suffix = f"{abs(hash(case.name)) % 10**6}"
     obj = _unique(case.obj, suffix)
     namespace = obj["metadata"]["namespace"]

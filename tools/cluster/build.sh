@@ -24,6 +24,42 @@ else
 fi
 mkdir -p "$bin"
 
+want=("$@")
+selected() {
+  [[ ${#want[@]} -eq 0 ]] && return 0
+  local w; for w in "${want[@]}"; do [[ "$w" == "$1" ]] && return 0; done; return 1
+}
+
+# etcd: Debian's etcd-server (the control plane's store). Installed here when missing and we may.
+if selected etcd && ! command -v etcd >/dev/null; then
+  if [[ "$(id -u)" -eq 0 ]] && command -v apt-get >/dev/null; then
+    echo "installing Debian's etcd-server"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null 2>&1 \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; }
+  else
+    echo "error: etcd is missing. FIX: sudo apt-get install etcd-server" >&2
+    exit 2
+  fi
+fi
+
+# The 1.32 control plane and kubectl (one module, four binaries: tools/cluster/build-kubernetes.sh).
+if selected kubernetes; then
+  dir="$here/kubernetes"
+  stamp="$(cat "$dir/go.mod" "$dir/go.sum" "$dir/tools.go" "$here/build-kubernetes.sh" <(cd "$dir" && go version) | sha256sum | cut -d' ' -f1)"
+  complete=1
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do [[ -x "$bin/$b" ]] || complete=0; done
+  if [[ $complete -eq 1 && -f "$bin/.kubernetes.stamp" && "$(cat "$bin/.kubernetes.stamp")" == "$stamp" ]]; then
+    echo "up to date: $bin/kube-apiserver kube-controller-manager kube-scheduler kubectl"
+  else
+    echo "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl -> $bin"
+    start=$SECONDS
+    (cd "$dir" && go mod download) && CLUSTER_TOOLS_BIN="$bin" bash "$here/build-kubernetes.sh"
+    echo "$stamp" >"$bin/.kubernetes.stamp"
+    echo "built the control plane in $((SECONDS - start))s:"
+    (cd "$bin" && sha256sum kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  fi
+fi
+
 # name|binary|package|-X version flags (pkg.Var=value, space separated)
 recipes=(
   "kwok|kwok|sigs.k8s.io/kwok/cmd/kwok|"
@@ -34,11 +70,6 @@ recipes=(
   "karpenter|karpenter-kwok|sigs.k8s.io/karpenter/kwok|sigs.k8s.io/karpenter/pkg/operator.Version=v1.14.1"
 )
 
-want=("$@")
-selected() {
-  [[ ${#want[@]} -eq 0 ]] && return 0
-  local w; for w in "${want[@]}"; do [[ "$w" == "$1" ]] && return 0; done; return 1
-}
 
 for r in "${recipes[@]}"; do
   IFS='|' read -r name out pkg xflags <<<"$r"
