@@ -197,10 +197,8 @@ def training_operator_objects(kustomize_dir: str) -> list[dict[str, Any]]:
     vendor.prepare(ROOT)  # refuses the tree unless its git tree id is the pinned one
     from tools.cluster.controlplane import tool_path
 
-    from infra.plan import read_project
-
     # The provider builds the directory in the program's working directory (Pulumi.yaml main).
-    directory = (read_project(ROOT).working_dir / kustomize_dir).resolve()
+    directory = (program_working_dir() / kustomize_dir).resolve()
     built = subprocess.run([str(tool_path("kubectl")), "kustomize", str(directory)],
                            capture_output=True, text=True)
     if built.returncode != 0:
@@ -217,6 +215,14 @@ def calls_a_service(obj: dict[str, Any]) -> bool:
     if obj.get("kind") == "CustomResourceDefinition":
         return bool(obj.get("spec", {}).get("conversion", {}).get("webhook", {}).get("clientConfig", {}).get("service"))
     return obj.get("kind") == "APIService" and bool(obj.get("spec", {}).get("service"))
+
+
+def program_working_dir() -> Path:
+    try:
+        from infra.plan import read_project
+    except ImportError:  # a tree from before the engine knew `main` (used to replay old code)
+        return ROOT
+    return read_project(ROOT).working_dir
 
 
 def gitops_objects(stack: str) -> list[dict[str, Any]]:

@@ -1,0 +1,53 @@
+"""The job client against the real API server, as a team member (scenario e of the issue, and what
+the job client's lifecycle tests need from a real cluster).
+
+A job from examples/ is submitted with ``JobClient`` over a kubeconfig whose identity is the one the
+platform's access mapping gives that team (``workloads.tenancy.team_group``): the rendered
+PyTorchJob must pass the platform's own admission policies and Pod Security on the real API
+server, and ``get``/``list`` read it back. Submitting the same name again must be refused with the
+fix, and nothing of the stored job may change (no patched pod template).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from jobs.client import JobClient
+from jobs.kube import KubectlApi
+from tools.cluster.controlplane import tool_path
+from workloads.tenancy import team_group
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = {"dev": "examples/jobs/l4-dev-smoke.yaml", "prod": "examples/jobs/gpt2-pretrain.yaml"}
+
+
+def _client(cluster, team: str) -> JobClient:
+    namespace = f"team-{team}"
+    kubeconfig = cluster.plane.kubeconfig(f"alice@{namespace}", [team_group(namespace)])
+    kube = KubectlApi(kubectl=str(tool_path("kubectl")),
+                      environ={"KUBECONFIG": str(kubeconfig), "PATH": os.environ.get("PATH", "")})
+    return JobClient(cluster.stack, kube=kube)
+
+
+def test_a_team_submits_an_example_job_and_a_resubmit_changes_nothing(stack_cluster):
+    cluster = stack_cluster
+    client = _client(cluster, "placeholder")
+    spec = client.load(str(ROOT / EXAMPLE[cluster.stack]))
+    client = _client(cluster, spec.team)
+    submitted = client.submit(spec)
+    name, namespace = submitted.job.name, f"team-{spec.team}"
+    stored = json.loads(cluster.kubectl("get", "pytorchjobs.kubeflow.org", name, "-n", namespace, "-o", "json").stdout)
+    assert stored["metadata"]["labels"]["kueue.x-k8s.io/queue-name"], "the job skips Kueue"
+    assert name in [j.name for j in client.list(spec.team, include_finished=True)]
+    assert client.get(name, spec.team).name == name
+
+    changed = client.load(str(ROOT / EXAMPLE[cluster.stack]))
+    with pytest.raises(Exception) as refused:
+        client.submit(changed)
+    message = str(refused.value)
+    assert name in message and ("--replace" in message or "new name" in message), message
+    after = json.loads(cluster.kubectl("get", "pytorchjobs.kubeflow.org", name, "-n", namespace, "-o", "json").stdout)
+    assert after["metadata"]["resourceVersion"] == stored["metadata"]["resourceVersion"], "the stored job was changed"
