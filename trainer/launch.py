@@ -73,7 +73,8 @@ def worker_reasons(status_dir: str) -> list[str]:
 
 
 def exit_code(torchrun_code: int, signalled: bool, reasons: list[str],
-              reports: list[dict] | None = None, failures: list[dict] | None = None) -> int:
+              reports: list[dict] | None = None, failures: list[dict] | None = None,
+              agent_error: dict | None = None) -> int:
     if signalled or "preempted" in reasons:
         return EXIT_PREEMPTED
     if torchrun_code == 0:
@@ -105,6 +106,11 @@ def exit_code(torchrun_code: int, signalled: bool, reasons: list[str],
     # Nothing died here and nothing failed on its own: the ranks failed because a peer (on
     # another node: multi-node jobs) is gone. That node reports the cause; this one retries.
     if torchrun_code != 0 and any(consequence(r) for r in reports or []):
+        return EXIT_PEER_LOST
+    # torchrun's agent could not meet the other nodes (a peer that never came within the
+    # rendezvous timeout, a store that refused the connection): no worker ran here, nothing is
+    # wrong with the job; the recreated pods meet again (review trainer-4 §3: was 1, permanent).
+    if torchrun_code > 0 and agent_error and agent_error.get("rendezvous"):
         return EXIT_PEER_LOST
     # A negative code means torchrun itself died of a signal (e.g. -9): report it shell-style.
     return 128 - torchrun_code if torchrun_code < 0 else torchrun_code
@@ -229,6 +235,36 @@ class AttemptLog:
             print(f"[trainer.launch] could not record this attempt in {self.path}: {exc}", file=sys.stderr)
 
 
+RENDEZVOUS_TIMEOUT_ENV = "TRAINER_RENDEZVOUS_TIMEOUT_SECONDS"
+# How long a node's agent waits for the others to arrive (static rendezvous: the TCPStore's
+# connect and wait-for-workers timeout, torch/distributed/elastic/rendezvous/
+# static_tcp_rendezvous.py, default 600 s). It covers the slowest pod's node launch and image
+# pull, and must exceed parallelism.init_timeout_seconds plus a pod's restart: a survivor of a
+# start-up failure exits after the latter, and its recreated pod must still find the other
+# node's new agent waiting (docs/trainer.md, "Bounded failure times").
+DEFAULT_RENDEZVOUS_TIMEOUT_SECONDS = 900
+
+
+def with_rendezvous_timeout(argv: list[str]) -> list[str]:
+    """torchrun's arguments with the rendezvous timeout made explicit for static rendezvous
+    (`--master-addr`/`--master-port`, how a PyTorchJob runs it). Left alone when the command
+    names its own `--rdzv-conf`, another backend, or `--standalone` (one node: no peers)."""
+    own = argv[:argv.index("-m")] if "-m" in argv else argv
+    if any(a.split("=", 1)[0] in ("--rdzv-conf", "--rdzv_conf", "--rdzv-backend", "--rdzv_backend", "--standalone")
+           for a in own):
+        return argv
+    value = os.environ.get(RENDEZVOUS_TIMEOUT_ENV, "")
+    try:
+        seconds = int(float(value)) if value else DEFAULT_RENDEZVOUS_TIMEOUT_SECONDS
+        if seconds <= 0:
+            raise ValueError
+    except ValueError:
+        print(f"[trainer.launch] {RENDEZVOUS_TIMEOUT_ENV}={value!r}: not a positive number of seconds; "
+              f"using {DEFAULT_RENDEZVOUS_TIMEOUT_SECONDS}", file=sys.stderr)
+        seconds = DEFAULT_RENDEZVOUS_TIMEOUT_SECONDS
+    return [f"--rdzv-conf=timeout={seconds}", *argv]
+
+
 def _runs_builtin_trainer(argv: list[str]) -> bool:
     return any(argv[i:i + 3] == ["-m", "trainer", "train"] for i in range(len(argv) - 2))
 
@@ -260,6 +296,7 @@ def main(argv: list[str]) -> int:
         # Recorded too: a permanent exit ends the count, so a resubmitted job starts afresh.
         attempts.record(retries.EXIT_RETRIES_EXHAUSTED)
         return retries.EXIT_RETRIES_EXHAUSTED
+    argv = with_rendezvous_timeout(argv)
     env = dict(os.environ)
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", DEFAULT_SHUTDOWN_TIMEOUT_SECONDS)
     with tempfile.TemporaryDirectory(prefix="trainer-exit-") as status_dir:
@@ -282,12 +319,17 @@ def main(argv: list[str]) -> int:
             signal.signal(sig, forward)
         code = child.wait()
         reports = worker_reports(status_dir)
-        failures = (read_json_or_none(failures_file) or {}).get("failures") or []
+        record = read_json_or_none(failures_file) or {}
+        failures = record.get("failures") or []
+        agent_error = record.get("agent_error") if isinstance(record.get("agent_error"), dict) else None
     reasons = [r["reason"] for _, r in sorted(reports.items())]
-    final = exit_code(code, bool(signalled), reasons, list(reports.values()), failures)
+    final = exit_code(code, bool(signalled), reasons, list(reports.values()), failures, agent_error)
     dead = ", ".join(f"rank {f.get('rank')} {f.get('signal') or 'exit ' + str(f.get('exitcode'))}" for f in failures)
+    agent = (f"; torchrun's agent failed: {agent_error.get('type')}"
+             f"{' (rendezvous: the other nodes did not meet this one)' if agent_error.get('rendezvous') else ''}"
+             if agent_error else "")
     print(f"[trainer.launch] torchrun exited {code}; workers: {reasons or 'no report'}"
-          f"{'; failed workers: ' + dead if dead else ''}; signal: {bool(signalled)}; "
+          f"{'; failed workers: ' + dead if dead else ''}{agent}; signal: {bool(signalled)}; "
           f"{checkpoint_line(reports)}; exiting {final}", file=sys.stderr, flush=True)
     attempts.record(final)
     return final

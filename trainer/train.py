@@ -126,14 +126,18 @@ def export_final_model(cfg: TrainerConfig, step: int, run_id: str | None) -> Non
 
 def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
     """Runs one attempt of the job; returns the process exit code (0, or 143 when preempted)."""
-    env = distributed.init(cfg.parallelism)
-    logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
-                        format=f"%(asctime)s [rank {env.rank}] %(name)s: %(message)s", force=True)
-    reproducibility.apply(cfg.reproducibility.deterministic, cfg.seed)  # before the first cuBLAS handle (matmul)
+    rank = int(os.environ.get("RANK", 0))
+    # The report comes first and everything that can raise (the store connection and the
+    # process groups included) runs inside the try: a rank whose peer died during start-up
+    # reports a lost peer (retryable) instead of leaving no report (torchrun's 1: permanent).
+    report_exit(rank, "running", -1)
     reason, step, details = "failed", -1, {}
     outcome: dict = {}
-    report_exit(env.rank, "running", -1)
     try:
+        env = distributed.init(cfg.parallelism)
+        logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
+                            format=f"%(asctime)s [rank {env.rank}] %(name)s: %(message)s", force=True)
+        reproducibility.apply(cfg.reproducibility.deterministic, cfg.seed)  # before the first cuBLAS handle (matmul)
         reason, step = _train(cfg, env, process_start or time.time(), outcome)
     except BaseException as exc:
         preemption = outcome.get("preemption")
@@ -145,7 +149,7 @@ def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
         _close_after_failure(outcome, exc)
         raise
     finally:
-        report_exit(env.rank, reason, outcome.get("step", step), checkpoint_step=outcome.get("checkpoint_step"),
+        report_exit(rank, reason, outcome.get("step", step), checkpoint_step=outcome.get("checkpoint_step"),
                     **details)
         distributed.teardown(clean=reason != "failed")  # _train returned: its model and optimizer are garbage
     return EXIT_PREEMPTED if reason == "preempted" else 0
@@ -358,12 +362,14 @@ class Trainer:
         outcome.update(tracker=self.tracker, checkpointer=checkpointer, checkpoint_step=checkpointer.last_durable_step)
         log.info("training %s (%s, world size %d, %s) from step %d to %d", cfg.model.kind, self.strategy.name,
                  self.env.world_size, self.env.device, self.step, cfg.schedule.num_steps)
-        reason = "completed"
+        reason, first_step = "completed", self.step + 1
         while self.step < cfg.schedule.num_steps:
             checkpointer.poll()
             self.profiler.before_step(self.step + 1)
             outcome["checkpoint_step"] = checkpointer.last_durable_step
             result = self.train_step()
+            if self.step == first_step:  # start-up is over: a dead peer now costs the steady-state bound
+                distributed.set_collective_timeout(self.env, cfg.parallelism.collective_timeout_seconds)
             last_step = self.step == cfg.schedule.num_steps
             save_due = self.policy.due(self.step, result)
             # A save logs what is pending first: a kill after the save must not lose the losses
@@ -523,6 +529,8 @@ class Trainer:
                       timeout_seconds=30.0 if reason == "completed" else 10.0)
         if tracker.run_id:  # close() waited for MLflow: the last marker learns its run id if it had none
             self.checkpointer.annotate_newest({"mlflow_run_id": tracker.run_id})
+        # The other ranks wait for rank 0's export in teardown's barrier: the start-up bound again.
+        distributed.set_collective_timeout(env, cfg.parallelism.init_timeout_seconds)
         if reason == "completed" and cfg.export.at_end and env.is_main:
             export_final_model(cfg, self.step, tracker.run_id)
         if env.is_main:
