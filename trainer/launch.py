@@ -17,6 +17,8 @@ Exit codes:
   (its collective saw "Connection closed/reset by peer"). Each node's launcher sees only its
   own ranks; the node that lost the worker exits 128+N, and this one must be retryable too,
   or `restartPolicy: ExitCode` fails the whole job for one OOM kill on one node.
+- 135 (128 + SIGBUS): a rank's error names a GPU fault (trainer/gpu_faults.py): retried on
+  another node; the pod's termination message names the node, rank and fault.
 - anything else (1-127): a real failure, permanent: a rank raised an exception that neither
   a signal nor a lost peer explains (a bug, a bad config, a non-finite loss).
 """
@@ -31,6 +33,7 @@ import tempfile
 import time
 
 from trainer import retries
+from trainer.gpu_faults import EXIT_GPU_FAULT
 
 EXIT_PREEMPTED = 143
 # A broken connection to a peer, like a write to a closed pipe: retryable (128-255).
@@ -84,6 +87,10 @@ def exit_code(torchrun_code: int, signalled: bool, reasons: list[str],
     def consequence(report: dict | None) -> bool:
         return bool(report and (report.get("signalled") or report.get("peer_lost") or report.get("child_signal")))
 
+    # An error naming a GPU fault (ECC, a GPU off the bus, an Xid the platform treats as a node
+    # fault): not the program's fault; retried on another node, bounded by the retry count.
+    if any(r.get("gpu_fault") for r in reports or []):
+        return EXIT_GPU_FAULT
     # A rank that failed on its own (an exception, or an error exit such as a bad config)
     # and not because of a signal or a vanished peer is the root cause; it would fail again
     # on retry: permanent.
@@ -331,8 +338,30 @@ def main(argv: list[str]) -> int:
     print(f"[trainer.launch] torchrun exited {code}; workers: {reasons or 'no report'}"
           f"{'; failed workers: ' + dead if dead else ''}{agent}; signal: {bool(signalled)}; "
           f"{checkpoint_line(reports)}; exiting {final}", file=sys.stderr, flush=True)
+    if final == EXIT_GPU_FAULT:
+        report_gpu_fault([r for r in reports.values() if r.get("gpu_fault")])
     attempts.record(final)
     return final
+
+
+TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
+
+
+def report_gpu_fault(reports: list[dict], path: str | None = None) -> None:
+    """Say which GPU failed where the node's readiness agent reads it: the container's
+    termination message (the kubelet copies the file into the pod's status,
+    `containerStatuses[].state.terminated.message`, at most 4096 bytes)."""
+    lines = [f"gpu-fault node={os.environ.get('NODE_NAME', '?')} rank={r.get('rank')} "
+             f"local_rank={r.get('local_rank', '?')}: {r['gpu_fault']}" for r in reports]
+    print("[trainer.launch] " + "; ".join(lines) + f"; exiting {EXIT_GPU_FAULT} (retryable: another node)",
+          file=sys.stderr, flush=True)
+    path = path or os.environ.get("TRAINER_TERMINATION_LOG", TERMINATION_LOG)
+    if os.path.exists(path):
+        try:
+            with open(path, "w") as f:
+                f.write("\n".join(lines)[:4096])
+        except OSError as exc:  # the exit code still says it
+            print(f"[trainer.launch] could not write {path}: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from trainer.branch import current_branch, read_rollback
 from trainer.checkpoint import (Checkpointer, ModelAndOptimizer, ModelOnly, background_process_signal, read_marker,
                                 resolve_resume)
 from trainer.config import TrainerConfig, dump_yaml
+from trainer.gpu_faults import gpu_fault
 from trainer.guards import (NonFiniteSteps, TrainingStopped, apply_optimizer_config, check_resume_compatible,
                             weights_finite)
 from trainer.data import DistributedBatches, TokenShards
@@ -145,7 +146,7 @@ def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
         # peer's death or of a signal (retryable).
         details = {"exception": type(exc).__name__, "peer_lost": is_peer_lost(exc),
                    "signalled": bool(outcome.get("signalled") or (preemption and preemption.raised)),
-                   "child_signal": background_process_signal(exc)}
+                   "child_signal": background_process_signal(exc), "gpu_fault": gpu_fault(exc)}
         _close_after_failure(outcome, exc)
         raise
     finally:
@@ -426,6 +427,8 @@ class Trainer:
         self.tokens_seen += self.tokens_per_step
         self.profiler.after_step(self.step)
         self.faults.at("after_step", self.step)
+        if self.faults.gpu_error(self.step):
+            raise RuntimeError("CUDA error: uncorrectable ECC error encountered (fault injection)")
         step_seconds = time.perf_counter() - step_start
         self.goodput.productive_seconds += step_seconds
         self.window.add(self.step, step_loss, data_wait, step_seconds)
