@@ -250,7 +250,7 @@ class Trainer:
                                           env.device, prefetch=cfg.data.prefetch_batches)
         self.build_model()
         self.optimizer = build_optimizer(self.model, cfg, env.device)
-        self.evaluator = evaluator_for(cfg, self.model, env, lambda: self.autocast)
+        self.evaluator = evaluator_for(cfg, self.model, env, lambda: self.autocast, self.strategy.blocks_compiled)
         self.profiler = profiler_for(cfg.profiler, cfg.checkpoint.dir, env.rank, env.device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, cosine_with_warmup(cfg.schedule.warmup_steps, cfg.schedule.num_steps, cfg.schedule.min_lr_ratio))
@@ -365,7 +365,7 @@ class Trainer:
                  self.env.world_size, self.env.device, self.step, cfg.schedule.num_steps)
         reason, first_step = "completed", self.step + 1
         while self.step < cfg.schedule.num_steps:
-            checkpointer.poll()
+            self.finalize_saves()
             self.profiler.before_step(self.step + 1)
             outcome["checkpoint_step"] = checkpointer.last_durable_step
             result = self.train_step()
@@ -497,15 +497,27 @@ class Trainer:
     def save_regular(self, last_step: bool) -> None:
         self.goodput.wall_seconds = self.wall_at_attempt_start + (time.time() - self.attempt_start)
         save_start = time.perf_counter()
-        stall = self.save(self.step, {})
+        self.save(self.step, {})
         if last_step:
             self.checkpointer.wait()  # the process is about to exit: the save must be on disk
-            stall = time.perf_counter() - save_start
+        # Everything the save put on the loop's thread: the finiteness check and its all-reduce,
+        # the metrics.jsonl fsync and the checkpointer's own part (state dict, copy launches, sync).
+        stall = time.perf_counter() - save_start
         self.goodput.checkpoint_stall_seconds += stall
         self.last_stall_seconds[0] = stall
         self.window.exclude(stall)
         self.policy.saved()
         log.info("checkpoint step %d (%.2f s stall)", self.step, stall)
+
+    def finalize_saves(self) -> None:
+        """The checkpointer's step-boundary work: sealing a finished save (manifest and marker
+        fsyncs, retention's rmtree, the S3 queue) runs on the loop's thread, so it is a stall
+        like the save itself (µs when nothing finished)."""
+        started = time.perf_counter()
+        self.checkpointer.poll()
+        finalize = time.perf_counter() - started
+        self.goodput.checkpoint_stall_seconds += finalize
+        self.window.exclude(finalize)
 
     def save_on_signal(self) -> None:
         _save_on_signal(self.step, self.save, self.checkpointer, self.preemption, self.env, self.goodput,
