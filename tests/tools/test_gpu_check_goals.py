@@ -36,3 +36,27 @@ def test_a_raised_floor_misses_and_a_gpu_without_a_floor_is_not_a_pass(tmp_path)
     assert verdicts(gpu_check.performance_goals(a10g, out, {}))["mfu_floor"] == "n/a"
     cpu = {"gpu": False}
     assert verdicts(gpu_check.performance_goals(cpu, out, {}))["mfu_floor"] == "n/a"
+
+
+def test_a_missed_goal_fails_the_run_and_the_report_says_which(tmp_path, monkeypatch):
+    """main() end to end with the GPU parts replaced by their outputs: the figures meet every
+    goal, so it exits 0; the same figures against a raised MFU floor exit 1."""
+    def fake_benchmarks(gpu, out_dir, quick, budget=False):
+        figures(tmp_path, 0.39, [0.05] * 3, [0.01] * 3)
+        return [{"label": "fake", "command": "fake", "returncode": 0, "output": "", "seconds": 0.0}]
+
+    env = {**H100, "date": "2026-11-27 00:00 UTC", "torch": "x", "cuda": "x", "driver": "x"}
+    monkeypatch.setattr(gpu_check, "environment", lambda: env)
+    monkeypatch.setattr(gpu_check, "benchmarks", fake_benchmarks)
+    monkeypatch.setattr(gpu_check, "record_planning_figures", lambda env, out: "not recorded (test)")
+    monkeypatch.setattr(gpu_check, "determinism_goals", lambda env: [
+        gpu_check.goal("determinism", "bitwise", "equal; default differs", True),
+        gpu_check.goal("bitwise_resume", "bitwise", "equal", True)])
+    base = ["gpu_check.py", "--out", str(tmp_path), "--mode", "budget", "--skip-tests"]
+    monkeypatch.setattr("sys.argv", base)
+    assert gpu_check.main() == 0
+    monkeypatch.setattr("sys.argv", base + ["--goal", "mfu_floor=0.9"])
+    assert gpu_check.main() == 1
+    report = (tmp_path / "report.md").read_text()
+    assert "| mfu_floor | >= 90.0% (h100) | 39.0% | MISSED |" in report
+    assert "## Budget mode: not run" in report
