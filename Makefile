@@ -69,9 +69,11 @@ benchmarks: $(STAMP)
 # (device, driver, torch/CUDA versions, date) under $(GPU_CHECK_OUT). Without a GPU it says so,
 # prints the skip reasons, runs the CPU parts and exits 0. Here: make gpu-check GPU_PYTHON=.venv/bin/python
 GPU_PYTHON ?= python3
+# GPU_CHECK_MODE=budget: the goals only, under 10 minutes on one H100 (one device draw).
 GPU_CHECK_OUT ?= out/gpu-check
+GPU_CHECK_MODE ?= full
 gpu-check:
-	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) tools/gpu_check.py --out $(GPU_CHECK_OUT)
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) tools/gpu_check.py --out $(GPU_CHECK_OUT) --mode $(GPU_CHECK_MODE) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) $(CHECKOV_VENV) out runs

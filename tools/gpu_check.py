@@ -3,13 +3,26 @@ the device, driver, torch and CUDA versions and the date. On a machine without a
 says so, prints the GPU tests' skip reasons, runs the CPU parts (the benchmarks' CPU modes)
 and exits 0 if they pass: no GPU figure is measured or written there.
 
-    PYTHONPATH=. python3 tools/gpu_check.py [--out out/gpu-check] [--quick]
+    PYTHONPATH=. python3 tools/gpu_check.py [--out out/gpu-check] [--mode full|budget] [--goal NAME=VALUE]
 
 Runs with the packages a PyTorch GPU image already has (torch, numpy, PyYAML, transformers),
 no network, no virtual environment; pytest is used when installed, else the tests' functions
 are run directly. On a GPU it also records the flagship model's measured MFU and peak memory
 for the GPU type in workloads/gpu_measurements.json, which preflight plans with.
-Exit: 0 all passed (or no GPU and the CPU parts passed), 1 something failed.
+Goals (the section "Goals" of the report; a missed goal fails the run, exit 1):
+- `mfu_floor`: the trainer's MFU (GPT-2 124M, bf16, compiled, micro-batch 16) per GPU type;
+- `async_blocked_s`: a thread-mode save blocks training at most this long (median), and
+  `first_save_ratio`: the first save at most this multiple of the median (buffers pre-allocated);
+- `determinism`: two deterministic runs (separate processes) are bitwise equal, and a control:
+  two default-mode runs of the same config must differ, or the check could not tell;
+- `bitwise_resume`: a deterministic run SIGTERMed at step 5 and resumed ends bitwise equal to an
+  uninterrupted one (losses of every step and final weights and optimizer state).
+A goal that cannot be measured here says "n/a" and why; it never counts as met.
+
+`--mode budget` fits one device draw (under 10 minutes on one H100): the goals only (one
+MFU run at 30 steps, the checkpoint stall with 3 saves, five short trainer launches for
+determinism and resume) plus the pinned-staging test; the report lists what it skipped.
+Exit: 0 all passed and every goal met (or no GPU and the CPU parts passed), 1 otherwise.
 """
 from __future__ import annotations
 
@@ -63,8 +76,15 @@ def environment() -> dict:
     return env
 
 
-def run_tests(out_dir: str) -> dict:
-    """The GPU suite: pytest when installed (skip reasons with -rs), else the test functions."""
+def all_test_names() -> list[str]:
+    module = importlib.import_module("tests.gpu.test_gpu_trainer")
+    return [name for name, fn in inspect.getmembers(module, inspect.isfunction)
+            if name.startswith("test_") and fn.__module__ == module.__name__]
+
+
+def run_tests(out_dir: str, only: tuple[str, ...] | None = None) -> dict:
+    """The GPU suite: pytest when installed (skip reasons with -rs), else the test functions.
+    `only`: these tests (budget mode)."""
     try:
         import pytest  # noqa: F401
 
@@ -75,7 +95,7 @@ def run_tests(out_dir: str) -> dict:
     if have_pytest:
         junit = os.path.join(out_dir, "gpu-tests.xml")
         cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-rs", "-p", "no:cacheprovider",
-               f"--junitxml={junit}"]
+               f"--junitxml={junit}", *(["-k", " or ".join(only)] if only else [])]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO})
         output = proc.stdout + proc.stderr
         print(output[-6000:])
@@ -85,7 +105,7 @@ def run_tests(out_dir: str) -> dict:
     results = []
     module = importlib.import_module("tests.gpu.test_gpu_trainer")
     for name, fn in inspect.getmembers(module, inspect.isfunction):
-        if not name.startswith("test_") or fn.__module__ != module.__name__:
+        if not name.startswith("test_") or fn.__module__ != module.__name__ or (only and name not in only):
             continue
         t0 = time.time()
         try:
@@ -134,8 +154,19 @@ def run_benchmark(label: str, args: list[str], out_dir: str, timeout: float) -> 
             "seconds": time.time() - started}
 
 
-def benchmarks(gpu: bool, out_dir: str, quick: bool) -> list[dict]:
+def benchmarks(gpu: bool, out_dir: str, quick: bool, budget: bool = False) -> list[dict]:
     j = lambda name: os.path.join(out_dir, name)  # noqa: E731
+    if gpu and budget:
+        return [
+            run_benchmark("checkpoint stall, GPT-2 124M + AdamW on the GPU",
+                          ["benchmarks/checkpoint_stall.py", "--size", "gpt2", "--repeats", "3", "--json", j("checkpoint_stall.json")],
+                          out_dir, 240),
+            run_benchmark("MFU, trainer vs nanoGPT loop, GPT-2 124M, micro-batch 16",
+                          ["benchmarks/mfu.py", "--steps", "30", "--micro-batch-size", "16", "--json", j("mfu-16.json")], out_dir, 300),
+        ]
+    if budget:
+        return [run_benchmark("checkpoint stall (CPU)", ["benchmarks/checkpoint_stall.py", "--size", "small", "--repeats", "3",
+                                                         "--device", "cpu", "--json", j("checkpoint_stall.json")], out_dir, 300)]
     if gpu:
         steps = "30" if quick else "60"
         return [
@@ -161,6 +192,131 @@ def benchmarks(gpu: bool, out_dir: str, quick: bool) -> list[dict]:
     ]
 
 
+# Goals. MFU floors per catalog GPU type (workloads/gpu_measurements.gpu_type_for): on the
+# H100 an independent nanoGPT-style compiled loop reached 39.0% at micro-batch 16
+# (2026-11-25); the trainer is held to within 10% of that. Other types have no measurement
+# yet: no floor (n/a) until one is recorded.
+MFU_FLOORS = {"h100": 0.35, "h200": 0.35}
+GOALS = {"async_blocked_s": 0.1, "first_save_ratio": 1.2}
+BUDGET_TESTS = ("test_thread_mode_stages_into_pinned_buffers_reused_across_saves",)
+
+
+def goal(name: str, target: str, measured: str, met: bool | None, note: str = "") -> dict:
+    return {"name": name, "target": target, "measured": measured,
+            "verdict": "n/a" if met is None else ("met" if met else "MISSED"), "note": note}
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def performance_goals(env: dict, out_dir: str, overrides: dict) -> list[dict]:
+    goals = []
+    mfu = read_json(os.path.join(out_dir, "mfu-16.json"))
+    gpu_type = None
+    if env["gpu"]:
+        sys.path.insert(0, REPO)
+        from workloads import gpu_measurements
+
+        gpu_type = gpu_measurements.gpu_type_for(env["device"], env["memory_gib"])
+    floor = overrides.get("mfu_floor", MFU_FLOORS.get(gpu_type or ""))
+    if not env["gpu"]:
+        goals.append(goal("mfu_floor", "per GPU type", "not measured", None, "no CUDA GPU"))
+    elif mfu is None:
+        goals.append(goal("mfu_floor", f">= {floor}" if floor else "per GPU type", "no figure", False,
+                          "the MFU benchmark wrote no figures"))
+    elif floor is None:
+        goals.append(goal("mfu_floor", "per GPU type", f"{mfu['mfu']:.1%}", None, f"no floor for GPU type {gpu_type}"))
+    else:
+        goals.append(goal("mfu_floor", f">= {float(floor):.1%} ({gpu_type})", f"{mfu['mfu']:.1%}", mfu["mfu"] >= float(floor)))
+    stall = read_json(os.path.join(out_dir, "checkpoint_stall.json"))
+    ceiling = float(overrides.get("async_blocked_s", GOALS["async_blocked_s"]))
+    ratio = float(overrides.get("first_save_ratio", GOALS["first_save_ratio"]))
+    if stall is None:
+        goals.append(goal("async_blocked_s", f"<= {ceiling} s", "no figure", False, "the stall benchmark wrote no figures"))
+        return goals
+    import statistics
+
+    # Every piece of loop-thread work a save costs: blocked at the save, then sealing it at the
+    # next step boundary (older benchmark output has no sealing figure: counted as 0).
+    sealing = stall.get("async_finalize_s") or [0.0] * len(stall["async_blocked_s"])
+    per_save = [b + f for b, f in zip(stall["async_blocked_s"], sealing)]
+    median = statistics.median(per_save)
+    first = per_save[0]
+    gpu_figure = env["gpu"] or "async_blocked_s" in overrides
+    goals.append(goal("async_blocked_s", f"<= {ceiling} s of loop-thread work per save (median)", f"{median:.3f} s",
+                      median <= ceiling if gpu_figure else None, "" if gpu_figure else "CPU copy: the ceiling is for GPU state"))
+    goals.append(goal("first_save_ratio", f"<= {ratio} x the median", f"{first / median:.2f} x",
+                      first <= ratio * median))
+    return goals
+
+
+def determinism_goals(env: dict) -> list[dict]:
+    """Five short launches of the GPU suite's small model (bf16, compiled): deterministic A;
+    deterministic B SIGTERMed at step 5 then resumed; default-mode C1 and C2 (the control)."""
+    sys.path.insert(0, REPO)
+    from tests.gpu.gpu_helpers import ON_CPU, launch, launch_cmd, overrides, scratch
+    from tests.trainer.trainer_helpers import checkpoint_tensors, launcher_env, losses, run_and_signal
+
+    if not env["gpu"] and not ON_CPU:
+        return [goal(n, "bitwise", "not measured", None, "no CUDA GPU") for n in ("determinism", "bitwise_resume")]
+    # No evaluation: it would compile a second graph per launch and proves nothing here.
+    quiet = {"evaluation.every_steps": 0, "evaluation.at_end": "false"}
+    det = {"reproducibility.deterministic": "true", **quiet}
+    a, b, c1, c2 = (scratch(n) for n in ("goal-det-a", "goal-det-b", "goal-default-1", "goal-default-2"))
+    problems = []
+    for ckpt, extra in ((a, det), (c1, {"schedule.num_steps": 4, **quiet}), (c2, {"schedule.num_steps": 4, **quiet})):
+        done = launch(overrides(ckpt, **extra), timeout=LAUNCH_TIMEOUT_S)
+        if done.returncode != 0:
+            problems.append(f"{os.path.basename(ckpt)} exit {done.returncode}: {(done.stdout + done.stderr)[-600:]}")
+    stopped = run_and_signal(launch_cmd(overrides(b, **det)), launcher_env(), b, at_step=5, timeout=LAUNCH_TIMEOUT_S)
+    resumed = launch(overrides(b, **det), timeout=LAUNCH_TIMEOUT_S) if stopped.returncode == 143 else stopped
+    if stopped.returncode != 143 or resumed.returncode != 0:
+        problems.append(f"SIGTERM at step 5 / resume: exits {stopped.returncode} / {resumed.returncode}: "
+                        f"{(resumed.stdout + resumed.stderr)[-600:]}")
+    LAUNCHES.extend(["det-a", "default-1", "default-2", "det-b (SIGTERM)", "det-b (resume)"][:3 + 1 + (stopped.returncode == 143)])
+    if problems:
+        return [goal(n, "bitwise", "runs failed", False, "; ".join(problems)[:1500]) for n in ("determinism", "bitwise_resume")]
+
+    def same_tensors(x: str, y: str, step: int) -> list[str]:
+        tx = checkpoint_tensors(os.path.join(x, f"step-{step:06d}"), scratch("flat"))
+        ty = checkpoint_tensors(os.path.join(y, f"step-{step:06d}"), scratch("flat"))
+        return [k for k in tx if k not in ty or not torch_equal(tx[k], ty[k])]
+
+    la, lb, l1, l2 = losses(a), losses(b), losses(c1), losses(c2)
+    first_a = {s: v for s, v in la.items() if s <= 5}
+    first_b = {s: v for s, v in lb.items() if s <= 5}
+    control_differs = l1 != l2 or bool(same_tensors(c1, c2, 4))
+    det_equal = first_a == first_b
+    control = ("default mode differs (the check can tell)" if control_differs else
+               "default mode was bitwise too: the control shows nothing, so neither does the check")
+    verdict = det_equal and control_differs
+    if ON_CPU and not env["gpu"]:  # CPU kernels are deterministic anyway: the logic ran, nothing is shown
+        verdict = None if det_equal else False
+        control += " (CPU: expected; the check's logic only)"
+    goals = [goal("determinism", "two deterministic runs bitwise; two default runs differ",
+                  f"steps 1-5 {'equal' if det_equal else 'differ'}; {control}", verdict)]
+    differing = same_tensors(a, b, 12)
+    goals.append(goal("bitwise_resume", "SIGTERM at 5 + resume == uninterrupted (losses, weights, AdamW state)",
+                      f"losses {'equal' if la == lb else 'differ'}; tensors differing: {len(differing)}",
+                      la == lb and not differing, ", ".join(differing[:5])))
+    return goals
+
+
+LAUNCH_TIMEOUT_S = 240  # one small-model launch compiles in well under a minute on an H100
+LAUNCHES: list[str] = []  # the goals' trainer launches, counted for the budget line
+
+
+def torch_equal(x, y) -> bool:
+    import torch
+
+    return torch.equal(x, y)
+
+
 def record_planning_figures(env: dict, out_dir: str) -> str:
     """The flagship example's model, as preflight plans it, measured here."""
     sys.path.insert(0, REPO)
@@ -183,7 +339,12 @@ def record_planning_figures(env: dict, out_dir: str) -> str:
     return f"recorded for GPU type {gpu_type} in workloads/gpu_measurements.json: MFU {figures['mfu']:.1%}, peak {figures['peak_memory_gib']} GiB"
 
 
-def report(env: dict, tests: dict, benches: list[dict], planning: str) -> str:
+FULL_ONLY_BENCHMARKS = ("MFU at micro-batch 32", "MFU in deterministic mode (its cost)",
+                        "world size 1: plain / DDP / FSDP2 (wrapper cost)")
+
+
+def report(env: dict, tests: dict, benches: list[dict], planning: str, goals: list[dict] | None = None,
+           skipped: list[str] | None = None) -> str:
     counts = {k: sum(r["outcome"] == k for r in tests["results"]) for k in ("passed", "failed", "skipped")}
     lines = ["# GPU check", "", "| | |", "|---|---|"]
     for key in ("date", "device", "device_count", "memory_gib", "capability", "driver", "torch", "cuda", "cudnn", "nccl",
@@ -206,6 +367,12 @@ def report(env: dict, tests: dict, benches: list[dict], planning: str) -> str:
         lines += [f"### {b['label']}", "", f"`{b['command']}` (exit {b['returncode']}, {b['seconds']:.0f} s)", "", "```",
                   b["output"][-5000:], "```", ""]
     lines += ["## Planning figures for preflight", "", planning, ""]
+    if goals is not None:
+        lines += ["## Goals", "", "| goal | target | measured | verdict | note |", "|---|---|---|---|---|"]
+        lines += [f"| {g['name']} | {g['target']} | {g['measured']} | {g['verdict']} | {g['note'][:300]} |" for g in goals]
+        lines += [""]
+    if skipped:
+        lines += ["## Budget mode: not run", "", *[f"- {item}" for item in skipped], ""]
     return "\n".join(lines)
 
 
@@ -213,16 +380,43 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.path.join(REPO, "out", "gpu-check"))
     parser.add_argument("--quick", action="store_true", help="shorter benchmarks")
+    parser.add_argument("--mode", choices=["full", "budget"], default="full",
+                        help="budget: the goals only, under 10 minutes on one H100 (the report lists what it skipped)")
+    parser.add_argument("--goal", action="append", default=[], metavar="NAME=VALUE",
+                        help="override a goal's target: mfu_floor=0.4, async_blocked_s=0.05, first_save_ratio=1.5")
     parser.add_argument("--skip-tests", action="store_true")
     args = parser.parse_args()
+    budget = args.mode == "budget"
+    goal_overrides = {}
+    for item in args.goal:
+        name, _, value = item.partition("=")
+        if name not in ("mfu_floor", *GOALS) or not value:
+            parser.error(f"--goal {item!r}: one of mfu_floor, {', '.join(GOALS)} as NAME=NUMBER")
+        goal_overrides[name] = float(value)
     os.makedirs(args.out, exist_ok=True)
+    started = time.time()
     env = environment()
     print("environment:", json.dumps(env, indent=1), flush=True)
-    tests = run_tests(args.out) if not args.skip_tests else {"runner": "skipped", "command": "--skip-tests",
-                                                               "results": [], "returncode": 0, "seconds": 0}
-    benches = benchmarks(env["gpu"], args.out, args.quick)
+    if args.skip_tests:
+        tests = {"runner": "skipped", "command": "--skip-tests", "results": [], "returncode": 0, "seconds": 0}
+    else:
+        tests = run_tests(args.out, only=BUDGET_TESTS if budget else None)
+    benches = benchmarks(env["gpu"], args.out, args.quick, budget)
     planning = record_planning_figures(env, args.out) if env["gpu"] else "not measured: no CUDA GPU on this machine"
-    text = report(env, tests, benches, planning)
+    print("\n== goals: determinism (control: default mode) and bitwise resume", flush=True)
+    try:
+        reproducible = determinism_goals(env)
+    except Exception as exc:  # noqa: BLE001 - a launch that timed out or crashed: the goals are missed, the report still written
+        reproducible = [goal(n, "bitwise", "not measured", False, f"{type(exc).__name__}: {exc}"[:500])
+                        for n in ("determinism", "bitwise_resume")]
+    goals = performance_goals(env, args.out, goal_overrides) + reproducible
+    for g in goals:
+        print(f"goal {g['name']:18s} {g['verdict']:7s} target {g['target']}; measured {g['measured']} {g['note'][:200]}")
+    skipped = None
+    if budget:
+        skipped = [f"GPU test {name}" for name in all_test_names() if name not in BUDGET_TESTS] + \
+            [f"benchmark {name}" for name in FULL_ONLY_BENCHMARKS] + ["the MFU benchmark at 60 steps (30 here)"]
+    text = report(env, tests, benches, planning, goals, skipped)
     path = os.path.join(args.out, "report.md")
     with open(path, "w") as f:
         f.write(text + "\n")
@@ -230,8 +424,11 @@ def main() -> int:
     failed_tests = any(r["outcome"] == "failed" for r in tests["results"]) or (
         tests["returncode"] not in (0, 5) and not tests["results"])
     failed_benches = [b["label"] for b in benches if b["returncode"] != 0]
-    if failed_tests or failed_benches:
-        print(f"gpu-check FAILED: tests failed: {failed_tests}; benchmarks failed: {failed_benches}")
+    missed = [g["name"] for g in goals if g["verdict"] == "MISSED"]
+    print(f"gpu-check {args.mode} mode: {time.time() - started:.0f} s wall; GPU processes: "
+          f"{len(benches)} benchmarks, {len(tests['results'])} tests, {len(LAUNCHES)} trainer launches for the goals")
+    if failed_tests or failed_benches or missed:
+        print(f"gpu-check FAILED: tests failed: {failed_tests}; benchmarks failed: {failed_benches}; goals missed: {missed}")
         return 1
     print("gpu-check passed" + ("" if env["gpu"] else " (no GPU: CPU parts only, no GPU figure measured)"))
     return 0

@@ -216,14 +216,17 @@ class NoFaults:
     def nonfinite(self, step: int) -> bool:
         return False
 
+    def gpu_error(self, step: int) -> bool:
+        return False
+
 
 class Faults(NoFaults):
     """Test hook: `TRAINER_FAULTS="<point>@<step>[:<rank>|*][:<SIGNAL>]; ..."` sends the signal
     (default SIGKILL) to this process when it reaches the point at that step. Points:
     `in_save` (shards written, marker not yet), `in_retention` (a checkpoint renamed away,
-    its files not yet removed), `after_step` (the update applied, nothing logged), and
-    `nonfinite` (that step's loss is made NaN, no signal). The fault-injection tests and
-    `tools/fault_injection.py` drive it; unset, `NoFaults` is used and nothing is checked."""
+    its files not yet removed), `after_step` (the update applied, nothing logged),
+    `nonfinite` (that step's loss is made NaN, no signal) and `gpu_error` (a CUDA ECC error
+    raised after the step). The fault-injection tests and `tools/fault_injection.py` drive it; unset, `NoFaults` is used and nothing is checked."""
 
     def __init__(self, spec: str, rank: int):
         self.rank = rank
@@ -256,6 +259,10 @@ class Faults(NoFaults):
 
     def nonfinite(self, step: int) -> bool:
         return any(p == "nonfinite" and s == step for p, s, _ in self.rules)
+
+    def gpu_error(self, step: int) -> bool:
+        """`gpu_error@N`: after step N the rank raises what CUDA raises for an uncorrectable ECC error."""
+        return any(p == "gpu_error" and s == step for p, s, _ in self.rules)
 
 
 def fault_injector(env: Env):

@@ -76,6 +76,14 @@ class ParallelismConfig:
     mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
     compile: bool = False
     activation_checkpointing: bool = False
+    # Bound on start-up: connecting to the rendezvous store, creating the process groups and
+    # every collective until this attempt's first step is done (compiles, loads, warm-up).
+    # A peer that died or never came fails the survivors (exit 141, retryable) after this long
+    # instead of torch's 10 minutes (torchtitan's comm.init_timeout_seconds is 300 too).
+    init_timeout_seconds: float = 300.0
+    # After the first step: a dead or stuck peer inside a collective (on GPU: NCCL's watchdog
+    # aborts the rank) ends the attempt after this long (torchtitan's train_timeout_seconds: 100).
+    collective_timeout_seconds: float = 100.0
 
 
 @dataclass
@@ -196,6 +204,8 @@ class TrainerConfig:
             d.pop(volatile)
         d["data"].pop("dir")
         d["data"].pop("prefetch_batches")
+        d["parallelism"].pop("init_timeout_seconds")  # how long to wait for peers, not the maths
+        d["parallelism"].pop("collective_timeout_seconds")
         d["model"].pop("hf_path")
         blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
@@ -497,6 +507,9 @@ def validate(cfg: TrainerConfig) -> None:
     if t.uri:
         problem = tracking_uri_problem(t.uri)
         need(problem is None, f"tracking.uri={t.uri!r} (or MLFLOW_TRACKING_URI): {problem}")
+    need(par.init_timeout_seconds > 0, f"parallelism.init_timeout_seconds={par.init_timeout_seconds}: must be > 0")
+    need(par.collective_timeout_seconds > 0,
+         f"parallelism.collective_timeout_seconds={par.collective_timeout_seconds}: must be > 0")
     need(d.prefetch_batches >= 0, f"data.prefetch_batches={d.prefetch_batches}: must be >= 0 (0 reads on the loop's thread)")
     e, x, pr = cfg.evaluation, cfg.export, cfg.profiler
     need(e.every_steps >= 0, f"evaluation.every_steps={e.every_steps}: must be >= 0 (0: only at the end)")

@@ -57,7 +57,11 @@ def init(cfg: ParallelismConfig) -> Env:
     if world_size > 1 or "MASTER_ADDR" in os.environ:
         # cpu:gloo alongside nccl lets CPU tensors (flags, checkpoint plans) use the same group.
         pg_backend = "cpu:gloo,cuda:nccl" if use_cuda else "gloo"
-        timeout = datetime.timedelta(minutes=10)
+        # Start-up is bounded by the config, not by torch's 10 minutes: a peer that died before
+        # the group exists (OOM kill, spot reclaim during imports) fails this rank with a
+        # store or network error after this long, which the launcher classifies as a lost
+        # peer (retryable), instead of hanging in the store connection (review trainer-4, E2).
+        timeout = datetime.timedelta(seconds=cfg.init_timeout_seconds)
         store = attempt_store(rank, world_size, timeout)
         dist.init_process_group(pg_backend, timeout=timeout, device_id=device if use_cuda else None,
                                 **({"store": store, "rank": rank, "world_size": world_size} if store else {}))
@@ -85,6 +89,20 @@ def attempt_store(rank: int, world_size: int, timeout: datetime.timedelta):
     client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
                            is_master=False, timeout=timeout)
     return dist.PrefixStore(f"trainer/attempt-{attempt}/", client)
+
+
+def set_collective_timeout(env: Env, seconds: float) -> None:
+    """Lower the default group's timeout once the first step is done (torchtitan's
+    `set_pg_timeouts` after step 1): start-up (compiles, loads, the first collectives) needs
+    minutes, a collective in steady state does not, and a peer that dies inside one should
+    cost `seconds`, not the start-up bound. On GPU NCCL's watchdog then aborts the rank
+    (SIGABRT: 134, retryable); gloo raises in the waiting collective. The checkpoint group
+    keeps the start-up bound: a DCP save's collectives wait for the slowest rank's planning
+    and writes. `_set_pg_timeout` is private but is what torchtitan calls (torch 2.13's
+    distributed_c10d.py sets each backend's default timeout: gloo and NCCL alike)."""
+    if not env.distributed:
+        return
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=seconds), None)
 
 
 def teardown(clean: bool) -> None:

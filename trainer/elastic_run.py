@@ -30,16 +30,34 @@ def failure_records(exc: ChildFailedError) -> list[dict]:
     return records
 
 
+def is_rendezvous_failure(exc: BaseException) -> bool:
+    """torchrun's agent could not meet its peers: a node that never came (the rendezvous
+    timed out), a store that refused or dropped the connection. Nothing about the job is
+    wrong; the next attempt, on a recreated pod, may meet them."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import RendezvousError
+
+    return isinstance(exc, (RendezvousError, dist.DistError, TimeoutError, ConnectionError))
+
+
+def write_record(record: dict) -> None:
+    path = os.environ.get("TRAINER_TORCHRUN_FAILURES")
+    if path:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, path)
+
+
 def main(argv: list[str]) -> None:
     try:
         torchrun_main(argv)
     except ChildFailedError as exc:
-        path = os.environ.get("TRAINER_TORCHRUN_FAILURES")
-        if path:
-            tmp = f"{path}.tmp"
-            with open(tmp, "w") as f:
-                json.dump({"failures": failure_records(exc)}, f)
-            os.replace(tmp, path)
+        write_record({"failures": failure_records(exc)})
+        raise
+    except Exception as exc:  # torchrun failed before or around its workers: say how
+        write_record({"failures": [], "agent_error": {"type": type(exc).__name__, "message": str(exc)[:500],
+                                                      "rendezvous": is_rendezvous_failure(exc)}})
         raise
 
 

@@ -12,11 +12,11 @@ import math
 import time
 
 import torch
-import torch.nn.functional as F
 
 from trainer import distributed
 from trainer.config import EvaluationConfig
 from trainer.data import TokenShards, ValidationBatches
+from trainer.model import loss_function
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class NoEvaluation:
 
 class Evaluator:
     def __init__(self, cfg: EvaluationConfig, model: torch.nn.Module, batches: ValidationBatches,
-                 env: distributed.Env, autocast_factory):
+                 env: distributed.Env, autocast_factory, compile_model: bool = False, blocks_compiled: bool = False):
         self.cfg = cfg
         # DDP's wrapper is bypassed: a forward without gradients needs no reducer, and the
         # bucket state of the training wrapper stays untouched. FSDP2 modules are called as
@@ -38,6 +38,10 @@ class Evaluator:
         from torch.nn.parallel import DistributedDataParallel
 
         self.module = model.module if isinstance(model, DistributedDataParallel) else model
+        # The training loss's function, compiled the same way: an eager fp32 upcast of the
+        # [B*T, vocab] logits would set the run's peak memory (about 8 GB for GPT-2 at 16 x 1024),
+        # which gpu-check records for preflight (review trainer-4 §2.1).
+        self.loss_fn = loss_function(self.module, compile_model, blocks_compiled)
         self.batches = batches
         self.env = env
         self.autocast_factory = autocast_factory
@@ -61,8 +65,7 @@ class Evaluator:
             try:
                 for inputs, targets in self.batches:
                     with self.autocast_factory():
-                        logits = self.module(inputs)
-                    total += F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1)).double()
+                        total += self.loss_fn(inputs, targets).double()
             finally:
                 self.module.train(was_training)
         mean = distributed.all_reduce_mean(self.env, total / len(self.batches)).item()
@@ -70,7 +73,7 @@ class Evaluator:
                 "eval_seconds": time.perf_counter() - started}
 
 
-def evaluator_for(cfg, model: torch.nn.Module, env: distributed.Env, autocast_factory):
+def evaluator_for(cfg, model: torch.nn.Module, env: distributed.Env, autocast_factory, blocks_compiled: bool = False):
     """An Evaluator when the dataset has a validation split, else NoEvaluation (logged)."""
     if not (cfg.evaluation.at_end or cfg.evaluation.every_steps > 0):
         return NoEvaluation()
@@ -82,4 +85,4 @@ def evaluator_for(cfg, model: torch.nn.Module, env: distributed.Env, autocast_fa
         return NoEvaluation()
     batches = ValidationBatches(val, cfg.data.micro_batch_size, cfg.evaluation.num_batches, env.rank,
                                 env.world_size, env.device)
-    return Evaluator(cfg.evaluation, model, batches, env, autocast_factory)
+    return Evaluator(cfg.evaluation, model, batches, env, autocast_factory, cfg.parallelism.compile, blocks_compiled)

@@ -17,6 +17,8 @@ Exit codes:
   (its collective saw "Connection closed/reset by peer"). Each node's launcher sees only its
   own ranks; the node that lost the worker exits 128+N, and this one must be retryable too,
   or `restartPolicy: ExitCode` fails the whole job for one OOM kill on one node.
+- 135 (128 + SIGBUS): a rank's error names a GPU fault (trainer/gpu_faults.py): retried on
+  another node; the pod's termination message names the node, rank and fault.
 - anything else (1-127): a real failure, permanent: a rank raised an exception that neither
   a signal nor a lost peer explains (a bug, a bad config, a non-finite loss).
 """
@@ -31,6 +33,7 @@ import tempfile
 import time
 
 from trainer import retries
+from trainer.gpu_faults import EXIT_GPU_FAULT
 
 EXIT_PREEMPTED = 143
 # A broken connection to a peer, like a write to a closed pipe: retryable (128-255).
@@ -73,7 +76,8 @@ def worker_reasons(status_dir: str) -> list[str]:
 
 
 def exit_code(torchrun_code: int, signalled: bool, reasons: list[str],
-              reports: list[dict] | None = None, failures: list[dict] | None = None) -> int:
+              reports: list[dict] | None = None, failures: list[dict] | None = None,
+              agent_error: dict | None = None) -> int:
     if signalled or "preempted" in reasons:
         return EXIT_PREEMPTED
     if torchrun_code == 0:
@@ -83,6 +87,10 @@ def exit_code(torchrun_code: int, signalled: bool, reasons: list[str],
     def consequence(report: dict | None) -> bool:
         return bool(report and (report.get("signalled") or report.get("peer_lost") or report.get("child_signal")))
 
+    # An error naming a GPU fault (ECC, a GPU off the bus, an Xid the platform treats as a node
+    # fault): not the program's fault; retried on another node, bounded by the retry count.
+    if any(r.get("gpu_fault") for r in reports or []):
+        return EXIT_GPU_FAULT
     # A rank that failed on its own (an exception, or an error exit such as a bad config)
     # and not because of a signal or a vanished peer is the root cause; it would fail again
     # on retry: permanent.
@@ -105,6 +113,11 @@ def exit_code(torchrun_code: int, signalled: bool, reasons: list[str],
     # Nothing died here and nothing failed on its own: the ranks failed because a peer (on
     # another node: multi-node jobs) is gone. That node reports the cause; this one retries.
     if torchrun_code != 0 and any(consequence(r) for r in reports or []):
+        return EXIT_PEER_LOST
+    # torchrun's agent could not meet the other nodes (a peer that never came within the
+    # rendezvous timeout, a store that refused the connection): no worker ran here, nothing is
+    # wrong with the job; the recreated pods meet again (review trainer-4 §3: was 1, permanent).
+    if torchrun_code > 0 and agent_error and agent_error.get("rendezvous"):
         return EXIT_PEER_LOST
     # A negative code means torchrun itself died of a signal (e.g. -9): report it shell-style.
     return 128 - torchrun_code if torchrun_code < 0 else torchrun_code
@@ -229,6 +242,36 @@ class AttemptLog:
             print(f"[trainer.launch] could not record this attempt in {self.path}: {exc}", file=sys.stderr)
 
 
+RENDEZVOUS_TIMEOUT_ENV = "TRAINER_RENDEZVOUS_TIMEOUT_SECONDS"
+# How long a node's agent waits for the others to arrive (static rendezvous: the TCPStore's
+# connect and wait-for-workers timeout, torch/distributed/elastic/rendezvous/
+# static_tcp_rendezvous.py, default 600 s). It covers the slowest pod's node launch and image
+# pull, and must exceed parallelism.init_timeout_seconds plus a pod's restart: a survivor of a
+# start-up failure exits after the latter, and its recreated pod must still find the other
+# node's new agent waiting (docs/trainer.md, "Bounded failure times").
+DEFAULT_RENDEZVOUS_TIMEOUT_SECONDS = 900
+
+
+def with_rendezvous_timeout(argv: list[str]) -> list[str]:
+    """torchrun's arguments with the rendezvous timeout made explicit for static rendezvous
+    (`--master-addr`/`--master-port`, how a PyTorchJob runs it). Left alone when the command
+    names its own `--rdzv-conf`, another backend, or `--standalone` (one node: no peers)."""
+    own = argv[:argv.index("-m")] if "-m" in argv else argv
+    if any(a.split("=", 1)[0] in ("--rdzv-conf", "--rdzv_conf", "--rdzv-backend", "--rdzv_backend", "--standalone")
+           for a in own):
+        return argv
+    value = os.environ.get(RENDEZVOUS_TIMEOUT_ENV, "")
+    try:
+        seconds = int(float(value)) if value else DEFAULT_RENDEZVOUS_TIMEOUT_SECONDS
+        if seconds <= 0:
+            raise ValueError
+    except ValueError:
+        print(f"[trainer.launch] {RENDEZVOUS_TIMEOUT_ENV}={value!r}: not a positive number of seconds; "
+              f"using {DEFAULT_RENDEZVOUS_TIMEOUT_SECONDS}", file=sys.stderr)
+        seconds = DEFAULT_RENDEZVOUS_TIMEOUT_SECONDS
+    return [f"--rdzv-conf=timeout={seconds}", *argv]
+
+
 def _runs_builtin_trainer(argv: list[str]) -> bool:
     return any(argv[i:i + 3] == ["-m", "trainer", "train"] for i in range(len(argv) - 2))
 
@@ -260,6 +303,7 @@ def main(argv: list[str]) -> int:
         # Recorded too: a permanent exit ends the count, so a resubmitted job starts afresh.
         attempts.record(retries.EXIT_RETRIES_EXHAUSTED)
         return retries.EXIT_RETRIES_EXHAUSTED
+    argv = with_rendezvous_timeout(argv)
     env = dict(os.environ)
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", DEFAULT_SHUTDOWN_TIMEOUT_SECONDS)
     with tempfile.TemporaryDirectory(prefix="trainer-exit-") as status_dir:
@@ -282,15 +326,42 @@ def main(argv: list[str]) -> int:
             signal.signal(sig, forward)
         code = child.wait()
         reports = worker_reports(status_dir)
-        failures = (read_json_or_none(failures_file) or {}).get("failures") or []
+        record = read_json_or_none(failures_file) or {}
+        failures = record.get("failures") or []
+        agent_error = record.get("agent_error") if isinstance(record.get("agent_error"), dict) else None
     reasons = [r["reason"] for _, r in sorted(reports.items())]
-    final = exit_code(code, bool(signalled), reasons, list(reports.values()), failures)
+    final = exit_code(code, bool(signalled), reasons, list(reports.values()), failures, agent_error)
     dead = ", ".join(f"rank {f.get('rank')} {f.get('signal') or 'exit ' + str(f.get('exitcode'))}" for f in failures)
+    agent = (f"; torchrun's agent failed: {agent_error.get('type')}"
+             f"{' (rendezvous: the other nodes did not meet this one)' if agent_error.get('rendezvous') else ''}"
+             if agent_error else "")
     print(f"[trainer.launch] torchrun exited {code}; workers: {reasons or 'no report'}"
-          f"{'; failed workers: ' + dead if dead else ''}; signal: {bool(signalled)}; "
+          f"{'; failed workers: ' + dead if dead else ''}{agent}; signal: {bool(signalled)}; "
           f"{checkpoint_line(reports)}; exiting {final}", file=sys.stderr, flush=True)
+    if final == EXIT_GPU_FAULT:
+        report_gpu_fault([r for r in reports.values() if r.get("gpu_fault")])
     attempts.record(final)
     return final
+
+
+TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
+
+
+def report_gpu_fault(reports: list[dict], path: str | None = None) -> None:
+    """Say which GPU failed where the node's readiness agent reads it: the container's
+    termination message (the kubelet copies the file into the pod's status,
+    `containerStatuses[].state.terminated.message`, at most 4096 bytes)."""
+    lines = [f"gpu-fault node={os.environ.get('NODE_NAME', '?')} rank={r.get('rank')} "
+             f"local_rank={r.get('local_rank', '?')}: {r['gpu_fault']}" for r in reports]
+    print("[trainer.launch] " + "; ".join(lines) + f"; exiting {EXIT_GPU_FAULT} (retryable: another node)",
+          file=sys.stderr, flush=True)
+    path = path or os.environ.get("TRAINER_TERMINATION_LOG", TERMINATION_LOG)
+    if os.path.exists(path):
+        try:
+            with open(path, "w") as f:
+                f.write("\n".join(lines)[:4096])
+        except OSError as exc:  # the exit code still says it
+            print(f"[trainer.launch] could not write {path}: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":

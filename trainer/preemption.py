@@ -63,7 +63,7 @@ def report_exit(rank: int, reason: str, step: int, **details) -> None:
     if not status_dir:
         return
     os.makedirs(status_dir, exist_ok=True)
-    payload = {"reason": reason, "step": step, "pid": os.getpid(),
+    payload = {"reason": reason, "step": step, "pid": os.getpid(), "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
                "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), **details}
     path = os.path.join(status_dir, f"rank-{rank}.json")
     tmp = f"{path}.tmp-{os.getpid()}"

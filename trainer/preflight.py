@@ -63,6 +63,50 @@ def device_memory_bytes() -> tuple[int, str] | None:
         return None
 
 
+def pinned_staging_bytes(numels: list[int], shards: int = 1) -> int:
+    """Host memory the thread-mode checkpoint stages into: fp32 weights and AdamW's two moments,
+    each tensor pinned on its own, and torch's CachingHostAllocator rounds every pinned block up
+    to a power of two (ATen/core/CachingHostAllocator.h, `c10::llvm::PowerOf2Ceil`): GPT-2 124M
+    needs 1.39 GiB of state and pins 2.31 GiB (review trainer-4, E4). Pinned pages cannot be
+    swapped and count against the pod's memory limit."""
+    return sum(3 * (1 << max(0, (4 * -(-n // shards) - 1).bit_length())) for n in numels if n)
+
+
+def host_memory_limit_bytes() -> int | None:
+    """The container's memory limit (cgroup v2 memory.max), else the machine's memory."""
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            value = f.read().strip()
+        if value != "max":
+            return int(value)
+    except (OSError, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
+def staging_problem(numels: list[int], shards: int, local_ranks: int, host_bytes: int) -> str | None:
+    need = pinned_staging_bytes(numels, shards) * local_ranks
+    if need <= host_bytes:
+        return None
+    return (f"checkpoint.async_mode=thread: {local_ranks} rank(s) on this node pin {need / 2**30:.1f} GiB of host memory "
+            f"for checkpoint staging (fp32 weights + AdamW moments, each tensor rounded up to a power of two) but the "
+            f"container's memory limit is {host_bytes / 2**30:.1f} GiB; raise the pod's memory, use "
+            "checkpoint.async_mode=off or process, or parallelism.strategy=fsdp")
+
+
+def model_param_numels(cfg: TrainerConfig, vocab_size: int) -> list[int]:
+    import torch
+
+    from trainer.model import build_model
+
+    with torch.device("meta"):
+        model = build_model(cfg.model, vocab_size, cfg.data.seq_len)
+    return [p.numel() for p in model.parameters()]
+
+
 def num_model_params(cfg: TrainerConfig, vocab_size: int) -> int | None:
     """Parameter count without allocating: the built-in GPT on the meta device; None for HF."""
     if cfg.model.kind != "gpt":
@@ -139,6 +183,12 @@ def preflight(cfg: TrainerConfig, world_size: int | None = None, memory: tuple[i
                 f"weights, gradients and AdamW state per rank ({STATE_BYTES_PER_PARAM} bytes/parameter"
                 f"{f' / {shards} FSDP shards' if shards > 1 else ''}) but {where} has {total_bytes / 2**30:.1f} GiB; "
                 "use a smaller size, parallelism.strategy=fsdp, or more ranks")
+    if num_params and cfg.checkpoint.async_mode == "thread" and memory and memory[1] != "host memory":
+        host = host_memory_limit_bytes()  # pinned staging exists on CUDA only
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        problem = host and staging_problem(model_param_numels(cfg, m.vocab_size or vocab), shards, local_ranks, host)
+        if problem:
+            problems.append(problem)
     if problems:
         raise ConfigError(problems)
 

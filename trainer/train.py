@@ -18,6 +18,7 @@ from trainer.branch import current_branch, read_rollback
 from trainer.checkpoint import (Checkpointer, ModelAndOptimizer, ModelOnly, background_process_signal, read_marker,
                                 resolve_resume)
 from trainer.config import TrainerConfig, dump_yaml
+from trainer.gpu_faults import gpu_fault
 from trainer.guards import (NonFiniteSteps, TrainingStopped, apply_optimizer_config, check_resume_compatible,
                             weights_finite)
 from trainer.data import DistributedBatches, TokenShards
@@ -126,14 +127,18 @@ def export_final_model(cfg: TrainerConfig, step: int, run_id: str | None) -> Non
 
 def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
     """Runs one attempt of the job; returns the process exit code (0, or 143 when preempted)."""
-    env = distributed.init(cfg.parallelism)
-    logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
-                        format=f"%(asctime)s [rank {env.rank}] %(name)s: %(message)s", force=True)
-    reproducibility.apply(cfg.reproducibility.deterministic, cfg.seed)  # before the first cuBLAS handle (matmul)
+    rank = int(os.environ.get("RANK", 0))
+    # The report comes first and everything that can raise (the store connection and the
+    # process groups included) runs inside the try: a rank whose peer died during start-up
+    # reports a lost peer (retryable) instead of leaving no report (torchrun's 1: permanent).
+    report_exit(rank, "running", -1)
     reason, step, details = "failed", -1, {}
     outcome: dict = {}
-    report_exit(env.rank, "running", -1)
     try:
+        env = distributed.init(cfg.parallelism)
+        logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
+                            format=f"%(asctime)s [rank {env.rank}] %(name)s: %(message)s", force=True)
+        reproducibility.apply(cfg.reproducibility.deterministic, cfg.seed)  # before the first cuBLAS handle (matmul)
         reason, step = _train(cfg, env, process_start or time.time(), outcome)
     except BaseException as exc:
         preemption = outcome.get("preemption")
@@ -141,11 +146,11 @@ def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
         # peer's death or of a signal (retryable).
         details = {"exception": type(exc).__name__, "peer_lost": is_peer_lost(exc),
                    "signalled": bool(outcome.get("signalled") or (preemption and preemption.raised)),
-                   "child_signal": background_process_signal(exc)}
+                   "child_signal": background_process_signal(exc), "gpu_fault": gpu_fault(exc)}
         _close_after_failure(outcome, exc)
         raise
     finally:
-        report_exit(env.rank, reason, outcome.get("step", step), checkpoint_step=outcome.get("checkpoint_step"),
+        report_exit(rank, reason, outcome.get("step", step), checkpoint_step=outcome.get("checkpoint_step"),
                     **details)
         distributed.teardown(clean=reason != "failed")  # _train returned: its model and optimizer are garbage
     return EXIT_PREEMPTED if reason == "preempted" else 0
@@ -245,7 +250,7 @@ class Trainer:
                                           env.device, prefetch=cfg.data.prefetch_batches)
         self.build_model()
         self.optimizer = build_optimizer(self.model, cfg, env.device)
-        self.evaluator = evaluator_for(cfg, self.model, env, lambda: self.autocast)
+        self.evaluator = evaluator_for(cfg, self.model, env, lambda: self.autocast, self.strategy.blocks_compiled)
         self.profiler = profiler_for(cfg.profiler, cfg.checkpoint.dir, env.rank, env.device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, cosine_with_warmup(cfg.schedule.warmup_steps, cfg.schedule.num_steps, cfg.schedule.min_lr_ratio))
@@ -358,12 +363,14 @@ class Trainer:
         outcome.update(tracker=self.tracker, checkpointer=checkpointer, checkpoint_step=checkpointer.last_durable_step)
         log.info("training %s (%s, world size %d, %s) from step %d to %d", cfg.model.kind, self.strategy.name,
                  self.env.world_size, self.env.device, self.step, cfg.schedule.num_steps)
-        reason = "completed"
+        reason, first_step = "completed", self.step + 1
         while self.step < cfg.schedule.num_steps:
-            checkpointer.poll()
+            self.finalize_saves()
             self.profiler.before_step(self.step + 1)
             outcome["checkpoint_step"] = checkpointer.last_durable_step
             result = self.train_step()
+            if self.step == first_step:  # start-up is over: a dead peer now costs the steady-state bound
+                distributed.set_collective_timeout(self.env, cfg.parallelism.collective_timeout_seconds)
             last_step = self.step == cfg.schedule.num_steps
             save_due = self.policy.due(self.step, result)
             # A save logs what is pending first: a kill after the save must not lose the losses
@@ -420,6 +427,8 @@ class Trainer:
         self.tokens_seen += self.tokens_per_step
         self.profiler.after_step(self.step)
         self.faults.at("after_step", self.step)
+        if self.faults.gpu_error(self.step):
+            raise RuntimeError("CUDA error: uncorrectable ECC error encountered (fault injection)")
         step_seconds = time.perf_counter() - step_start
         self.goodput.productive_seconds += step_seconds
         self.window.add(self.step, step_loss, data_wait, step_seconds)
@@ -488,15 +497,27 @@ class Trainer:
     def save_regular(self, last_step: bool) -> None:
         self.goodput.wall_seconds = self.wall_at_attempt_start + (time.time() - self.attempt_start)
         save_start = time.perf_counter()
-        stall = self.save(self.step, {})
+        self.save(self.step, {})
         if last_step:
             self.checkpointer.wait()  # the process is about to exit: the save must be on disk
-            stall = time.perf_counter() - save_start
+        # Everything the save put on the loop's thread: the finiteness check and its all-reduce,
+        # the metrics.jsonl fsync and the checkpointer's own part (state dict, copy launches, sync).
+        stall = time.perf_counter() - save_start
         self.goodput.checkpoint_stall_seconds += stall
         self.last_stall_seconds[0] = stall
         self.window.exclude(stall)
         self.policy.saved()
         log.info("checkpoint step %d (%.2f s stall)", self.step, stall)
+
+    def finalize_saves(self) -> None:
+        """The checkpointer's step-boundary work: sealing a finished save (manifest and marker
+        fsyncs, retention's rmtree, the S3 queue) runs on the loop's thread, so it is a stall
+        like the save itself (µs when nothing finished)."""
+        started = time.perf_counter()
+        self.checkpointer.poll()
+        finalize = time.perf_counter() - started
+        self.goodput.checkpoint_stall_seconds += finalize
+        self.window.exclude(finalize)
 
     def save_on_signal(self) -> None:
         _save_on_signal(self.step, self.save, self.checkpointer, self.preemption, self.env, self.goodput,
@@ -523,6 +544,8 @@ class Trainer:
                       timeout_seconds=30.0 if reason == "completed" else 10.0)
         if tracker.run_id:  # close() waited for MLflow: the last marker learns its run id if it had none
             self.checkpointer.annotate_newest({"mlflow_run_id": tracker.run_id})
+        # The other ranks wait for rank 0's export in teardown's barrier: the start-up bound again.
+        distributed.set_collective_timeout(env, cfg.parallelism.init_timeout_seconds)
         if reason == "completed" and cfg.export.at_end and env.is_main:
             export_final_model(cfg, self.step, tracker.run_id)
         if env.is_main:

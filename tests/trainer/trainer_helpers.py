@@ -117,6 +117,8 @@ def worker_pid(launcher_pid: int) -> int:
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if b"trainer" in argv and b"train" in argv and b"trainer.elastic_run" not in argv:
+        # A child the launcher or torchrun forked (ldconfig, uname) carries their command line
+        # until it execs: only the worker itself is `... -m trainer train ...`.
+        if b"trainer" in argv and b"train" in argv and not {b"trainer.elastic_run", b"trainer.launch"} & set(argv):
             return pid
     raise AssertionError(f"no worker process under launcher {launcher_pid}")
