@@ -135,10 +135,25 @@ _CONTROLLER = " || ".join(f"request.userInfo.username.startsWith('system:service
                           for ns in CONTROLLER_NAMESPACES)
 
 
-def _all_containers(pod_spec: str) -> str:
-    """CEL list of every container of a pod spec (init and ephemeral included)."""
-    return (f"({pod_spec}.containers + (has({pod_spec}.initContainers) ? {pod_spec}.initContainers : [])"
-            f" + (has({pod_spec}.ephemeralContainers) ? {pod_spec}.ephemeralContainers : []))")
+_CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+
+
+def _every_container(pod_spec: str, predicate: str) -> str:
+    """CEL: ``predicate`` (on ``c``) holds for every container of a pod spec, init and ephemeral
+    included. One macro per list, never ``containers + initContainers``: kube-apiserver types each
+    list with its own schema type, and its type checker finds no ``_+_`` overload for two of them
+    ("found no matching overload for '_+_' applied to '(list(...spec.containers.@idx),
+    list(...spec.initContainers.@idx))'", status.typeChecking of the policy; tests/cluster)."""
+    first, *optional = _CONTAINER_LISTS
+    return "(" + " && ".join([f"{pod_spec}.{first}.all(c, {predicate})",
+                              *(f"(!has({pod_spec}.{f}) || {pod_spec}.{f}.all(c, {predicate}))" for f in optional)]) + ")"
+
+
+def _any_container(pod_spec: str, predicate: str) -> str:
+    """CEL: ``predicate`` (on ``c``) holds for some container of a pod spec (see _every_container)."""
+    first, *optional = _CONTAINER_LISTS
+    return "(" + " || ".join([f"{pod_spec}.{first}.exists(c, {predicate})",
+                              *(f"(has({pod_spec}.{f}) && {pod_spec}.{f}.exists(c, {predicate}))" for f in optional)]) + ")"
 
 
 def _priority_ok(pod_spec: str) -> str:
@@ -177,9 +192,10 @@ def _pod_identity() -> list[dict[str, Any]]:
     sc = "object.spec.securityContext"
     ids = ("runAsUser", "runAsGroup", "fsGroup")
     pod_ids = " && ".join(f"has({sc}.{f}) && {sc}.{f} == {_NS_UID}" for f in ids)
-    container_ids = (f"{_all_containers('object.spec')}.all(c, !has(c.securityContext) || ("
-                     f"(!has(c.securityContext.runAsUser) || c.securityContext.runAsUser == {_NS_UID}) && "
-                     f"(!has(c.securityContext.runAsGroup) || c.securityContext.runAsGroup == {_NS_UID})))")
+    container_ids = _every_container("object.spec", (
+        f"!has(c.securityContext) || ("
+        f"(!has(c.securityContext.runAsUser) || c.securityContext.runAsUser == {_NS_UID}) && "
+        f"(!has(c.securityContext.runAsGroup) || c.securityContext.runAsGroup == {_NS_UID}))"))
     groups = (f"!has({sc}.supplementalGroups) || {sc}.supplementalGroups.all(g, g == {_NS_UID})")
     return _policy("pod-identity", resources=[("", "v1", "pods")], operations=("CREATE",), validations=[
         {"expression": f"has({sc}) && {pod_ids}",
@@ -251,7 +267,7 @@ def _requests_gpu(pod_spec: str) -> str:
     ``nvidia.com/mig-<profile>``): every NVIDIA resource the device plugin serves."""
     def any_nvidia(field: str) -> str:
         return f"(has(c.resources.{field}) && c.resources.{field}.exists(r, r.startsWith('{NVIDIA_RESOURCE_PREFIX}')))"
-    return f"{_all_containers(pod_spec)}.exists(c, has(c.resources) && ({any_nvidia('requests')} || {any_nvidia('limits')}))"
+    return _any_container(pod_spec, f"has(c.resources) && ({any_nvidia('requests')} || {any_nvidia('limits')})")
 
 
 def _selects_gpu_pool(pod_spec: str, gpu_pools: Sequence[str]) -> str:

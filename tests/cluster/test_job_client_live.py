@@ -28,7 +28,9 @@ def _client(cluster, team: str) -> JobClient:
     namespace = f"team-{team}"
     kubeconfig = cluster.plane.kubeconfig(f"alice@{namespace}", [team_group(namespace)])
     kube = KubectlApi(kubectl=str(tool_path("kubectl")),
-                      environ={"KUBECONFIG": str(kubeconfig), "PATH": os.environ.get("PATH", "")})
+                      # HOME: kubectl keeps its discovery cache under $HOME/.kube (here, the plane's dir).
+                      environ={"KUBECONFIG": str(kubeconfig), "PATH": os.environ.get("PATH", ""),
+                               "HOME": str(cluster.plane.workdir)})
     return JobClient(cluster.stack, kube=kube)
 
 

@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 from tools.cluster.layer import calls_a_service
+
+# A warning all of whose errors name only these fields (see the test's docstring).
+CHECKER_LIMITATION = re.compile(r"^(?!.*ERROR: <input>:\d+:\d+: (?!undefined field '(requests|limits)')).*$", re.S)
 
 
 def test_every_object_of_the_layer_is_stored(stack_cluster):
@@ -25,7 +29,15 @@ def test_the_admission_policies_type_check_against_the_real_schemas(stack_cluste
     """kube-apiserver type-checks each policy's CEL against the OpenAPI schema of what it matches
     and reports problems in ``status.typeChecking.expressionWarnings`` (k8s.io/apiserver
     pkg/admission/plugin/policy/validating/typechecking.go); a field name that does not exist on
-    the matched kind would be a policy that never refuses anything."""
+    the matched kind would be a policy that never refuses anything.
+
+    One class of warning is the checker's, not the policy's: it reports ``undefined field
+    'requests'`` / ``'limits'`` on a container's ``resources`` (ResourceRequirements' maps of
+    Quantity, whose schema the checker does not turn into a CEL type), while at run time those
+    fields are read and the GPU rules refuse what they must (test_tenant_attacks_live.py,
+    test_admission_cases_live.py). Those are set aside by their exact text; anything else fails.
+    (The first run of this test found a real one: ``containers + initContainers`` has no ``_+_``
+    overload for two differently typed lists; workloads/tenancy.py now checks each list.)"""
     names = [p["metadata"]["name"] for p in stack_cluster.layer.of_kind("ValidatingAdmissionPolicy")]
     assert names
     deadline, pending = time.monotonic() + 60, set(names)
@@ -36,8 +48,10 @@ def test_the_admission_policies_type_check_against_the_real_schemas(stack_cluste
             status = policy.get("status", {})
             if status.get("observedGeneration") == policy["metadata"]["generation"] and "typeChecking" in status:
                 pending.discard(name)
-                if status["typeChecking"].get("expressionWarnings"):
-                    warnings[name] = status["typeChecking"]["expressionWarnings"]
+                found = [w for w in status["typeChecking"].get("expressionWarnings", [])
+                         if not CHECKER_LIMITATION.search(w["warning"])]
+                if found:
+                    warnings[name] = found
         time.sleep(1)
     assert not pending, f"policies never type-checked: {sorted(pending)}"
     assert not warnings, json.dumps(warnings, indent=1)

@@ -40,7 +40,9 @@ class Teams:
 
 @pytest.fixture(scope="module")
 def teams(stack_cluster) -> Teams:
-    namespaces = team_namespaces(stack_cluster.layer)
+    # The attacker is the least entitled team, so that "a priority above the team's" exists.
+    namespaces = sorted(team_namespaces(stack_cluster.layer), key=lambda n: (
+        len(n["metadata"]["annotations"]["mlplatform.io/allowed-priority-classes"].split(",")), n["metadata"]["name"]))
     assert len(namespaces) >= 2, f"{stack_cluster.stack}: needs two teams to attack one from the other"
     a, b = namespaces[0]["metadata"], namespaces[1]["metadata"]
     kubeconfig = stack_cluster.plane.kubeconfig(f"alice@{a['name']}", [team_group(a["name"])])

@@ -110,6 +110,9 @@ def job(kind: str = "PyTorchJob", *, labels: Optional[dict[str, str]] = None, ru
     template = {"spec": {**pod()["spec"], **template_changes}}
     meta = {"name": "j", "namespace": A, "labels": {kueue.QUEUE_LABEL: kueue.LOCAL_QUEUE_NAME, **(labels or {})}}
     if kind == "Job":
+        # A Job's pods must say how they restart (the real API server refuses the Job otherwise,
+        # before any admission policy sees it: tests/cluster/test_admission_cases_live.py).
+        template["spec"].setdefault("restartPolicy", "Never")
         return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": {"template": template}}
     spec: dict[str, Any] = {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": template}}}
     if run_policy is not None:
