@@ -141,20 +141,30 @@ def upload(spec: JobSpec, code: CodeArchive, *, s3_client=None) -> bool:
     import base64
     import hashlib
 
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from jobs.store import StoreError
+
     assert spec.code is not None
     bucket, key = spec.code.uri[len("s3://"):].split("/", 1)
-    if s3_client is None:
-        import boto3
-
-        s3_client = boto3.client("s3")
     try:
-        existing = s3_client.get_object(Bucket=bucket, Key=key)["Body"].read()
-        if hashlib.sha256(existing).hexdigest() == code.sha256:
-            return False
-    except s3_client.exceptions.NoSuchKey:
-        pass
-    s3_client.put_object(Bucket=bucket, Key=key, Body=code.data, ContentType="application/gzip",
-                         ChecksumSHA256=base64.b64encode(bytes.fromhex(code.sha256)).decode())
+        if s3_client is None:
+            import boto3
+
+            s3_client = boto3.client("s3")
+        try:
+            existing = s3_client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            if hashlib.sha256(existing).hexdigest() == code.sha256:
+                return False
+        except s3_client.exceptions.NoSuchKey:
+            pass
+        s3_client.put_object(Bucket=bucket, Key=key, Body=code.data, ContentType="application/gzip",
+                             ChecksumSHA256=base64.b64encode(bytes.fromhex(code.sha256)).decode())
+    except (BotoCoreError, ClientError) as exc:
+        # No credentials, expired SSO, no write access: one line (exit 4), nothing submitted.
+        raise StoreError(f"cannot upload your code to {spec.code.uri} ({exc}). Fix: use AWS credentials of team "
+                         f"{spec.team} that may write the team's prefix (aws sso login, or AWS_PROFILE), then submit "
+                         "again") from None
     return True
 
 
