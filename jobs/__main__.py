@@ -117,7 +117,7 @@ def _preflighted(args, *, report_to=None):
     try:
         client = _client(args)
         # Every mistake of the spec in one run: file, schema, stack facts, trainer config, quota, fit.
-        result = client.preflight(args.job, mfu=args.mfu)
+        result = client.preflight(args.job, mfu=args.mfu, code=getattr(args, "code", None))
     except SpecFileError as exc:  # nothing in the file can be checked: one line
         print(f"error: {exc}", file=sys.stderr)
         return None, None, EXIT_SPEC
@@ -353,6 +353,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     pre.add_argument("--mfu", type=float, default=None,
                      help="model FLOPs utilisation assumed for the step time (default: the one make gpu-check measured "
                           "on the pool's GPU type, else 0.35)")
+    pre.add_argument("--code", metavar="DIR", help="your code's directory (as for submit --code): the script is checked "
+                                                    "to be there and to parse")
 
     submit = sub.add_parser("submit", help="preflight, render, then print / run locally / apply")
     submit.add_argument("job")

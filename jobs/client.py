@@ -424,7 +424,8 @@ class JobClient:
             return parse_job_spec(spec)
         return load_job_spec(spec)
 
-    def preflight(self, spec: SpecLike, *, mfu: Optional[float] = None) -> PreflightResult:
+    def preflight(self, spec: SpecLike, *, mfu: Optional[float] = None,
+                  code: Optional[Union[str, Path]] = None) -> PreflightResult:
         """Does the job fit the stack: the report of ``python -m workloads preflight``. A spec
         file is checked whole (file, schema, stack facts, trainer config, fit: every problem in
         one report); a mapping or JobSpec that does not parse raises
@@ -437,6 +438,16 @@ class JobClient:
         else:
             report = preflight(self.load(spec), self.facts, repo_root=str(ROOT), mfu=mfu)
         job_spec = report.job.spec if report.job is not None else None
+        if job_spec is not None and code is not None:
+            # Your code (submit --code DIR): the script torchrun starts is there and parses.
+            from jobs.usercode import entry_point_problems
+
+            if not Path(code).is_dir():
+                report.problems.append(Problem("--code", str(code), "is not a directory",
+                                               "give the directory holding your script"))
+            problems, warnings = entry_point_problems(job_spec, code)
+            report.problems += problems
+            report.warnings += warnings
         if job_spec is not None and not report.problems:
             # initFrom is read from the checkpoint store once everything else holds.
             problems, warnings = self._init_from_check(job_spec)
@@ -491,7 +502,7 @@ class JobClient:
         checkpoint, as in ``cancel``) and the new one created once it is gone. ``code``: a
         directory of your own code, packed, pinned by digest and uploaded (jobs/usercode.py).
         ``checked``: this spec's preflight, already run (the command line shows it first)."""
-        result = checked if checked is not None else self.preflight(spec, mfu=mfu)
+        result = checked if checked is not None else self.preflight(spec, mfu=mfu, code=code)
         if not result.ok or result.spec is None:
             raise PreflightRefused(result)
         job_spec = result.spec
