@@ -174,9 +174,11 @@ def cmd_cancel(args) -> int:
 
 # -- checkpoints ---------------------------------------------------------------------------
 def cmd_checkpoints(args) -> int:
-    found = _client(args).checkpoints(args.name, args.team, verify=args.verify)
+    client = _client(args)
+    found = client.checkpoints(args.name, args.team, verify=args.verify)
     if not found:
-        print(f"no complete checkpoint of {args.name} yet")
+        note = client.store_note()
+        print(f"no complete checkpoint of {args.name} yet" + (f" ({note})" if note else ""))
         return EXIT_OK
     for checkpoint in found:
         verdict = f"  VERDICT: {checkpoint.verdict}" if checkpoint.verdict else ""

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Se
 
 from jobs.kube import (NODES, PODS, PYTORCHJOBS, TRAINJOBS, WORKLOADS, AlreadyExists, KubeApi, KubeError, KubectlApi,
                        NoClusterAccess)
-from jobs.store import AttemptRecord, CheckpointStore, S3Store, StoreError
+from jobs.store import EXPORT, MIRROR, AttemptRecord, CheckpointStore, S3Store, StoreError
 from workloads.scheduling import team_namespace, team_of_namespace
 
 if TYPE_CHECKING:
@@ -411,8 +411,20 @@ class JobClient:
         if self._store is None:
             bucket = self.facts.checkpoints_bucket  # no stack: ValueError, saying so
             if bucket:
-                self._store = S3Store(bucket, region=self.facts.region)
+                # On EFS (datasets storage s3-mountpoint) nothing exports /fsx/checkpoints: the
+                # only copy in S3 is a job's s3Mirror (jobs/store.py).
+                efs = self.facts.checkpoint_store == "EFS"
+                self._store = S3Store(bucket, region=self.facts.region, layout=MIRROR if efs else EXPORT,
+                                      file_system=self.facts.checkpoint_store or "FSx for Lustre")
         return self._store
+
+    def store_note(self) -> Optional[str]:
+        """What the store cannot see on this stack, or None."""
+        store = self._store_or_none()
+        if isinstance(store, S3Store) and store.layout == MIRROR:
+            return (f"stack {self.stack} keeps checkpoints on EFS, which is not exported to S3: only jobs with "
+                    "s3Mirror: true have their complete steps readable from here")
+        return None
 
     # -- before the cluster ------------------------------------------------------------------
     def load(self, spec: SpecLike):
@@ -674,12 +686,14 @@ class JobClient:
         steps: list[int] = []
         if job.checkpoint_dir and self._store_or_none() is not None:
             try:
-                history = self.store.attempts(job.checkpoint_dir)
                 steps = self.store.complete_steps(job.checkpoint_dir)
+                history = self.store.attempts(job.checkpoint_dir)
             except StoreError as exc:
-                notes.append(f"checkpoints and attempt history not read: {exc}")
+                notes.append(f"{'attempt history' if steps else 'checkpoints and attempt history'} not read: {exc}")
         elif job.checkpoint_dir:
             notes.append("checkpoints and attempt history need the stack (--stack): they are read from its checkpoints bucket")
+        if job.checkpoint_dir and (note := self.store_note()) is not None:
+            notes.append(note)
         attempts = [Attempt(r.node_rank, r.exit_code, exit_code_meaning(r.exit_code), r.step_at_start, r.step_at_end, "history")
                     for r in sorted(history, key=lambda r: (r.started_at or 0, r.node_rank))]
         # The current pods' attempts, unless their launcher already recorded them.
