@@ -211,7 +211,8 @@ def trainer_shape(spec: JobSpec, repo_root: str) -> tuple[Optional[ModelShape], 
     cfg, problems = trainer_config(spec.trainer, repo_root, dataset=spec.dataset, checkpoint_dir=spec.checkpoint_path)
     if cfg is None:
         return None, problems
-    problems += registered_model_problems(spec, cfg)
+    # Not a reason to skip the arithmetic: reported beside it.
+    naming = registered_model_problems(spec, cfg)
     m, d, s, par = cfg.model, cfg.data, cfg.schedule, cfg.parallelism
     vocab = m.vocab_size or DEFAULT_VOCAB
     layers = hidden = None
@@ -229,13 +230,13 @@ def trainer_shape(spec: JobSpec, repo_root: str) -> tuple[Optional[ModelShape], 
         hidden = spec.model.hidden_size or hidden
         source = "job spec model"
     if parameters is None:
-        return None, problems + [Problem("model.parameters", None, f"the trainer config uses a {m.kind} model whose size "
+        return None, problems + naming + [Problem("model.parameters", None, f"the trainer config uses a {m.kind} model whose size "
                                          "preflight cannot read",
                                          "add model: {parameters: 8e9, numLayers: 32, hiddenSize: 4096} to the job spec")]
     if problems:  # a micro-batch of 0 or a bad schedule: no arithmetic on it
-        return None, problems
+        return None, problems + naming
     return ModelShape(parameters, layers, hidden, vocab, d.seq_len, d.micro_batch_size, s.grad_accum_steps, s.num_steps,
-                      par.strategy, par.activation_checkpointing, source), []
+                      par.strategy, par.activation_checkpointing, source), naming
 
 
 def registered_model_problems(spec: JobSpec, cfg: Any) -> list[Problem]:
