@@ -388,6 +388,10 @@ def submit_sweep(args: Any, *, facts: Any, repo_root: str, out: Any, err: Any) -
             worst = EXIT_BAD_INPUT if EXIT_BAD_INPUT in (worst, code) else max(worst, code)
     if worst:
         return worst if worst in (EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT) else EXIT_BAD_INPUT, []
+    if getattr(args, "dry_run", False):
+        print(f"sweep {sweep}: {len(points)} job(s) for {spec.namespace} rendered below; nothing submitted (--dry-run)",
+              file=out)
+        return 0, render_sweep(points, facts, sweep=sweep)
     print(f"sweep {sweep}: {len(points)} job(s) in {spec.namespace}, queued by Kueue under the team's quota; "
           f"see them with: python -m workloads list --sweep {sweep} --team {spec.team}", file=out)
     return 0, render_sweep(points, facts, sweep=sweep)
