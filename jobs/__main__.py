@@ -3,7 +3,7 @@
     python -m workloads preflight JOB.yaml --stack prod          # fits? step time, cost
     python -m workloads submit JOB.yaml --stack prod --dry-run   # print the PyTorchJob
     python -m workloads submit JOB.yaml --stack prod --local     # run its pods on this CPU, tiny
-    python -m workloads submit JOB.yaml --stack prod             # kubectl apply (needs a kubeconfig)
+    python -m workloads submit JOB.yaml --stack prod [--replace]  # create it (needs a kubeconfig)
     python -m workloads submit JOB.yaml --stack dev --sweep optimizer.lr=1e-4,3e-4   # one job per point
     python -m workloads status NAME --team TEAM                  # kubectl: the job, its Kueue workload, its pods
     python -m workloads list [--team TEAM] [--all]               # the platform's jobs
@@ -21,7 +21,8 @@ Platform facts come from the stack's offline plan, with deployed names from `pul
 output` when the Pulumi CLI can read them. Exit codes: 0 done; 2 bad input (the spec file, a
 field, a name the stack does not know, the trainer config; with or without other problems);
 3 the spec is well-formed but the job does not fit (memory, quota, time budget, instance size);
-4 no cluster (or bucket) access; 5 the local run failed; 6 no such job; otherwise kubectl's.
+4 no cluster (or bucket) access; 5 the local run failed; 6 no such job; 7 a job of that name
+exists (submit refuses it: --replace, or another name); otherwise kubectl's.
 preflight and submit report every problem of a spec in one run.
 """
 from __future__ import annotations
@@ -42,6 +43,7 @@ EXIT_REFUSED = 3
 EXIT_NO_CLUSTER = 4
 EXIT_LOCAL_FAILED = 5
 EXIT_NOT_FOUND = 6
+EXIT_EXISTS = 7
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -64,22 +66,14 @@ def _facts(stack: str, use_outputs: bool, facts_file: Optional[str] = None):
     return facts_for_stack(stack, use_outputs=use_outputs)
 
 
-def kubeconfig_available(environ: Optional[dict] = None) -> bool:
-    environ = os.environ if environ is None else environ
-    paths = [p for p in environ.get("KUBECONFIG", "").split(os.pathsep) if p] or [str(Path.home() / ".kube" / "config")]
-    return shutil.which("kubectl") is not None and any(Path(p).is_file() for p in paths)
-
-
-def apply_command() -> list[str]:
-    return ["kubectl", "apply", "--server-side", "--field-manager=mlplatform-submit", "-f", "-"]
-
-
 def status_commands(name: str, namespace: str, kind: str = "pytorchjob") -> list[list[str]]:
     from jobs.client import Job, pod_selector
 
     # TrainJob pods are JobSet pods: they carry the JobSet's labels, not the v1 operator's
     # (jobs/client.py says where each label comes from).
-    job = Job(name=name, team=namespace.removeprefix("team-"), namespace=namespace,
+    from workloads.scheduling import team_of_namespace
+
+    job = Job(name=name, team=team_of_namespace(namespace), namespace=namespace,
               kind="TrainJob" if kind == "trainjob" else "PyTorchJob", phase="", created=None, pool=None,
               nodes=1, gpus_per_node=1, message="", uid="", checkpoint_dir=None)
     resource = "trainjobs.trainer.kubeflow.org" if kind == "trainjob" else "pytorchjobs.kubeflow.org"
@@ -89,11 +83,6 @@ def status_commands(name: str, namespace: str, kind: str = "pytorchjob") -> list
         ["kubectl", "get", "workloads.kueue.x-k8s.io", "-n", namespace, "-o", "wide"],
         ["kubectl", "get", "pods", "-n", namespace, "-l", pod_selector(job), "-o", "wide"],
     ]
-
-
-def logs_command(name: str, namespace: str, *, worker: Optional[int], follow: bool) -> list[str]:
-    pod = f"{name}-worker-{worker}" if worker is not None else f"{name}-master-0"
-    return ["kubectl", "logs", "-n", namespace, pod, "-c", "pytorch", *(["-f"] if follow else [])]
 
 
 def _run(commands: list[list[str]]) -> int:
@@ -111,26 +100,32 @@ def _run(commands: list[list[str]]) -> int:
     return code
 
 
+def _client(args):
+    """The job client of the command's stack (jobs/cli.py builds it the same way)."""
+    from jobs.cli import client_for
+
+    return client_for(args, facts=_facts(args.stack, not args.offline, args.facts))
+
+
 def _preflighted(args, *, report_to=None):
-    """(spec, facts, exit code): the job spec and platform facts, preflighted and shown; the code
-    is 0 when the job fits, else what the command exits with."""
+    """(client, preflight result, exit code): the job spec preflighted by the job client (the
+    same checks as JobClient.preflight, initFrom included) and shown; the code is 0 when the job
+    fits, else what the command exits with."""
     from workloads.problems import InvalidInputError
     from workloads.jobspec import SpecFileError
-    from jobs.preflight import preflight_file
 
     try:
-        facts = _facts(args.stack, not args.offline, args.facts)
+        client = _client(args)
         # Every mistake of the spec in one run: file, schema, stack facts, trainer config, quota, fit.
-        report = preflight_file(args.job, facts, repo_root=str(ROOT), mfu=args.mfu)
+        result = client.preflight(args.job, mfu=args.mfu, code=getattr(args, "code", None))
     except SpecFileError as exc:  # nothing in the file can be checked: one line
         print(f"error: {exc}", file=sys.stderr)
         return None, None, EXIT_SPEC
     except (InvalidInputError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None, None, EXIT_SPEC
-    print(report.render(), file=report_to or sys.stdout)
-    spec = report.job.spec if report.job is not None else None
-    return spec, facts, report.exit_code
+    print(result.text, file=report_to or sys.stdout)
+    return client, result, result.exit_code
 
 
 def cmd_preflight(args) -> int:
@@ -138,77 +133,75 @@ def cmd_preflight(args) -> int:
 
 
 def cmd_submit(args) -> int:
-    from workloads.trainingjob import render
+    from jobs.kube import no_access_reason
 
     if args.faithful and not args.local:
         print("error: --faithful is a way to run --local (the job's own model on this CPU); add --local", file=sys.stderr)
+        return EXIT_SPEC
+    if args.replace and (args.dry_run or args.local):
+        print("error: --replace replaces a job on the cluster; --dry-run and --local submit nothing: drop --replace",
+              file=sys.stderr)
         return EXIT_SPEC
     if getattr(args, "sweep", None):
         return _submit_sweep(args)
 
     # With --dry-run stdout carries the manifest alone.
-    spec, facts, code = _preflighted(args, report_to=sys.stderr if args.dry_run else sys.stdout)
+    out = sys.stderr if args.dry_run else sys.stdout
+    client, result, code = _preflighted(args, report_to=out)
     if code:
         return code
-    archive = None
+    if not (args.dry_run or args.local):
+        if reason := no_access_reason():
+            print(f"error: {reason}: run with --dry-run or --local, or write the cluster's kubeconfig (pulumi stack "
+                  f"output kubeconfig --show-secrets --stack {args.stack} > kubeconfig; export KUBECONFIG=$PWD/kubeconfig)",
+                  file=sys.stderr)
+            return EXIT_NO_CLUSTER
+        return _create(client, result, args)
+    spec, archive = result.spec, None
     if args.code:
-        # Your code as an archive pinned by digest (jobs/usercode.py), uploaded below.
+        # Your code as an archive pinned by digest (jobs/usercode.py).
         from jobs import usercode
         from workloads.problems import InvalidInputError
 
         try:
             archive = usercode.archive(args.code)
-            spec = usercode.pin(spec, archive, facts.checkpoints_bucket, facts.stack)
+            spec = usercode.pin(spec, archive, client.facts.checkpoints_bucket, client.facts.stack)
         except InvalidInputError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_SPEC
         print(f"code           {args.code}: {len(archive.files)} file(s), {archive.size_bytes:,} bytes, sha256 "
-              f"{archive.sha256} -> {spec.code.uri}", file=sys.stderr if args.dry_run else sys.stdout)
-    manifest = render(spec, facts)
+              f"{archive.sha256} -> {spec.code.uri}", file=out)
+    manifest = client.render(spec)
     if args.dry_run:
         print(_dump(manifest))
         return 0
-    if args.local:
-        return _submit_local(manifest, args, spec=spec, archive=archive)
-    if not kubeconfig_available():
-        print("error: no kubectl or kubeconfig: run with --dry-run or --local, or write the cluster's kubeconfig "
-              f"(pulumi stack output kubeconfig --show-secrets --stack {args.stack} > kubeconfig; export KUBECONFIG=$PWD/kubeconfig)",
-              file=sys.stderr)
-        return EXIT_NO_CLUSTER
-    if archive is not None:
-        from jobs import usercode
-
-        uploaded = usercode.upload(spec, archive)
-        print(f"code           {'uploaded to' if uploaded else 'already at'} {spec.code.uri}", flush=True)
-    return _apply(manifest, args)
+    return _submit_local(manifest, args, spec=spec, archive=archive)
 
 
-def _apply(manifest: dict, args) -> int:
-    """Server-side apply through the job client's transport (jobs.kube.KubectlApi: the same
-    `kubectl apply --server-side` as apply_command), its failures one line each."""
+def _create(client, result, args) -> int:
+    """JobClient.submit (create, never apply: a taken name is refused), its failures one line each."""
     from jobs.cli import guarded
-    from jobs.client import parse_job
-    from jobs.kube import KubectlApi
 
-    def apply(_args) -> int:
-        job = parse_job(KubectlApi().apply(manifest))
+    def create(_args) -> int:
+        submitted = client.submit(args.job, replace=args.replace, code=args.code, checked=result)
+        if submitted.code_uri:
+            print(f"code           {args.code}: {'uploaded to' if submitted.code_uploaded else 'already at'} "
+                  f"{submitted.code_uri}", flush=True)
+        if submitted.replaced is not None:
+            print(f"replaced {submitted.replaced.kind} {submitted.replaced.namespace}/{submitted.replaced.name} "
+                  f"({submitted.replaced.phase}): deleted, its pods stopped")
+        job = submitted.job
         print(f"submitted {job.kind} {job.namespace}/{job.name}: {job.phase}. Follow it: python -m workloads describe "
               f"{job.name} --team {job.team} --stack {args.stack}; python -m workloads logs {job.name} --team {job.team} -f")
         return 0
 
-    return guarded(apply)(args)
-
-
-def _apply_all(manifests: list[dict], args) -> int:
-    """A sweep's jobs, one server-side apply each; the first failure stops the rest."""
-    for manifest in manifests:
-        if code := _apply(manifest, args):
-            return code
-    return 0
+    return guarded(create)(args)
 
 
 def _submit_sweep(args) -> int:
     """`submit --sweep`: one job per point of the grid (jobs/sweep.py), each preflighted."""
+    from jobs.cli import guarded
+    from jobs.kube import no_access_reason
     from jobs.sweep import submit_sweep
     from workloads.problems import InvalidInputError
 
@@ -220,23 +213,31 @@ def _submit_sweep(args) -> int:
               "point, or push the code into the image", file=sys.stderr)
         return EXIT_SPEC
     try:
-        facts = _facts(args.stack, not args.offline, args.facts)
+        client = _client(args)
     except (InvalidInputError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_SPEC
-    code, manifests = submit_sweep(args, facts=facts, repo_root=str(ROOT), out=sys.stderr if args.dry_run else sys.stdout,
+    code, manifests = submit_sweep(args, facts=client.facts, repo_root=str(ROOT), out=sys.stderr if args.dry_run else sys.stdout,
                                    err=sys.stderr)
     if code:
         return code
     if args.dry_run:
         print(yaml.safe_dump_all(manifests, sort_keys=False, width=120))
         return 0
-    if not kubeconfig_available():
-        print("error: no kubectl or kubeconfig: run with --dry-run, or write the cluster's kubeconfig "
+    if reason := no_access_reason():
+        print(f"error: {reason}: run with --dry-run, or write the cluster's kubeconfig "
               f"(pulumi stack output kubeconfig --show-secrets --stack {args.stack} > kubeconfig; export KUBECONFIG=$PWD/kubeconfig)",
               file=sys.stderr)
         return EXIT_NO_CLUSTER
-    return _apply_all(manifests, args)
+
+    def create(_args) -> int:
+        # Every point's name is checked before the first is created: all or nothing.
+        for job, replaced in client.create_jobs(manifests, replace=args.replace):
+            print(f"submitted {job.kind} {job.namespace}/{job.name}: {job.phase}"
+                  + (f" (replaced the {replaced.phase} one)" if replaced else ""))
+        return 0
+
+    return guarded(create)(args)
 
 
 def _submit_local(manifest: dict, args, *, spec=None, archive=None) -> int:
@@ -352,6 +353,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     pre.add_argument("--mfu", type=float, default=None,
                      help="model FLOPs utilisation assumed for the step time (default: the one make gpu-check measured "
                           "on the pool's GPU type, else 0.35)")
+    pre.add_argument("--code", metavar="DIR", help="your code's directory (as for submit --code): the script is checked "
+                                                    "to be there and to parse")
 
     submit = sub.add_parser("submit", help="preflight, render, then print / run locally / apply")
     submit.add_argument("job")
@@ -374,6 +377,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     submit.add_argument("--sweep", action="append", metavar="KEY=V1,V2",
                         help="one job per point of the grid of these trainer config values (repeat for more keys: "
                              "the cartesian product), e.g. --sweep optimizer.lr=1e-4,3e-4")
+    submit.add_argument("--replace", action="store_true",
+                        help="the team already has a job of this name: delete it first (its pods get SIGTERM and time "
+                             "to checkpoint; the new run resumes from its newest checkpoint), then create this one")
     submit.add_argument("--sweep-name", help="--sweep: the sweep's name (label mlplatform.io/sweep, MLflow parent run); "
                                              "default the job name")
 

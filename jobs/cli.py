@@ -9,7 +9,8 @@ over ``jobs.client.JobClient`` and ``jobs.data``.
     python -m workloads data upload DIR --dataset NAME --team T --stack S
 
 Each failure is one line on stderr and a stable exit code (jobs/__main__.py): 2 bad input,
-4 no cluster or bucket access (no kubectl, no kubeconfig, unreachable, forbidden), 6 no such job;
+4 no cluster or bucket access (no kubectl, no kubeconfig, unreachable, forbidden), 6 no such job,
+7 a job of that name exists;
 kubectl's own messages are never shown raw.
 """
 from __future__ import annotations
@@ -22,13 +23,15 @@ EXIT_OK = 0
 EXIT_SPEC = 2
 EXIT_NO_CLUSTER = 4
 EXIT_NOT_FOUND = 6
+EXIT_EXISTS = 7
 
 
-def _client(args, **kwargs):
+def client_for(args, *, facts=None, **kwargs):
+    """The JobClient every command uses: the stack's (or the --facts file's) facts, kubectl with
+    $KUBECONFIG (or --kubeconfig/--context where a command has them)."""
     from jobs.client import JobClient
 
-    facts = None
-    if getattr(args, "facts", None):
+    if facts is None and getattr(args, "facts", None):
         import json
         from pathlib import Path
 
@@ -39,11 +42,14 @@ def _client(args, **kwargs):
                      offline=getattr(args, "offline", False), facts=facts, **kwargs)
 
 
+_client = client_for
+
+
 def guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """One line and an exit code for every way the cluster or the bucket can be out of reach."""
 
     def wrapper(args: argparse.Namespace) -> int:
-        from jobs.client import JobNotFound
+        from jobs.client import JobExists, JobNotFound
         from jobs.kube import KubeError, NoClusterAccess
         from jobs.store import StoreError
         from workloads.problems import InvalidInputError
@@ -58,6 +64,12 @@ def guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
         except JobNotFound as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_NOT_FOUND
+        except JobExists as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_EXISTS
+        except TimeoutError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         except StoreError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_NO_CLUSTER
@@ -162,9 +174,11 @@ def cmd_cancel(args) -> int:
 
 # -- checkpoints ---------------------------------------------------------------------------
 def cmd_checkpoints(args) -> int:
-    found = _client(args).checkpoints(args.name, args.team, verify=args.verify, image=args.image)
+    client = _client(args)
+    found = client.checkpoints(args.name, args.team, verify=args.verify, image=args.image)
     if not found:
-        print(f"no complete checkpoint of {args.name} yet")
+        note = client.store_note()
+        print(f"no complete checkpoint of {args.name} yet" + (f" ({note})" if note else ""))
         return EXIT_OK
     for checkpoint in found:
         verdict = f"  VERDICT: {checkpoint.verdict}" if checkpoint.verdict else ""

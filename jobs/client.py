@@ -39,9 +39,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
-from jobs.kube import NODES, PODS, PYTORCHJOBS, TRAINJOBS, WORKLOADS, KubeApi, KubeError, KubectlApi, NoClusterAccess
-from jobs.store import AttemptRecord, CheckpointStore, S3Store, StoreError
-from workloads.scheduling import team_namespace
+from jobs.kube import (NODES, PODS, PYTORCHJOBS, TRAINJOBS, WORKLOADS, AlreadyExists, KubeApi, KubeError, KubectlApi,
+                       NoClusterAccess)
+from jobs.store import EXPORT, MIRROR, AttemptRecord, CheckpointStore, S3Store, StoreError
+from workloads.scheduling import team_namespace, team_of_namespace
 
 if TYPE_CHECKING:
     from jobs.sweep import SweepResults
@@ -75,6 +76,15 @@ class JobNotFound(LookupError):
 
 class GitOpsOwned(ValueError):
     """The job is an Argo CD application's resource: deleting it by hand does not last."""
+
+
+class JobExists(ValueError):
+    """A job of that name is already in the team's namespace: a submit neither re-runs it nor
+    edits it (``replace=True`` deletes it first)."""
+
+    def __init__(self, message: str, job: "Job"):
+        super().__init__(message)
+        self.job = job
 
 
 class PreflightRefused(ValueError):
@@ -210,12 +220,18 @@ class LogLine:
 class PreflightResult:
     ok: bool
     text: str
+    exit_code: int = 0  # the command line's: 0 fits, 2 bad input, 3 does not fit
+    spec: Any = field(default=None, repr=False, compare=False)  # the parsed JobSpec (None: it did not parse)
+    figures: Mapping[str, Any] = field(default_factory=dict, compare=False)  # pool, cost, memory... as numbers
 
 
 @dataclass(frozen=True)
 class Submitted:
     job: Job
     manifest: dict = field(repr=False, compare=False)
+    replaced: Optional[Job] = None  # the job of the same name that replace=True deleted first
+    code_uri: Optional[str] = None  # where the code archive is (code=DIR)
+    code_uploaded: bool = False  # False: the same archive was already there
 
 
 @dataclass(frozen=True)
@@ -274,7 +290,7 @@ def parse_job(obj: dict) -> Job:
         gpus = int(spec.get("trainer", {}).get("numProcPerNode") or 1)
     labels = meta.get("labels") or {}
     namespace = meta["namespace"]
-    return Job(name=meta["name"], team=labels.get("mlplatform.io/team") or namespace.removeprefix("team-"),
+    return Job(name=meta["name"], team=labels.get("mlplatform.io/team") or team_of_namespace(namespace),
                namespace=namespace, kind=kind, phase=phase, created=meta.get("creationTimestamp"),
                pool=labels.get("mlplatform.io/pool"), nodes=nodes, gpus_per_node=gpus,
                message=latest.get("message", ""), uid=meta.get("uid", ""),
@@ -364,9 +380,13 @@ class JobClient:
 
     def __init__(self, stack: Optional[str] = None, *, kube: Optional[KubeApi] = None, facts: Any = None,
                  store: Optional[CheckpointStore] = None, offline: bool = False,
+                 kubeconfig: Optional[Union[str, Path]] = None, context: Optional[str] = None,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep):
+        """``kubeconfig``/``context``: the cluster to talk to (default: $KUBECONFIG, its current
+        context); ``kube`` replaces the transport altogether."""
         self.stack = stack
-        self.kube: KubeApi = kube if kube is not None else KubectlApi()
+        self.kube: KubeApi = kube if kube is not None else KubectlApi(
+            kubeconfig=str(kubeconfig) if kubeconfig is not None else None, context=context)
         self._facts = facts
         self._store = store
         self.offline = offline
@@ -389,8 +409,20 @@ class JobClient:
         if self._store is None:
             bucket = self.facts.checkpoints_bucket  # no stack: ValueError, saying so
             if bucket:
-                self._store = S3Store(bucket, region=self.facts.region)
+                # On EFS (datasets storage s3-mountpoint) nothing exports /fsx/checkpoints: the
+                # only copy in S3 is a job's s3Mirror (jobs/store.py).
+                efs = self.facts.checkpoint_store == "EFS"
+                self._store = S3Store(bucket, region=self.facts.region, layout=MIRROR if efs else EXPORT,
+                                      file_system=self.facts.checkpoint_store or "FSx for Lustre")
         return self._store
+
+    def store_note(self) -> Optional[str]:
+        """What the store cannot see on this stack, or None."""
+        store = self._store_or_none()
+        if isinstance(store, S3Store) and store.layout == MIRROR:
+            return (f"stack {self.stack} keeps checkpoints on EFS, which is not exported to S3: only jobs with "
+                    "s3Mirror: true have their complete steps readable from here")
+        return None
 
     # -- before the cluster ------------------------------------------------------------------
     def load(self, spec: SpecLike):
@@ -402,50 +434,173 @@ class JobClient:
             return parse_job_spec(spec)
         return load_job_spec(spec)
 
-    def preflight(self, spec: SpecLike, *, mfu: Optional[float] = None) -> PreflightResult:
-        """Does the job fit the stack (raises ``workloads.problems.InvalidInputError`` for a bad spec)."""
-        from jobs.preflight import preflight
+    def preflight(self, spec: SpecLike, *, mfu: Optional[float] = None,
+                  code: Optional[Union[str, Path]] = None) -> PreflightResult:
+        """Does the job fit the stack: the report of ``python -m workloads preflight``. A spec
+        file is checked whole (file, schema, stack facts, trainer config, fit: every problem in
+        one report); a mapping or JobSpec that does not parse raises
+        ``workloads.problems.InvalidInputError``."""
+        from jobs.preflight import preflight, preflight_file
+        from workloads.problems import Problem
 
-        job_spec = self.load(spec)
-        report = preflight(job_spec, self.facts, repo_root=str(ROOT), mfu=mfu)
-        problems = self.init_from_problems(job_spec)
-        text = report.render() + "".join(f"\n  x {p}" for p in problems)
-        return PreflightResult(report.ok and not problems, text)
+        if isinstance(spec, (str, Path)):
+            report = preflight_file(str(spec), self.facts, repo_root=str(ROOT), mfu=mfu)
+        else:
+            report = preflight(self.load(spec), self.facts, repo_root=str(ROOT), mfu=mfu)
+        job_spec = report.job.spec if report.job is not None else None
+        if job_spec is not None and code is not None:
+            # Your code (submit --code DIR): the script torchrun starts is there and parses.
+            from jobs.usercode import entry_point_problems
+
+            if not Path(code).is_dir():
+                report.problems.append(Problem("--code", str(code), "is not a directory",
+                                               "give the directory holding your script"))
+            problems, warnings = entry_point_problems(job_spec, code)
+            report.problems += problems
+            report.warnings += warnings
+        if job_spec is not None and not report.problems:
+            # initFrom is read from the checkpoint store once everything else holds.
+            problems, warnings = self._init_from_check(job_spec)
+            report.problems += problems
+            report.warnings += warnings
+        return PreflightResult(report.ok, report.render(), report.exit_code, job_spec, dict(report.figures))
 
     def init_from_problems(self, spec) -> list[str]:
-        """``initFrom: <job>/step-N`` names a complete checkpoint of the team's job (read from
-        the store when there is one; the spec's own rules ran when it loaded)."""
-        ref = getattr(spec, "init_from", None)
-        if not ref or self.store is None:
-            return []
-        from workloads.jobspec import init_from_path
+        """``initFrom: <job>/step-N`` names a complete checkpoint of the team's job, each problem
+        one line (empty when it does, or when the store cannot be read: see ``preflight``)."""
+        return [p.render() for p in self._init_from_check(spec)[0]]
 
+    def _init_from_check(self, spec) -> tuple[list, list[str]]:
+        """(problems, warnings) of ``initFrom`` against the store; the spec's own rules ran when
+        it loaded. A store that cannot be read (no credentials) is a warning: the pod checks it
+        again and refuses a missing step as a permanent failure."""
+        from workloads.jobspec import init_from_path
+        from workloads.problems import Problem
+
+        ref = getattr(spec, "init_from", None)
+        if not ref:
+            return [], []
+        try:
+            store = self.store
+        except ValueError:
+            store = None
+        if store is None:
+            return [], [f"initFrom {ref} not checked: stack {self.stack} has no checkpoint store to read"]
         path = init_from_path(spec)
         job_dir, _, step = path.rpartition("/")
         try:
-            steps = self.store.complete_steps(job_dir)
+            steps = store.complete_steps(job_dir)
         except StoreError as exc:
-            return [f"initFrom: {ref!r}: cannot check it ({exc})"]
+            return [], [f"initFrom {ref} not checked: {exc}"]
         if int(step.removeprefix("step-")) not in steps:
-            return [f"initFrom: {ref!r}: no complete checkpoint there (complete steps of that job: "
-                    f"{steps or 'none'}). Fix: name one of them, e.g. `python -m workloads checkpoints "
-                    f"{job_dir.rsplit('/', 1)[-1]} --team {spec.team} --stack {self.stack}`"]
-        return []
+            return [Problem("initFrom", ref, f"no complete checkpoint there (complete steps of that job: {steps or 'none'})",
+                            f"name one of them; list them: python -m workloads checkpoints {job_dir.rsplit('/', 1)[-1]} "
+                            f"--team {spec.team} --stack {self.stack}")], []
+        return [], []
 
     def render(self, spec: SpecLike) -> dict:
         from workloads.trainingjob import render
 
         return render(self.load(spec), self.facts)
 
-    def submit(self, spec: SpecLike, *, mfu: Optional[float] = None) -> Submitted:
-        """Preflight, render, server-side apply. Raises ``PreflightRefused`` if it does not fit."""
-        job_spec = self.load(spec)
-        result = self.preflight(job_spec, mfu=mfu)
-        if not result.ok:
+    def submit(self, spec: SpecLike, *, mfu: Optional[float] = None, replace: bool = False,
+               code: Optional[Union[str, Path]] = None, checked: Optional[PreflightResult] = None,
+               replace_timeout_seconds: float = 900, poll_seconds: float = 5) -> Submitted:
+        """Preflight, render, create. Raises ``PreflightRefused`` if it does not fit and
+        ``JobExists`` if the team already has a job of that name, unless ``replace``: then that job
+        is deleted in the foreground first (its pods get SIGTERM and their grace period to
+        checkpoint, as in ``cancel``) and the new one created once it is gone. ``code``: a
+        directory of your own code, packed, pinned by digest and uploaded (jobs/usercode.py).
+        ``checked``: this spec's preflight, already run (the command line shows it first)."""
+        result = checked if checked is not None else self.preflight(spec, mfu=mfu, code=code)
+        if not result.ok or result.spec is None:
             raise PreflightRefused(result)
+        job_spec = result.spec
+        archive = None
+        if code is not None:
+            from jobs import usercode
+
+            archive = usercode.archive(code)
+            job_spec = usercode.pin(job_spec, archive, self.facts.checkpoints_bucket, self.facts.stack)
         manifest = self.render(job_spec)
-        created = self.kube.apply(manifest)
-        return Submitted(parse_job(created), manifest)
+        uploaded: list[bool] = []
+
+        def upload() -> None:
+            if archive is not None:
+                from jobs import usercode
+
+                uploaded.append(usercode.upload(job_spec, archive))
+
+        (created, replaced), = self.create_jobs([manifest], replace=replace, before_write=upload,
+                                                 replace_timeout_seconds=replace_timeout_seconds, poll_seconds=poll_seconds)
+        return Submitted(created, manifest, replaced=replaced, code_uri=job_spec.code.uri if job_spec.code else None,
+                         code_uploaded=bool(uploaded and uploaded[0]))
+
+    def create_jobs(self, manifests: Sequence[dict], *, replace: bool = False,
+                    before_write: Optional[Callable[[], None]] = None, replace_timeout_seconds: float = 900,
+                    poll_seconds: float = 5) -> list[tuple[Job, Optional[Job]]]:
+        """Create rendered jobs (one, or a sweep's points): every name is checked before anything
+        is written, so a taken name refuses the whole lot (``JobExists``, listing every taken name)
+        unless ``replace``. Returns (created, the job it replaced) per manifest."""
+        existing = [self._existing(m["metadata"]["name"], team_of_namespace(m["metadata"]["namespace"]))
+                    for m in manifests]
+        taken = [e for e in existing if e is not None]
+        if taken and not replace:
+            first = taken[0]
+            more = f" (and {len(taken) - 1} more: {', '.join(t.name for t in taken[1:])})" if len(taken) > 1 else ""
+            raise JobExists(self._exists_message(first) + more, first)
+        for job in taken:
+            self._refuse_gitops(job, "replace")
+        if before_write is not None:
+            before_write()
+        out = []
+        for manifest, old in zip(manifests, existing):
+            if old is not None:
+                self._delete_and_wait(old, replace_timeout_seconds, poll_seconds)
+            try:
+                created = self.kube.create(manifest)
+            except AlreadyExists:  # created by someone else between the check and now
+                raced = self.get(manifest["metadata"]["name"], team_of_namespace(manifest["metadata"]["namespace"]))
+                raise JobExists(self._exists_message(raced), raced) from None
+            out.append((parse_job(created), old))
+        return out
+
+    def _existing(self, name: str, team: str) -> Optional[Job]:
+        try:
+            return self.get(name, team)
+        except JobNotFound:
+            return None
+
+    @staticmethod
+    def _exists_message(existing: Job) -> str:
+        doing = ("would not run it again" if existing.finished else
+                 "would not start a new run (an apply would patch the pods of the running one)")
+        return (f"job {existing.name} already exists in {existing.namespace} ({existing.phase}, created "
+                f"{existing.created or '?'}): submitting it again {doing}. Fix: give the new run another name "
+                f"(name: in the spec), or submit with --replace (in Python: replace=True) to delete this one "
+                f"(its pods get SIGTERM and time to checkpoint) and start again; it resumes from the newest "
+                f"complete checkpoint in {existing.checkpoint_dir or 'its checkpoint directory'}")
+
+    def _refuse_gitops(self, job: Job, verb: str) -> None:
+        tracking = job.annotations.get(ARGOCD_TRACKING_ID) or ""
+        if tracking:
+            raise GitOpsOwned(
+                f"job {job.name} is declared in git (Argo CD application {tracking.split(':', 1)[0]}): Argo CD "
+                f"would undo a {verb} by hand. Fix: change its file under workloads/declared/ and let Argo CD sync it, "
+                "or give your job another name")
+
+    def _delete_and_wait(self, job: Job, timeout_seconds: float, poll_seconds: float) -> None:
+        """Foreground deletion (dependents first, the job object last), then wait for the name
+        to be free: a create before that would find the old object (409)."""
+        resource = TRAINJOBS if job.kind == "TrainJob" else PYTORCHJOBS
+        self.kube.delete(resource, job.name, job.namespace, propagation="Foreground")
+        deadline = self.clock() + timeout_seconds
+        while self._current(job) is not None:
+            if self.clock() >= deadline:
+                raise TimeoutError(f"job {job.name} is still terminating after {timeout_seconds:.0f} s (its pods are "
+                                   f"saving a checkpoint); nothing new was created. Fix: submit again with --replace "
+                                   f"once `python -m workloads list --team {job.team}` no longer shows it")
+            self.sleep(poll_seconds)
 
     # -- reading jobs -------------------------------------------------------------------------
     def _raw(self, name: str, team: str) -> dict:
@@ -529,12 +684,14 @@ class JobClient:
         steps: list[int] = []
         if job.checkpoint_dir and self._store_or_none() is not None:
             try:
-                history = self.store.attempts(job.checkpoint_dir)
                 steps = self.store.complete_steps(job.checkpoint_dir)
+                history = self.store.attempts(job.checkpoint_dir)
             except StoreError as exc:
-                notes.append(f"checkpoints and attempt history not read: {exc}")
+                notes.append(f"{'attempt history' if steps else 'checkpoints and attempt history'} not read: {exc}")
         elif job.checkpoint_dir:
             notes.append("checkpoints and attempt history need the stack (--stack): they are read from its checkpoints bucket")
+        if job.checkpoint_dir and (note := self.store_note()) is not None:
+            notes.append(note)
         attempts = [Attempt(r.node_rank, r.exit_code, exit_code_meaning(r.exit_code), r.step_at_start, r.step_at_end, "history")
                     for r in sorted(history, key=lambda r: (r.started_at or 0, r.node_rank))]
         # The current pods' attempts, unless their launcher already recorded them.

@@ -33,6 +33,10 @@ class KubeError(RuntimeError):
     """The API server refused a request for another reason."""
 
 
+class AlreadyExists(KubeError):
+    """A create found an object of that name (HTTP 409, reason AlreadyExists)."""
+
+
 class KubeApi(Protocol):
     """What the job client asks of a cluster. ``resource`` is a kubectl resource name above."""
 
@@ -43,6 +47,10 @@ class KubeApi(Protocol):
 
     def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]: ...
 
+    def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Create, never update: ``AlreadyExists`` when the name is taken (the API server's
+        409), so a second submit of a name can neither no-op nor patch a running job."""
+
     def patch(self, resource: str, name: str, namespace: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         """A JSON merge patch (RFC 7386)."""
 
@@ -52,11 +60,13 @@ class KubeApi(Protocol):
         """The container's log lines; with ``follow`` until the container ends."""
 
 
-def no_access_reason(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+def no_access_reason(environ: Optional[Mapping[str, str]] = None, kubeconfig: Optional[str] = None) -> Optional[str]:
     """Why kubectl cannot be used here, or None."""
     environ = os.environ if environ is None else environ
     if shutil.which("kubectl", path=environ.get("PATH")) is None:
         return "kubectl is not installed (https://kubernetes.io/docs/tasks/tools/)"
+    if kubeconfig is not None:
+        return None if Path(kubeconfig).is_file() else f"no kubeconfig at {kubeconfig}"
     paths = [p for p in environ.get("KUBECONFIG", "").split(os.pathsep) if p] or [str(Path.home() / ".kube" / "config")]
     if not any(Path(p).is_file() for p in paths):
         return "no kubeconfig (KUBECONFIG is unset or names no file)"
@@ -76,6 +86,8 @@ def classify(stderr: str) -> RuntimeError:
     last = text.splitlines()[-1] if text else "kubectl failed without a message"
     if any(marker in lower for marker in _UNREACHABLE):
         return NoClusterAccess(f"the cluster is not reachable with this kubeconfig ({last[:200]})")
+    if "(alreadyexists)" in lower or " already exists" in lower:
+        return AlreadyExists(last[:300])
     if "forbidden" in lower:
         return NoClusterAccess(f"your identity may not do this ({last[:200]}); ask the platform team for your team's role")
     return KubeError(last[:300])
@@ -85,20 +97,26 @@ class KubectlApi:
     """``KubeApi`` over the kubectl binary on PATH."""
 
     def __init__(self, kubectl: str = "kubectl", environ: Optional[Mapping[str, str]] = None,
-                 timeout_seconds: float = 60):
+                 timeout_seconds: float = 60, *, kubeconfig: Optional[str] = None, context: Optional[str] = None):
+        """``kubeconfig``/``context``: a kubeconfig file and one of its contexts (kubectl's
+        ``--kubeconfig``/``--context``); by default $KUBECONFIG and its current context."""
         self.kubectl = kubectl
         self.environ = dict(os.environ if environ is None else environ)
         self.timeout_seconds = timeout_seconds
+        self.kubeconfig = str(kubeconfig) if kubeconfig is not None else None
+        self.context = context
+        self._globals = [*(["--kubeconfig", self.kubeconfig] if self.kubeconfig else []),
+                         *(["--context", context] if context else [])]
 
     def _check(self) -> None:
-        reason = no_access_reason(self.environ)
+        reason = no_access_reason(self.environ, self.kubeconfig)
         if reason:
             raise NoClusterAccess(reason)
 
     def _run(self, args: Sequence[str], stdin: Optional[str] = None) -> str:
         self._check()
         try:
-            done = subprocess.run([self.kubectl, *args], input=stdin, capture_output=True, text=True,
+            done = subprocess.run([self.kubectl, *self._globals, *args], input=stdin, capture_output=True, text=True,
                                   env=self.environ, timeout=self.timeout_seconds)
         except subprocess.TimeoutExpired:
             raise NoClusterAccess(f"kubectl did not answer in {self.timeout_seconds:.0f} s") from None
@@ -123,6 +141,12 @@ class KubectlApi:
         return json.loads(self._run(["apply", "--server-side", "--field-manager=mlplatform-submit", "-f", "-",
                                      "-o", "json"], stdin=json.dumps(obj)))
 
+    def create(self, obj):
+        # `kubectl create` POSTs: the API server refuses an existing name with 409 AlreadyExists
+        # (atomic, unlike a get-then-apply). Same field manager as the apply.
+        return json.loads(self._run(["create", "--field-manager=mlplatform-submit", "-f", "-", "-o", "json"],
+                                    stdin=json.dumps(obj)))
+
     def patch(self, resource, name, namespace, patch):
         return json.loads(self._run(["patch", resource, name, "-n", namespace, "--type=merge", "-p", json.dumps(patch),
                                      "-o", "json"]))
@@ -136,7 +160,7 @@ class KubectlApi:
             yield from self._run(args).splitlines()
             return
         self._check()
-        process = subprocess.Popen([self.kubectl, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        process = subprocess.Popen([self.kubectl, *self._globals, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True, env=self.environ)
         try:
             assert process.stdout is not None

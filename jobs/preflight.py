@@ -29,7 +29,8 @@ from trainer.model_facts import flops_per_token as model_flops_per_token
 from workloads.problems import BAD_INPUT, DOES_NOT_FIT, Problem
 from workloads import gpu_measurements
 from workloads.gpu_catalog import GPU_TYPES
-from workloads.jobspec import JobSpec, JobSpecError, TRAINER_CONFIGS_DIR, did_you_mean, parse_job_spec, read_job_spec_file
+from workloads.jobspec import (JobSpec, JobSpecError, TRAINER_CONFIGS_DIR, did_you_mean, parse_job_spec, read_job_spec_file,
+                               registered_model_prefix)
 from workloads.platform_facts import PlatformFacts
 from workloads.prices import PRICES, PRICES_AS_OF, SOURCE_URL, SPOT_DISCOUNT
 from workloads.trainingjob import ResolvedJob, candidate_pools, resolve_with_problems
@@ -210,6 +211,8 @@ def trainer_shape(spec: JobSpec, repo_root: str) -> tuple[Optional[ModelShape], 
     cfg, problems = trainer_config(spec.trainer, repo_root, dataset=spec.dataset, checkpoint_dir=spec.checkpoint_path)
     if cfg is None:
         return None, problems
+    # Not a reason to skip the arithmetic: reported beside it.
+    naming = registered_model_problems(spec, cfg)
     m, d, s, par = cfg.model, cfg.data, cfg.schedule, cfg.parallelism
     vocab = m.vocab_size or DEFAULT_VOCAB
     layers = hidden = None
@@ -227,13 +230,32 @@ def trainer_shape(spec: JobSpec, repo_root: str) -> tuple[Optional[ModelShape], 
         hidden = spec.model.hidden_size or hidden
         source = "job spec model"
     if parameters is None:
-        return None, problems + [Problem("model.parameters", None, f"the trainer config uses a {m.kind} model whose size "
+        return None, problems + naming + [Problem("model.parameters", None, f"the trainer config uses a {m.kind} model whose size "
                                          "preflight cannot read",
                                          "add model: {parameters: 8e9, numLayers: 32, hiddenSize: 4096} to the job spec")]
     if problems:  # a micro-batch of 0 or a bad schedule: no arithmetic on it
-        return None, problems
+        return None, problems + naming
     return ModelShape(parameters, layers, hidden, vocab, d.seq_len, d.micro_batch_size, s.grad_accum_steps, s.num_steps,
-                      par.strategy, par.activation_checkpointing, source), []
+                      par.strategy, par.activation_checkpointing, source), naming
+
+
+def registered_model_problems(spec: JobSpec, cfg: Any) -> list[Problem]:
+    """The model name the trainer registers at the end, from the config file when no override
+    sets it: the team's MLflow login may create only ``<namespace>.<name>``
+    (docker/mlflow/mlflow_team_auth.py); any other name is refused (403) and the trainer, which
+    treats export as best effort (trainer/export.py), still ends the job Succeeded with nothing
+    registered. An override is checked with the spec (workloads.jobspec.team_space_problems)."""
+    key = "export.registered_model_name"
+    name = cfg.export.registered_model_name
+    if not cfg.export.at_end or not name or any(o.startswith(key + "=") for o in spec.trainer.overrides):
+        return []
+    prefix = registered_model_prefix(spec.namespace)
+    if name.startswith(prefix) and len(name) > len(prefix):
+        return []
+    return [Problem(f"trainer[{key}]", name, f"comes from {spec.trainer.config} and is not under team {spec.team}'s model "
+                    f"prefix {prefix}: MLflow would refuse to register it (403) and the job would still succeed, "
+                    "registering nothing",
+                    f"add {key}={prefix}{name} to trainer.overrides (or {key}=null to register nothing)")]
 
 
 def _gib(n: float) -> str:

@@ -97,13 +97,27 @@ class LocalStore:
         return rows
 
 
-class S3Store:
-    """The checkpoints bucket, where the /checkpoints association exports the file system."""
+# Where a checkpoint directory is in the checkpoints bucket:
+# - EXPORT (FSx for Lustre): the /checkpoints data repository association exports
+#   /fsx/checkpoints/<rest> to <rest>, attempt history included;
+# - MIRROR (EFS, datasets storage s3-mountpoint): nothing is exported; only a job with
+#   `s3Mirror: true` copies its complete steps, to <namespace>/mirror/<job>/ (trainer/s3.py, the
+#   prefix workloads/trainingjob.py gives TRAINER_CHECKPOINT_S3_URI); the attempt history stays on EFS.
+EXPORT = "export"
+MIRROR = "mirror"
 
-    def __init__(self, bucket: str, *, region: Optional[str] = None, client: Any = None):
+
+class S3Store:
+    """The checkpoints bucket: the file system's export of /fsx/checkpoints (``layout=EXPORT``)
+    or, where checkpoints live on EFS, the jobs' S3 mirrors (``layout=MIRROR``)."""
+
+    def __init__(self, bucket: str, *, region: Optional[str] = None, client: Any = None, layout: str = EXPORT,
+                 file_system: str = "FSx for Lustre"):
         self.bucket = bucket
         self._client = client
         self.region = region
+        self.layout = layout
+        self.file_system = file_system
 
     @property
     def client(self) -> Any:
@@ -117,7 +131,12 @@ class S3Store:
         if not checkpoint_dir.startswith(_FSX_CHECKPOINTS):
             raise StoreError(f"checkpoint directory {checkpoint_dir} is not under {_FSX_CHECKPOINTS}: "
                              "it is not exported to the checkpoints bucket")
-        return checkpoint_dir[len(_FSX_CHECKPOINTS):].strip("/") + "/"
+        rest = checkpoint_dir[len(_FSX_CHECKPOINTS):].strip("/")
+        if self.layout == MIRROR:
+            # <namespace>/.../<job> -> <namespace>/mirror/<job>/ (the job's own directory name).
+            namespace, _, below = rest.partition("/")
+            return f"{namespace}/mirror/{below.rsplit('/', 1)[-1]}/"
+        return rest + "/"
 
     def uri(self, checkpoint_dir, step=None):
         return f"s3://{self.bucket}/{self.prefix(checkpoint_dir)}{step_name(step) + '/' if step is not None else ''}"
@@ -148,6 +167,9 @@ class S3Store:
     def attempts(self, checkpoint_dir):
         from botocore.exceptions import BotoCoreError, ClientError
 
+        if self.layout == MIRROR:
+            raise StoreError(f"the attempt history is on {self.file_system} (not exported to S3 on this stack); "
+                             "read it in the cluster: `logs --all`, or the job's attempts/ directory")
         prefix = f"{self.prefix(checkpoint_dir)}{ATTEMPTS_DIR}/"
         rows: list[AttemptRecord] = []
         for key in sorted(self._keys(prefix)[0]):

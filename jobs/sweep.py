@@ -144,6 +144,17 @@ def sweep_name(spec: JobSpec, name: Optional[str] = None) -> str:
     return name or spec.name
 
 
+def sweep_name_problem(name: str) -> Optional[str]:
+    """The sweep's name becomes a label value, the points' job names and an environment value
+    of every pod: a job name (DNS label), or why not."""
+    from workloads.jobspec import MAX_NAME_LENGTH, _DNS_1035
+
+    if _DNS_1035.match(name) and len(name) <= MAX_NAME_LENGTH:
+        return None
+    return (f"is not a DNS label of at most {MAX_NAME_LENGTH} characters (it names the points' jobs and labels them). "
+            "Fix: lowercase letters, digits and '-', starting with a letter, e.g. lr-sweep")
+
+
 def point_name(base: str, index: int, count: int) -> str:
     """`<base>-<index>`, the base cut so the name stays a job name (MAX_NAME_LENGTH)."""
     suffix = f"-{index:0{len(str(count - 1))}d}"
@@ -358,6 +369,9 @@ def submit_sweep(args: Any, *, facts: Any, repo_root: str, out: Any, err: Any) -
         print(f"error: {exc}", file=err)
         return EXIT_BAD_INPUT, []
     sweep = sweep_name(spec, getattr(args, "sweep_name", None))
+    if (problem := sweep_name_problem(sweep)) is not None:
+        print(f"error: --sweep-name {sweep!r}: {problem}", file=err)
+        return EXIT_BAD_INPUT, []
     points = expand(spec, axes, name=sweep)
     worst = 0
     for point in points:
@@ -374,6 +388,10 @@ def submit_sweep(args: Any, *, facts: Any, repo_root: str, out: Any, err: Any) -
             worst = EXIT_BAD_INPUT if EXIT_BAD_INPUT in (worst, code) else max(worst, code)
     if worst:
         return worst if worst in (EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT) else EXIT_BAD_INPUT, []
+    if getattr(args, "dry_run", False):
+        print(f"sweep {sweep}: {len(points)} job(s) for {spec.namespace} rendered below; nothing submitted (--dry-run)",
+              file=out)
+        return 0, render_sweep(points, facts, sweep=sweep)
     print(f"sweep {sweep}: {len(points)} job(s) in {spec.namespace}, queued by Kueue under the team's quota; "
           f"see them with: python -m workloads list --sweep {sweep} --team {spec.team}", file=out)
     return 0, render_sweep(points, facts, sweep=sweep)

@@ -14,6 +14,8 @@ or refused by the pod's "data" filter); so is an archive above ``MAX_ARCHIVE_BYT
 """
 from __future__ import annotations
 
+import ast
+import difflib
 import fnmatch
 import gzip
 import hashlib
@@ -141,21 +143,88 @@ def upload(spec: JobSpec, code: CodeArchive, *, s3_client=None) -> bool:
     import base64
     import hashlib
 
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from jobs.store import StoreError
+
     assert spec.code is not None
     bucket, key = spec.code.uri[len("s3://"):].split("/", 1)
-    if s3_client is None:
-        import boto3
-
-        s3_client = boto3.client("s3")
     try:
-        existing = s3_client.get_object(Bucket=bucket, Key=key)["Body"].read()
-        if hashlib.sha256(existing).hexdigest() == code.sha256:
-            return False
-    except s3_client.exceptions.NoSuchKey:
-        pass
-    s3_client.put_object(Bucket=bucket, Key=key, Body=code.data, ContentType="application/gzip",
-                         ChecksumSHA256=base64.b64encode(bytes.fromhex(code.sha256)).decode())
+        if s3_client is None:
+            import boto3
+
+            s3_client = boto3.client("s3")
+        try:
+            existing = s3_client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            if hashlib.sha256(existing).hexdigest() == code.sha256:
+                return False
+        except s3_client.exceptions.NoSuchKey:
+            pass
+        s3_client.put_object(Bucket=bucket, Key=key, Body=code.data, ContentType="application/gzip",
+                             ChecksumSHA256=base64.b64encode(bytes.fromhex(code.sha256)).decode())
+    except (BotoCoreError, ClientError) as exc:
+        # No credentials, expired SSO, no write access: one line (exit 4), nothing submitted.
+        raise StoreError(f"cannot upload your code to {spec.code.uri} ({exc}). Fix: use AWS credentials of team "
+                         f"{spec.team} that may write the team's prefix (aws sso login, or AWS_PROFILE), then submit "
+                         "again") from None
     return True
+
+
+REQUIREMENTS_FILE = "requirements.txt"
+
+
+def entry_point(spec: JobSpec) -> tuple[str, Optional[str]]:
+    """(spec field, the Python file torchrun starts relative to the code root) of an own-code
+    spec; the file is None for a module (`python -m pkg`) or a non-Python command."""
+    if spec.script is not None:
+        return "script", spec.script
+    command = list(spec.command or ())
+    if command and command[0] in ("python", "python3") and len(command) > 1 and command[1].endswith(".py"):
+        return "command[1]", command[1]
+    if command[:2] in (["python", "-m"], ["python3", "-m"]) and len(command) > 2:
+        return "command[2]", command[2]
+    return "command", None
+
+
+def entry_point_problems(spec: JobSpec, directory: Path | str) -> tuple[list[Problem], list[str]]:
+    """(problems, warnings) of the code directory against the spec, before anything is packed:
+    the script torchrun starts is in it and parses (a missing file or a syntax error would
+    otherwise surface on a launched GPU node, exit 1 on every rank)."""
+    directory = Path(directory)
+    if spec.trainer is not None or not directory.is_dir():
+        return [], []
+    files, _ = collect(directory)
+    field, target = entry_point(spec)
+    problems: list[Problem] = []
+    warnings: list[str] = []
+    if field.startswith("command[2]") and target is not None:  # a module: pkg.mod -> pkg/mod.py or pkg/mod/__main__.py
+        base = target.replace(".", "/")
+        candidates = [f"{base}.py", f"{base}/__main__.py"]
+        target = next((c for c in candidates if c in files), None)
+        if target is None:
+            warnings.append(f"module {spec.command[2]} is not in {directory} ({' or '.join(candidates)}): it must be "
+                            "installed in the image")
+            return problems, warnings
+    if target is not None:
+        if target not in files:
+            close = difflib.get_close_matches(target, files, n=1)
+            python = [f for f in files if f.endswith(".py")][:8]
+            problems.append(Problem(field, target, f"is not in the code directory {directory} (its .py files: {python})",
+                                    (f"did you mean {close[0]!r}? " if close else "")
+                                    + "name a file of the directory, relative to it, or add the file"))
+        else:
+            path = directory / target
+            try:
+                ast.parse(path.read_bytes(), filename=target)
+            except SyntaxError as exc:
+                problems.append(Problem(field, target, f"does not parse: line {exc.lineno}: {exc.msg}",
+                                        f"fix the syntax error (python -m py_compile {path})"))
+            except ValueError as exc:  # NUL bytes
+                problems.append(Problem(field, target, f"is not Python source ({exc})", "give the script's .py file"))
+    if REQUIREMENTS_FILE in files:
+        warnings.append(f"{REQUIREMENTS_FILE} in {directory} is not installed in the pod: the image's packages are what "
+                        "your code gets. Build an image FROM the trainer image with them (docs/trainer.md, \"Your own code\")")
+    return problems, warnings
 
 
 def local_object_path(uri: str, s3_root: Path) -> Path:

@@ -93,6 +93,20 @@ def k8s_literal(value: str) -> str:
     return value.replace("$", "$$")
 
 
+def trainer_value(text: str) -> str:
+    """A spec string as the value of a ``key=value`` trainer override that the trainer reads back
+    verbatim. The trainer parses each value as YAML (trainer/config.py parse_overrides): a run
+    name ``gpt2 #1`` would lose `` #1`` (a comment), ``a: b`` would become a mapping, ``'x'`` lose
+    its quotes. Text that YAML reads back as itself is kept; anything else is single-quoted
+    (YAML 1.1 §7.3.2: a single-quoted scalar is literal but for ``''``)."""
+    try:
+        if isinstance(yaml.safe_load(text), str) and yaml.safe_load(text) == text:
+            return text
+    except yaml.YAMLError:
+        pass
+    return "'" + text.replace("'", "''") + "'"
+
+
 def team_writable_roots(namespace: str) -> tuple[str, ...]:
     """Where a team's jobs may write on FSx: its own subtree, the only read-write volume its pods
     mount (workloads.fsx), exported to its prefix of the checkpoints bucket. Its pipelines' work
@@ -132,6 +146,28 @@ class Runtime(str, Enum):
     TRAINJOB = "trainjob"  # trainer.kubeflow.org/v1alpha1 TrainJob (Trainer 2.3, torch-distributed runtime)
 
 
+# The durations a job can have. maxRuntime becomes activeDeadlineSeconds: under MIN_RUNTIME a
+# job is killed while its nodes launch and its image pulls (minutes on a GPU node); over
+# MAX_RUNTIME it is a service, not a training job, and holds its quota for a month. ttlAfterFinished
+# becomes runPolicy.ttlSecondsAfterFinished, an int32 (format: int32 in the pinned PyTorchJob CRD,
+# training-operator v1.9.4), so above 2^31-1 s the API server refuses the whole job.
+MIN_RUNTIME_SECONDS = 10 * 60
+MAX_RUNTIME_SECONDS = 30 * 24 * 3600
+MAX_TTL_SECONDS = 2**31 - 1
+DURATION_BOUNDS = {
+    "max_runtime": (MIN_RUNTIME_SECONDS, MAX_RUNTIME_SECONDS, "a job needs minutes to start, and runs at most 30 days"),
+    "ttl_after_finished": (60, MAX_TTL_SECONDS, "ttlSecondsAfterFinished is an int32 of seconds"),
+}
+
+
+def _human(seconds: int) -> str:
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds // 3600}h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds // 60}m"
+    return f"{seconds}s"
+
+
 def duration_seconds(text: str) -> int:
     match = _DURATION.match(text or "")
     if not text or not match:
@@ -140,8 +176,49 @@ def duration_seconds(text: str) -> int:
     return sum(int(part[:-1]) * units[part[-1]] for part in match.groups() if part)
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def _base_type(annotation: Any) -> Any:
+    """int for Optional[int], list[str] stays list[str]."""
+    args = [a for a in getattr(annotation, "__args__", ()) if a is not type(None)]
+    if getattr(annotation, "__origin__", None) is Union and len(args) == 1:
+        return args[0]
+    return annotation
+
+
+def _scalar_problem(value: Any, base: Any) -> Optional[str]:
+    """Why a YAML scalar cannot be what the field is: YAML 1.1 (PyYAML) reads unquoted
+    yes/no/on/off/true/false as booleans and 1:30 as the base-60 number 90; a control
+    character (a newline, NUL) cannot reach the trainer as one argument verbatim."""
+    if isinstance(value, bool) and base in (int, float):
+        return (f"is the YAML boolean {str(value).lower()} (YAML 1.1 reads yes/no/on/off as booleans), not a number. "
+                "FIX: write the number, e.g. 1")
+    if isinstance(value, bool) and base is str:
+        return (f"is the YAML boolean {str(value).lower()} (YAML 1.1 reads unquoted yes/no/on/off as booleans), not text. "
+                'FIX: quote it, e.g. "no"')
+    if isinstance(value, str) and base is str and (m := _CONTROL.search(value)):
+        return (f"contains the control character {m.group()!r} at position {m.start()}: it cannot reach the pod as one "
+                "argument or variable verbatim. FIX: remove it (one line, printable characters)")
+    return None
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _yaml_scalars(cls, value: Any, info: Any) -> Any:
+        base = _base_type(cls.model_fields[info.field_name].annotation)
+        if getattr(base, "__origin__", None) is list and _base_type(base.__args__[0]) is str and isinstance(value, list):
+            for index, item in enumerate(value):
+                if (problem := _scalar_problem(item, str)) is not None:
+                    raise ValueError(f"[{index}] {problem}")
+            return value
+        problem = _scalar_problem(value, base)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
 
 class TrainerSpec(_Model):
@@ -358,14 +435,27 @@ class JobSpec(_Model):
             raise ValueError(f"is not a path on the FSx mount. FIX: use an absolute path under {FSX_MOUNT_PATH}/")
         return value.rstrip("/")
 
+    @field_validator("max_runtime", "ttl_after_finished", mode="before")
+    @classmethod
+    def _duration_text(cls, value: Any) -> Any:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise ValueError(f"is the number {value}, not a duration (YAML 1.1 reads 1:30 as 90, base 60). "
+                             "FIX: write the duration with its units, e.g. 1h30m or 72h")
+        return value
+
     @field_validator("max_runtime", "ttl_after_finished")
     @classmethod
-    def _duration(cls, value: str) -> str:
+    def _duration(cls, value: str, info: Any) -> str:
         try:
-            if duration_seconds(value) <= 0:
+            seconds = duration_seconds(value)
+            if seconds <= 0:
                 raise ValueError(value)
         except ValueError:
             raise ValueError("is not a duration. FIX: write hours/minutes/seconds, e.g. 72h or 1h30m") from None
+        low, high, why = DURATION_BOUNDS[info.field_name]
+        if not low <= seconds <= high:
+            raise ValueError(f"is {seconds:,} s, outside {_human(low)}..{_human(high)} ({why}). "
+                             f"FIX: a duration between {_human(low)} and {_human(high)}")
         return value
 
     @field_validator("init_from")
@@ -659,6 +749,48 @@ def _duplicate_keys(node: Any, path: str = "") -> list[tuple[str, int, int]]:
 
 
 MAX_SPEC_BYTES = 1 << 20
+# A job spec is a few dozen values; aliases may repeat a node, but an expansion this large is
+# an alias bomb (each level of `&a [*b, *b, ...]` multiplies it), not a spec.
+MAX_SPEC_NODES = 10_000
+
+
+def _alias_problem(root: Any) -> Optional[str]:
+    """Why the composed YAML cannot be turned into values: an anchor used inside itself (PyYAML
+    builds a list that contains itself, and validating it recurses without end) or an expansion
+    past MAX_SPEC_NODES. None when it is a tree of reasonable size."""
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+
+    def size(node: Any) -> int:
+        key = id(node)
+        if key in on_path:
+            raise _Recursive(node)
+        if key in sizes:
+            return sizes[key]
+        on_path.add(key)
+        children = ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
+                    else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+        total = 1
+        for child in children:
+            total += size(child)
+            if total > MAX_SPEC_NODES:
+                break
+        on_path.discard(key)
+        sizes[key] = total
+        return total
+
+    try:
+        if size(root) > MAX_SPEC_NODES:
+            return f"expands to more than {MAX_SPEC_NODES:,} values through its aliases (*name)"
+    except _Recursive as exc:
+        return f"has an anchor used inside itself at line {exc.node.start_mark.line + 1} (a value that contains itself)"
+    return None
+
+
+class _Recursive(Exception):
+    def __init__(self, node: Any):
+        super().__init__()
+        self.node = node
 
 
 def read_job_spec_file(path: Union[str, Path]) -> tuple[Any, list[Problem]]:
@@ -685,6 +817,8 @@ def read_job_spec_file(path: Union[str, Path]) -> tuple[Any, list[Problem]]:
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
+        if node is not None and (alias := _alias_problem(node)) is not None:
+            raise SpecFileError(name, alias, "write the values out, or use each anchor only outside itself")
         duplicates = _duplicate_keys(node)
         raw = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:

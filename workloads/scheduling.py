@@ -27,6 +27,11 @@ def team_namespace(team: str) -> str:
     return f"team-{team}"
 
 
+def team_of_namespace(namespace: str) -> str:
+    """The inverse of ``team_namespace``."""
+    return namespace.removeprefix("team-")
+
+
 # Values leave room for Kueue's borrowWithinCohort.maxPriorityThreshold (see workloads.kueue).
 PRIORITY_VALUES = {Priority.PRODUCTION: 1000, Priority.RESEARCH: 100, Priority.DEFAULT: 0}
 PRIORITY_CLASS_PREFIX = "training-"

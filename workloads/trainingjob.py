@@ -26,7 +26,7 @@ from workloads.fsx import team_pod_volumes, team_subtree_path, team_volume_mount
 from workloads.gpu_catalog import GPU_TYPES, SPOT_NOTICE_SECONDS
 from workloads.instances import instance
 from workloads.nodefit import DoesNotFit, PodSize, size_pod
-from workloads.jobspec import JobSpec, JobSpecError, Runtime, k8s_literal, team_space_problems
+from workloads.jobspec import JobSpec, JobSpecError, Runtime, k8s_literal, team_space_problems, trainer_value
 from workloads.karpenter import CAPACITY_TYPE_KEY, EFA_RESOURCE, GPU_RESOURCE, GPU_TYPE_LABEL, POOL_LABEL
 from workloads.kueue import QUEUE_LABEL
 from workloads.monitoring.stack import (
@@ -339,13 +339,14 @@ def trainer_args(job: ResolvedJob) -> list[str]:
     if spec.trainer is None:
         # Your own code: the same launcher and torchrun options, then your script or module.
         return torchrun + owncode.torchrun_target(spec)
-    overrides = [f"data.dir={spec.dataset}", *spec.trainer.overrides]
+    # The spec's own strings reach the trainer verbatim (trainer_value: its overrides are YAML).
+    overrides = [f"data.dir={trainer_value(spec.dataset)}", *spec.trainer.overrides]
     if spec.run_name:
-        overrides.append(f"tracking.run_name={spec.run_name}")
+        overrides.append(f"tracking.run_name={trainer_value(spec.run_name)}")
     if spec.init_from:
         # The trainer's initial load (trainer/train.py _initial_load): weights of the other job's
         # step while this job has no checkpoint of its own; its own checkpoints win on a restart.
-        overrides.append(f"checkpoint.initial_load_path={spec.init_from_path}")
+        overrides.append(f"checkpoint.initial_load_path={trainer_value(spec.init_from_path)}")
     # Every string from the spec is passed literally: no `$(SECRET_VAR)` expansion by the kubelet.
     overrides = [k8s_literal(o) for o in overrides]
     return [

@@ -177,6 +177,36 @@ def test_example_job_passes_submit_dry_run(path, stack_facts, tmp_path, capsys):
     assert rendered[0]["metadata"]["name"] == yaml.safe_load(path.read_text())["name"]
 
 
+OWN_CODE = sorted((ROOT / "examples" / "own-code").glob("*.yaml"))
+DECLARED = sorted((ROOT / "workloads" / "declared").glob("*/jobs/*.yaml")) + sorted(
+    (ROOT / "workloads" / "declared").glob("*/pipelines/jobs/*.yaml"))
+
+
+@pytest.mark.parametrize("path", JOBS + OWN_CODE, ids=[p.stem for p in JOBS + OWN_CODE])
+def test_example_job_preflights_clean_in_its_stack(path, stack_facts):
+    """Every shipped example fits its stack with no problem and no refused name."""
+    from jobs.preflight import preflight_file
+
+    report = preflight_file(str(path), stack_facts[_stack_of(path)], repo_root=str(ROOT))
+    assert report.problems == [], report.render()
+
+
+@pytest.mark.parametrize("path", JOBS + DECLARED, ids=[f"{p.parent.parent.name}-{p.stem}" for p in JOBS + DECLARED])
+def test_example_registers_its_model_under_its_teams_prefix(path):
+    """Review jobs-ops-4 §3: the examples inherited `gpt2-124m` from trainer/configs/gpt2-124m.yaml;
+    the team's MLflow login may create only `<namespace>.<name>` (docker/mlflow/mlflow_team_auth.py),
+    so the export got a 403 and the job still Succeeded. The effective name (config file +
+    overrides, the trainer's own parser) must be under the team's prefix."""
+    from jobs.preflight import trainer_config
+    from workloads.jobspec import load_job_spec, registered_model_prefix
+
+    spec = load_job_spec(path)
+    cfg, problems = trainer_config(spec.trainer, str(ROOT), dataset=spec.dataset, checkpoint_dir=spec.checkpoint_path)
+    assert problems == []
+    name = cfg.export.registered_model_name
+    assert name and name.startswith(registered_model_prefix(spec.namespace)), f"{path.name}: registers {name!r}"
+
+
 # -- pipeline parameters ------------------------------------------------------------------------------
 PIPELINES = sorted((ROOT / "examples" / "pipelines").glob("*.yaml"))
 

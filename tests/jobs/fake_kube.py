@@ -22,6 +22,7 @@ import copy
 import itertools
 import json
 import re
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -158,7 +159,9 @@ class FakeKubeApi:
         resource = self.resource_of(obj)
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
-        meta.setdefault("uid", f"uid-{next(_uids)}")
+        # Unique across the fake kubectl's processes too (each starts a fresh counter), as the API
+        # server's UUIDs are.
+        meta.setdefault("uid", f"uid-{next(_uids)}-{uuid.uuid4().hex[:8]}")
         meta.setdefault("creationTimestamp", now())
         if validate:
             self.validate(resource, obj)
@@ -213,6 +216,18 @@ class FakeKubeApi:
                 merged["status"] = existing["status"]
         self.validate(resource, merged)
         return self.add(merged, validate=False)
+
+    def create(self, obj):
+        """POST: 409 AlreadyExists for a taken name (also while it is being deleted)."""
+        from jobs.kube import AlreadyExists
+
+        self.requests.append(("create", obj.get("kind"), obj.get("metadata", {}).get("name")))
+        resource = self.resource_of(obj)
+        meta = obj.get("metadata", {})
+        if self.find(resource, meta["name"], meta.get("namespace")):
+            raise AlreadyExists(f'{resource} "{meta["name"]}" already exists')
+        self.validate(resource, obj)
+        return self.add(obj, validate=False)
 
     def patch(self, resource, name, namespace, patch):
         self.requests.append(("patch", resource, namespace, name, json.dumps(patch, sort_keys=True)))

@@ -69,10 +69,18 @@ def main(argv: list[str]) -> int:
 
 
 def _serve(argv: list[str], state: Path, api) -> int:
-    from jobs.kube import KubeError
+    from jobs.kube import AlreadyExists, KubeError
 
     args = list(argv)
     try:
+        # kubectl's global flags, as KubectlApi(kubeconfig=..., context=...) puts them first.
+        kubeconfig, context = _take(args, "--kubeconfig"), _take(args, "--context")
+        if kubeconfig is not None and not Path(kubeconfig).is_file():
+            raise Usage(f"error: stat {kubeconfig}: no such file or directory")
+        if context is not None:
+            known = os.environ.get("FAKE_KUBE_CONTEXTS", "")
+            if context not in known.split(","):
+                raise Usage(f'error: context "{context}" does not exist')
         verb = args.pop(0)
         if verb == "get":
             namespace = _take(args, "-n")
@@ -101,6 +109,14 @@ def _serve(argv: list[str], state: Path, api) -> int:
                     and _take(args, "-o") == "json") or args:
                 raise Usage(f"error: unexpected apply arguments {argv}")
             print(json.dumps(api.apply(json.loads(sys.stdin.read()))))
+        elif verb == "create":
+            if not (_take(args, "--field-manager") and _take(args, "-f") == "-" and _take(args, "-o") == "json") or args:
+                raise Usage(f"error: unexpected create arguments {argv}")
+            try:
+                print(json.dumps(api.create(json.loads(sys.stdin.read()))))
+            except AlreadyExists as exc:  # kubectl's words for the API server's 409
+                print(f'Error from server (AlreadyExists): error when creating "STDIN": {exc}', file=sys.stderr)
+                return 1
         elif verb == "patch":
             namespace, kind, body = _take(args, "-n"), _take(args, "--type"), _take(args, "-p")
             if kind != "merge" or _take(args, "-o") != "json" or len(args) != 2:

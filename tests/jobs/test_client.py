@@ -45,11 +45,11 @@ def test_label_selectors_follow_the_apimachinery_grammar(selector, labels, match
 
 
 # -- submit, list, get ------------------------------------------------------------------------
-def test_submit_applies_the_rendered_job_and_list_shows_it_per_team(kube, dev_facts):
+def test_submit_creates_the_rendered_job_and_list_shows_it_per_team(kube, dev_facts):
     jobs = client(kube, dev_facts)
     submitted = jobs.submit(raw_spec())
     assert submitted.job.name == "smoke-l4" and submitted.job.kind == "PyTorchJob"
-    assert ("apply", "PyTorchJob", "smoke-l4") in kube.requests
+    assert ("create", "PyTorchJob", "smoke-l4") in kube.requests
     # Kueue suspends it until admitted: the operator reports the Suspended condition.
     set_conditions(kube, submitted.manifest, "Created", "Suspended")
     assert [(j.name, j.phase, j.nodes, j.gpus_per_node) for j in jobs.list("research")] == [("smoke-l4", "Queued", 1, 1)]
@@ -210,3 +210,19 @@ def test_client_objects_are_frozen(kube, dev_facts):
     job = jobs.submit(raw_spec()).job
     with pytest.raises(dataclasses.FrozenInstanceError):
         job.phase = "Running"
+
+
+def test_preflight_refuses_a_model_name_the_config_file_gives_outside_the_teams_prefix(kube, dev_facts):
+    """Review jobs-ops-4 §3: only an override was checked; trainer/configs/gpt2-124m.yaml's
+    `gpt2-124m` passed, MLflow's team authorizer answered 403 at the end and the job Succeeded."""
+    spec = raw_spec()
+    spec["trainer"] = {**spec["trainer"], "overrides": [o for o in spec["trainer"]["overrides"]
+                                                        if not o.startswith("export.registered_model_name=")]}
+    jobs = JobClient(stack="dev", kube=kube, facts=dev_facts, store=LocalStore())
+    refused = jobs.preflight(spec)
+    assert not refused.ok
+    assert ("trainer[export.registered_model_name]: comes from trainer/configs/gpt2-124m.yaml and is not under team "
+            "research's model prefix team-research.") in refused.text
+    assert "add export.registered_model_name=team-research.gpt2-124m to trainer.overrides" in refused.text
+    spec["trainer"]["overrides"].append("export.registered_model_name=null")
+    assert jobs.preflight(spec).ok

@@ -151,9 +151,10 @@ def test_data_upload_and_checkpoints_commands(s3, dev_facts, tmp_path, monkeypat
                  "--facts", str(facts_file)]) == 2
     assert "DIR: does not exist" in capsys.readouterr().err
 
-    s3.put_object(Bucket=BUCKET, Key="team-research/pre/step-000100/complete.json", Body=b"{}")
+    # Dev keeps checkpoints on EFS: what S3 has is the job's s3Mirror (tests/jobs/test_efs_store.py).
+    s3.put_object(Bucket=BUCKET, Key="team-research/mirror/pre/step-000100/complete.json", Body=b"{}")
     monkeypatch.setenv("PATH", str(tmp_path))  # no kubectl: the job object is not needed
     assert main(["checkpoints", "pre", "--team", "research", "--facts", str(facts_file)]) == 0
-    assert capsys.readouterr().out.split() == ["step", "100", f"s3://{BUCKET}/team-research/pre/step-000100/"]
+    assert capsys.readouterr().out.split() == ["step", "100", f"s3://{BUCKET}/team-research/mirror/pre/step-000100/"]
     assert main(["checkpoints", "pre", "--team", "research"]) == 2
     assert "give --stack STACK" in capsys.readouterr().err

@@ -158,3 +158,19 @@ def test_the_trainer_puts_every_point_under_one_parent_run(tmp_path, monkeypatch
     parent = client.get_run(parents.pop())
     assert parent.info.run_name == "lr" and parent.data.tags[SWEEP_TAG] == "team-research.lr"
     assert parent.info.run_id not in runs
+
+
+def test_a_dry_run_sweep_says_nothing_was_submitted(dev_facts, tmp_path, capsys):
+    """Review jobs-ops-4 §1 #10: `--dry-run --sweep` ended with "queued by Kueue" though nothing was submitted."""
+    import json
+
+    from jobs.__main__ import main
+    from tests.jobs.conftest import SMOKE
+
+    facts_file = tmp_path / "facts.json"
+    facts_file.write_text(json.dumps(dev_facts.to_dict()))
+    assert main(["submit", str(SMOKE), "--stack", "dev", "--dry-run", "--facts", str(facts_file),
+                 "--sweep", "optimizer.lr=1e-4,3e-4"]) == 0
+    err = capsys.readouterr().err
+    assert "queued by Kueue" not in err
+    assert "sweep smoke-l4: 2 job(s) for team-research rendered below; nothing submitted (--dry-run)" in err

@@ -136,27 +136,18 @@ def test_the_launcher_refuses_a_tampered_archive_before_torchrun_exit_2(code_dir
     assert "hello" in run.stdout
 
 
-def test_submit_code_uploads_the_archive_then_applies_the_job_pinned_to_it(monkeypatch, capsys, tmp_path):
-    """`submit SPEC --stack dev --code DIR` against moto's S3 and a recorded `kubectl apply`: the
-    object lands at the pinned key before the job is applied, and the job carries its digest."""
-    import yaml
-
+def test_submit_code_uploads_the_archive_then_creates_the_job_pinned_to_it(monkeypatch, capsys, tmp_path):
+    """`submit SPEC --stack dev --code DIR` against moto's S3 and the fake kubectl: the object
+    lands at the pinned key before the job is created, and the job carries its digest."""
     from jobs import __main__ as cli
+    from tests.jobs.conftest import use_fake_kubectl
+    from tests.jobs.fake_kube import FakeKubeApi
 
     for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                         "AWS_DEFAULT_REGION": "us-west-2"}.items():
         monkeypatch.setenv(name, value)
-    from jobs.kube import KubectlApi
-
-    applied = []
-
-    def apply(self, obj):
-        # What the API server would answer for a server-side apply of a new object.
-        applied.append(obj)
-        return {**obj, "status": {}}
-
-    monkeypatch.setattr(cli, "kubeconfig_available", lambda: True)
-    monkeypatch.setattr(KubectlApi, "apply", apply)
+    state = use_fake_kubectl(tmp_path, monkeypatch)
+    FakeKubeApi().save(state)
     example = ROOT / "examples" / "own-code"
     with mock_aws():
         facts = cli._facts("dev", False)
@@ -164,10 +155,36 @@ def test_submit_code_uploads_the_archive_then_applies_the_job_pinned_to_it(monke
         s3.create_bucket(Bucket=facts.checkpoints_bucket, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
         code = cli.main(["submit", str(example / "ddp.yaml"), "--stack", "dev", "--offline", "--code", str(example / "ddp")])
         assert code == 0, capsys.readouterr()
-        [job] = applied
+        job = FakeKubeApi.load(state).find("pytorchjobs.kubeflow.org", "own-ddp", "team-research")
         env = {e["name"]: e.get("value") for e in job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]}
         bucket, key = env["MLP_CODE_URI"][len("s3://"):].split("/", 1)
         stored = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
     assert code_archive.sha256_hex(stored) == env["MLP_CODE_SHA256"] == usercode.archive(example / "ddp").sha256
     assert key.startswith("team-research/code/own-ddp/")
     assert "uploaded to s3://" in capsys.readouterr().out
+
+
+def test_submit_code_without_aws_credentials_is_one_line_and_creates_nothing(monkeypatch, capsys, tmp_path):
+    """Review jobs-ops-4 §3 S5: `submit --code` without AWS credentials ended in botocore's
+    NoCredentialsError traceback. Now: one line naming the archive's place and the fix, exit 4,
+    and no job on the cluster (the upload comes before the create)."""
+    from jobs import __main__ as cli
+    from tests.jobs.conftest import use_fake_kubectl
+    from tests.jobs.fake_kube import FakeKubeApi
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")
+    state = use_fake_kubectl(tmp_path, monkeypatch)
+    FakeKubeApi().save(state)
+    example = ROOT / "examples" / "own-code"
+    code = cli.main(["submit", str(example / "ddp.yaml"), "--stack", "dev", "--offline", "--code", str(example / "ddp")])
+    err = capsys.readouterr().err
+    assert code == 4, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("error: cannot upload your code to s3://") and "Unable to locate credentials" in err
+    assert "aws sso login" in err
+    assert FakeKubeApi.load(state).find("pytorchjobs.kubeflow.org", "own-ddp", "team-research") is None
