@@ -388,8 +388,14 @@ def test_every_name_fits_for_the_longest_platform_and_team_names_the_config_acce
 
     def with_team(n: int) -> dict:
         raw = with_name(name_len)
+        renamed = {}
         for i, team in enumerate(raw["scheduling"]["teams"]):
-            team["name"] = (f"t{i}" + "y" * 80)[:n]
+            renamed[team["name"]] = (f"t{i}" + "y" * 80)[:n]
+            team["name"] = renamed[team["name"]]
+        # Config that names teams elsewhere follows the rename (Argo CD's per-team SSO groups).
+        groups = raw.get("gitops", {}).get("sso", {}).get("teamGroups")
+        if groups:
+            raw["gitops"]["sso"]["teamGroups"] = {renamed.get(t, t): g for t, g in groups.items()}
         return raw
 
     team_len = _longest_accepted(with_team)
