@@ -56,7 +56,12 @@ def test_activation_checkpointing_and_compile_train_the_same_model(tmp_path, dat
     assert losses(ac) == losses(plain)
     assert losses(compiled) == pytest.approx(losses(plain), rel=1e-4)
     a, b = model_tensors(step_dir(plain, 4), tmp_path), model_tensors(step_dir(compiled, 4), tmp_path)
-    assert all(torch.allclose(a[k], b[k], rtol=1e-3, atol=1e-5) for k in a)
+    # atol: AdamW moves an element by up to lr (3e-3 here) per step whatever its gradient's size,
+    # so a near-zero gradient whose last bits differ between fused and eager kernels can move its
+    # weight a little differently. 1e-4 is 3% of one step; measured on the polyglot machines'
+    # CPU build of inductor: 2.8e-05 in one tensor (earlier machines: under 1e-5).
+    worst = {k: float((a[k] - b[k]).abs().max()) for k in a if not torch.allclose(a[k], b[k], rtol=1e-3, atol=1e-4)}
+    assert not worst, f"compiled weights differ beyond rtol 1e-3 / atol 1e-4: {worst}"
 
 
 # --- item 21: every_seconds ---------------------------------------------------------------------------
