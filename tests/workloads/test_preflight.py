@@ -58,8 +58,10 @@ def test_8b_model_with_adamw_on_one_40gb_a100_is_refused_with_the_arithmetic(a10
 
 
 def test_fsdp_shards_the_state_over_the_world():
+    # The example's own overrides stay (its model name under the team's prefix among them).
     shape, problems = trainer_shape(parse_job_spec({**EXAMPLE, "trainer": {
-        "config": "trainer/configs/gpt2-124m.yaml", "overrides": ["parallelism.strategy=fsdp"]}}), str(ROOT))
+        "config": "trainer/configs/gpt2-124m.yaml",
+        "overrides": [*EXAMPLE.get("trainer", {}).get("overrides", []), "parallelism.strategy=fsdp"]}}), str(ROOT))
     assert not problems
     ddp = dataclasses.replace(shape, strategy="ddp")
     assert memory_per_gpu(shape, 16)["state"] == pytest.approx(shape.parameters * BYTES_PER_PARAMETER / 16)
