@@ -32,10 +32,6 @@ def kwok(stack_cluster):
     return stack_cluster
 
 
-def _gpu_resource(pool) -> str:
-    return "nvidia.com/gpu"
-
-
 def _exclusive_gpu_pools(layer):
     """Pools whose nodes offer whole GPUs (shared pools advertise slices under other names)."""
     pools = []
