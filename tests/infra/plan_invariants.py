@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 from infra.recording import Recording, RecordedResource
+from tools.cluster.standins import STARTUP_TAINT_OWNERS, TaintOwner
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,24 +91,16 @@ def _daemon_set(name: str) -> Callable[[Recording], bool]:
     return lambda recording: any(obj["metadata"]["name"] == name for _, obj in k8s_objects(recording, "DaemonSet"))
 
 
-TAINT_LIFTERS: dict[str, TaintLifter] = {
-    # kubernetes-sigs/aws-fsx-csi-driver pkg/driver/constants.go:11 (node plugin removes it; the
-    # chart's node DaemonSet tolerates every taint: node.tolerateAllTaints true).
-    "fsx.csi.aws.com/agent-not-ready": TaintLifter("the aws-fsx-csi-driver add-on", _addon("aws-fsx-csi-driver")),
-    # kubernetes-sigs/aws-efs-csi-driver pkg/driver/driver.go AgentNotReadyNodeTaintKey ("taints to be
-    # removed on driver startup"); chart node.tolerateAllTaints true.
-    "efs.csi.aws.com/agent-not-ready": TaintLifter("the aws-efs-csi-driver add-on", _addon("aws-efs-csi-driver")),
-    # awslabs/mountpoint-s3-csi-driver v2.2.2 pkg/driver/node/taint.go AgentNotReadyNodeTaintKey,
-    # started from pkg/driver/driver.go:196; chart values node.tolerateAllTaints: true.
-    "s3.csi.aws.com/agent-not-ready": TaintLifter("the aws-mountpoint-s3-csi-driver add-on",
-                                                  _addon("aws-mountpoint-s3-csi-driver")),
-    # Ours: workloads/node_health_agent.py lifts READINESS_TAINT.
-    "node.mlplatform.io/gpu-not-ready": TaintLifter("the gpu-node-health DaemonSet", _daemon_set("gpu-node-health"),
-                                                    daemon_set="gpu-node-health"),
-    # Ours: workloads/gpu_sharing.py MIG gate lifts MIG_PENDING_TAINT once mig.config.state=success.
-    "mlplatform.io/mig-pending": TaintLifter("the mig-ready-gate DaemonSet", _daemon_set("mig-ready-gate"),
-                                             daemon_set="mig-ready-gate"),
-}
+def _lifter(owner: TaintOwner) -> TaintLifter:
+    if owner.addon is not None:
+        return TaintLifter(f"the {owner.addon} add-on", _addon(owner.addon))
+    _, name = owner.daemonset
+    return TaintLifter(f"the {name} DaemonSet", _daemon_set(name), daemon_set=name)
+
+
+# One table of who removes each startup taint, with its upstream source, for this plan check and
+# the cluster tests' stand-ins alike (tools/cluster/standins.py).
+TAINT_LIFTERS: dict[str, TaintLifter] = {key: _lifter(owner) for key, owner in STARTUP_TAINT_OWNERS.items()}
 
 
 def unlifted_startup_taints(recording: Recording) -> list[str]:

@@ -44,13 +44,13 @@ class TaintOwner:
 
 STARTUP_TAINT_OWNERS: dict[str, TaintOwner] = {o.key: o for o in (
     TaintOwner("fsx.csi.aws.com/agent-not-ready", addon="aws-fsx-csi-driver",
-               source="kubernetes-sigs/aws-fsx-csi-driver pkg/driver/node.go removeNotReadyTaint"),
+               source="kubernetes-sigs/aws-fsx-csi-driver pkg/driver/constants.go:11, node.go removeNotReadyTaint; chart node.tolerateAllTaints: true"),
     TaintOwner("efs.csi.aws.com/agent-not-ready", addon="aws-efs-csi-driver",
-               source="kubernetes-sigs/aws-efs-csi-driver pkg/driver/driver.go (AgentNotReadyNodeTaintKey, removed once the node plugin runs)"),
+               source="kubernetes-sigs/aws-efs-csi-driver pkg/driver/driver.go AgentNotReadyNodeTaintKey (\"taints to be removed on driver startup\"); chart node.tolerateAllTaints: true"),
     TaintOwner("ebs.csi.aws.com/agent-not-ready", addon="aws-ebs-csi-driver",
                source="kubernetes-sigs/aws-ebs-csi-driver pkg/driver/node.go removeNotReadyTaint"),
     TaintOwner("s3.csi.aws.com/agent-not-ready", addon="aws-mountpoint-s3-csi-driver",
-               source="awslabs/mountpoint-s3-csi-driver v2.2.2 pkg/driver/node/taint.go (started at driver.go:196)"),
+               source="awslabs/mountpoint-s3-csi-driver v2.2.2 pkg/driver/node/taint.go AgentNotReadyNodeTaintKey, started at pkg/driver/driver.go:196; chart node.tolerateAllTaints: true"),
     TaintOwner("node.mlplatform.io/gpu-not-ready", daemonset=("gpu-system", "gpu-node-health"),
                source="workloads/node_health_agent.py (lifts it when every check passes)"),
     TaintOwner("mlplatform.io/mig-pending", daemonset=("gpu-system", "mig-ready-gate"),
