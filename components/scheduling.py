@@ -56,6 +56,8 @@ class SchedulingArgs:
     cluster: the platform cluster; Kueue waits for its static node group and CoreDNS.
     teams: one namespace + ClusterQueue + LocalQueue each.
     flavors: one Kueue ResourceFlavor per GPU pool.
+    cpu_flavor: the general CPU pool's flavor, first in every ClusterQueue (pods without a GPU
+        request are admitted there), or None without that pool.
     manager: Kueue manager configuration (waitForPodsReady, fair sharing).
     kueue_replicas: Kueue controller replicas (2 in prod).
     depends_on: resources the namespaces' workloads need first (e.g. the GPU pools).
@@ -64,6 +66,7 @@ class SchedulingArgs:
     cluster: Cluster
     teams: Sequence[tuple[scheduling.TeamNamespaceSpec, kueue.TeamQueueSpec]]
     flavors: Sequence[kueue.FlavorSpec]
+    cpu_flavor: Optional[kueue.CpuFlavorSpec] = None
     manager: kueue.ManagerConfigSpec = field(default_factory=kueue.ManagerConfigSpec)
     kueue_replicas: int = 1
 
@@ -86,6 +89,8 @@ class Scheduling(pulumi.ComponentResource):
         after_kueue = pulumi.ResourceOptions(parent=self, depends_on=[self.kueue])
         for flavor in args.flavors:
             apply_object(f"{name}-flavor-{flavor.name}", kueue.resource_flavor(flavor), after_kueue)
+        if args.cpu_flavor is not None:
+            apply_object(f"{name}-cpu-flavor-{args.cpu_flavor.name}", kueue.resource_flavor(args.cpu_flavor), after_kueue)
 
         # The tenant boundary (workloads.tenancy): policies first, so no team namespace ever
         # exists without them.
@@ -101,7 +106,8 @@ class Scheduling(pulumi.ComponentResource):
             for obj in [*scheduling.team_objects(ns_spec)[1:], tenancy.team_role(ns_spec.namespace),
                         tenancy.team_role_binding(ns_spec.namespace)]:
                 apply_object(f"{name}-{ns_spec.team}-{obj['kind'].lower()}-{obj['metadata']['name']}", obj, in_ns)
-            cq = apply_object(f"{name}-{queue_spec.team}-clusterqueue", kueue.cluster_queue(queue_spec, args.flavors), after_kueue)
+            cq = apply_object(f"{name}-{queue_spec.team}-clusterqueue", kueue.cluster_queue(queue_spec, args.flavors, args.cpu_flavor),
+                              after_kueue)
             apply_object(f"{name}-{queue_spec.team}-localqueue", kueue.local_queue(queue_spec),
                          pulumi.ResourceOptions(parent=self, depends_on=[ns, cq, self.kueue]))
         self.register_outputs({"namespaces": sorted(n.namespace for n, _ in args.teams)})

@@ -22,7 +22,7 @@ from workloads import gpu_sharing
 from workloads.gpu_catalog import SPOT_NOTICE_SECONDS, gpu_type
 from workloads.gpu_sharing import PoolSharing
 from workloads.prices import PRICES, SPOT_DISCOUNT
-from workloads.karpenter import CpuPoolSpec, duration_seconds
+from workloads.karpenter import POOL_LABEL, CpuPoolSpec, duration_seconds
 
 NODE_POOL_TYPE = "kubernetes:karpenter.sh/v1:NodePool"
 
@@ -59,6 +59,7 @@ def team_specs(config: PlatformConfig, s3_prefix_list_cidrs: Any = None,
     for t in config.scheduling.teams:
         for resource, n in slices(t).items():
             cohort_slices[resource] = cohort_slices.get(resource, 0) + n
+    general_share = general_cpu_share(config)
     for team in config.scheduling.teams:
         ns = team.namespace
         tenancy_ = tenancy_spec(team)
@@ -76,9 +77,28 @@ def team_specs(config: PlatformConfig, s3_prefix_list_cidrs: Any = None,
                 annotations=tenancy_.namespace_annotations(),
                 s3_prefix_list_cidrs=s3_prefix_list_cidrs, service_cidr=service_cidr,
             ),
-            team.copy_into(kueue.TeamQueueSpec, team=team.name, namespace=ns),
+            team.copy_into(kueue.TeamQueueSpec, team=team.name, namespace=ns, **general_share),
         ))
     return out
+
+
+def general_cpu_share(config: PlatformConfig) -> dict[str, int]:
+    """Each team's nominal share of the general CPU pool: the pool's limits split evenly (what one
+    team leaves idle, another borrows within the cohort, as with GPUs). Nothing without the pool."""
+    cpu = cpu_flavor_spec(config)
+    teams = max(1, len(config.scheduling.teams))
+    if cpu is None:
+        return {}
+    return {"general_cpu": cpu.max_cpu // teams, "general_memory_gib": cpu.max_memory_gib // teams}
+
+
+def cpu_flavor_spec(config: PlatformConfig) -> Optional[kueue.CpuFlavorSpec]:
+    """The general CPU pool as a Kueue flavor (None without the pool)."""
+    pool = cpu_pool_spec(config)
+    if pool is None:
+        return None
+    return kueue.CpuFlavorSpec(name=pool.name, node_labels={POOL_LABEL: pool.name},
+                               max_cpu=pool.max_cpu, max_memory_gib=pool.max_memory_gib)
 
 
 def flavor_specs(config: PlatformConfig) -> list[kueue.FlavorSpec]:
@@ -127,6 +147,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
         f"{config.name}-scheduling",
         SchedulingArgs(cluster=cluster, teams=team_specs(config, platform.network.s3_endpoint.cidr_blocks,
                                                           cluster.service_cidr), flavors=flavor_specs(config),
+                       cpu_flavor=cpu_flavor_spec(config),
                        manager=kueue.ManagerConfigSpec(wait_for_pods_ready_timeout=config.scheduling.wait_for_pods_ready_timeout),
                        kueue_replicas=2 if config.is_prod else 1),
         opts=platform.kubernetes_opts(),

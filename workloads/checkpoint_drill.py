@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from workloads.jobspec import k8s_literal
+from workloads.karpenter import GENERAL_POOL, POOL_LABEL
 from workloads.kueue import QUEUE_LABEL
 from workloads.trainingjob import (CHECKPOINT_KEY_ITEM, CHECKPOINT_KEY_MOUNT, CHECKPOINT_KEY_SECRET,
                                    container_security_context, pod_security_context)
@@ -150,6 +151,11 @@ def render_drill(spec: DrillSpec) -> dict[str, Any]:
     }
     pod_spec = {
         "restartPolicy": "Never",
+        # The general CPU pool: Kueue then admits the drill only to the CPU flavor (a flavor whose
+        # node labels name another pool does not match, kueue flavorassigner.go
+        # checkFlavorForPodSets), never to a GPU flavor, whose pool selector and GPU toleration
+        # the gpu-less-pods policy refuses: the pod would never be created.
+        "nodeSelector": {POOL_LABEL: GENERAL_POOL},
         "serviceAccountName": spec.service_account,
         "securityContext": pod_security_context(spec.uid),
         "containers": [container],

@@ -46,6 +46,8 @@ STORAGE_STARTUP_TAINTS = (FSX_STARTUP_TAINT, EFS_STARTUP_TAINT, S3_MOUNTPOINT_ST
 
 # Labels a TrainingJob selects on (Karpenter copies template labels onto the node).
 POOL_LABEL = "mlplatform.io/pool"
+# The general CPU pool's name (its nodes' POOL_LABEL value); the stack config does not rename it.
+GENERAL_POOL = "general"
 GPU_TYPE_LABEL = "mlplatform.io/gpu-type"
 NODE_ROLE_LABEL = "node.mlplatform.io/role"
 EFA_LABEL = "mlplatform.io/efa"
@@ -149,7 +151,7 @@ class GpuPoolSpec:
 class CpuPoolSpec:
     """The general CPU pool for non-GPU work (data prep, evaluation, CI)."""
 
-    name: str = "general"
+    name: str = GENERAL_POOL
     capacity_types: Sequence[CapacityType] = (CapacityType.SPOT, CapacityType.ON_DEMAND)
     max_cpu: int = 256
     max_memory_gib: int = 1024

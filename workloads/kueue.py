@@ -1,7 +1,8 @@
 """Kueue objects (``kueue.x-k8s.io/v1beta2``) and the Kueue manager configuration.
 
-One ResourceFlavor per GPU pool (its node labels and the GPU taint toleration), one
-ClusterQueue per team in a shared cohort (nominal GPU quota from config; idle quota is
+One ResourceFlavor per GPU pool (its node labels and the GPU taint toleration) and one for the
+general CPU pool (where pods that request no GPU are admitted), one ClusterQueue per team in a
+shared cohort (nominal GPU quota from config; idle quota is
 borrowed by other teams and reclaimed by preemption), one LocalQueue in each team namespace.
 The manager runs with ``waitForPodsReady`` so a multi-node job is admitted all-or-nothing.
 """
@@ -55,17 +56,43 @@ class FlavorSpec:
 
 
 @dataclass(frozen=True)
+class CpuFlavorSpec:
+    """The general CPU pool seen by Kueue: where a team's pods that request no GPU are admitted
+    (the restore drill, data preparation, evaluation). Without it Kueue gives such a pod the first
+    GPU flavor its cpu and memory fit (the flavor assigner tries flavors in the ClusterQueue's
+    order and checks only the resources the pod requests), and with it that flavor's GPU pool
+    selector and GPU toleration, which the gpu-less-pods admission policy refuses: the pod is
+    never created."""
+
+    name: str  # the CPU NodePool's pool name
+    node_labels: Mapping[str, str]
+    max_cpu: int
+    max_memory_gib: int
+
+    @property
+    def resource_name(self) -> str:
+        return f"cpu-{self.name}"
+
+
+@dataclass(frozen=True)
 class TeamQueueSpec:
-    """A team's share: GPUs per flavor (pool name -> GPUs) and a fair-sharing weight."""
+    """A team's share: GPUs per flavor (pool name -> GPUs), its nominal share of the general CPU
+    pool (cpu, memory GiB; idle shares are borrowed within the cohort) and a fair-sharing weight."""
 
     team: str
     namespace: str
     gpu_quota: Mapping[str, int]
     fair_sharing_weight: int = 1
     borrowing: bool = True
+    general_cpu: int = 0
+    general_memory_gib: int = 0
 
 
-def resource_flavor(flavor: FlavorSpec) -> dict[str, Any]:
+def resource_flavor(flavor: FlavorSpec | CpuFlavorSpec) -> dict[str, Any]:
+    if isinstance(flavor, CpuFlavorSpec):
+        # The general pool has no taint: nothing to tolerate, only the pool to select.
+        return {"apiVersion": KUEUE_API, "kind": "ResourceFlavor", "metadata": {"name": flavor.resource_name},
+                "spec": {"nodeLabels": dict(flavor.node_labels)}}
     # Kueue adds these tolerations to admitted pods, so jobs need not know the GPU taint; only a
     # shared flavor tolerates the sharing taint, so only slice requests land on shared nodes.
     taints = [GPU_TAINT, SHARING_TAINT] if flavor.shared else [GPU_TAINT]
@@ -113,15 +140,34 @@ def _flavor_quota(flavor: FlavorSpec, quota: int, slice_names: Sequence[str]) ->
     return resources
 
 
-def cluster_queue(team: TeamQueueSpec, flavors: Sequence[FlavorSpec]) -> dict[str, Any]:
+def _cpu_flavor_quota(team: TeamQueueSpec, slice_names: Sequence[str]) -> list[dict[str, Any]]:
+    """No GPU, EFA or slice quota (here or anywhere in the cohort), so a pod requesting any of them
+    never fits this flavor and Kueue moves on to the GPU flavors."""
+    return [{"name": "cpu", "nominalQuota": str(team.general_cpu)},
+            {"name": "memory", "nominalQuota": f"{team.general_memory_gib}Gi"},
+            {"name": GPU_RESOURCE, "nominalQuota": "0"},
+            {"name": EFA_RESOURCE, "nominalQuota": "0"},
+            *({"name": r, "nominalQuota": "0"} for r in slice_names)]
+
+
+def cluster_queue(team: TeamQueueSpec, flavors: Sequence[FlavorSpec],
+                  cpu_flavor: CpuFlavorSpec | None = None) -> dict[str, Any]:
+    """``cpu_flavor`` comes first: Kueue assigns the first flavor in order where every requested
+    resource fits (kueue v0.19.2 pkg/scheduler/flavorassigner: ``findFlavorForPodSets`` walks
+    ``ResourceGroup.Flavors`` in order), so a pod with no GPU request lands on the CPU pool and a
+    GPU request, which never fits the CPU flavor's zero GPU quota, goes on to the GPU pools."""
     flavor_entries = []
     slice_names = slice_resources(flavors)
+    quotas: list[tuple[str, list[dict[str, Any]]]] = []
+    if cpu_flavor is not None:
+        quotas.append((cpu_flavor.resource_name, _cpu_flavor_quota(team, slice_names)))
     for flavor in flavors:
-        resources = _flavor_quota(flavor, int(team.gpu_quota.get(flavor.name, 0)), slice_names)
+        quotas.append((flavor.resource_name, _flavor_quota(flavor, int(team.gpu_quota.get(flavor.name, 0)), slice_names)))
+    for resource_name, resources in quotas:
         if not team.borrowing:
             for resource in resources:
                 resource["borrowingLimit"] = "0"
-        flavor_entries.append({"name": flavor.resource_name, "resources": resources})
+        flavor_entries.append({"name": resource_name, "resources": resources})
     return {
         "apiVersion": KUEUE_API,
         "kind": "ClusterQueue",

@@ -313,7 +313,7 @@ def test_kueue_shared_flavors_take_slices_never_whole_gpus_or_efa(plan, schemas)
         assert {"key": "mlplatform.io/gpu-sharing", "operator": "Exists", "effect": "NoSchedule"} in tolerations
     for name, flavor in flavors.items():
         if name not in shared:
-            assert all(t["key"] != "mlplatform.io/gpu-sharing" for t in flavor["spec"]["tolerations"])
+            assert all(t["key"] != "mlplatform.io/gpu-sharing" for t in flavor["spec"].get("tolerations", []))
     for queue in queues:
         assert validate_custom_resource(queue, schemas) == []
         group = queue["spec"]["resourceGroups"][0]
@@ -431,3 +431,32 @@ def test_preflight_checks_memory_against_the_slice_not_the_gpu(facts):
     refused = preflight(big, facts["prod"], repo_root=root)
     assert not refused.ok and refused.figures["memory_per_gpu_gib"] < 80 * 0.95
     assert any("usable on one nvidia.com/mig-1g.10gb" in p.message for p in refused.problems)
+
+
+def test_pods_without_a_gpu_request_have_a_cpu_flavor_first_in_every_team_queue(plan, schemas):
+    """Kueue assigns the first flavor, in the ClusterQueue's order, where every resource the pod
+    requests fits (kueue v0.19.2 pkg/scheduler/flavorassigner/flavorassigner.go,
+    ``findFlavorForPodSets``: ``for ; idx < len(resourceGroup.Flavors); idx++`` over the requests
+    filtered to the group's resources). A pod that requests only cpu and memory (the restore
+    drill, data preparation) therefore took the first GPU flavor, with its GPU pool selector and
+    GPU toleration, which the gpu-less-pods policy refuses: the pod was never created. The general
+    CPU pool's flavor comes first, with no GPU, EFA or slice quota, so GPU requests never fit it."""
+    flavors = {f["metadata"]["name"]: f for f in _inputs(plan, "ResourceFlavor")}
+    pool = plan.config.karpenter.cpu_pool
+    assert pool.enabled
+    cpu_flavor = flavors["cpu-general"]
+    assert validate_custom_resource(cpu_flavor, schemas) == []
+    assert cpu_flavor["spec"] == {"nodeLabels": {"mlplatform.io/pool": "general"}}
+    node_pools = {r.inputs["metadata"]["name"]: r.inputs for r in plan.recording.resources
+                  if r.inputs.get("kind") == "NodePool"}
+    general = [p for p in node_pools.values()
+               if p["spec"]["template"]["metadata"]["labels"].get("mlplatform.io/pool") == "general"]
+    assert len(general) == 1 and not general[0]["spec"]["template"]["spec"].get("taints")
+    teams = plan.config.scheduling.teams
+    for queue in _inputs(plan, "ClusterQueue"):
+        first = queue["spec"]["resourceGroups"][0]["flavors"][0]
+        assert first["name"] == "cpu-general", queue["metadata"]["name"]
+        quota = {r["name"]: r["nominalQuota"] for r in first["resources"]}
+        assert quota.pop("cpu") == str(pool.max_cpu // len(teams))
+        assert quota.pop("memory") == f"{pool.max_memory_gib // len(teams)}Gi"
+        assert set(quota.values()) == {"0"}, quota
