@@ -46,8 +46,8 @@ def build_wheel(directory: Path, name: str, version: str, module_source: str) ->
 def launch(code_dir: Path, tmp_path: Path, venv_root: Path, pod: str):
     """The pod's launcher on an archive of code_dir, pinned by digest (as submit --code renders it)."""
     code = usercode.archive(code_dir)
-    stored = tmp_path / "bucket" / f"{code.sha256}.tar.gz"
-    stored.parent.mkdir(exist_ok=True)
+    stored = tmp_path / "bucket" / pod / f"{code.sha256}.tar.gz"
+    stored.parent.mkdir(parents=True, exist_ok=True)
     stored.write_bytes(code.data)
     termination = tmp_path / f"termination-{pod}"
     termination.write_text("")
@@ -89,6 +89,19 @@ def test_the_requirement_is_installed_once_and_reused_by_the_next_pod(code_dir, 
     assert f"reusing {venv}" in run.stderr and "installing" not in run.stderr
     assert json.loads((venv / requirements_env.READY_MARKER).read_text()) == marker  # not rebuilt
     assert log.read_text() == log_before  # pip not run again
+
+
+def test_two_pods_starting_together_build_the_environment_once(code_dir, tmp_path):
+    """Both nodes of a job start at once: one takes the lock and installs, the other waits on it
+    and reuses what the first finished (its marker), never installing into the same directory."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    venvs = tmp_path / ".venvs"
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda pod: launch(code_dir, tmp_path, venvs, pod)[0], ["pod-a", "pod-b"]))
+    assert all(r.returncode == 0 and "tinydep says 42" in r.stdout for r in runs), [r.stderr for r in runs]
+    assert sorted("installed into" in r.stderr for r in runs) == [False, True], [r.stderr for r in runs]
+    assert len([p for p in venvs.iterdir() if p.is_dir()]) == 1
 
 
 def test_a_half_built_environment_is_rebuilt(code_dir, tmp_path):
