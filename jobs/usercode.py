@@ -278,7 +278,7 @@ def requirement_entries(text: str) -> list[tuple[int, str]]:
         if line.endswith("\\"):
             pending += line[:-1] + " "
             continue
-        line = (pending + line).strip()
+        line = " ".join((pending + line).split())
         pending = ""
         if line:
             out.append((start, line))
