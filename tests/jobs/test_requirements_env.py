@@ -165,3 +165,33 @@ def test_the_environment_is_keyed_by_requirements_image_and_wheels(tmp_path):
     with_wheel = requirements_env.env_key(b"tinydep==1.0\n", pins, str(wheels))
     build_wheel(wheels, "tinydep", "1.0", "VALUE = 2\n")  # rebuilt, same version
     assert requirements_env.env_key(b"tinydep==1.0\n", pins, str(wheels)) != with_wheel
+
+
+@pytest.mark.slow
+def test_local_submit_installs_once_for_both_pods_and_every_restart(tmp_path, capsys):
+    """`submit examples/own-code/ddp.yaml --stack dev --local --code DIR --interrupt-at-step 10`
+    with DIR's train.py importing a vendored package: the two pods of the job start together, one
+    installs, the other waits and reuses; after the preemption both recreated pods reuse it."""
+    import re
+    import shutil
+
+    from jobs import __main__ as cli
+
+    code = tmp_path / "code"
+    code.mkdir()
+    source = (ROOT / "examples" / "own-code" / "ddp" / "train.py").read_text()
+    future = "from __future__ import annotations\n"
+    (code / "train.py").write_text(source.replace(future, future + "import tinydep  # vendored in wheels/\n", 1))
+    build_wheel(code / "wheels", "tinydep", "1.0", "VALUE = 1\n")
+    (code / "requirements.txt").write_text("tinydep==1.0\n")
+    workdir = tmp_path / "run"
+    rc = cli.main(["submit", str(ROOT / "examples" / "own-code" / "ddp.yaml"), "--stack", "dev", "--offline", "--local",
+                   "--code", str(code), "--interrupt-at-step", "10", "--workdir", str(workdir), "--timeout", "400"])
+    out = capsys.readouterr().out
+    logs = {p.name: p.read_text() for p in sorted(workdir.glob("attempt-*.log"))}
+    assert rc == 0 and "attempts: [[143, 143], [0, 0]]" in out, out + "".join(v[-2000:] for v in logs.values())
+    said = {name: re.findall(r"requirements\.txt: (installed into|reusing) ", text) for name, text in logs.items()}
+    assert sorted(sum(said.values(), [])) == ["installed into", "reusing", "reusing", "reusing"], said
+    assert all(not re.findall("installed into", logs[n]) for n in logs if n.startswith("attempt-2")), said
+    assert len([p for p in workdir.glob("fsx/checkpoints/*/.venvs/*") if p.is_dir()]) == 1
+    shutil.rmtree(workdir)
