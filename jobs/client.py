@@ -106,6 +106,8 @@ def exit_code_meaning(code: Optional[int]) -> str:
         return "failed (permanent: an error in the trainer, or retries exhausted; see the log)"
     if code == 2:
         return "bad input (permanent: the trainer refused its config or data)"
+    if code == 3:
+        return "requirements.txt not installable (permanent: the pod's termination message names the requirement)"
     if code == 143:
         return "preempted: SIGTERM (spot notice, drain, Kueue preemption or cancel), checkpointed, retried"
     if code == 137:

@@ -141,6 +141,9 @@ def test_a_requirement_that_cannot_be_found_exits_permanent_with_its_name(code_d
     assert "pip could not install requirement not-vendored-pkg==2.0" in message
     assert "wheels/" in message and "Fix:" in message
     assert 1 <= run.returncode <= 127  # permanent under restartPolicy ExitCode
+    from jobs.client import exit_code_meaning  # what `describe` says of the attempt
+
+    assert exit_code_meaning(run.returncode).startswith("requirements.txt not installable (permanent")
 
 
 def test_code_without_requirements_runs_in_the_image_as_before(tmp_path):
