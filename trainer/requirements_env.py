@@ -19,7 +19,9 @@ torchrun starts. Without a ``requirements.txt`` in the archive nothing happens. 
   resolution conflict, not a replaced CUDA build.
 - Concurrent pods of a job: the first takes an exclusive ``flock`` on ``<digest>.lock`` beside the
   environment (the FSx volumes mount with ``flock``, workloads/fsx.py MOUNT_OPTIONS; on EFS the
-  NFS client maps flock to NFSv4 byte-range locks, Linux nfs(5) "local_lock"), builds, and writes
+  NFS client emulates flock as a byte-range lock on the whole file on the server, Linux flock(2)
+  "NFS details", since 2.6.12, unless mounted with local_lock, nfs(5), which the EFS volumes are
+  not: workloads/s3_storage.py mounts them with tls and accesspoint only), builds, and writes
   ``.mlp-ready.json`` last; the others wait for the lock, then find the marker and use the
   environment as it is. A half-built environment (its pod died) has no marker and is rebuilt.
   Building in place rather than renaming a finished one matters: a venv is not relocatable (pip
