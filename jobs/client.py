@@ -106,6 +106,8 @@ def exit_code_meaning(code: Optional[int]) -> str:
         return "failed (permanent: an error in the trainer, or retries exhausted; see the log)"
     if code == 2:
         return "bad input (permanent: the trainer refused its config or data)"
+    if code == 3:
+        return "requirements.txt not installable (permanent: the pod's termination message names the requirement)"
     if code == 143:
         return "preempted: SIGTERM (spot notice, drain, Kueue preemption or cancel), checkpointed, retried"
     if code == 137:
@@ -450,7 +452,7 @@ class JobClient:
         job_spec = report.job.spec if report.job is not None else None
         if job_spec is not None and code is not None:
             # Your code (submit --code DIR): the script torchrun starts is there and parses.
-            from jobs.usercode import entry_point_problems
+            from jobs.usercode import check_requirements, entry_point_problems
 
             if not Path(code).is_dir():
                 report.problems.append(Problem("--code", str(code), "is not a directory",
@@ -458,6 +460,8 @@ class JobClient:
             problems, warnings = entry_point_problems(job_spec, code)
             report.problems += problems
             report.warnings += warnings
+            if Path(code).is_dir() and (check := check_requirements(code)) is not None:
+                report.lines.append(check.install_step(job_spec.namespace))
         if job_spec is not None and not report.problems:
             # initFrom is read from the checkpoint store once everything else holds.
             problems, warnings = self._init_from_check(job_spec)

@@ -311,6 +311,7 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
         if spec.trainer is None:
             report.lines.append("memory         not checked: your own code's model and batch are unknown to preflight "
                                 "(run it with submit --local first)")
+            _own_code_cost_bound(spec, job, price, report)
         return report
     measured = gpu_measurements.load(measurements_file)
     _check_memory(spec, facts, job, shape, measured, report)
@@ -425,6 +426,26 @@ def _check_step_time_and_cost(spec: JobSpec, job: ResolvedJob, shape: ModelShape
                                        step_time_fix(step_seconds, shape, spec, job)).does_not_fit())
     if hours * 3600 > spec.max_runtime_seconds:
         report.warnings.append(f"the estimated {hours:.1f} h exceed maxRuntime {spec.max_runtime}: the job will be stopped before the end")
+
+
+def _own_code_cost_bound(spec: JobSpec, job: ResolvedJob, price: Any, report: Preflight) -> None:
+    """Own code: no step-time arithmetic (its model is unknown), but maxRuntime bounds the run
+    (activeDeadlineSeconds stops the job), so nodes x maxRuntime x $/h bounds what it can cost."""
+    hours = spec.max_runtime_seconds / 3600
+    report.figures["max_run_hours"] = round(hours, 2)
+    if price is None:
+        report.lines.append(f"cost           not estimated: no price for {job.instance_type}")
+        return
+    on_demand = hours * spec.nodes * price.on_demand_usd_per_hour
+    line = (f"cost           at most {spec.nodes} x {job.instance_type} x {hours:g} h (maxRuntime {spec.max_runtime}): "
+            f"on-demand {_usd(on_demand)} (${price.on_demand_usd_per_hour:.2f}/h)")
+    report.figures["max_cost_on_demand_usd"] = round(on_demand, 2)
+    if job.interruptible:
+        spot = hours * spec.nodes * price.spot_usd_per_hour
+        line += f", spot ~{_usd(spot)} (assumes {SPOT_DISCOUNT:.0%} below on-demand)"
+        report.figures["max_cost_spot_usd"] = round(spot, 2)
+    report.lines.append(line + "; your code's own run time is unknown to preflight: lower maxRuntime to lower the bound")
+    report.lines.append(f"               prices: {SOURCE_URL} ({PRICES_AS_OF})")
 
 
 def _check_checkpoint_time(spec: JobSpec, facts: PlatformFacts, job: ResolvedJob, shape: ModelShape,

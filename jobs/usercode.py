@@ -171,6 +171,16 @@ def upload(spec: JobSpec, code: CodeArchive, *, s3_client=None) -> bool:
 
 
 REQUIREMENTS_FILE = "requirements.txt"
+WHEELS_DIR = "wheels"  # trainer/requirements_env.py installs from here, with --no-index
+# Options of a requirements file the pod's offline install can honour.
+ALLOWED_OPTIONS = {"--no-index", "--prefer-binary", "--only-binary", "--no-binary", "--pre", "--require-hashes",
+                   "--find-links", "-f"}
+# What to vendor: in the trainer image, `pip install --dry-run` names only what the image lacks (torch
+# and the trainer's pins are already satisfied), for the image's Python and platform.
+WHEELS_HOWTO = (f"in the trainer image, list what it lacks (pip install --dry-run -r {REQUIREMENTS_FILE}) and "
+                f"pip download --no-deps -d {WHEELS_DIR} each of them")
+NO_INDEX_REASON = "team pods reach no package index (their NetworkPolicies allow the VPC, DNS and S3 only)"
+NO_INDEX_FIX = f"vendor the wheels in {WHEELS_DIR}/ beside your script ({WHEELS_HOWTO}) and drop the line: {NO_INDEX_REASON}"
 
 
 def entry_point(spec: JobSpec) -> tuple[str, Optional[str]]:
@@ -197,6 +207,10 @@ def entry_point_problems(spec: JobSpec, directory: Path | str) -> tuple[list[Pro
     field, target = entry_point(spec)
     problems: list[Problem] = []
     warnings: list[str] = []
+    check = check_requirements(directory)
+    if check is not None:
+        problems += check.problems
+        warnings += check.warnings
     if field.startswith("command[2]") and target is not None:  # a module: pkg.mod -> pkg/mod.py or pkg/mod/__main__.py
         base = target.replace(".", "/")
         candidates = [f"{base}.py", f"{base}/__main__.py"]
@@ -221,10 +235,149 @@ def entry_point_problems(spec: JobSpec, directory: Path | str) -> tuple[list[Pro
                                         f"fix the syntax error (python -m py_compile {path})"))
             except ValueError as exc:  # NUL bytes
                 problems.append(Problem(field, target, f"is not Python source ({exc})", "give the script's .py file"))
-    if REQUIREMENTS_FILE in files:
-        warnings.append(f"{REQUIREMENTS_FILE} in {directory} is not installed in the pod: the image's packages are what "
-                        "your code gets. Build an image FROM the trainer image with them (docs/trainer.md, \"Your own code\")")
     return problems, warnings
+
+
+def _packaging():
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement
+        from packaging.utils import canonicalize_name
+    except ImportError:  # pip's own copy, present wherever pip is
+        from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
+        from pip._vendor.packaging.utils import canonicalize_name
+    return InvalidRequirement, Requirement, canonicalize_name
+
+
+def image_pins(repo_root: Path | None = None) -> dict[str, str]:
+    """The trainer image's exact pins (canonical name -> version): the ``trainer`` extra of
+    pyproject.toml, which trainer/Dockerfile installs (tests/trainer/test_image.py ties its torch
+    to the base image's)."""
+    import tomllib
+
+    _, Requirement, canonicalize_name = _packaging()
+    root = repo_root or Path(__file__).resolve().parents[1]
+    extra = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["trainer"]
+    pins = {}
+    for text in extra:
+        req = Requirement(text)
+        exact = [s.version for s in req.specifier if s.operator == "=="]
+        if exact:
+            pins[canonicalize_name(req.name)] = exact[0]
+    return pins
+
+
+def requirement_entries(text: str) -> list[tuple[int, str]]:
+    """(line number, logical line) of a requirements file: comments gone, continuations joined."""
+    out: list[tuple[int, str]] = []
+    pending, start = "", 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = "" if raw.lstrip().startswith("#") else raw
+        line = line.split(" #", 1)[0].split("\t#", 1)[0].rstrip()
+        if not pending:
+            start = number
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = " ".join((pending + line).split())
+        pending = ""
+        if line:
+            out.append((start, line))
+    if pending.strip():
+        out.append((start, pending.strip()))
+    return out
+
+
+@dataclass(frozen=True)
+class RequirementsCheck:
+    problems: list[Problem]
+    warnings: list[str]
+    requirements: tuple[str, ...]
+    wheels: tuple[str, ...]
+
+    def install_step(self, namespace: str) -> str:
+        from workloads.owncode import venv_root
+
+        source = (f"offline from {WHEELS_DIR}/ ({len(self.wheels)} file(s))" if self.wheels
+                  else "offline (no wheels/: only what the image has)")
+        return (f"requirements   {REQUIREMENTS_FILE}: {len(self.requirements)} requirement(s), installed by the launcher "
+                f"before torchrun, {source}, into {venv_root(namespace)}/<digest of the requirements, wheels and image>: "
+                "built once, reused by every pod and restart; the image's packages (torch ...) are pinned by constraints; "
+                "a failed install exits 3 (permanent)")
+
+
+def check_requirements(directory: Path | str, repo_root: Path | None = None) -> Optional[RequirementsCheck]:
+    """The code directory's requirements.txt, checked statically (None without one): each line
+    parses, nothing the pod cannot reach (editable installs, local paths, URLs, package indexes),
+    nothing that would replace one of the image's pinned packages; each problem names its line
+    and the fix."""
+    directory = Path(directory)
+    path = directory / REQUIREMENTS_FILE
+    if not path.is_file():
+        return None
+    InvalidRequirement, Requirement, canonicalize_name = _packaging()
+    pins = image_pins(repo_root)
+    wheels_dir = directory / WHEELS_DIR
+    wheels = tuple(sorted(p.name for p in wheels_dir.iterdir() if p.is_file())) if wheels_dir.is_dir() else ()
+    vendored = {canonicalize_name(w.split("-", 1)[0]) for w in wheels if w.endswith((".whl", ".tar.gz", ".zip"))}
+    problems: list[Problem] = []
+    warnings: list[str] = []
+    names: list[str] = []
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        return RequirementsCheck([Problem(REQUIREMENTS_FILE, str(path), f"cannot be read ({exc})",
+                                          "save it as UTF-8 text")], [], (), wheels)
+    for number, line in requirement_entries(text):
+        where = f"{REQUIREMENTS_FILE} line {number}"
+        if line.startswith("-"):
+            option, _, value = line.replace("=", " ", 1).partition(" ")
+            value = value.strip()
+            if option in ("-e", "--editable"):
+                problems.append(Problem(where, line, "is an editable install: the pod installs wheels into a shared "
+                                        "environment, not a checkout", f"build a wheel of it (pip wheel PATH -w "
+                                        f"{WHEELS_DIR}/ --no-deps) and name the package instead"))
+            elif option in ("-i", "--index-url", "--extra-index-url"):
+                problems.append(Problem(where, line, "names a package index the pod cannot reach", NO_INDEX_FIX))
+            elif option in ("-r", "--requirement", "-c", "--constraint"):
+                problems.append(Problem(where, line, "includes another file: the pod reads this one file, and the "
+                                        "constraints are the image's", f"list the requirements in {REQUIREMENTS_FILE} itself"))
+            elif option in ("-f", "--find-links"):
+                target = (directory / value).resolve() if value and "://" not in value and not value.startswith("/") else None
+                if target is None or not target.is_dir() or not target.is_relative_to(directory.resolve()):
+                    problems.append(Problem(where, line, "points outside your code directory (the pod has only the "
+                                            "archive and no network)", f"put the wheels in {WHEELS_DIR}/ of {directory} "
+                                            "and drop the line (the pod always looks there)"))
+            elif option not in ALLOWED_OPTIONS:
+                problems.append(Problem(where, line, "is an option the pod's offline install does not take",
+                                        f"drop it; allowed: {', '.join(sorted(ALLOWED_OPTIONS))}"))
+            continue
+        spec_text = " ".join(t for t in line.split() if not t.startswith("--hash"))
+        try:
+            req = Requirement(spec_text)
+        except InvalidRequirement as exc:
+            if "/" in spec_text or spec_text.startswith(".") or spec_text.endswith((".whl", ".tar.gz", ".zip")):
+                problems.append(Problem(where, line, "is a local path: the pod has your archive, not your disk",
+                                        f"build a wheel into {WHEELS_DIR}/ (pip wheel PATH -w {WHEELS_DIR}/ --no-deps) and "
+                                        "write the package's name==version"))
+            else:
+                problems.append(Problem(where, line, f"does not parse as a requirement ({str(exc).splitlines()[0]})",
+                                        "write name, name==version or name>=x,<y (PEP 508)"))
+            continue
+        name = canonicalize_name(req.name)
+        names.append(spec_text)
+        if req.url:
+            problems.append(Problem(where, line, "installs from a URL or path the pod cannot reach",
+                                    f"put the wheel in {WHEELS_DIR}/ and write {req.name}==<version>; " + NO_INDEX_REASON))
+        elif name in pins:
+            if req.specifier and not req.specifier.contains(pins[name], prereleases=True):
+                problems.append(Problem(where, line, f"asks for another version than the image's {name}=={pins[name]}: the "
+                                        "pod's constraints keep the image's packages (its CUDA torch and the trainer's pins)",
+                                        f"drop the line (the image has {name} {pins[name]}), or build an image FROM the "
+                                        "trainer image for another version"))
+        elif name not in vendored:
+            warnings.append(f"{where}: {line}: no wheel for {req.name} in {wheels_dir} and the pod reaches no package "
+                            f"index: unless the image has {req.name}, the install fails (exit 3). Fix: {WHEELS_HOWTO}")
+    return RequirementsCheck(problems, warnings, tuple(names), wheels)
 
 
 def local_object_path(uri: str, s3_root: Path) -> Path:

@@ -19,6 +19,7 @@ Exit codes:
   or `restartPolicy: ExitCode` fails the whole job for one OOM kill on one node.
 - 135 (128 + SIGBUS): a rank's error names a GPU fault (trainer/gpu_faults.py): retried on
   another node; the pod's termination message names the node, rank and fault.
+- 3: your code's requirements.txt could not be installed (trainer/requirements_env.py): permanent.
 - anything else (1-127): a real failure, permanent: a rank raised an exception that neither
   a signal nor a lost peer explains (a bug, a bad config, a non-finite loss).
 """
@@ -289,8 +290,26 @@ def own_code_dir() -> tuple[str | None, int]:
         return None, EXIT_BAD_INPUT
 
 
+def own_code_environment(code_dir: str | None):
+    """Your code's requirements.txt installed into the job's shared environment
+    (trainer/requirements_env.py): (the environment or None, 0), or (None, 3) when pip refused."""
+    from trainer import requirements_env
+
+    try:
+        return requirements_env.prepare(code_dir), 0
+    except requirements_env.RequirementsError as exc:
+        print(f"[trainer.launch] {exc}", file=sys.stderr)
+        print(f"[trainer.launch] not starting torchrun; exiting {requirements_env.EXIT_REQUIREMENTS} (permanent)",
+              file=sys.stderr, flush=True)
+        requirements_env.write_termination_message(f"requirements: {exc}")
+        return None, requirements_env.EXIT_REQUIREMENTS
+
+
 def main(argv: list[str]) -> int:
     code_dir, code = own_code_dir()
+    if code != 0:
+        return code
+    venv, code = own_code_environment(code_dir)
     if code != 0:
         return code
     if (code := check_trainer_input(argv)) != 0:
@@ -314,7 +333,14 @@ def main(argv: list[str]) -> int:
             # The archive's root is the working directory and first on the path (the image's /app,
             # with trainer.contract, stays importable after it).
             env["PYTHONPATH"] = os.pathsep.join(p for p in (code_dir, env.get("PYTHONPATH") or os.getcwd()) if p)
-        child = subprocess.Popen([sys.executable, "-m", "trainer.elastic_run", *argv], env=env, cwd=code_dir)
+        python = sys.executable
+        if venv is not None:
+            # torchrun starts the workers with its own interpreter: the environment's, which sees
+            # its packages first, then the image's. Its bin/ first on PATH for `--no-python` commands.
+            python = venv.python
+            env["VIRTUAL_ENV"] = venv.venv
+            env["PATH"] = os.pathsep.join(p for p in (os.path.join(venv.venv, "bin"), env.get("PATH")) if p)
+        child = subprocess.Popen([python, "-m", "trainer.elastic_run", *argv], env=env, cwd=code_dir)
         signalled = []
 
         def forward(signum, frame):

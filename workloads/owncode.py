@@ -18,11 +18,16 @@ Where the code comes from:
   leaves the ``pytorch`` container without a terminated state, which the Training Operator
   reads as the retryable code 0xbeef (kubeflow/trainer@v1.9.4 pkg/controller.v1/common/pod.go:340),
   so a tampered archive would be retried until the job's deadline.
+
+A ``requirements.txt`` in the archive is installed by the launcher too, for the same reason, into a
+virtual environment under ``MLP_VENV_ROOT`` (the team's shared subtree, ``.venvs/``) that the job's
+pods and restarts share (trainer/requirements_env.py); jobs/usercode.py checks the file at preflight.
 """
 from __future__ import annotations
 
 from typing import Any, Optional
 
+from workloads.fsx import team_subtree_path
 from workloads.jobspec import JobSpec, k8s_literal
 from workloads.problems import Problem
 
@@ -34,6 +39,11 @@ CODE_SIZE_LIMIT = "2Gi"
 ENV_CODE_URI = "MLP_CODE_URI"
 ENV_CODE_SHA256 = "MLP_CODE_SHA256"
 ENV_CODE_DIR = "MLP_CODE_DIR"
+# Where the launcher keeps the virtual environments of requirements.txt (trainer/requirements_env.py):
+# on the team's shared file system, so every pod and restart of a job (and the team's other jobs
+# with the same requirements and image) reuse one; a directory per digest under it.
+ENV_VENV_ROOT = "MLP_VENV_ROOT"
+VENV_DIR = ".venvs"
 # What user code reads through trainer/contract.py.
 ENV_DATASET_DIR = "MLP_DATASET_DIR"
 
@@ -63,8 +73,12 @@ def env(spec: JobSpec) -> list[dict[str, Any]]:
     out = [{"name": ENV_DATASET_DIR, "value": k8s_literal(spec.dataset)}]
     if spec.code is not None:
         out += [{"name": ENV_CODE_URI, "value": spec.code.uri}, {"name": ENV_CODE_SHA256, "value": spec.code.sha256},
-                {"name": ENV_CODE_DIR, "value": CODE_MOUNT}]
+                {"name": ENV_CODE_DIR, "value": CODE_MOUNT}, {"name": ENV_VENV_ROOT, "value": venv_root(spec.namespace)}]
     return out
+
+
+def venv_root(namespace: str) -> str:
+    return f"{team_subtree_path(namespace)}/{VENV_DIR}"
 
 
 def volume(spec: JobSpec) -> Optional[dict[str, Any]]:

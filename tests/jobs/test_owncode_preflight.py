@@ -1,7 +1,7 @@
 """Own code is checked at preflight (review jobs-ops-4 §3 S5, §7 gap 1): a `script:` missing from
 the `--code` directory passed `preflight` and `submit --dry-run` and failed on a launched GPU
 node (`can't open file .../train_lora.py`, exit 1 on every rank); `requirements.txt` was
-silently ignored."""
+silently ignored (now checked: tests/jobs/test_requirements_preflight.py)."""
 from __future__ import annotations
 
 import json
@@ -38,7 +38,8 @@ def test_a_script_missing_from_the_code_directory_is_refused_before_any_gpu(dev_
     out = capsys.readouterr().out
     assert f"script: is not in the code directory {code} (its .py files: ['train.py'])" in out
     assert "did you mean 'train.py'?" in out
-    assert "requirements.txt in" in out and "is not installed in the pod" in out
+    # requirements.txt is checked too (tests/jobs/test_requirements_preflight.py): no wheels vendored.
+    assert "requirements.txt line 1: peft==0.13.2: no wheel for peft" in out
 
     assert main(["submit", str(spec), *stack, "--dry-run", "--code", str(code)]) == 2
     captured = capsys.readouterr()
