@@ -1,9 +1,10 @@
 """`python -m workloads list | describe | logs | cancel | checkpoints | data upload`: a thin layer
 over ``jobs.client.JobClient`` and ``jobs.data``.
 
-    python -m workloads list [--team T] [--all]
+    python -m workloads list [--team T] [--all] [--stack S]
     python -m workloads describe JOB --team T [--stack S]
     python -m workloads logs JOB --team T [-f] [--rank N | --all]
+    python -m workloads logs JOB --team T --stack S --attempt N [--rank N]   # from CloudWatch
     python -m workloads cancel JOB --team T [--wait]
     python -m workloads checkpoints JOB --team T --stack S [--verify [STEP] [--image IMAGE]]
     python -m workloads data upload DIR --dataset NAME --team T --stack S
@@ -97,7 +98,7 @@ def cmd_list(args) -> int:
     jobs = _client(args).list(args.team, include_finished=args.all)
     if not jobs:
         print(f"no {'' if args.all else 'active '}jobs{' of team ' + args.team if args.team else ''}"
-              f"{'' if args.all else ' (--all shows finished ones too)'}")
+              f"{'' if args.all else ' (--all shows finished and cancelled ones too)'}")
         return EXIT_OK
     rows = [("NAME", "TEAM", "KIND", "PHASE", "NODES x GPUS", "POOL", "CREATED")]
     rows += [(j.name, j.team, j.kind, j.phase, f"{j.nodes} x {j.gpus_per_node}", j.pool or "-", j.created or "-") for j in jobs]
@@ -147,6 +148,13 @@ def cmd_describe(args) -> int:
 # -- logs ----------------------------------------------------------------------------------
 def cmd_logs(args) -> int:
     rank = None if args.all else (args.worker + 1 if args.worker is not None else args.rank)
+    if args.attempt is not None:
+        if args.follow or rank is None:
+            raise ValueError(f"--attempt {args.attempt} reads one finished attempt of one rank: drop "
+                             f"{'-f' if args.follow else '--all'} (give --rank N)")
+        for line in _client(args).past_logs(args.name, args.team, attempt=args.attempt, rank=rank):
+            print(line.text, flush=True)
+        return EXIT_OK
     prefix = args.all
     last = None
     for line in _client(args).logs(args.name, args.team, rank=rank, follow=args.follow):
@@ -162,7 +170,10 @@ def cmd_cancel(args) -> int:
     result = _client(args).cancel(args.name, args.team, wait=args.wait, timeout_seconds=args.timeout, force=args.force)
     grace = f"{result.grace_seconds} s" if result.grace_seconds is not None else "their grace period"
     print(f"cancelling {result.namespace}/{result.name}: its pods get SIGTERM and {grace} to save a checkpoint "
-          "and exit 143; then the job is removed")
+          "and exit 143; then the job is removed" + (" (list --all keeps it as Cancelled)" if result.recorded else ""))
+    if not result.recorded:
+        print(f"note: its history record (ConfigMap {result.namespace}/job-history-{result.name}-...) could not be written: "
+              "list --all will not show it once it is gone", file=sys.stderr)
     if args.wait:
         if result.gone:
             print(f"removed; newest complete checkpoint: {result.newest_checkpoint if result.newest_checkpoint is not None else 'unknown (give --stack)'}")
@@ -208,13 +219,15 @@ def add_parsers(sub) -> None:
         p.add_argument("--team", required=required, help="the job's team (namespace team-<team>)")
 
     def stack(p, required=False):
-        p.add_argument("--stack", required=required, help="the stack (for checkpoints and attempt history: its bucket)")
+        p.add_argument("--stack", required=required, help="the stack: its teams (--team is checked), checkpoints bucket "
+                       "and container log group (attempt history, past logs)")
         p.add_argument("--offline", action="store_true", help="do not ask `pulumi stack output` for deployed names")
         p.add_argument("--facts", help="read the platform facts from this JSON file (written by `facts`)")
 
     p = sub.add_parser("list", help="the platform's jobs: phase, size, pool")
     team(p, required=False)
-    p.add_argument("--all", action="store_true", help="finished jobs too")
+    stack(p)
+    p.add_argument("--all", action="store_true", help="finished and cancelled jobs too")
     p.add_argument("--sweep", metavar="NAME", help="one sweep's points (label mlplatform.io/sweep), finished ones included")
     p.add_argument("--metric", action="append", metavar="NAME",
                    help="--sweep: a metric of each point's MLflow run to show (repeatable; default val_loss, loss)")
@@ -236,6 +249,11 @@ def add_parsers(sub) -> None:
     which.add_argument("--all", action="store_true", help="every rank, each line prefixed")
     which.add_argument("--worker", type=int, default=None, help="worker N of a PyTorchJob (= --rank N+1)")
     p.add_argument("-f", "--follow", action="store_true", help="stream, and pick up replacement pods until the job ends")
+    p.add_argument("--attempt", type=int, metavar="N",
+                   help="attempt N (1: the first) of the rank, from the cluster's CloudWatch container log group: "
+                        "pods of earlier attempts and of cancelled or finished jobs are gone from the cluster "
+                        "(needs --stack and AWS credentials)")
+    stack(p)
     p.set_defaults(run=guarded(cmd_logs))
 
     p = sub.add_parser("cancel", help="stop a job gracefully (checkpoint first), then remove it")

@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from components.container_logs import log_group_name
 from components.datasets import DatasetBucket, write_throughput_mb_per_s
 from components.tracking import K8S_SECRET_NAME
 from infra.config import PlatformConfig
@@ -53,11 +54,13 @@ def facts_from_plan(plan: Plan) -> PlatformFacts:
         write_mb_s, store = EFS_CLIENT_WRITE_MB_PER_S, "EFS"
     trainer_v2 = any(r.type == "kubernetes:helm.sh/v3:Release" and "kubeflow-trainer" in str(r.inputs.get("chart", ""))
                      for r in recording.resources)
-    return facts_from_manifests(
+    facts = facts_from_manifests(
         _kubernetes_manifests(recording), stack=plan.stack, region=config.region, tracking_secret_name=K8S_SECRET_NAME,
         checkpoints_bucket=bucket, fsx_write_mb_per_s=write_mb_s,
         trainer_v2_runtime=TORCH_DISTRIBUTED_RUNTIME if trainer_v2 else None, checkpoint_store=store,
     )
+    logs_on = config.monitoring is not None and config.monitoring.container_logs
+    return replace(facts, container_log_group=log_group_name(config.cluster_name) if logs_on else None)
 
 
 def stack_outputs(stack: str) -> Optional[dict[str, Any]]:
@@ -167,6 +170,7 @@ def facts_for_stack(stack: str, *, use_outputs: bool = True) -> PlatformFacts:
     outputs = stack_outputs(stack) if use_outputs else None
     if outputs:
         facts = replace(facts, checkpoints_bucket=outputs.get("checkpointsBucket") or facts.checkpoints_bucket,
+                        container_log_group=outputs.get("containerLogGroup") or facts.container_log_group,
                         notes=facts.notes + (f"names from `pulumi stack output --stack {stack}`",))
     else:
         facts = replace(facts, notes=facts.notes + ("from the offline plan (stack outputs not readable): bucket names are placeholders",))

@@ -23,6 +23,8 @@ WORKLOADS = "workloads.kueue.x-k8s.io"
 PODS = "pods"
 NODES = "nodes"
 EVENTS = "events"
+CONFIGMAPS = "configmaps"  # the job history records (jobs/client.py)
+NAMESPACES = "namespaces"
 
 
 class NoClusterAccess(RuntimeError):
