@@ -6,6 +6,7 @@ over ``jobs.client.JobClient`` and ``jobs.data``.
     python -m workloads logs JOB --team T [-f] [--rank N | --all]
     python -m workloads logs JOB --team T --stack S --attempt N [--rank N]   # from CloudWatch
     python -m workloads cancel JOB --team T [--wait]
+    python -m workloads cancel --sweep NAME --team T [--wait]
     python -m workloads checkpoints JOB --team T --stack S [--verify [STEP] [--image IMAGE]]
     python -m workloads data upload DIR --dataset NAME --team T --stack S
 
@@ -167,6 +168,11 @@ def cmd_logs(args) -> int:
 
 # -- cancel --------------------------------------------------------------------------------
 def cmd_cancel(args) -> int:
+    if (args.name is None) == (args.sweep is None):
+        raise ValueError("cancel takes a job name or --sweep NAME (every active job of the sweep), not "
+                         + ("both" if args.name else "neither"))
+    if args.sweep is not None:
+        return _cancel_sweep(args)
     result = _client(args).cancel(args.name, args.team, wait=args.wait, timeout_seconds=args.timeout, force=args.force)
     grace = f"{result.grace_seconds} s" if result.grace_seconds is not None else "their grace period"
     print(f"cancelling {result.namespace}/{result.name}: its pods get SIGTERM and {grace} to save a checkpoint "
@@ -180,6 +186,20 @@ def cmd_cancel(args) -> int:
         else:
             print(f"still terminating after {args.timeout:.0f} s", file=sys.stderr)
             return 1
+    return EXIT_OK
+
+
+def _cancel_sweep(args) -> int:
+    results = _client(args).cancel_sweep(args.sweep, args.team, wait=args.wait, timeout_seconds=args.timeout,
+                                         force=args.force)
+    for result in results:
+        print(f"cancelling {result.namespace}/{result.name}: SIGTERM, checkpoint, exit 143; then removed")
+    print(f"sweep {args.sweep}: {len(results)} job(s) cancelled" + (" (list --all keeps them as Cancelled)"
+                                                                      if all(r.recorded for r in results) else ""))
+    if args.wait and not all(r.gone for r in results):
+        print(f"still terminating after {args.timeout:.0f} s: {', '.join(r.name for r in results if not r.gone)}",
+              file=sys.stderr)
+        return 1
     return EXIT_OK
 
 
@@ -256,8 +276,9 @@ def add_parsers(sub) -> None:
     stack(p)
     p.set_defaults(run=guarded(cmd_logs))
 
-    p = sub.add_parser("cancel", help="stop a job gracefully (checkpoint first), then remove it")
-    p.add_argument("name")
+    p = sub.add_parser("cancel", help="stop a job (or a whole sweep) gracefully (checkpoint first), then remove it")
+    p.add_argument("name", nargs="?")
+    p.add_argument("--sweep", metavar="NAME", help="every active job of this sweep (label mlplatform.io/sweep), in one command")
     team(p)
     stack(p)
     p.add_argument("--wait", action="store_true", help="wait until its pods are gone and print the newest checkpoint")

@@ -1028,6 +1028,33 @@ class JobClient:
                 newest = None
         return Cancelled(name, job.namespace, grace, gone, newest, recorded)
 
+    def cancel_sweep(self, sweep: str, team: str, *, wait: bool = False, timeout_seconds: float = 600,
+                     poll_seconds: float = 5, force: bool = False) -> list[Cancelled]:
+        """``cancel`` every active job of the sweep (label mlplatform.io/sweep). Checked first,
+        cancelled after: a sweep with no active job raises ``JobNotFound``, and one with a job
+        Argo CD owns raises ``GitOpsOwned`` before anything is deleted (unless ``force``)."""
+        from jobs.sweep import sweep_jobs
+
+        jobs = [j for j in sweep_jobs(self.list(team), sweep) if j.phase != "Terminating"]
+        if not jobs:
+            done = sweep_jobs(self.list(team, include_finished=True), sweep)
+            raise JobNotFound(f"sweep {sweep!r} of team {team} has no active job" +
+                              (f" ({len(done)} finished or cancelled: python -m workloads list --team {team} --sweep {sweep})"
+                               if done else f" (list the team's jobs: python -m workloads list --team {team} --all)"))
+        if not force:
+            for job in jobs:
+                self._refuse_gitops(job, "cancel")
+        out = [self.cancel(j.name, team, force=force) for j in jobs]
+        if not wait:
+            return out
+        deadline = self.clock() + timeout_seconds
+        gone: set[str] = set()
+        while len(gone) < len(jobs) and self.clock() < deadline:
+            gone |= {j.name for j in jobs if self._current(j) is None}
+            if len(gone) < len(jobs):
+                self.sleep(poll_seconds)
+        return [Cancelled(c.name, c.namespace, c.grace_seconds, c.name in gone, None, c.recorded) for c in out]
+
     def _record(self, job: Job, outcome: str) -> bool:
         """Keep the job in the team's history (written before the delete: once the job is gone
         nothing else remembers it). A refused write does not stop the cancel."""
