@@ -1,4 +1,4 @@
-"""`python -m workloads list | describe | logs | cancel | checkpoints | data upload`: a thin layer
+"""`python -m workloads list | describe | logs | cancel | pools | checkpoints | data upload`: a thin layer
 over ``jobs.client.JobClient`` and ``jobs.data``.
 
     python -m workloads list [--team T] [--all] [--stack S]
@@ -7,6 +7,7 @@ over ``jobs.client.JobClient`` and ``jobs.data``.
     python -m workloads logs JOB --team T --stack S --attempt N [--rank N]   # from CloudWatch
     python -m workloads cancel JOB --team T [--wait]
     python -m workloads cancel --sweep NAME --team T [--wait]
+    python -m workloads pools --stack S [--team T] [--declared]   # GPU pools, quotas, in use now
     python -m workloads checkpoints JOB --team T --stack S [--verify [STEP] [--image IMAGE]]
     python -m workloads data upload DIR --dataset NAME --team T --stack S
 
@@ -203,6 +204,35 @@ def _cancel_sweep(args) -> int:
     return EXIT_OK
 
 
+# -- pools ---------------------------------------------------------------------------------
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def cmd_pools(args) -> int:
+    client = _client(args)
+    view = client.pools(args.team, live=not args.declared)
+    facts = client.facts
+    print(f"GPU pools of stack {facts.stack} (Karpenter NodePools; MAX GPUS: the NodePool's limit)")
+    rows = [("POOL", "GPU", "GPUS/NODE", "INSTANCE TYPES", "CAPACITY", "MAX GPUS", "SHARING", "KUEUE FLAVOR")]
+    rows += [(p.name, p.gpu_type, str(p.gpus_per_node), ",".join(p.instance_types) or "-", ",".join(p.capacity_types) or "-",
+              str(p.max_gpus or "-"), p.sharing if p.sharing == "none" else f"{p.sharing} ({', '.join(f'{k}: {v}' for k, v in p.slices_per_node.items())})",
+              p.kueue_flavor or "-") for p in view.pools]
+    print("\n".join(_table(rows)))
+    print()
+    source = "LocalQueue status, now" if view.live else "not read"
+    print(f"team quotas (Kueue ClusterQueue nominal GPUs per pool, slices on a shared pool; BORROW: up to what the cohort holds; IN USE: {source})")
+    rows = [("TEAM", "POOL", "NOMINAL", "BORROW", "IN USE", "PENDING JOBS")]
+    for q in view.quotas:
+        rows.append((q.team, q.pool, str(q.nominal_gpus), f"yes (to {q.cohort_gpus})" if q.borrowing else "no",
+                     "?" if q.in_use_gpus is None else str(q.in_use_gpus), "?" if q.pending_jobs is None else str(q.pending_jobs)))
+    print("\n".join(_table(rows)))
+    if view.note:
+        print(f"note: {view.note}")
+    return EXIT_OK
+
+
 # -- checkpoints ---------------------------------------------------------------------------
 def cmd_checkpoints(args) -> int:
     client = _client(args)
@@ -285,6 +315,12 @@ def add_parsers(sub) -> None:
     p.add_argument("--timeout", type=float, default=600, help="--wait: seconds")
     p.add_argument("--force", action="store_true", help="cancel a job declared in git too (Argo CD recreates it on its next sync)")
     p.set_defaults(run=guarded(cmd_cancel))
+
+    p = sub.add_parser("pools", help="the stack's GPU pools and each team's Kueue quota, with what it uses now")
+    p.add_argument("--team", help="one team (default: every team)")
+    stack(p)  # --stack or --facts: without either, one line saying so
+    p.add_argument("--declared", action="store_true", help="the stack's declared quotas only: do not read the cluster")
+    p.set_defaults(run=guarded(cmd_pools))
 
     p = sub.add_parser("checkpoints", help="a job's complete checkpoints (from the checkpoints bucket)")
     p.add_argument("name")

@@ -41,7 +41,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
-from jobs.kube import (CONFIGMAPS, NAMESPACES, NODES, PODS, PYTORCHJOBS, TRAINJOBS, WORKLOADS, AlreadyExists, KubeApi,
+from jobs.kube import (CONFIGMAPS, LOCALQUEUES, NAMESPACES, NODES, PODS, PYTORCHJOBS, TRAINJOBS, WORKLOADS, AlreadyExists, KubeApi,
                        KubeError, KubectlApi, NoClusterAccess)
 from jobs.store import EXPORT, MIRROR, AttemptRecord, CheckpointStore, S3Store, StoreError
 from workloads.scheduling import team_namespace, team_of_namespace
@@ -286,6 +286,42 @@ def job_from_history(obj: dict) -> Optional[Job]:
         return None  # not ours, or damaged: history is best effort, never a reason to fail a listing
 
 
+@dataclass(frozen=True)
+class TeamQuota:
+    """One team on one pool: its Kueue quota as declared, and what its LocalQueue reports now."""
+    team: str
+    pool: str
+    flavor: str
+    nominal_gpus: int
+    borrowing: bool
+    cohort_gpus: int  # what the cohort holds on the flavor: the most a borrowing team is admitted
+    in_use_gpus: Optional[int] = None  # None: not read from the cluster
+    pending_jobs: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class PoolsView:
+    pools: tuple[Any, ...]  # workloads.platform_facts.PoolFacts
+    quotas: tuple[TeamQuota, ...]
+    live: bool  # usage read from the cluster
+    note: str = ""  # why it was not
+
+
+def _local_queue_usage(obj: Optional[dict]) -> tuple[dict[str, int], int]:
+    """(GPUs in use per flavor, pending workloads) of a LocalQueue's status (kueue v0.19.2
+    localqueue_types.go: v1beta2 ``flavorsUsage``, v1beta1 ``flavorUsage``, each
+    ``{name, resources: [{name, total}]}``)."""
+    status = (obj or {}).get("status") or {}
+    usage = status.get("flavorsUsage") or status.get("flavorUsage") or []
+    gpus: dict[str, int] = {}
+    for flavor in usage:
+        for resource in flavor.get("resources") or []:
+            # nvidia.com/gpu, or a shared pool's slices (nvidia.com/gpu.shared, nvidia.com/mig-*)
+            if str(resource.get("name", "")).startswith("nvidia.com/"):
+                gpus[flavor.get("name", "")] = gpus.get(flavor.get("name", ""), 0) + int(str(resource.get("total", 0)))
+    return gpus, int(status.get("pendingWorkloads") or 0)
+
+
 # -- parsing objects -----------------------------------------------------------------------
 def _unliteral(value: str) -> str:
     return value.replace("$$", "$")  # workloads.jobspec.k8s_literal doubled every '$'
@@ -466,6 +502,41 @@ class JobClient:
             return (f"stack {self.stack} keeps checkpoints on EFS, which is not exported to S3: only jobs with "
                     "s3Mirror: true have their complete steps readable from here")
         return None
+
+    # -- pools and quotas --------------------------------------------------------------------
+    def pools(self, team: Optional[str] = None, *, live: bool = True) -> PoolsView:
+        """The stack's GPU pools and each team's Kueue quota on them; with ``live``, what each
+        team's LocalQueue reports in use now (a cluster that cannot be read leaves the declared
+        figures, and ``note`` says why)."""
+        facts = self.facts
+        if team:
+            self.check_team(team)
+        teams = [t for t in facts.teams if team in (None, t.name)]
+        usage: dict[str, tuple[dict[str, int], int]] = {}
+        note = ""
+        if live:
+            try:
+                for tenant in teams:
+                    queue = self.kube.get(LOCALQUEUES, tenant.local_queue, tenant.namespace) if tenant.local_queue else None
+                    if queue is not None:  # absent: not deployed yet, nothing to read
+                        usage[tenant.name] = _local_queue_usage(queue)
+            except (NoClusterAccess, KubeError) as exc:
+                usage, note = {}, f"in use not read ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}): declared quotas only"
+        else:
+            note = "in use not read (not asked): declared quotas only"
+        quotas = []
+        for tenant in teams:
+            for pool in facts.pools:
+                flavor = pool.kueue_flavor or ""
+                if flavor not in tenant.gpu_quota:
+                    continue
+                used, pending = usage.get(tenant.name, (None, None))
+                quotas.append(TeamQuota(tenant.name, pool.name, flavor, int(tenant.gpu_quota[flavor]), tenant.borrowing,
+                                        sum(int(t.gpu_quota.get(flavor, 0)) for t in facts.teams),
+                                        None if used is None else used.get(flavor, 0), pending))
+        if live and not note and not usage:
+            note = "in use not read (no team LocalQueue on this cluster): declared quotas only"
+        return PoolsView(tuple(facts.pools), tuple(quotas), bool(usage), note)
 
     # -- before the cluster ------------------------------------------------------------------
     def load(self, spec: SpecLike):
