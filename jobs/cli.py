@@ -285,7 +285,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--tracking-uri", help="--sweep: MLflow's URI (default $MLFLOW_TRACKING_URI)")
     p.set_defaults(run=guarded(cmd_list))
 
-    p = sub.add_parser("describe", help="a job's phase, Kueue admission, pods, attempts, checkpoints, cost so far")
+    # `status` is the same command (it used to shell out to kubectl; one path now, through JobClient).
+    p = sub.add_parser("describe", aliases=["status"],
+                       help="a job's phase, Kueue admission, pods, attempts, checkpoints, cost so far")
     p.add_argument("name")
     team(p)
     stack(p)
