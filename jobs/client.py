@@ -770,7 +770,7 @@ class JobClient:
     def _history(self, namespace: Optional[str]) -> list[Job]:
         try:
             records = self.kube.list(CONFIGMAPS, namespace, HISTORY_LABEL)
-        except KubeError:
+        except (KubeError, NoClusterAccess):  # a role that may read jobs but not ConfigMaps: no history
             return []
         return [j for j in (job_from_history(o) for o in records) if j is not None]
 
@@ -998,11 +998,15 @@ class JobClient:
         return [LogLine(rank, chosen.pod_uid or name, attempt, text) for text in chosen.lines]
 
     def _current_or_past(self, name: str, team: str) -> Optional[Job]:
+        """The job, or its history record, or None: CloudWatch is read without the cluster too
+        (then without the job's creation time or size)."""
         try:
             return self.get(name, team)
         except JobNotFound:
             past = self.history(team, name=name)
             return past[0] if past else None
+        except (NoClusterAccess, KubeError):
+            return None
 
     def _rank_logs(self, job: Job, rank: int, follow: bool, poll_seconds: float) -> Iterator[LogLine]:
         seen: list[str] = []  # pod uids already streamed, in order

@@ -117,3 +117,13 @@ def test_a_stack_without_container_logs_says_so(cancelled, dev_facts, tmp_path, 
 def test_attempt_reads_one_rank_and_does_not_follow(cancelled, capsys):
     assert main(["logs", "smoke-l4", "--team", "research", "--facts", cancelled, "--attempt", "1", "-f"]) == 2
     assert "drop -f" in capsys.readouterr().err
+
+
+def test_past_logs_need_no_cluster(cloudwatch, dev_facts, tmp_path, monkeypatch, capsys):
+    """CloudWatch keeps the lines after the cluster is unreachable (or the job long gone): without a
+    kubeconfig the attempts are still read, counted from every run of the name."""
+    facts = tmp_path / "facts.json"
+    facts.write_text(json.dumps(dev_facts.to_dict()))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
+    assert main(["logs", "smoke-l4", "--team", "research", "--facts", str(facts), "--attempt", "2"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["resumed from step 2", "step 3"]
