@@ -144,7 +144,10 @@ def plan_facts(stack: str, *, root: Path = ROOT, cache: Optional[Path] = None,
     folder = cache if cache is not None else cache_dir()
     if folder is None or not (root / f"Pulumi.{stack}.yaml").is_file():
         return planner(stack, root)  # no cache, or no such stack: the planner says so
-    path = folder / f"{stack}-{stack_revision(stack, root)[:32]}.json"
+    # Per checkout too: two checkouts of different revisions keep one file each instead of
+    # evicting each other's.
+    checkout = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:8]
+    path = folder / f"{stack}-{checkout}-{stack_revision(stack, root)[:32]}.json"
     try:
         return PlatformFacts.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError, KeyError):
@@ -152,7 +155,7 @@ def plan_facts(stack: str, *, root: Path = ROOT, cache: Optional[Path] = None,
     facts = planner(stack, root)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        for stale in folder.glob(f"{stack}-*.json"):
+        for stale in folder.glob(f"{stack}-{checkout}-*.json"):
             stale.unlink(missing_ok=True)  # older revisions of this stack are never read again
         # Written whole, then renamed: a concurrent command never reads half a file.
         with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as out:
