@@ -43,12 +43,18 @@ def log_group_name(cluster_name: str) -> str:
     return f"/aws/eks/{cluster_name}/containers"
 
 
+def log_stream_name(namespace: str, pod: str, container: str) -> str:
+    """The stream of one container of one pod: ``logStreamTemplate`` below, filled in."""
+    return f"{namespace}.{pod}.{container}"
+
+
 def helm_values(*, region: str, group: pulumi.Input[str]) -> dict[str, Any]:
     """Values of aws-for-fluent-bit 0.2.0 (keys as in its values.yaml)."""
     return {
         "cloudWatchLogs": {
             "enabled": True, "region": region, "logGroupName": group, "autoCreateGroup": False,
             "logStreamPrefix": "",
+            # log_stream_name(): the job client reads past attempts by this name (jobs/past_logs.py).
             "logStreamTemplate": "$kubernetes['namespace_name'].$kubernetes['pod_name'].$kubernetes['container_name']",
         },
         "serviceAccount": {"create": True, "name": SERVICE_ACCOUNT},

@@ -5,11 +5,13 @@
     python -m workloads submit JOB.yaml --stack prod --local     # run its pods on this CPU, tiny
     python -m workloads submit JOB.yaml --stack prod [--replace]  # create it (needs a kubeconfig)
     python -m workloads submit JOB.yaml --stack dev --sweep optimizer.lr=1e-4,3e-4   # one job per point
-    python -m workloads status NAME --team TEAM                  # kubectl: the job, its Kueue workload, its pods
-    python -m workloads list [--team TEAM] [--all]               # the platform's jobs
-    python -m workloads describe NAME --team TEAM [--stack S]    # admission, attempts, checkpoints, cost so far
+    python -m workloads list [--team TEAM] [--all]               # the platform's jobs (--all: finished, cancelled)
+    python -m workloads describe NAME --team TEAM [--stack S]    # admission, attempts, checkpoints, cost so far (alias: status)
     python -m workloads logs NAME --team TEAM [-f] [--rank N | --all]   # every attempt, every rank
+    python -m workloads logs NAME --team TEAM --stack S --attempt N     # a gone pod's lines, from CloudWatch
+    python -m workloads pools --stack S [--team TEAM]            # GPU pools, team quotas, what is in use now
     python -m workloads cancel NAME --team TEAM [--wait]         # SIGTERM -> checkpoint -> removed
+    python -m workloads cancel --sweep SWEEP --team TEAM         # every active job of a sweep
     python -m workloads checkpoints NAME --team TEAM --stack S [--verify [STEP]]
     python -m workloads data upload DIR --dataset NAME --team TEAM --stack S
     python -m workloads readiness --stack prod --pool h100 --image IMAGE   # the pool's GPU/NCCL check
@@ -29,9 +31,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Optional
@@ -64,40 +64,6 @@ def _facts(stack: str, use_outputs: bool, facts_file: Optional[str] = None):
     from jobs.facts import facts_for_stack
 
     return facts_for_stack(stack, use_outputs=use_outputs)
-
-
-def status_commands(name: str, namespace: str, kind: str = "pytorchjob") -> list[list[str]]:
-    from jobs.client import Job, pod_selector
-
-    # TrainJob pods are JobSet pods: they carry the JobSet's labels, not the v1 operator's
-    # (jobs/client.py says where each label comes from).
-    from workloads.scheduling import team_of_namespace
-
-    job = Job(name=name, team=team_of_namespace(namespace), namespace=namespace,
-              kind="TrainJob" if kind == "trainjob" else "PyTorchJob", phase="", created=None, pool=None,
-              nodes=1, gpus_per_node=1, message="", uid="", checkpoint_dir=None)
-    resource = "trainjobs.trainer.kubeflow.org" if kind == "trainjob" else "pytorchjobs.kubeflow.org"
-    return [
-        ["kubectl", "get", resource, name, "-n", namespace, "-o", "wide"],
-        # Kueue's view: admitted or pending, and why.
-        ["kubectl", "get", "workloads.kueue.x-k8s.io", "-n", namespace, "-o", "wide"],
-        ["kubectl", "get", "pods", "-n", namespace, "-l", pod_selector(job), "-o", "wide"],
-    ]
-
-
-def _run(commands: list[list[str]]) -> int:
-    from jobs.kube import no_access_reason
-
-    reason = no_access_reason()
-    if reason:
-        print(f"error: {reason}. Fix: write the cluster's kubeconfig (pulumi stack output kubeconfig --show-secrets "
-              "--stack STACK > kubeconfig; export KUBECONFIG=$PWD/kubeconfig)", file=sys.stderr)
-        return EXIT_NO_CLUSTER
-    code = 0
-    for command in commands:
-        print("$ " + " ".join(command), flush=True)
-        code = subprocess.run(command).returncode or code
-    return code
 
 
 def _client(args):
@@ -383,11 +349,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     submit.add_argument("--sweep-name", help="--sweep: the sweep's name (label mlplatform.io/sweep, MLflow parent run); "
                                              "default the job name")
 
-    status = sub.add_parser("status", help="kubectl: the job, its Kueue workload and pods")
-    status.add_argument("name")
-    status.add_argument("--team", required=True)
-    status.add_argument("--kind", default="pytorchjob", choices=["pytorchjob", "trainjob"])
-
     ready = sub.add_parser("readiness", help="print the readiness job of a GPU pool (nvidia-smi + 2-node all-reduce)")
     stack_args(ready)
     ready.add_argument("--pool", help="one pool (default: every pool)")
@@ -418,10 +379,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         return cmd_preflight(args)
     if args.command == "submit":
         return cmd_submit(args)
-    if args.command == "status":
-        from workloads.scheduling import team_namespace
-
-        return _run(status_commands(args.name, team_namespace(args.team), args.kind))
     return cmd_readiness(args)
 
 

@@ -1,10 +1,13 @@
-"""`python -m workloads list | describe | logs | cancel | checkpoints | data upload`: a thin layer
+"""`python -m workloads list | describe | logs | cancel | pools | checkpoints | data upload`: a thin layer
 over ``jobs.client.JobClient`` and ``jobs.data``.
 
-    python -m workloads list [--team T] [--all]
+    python -m workloads list [--team T] [--all] [--stack S]
     python -m workloads describe JOB --team T [--stack S]
     python -m workloads logs JOB --team T [-f] [--rank N | --all]
+    python -m workloads logs JOB --team T --stack S --attempt N [--rank N]   # from CloudWatch
     python -m workloads cancel JOB --team T [--wait]
+    python -m workloads cancel --sweep NAME --team T [--wait]
+    python -m workloads pools --stack S [--team T] [--declared]   # GPU pools, quotas, in use now
     python -m workloads checkpoints JOB --team T --stack S [--verify [STEP] [--image IMAGE]]
     python -m workloads data upload DIR --dataset NAME --team T --stack S
 
@@ -97,7 +100,7 @@ def cmd_list(args) -> int:
     jobs = _client(args).list(args.team, include_finished=args.all)
     if not jobs:
         print(f"no {'' if args.all else 'active '}jobs{' of team ' + args.team if args.team else ''}"
-              f"{'' if args.all else ' (--all shows finished ones too)'}")
+              f"{'' if args.all else ' (--all shows finished and cancelled ones too)'}")
         return EXIT_OK
     rows = [("NAME", "TEAM", "KIND", "PHASE", "NODES x GPUS", "POOL", "CREATED")]
     rows += [(j.name, j.team, j.kind, j.phase, f"{j.nodes} x {j.gpus_per_node}", j.pool or "-", j.created or "-") for j in jobs]
@@ -147,6 +150,13 @@ def cmd_describe(args) -> int:
 # -- logs ----------------------------------------------------------------------------------
 def cmd_logs(args) -> int:
     rank = None if args.all else (args.worker + 1 if args.worker is not None else args.rank)
+    if args.attempt is not None:
+        if args.follow or rank is None:
+            raise ValueError(f"--attempt {args.attempt} reads one finished attempt of one rank: drop "
+                             f"{'-f' if args.follow else '--all'} (give --rank N)")
+        for line in _client(args).past_logs(args.name, args.team, attempt=args.attempt, rank=rank):
+            print(line.text, flush=True)
+        return EXIT_OK
     prefix = args.all
     last = None
     for line in _client(args).logs(args.name, args.team, rank=rank, follow=args.follow):
@@ -159,16 +169,67 @@ def cmd_logs(args) -> int:
 
 # -- cancel --------------------------------------------------------------------------------
 def cmd_cancel(args) -> int:
+    if (args.name is None) == (args.sweep is None):
+        raise ValueError("cancel takes a job name or --sweep NAME (every active job of the sweep), not "
+                         + ("both" if args.name else "neither"))
+    if args.sweep is not None:
+        return _cancel_sweep(args)
     result = _client(args).cancel(args.name, args.team, wait=args.wait, timeout_seconds=args.timeout, force=args.force)
     grace = f"{result.grace_seconds} s" if result.grace_seconds is not None else "their grace period"
     print(f"cancelling {result.namespace}/{result.name}: its pods get SIGTERM and {grace} to save a checkpoint "
-          "and exit 143; then the job is removed")
+          "and exit 143; then the job is removed" + (" (list --all keeps it as Cancelled)" if result.recorded else ""))
+    if not result.recorded:
+        print(f"note: its history record (ConfigMap {result.namespace}/job-history-{result.name}-...) could not be written: "
+              "list --all will not show it once it is gone", file=sys.stderr)
     if args.wait:
         if result.gone:
             print(f"removed; newest complete checkpoint: {result.newest_checkpoint if result.newest_checkpoint is not None else 'unknown (give --stack)'}")
         else:
             print(f"still terminating after {args.timeout:.0f} s", file=sys.stderr)
             return 1
+    return EXIT_OK
+
+
+def _cancel_sweep(args) -> int:
+    results = _client(args).cancel_sweep(args.sweep, args.team, wait=args.wait, timeout_seconds=args.timeout,
+                                         force=args.force)
+    for result in results:
+        print(f"cancelling {result.namespace}/{result.name}: SIGTERM, checkpoint, exit 143; then removed")
+    print(f"sweep {args.sweep}: {len(results)} job(s) cancelled" + (" (list --all keeps them as Cancelled)"
+                                                                      if all(r.recorded for r in results) else ""))
+    if args.wait and not all(r.gone for r in results):
+        print(f"still terminating after {args.timeout:.0f} s: {', '.join(r.name for r in results if not r.gone)}",
+              file=sys.stderr)
+        return 1
+    return EXIT_OK
+
+
+# -- pools ---------------------------------------------------------------------------------
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def cmd_pools(args) -> int:
+    client = _client(args)
+    view = client.pools(args.team, live=not args.declared)
+    facts = client.facts
+    print(f"GPU pools of stack {facts.stack} (Karpenter NodePools; MAX GPUS: the NodePool's limit)")
+    rows = [("POOL", "GPU", "GPUS/NODE", "INSTANCE TYPES", "CAPACITY", "MAX GPUS", "SHARING", "KUEUE FLAVOR")]
+    rows += [(p.name, p.gpu_type, str(p.gpus_per_node), ",".join(p.instance_types) or "-", ",".join(p.capacity_types) or "-",
+              str(p.max_gpus or "-"), p.sharing if p.sharing == "none" else f"{p.sharing} ({', '.join(f'{k}: {v}' for k, v in p.slices_per_node.items())})",
+              p.kueue_flavor or "-") for p in view.pools]
+    print("\n".join(_table(rows)))
+    print()
+    source = "LocalQueue status, now" if view.live else "not read"
+    print(f"team quotas (Kueue ClusterQueue nominal GPUs per pool, slices on a shared pool; BORROW: up to what the cohort holds; IN USE: {source})")
+    rows = [("TEAM", "POOL", "NOMINAL", "BORROW", "IN USE", "PENDING JOBS")]
+    for q in view.quotas:
+        rows.append((q.team, q.pool, str(q.nominal_gpus), f"yes (to {q.cohort_gpus})" if q.borrowing else "no",
+                     "?" if q.in_use_gpus is None else str(q.in_use_gpus), "?" if q.pending_jobs is None else str(q.pending_jobs)))
+    print("\n".join(_table(rows)))
+    if view.note:
+        print(f"note: {view.note}")
     return EXIT_OK
 
 
@@ -208,13 +269,15 @@ def add_parsers(sub) -> None:
         p.add_argument("--team", required=required, help="the job's team (namespace team-<team>)")
 
     def stack(p, required=False):
-        p.add_argument("--stack", required=required, help="the stack (for checkpoints and attempt history: its bucket)")
+        p.add_argument("--stack", required=required, help="the stack: its teams (--team is checked), checkpoints bucket "
+                       "and container log group (attempt history, past logs)")
         p.add_argument("--offline", action="store_true", help="do not ask `pulumi stack output` for deployed names")
         p.add_argument("--facts", help="read the platform facts from this JSON file (written by `facts`)")
 
     p = sub.add_parser("list", help="the platform's jobs: phase, size, pool")
     team(p, required=False)
-    p.add_argument("--all", action="store_true", help="finished jobs too")
+    stack(p)
+    p.add_argument("--all", action="store_true", help="finished and cancelled jobs too")
     p.add_argument("--sweep", metavar="NAME", help="one sweep's points (label mlplatform.io/sweep), finished ones included")
     p.add_argument("--metric", action="append", metavar="NAME",
                    help="--sweep: a metric of each point's MLflow run to show (repeatable; default val_loss, loss)")
@@ -222,7 +285,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--tracking-uri", help="--sweep: MLflow's URI (default $MLFLOW_TRACKING_URI)")
     p.set_defaults(run=guarded(cmd_list))
 
-    p = sub.add_parser("describe", help="a job's phase, Kueue admission, pods, attempts, checkpoints, cost so far")
+    # `status` is the same command (it used to shell out to kubectl; one path now, through JobClient).
+    p = sub.add_parser("describe", aliases=["status"],
+                       help="a job's phase, Kueue admission, pods, attempts, checkpoints, cost so far")
     p.add_argument("name")
     team(p)
     stack(p)
@@ -236,16 +301,28 @@ def add_parsers(sub) -> None:
     which.add_argument("--all", action="store_true", help="every rank, each line prefixed")
     which.add_argument("--worker", type=int, default=None, help="worker N of a PyTorchJob (= --rank N+1)")
     p.add_argument("-f", "--follow", action="store_true", help="stream, and pick up replacement pods until the job ends")
+    p.add_argument("--attempt", type=int, metavar="N",
+                   help="attempt N (1: the first) of the rank, from the cluster's CloudWatch container log group: "
+                        "pods of earlier attempts and of cancelled or finished jobs are gone from the cluster "
+                        "(needs --stack and AWS credentials)")
+    stack(p)
     p.set_defaults(run=guarded(cmd_logs))
 
-    p = sub.add_parser("cancel", help="stop a job gracefully (checkpoint first), then remove it")
-    p.add_argument("name")
+    p = sub.add_parser("cancel", help="stop a job (or a whole sweep) gracefully (checkpoint first), then remove it")
+    p.add_argument("name", nargs="?")
+    p.add_argument("--sweep", metavar="NAME", help="every active job of this sweep (label mlplatform.io/sweep), in one command")
     team(p)
     stack(p)
     p.add_argument("--wait", action="store_true", help="wait until its pods are gone and print the newest checkpoint")
     p.add_argument("--timeout", type=float, default=600, help="--wait: seconds")
     p.add_argument("--force", action="store_true", help="cancel a job declared in git too (Argo CD recreates it on its next sync)")
     p.set_defaults(run=guarded(cmd_cancel))
+
+    p = sub.add_parser("pools", help="the stack's GPU pools and each team's Kueue quota, with what it uses now")
+    p.add_argument("--team", help="one team (default: every team)")
+    stack(p)  # --stack or --facts: without either, one line saying so
+    p.add_argument("--declared", action="store_true", help="the stack's declared quotas only: do not read the cluster")
+    p.set_defaults(run=guarded(cmd_pools))
 
     p = sub.add_parser("checkpoints", help="a job's complete checkpoints (from the checkpoints bucket)")
     p.add_argument("name")

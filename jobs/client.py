@@ -30,6 +30,8 @@ Where pods are found (by the labels their controllers put on them):
 """
 from __future__ import annotations
 
+import difflib
+import json
 import signal as _signal
 import threading
 import queue as _queue
@@ -39,8 +41,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
-from jobs.kube import (NODES, PODS, PYTORCHJOBS, TRAINJOBS, WORKLOADS, AlreadyExists, KubeApi, KubeError, KubectlApi,
-                       NoClusterAccess)
+from jobs.kube import (CONFIGMAPS, LOCALQUEUES, NAMESPACES, NODES, PODS, PYTORCHJOBS, TRAINJOBS, WORKLOADS, AlreadyExists, KubeApi,
+                       KubeError, KubectlApi, NoClusterAccess)
 from jobs.store import EXPORT, MIRROR, AttemptRecord, CheckpointStore, S3Store, StoreError
 from workloads.scheduling import team_namespace, team_of_namespace
 
@@ -67,11 +69,20 @@ GPU_RESOURCE = "nvidia.com/gpu"
 PYTORCH_CONTAINER = "pytorch"  # workloads.trainingjob.CONTAINER_NAME
 TRAINJOB_CONTAINER = "node"  # workloads.trainjob_runtime.CONTAINER
 TRAINJOB_REPLICATED_JOB = "node"
-FINISHED = ("Succeeded", "Failed")
+FINISHED = ("Succeeded", "Failed", "Cancelled")
+# A cancelled job's object is deleted with its pods; what `list --all` and `describe` say about it
+# afterwards is a ConfigMap in the team's namespace (team roles may write ConfigMaps,
+# workloads/tenancy.py TEAM_RULES), labelled with this key, written by `cancel` before the delete.
+HISTORY_LABEL = "mlplatform.io/job-history"
+HISTORY_KEY = "job.json"
 
 
 class JobNotFound(LookupError):
     pass
+
+
+class UnknownTeam(ValueError):
+    """``--team`` names no team of the stack (or no namespace of the cluster)."""
 
 
 class GitOpsOwned(ValueError):
@@ -243,6 +254,74 @@ class Cancelled:
     grace_seconds: Optional[int]
     gone: bool
     newest_checkpoint: Optional[int]
+    recorded: bool = True  # False: the history record could not be written (list --all will not show it)
+
+
+def history_record_name(job: Job) -> str:
+    """One record per run (a later job of the same name is another run): name + uid."""
+    return f"job-history-{job.name}-{(job.uid or 'nouid')[:8]}"[:253]
+
+
+def history_record(job: Job, outcome: str, at: str) -> dict:
+    """The ConfigMap that keeps a removed job in the team's history."""
+    body = {"name": job.name, "team": job.team, "kind": job.kind, "outcome": outcome, "at": at,
+            "phase_before": job.phase, "created": job.created, "pool": job.pool, "nodes": job.nodes,
+            "gpus_per_node": job.gpus_per_node, "uid": job.uid, "checkpoint_dir": job.checkpoint_dir}
+    keep = {k: v for k, v in job.labels.items() if k.startswith("mlplatform.io/")}
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": history_record_name(job), "namespace": job.namespace,
+                         "labels": {**keep, "app.kubernetes.io/managed-by": "mlplatform", HISTORY_LABEL: outcome.lower(),
+                                    "mlplatform.io/job": job.name[:63]}},
+            "data": {HISTORY_KEY: json.dumps({**body, "labels": keep}, sort_keys=True)}}
+
+
+def job_from_history(obj: dict) -> Optional[Job]:
+    try:
+        body = json.loads((obj.get("data") or {}).get(HISTORY_KEY) or "")
+        return Job(name=body["name"], team=body["team"], namespace=obj["metadata"]["namespace"], kind=body["kind"],
+                   phase=body["outcome"], created=body.get("created"), pool=body.get("pool"),
+                   nodes=int(body.get("nodes") or 1), gpus_per_node=int(body.get("gpus_per_node") or 1),
+                   message=f"{body['outcome'].lower()} at {body.get('at')} while {body.get('phase_before')}",
+                   uid=body.get("uid") or "", checkpoint_dir=body.get("checkpoint_dir"),
+                   labels=dict(body.get("labels") or {}))
+    except (ValueError, KeyError, TypeError):
+        return None  # not ours, or damaged: history is best effort, never a reason to fail a listing
+
+
+@dataclass(frozen=True)
+class TeamQuota:
+    """One team on one pool: its Kueue quota as declared, and what its LocalQueue reports now."""
+    team: str
+    pool: str
+    flavor: str
+    nominal_gpus: int
+    borrowing: bool
+    cohort_gpus: int  # what the cohort holds on the flavor: the most a borrowing team is admitted
+    in_use_gpus: Optional[int] = None  # None: not read from the cluster
+    pending_jobs: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class PoolsView:
+    pools: tuple[Any, ...]  # workloads.platform_facts.PoolFacts
+    quotas: tuple[TeamQuota, ...]
+    live: bool  # usage read from the cluster
+    note: str = ""  # why it was not
+
+
+def _local_queue_usage(obj: Optional[dict]) -> tuple[dict[str, int], int]:
+    """(GPUs in use per flavor, pending workloads) of a LocalQueue's status (kueue v0.19.2
+    localqueue_types.go: v1beta2 ``flavorsUsage``, v1beta1 ``flavorUsage``, each
+    ``{name, resources: [{name, total}]}``)."""
+    status = (obj or {}).get("status") or {}
+    usage = status.get("flavorsUsage") or status.get("flavorUsage") or []
+    gpus: dict[str, int] = {}
+    for flavor in usage:
+        for resource in flavor.get("resources") or []:
+            # nvidia.com/gpu, or a shared pool's slices (nvidia.com/gpu.shared, nvidia.com/mig-*)
+            if str(resource.get("name", "")).startswith("nvidia.com/"):
+                gpus[flavor.get("name", "")] = gpus.get(flavor.get("name", ""), 0) + int(str(resource.get("total", 0)))
+    return gpus, int(status.get("pendingWorkloads") or 0)
 
 
 # -- parsing objects -----------------------------------------------------------------------
@@ -425,6 +504,41 @@ class JobClient:
             return (f"stack {self.stack} keeps checkpoints on EFS, which is not exported to S3: only jobs with "
                     "s3Mirror: true have their complete steps readable from here")
         return None
+
+    # -- pools and quotas --------------------------------------------------------------------
+    def pools(self, team: Optional[str] = None, *, live: bool = True) -> PoolsView:
+        """The stack's GPU pools and each team's Kueue quota on them; with ``live``, what each
+        team's LocalQueue reports in use now (a cluster that cannot be read leaves the declared
+        figures, and ``note`` says why)."""
+        facts = self.facts
+        if team:
+            self.check_team(team)
+        teams = [t for t in facts.teams if team in (None, t.name)]
+        usage: dict[str, tuple[dict[str, int], int]] = {}
+        note = ""
+        if live:
+            try:
+                for tenant in teams:
+                    queue = self.kube.get(LOCALQUEUES, tenant.local_queue, tenant.namespace) if tenant.local_queue else None
+                    if queue is not None:  # absent: not deployed yet, nothing to read
+                        usage[tenant.name] = _local_queue_usage(queue)
+            except (NoClusterAccess, KubeError) as exc:
+                usage, note = {}, f"in use not read ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}): declared quotas only"
+        else:
+            note = "in use not read (not asked): declared quotas only"
+        quotas = []
+        for tenant in teams:
+            for pool in facts.pools:
+                flavor = pool.kueue_flavor or ""
+                if flavor not in tenant.gpu_quota:
+                    continue
+                used, pending = usage.get(tenant.name, (None, None))
+                quotas.append(TeamQuota(tenant.name, pool.name, flavor, int(tenant.gpu_quota[flavor]), tenant.borrowing,
+                                        sum(int(t.gpu_quota.get(flavor, 0)) for t in facts.teams),
+                                        None if used is None else used.get(flavor, 0), pending))
+        if live and not note and not usage:
+            note = "in use not read (no team LocalQueue on this cluster): declared quotas only"
+        return PoolsView(tuple(facts.pools), tuple(quotas), bool(usage), note)
 
     # -- before the cluster ------------------------------------------------------------------
     def load(self, spec: SpecLike):
@@ -618,14 +732,24 @@ class JobClient:
                 raise
             if obj is not None:
                 return obj
-        raise JobNotFound(f"no job {name!r} in namespace {namespace} (list them: python -m workloads list --team {team})")
+        past = self.history(team, name=name)
+        if past:
+            last = past[0]
+            raise JobNotFound(f"job {name!r} in namespace {namespace} was {last.message} and is gone from the cluster; "
+                              f"its logs: python -m workloads logs {name} --team {team} --stack STACK --attempt N; its "
+                              f"checkpoints: python -m workloads checkpoints {name} --team {team} --stack STACK")
+        raise JobNotFound(f"no job {name!r} in namespace {namespace} (list them: python -m workloads list --team {team} --all)")
 
     def get(self, name: str, team: str) -> Job:
         return parse_job(self._raw(name, team))
 
     def list(self, team: Optional[str] = None, *, include_finished: bool = False) -> list[Job]:
         """The platform's jobs of one team (every team the caller may read without ``team``),
-        newest first; finished ones only with ``include_finished``."""
+        newest first; finished ones (and cancelled ones, from the history records) only with
+        ``include_finished``. An unknown ``team`` raises ``UnknownTeam`` (checked against the
+        stack's teams when the client has a stack, else against the cluster's namespaces)."""
+        if team:
+            self.check_team(team)
         namespace = team_namespace(team) if team else None
         found = []
         for resource in (PYTORCHJOBS, TRAINJOBS):
@@ -634,8 +758,48 @@ class JobClient:
             except KubeError as exc:
                 if "resource type" not in str(exc):
                     raise
+        if include_finished:
+            live = {j.uid for j in found}
+            found += [j for j in self._history(namespace) if j.uid not in live]
+        elif team and not found and self._facts is None and self.stack is None:
+            self._check_namespace(team)
         found = [j for j in found if include_finished or not j.finished]
         return sorted(found, key=lambda j: (j.created or "", j.name), reverse=True)
+
+    def history(self, team: str, *, name: Optional[str] = None) -> list[Job]:
+        """The team's removed jobs (cancelled: phase ``Cancelled``), newest first."""
+        jobs = [j for j in self._history(team_namespace(team)) if name is None or j.name == name]
+        return sorted(jobs, key=lambda j: (j.created or "", j.name), reverse=True)
+
+    def _history(self, namespace: Optional[str]) -> list[Job]:
+        try:
+            records = self.kube.list(CONFIGMAPS, namespace, HISTORY_LABEL)
+        except (KubeError, NoClusterAccess):  # a role that may read jobs but not ConfigMaps: no history
+            return []
+        return [j for j in (job_from_history(o) for o in records) if j is not None]
+
+    def check_team(self, team: str) -> None:
+        """``UnknownTeam`` naming the team and the stack's teams, when the stack is known."""
+        if self._facts is None and self.stack is None:
+            return
+        facts = self.facts
+        if facts.team(team) is None:
+            names = sorted(t.name for t in facts.teams)
+            close = difflib.get_close_matches(team, names, n=1)
+            raise UnknownTeam(f"--team {team!r}: stack {facts.stack} has no such team (teams: {', '.join(names)})"
+                              + (f"; did you mean {close[0]!r}?" if close else ""))
+
+    def _check_namespace(self, team: str) -> None:
+        """Without the stack: a team whose namespace does not exist is a typo. A caller who may
+        not read namespaces (a team role) learns nothing here, and gets the empty list."""
+        namespace = team_namespace(team)
+        try:
+            exists = self.kube.get(NAMESPACES, namespace) is not None
+        except (KubeError, NoClusterAccess):
+            return
+        if not exists:
+            raise UnknownTeam(f"--team {team!r}: the cluster has no namespace {namespace}. Fix: check the team's name "
+                              "(give --stack STACK to list the stack's teams)")
 
     def sweep(self, name: str, team: str, *, tracking_uri: Optional[str] = None,
               metrics: Sequence[str] = ()) -> "SweepResults":
@@ -767,8 +931,8 @@ class JobClient:
         """Log lines of one node rank (``rank=None``: every rank, interleaved as they come).
         With ``follow``, a stream that ends (the pod was preempted, killed, replaced) is picked
         up again on the pod that replaces it, until the job finishes: every attempt, every rank.
-        Pods deleted before the call (earlier attempts) are gone from the API; their logs are in
-        the cluster's container log group."""
+        Pods deleted before the call (earlier attempts) are gone from the API: ``past_logs``
+        reads them from the cluster's container log group."""
         job = self.get(name, team)
         if rank is not None and not 0 <= rank < job.nodes:
             raise ValueError(f"--rank {rank}: job {name} has node ranks 0-{job.nodes - 1}")
@@ -799,6 +963,54 @@ class JobClient:
                 raise item
             else:
                 yield item
+
+    def past_logs(self, name: str, team: str, *, attempt: int, rank: int = 0, archive: Any = None) -> list[LogLine]:
+        """Attempt ``attempt`` (1: the first) of one node rank, from the cluster's CloudWatch
+        container log group (jobs/past_logs.py): the pods of earlier attempts, and of a job that
+        was cancelled or has finished, are gone from the API. ``archive``: a ``LogArchive``
+        (default: the stack's group, read with your AWS credentials)."""
+        from jobs.past_logs import LogArchive, LogArchiveError
+
+        job = self._current_or_past(name, team)
+        nodes = job.nodes if job is not None else None
+        if nodes is not None and not 0 <= rank < nodes:
+            raise ValueError(f"--rank {rank}: job {name} has node ranks 0-{nodes - 1}")
+        if attempt < 1:
+            raise ValueError(f"--attempt {attempt}: attempts are numbered from 1 (the first run of the pod)")
+        if archive is None:
+            group = getattr(self.facts, "container_log_group", None)
+            if not group:
+                raise LogArchiveError(f"stack {self.facts.stack} keeps no container logs (monitoring.containerLogs is "
+                                      "off): the logs of pods that are gone were not kept")
+            archive = LogArchive(group, self.facts.region)
+        kind = job.kind if job is not None else "PyTorchJob"
+        namespace = team_namespace(team)
+        since_ms = int(_timestamp(job.created) * 1000) if job is not None and job.created else None
+        if kind == "TrainJob":  # JobSet pods: <jobset>-<replicated job>-<job index>-<completion index>-<random>
+            pods = archive.attempts(namespace, f"{name}-{TRAINJOB_REPLICATED_JOB}-0-{rank}-", TRAINJOB_CONTAINER,
+                                    exact=False, since_ms=since_ms)
+        else:  # Training Operator v1.9.4 pod names: <job>-master-0, <job>-worker-<i> (common/util.go:51)
+            pod = f"{name}-master-0" if rank == 0 else f"{name}-worker-{rank - 1}"
+            pods = archive.attempts(namespace, pod, PYTORCH_CONTAINER, since_ms=since_ms)
+        if not 1 <= attempt <= len(pods):
+            have = f"attempts 1-{len(pods)}" if pods else "no lines"
+            raise ValueError(f"--attempt {attempt}: rank {rank} of job {name} has {have} in CloudWatch log group "
+                             f"{getattr(archive, 'group', '?')}" + ("" if job is not None and job.created else
+                                                                    " (the job's creation time is unknown: earlier runs "
+                                                                    "of the same name count too)"))
+        chosen = pods[attempt - 1]
+        return [LogLine(rank, chosen.pod_uid or name, attempt, text) for text in chosen.lines]
+
+    def _current_or_past(self, name: str, team: str) -> Optional[Job]:
+        """The job, or its history record, or None: CloudWatch is read without the cluster too
+        (then without the job's creation time or size)."""
+        try:
+            return self.get(name, team)
+        except JobNotFound:
+            past = self.history(team, name=name)
+            return past[0] if past else None
+        except (NoClusterAccess, KubeError):
+            return None
 
     def _rank_logs(self, job: Job, rank: int, follow: bool, poll_seconds: float) -> Iterator[LogLine]:
         seen: list[str] = []  # pod uids already streamed, in order
@@ -876,6 +1088,7 @@ class JobClient:
                 "or cancel with --force to stop this run anyway")
         grace = self._grace_seconds(job)
         resource = TRAINJOBS if job.kind == "TrainJob" else PYTORCHJOBS
+        recorded = self._record(job, "Cancelled")
         self.kube.delete(resource, name, job.namespace, propagation="Foreground")
         gone = False
         if wait:
@@ -892,7 +1105,44 @@ class JobClient:
                 newest = steps[-1] if steps else None
             except StoreError:
                 newest = None
-        return Cancelled(name, job.namespace, grace, gone, newest)
+        return Cancelled(name, job.namespace, grace, gone, newest, recorded)
+
+    def cancel_sweep(self, sweep: str, team: str, *, wait: bool = False, timeout_seconds: float = 600,
+                     poll_seconds: float = 5, force: bool = False) -> list[Cancelled]:
+        """``cancel`` every active job of the sweep (label mlplatform.io/sweep). Checked first,
+        cancelled after: a sweep with no active job raises ``JobNotFound``, and one with a job
+        Argo CD owns raises ``GitOpsOwned`` before anything is deleted (unless ``force``)."""
+        from jobs.sweep import sweep_jobs
+
+        jobs = [j for j in sweep_jobs(self.list(team), sweep) if j.phase != "Terminating"]
+        if not jobs:
+            done = sweep_jobs(self.list(team, include_finished=True), sweep)
+            raise JobNotFound(f"sweep {sweep!r} of team {team} has no active job" +
+                              (f" ({len(done)} finished or cancelled: python -m workloads list --team {team} --sweep {sweep})"
+                               if done else f" (list the team's jobs: python -m workloads list --team {team} --all)"))
+        if not force:
+            for job in jobs:
+                self._refuse_gitops(job, "cancel")
+        out = [self.cancel(j.name, team, force=force) for j in jobs]
+        if not wait:
+            return out
+        deadline = self.clock() + timeout_seconds
+        gone: set[str] = set()
+        while len(gone) < len(jobs) and self.clock() < deadline:
+            gone |= {j.name for j in jobs if self._current(j) is None}
+            if len(gone) < len(jobs):
+                self.sleep(poll_seconds)
+        return [Cancelled(c.name, c.namespace, c.grace_seconds, c.name in gone, None, c.recorded) for c in out]
+
+    def _record(self, job: Job, outcome: str) -> bool:
+        """Keep the job in the team's history (written before the delete: once the job is gone
+        nothing else remembers it). A refused write does not stop the cancel."""
+        at = datetime.fromtimestamp(self.clock(), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
+            self.kube.apply(history_record(job, outcome, at))
+        except (KubeError, NoClusterAccess):
+            return False
+        return True
 
     def _grace_seconds(self, job: Job) -> Optional[int]:
         pods = self.pods(job)

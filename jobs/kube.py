@@ -20,9 +20,12 @@ from typing import Any, Iterator, Mapping, Optional, Protocol, Sequence
 PYTORCHJOBS = "pytorchjobs.kubeflow.org"
 TRAINJOBS = "trainjobs.trainer.kubeflow.org"
 WORKLOADS = "workloads.kueue.x-k8s.io"
+LOCALQUEUES = "localqueues.kueue.x-k8s.io"
 PODS = "pods"
 NODES = "nodes"
 EVENTS = "events"
+CONFIGMAPS = "configmaps"  # the job history records (jobs/client.py)
+NAMESPACES = "namespaces"
 
 
 class NoClusterAccess(RuntimeError):

@@ -23,6 +23,7 @@ training run, else the failing step's exit code (2 for bad input).
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import secrets as secrets_module
@@ -30,7 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 
@@ -70,6 +71,8 @@ def run_local(declaration_path: Path, stack: str, *, dataset: str, work_dir: Pat
               root: Path = ROOT, job_renderer=None) -> dict[str, Any]:
     source = str(declaration_path)
     declaration = pipeline.parse_declaration(yaml.safe_load(declaration_path.read_text()), source=source)
+    if (problem := dataset_problem(dataset)) is not None:
+        raise ValueError(problem)  # before the plan and any step: a missing corpus was a traceback in prepare's log
     config = load_config(stack, root)
     renderer = job_renderer or default_job_renderer(stack, root)
     spec = pipeline.pipeline_spec(declaration, renderer(root / declaration.job_spec), fsx_claim="local",
@@ -158,6 +161,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--work-dir", default="runs/pipeline")
     parser.add_argument("--steps", type=int, default=40, help="training steps of the tiny local run")
     parser.set_defaults(run=run)
+
+
+DATASET_FIX = ("give a directory of text files (plain text or Markdown; .jsonl/.json with a 'text' field per line), "
+               "e.g. mkdir texts && cp my-books/*.txt texts/, or a glob in quotes such as 'books/*.txt'")
+
+
+def dataset_problem(dataset: str) -> Optional[str]:
+    """Why ``--dataset`` holds nothing the prepare step can read (trainer/prepare.py input_files
+    takes a directory, read recursively, or a glob), or None; checked before any step runs."""
+    path = Path(dataset)
+    if path.is_dir():
+        if not any(p.is_file() for p in path.rglob("*")):
+            return f"--dataset {dataset}: the directory {path.resolve()} holds no file. Fix: {DATASET_FIX}"
+        return None
+    if path.is_file() or glob.glob(dataset):
+        return None
+    return f"--dataset {dataset}: no such directory or file ({path.resolve()}). Fix: {DATASET_FIX}"
 
 
 def run(args: argparse.Namespace) -> int:

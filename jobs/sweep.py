@@ -346,6 +346,64 @@ def results_table(jobs: Iterable[Any], sweep: str, *, metrics: Optional[Mapping[
     return "\n".join([f"sweep {sweep}: {len(rows)} job(s)" + (f", sorted by {order}" if order else ""), *lines])
 
 
+# -- the whole sweep's cost and quota --------------------------------------------------------------
+def _usd(value: float) -> str:
+    return f"${value:,.2f}" if value < 100 else f"${value:,.0f}"
+
+
+def _point_cost(figures: Mapping[str, Any]) -> str:
+    if "cost_on_demand_usd" not in figures:
+        return "cost not estimated"
+    spot = figures.get("cost_spot_usd")
+    return f"on-demand {_usd(figures['cost_on_demand_usd'])}" + (f", spot ~{_usd(spot)}" if spot is not None else "")
+
+
+def sweep_totals(figures: Sequence[Mapping[str, Any]], facts: Any, team: str) -> list[str]:
+    """The sweep as one bill and one queue: the points' preflight figures summed (USD, GPU-hours,
+    GPUs at once), and what the team's Kueue quota on the pool admits at once (every point is
+    created together: what the nominal quota does not hold waits in the LocalQueue, or borrows
+    idle GPUs of the cohort while the team may borrow; preflight's own quota rules, summed)."""
+    if not figures:
+        return []
+    count = len(figures)
+    world = int(figures[0].get("world_size") or 0)
+    gpus = sum(int(f.get("world_size") or 0) for f in figures)
+    gpu_hours = sum(int(f.get("world_size") or 0) * float(f.get("run_hours") or 0) for f in figures)
+    priced = [f for f in figures if "cost_on_demand_usd" in f]
+    cost = f"on-demand {_usd(sum(f['cost_on_demand_usd'] for f in priced))}"
+    if priced and all("cost_spot_usd" in f for f in priced):
+        cost += f", spot ~{_usd(sum(f['cost_spot_usd'] for f in priced))}"
+    if len(priced) < count:
+        cost += f" ({count - len(priced)} point(s) not priced)"
+    lines = [f"sweep total    {count} job(s) x {world} GPU(s) = {gpus} GPUs at once; {gpu_hours:,.2f} GPU-hours; {cost}"]
+    pool = facts.pool(str(figures[0].get("pool") or ""))
+    tenant = facts.team(team)
+    if pool is None or tenant is None or not world:
+        return lines
+    flavor = pool.kueue_flavor or ""
+    quota = int(tenant.gpu_quota.get(flavor, 0))
+    cohort = sum(int(t.gpu_quota.get(flavor, 0)) for t in facts.teams)
+    ceiling = cohort if tenant.borrowing else quota
+    longest = max(float(f.get("run_hours") or 0) for f in figures)
+    head = f"sweep quota    team {team} has {quota} nominal GPUs on pool {pool.name}"
+    head += f" (may borrow up to the cohort's {cohort})" if tenant.borrowing else " (may not borrow)"
+    if gpus <= quota:
+        return lines + [f"{head}: all {count} run at once"]
+    own, most = quota // world, ceiling // world
+    if most == 0:
+        return lines + [f"{head}: no point can ever be admitted ({world} GPUs each). Fix: fewer GPUs per point, or a "
+                        "larger quota"]
+    waves = -(-count // max(own, 1))
+    waiting = count - own
+    text = (f"{head}: the sweep will queue. {own} run at once on the team's quota, the other {waiting} wait in "
+            f"Kueue until GPUs free up")
+    if most > own:
+        text += f" (up to {min(most, count)} at once while the cohort's GPUs are idle)"
+    if own:
+        text += f"; ~{waves} wave(s) x {longest:.2f} h = ~{waves * longest:.2f} h on the team's own quota"
+    return lines + [text]
+
+
 # -- `submit --sweep` ---------------------------------------------------------------------------------
 def submit_sweep(args: Any, *, facts: Any, repo_root: str, out: Any, err: Any) -> tuple[int, list[dict[str, Any]]]:
     """Preflight every point (all problems at once, each under its job's name), then return the
@@ -374,12 +432,14 @@ def submit_sweep(args: Any, *, facts: Any, repo_root: str, out: Any, err: Any) -
         return EXIT_BAD_INPUT, []
     points = expand(spec, axes, name=sweep)
     worst = 0
+    figures = []
     for point in points:
         report = preflight(point.spec, facts, repo_root=repo_root, mfu=getattr(args, "mfu", None))
         values = ", ".join(point.overrides)
+        figures.append(report.figures)
         if report.ok:
             print(f"{point.name} ({values}): OK on {report.figures.get('instance_type')}, "
-                  f"~{report.figures.get('run_hours', 0):.1f} h", file=out)
+                  f"~{report.figures.get('run_hours', 0):.1f} h, {_point_cost(report.figures)}", file=out)
         else:
             print(f"{point.name} ({values}): {report.render().splitlines()[-len(report.problems) - 1]}", file=out)
             for problem in report.problems:
@@ -388,6 +448,8 @@ def submit_sweep(args: Any, *, facts: Any, repo_root: str, out: Any, err: Any) -
             worst = EXIT_BAD_INPUT if EXIT_BAD_INPUT in (worst, code) else max(worst, code)
     if worst:
         return worst if worst in (EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT) else EXIT_BAD_INPUT, []
+    for line in sweep_totals(figures, facts, spec.team):
+        print(line, file=out)
     if getattr(args, "dry_run", False):
         print(f"sweep {sweep}: {len(points)} job(s) for {spec.namespace} rendered below; nothing submitted (--dry-run)",
               file=out)

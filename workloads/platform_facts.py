@@ -100,6 +100,9 @@ class PlatformFacts:
     trainer_v2_runtime: Optional[str] = None
     notes: tuple[str, ...] = field(default_factory=tuple)
     checkpoint_store: Optional[str] = None  # "FSx for Lustre" | "EFS"; None in older facts files
+    # The CloudWatch log group Fluent Bit ships every container's lines to (components/
+    # container_logs.py), None when the stack has container logs off: past attempts' logs.
+    container_log_group: Optional[str] = None
 
     def pool(self, name: str) -> Optional[PoolFacts]:
         return next((p for p in self.pools if p.name == name), None)

@@ -75,3 +75,20 @@ def test_bad_input_is_one_clear_line(tmp_path):
     done = _cli(str(bad), "--stack", "dev", "--local", "--dataset", str(tmp_path))
     assert done.returncode == 2
     assert "modelName: required" in done.stderr and "dataset: must be on the FSx mount" in done.stderr
+
+
+@pytest.mark.parametrize("make", ["missing", "empty"])
+def test_a_dataset_that_holds_nothing_is_one_line_naming_the_fix(tmp_path, make):
+    """Review jobs-ops-4 §1 #13: the README's `--dataset ./texts` without a ./texts ended in a
+    Python traceback (FileNotFoundError from the prepare step) and said nothing of what it
+    should hold. Run from the outside, as the README does."""
+    texts = tmp_path / "texts"
+    if make == "empty":
+        texts.mkdir()
+    done = _cli("workloads/declared/dev/pipelines/shakespeare-gpt.yaml", "--stack", "dev", "--local",
+                "--dataset", str(texts), "--work-dir", str(tmp_path / "runs"))
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"pipeline: --dataset {texts}")
+    assert "Fix: give a directory of text files" in done.stderr
+    assert not (tmp_path / "runs").exists()  # nothing ran

@@ -42,6 +42,9 @@ RESOURCES = {
     "pods": ("v1", "Pod", True, True),
     "jobs.batch": ("batch/v1", "Job", True, True),  # the in-cluster restore drill
     "nodes": ("v1", "Node", False, True),
+    "localqueues.kueue.x-k8s.io": ("kueue.x-k8s.io/v1beta2", "LocalQueue", True, True),
+    "configmaps": ("v1", "ConfigMap", True, True),  # the client's job history records
+    "namespaces": ("v1", "Namespace", False, True),
 }
 CORE_APIS = ("batch/v1",)  # built-in groups: validated against the Kubernetes OpenAPI schema
 KIND_TO_RESOURCE = {(api, kind): name for name, (api, kind, _, _) in RESOURCES.items()}

@@ -155,3 +155,12 @@ def test_list_sweep_shows_each_point_with_its_values(kube, dev_facts, tmp_path, 
     assert sorted(r[:3] for r in rows[2:-1]) == [
         ["lr-sweep-0", "Succeeded", "1e-4"], ["lr-sweep-1", "Pending", "3e-4"]]
     assert rows[-1][0] == "results:"  # no MLflow here: test_sweep_results.py has the results
+
+
+def test_status_is_describe_through_the_client(cluster, capsys):
+    """Design review 4 §6.1: `status` shelled out to kubectl (`get ... -o wide`, raw output) beside
+    the client's `describe`; now it is the same command, through JobClient."""
+    assert main(["status", "gpt2-ddp-a10g", "--team", "research"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("PyTorchJob team-research/gpt2-ddp-a10g: Running") and "$ kubectl" not in out
+    assert "rank 1  gpt2-ddp-a10g-worker-0  Running" in out

@@ -175,15 +175,6 @@ def test_trainjob_pods_are_found_by_the_jobset_labels_they_carry(kube, v2_facts)
     assert all(r[3] == "node" for r in kube.requests if r[0] == "logs")  # the runtime's container
 
 
-def test_status_command_selects_trainjob_pods_by_the_jobset_label():
-    from jobs.__main__ import status_commands
-
-    commands = status_commands("j", "team-a", "trainjob")
-    assert ["kubectl", "get", "pods", "-n", "team-a", "-l",
-            "jobset.sigs.k8s.io/jobset-name=j,jobset.sigs.k8s.io/replicatedjob-name=node", "-o", "wide"] in commands
-    assert commands[0][:3] == ["kubectl", "get", "trainjobs.trainer.kubeflow.org"]
-
-
 # -- wait ----------------------------------------------------------------------------------------
 def test_wait_polls_until_the_job_finishes(kube, dev_facts):
     clock = [0.0]
