@@ -7,16 +7,15 @@ pinned version) and compares them with what the kubelet leaves allocatable on th
 instance type, as the scheduler would. Pods that request nothing are counted as pods (the
 ENI-based max-pods limit) and listed, since their memory is not reserved.
 
-Allocatable (EKS AL2023 AMI, nodeadm: awslabs/amazon-eks-ami ``kubelet`` config): kube-reserved
-memory ``11 * maxPods + 255`` MiB; kube-reserved CPU 6% of the first core, 1% of the second, 0.5%
-of cores 3-4, 0.25% above; eviction threshold ``memory.available<100Mi``. maxPods: the AMI's
-``eni-max-pods.txt`` (ENIs x (IPv4 per ENI - 1) + 2) without prefix delegation.
+Allocatable: catalog/node_model.py, the one node model (an EKS managed node group: the ENI max
+pods capped as the AMI's max-pods-calculator caps them, kube-reserved, eviction threshold).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional
 
+from catalog.node_model import CPU_SHAPES, NodeAllocatable, node_allocatable
 from infra.recording import Recording
 
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -25,29 +24,28 @@ ADDON = "aws:eks/addon:Addon"
 
 @dataclass(frozen=True)
 class NodeShape:
-    """vCPUs and memory (EC2 general purpose instance pages), maxPods (eni-max-pods.txt)."""
+    """One system-node instance type as the kubelet of a managed node group sees it."""
 
-    vcpus: int
-    memory_mib: int
-    max_pods: int
+    instance_type: str
+
+    @property
+    def _node(self) -> NodeAllocatable:
+        return node_allocatable(self.instance_type, "managed-node-group")
+
+    @property
+    def max_pods(self) -> int:
+        return self._node.max_pods
 
     @property
     def allocatable_cpu_m(self) -> int:
-        reserved = 60.0 + (10.0 if self.vcpus >= 2 else 0)
-        reserved += 5.0 * max(0, min(self.vcpus, 4) - 2) + 2.5 * max(0, self.vcpus - 4)
-        return int(self.vcpus * 1000 - reserved)
+        return self._node.cpu_millicores
 
     @property
     def allocatable_memory_mib(self) -> int:
-        return self.memory_mib - (11 * self.max_pods + 255) - 100
+        return self._node.memory_mib
 
 
-SYSTEM_NODE_SHAPES: Mapping[str, NodeShape] = {
-    "m7i.large": NodeShape(2, 8192, 29), "m6i.large": NodeShape(2, 8192, 29), "m6a.large": NodeShape(2, 8192, 29),
-    "m5.large": NodeShape(2, 8192, 29), "t3.large": NodeShape(2, 8192, 35), "t3.medium": NodeShape(2, 4096, 17),
-    "m7i.xlarge": NodeShape(4, 16384, 58), "m6i.xlarge": NodeShape(4, 16384, 58), "m5.xlarge": NodeShape(4, 16384, 58),
-    "m7i.2xlarge": NodeShape(8, 32768, 58), "m6i.2xlarge": NodeShape(8, 32768, 58),
-}
+SYSTEM_NODE_SHAPES: Mapping[str, NodeShape] = {t: NodeShape(t) for t in CPU_SHAPES}
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from typing import Any, Optional
 from workloads.problems import Problem
 from workloads.fsx import team_pod_volumes, team_subtree_path, team_volume_mounts
 from workloads.gpu_catalog import GPU_TYPES, SPOT_NOTICE_SECONDS
-from workloads.instances import instance
-from workloads.nodefit import DoesNotFit, PodSize, size_pod
+from catalog.node_model import gpu_pod_allocatable
+from workloads.nodefit import CPU_STEP_MILLICORES, DoesNotFit, PodSize, size_pod
 from workloads.jobspec import JobSpec, JobSpecError, Runtime, k8s_literal, team_space_problems, trainer_value
 from workloads.karpenter import CAPACITY_TYPE_KEY, EFA_RESOURCE, GPU_RESOURCE, GPU_TYPE_LABEL, POOL_LABEL
 from workloads.kueue import QUEUE_LABEL
@@ -147,22 +147,26 @@ class ResolvedJob:
         resource = self.spec.slice_resource
         return int(self.pool.slices_per_node.get(resource, 0)) if resource else 0
 
-    def _slice_share(self, attribute: str) -> int:
-        # A slice pod gets its share of the node: allocatable / every slice the node offers.
+    def _slice_share(self) -> tuple[int, int]:
+        # A slice pod gets its share of the node (the smallest type of the pool, with the same
+        # model as whole-GPU pods: catalog/node_model.py): allocatable / every slice it offers.
         total = sum(self.pool.slices_per_node.values()) or 1
-        return max(1, min(getattr(instance(t), attribute) for t in self.pool.instance_types) // total)
+        nodes = [gpu_pod_allocatable(t) for t in self.pool.instance_types]
+        return min(cpu for cpu, _ in nodes) // total, min(memory for _, memory in nodes) // total
 
     @property
     def cpu(self) -> str:
         """The pod's CPU as a Kubernetes quantity ("3" or "2900m")."""
         if self.spec.slice_resource:
-            return str(self._slice_share("allocatable_cpu"))
+            millicores = max(CPU_STEP_MILLICORES, self._slice_share()[0] // CPU_STEP_MILLICORES * CPU_STEP_MILLICORES)
+            cores, rest = divmod(millicores, 1000)
+            return str(cores) if rest == 0 else f"{millicores}m"
         return self.size.cpu_quantity
 
     @property
     def memory_gib(self) -> int:
         if self.spec.slice_resource:
-            return self._slice_share("allocatable_memory_gib")
+            return max(1, self._slice_share()[1] // 1024)
         return self.size.memory_gib
 
     @property
