@@ -228,7 +228,18 @@ def trainer_shape(spec: JobSpec, repo_root: str) -> tuple[Optional[ModelShape], 
         parameters = spec.model.parameters
         layers = spec.model.num_layers or layers
         hidden = spec.model.hidden_size or hidden
+        vocab = spec.model.vocab_size or vocab
         source = "job spec model"
+    if m.kind == "hf" and not (spec.model and spec.model.vocab_size):
+        # A Hugging Face model brings its own embedding (trainer/model.py load_hf_model ignores
+        # model.vocab_size, which a GPT config passes on), so neither it nor the GPT default is a
+        # guess for its tokenizer: the logits term would be off by the ratio (Llama 3: 128,256 /
+        # 50,304 = 2.5x).
+        problems = problems + [Problem("model.vocabSize", None, "a Hugging Face model's vocabulary sets the size "
+                                       "of its logits, and preflight cannot read the model's config.json",
+                                       "add vocabSize to the job spec's model block: its config.json vocab_size "
+                                       "(e.g. model: {parameters: 8.03e9, numLayers: 32, hiddenSize: 4096, "
+                                       "vocabSize: 128256} for Llama 3 8B)")]
     if parameters is None:
         return None, problems + naming + [Problem("model.parameters", None, f"the trainer config uses a {m.kind} model whose size "
                                          "preflight cannot read",
