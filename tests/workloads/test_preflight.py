@@ -154,3 +154,24 @@ def test_hf_model_without_a_vocabulary_is_asked_for_it():
     assert shape is None
     (problem,) = [p for p in problems if p.path == "model.vocabSize"]
     assert "vocabSize: 128256" in problem.fix and "config.json" in problem.fix
+
+
+def test_reserved_pool_is_priced_as_reserved_not_on_demand(prod_facts):
+    """jobs-ops-4 S3: a job on prod's a100-reserved pool (capacityTypes [reserved, on-demand],
+    capacityReservationIds [cr-...]) was priced "on-demand $8,933". Karpenter launches into the
+    reservation first ("reserved capacity is prioritized over spot and on-demand", karpenter.sh
+    tasks/odcrs); an On-Demand Capacity Reservation is billed at the on-demand rate whether used or
+    not (EC2 User Guide, capacity-reservation-pricing-billing), so the job adds $0 while it fits
+    and on-demand is only the fallback."""
+    raw = {**EXAMPLE, "gpuType": "a100-80gb", "spot": False, "nodes": 2, "gpusPerNode": 8}
+    report = preflight(parse_job_spec(raw), prod_facts, repo_root=str(ROOT))
+    figures = report.figures
+    assert figures["pool"] == "a100-reserved"
+    rate = PRICES["p4de.24xlarge"].on_demand_usd_per_hour
+    assert figures["cost_marginal_usd"] == 0.0
+    assert figures["cost_reserved_usd"] == pytest.approx(figures["run_hours"] * 2 * rate, rel=0.01)
+    text = report.render()
+    (cost,) = [line for line in text.splitlines() if line.startswith("cost ")]
+    assert "reserved, $0 beyond the reservation" in cost and "when the reservation is full: on-demand" in cost
+    assert "spot" not in cost  # spot: false, and the pool offers none
+    assert "p4de.24xlarge reserved (billed $27.45/h used or not)" in text
