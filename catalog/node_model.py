@@ -67,8 +67,10 @@ MAX_PODS_HIGH_CPU_ABOVE_VCPUS = 30  # "-gt 30"
 # CSI node, NVIDIA device plugin, DCGM exporter, EFA device plugin, node exporter, the CloudWatch
 # agent and Fluent Bit of Container Insights, the GPU health agent). A budget, not a measurement:
 # it must stay above the sum of their requests, or Karpenter's choice (which counts them) would be
-# one size larger than preflight's. Check it against `kubectl describe node` (Allocated resources
-# of the Non-terminated Pods) on a live GPU node after adding a DaemonSet.
+# one size larger than preflight's. tests/infra/test_system_capacity.py sums what the platform
+# renders there (recorded releases and add-ons, the workloads' DaemonSets; 2026-11: ~0.5 CPU,
+# ~340 MiB with every DaemonSet counted) against it; check it against `kubectl describe node`
+# (Allocated resources) on a live GPU node, since charts without a request count as 0.
 GPU_NODE_DAEMONSET_CPU_MILLICORES = 1000
 GPU_NODE_DAEMONSET_MEMORY_MIB = 1024
 

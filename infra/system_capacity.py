@@ -270,6 +270,32 @@ def system_capacity(recording: Recording) -> Optional[SystemCapacity]:
     return SystemCapacity(instance_type, nodes, shape, tuple(placed))
 
 
+# Charts whose only pods are DaemonSets on the GPU nodes (components/gpu_enablement.py). The
+# platform sets no requests for them; a request set in the release's values is counted.
+GPU_NODE_CHART_PODS: Mapping[str, tuple[PodSpec, ...]] = {
+    "nvidia-device-plugin": (PodSpec("nvidia-device-plugin", per_node=True, resources_path="resources"),),
+    "dcgm-exporter": (PodSpec("dcgm-exporter", per_node=True, resources_path="resources"),),
+    "aws-efa-k8s-device-plugin": (PodSpec("aws-efa-k8s-device-plugin", per_node=True, resources_path="resources"),),
+}
+
+
+def gpu_node_daemonsets(recording: Recording) -> tuple[Placed, ...]:
+    """The DaemonSet pods one GPU node runs, as the recorded releases and add-ons set them (an
+    upper bound: every per-node pod of the system nodes is counted, whether or not it tolerates the
+    GPU taints). The workloads' own DaemonSets (node health agent, MIG gate) are not in the graph."""
+    placed: list[Placed] = []
+    for release in recording.by_type(HELM_RELEASE):
+        chart = str(release.inputs.get("chart"))
+        for spec in (*CHART_PODS.get(chart, ()), *GPU_NODE_CHART_PODS.get(chart, ())):
+            item = _place(spec, release.inputs.get("values") or {}, 1, release.name) if spec.per_node else None
+            if item is not None:
+                placed.append(item)
+    for addon in recording.by_type(ADDON):
+        name = str(addon.inputs.get("addonName"))
+        placed += [p for p in (_place(s, {}, 1, f"add-on {name}") for s in ADDON_PODS.get(name, ()) if s.per_node) if p]
+    return tuple(placed)
+
+
 def plan_lines(capacity: SystemCapacity) -> Iterator[str]:
     c = capacity
     yield (f"{c.nodes} x {c.instance_type} (smallest of the group): allocatable {c.cpu_allocatable_m}m CPU, "
