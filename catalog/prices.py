@@ -36,6 +36,15 @@ class InstancePrice:
     def spot_usd_per_hour(self) -> float:
         return round(self.on_demand_usd_per_hour * (1 - SPOT_DISCOUNT), 4)
 
+    @property
+    def reserved_usd_per_hour(self) -> float:
+        """What a reserved instance-hour is billed. An On-Demand Capacity Reservation is billed at
+        the on-demand rate for as long as it exists, used or not (EC2 User Guide, "Capacity
+        Reservation pricing and billing"), so a job that runs in it costs nothing more; Capacity
+        Blocks for ML (also cr-... ids, which Karpenter selects the same way) are paid up front at
+        the block's price, which the reservation, not this table, records."""
+        return self.on_demand_usd_per_hour
+
 
 # On-demand prices of the CPU instance types the stacks' static node groups use (same page and date).
 CPU_ON_DEMAND_USD_PER_HOUR: Mapping[str, float] = {

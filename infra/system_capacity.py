@@ -7,16 +7,15 @@ pinned version) and compares them with what the kubelet leaves allocatable on th
 instance type, as the scheduler would. Pods that request nothing are counted as pods (the
 ENI-based max-pods limit) and listed, since their memory is not reserved.
 
-Allocatable (EKS AL2023 AMI, nodeadm: awslabs/amazon-eks-ami ``kubelet`` config): kube-reserved
-memory ``11 * maxPods + 255`` MiB; kube-reserved CPU 6% of the first core, 1% of the second, 0.5%
-of cores 3-4, 0.25% above; eviction threshold ``memory.available<100Mi``. maxPods: the AMI's
-``eni-max-pods.txt`` (ENIs x (IPv4 per ENI - 1) + 2) without prefix delegation.
+Allocatable: catalog/node_model.py, the one node model (an EKS managed node group: the ENI max
+pods capped as the AMI's max-pods-calculator caps them, kube-reserved, eviction threshold).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional
 
+from catalog.node_model import CPU_SHAPES, NodeAllocatable, node_allocatable
 from infra.recording import Recording
 
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -25,29 +24,28 @@ ADDON = "aws:eks/addon:Addon"
 
 @dataclass(frozen=True)
 class NodeShape:
-    """vCPUs and memory (EC2 general purpose instance pages), maxPods (eni-max-pods.txt)."""
+    """One system-node instance type as the kubelet of a managed node group sees it."""
 
-    vcpus: int
-    memory_mib: int
-    max_pods: int
+    instance_type: str
+
+    @property
+    def _node(self) -> NodeAllocatable:
+        return node_allocatable(self.instance_type, "managed-node-group")
+
+    @property
+    def max_pods(self) -> int:
+        return self._node.max_pods
 
     @property
     def allocatable_cpu_m(self) -> int:
-        reserved = 60.0 + (10.0 if self.vcpus >= 2 else 0)
-        reserved += 5.0 * max(0, min(self.vcpus, 4) - 2) + 2.5 * max(0, self.vcpus - 4)
-        return int(self.vcpus * 1000 - reserved)
+        return self._node.cpu_millicores
 
     @property
     def allocatable_memory_mib(self) -> int:
-        return self.memory_mib - (11 * self.max_pods + 255) - 100
+        return self._node.memory_mib
 
 
-SYSTEM_NODE_SHAPES: Mapping[str, NodeShape] = {
-    "m7i.large": NodeShape(2, 8192, 29), "m6i.large": NodeShape(2, 8192, 29), "m6a.large": NodeShape(2, 8192, 29),
-    "m5.large": NodeShape(2, 8192, 29), "t3.large": NodeShape(2, 8192, 35), "t3.medium": NodeShape(2, 4096, 17),
-    "m7i.xlarge": NodeShape(4, 16384, 58), "m6i.xlarge": NodeShape(4, 16384, 58), "m5.xlarge": NodeShape(4, 16384, 58),
-    "m7i.2xlarge": NodeShape(8, 32768, 58), "m6i.2xlarge": NodeShape(8, 32768, 58),
-}
+SYSTEM_NODE_SHAPES: Mapping[str, NodeShape] = {t: NodeShape(t) for t in CPU_SHAPES}
 
 
 @dataclass(frozen=True)
@@ -270,6 +268,32 @@ def system_capacity(recording: Recording) -> Optional[SystemCapacity]:
     if recording.by_type("kubernetes:kustomize/v2:Directory"):
         placed += [p for p in (_place(s, {}, nodes, "training-operator") for s in KUSTOMIZE_PODS) if p]
     return SystemCapacity(instance_type, nodes, shape, tuple(placed))
+
+
+# Charts whose only pods are DaemonSets on the GPU nodes (components/gpu_enablement.py). The
+# platform sets no requests for them; a request set in the release's values is counted.
+GPU_NODE_CHART_PODS: Mapping[str, tuple[PodSpec, ...]] = {
+    "nvidia-device-plugin": (PodSpec("nvidia-device-plugin", per_node=True, resources_path="resources"),),
+    "dcgm-exporter": (PodSpec("dcgm-exporter", per_node=True, resources_path="resources"),),
+    "aws-efa-k8s-device-plugin": (PodSpec("aws-efa-k8s-device-plugin", per_node=True, resources_path="resources"),),
+}
+
+
+def gpu_node_daemonsets(recording: Recording) -> tuple[Placed, ...]:
+    """The DaemonSet pods one GPU node runs, as the recorded releases and add-ons set them (an
+    upper bound: every per-node pod of the system nodes is counted, whether or not it tolerates the
+    GPU taints). The workloads' own DaemonSets (node health agent, MIG gate) are not in the graph."""
+    placed: list[Placed] = []
+    for release in recording.by_type(HELM_RELEASE):
+        chart = str(release.inputs.get("chart"))
+        for spec in (*CHART_PODS.get(chart, ()), *GPU_NODE_CHART_PODS.get(chart, ())):
+            item = _place(spec, release.inputs.get("values") or {}, 1, release.name) if spec.per_node else None
+            if item is not None:
+                placed.append(item)
+    for addon in recording.by_type(ADDON):
+        name = str(addon.inputs.get("addonName"))
+        placed += [p for p in (_place(s, {}, 1, f"add-on {name}") for s in ADDON_PODS.get(name, ()) if s.per_node) if p]
+    return tuple(placed)
 
 
 def plan_lines(capacity: SystemCapacity) -> Iterator[str]:

@@ -228,7 +228,18 @@ def trainer_shape(spec: JobSpec, repo_root: str) -> tuple[Optional[ModelShape], 
         parameters = spec.model.parameters
         layers = spec.model.num_layers or layers
         hidden = spec.model.hidden_size or hidden
+        vocab = spec.model.vocab_size or vocab
         source = "job spec model"
+    if m.kind == "hf" and not (spec.model and spec.model.vocab_size):
+        # A Hugging Face model brings its own embedding (trainer/model.py load_hf_model ignores
+        # model.vocab_size, which a GPT config passes on), so neither it nor the GPT default is a
+        # guess for its tokenizer: the logits term would be off by the ratio (Llama 3: 128,256 /
+        # 50,304 = 2.5x).
+        problems = problems + [Problem("model.vocabSize", None, "a Hugging Face model's vocabulary sets the size "
+                                       "of its logits, and preflight cannot read the model's config.json",
+                                       "add vocabSize to the job spec's model block: its config.json vocab_size "
+                                       "(e.g. model: {parameters: 8.03e9, numLayers: 32, hiddenSize: 4096, "
+                                       "vocabSize: 128256} for Llama 3 8B)")]
     if parameters is None:
         return None, problems + naming + [Problem("model.parameters", None, f"the trainer config uses a {m.kind} model whose size "
                                          "preflight cannot read",
@@ -320,6 +331,14 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
     return report
 
 
+def _rate(job: ResolvedJob, price: Any) -> str:
+    if price is None:
+        return ""
+    if "reserved" in job.pool.capacity_types:
+        return f" reserved (billed ${price.reserved_usd_per_hour:.2f}/h used or not)"
+    return f" at ${price.on_demand_usd_per_hour:.2f}/h on-demand"
+
+
 def _describe_placement(spec: JobSpec, facts: PlatformFacts, job: ResolvedJob, price: Any, report: Preflight) -> None:
     pool, gpu, world = job.pool, GPU_TYPES[job.pool.gpu_type], spec.world_size
     report.lines += [
@@ -328,7 +347,7 @@ def _describe_placement(spec: JobSpec, facts: PlatformFacts, job: ResolvedJob, p
         f"{gpu.description} per node), {_capacity(job)}"
         f"{', EFA x' + str(job.efa_devices) if job.efa_devices else ''}",
         f"queue          {job.team.namespace}/{job.team.local_queue}, priority {job.priority_class}",
-        f"instance       {job.instance_type}{f' at ${price.on_demand_usd_per_hour:.2f}/h on-demand' if price else ''}"
+        f"instance       {job.instance_type}{_rate(job, price)}"
         f"{f' (~${price.spot_usd_per_hour:.2f}/h spot)' if price and job.interruptible else ''}: the cheapest of "
         f"{', '.join(sorted(pool.instance_types, key=_hourly))} that holds the pod",
         f"pod            {job.size.cpu_cores:g} CPU, {job.memory_gib} GiB, /dev/shm {job.shm_gib} GiB ({_size_source(job)})",
@@ -393,6 +412,32 @@ def _check_memory(spec: JobSpec, facts: PlatformFacts, job: ResolvedJob, shape: 
                                        memory_fix(shape, spec, pool, usable, facts)).does_not_fit())
 
 
+def _reserved_cost(spec: JobSpec, job: ResolvedJob, hours: float, price: Any, report: Preflight) -> None:
+    """A pool with capacity type ``reserved`` launches into its capacity reservations first
+    (Karpenter "Utilizing On-Demand Capacity Reservations and Capacity Blocks": reserved capacity is
+    prioritized over spot and on-demand); the reservation is billed whether the job runs or not,
+    so the job adds nothing while the reservation has room. Spot and on-demand are the fallbacks."""
+    node_hours = hours * spec.nodes
+    reserved = node_hours * price.reserved_usd_per_hour
+    line = (f"cost           {spec.nodes} x {job.instance_type} x {hours:.1f} h: reserved, $0 beyond the reservation "
+            f"({_usd(reserved)} of reserved time at ${price.reserved_usd_per_hour:.2f}/h, billed used or not)")
+    report.figures.update({"cost_reserved_usd": round(reserved, 2), "cost_marginal_usd": 0.0})
+    fallbacks = []
+    if job.interruptible:
+        spot = node_hours * price.spot_usd_per_hour
+        fallbacks.append(f"spot ~{_usd(spot)}")
+        report.figures["cost_spot_usd"] = round(spot, 2)
+    if "on-demand" in job.pool.capacity_types:
+        on_demand = node_hours * price.on_demand_usd_per_hour
+        fallbacks.append(f"on-demand {_usd(on_demand)} (${price.on_demand_usd_per_hour:.2f}/h)")
+        report.figures["cost_on_demand_usd"] = round(on_demand, 2)
+    if fallbacks:
+        line += "; when the reservation is full: " + ", ".join(fallbacks)
+    report.lines.append(line)
+    report.lines.append(f"               prices: {SOURCE_URL} ({PRICES_AS_OF}); reservations: "
+                        "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservation-pricing-billing.html")
+
+
 def _check_step_time_and_cost(spec: JobSpec, job: ResolvedJob, shape: ModelShape, price: Any, mfu: Optional[float],
                               measured: dict[str, dict[str, Any]], report: Preflight) -> None:
     pool, world = job.pool, spec.world_size
@@ -409,7 +454,9 @@ def _check_step_time_and_cost(spec: JobSpec, job: ResolvedJob, shape: ModelShape
     report.figures.update({"step_seconds": round(step_seconds, 3), "run_hours": round(hours, 2), "mfu": mfu,
                            "mfu_source": "measured" if mfu_source.startswith("measured") else
                            "given" if mfu_source == "given" else "default"})
-    if price is not None:
+    if price is not None and "reserved" in pool.capacity_types:
+        _reserved_cost(spec, job, hours, price, report)
+    elif price is not None:
         on_demand = hours * spec.nodes * price.on_demand_usd_per_hour
         line = (f"cost           {spec.nodes} x {job.instance_type} x {hours:.1f} h: on-demand {_usd(on_demand)} "
                 f"(${price.on_demand_usd_per_hour:.2f}/h)")

@@ -1,8 +1,7 @@
-"""What a GPU node leaves a training pod, and the bus bandwidth a healthy pair of them reaches.
+"""The bus bandwidth a healthy pair of GPU nodes reaches.
 
-The EC2 facts (vCPUs, memory, network bandwidth) are the shapes of catalog/gpus.py; this module
-is the platform's view of them (``InstanceFacts`` with the allocatable share) and the readiness
-floors derived from them.
+The EC2 facts (vCPUs, memory, network bandwidth) are the shapes of catalog/gpus.py; what a node
+leaves its pods is catalog/node_model.py.
 """
 from __future__ import annotations
 
@@ -18,16 +17,6 @@ class InstanceFacts:
     vcpus: int
     memory_gib: int
     network_gbps: float
-
-    # What the kubelet, the system daemons and the node's DaemonSets (device plugins, DCGM,
-    # FSx CSI, VPC CNI, Pod Identity agent) keep: one training pod per node takes the rest.
-    @property
-    def allocatable_cpu(self) -> int:
-        return self.vcpus - max(2, self.vcpus // 24)
-
-    @property
-    def allocatable_memory_gib(self) -> int:
-        return int(self.memory_gib * 0.9) - 4
 
 
 INSTANCES: Mapping[str, InstanceFacts] = {

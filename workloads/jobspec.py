@@ -274,6 +274,10 @@ class ModelSpec(_Model):
     parameters: float = Field(gt=0, description="Trainable parameters, e.g. 8e9.")
     num_layers: Optional[int] = Field(None, ge=1)
     hidden_size: Optional[int] = Field(None, ge=1)
+    # The tokenizer's vocabulary: the output head writes tokens x vocabulary logits, so Llama 3's
+    # 128,256 (its config.json "vocab_size") costs 2.5x GPT-2's padded 50,304.
+    vocab_size: Optional[int] = Field(None, ge=1, description="The model's vocabulary (its tokenizer's; "
+                                      "config.json vocab_size), e.g. 128256 for Llama 3.")
 
 
 class TimeBudgetSpec(_Model):

@@ -7,19 +7,9 @@ asking for 12 CPU and 120 GiB per L4 buys a g6.16xlarge ($3.40/h) where a g6.xla
 would do. The pod therefore takes the GPU's share of the cheapest instance's allocatable
 resources (and never more than the team's Kueue share per GPU), unless the spec overrides it.
 
-Allocatable, as Karpenter estimates it before launching (karpenter-provider-aws
-pkg/providers/instancetype/types.go, ``memory``, ``kubeReservedResources``, ``evictionThreshold``)
-and as AL2023's nodeadm then configures the kubelet (awslabs/amazon-eks-ami
-nodeadm/internal/kubelet/config.go, ``withDefaultReservedResources``; ``evictionHard``):
-
-- memory capacity = instance memory minus ``VM_MEMORY_OVERHEAD_PERCENT`` (Karpenter default 7.5 %:
-  what the hypervisor and firmware keep);
-- kube-reserved memory = 11 MiB x max pods + 255 MiB, max pods from nodeadm's eni-max-pods table
-  (ENIs x (IPv4 per ENI - 1) + 2);
-- kube-reserved CPU = 6 % of the first core, 1 % of the second, 0.5 % of the third and fourth,
-  0.25 % of every further core;
-- hard eviction threshold memory.available = 100 MiB;
-- the node's DaemonSets (below).
+Allocatable comes from the one node model, catalog/node_model.py (Karpenter's pre-launch
+estimate: VM overhead, kube-reserved from the ENI-limited max pods, eviction threshold, then the
+GPU node's DaemonSets).
 """
 from __future__ import annotations
 
@@ -27,52 +17,12 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from workloads.instances import instance
+from catalog.node_model import gpu_pod_allocatable
 from workloads.prices import PRICES
 
-# Karpenter's default VM_MEMORY_OVERHEAD_PERCENT (karpenter-provider-aws pkg/operator/options).
-VM_MEMORY_OVERHEAD_FRACTION = 0.075
-EVICTION_HARD_MEMORY_MIB = 100  # nodeadm's evictionHard memory.available
-# nodeadm/internal/kubelet/eni-max-pods.txt (AL2023), the instance types of the GPU catalog.
-ENI_MAX_PODS = {
-    "g5.xlarge": 58, "g5.2xlarge": 58, "g5.4xlarge": 234, "g5.8xlarge": 234, "g5.12xlarge": 737, "g5.16xlarge": 234,
-    "g5.24xlarge": 737, "g5.48xlarge": 345,
-    "g6.xlarge": 58, "g6.2xlarge": 58, "g6.4xlarge": 234, "g6.8xlarge": 234, "g6.12xlarge": 234, "g6.16xlarge": 737,
-    "g6.24xlarge": 737, "g6.48xlarge": 737,
-    "g6e.xlarge": 58, "g6e.2xlarge": 58, "g6e.4xlarge": 234, "g6e.8xlarge": 234, "g6e.12xlarge": 292,
-    "g6e.16xlarge": 737, "g6e.24xlarge": 492, "g6e.48xlarge": 492,
-    "p4d.24xlarge": 737, "p4de.24xlarge": 737, "p5.48xlarge": 100, "p5e.48xlarge": 100, "p5en.48xlarge": 198,
-}
-# Not in the table (p5.4xlarge): its largest value, so the reserve is an upper bound.
-ENI_MAX_PODS_UNKNOWN = 737
-# Requests of the DaemonSets every GPU node runs (VPC CNI, kube-proxy, EKS Pod Identity agent,
-# FSx CSI node, NVIDIA device plugin, DCGM exporter, EFA device plugin, node exporter, the
-# CloudWatch agent and Fluent Bit of Container Insights, the GPU health agent). A budget, not a
-# measurement: it must stay above the sum of their requests, or Karpenter's choice (which counts
-# them) would be one size larger than preflight's. Check it against `kubectl describe node`
-# (Allocated resources of the Non-terminated Pods) on a live GPU node after adding a DaemonSet.
-DAEMONSET_CPU_MILLICORES = 1000
-DAEMONSET_MEMORY_MIB = 1024
 CPU_STEP_MILLICORES = 100  # requests are rounded down to a tenth of a core
 SHM_MAX_GIB = 64
 SHM_FRACTION_OF_MEMORY = 0.25  # /dev/shm (memory-backed emptyDir) counts against the pod's memory limit
-
-
-def kube_reserved_cpu_millicores(vcpus: int) -> int:
-    millicores = vcpus * 1000
-    reserved = 0.0
-    for start, end, fraction in ((0, 1000, 0.06), (1000, 2000, 0.01), (2000, 4000, 0.005), (4000, 1 << 31, 0.0025)):
-        if millicores >= start:
-            reserved += int((min(millicores, end) - start) * fraction)
-    return int(reserved)
-
-
-def max_pods(instance_type: str) -> int:
-    return ENI_MAX_PODS.get(instance_type, ENI_MAX_PODS_UNKNOWN)
-
-
-def kube_reserved_memory_mib(instance_type: str) -> int:
-    return 11 * max_pods(instance_type) + 255
 
 
 @dataclass(frozen=True)
@@ -90,12 +40,8 @@ class NodeAllocatable:
 
 
 def node_allocatable(instance_type: str, gpus: int) -> NodeAllocatable:
-    facts = instance(instance_type)
-    memory_mib = facts.memory_gib * 1024
-    memory_mib -= math.ceil(memory_mib * VM_MEMORY_OVERHEAD_FRACTION)
-    memory_mib -= kube_reserved_memory_mib(instance_type) + EVICTION_HARD_MEMORY_MIB + DAEMONSET_MEMORY_MIB
-    cpu = facts.vcpus * 1000 - kube_reserved_cpu_millicores(facts.vcpus) - DAEMONSET_CPU_MILLICORES
-    return NodeAllocatable(instance_type, gpus, max(0, cpu), max(0, memory_mib))
+    cpu, memory_mib = gpu_pod_allocatable(instance_type)
+    return NodeAllocatable(instance_type, gpus, cpu, memory_mib)
 
 
 @dataclass(frozen=True)

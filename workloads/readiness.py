@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional
 
-from workloads.instances import busbw_floor_gb_per_s, instance
+from catalog.node_model import gpu_pod_allocatable
+from workloads.instances import busbw_floor_gb_per_s
 from workloads.karpenter import EFA_RESOURCE, GPU_RESOURCE, GPU_TYPE_LABEL, POOL_LABEL
 from workloads.platform_facts import PoolFacts
 from workloads.trainingjob import (
@@ -101,10 +102,10 @@ def gpu_check_script(pool: PoolFacts, floor: float, instance_type: Optional[str]
 
 def readiness_job(pool: PoolFacts, *, image: str) -> dict[str, Any]:
     instance_type = pool.instance_types[0]
-    facts = instance(instance_type)
+    cpu_millicores, memory_mib = gpu_pod_allocatable(instance_type)
     floor = gate_floor_gb_per_s(instance_type, efa=pool.efa)
-    amounts = {GPU_RESOURCE: str(pool.gpus_per_node), "cpu": str(max(1, facts.allocatable_cpu // 2)),
-               "memory": f"{max(1, facts.allocatable_memory_gib // 4)}Gi"}
+    amounts = {GPU_RESOURCE: str(pool.gpus_per_node), "cpu": str(max(1, cpu_millicores // 1000 // 2)),
+               "memory": f"{max(1, memory_mib // 1024 // 4)}Gi"}
     if pool.efa:
         amounts[EFA_RESOURCE] = str(pool.efa_devices_per_node)
     env = [{"name": "NCCL_DEBUG", "value": "INFO"}]  # the log shows which transport NCCL chose

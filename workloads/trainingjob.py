@@ -24,10 +24,10 @@ from typing import Any, Optional
 from workloads.problems import Problem
 from workloads.fsx import team_pod_volumes, team_subtree_path, team_volume_mounts
 from workloads.gpu_catalog import GPU_TYPES, SPOT_NOTICE_SECONDS
-from workloads.instances import instance
-from workloads.nodefit import DoesNotFit, PodSize, size_pod
+from catalog.node_model import gpu_pod_allocatable
+from workloads.nodefit import CPU_STEP_MILLICORES, DoesNotFit, PodSize, size_pod
 from workloads.jobspec import JobSpec, JobSpecError, Runtime, k8s_literal, team_space_problems, trainer_value
-from workloads.karpenter import CAPACITY_TYPE_KEY, EFA_RESOURCE, GPU_RESOURCE, GPU_TYPE_LABEL, POOL_LABEL
+from workloads.karpenter import CAPACITY_TYPE_KEY, EFA_RESOURCE, GPU_RESOURCE, GPU_TYPE_LABEL, POOL_LABEL, ZONE_KEY
 from workloads.kueue import QUEUE_LABEL
 from workloads.monitoring.stack import (
     TRAINER_METRICS_LABEL, TRAINER_METRICS_PORT, TRAINER_METRICS_PORT_NAME, TRAINJOB_METRICS_LABEL_VALUE,
@@ -147,22 +147,26 @@ class ResolvedJob:
         resource = self.spec.slice_resource
         return int(self.pool.slices_per_node.get(resource, 0)) if resource else 0
 
-    def _slice_share(self, attribute: str) -> int:
-        # A slice pod gets its share of the node: allocatable / every slice the node offers.
+    def _slice_share(self) -> tuple[int, int]:
+        # A slice pod gets its share of the node (the smallest type of the pool, with the same
+        # model as whole-GPU pods: catalog/node_model.py): allocatable / every slice it offers.
         total = sum(self.pool.slices_per_node.values()) or 1
-        return max(1, min(getattr(instance(t), attribute) for t in self.pool.instance_types) // total)
+        nodes = [gpu_pod_allocatable(t) for t in self.pool.instance_types]
+        return min(cpu for cpu, _ in nodes) // total, min(memory for _, memory in nodes) // total
 
     @property
     def cpu(self) -> str:
         """The pod's CPU as a Kubernetes quantity ("3" or "2900m")."""
         if self.spec.slice_resource:
-            return str(self._slice_share("allocatable_cpu"))
+            millicores = max(CPU_STEP_MILLICORES, self._slice_share()[0] // CPU_STEP_MILLICORES * CPU_STEP_MILLICORES)
+            cores, rest = divmod(millicores, 1000)
+            return str(cores) if rest == 0 else f"{millicores}m"
         return self.size.cpu_quantity
 
     @property
     def memory_gib(self) -> int:
         if self.spec.slice_resource:
-            return self._slice_share("allocatable_memory_gib")
+            return max(1, self._slice_share()[1] // 1024)
         return self.size.memory_gib
 
     @property
@@ -464,19 +468,34 @@ def node_selector(job: ResolvedJob) -> dict[str, str]:
 
 
 def affinity(job: ResolvedJob) -> Optional[dict[str, Any]]:
-    if job.spec.spot or not job.pool.offers_spot:
-        return None
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": CAPACITY_TYPE_KEY, "operator": "NotIn", "values": ["spot"]}]}]}}}
+    out: dict[str, Any] = {}
+    if not job.spec.spot and job.pool.offers_spot:
+        out["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": CAPACITY_TYPE_KEY, "operator": "NotIn", "values": ["spot"]}]}]}}
+    if job.spec.nodes > 1:
+        # Every pod of a multi-node job in one Availability Zone: EFA gives OS-bypass communication
+        # "with other instances in the same subnet" (AWS docs, "Elastic Fabric Adapter"), and a
+        # subnet lies in one AZ; without EFA, all-reduce across AZs pays latency and $0.01/GB each
+        # way. The first pod matches its own term, so it may go anywhere (Kubernetes "Inter-pod
+        # affinity": a pod whose affinity selects itself schedules when no other pod matches);
+        # Karpenter launches the rest in that zone (karpenter.sh "Scheduling": pod affinity on
+        # topology.kubernetes.io/zone is supported). A pool's own zone list (NodePool requirement
+        # topology.kubernetes.io/zone) still bounds the choice.
+        out["podAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchLabels": {JOB_LABEL: job.spec.name}}, "topologyKey": ZONE_KEY}]}
+    return out or None
 
 
 def tolerations(job: ResolvedJob) -> list[dict[str, Any]]:
     return [{"key": t["key"], "operator": "Exists", "effect": t["effect"]} for t in job.pool.taints]
 
 
+JOB_LABEL = "mlplatform.io/job"
+
+
 def pod_labels(job: ResolvedJob) -> dict[str, str]:
     return {"app.kubernetes.io/name": "training-job", "app.kubernetes.io/managed-by": "mlplatform",
-            "mlplatform.io/job": job.spec.name, "mlplatform.io/team": job.spec.team, "mlplatform.io/pool": job.pool.name}
+            JOB_LABEL: job.spec.name, "mlplatform.io/team": job.spec.team, "mlplatform.io/pool": job.pool.name}
 
 
 # checkov's pod checks that a training pod fails by design, each with its reason (the security

@@ -24,9 +24,7 @@ def test_each_mig_table_fits_the_memory_of_its_gpu_type():
 
 
 def test_instance_tables_outside_the_catalog_name_catalog_shapes():
-    from workloads.nodefit import ENI_MAX_PODS
     from workloads.readiness import BUSBW_REFERENCES
 
     shapes = set(instance_shapes())
-    assert set(ENI_MAX_PODS) <= shapes, sorted(set(ENI_MAX_PODS) - shapes)
     assert set(BUSBW_REFERENCES) <= shapes, sorted(set(BUSBW_REFERENCES) - shapes)

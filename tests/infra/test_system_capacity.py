@@ -80,3 +80,29 @@ def test_prod_counts_the_gpu_operator_and_nfd_controllers_it_places_on_the_syste
     placed = {p.name.rsplit("/", 1)[-1]: (p.cpu_m, p.memory_mib) for p in system_capacity(prod_plan.recording).placed
               if "gpu-operator" in p.name}
     assert placed == {"gpu-operator": (200, 100), "nfd-master": (100, 128), "nfd-gc": (10, 128)}
+
+
+def test_gpu_node_daemonset_budget_holds_what_the_platform_runs_there(dev_plan, prod_plan):
+    """catalog/node_model.py leaves GPU_NODE_DAEMONSET_* for the DaemonSets of a GPU node; Karpenter
+    counts their real requests when it picks the instance, so a budget below them makes preflight
+    size pods one instance type smaller than Karpenter launches. The sum comes from what the
+    platform renders: the recorded releases' and add-ons' per-node pods and the workloads'
+    DaemonSets (node health agent, MIG gate)."""
+    from catalog.node_model import GPU_NODE_DAEMONSET_CPU_MILLICORES, GPU_NODE_DAEMONSET_MEMORY_MIB
+    from infra.system_capacity import gpu_node_daemonsets, parse_cpu_m, parse_memory_mib
+    from workloads import gpu_sharing, node_health
+
+    rendered = [node_health.daemon_set(image="node-health@sha256:" + "0" * 64),
+                *(o for o in gpu_sharing.mig_gate_objects("kube-system", "gate@sha256:" + "0" * 64, ())
+                  if o["kind"] == "DaemonSet")]
+    workload_requests = [c.get("resources", {}).get("requests", {}) for ds in rendered
+                         for c in ds["spec"]["template"]["spec"]["containers"]]
+    assert all(r for r in workload_requests), "every workload DaemonSet container requests CPU and memory"
+    for plan in (dev_plan, prod_plan):
+        placed = gpu_node_daemonsets(plan.recording)
+        names = {p.name.split("/")[-1] for p in placed}
+        assert {"aws-node", "kube-proxy", "cloudwatch-agent", "fluent-bit"} <= names, names
+        cpu = sum(p.cpu_m for p in placed) + sum(parse_cpu_m(r["cpu"]) for r in workload_requests)
+        memory = sum(p.memory_mib for p in placed) + sum(parse_memory_mib(r["memory"]) for r in workload_requests)
+        assert cpu <= GPU_NODE_DAEMONSET_CPU_MILLICORES, (plan, cpu, sorted(names))
+        assert memory <= GPU_NODE_DAEMONSET_MEMORY_MIB, (plan, memory, sorted(names))

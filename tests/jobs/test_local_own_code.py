@@ -72,7 +72,7 @@ def test_faithful_refuses_in_one_line_when_the_model_would_not_fit(monkeypatch, 
 def test_faithful_refuses_a_model_that_lives_on_fsx(monkeypatch, capsys, tmp_path):
     raw = yaml.safe_load((ROOT / "examples" / "jobs" / "l4-dev-smoke.yaml").read_text())
     raw["trainer"]["overrides"] += ["model.kind=hf", "model.hf_path=/fsx/datasets/models/llama", "model.vocab_size=32000"]
-    raw["model"] = {"parameters": 3e8}
+    raw["model"] = {"parameters": 3e8, "vocabSize": 32000}
     spec_file = tmp_path / "job.yaml"
     spec_file.write_text(yaml.safe_dump(raw))
     code = cli.main(["submit", str(spec_file), "--stack", "dev", "--offline", "--local", "--faithful",

@@ -398,6 +398,23 @@ def test_a_mig_slice_job_renders_one_slice_on_the_mig_pool(facts, schemas):
     assert {"key": "mlplatform.io/gpu-sharing", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
 
 
+def test_slice_pods_are_sized_by_the_same_node_model_as_whole_gpu_pods(facts):
+    """design-4 §1.3: slice pods took `vcpus - max(2, vcpus // 24)` and `memory * 0.9 - 4` while
+    whole-GPU pods took Karpenter's model. Both now read catalog/node_model.py: a slice pod is the
+    GPU node's pod allocatable (kube-reserved, eviction, VM overhead, DaemonSets) / every slice."""
+    from catalog.node_model import gpu_pod_allocatable
+    from workloads.nodefit import node_allocatable
+    from workloads.trainingjob import resolve
+    job = resolve(_spec(), facts["prod"])
+    slices = sum(job.pool.slices_per_node.values())
+    cpu_m, memory_mib = (min(v) for v in zip(*(gpu_pod_allocatable(t) for t in job.pool.instance_types)))
+    want_cpu_m = cpu_m // slices // 100 * 100
+    assert job.cpu == (str(want_cpu_m // 1000) if want_cpu_m % 1000 == 0 else f"{want_cpu_m}m")
+    assert job.memory_gib == memory_mib // slices // 1024
+    whole = node_allocatable(job.pool.instance_types[0], job.pool.gpus_per_node)
+    assert job.memory_gib * 1024 * slices <= whole.memory_mib
+
+
 def test_slices_are_one_pod_and_go_only_where_offered(facts):
     from workloads.jobspec import JobSpecError
     from workloads.trainingjob import resolve

@@ -7,8 +7,7 @@ import pytest
 import yaml
 
 from workloads.jobspec import JobSpecError, parse_job_spec
-from workloads.nodefit import (DoesNotFit, kube_reserved_cpu_millicores, kube_reserved_memory_mib, node_allocatable,
-                               size_pod)
+from workloads.nodefit import DoesNotFit, node_allocatable, size_pod
 from jobs.preflight import preflight
 from workloads.trainingjob import render, resolve
 
@@ -29,24 +28,6 @@ def prod_facts(prod_plan):
     from jobs.facts import facts_from_plan
 
     return facts_from_plan(prod_plan)
-
-
-@pytest.mark.parametrize("vcpus", [1, 2, 4, 8, 96, 192])
-def test_kube_reserved_cpu_follows_the_eks_ranges(vcpus):
-    """karpenter-provider-aws pkg/providers/instancetype/types.go, kubeReservedResources (and AL2023
-    nodeadm getCPUMillicoresToReserve):
-        {start: 0, end: 1000, percentage: 0.06}, {start: 1000, end: 2000, percentage: 0.01},
-        {start: 2000, end: 4000, percentage: 0.005}, {start: 4000, end: 1 << 31, percentage: 0.0025}"""
-    cores = vcpus
-    expected = 60 * min(cores, 1) + 10 * max(0, min(cores, 2) - 1) + 5 * max(0, min(cores, 4) - 2) + 2.5 * max(0, cores - 4)
-    assert kube_reserved_cpu_millicores(vcpus) == int(expected)
-
-
-def test_kube_reserved_memory_is_11_mib_per_pod_plus_255():
-    """types.go: resource.MustParse(fmt.Sprintf("%dMi", (11*pods.Value())+255)); nodeadm's
-    eni-max-pods.txt: "g6.xlarge 58", "p5.48xlarge 100"."""
-    assert kube_reserved_memory_mib("g6.xlarge") == 11 * 58 + 255
-    assert kube_reserved_memory_mib("p5.48xlarge") == 11 * 100 + 255
 
 
 def test_allocatable_takes_the_vm_overhead_reserves_eviction_and_daemonsets():

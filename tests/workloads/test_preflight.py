@@ -128,3 +128,50 @@ def test_memory_figures_are_arithmetic_not_constants():
     small, big = memory_per_gpu(shape, 1), memory_per_gpu(dataclasses.replace(shape, micro_batch_size=32), 1)
     assert big["activations"] == pytest.approx(2 * small["activations"]) and big["state"] == small["state"]
     assert small["total"] == pytest.approx(small["state"] + small["activations"] + small["logits"] + 2 * GIB)
+
+
+def _llama3_8b(model: dict) -> dict:
+    """jobs-ops-4 S1: Llama 3.1 8B SFT on 2 x 8 H100, seq 4096, micro-batch 2."""
+    overrides = [*EXAMPLE["trainer"]["overrides"], "model.kind=hf",
+                 "model.hf_path=/fsx/datasets/team-foundation-models/llama-3.1-8b", "parallelism.strategy=fsdp",
+                 "parallelism.activation_checkpointing=true", "data.seq_len=4096", "data.micro_batch_size=2"]
+    return {**EXAMPLE, "trainer": {**EXAMPLE["trainer"], "overrides": overrides}, "model": model}
+
+
+def test_hf_model_logits_use_the_models_vocabulary():
+    """jobs-ops-4 §8: the logits term used GPT-2's padded 50,304 for Llama 3, whose tokenizer has
+    128,256 tokens (meta-llama/Meta-Llama-3-8B config.json "vocab_size": 128256): 2.5x under.
+    Logits per GPU = micro-batch x seq x vocabulary x 8 B (bf16 logits + the fp32 upcast for the loss)."""
+    llama = {"parameters": 8.03e9, "numLayers": 32, "hiddenSize": 4096, "vocabSize": 128256}
+    shape, problems = trainer_shape(parse_job_spec(_llama3_8b(llama)), str(ROOT))
+    assert problems == [] and shape.vocab_size == 128256
+    assert memory_per_gpu(shape, 16)["logits"] == 2 * 4096 * 128256 * 8  # 7.83 GiB, not 3.07
+
+
+def test_hf_model_without_a_vocabulary_is_asked_for_it():
+    shape, problems = trainer_shape(parse_job_spec(_llama3_8b({"parameters": 8.03e9, "numLayers": 32,
+                                                               "hiddenSize": 4096})), str(ROOT))
+    assert shape is None
+    (problem,) = [p for p in problems if p.path == "model.vocabSize"]
+    assert "vocabSize: 128256" in problem.fix and "config.json" in problem.fix
+
+
+def test_reserved_pool_is_priced_as_reserved_not_on_demand(prod_facts):
+    """jobs-ops-4 S3: a job on prod's a100-reserved pool (capacityTypes [reserved, on-demand],
+    capacityReservationIds [cr-...]) was priced "on-demand $8,933". Karpenter launches into the
+    reservation first ("reserved capacity is prioritized over spot and on-demand", karpenter.sh
+    tasks/odcrs); an On-Demand Capacity Reservation is billed at the on-demand rate whether used or
+    not (EC2 User Guide, capacity-reservation-pricing-billing), so the job adds $0 while it fits
+    and on-demand is only the fallback."""
+    raw = {**EXAMPLE, "gpuType": "a100-80gb", "spot": False, "nodes": 2, "gpusPerNode": 8}
+    report = preflight(parse_job_spec(raw), prod_facts, repo_root=str(ROOT))
+    figures = report.figures
+    assert figures["pool"] == "a100-reserved"
+    rate = PRICES["p4de.24xlarge"].on_demand_usd_per_hour
+    assert figures["cost_marginal_usd"] == 0.0
+    assert figures["cost_reserved_usd"] == pytest.approx(figures["run_hours"] * 2 * rate, rel=0.01)
+    text = report.render()
+    (cost,) = [line for line in text.splitlines() if line.startswith("cost ")]
+    assert "reserved, $0 beyond the reservation" in cost and "when the reservation is full: on-demand" in cost
+    assert "spot" not in cost  # spot: false, and the pool offers none
+    assert "p4de.24xlarge reserved (billed $27.45/h used or not)" in text

@@ -200,6 +200,23 @@ def test_spot_false_keeps_the_job_off_spot_nodes(prod_facts, example_raw):
     assert term["matchExpressions"] == [{"key": "karpenter.sh/capacity-type", "operator": "NotIn", "values": ["spot"]}]
 
 
+def test_multi_node_jobs_stay_in_one_zone(prod_facts, example_raw):
+    """jobs-ops-4 §5.6: the rendered 2 x p5 PyTorchJob had no zone affinity, so its nodes could sit
+    in two AZs (EFA talks only within a subnet, hence an AZ; cross-AZ all-reduce pays latency and
+    transfer). Every pod now requires the zone of the job's other pods (Kubernetes inter-pod
+    affinity, topologyKey topology.kubernetes.io/zone; the first pod matches itself and may go
+    anywhere). A one-node job needs no such term."""
+    job = render(parse_job_spec(example_raw), prod_facts)
+    for template in _templates(job):
+        (term,) = template["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["topologyKey"] == "topology.kubernetes.io/zone"
+        # The selector picks this job's pods, and only them: each pod matches its own term.
+        assert term["labelSelector"] == {"matchLabels": {"mlplatform.io/job": example_raw["name"]}}
+        assert template["metadata"]["labels"]["mlplatform.io/job"] == example_raw["name"]
+    single = render(parse_job_spec({**example_raw, "nodes": 1}), prod_facts)
+    assert all("podAffinity" not in t["spec"].get("affinity", {}) for t in _templates(single))
+
+
 def test_unknown_team_and_pool_are_reported_together(prod_facts, example_raw):
     with pytest.raises(JobSpecError) as info:
         _job({**example_raw, "team": "foundation-model", "gpuType": None, "pool": "h10"}, prod_facts)
