@@ -565,11 +565,17 @@ def report(api: KubeApi, name: str, failures: Sequence[Failure], diag_level: int
 
 def mark_gpu_fault(api: KubeApi, name: str, fault: GpuFault) -> bool:
     """Act on one GPU fault: True when this call marked the node, False when it already was."""
+    node = api.node(name)
+    if gpu_fault_node_patch(node, fault) is None:
+        log(node=name, gpu_fault=fault.key, result="already recorded")
+        return False
+    now = dt.datetime.now(dt.timezone.utc)
+    event = gpu_fault_event(name, node["metadata"].get("uid", ""), fault, now)
+    if replaces_node(fault):  # before the record: a recorded fault is never acted on again
+        api.patch_node_status(name, condition_patch(False, event["message"], now, reason="GpuFaultReported"))
     for _ in range(5):  # a 409: the node changed between the read and the patch; decide again
-        node = api.node(name)
         patch = gpu_fault_node_patch(node, fault)
         if patch is None:
-            log(node=name, gpu_fault=fault.key, result="already recorded")
             return False
         try:
             api.patch_node(name, patch)
@@ -577,12 +583,9 @@ def mark_gpu_fault(api: KubeApi, name: str, fault: GpuFault) -> bool:
         except urllib.error.HTTPError as error:
             if error.code != 409:
                 raise
+        node = api.node(name)
     else:
         raise RuntimeError(f"could not record GPU fault {fault.key} on {name}: the node kept changing")
-    now = dt.datetime.now(dt.timezone.utc)
-    event = gpu_fault_event(name, node["metadata"].get("uid", ""), fault, now)
-    if replaces_node(fault):
-        api.patch_node_status(name, condition_patch(False, event["message"], now, reason="GpuFaultReported"))
     api.create_event(event)
     log(node=name, result="gpu-fault", pod=fault.pod, container=fault.container, action=fault.action,
         faults=[{"rank": line.rank, "gpu": line.local_rank, "xid": line.xid, "fault": line.fault} for line in fault.lines],

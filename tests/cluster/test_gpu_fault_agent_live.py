@@ -139,14 +139,19 @@ def test_a_gpu_fault_on_its_node_marks_it_once_and_nothing_else_does(stack_clust
 
     # The agent watches; a trainer container on X ends with the GPU-fault exit.
     watch = agent.GpuFaultWatch(api, NODE_X, actions, retry_s=1)
-    watcher = threading.Thread(target=watch.run, args=(20,), daemon=True)
+    watcher = threading.Thread(target=watch.run, args=(45,), daemon=True)
     watcher.start()
-    time.sleep(2)  # past the list: the fault arrives as a watch event
+    # The list is done before the pod exists: the fault can only arrive as a watch event.
+    listed = time.monotonic() + 20
+    while watch.resource_version is None and time.monotonic() < listed:
+        time.sleep(0.1)
+    assert watch.resource_version is not None, "the agent did not list its node's pods"
     uid = trainer_pod(cluster, "trainer-on-x", NODE_X, EXIT_GPU_FAULT, launcher_message(tmp_path, monkeypatch, NODE_X))
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 40
     while not node_json(cluster, NODE_X)["spec"].get("unschedulable") and time.monotonic() < deadline:
         time.sleep(0.5)
-    watcher.join(timeout=30)
+    watcher.join(timeout=60)
+    assert not watcher.is_alive(), "the agent's watch outlived its window"
     node = node_json(cluster, NODE_X)
     assert node["spec"].get("unschedulable") is True, "the agent did not cordon its node after the GPU fault"
     assert node["metadata"]["labels"][agent.FAILURE_LABEL] == "gpu-fault"

@@ -190,7 +190,9 @@ def test_a_concurrent_node_change_is_decided_again_not_overwritten():
 
     api.node = stale
     assert agent.mark_gpu_fault(api, NODE, fault) is True
-    assert api.kinds()[:2] == ["patch_node", "patch_node"]  # 409, then decided on the fresh node
+    # The repair condition first (a recorded fault is never acted on again), then the record:
+    # 409, then decided on the fresh node.
+    assert api.kinds() == ["patch_node_status", "patch_node", "patch_node", "create_event"]
     assert api.node_obj["metadata"]["labels"] == {"other": "x", agent.FAILURE_LABEL: "gpu-fault"}
 
 
