@@ -239,3 +239,19 @@ def test_a_failing_api_is_retried_at_a_bounded_rate_not_in_a_loop():
     watch = agent.GpuFaultWatch(api, NODE, ACTIONS, retry_s=0.25)
     watch.run(1.2)
     assert len(api.watch_events) >= 995  # about one try per retry_s, not a busy loop
+
+
+def test_the_fault_event_and_condition_are_valid_core_objects():
+    import datetime as dt
+
+    from tests.support.validation import validate_core
+
+    [fault] = agent.pod_gpu_faults(pod(), NODE, ACTIONS)
+    event = agent.gpu_fault_event(NODE, "node-uid", fault, dt.datetime(2026, 11, 28, 1, 0))
+    event = {**event, "metadata": {**event["metadata"], "name": f"{NODE}.gpu-fault-x"}}  # the server fills generateName
+    assert validate_core(event) == []
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {agent.FAILURE_LABEL: "gpu-fault"},
+                                                             "annotations": {agent.GPU_FAULTS_ANNOTATION: "[]"}},
+            "spec": {"unschedulable": True},
+            **agent.condition_patch(False, event["message"], dt.datetime(2026, 11, 28, 1, 0), reason="GpuFaultReported")}
+    assert validate_core(node) == []
