@@ -628,7 +628,11 @@ class GpuFaultWatch:
                         self.resource_version = None
                         break
                     self.resource_version = obj.get("metadata", {}).get("resourceVersion", self.resource_version)
-                    if event.get("type") in ("ADDED", "MODIFIED"):
+                    # DELETED too: under restartPolicy ExitCode the Training Operator deletes a pod
+                    # that failed with a retryable code at once (training-operator
+                    # pkg/controller.v1/common/pod.go: "Need to restart the pod" -> DeletePod), and
+                    # the deleted object still carries the container's end.
+                    if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
                         self.handle(obj)
                 if time.monotonic() - started < 1:  # a stream that closes at once: not a busy loop
                     time.sleep(min(self.retry_s, max(0.0, deadline - time.monotonic())))

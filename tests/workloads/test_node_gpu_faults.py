@@ -255,3 +255,11 @@ def test_the_fault_event_and_condition_are_valid_core_objects():
             "spec": {"unschedulable": True},
             **agent.condition_patch(False, event["message"], dt.datetime(2026, 11, 28, 1, 0), reason="GpuFaultReported")}
     assert validate_core(node) == []
+
+
+def test_a_fault_first_seen_in_the_pods_deletion_still_marks_the_node():
+    """The Training Operator deletes a pod that ended with a retryable code at once; a watch
+    that reconnects in between sees only the DELETED event, whose object keeps the status."""
+    api = FakeApi(watch_events=[{"type": "DELETED", "object": pod()}])
+    agent.GpuFaultWatch(api, NODE, ACTIONS, retry_s=0.01).run(1.1)
+    assert api.kinds().count("create_event") == 1 and api.node_obj["spec"]["unschedulable"] is True
