@@ -154,16 +154,21 @@ def run_benchmark(label: str, args: list[str], out_dir: str, timeout: float) -> 
             "seconds": time.time() - started}
 
 
+def budget_gpu_benchmarks(out_dir: str) -> list[tuple[str, list[str], float]]:
+    """The budget mode's GPU benchmarks: (label, arguments, timeout in seconds)."""
+    j = lambda name: os.path.join(out_dir, name)  # noqa: E731
+    return [
+        ("checkpoint stall, GPT-2 124M + AdamW on the GPU",
+         ["benchmarks/checkpoint_stall.py", "--size", "gpt2", "--repeats", "3", "--json", j("checkpoint_stall.json")], 240),
+        ("MFU, trainer vs nanoGPT loop, GPT-2 124M, micro-batch 16",
+         ["benchmarks/mfu.py", "--steps", "30", "--micro-batch-size", "16", "--json", j("mfu-16.json")], 300),
+    ]
+
+
 def benchmarks(gpu: bool, out_dir: str, quick: bool, budget: bool = False) -> list[dict]:
     j = lambda name: os.path.join(out_dir, name)  # noqa: E731
     if gpu and budget:
-        return [
-            run_benchmark("checkpoint stall, GPT-2 124M + AdamW on the GPU",
-                          ["benchmarks/checkpoint_stall.py", "--size", "gpt2", "--repeats", "3", "--json", j("checkpoint_stall.json")],
-                          out_dir, 240),
-            run_benchmark("MFU, trainer vs nanoGPT loop, GPT-2 124M, micro-batch 16",
-                          ["benchmarks/mfu.py", "--steps", "30", "--micro-batch-size", "16", "--json", j("mfu-16.json")], out_dir, 300),
-        ]
+        return [run_benchmark(label, args, out_dir, timeout) for label, args, timeout in budget_gpu_benchmarks(out_dir)]
     if budget:
         return [run_benchmark("checkpoint stall (CPU)", ["benchmarks/checkpoint_stall.py", "--size", "small", "--repeats", "3",
                                                          "--device", "cpu", "--json", j("checkpoint_stall.json")], out_dir, 300)]
@@ -278,7 +283,7 @@ def determinism_goals(env: dict) -> list[dict]:
     if stopped.returncode != 143 or resumed.returncode != 0:
         problems.append(f"SIGTERM at step 5 / resume: exits {stopped.returncode} / {resumed.returncode}: "
                         f"{(resumed.stdout + resumed.stderr)[-600:]}")
-    LAUNCHES.extend(["det-a", "default-1", "default-2", "det-b (SIGTERM)", "det-b (resume)"][:3 + 1 + (stopped.returncode == 143)])
+    LAUNCHES.extend(GOAL_LAUNCHES[:3 + 1 + (stopped.returncode == 143)])
     if problems:
         return [goal(n, "bitwise", "runs failed", False, "; ".join(problems)[:1500]) for n in ("determinism", "bitwise_resume")]
 
@@ -309,6 +314,18 @@ def determinism_goals(env: dict) -> list[dict]:
 
 LAUNCH_TIMEOUT_S = 240  # one small-model launch compiles in well under a minute on an H100
 LAUNCHES: list[str] = []  # the goals' trainer launches, counted for the budget line
+GOAL_LAUNCHES = ("det-a", "default-1", "default-2", "det-b (SIGTERM)", "det-b (resume)")
+
+
+def budget_gpu_steps(out_dir: str, gpu: bool, tests: dict) -> tuple[list[str], list[str]]:
+    """The GPU steps of budget mode, as (run here, not run here): its GPU benchmarks, its GPU
+    tests and the goals' trainer launches. On CPU the run says how many it skipped, so its wall
+    time can be read against what a device draw adds."""
+    ran_tests = {r["name"] for r in tests["results"] if r["outcome"] != "skipped"}
+    steps = [(f"benchmark: {label}", gpu) for label, _, _ in budget_gpu_benchmarks(out_dir)]
+    steps += [(f"GPU test: {name}", name in ran_tests) for name in BUDGET_TESTS]
+    steps += [(f"trainer launch for the goals: {name}", name in LAUNCHES) for name in GOAL_LAUNCHES]
+    return [name for name, ran in steps if ran], [name for name, ran in steps if not ran]
 
 
 def torch_equal(x, y) -> bool:
@@ -344,7 +361,8 @@ FULL_ONLY_BENCHMARKS = ("MFU at micro-batch 32", "MFU in deterministic mode (its
 
 
 def report(env: dict, tests: dict, benches: list[dict], planning: str, goals: list[dict] | None = None,
-           skipped: list[str] | None = None) -> str:
+           skipped: list[str] | None = None, budget_steps: tuple[list[str], list[str]] | None = None,
+           wall_s: float | None = None) -> str:
     counts = {k: sum(r["outcome"] == k for r in tests["results"]) for k in ("passed", "failed", "skipped")}
     lines = ["# GPU check", "", "| | |", "|---|---|"]
     for key in ("date", "device", "device_count", "memory_gib", "capability", "driver", "torch", "cuda", "cudnn", "nccl",
@@ -373,6 +391,13 @@ def report(env: dict, tests: dict, benches: list[dict], planning: str, goals: li
         lines += [""]
     if skipped:
         lines += ["## Budget mode: not run", "", *[f"- {item}" for item in skipped], ""]
+    if budget_steps is not None:
+        ran, not_run = budget_steps
+        lines += ["## Budget mode: GPU steps", "", f"GPU steps run: {len(ran)}; GPU steps skipped (no GPU here): {len(not_run)} "
+                  f"of {len(ran) + len(not_run)}", "", *[f"- skipped: {item}" for item in not_run],
+                  *[f"- run: {item}" for item in ran], ""]
+    if wall_s is not None:
+        lines += [f"Wall time: {wall_s:.0f} s ({'GPU' if env['gpu'] else 'CPU'}, {env.get('device', '')})", ""]
     return "\n".join(lines)
 
 
@@ -416,7 +441,8 @@ def main() -> int:
     if budget:
         skipped = [f"GPU test {name}" for name in all_test_names() if name not in BUDGET_TESTS] + \
             [f"benchmark {name}" for name in FULL_ONLY_BENCHMARKS] + ["the MFU benchmark at 60 steps (30 here)"]
-    text = report(env, tests, benches, planning, goals, skipped)
+    steps = budget_gpu_steps(args.out, env["gpu"], tests) if budget else None
+    text = report(env, tests, benches, planning, goals, skipped, steps, time.time() - started)
     path = os.path.join(args.out, "report.md")
     with open(path, "w") as f:
         f.write(text + "\n")
@@ -426,7 +452,8 @@ def main() -> int:
     failed_benches = [b["label"] for b in benches if b["returncode"] != 0]
     missed = [g["name"] for g in goals if g["verdict"] == "MISSED"]
     print(f"gpu-check {args.mode} mode: {time.time() - started:.0f} s wall; GPU processes: "
-          f"{len(benches)} benchmarks, {len(tests['results'])} tests, {len(LAUNCHES)} trainer launches for the goals")
+          f"{len(benches)} benchmarks, {len(tests['results'])} tests, {len(LAUNCHES)} trainer launches for the goals"
+          + (f"; GPU steps skipped: {len(steps[1])} of {len(steps[0]) + len(steps[1])}" if steps else ""))
     if failed_tests or failed_benches or missed:
         print(f"gpu-check FAILED: tests failed: {failed_tests}; benchmarks failed: {failed_benches}; goals missed: {missed}")
         return 1

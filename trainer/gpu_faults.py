@@ -14,6 +14,11 @@ What counts:
   or replace (NVIDIA's Xid catalog "Resolution Bucket"); an Xid marked `none` is the
   application's own (13, 31, 43, ...) and stays a root cause.
 Illegal memory accesses and device-side asserts are not here: they are usually the program's.
+
+The termination message is defined here once, for both sides: the launcher writes it
+(`termination_message`) and the node's readiness agent parses it (`parse_termination_message`;
+workloads/node_health_agent.py, which imports this file from its ConfigMap). Standard library
+only, for that reason.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import json
 import os
 import re
 import signal
+from typing import Iterable, Mapping, NamedTuple, Optional
 
 EXIT_GPU_FAULT = 128 + signal.SIGBUS  # 135: a hardware error, as SIGBUS is for memory
 
@@ -34,6 +40,16 @@ HARDWARE_ERRORS = (
     "unhandled cuda error",  # NCCL: a CUDA call inside NCCL failed
     "unhandled system error",  # NCCL: the network device (EFA) or the system failed
 )
+# The Xid the host logs for the error a rank sees, where there is one (NVIDIA Xid catalog;
+# cudaErrorECCUncorrectable is a double-bit error, Xid 48; cudaErrorNvlinkUncorrectable, Xid 74).
+# The readiness agent acts on that Xid's row of workloads/xid_actions.json; an error with no
+# Xid of its own ("unspecified launch failure" is also what a kernel bug looks like) gets the
+# table's `drain`: cordoned, and a person decides.
+HARDWARE_ERROR_XIDS = {
+    "uncorrectable ECC error encountered": 48,
+    "GPU has fallen off the bus": 79,
+    "uncorrectable NVLink error": 74,
+}
 # The driver's "NVRM: Xid (PCI:0000:53:00): 79, pid=..." and a plain "Xid 79".
 _XID = re.compile(r"\bXid\b(?:\s*\([^)]*\))?\s*:?\s*(\d{1,3})\b", re.IGNORECASE)
 NODE_ACTIONS = ("drain", "reset", "replace")
@@ -44,11 +60,16 @@ def _xid_table_path() -> str:
     return os.path.join(os.path.dirname(here), "workloads", "xid_actions.json")  # /app/workloads in the image
 
 
-def node_fault_xids(path: str | None = None) -> frozenset[int]:
-    """The Xids the platform treats as node faults (drain, reset, replace)."""
+def xid_actions(path: str | None = None) -> dict[int, str]:
+    """Each Xid of workloads/xid_actions.json and its action (none, drain, reset, replace)."""
     with open(path or _xid_table_path()) as f:
         rows = json.load(f)["xids"]
-    return frozenset(int(code) for code, row in rows.items() if row.get("action") in NODE_ACTIONS)
+    return {int(code): row.get("action", "none") for code, row in rows.items()}
+
+
+def node_fault_xids(path: str | None = None) -> frozenset[int]:
+    """The Xids the platform treats as node faults (drain, reset, replace)."""
+    return frozenset(code for code, action in xid_actions(path).items() if action in NODE_ACTIONS)
 
 
 def gpu_fault(exc: BaseException | str, xids: frozenset[int] | None = None) -> str | None:
@@ -63,3 +84,59 @@ def gpu_fault(exc: BaseException | str, xids: frozenset[int] | None = None) -> s
         if code in (xids if xids is not None else node_fault_xids()):
             return f"GPU fault: Xid {code}"
     return None
+
+
+# ---------------------------------------------------------------- the termination message
+
+# One line per faulty rank; the kubelet keeps at most 4096 bytes of the file.
+TERMINATION_MESSAGE_LIMIT = 4096
+_LINE = "gpu-fault node={node} rank={rank} local_rank={local_rank}: {fault}"
+_LINE_RE = re.compile(r"^gpu-fault node=(?P<node>\S+) rank=(?P<rank>\S+) local_rank=(?P<local_rank>\S+): "
+                      r"(?P<fault>GPU fault: .+?)\s*$")
+
+
+class FaultLine(NamedTuple):
+    """One rank's GPU fault as the termination message names it. ``local_rank`` is the GPU's
+    index among the container's visible devices."""
+    node: str
+    rank: str
+    local_rank: str
+    fault: str
+
+    @property
+    def xid(self) -> Optional[int]:
+        """The Xid this fault names, or the one the host logs for it; None when neither."""
+        match = _XID.search(self.fault)
+        if match:
+            return int(match.group(1))
+        return next((xid for needle, xid in HARDWARE_ERROR_XIDS.items() if needle.lower() in self.fault.lower()), None)
+
+
+def termination_message(node: str, reports: Iterable[Mapping]) -> str:
+    """The launcher's termination message: a line per rank report carrying ``gpu_fault``."""
+    lines = [_LINE.format(node=node or "?", rank=r.get("rank"), local_rank=r.get("local_rank", "?"), fault=r["gpu_fault"])
+             for r in reports if r.get("gpu_fault")]
+    return "\n".join(lines)[:TERMINATION_MESSAGE_LIMIT]
+
+
+def parse_termination_message(text: str | None) -> list[FaultLine]:
+    """The fault lines of a termination message; other lines (a truncated one, log output from
+    ``FallbackToLogsOnError``) are not faults."""
+    found = []
+    for line in (text or "").splitlines():
+        match = _LINE_RE.match(line.strip())
+        if match:
+            found.append(FaultLine(**match.groupdict()))
+    return found
+
+
+ACTION_SEVERITY = ("none", "drain", "reset", "replace")
+
+
+def node_action(lines: Iterable[FaultLine], actions: Mapping[int, str]) -> str:
+    """What the node needs after these faults, by workloads/xid_actions.json: the most severe
+    action of their Xids; ``drain`` for a fault with no Xid or one the table does not list (the
+    trainer already judged it a node fault, so never ``none``)."""
+    found = ["drain" if line.xid is None or actions.get(line.xid, "none") == "none" else actions[line.xid]
+             for line in lines]
+    return max(found, key=ACTION_SEVERITY.index) if found else "none"

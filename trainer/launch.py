@@ -34,7 +34,7 @@ import tempfile
 import time
 
 from trainer import retries
-from trainer.gpu_faults import EXIT_GPU_FAULT
+from trainer.gpu_faults import EXIT_GPU_FAULT, termination_message
 
 EXIT_PREEMPTED = 143
 # A broken connection to a peer, like a write to a closed pipe: retryable (128-255).
@@ -376,16 +376,16 @@ TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessa
 def report_gpu_fault(reports: list[dict], path: str | None = None) -> None:
     """Say which GPU failed where the node's readiness agent reads it: the container's
     termination message (the kubelet copies the file into the pod's status,
-    `containerStatuses[].state.terminated.message`, at most 4096 bytes)."""
-    lines = [f"gpu-fault node={os.environ.get('NODE_NAME', '?')} rank={r.get('rank')} "
-             f"local_rank={r.get('local_rank', '?')}: {r['gpu_fault']}" for r in reports]
-    print("[trainer.launch] " + "; ".join(lines) + f"; exiting {EXIT_GPU_FAULT} (retryable: another node)",
+    `containerStatuses[].state.terminated.message`, at most 4096 bytes). The format is
+    trainer/gpu_faults.py's, which the agent parses."""
+    message = termination_message(os.environ.get("NODE_NAME", "?"), reports)
+    print("[trainer.launch] " + message.replace("\n", "; ") + f"; exiting {EXIT_GPU_FAULT} (retryable: another node)",
           file=sys.stderr, flush=True)
     path = path or os.environ.get("TRAINER_TERMINATION_LOG", TERMINATION_LOG)
     if os.path.exists(path):
         try:
             with open(path, "w") as f:
-                f.write("\n".join(lines)[:4096])
+                f.write(message)
         except OSError as exc:  # the exit code still says it
             print(f"[trainer.launch] could not write {path}: {exc}", file=sys.stderr)
 

@@ -6,10 +6,16 @@ ConfigMap) on every GPU node; the agent lifts the taint only when the node's GPU
 ``dcgmi diag -r 1`` and EFA devices check out, and otherwise cordons, labels and reports the node
 and sets ``AcceleratedHardwareReady=False`` so Karpenter's node repair replaces it.
 
-Least privilege: its own ServiceAccount; cluster-wide only ``get``/``patch`` on nodes and
-``patch`` on ``nodes/status`` (RBAC cannot narrow a ServiceAccount to "its own node": the
-NodeRestriction admission plugin only limits kubelets), and ``create`` on Events in the
-``default`` namespace, where node events live.
+It also watches its node's pods and marks the node when a trainer container ends with a GPU
+fault (exit 135 and the termination message of ``trainer/gpu_faults.py``, which the ConfigMap
+carries next to the agent, with ``workloads/xid_actions.json``).
+
+Least privilege: its own ServiceAccount; cluster-wide only ``get``/``patch`` on nodes,
+``patch`` on ``nodes/status`` and ``list``/``watch`` on pods (RBAC cannot narrow a
+ServiceAccount to "its own node": the NodeRestriction admission plugin only limits kubelets,
+and RBAC ignores field selectors), and ``create`` on Events in the ``default`` namespace, where
+node events live. Its node writes are held to its own node by an admission policy
+(``workloads/node_agents.py``).
 """
 from __future__ import annotations
 
@@ -17,7 +23,8 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from workloads import node_health_agent
+from trainer import gpu_faults
+from workloads import node_health_agent, xid
 from workloads.scan_skips import skip_annotations
 from workloads.gpu_catalog import GPU_TYPES
 from workloads.gpu_sharing import MIG_PENDING_TAINT, MIG_STATE_LABEL, MIG_STATE_SUCCESS, SHARING_LABEL, SHARING_TAINT
@@ -28,6 +35,10 @@ NAMESPACE = "gpu-system"
 NAME = "gpu-node-health"
 AGENT_FILE = "node_health_agent.py"
 INSTANCES_FILE = "instances.json"
+# The agent imports trainer.gpu_faults (the termination-message format), which reads the Xid
+# table from ../workloads/: the ConfigMap's keys (no "/" allowed) are mounted at these paths.
+GPU_FAULTS_FILE, GPU_FAULTS_PATH = "gpu_faults.py", "trainer/gpu_faults.py"
+XID_TABLE_FILE, XID_TABLE_PATH = "xid_actions.json", "workloads/xid_actions.json"
 MOUNT_PATH = "/opt/mlplatform"
 HOST_SYS = "/host/sys"
 LABELS = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "ml-training-platform"}
@@ -62,6 +73,9 @@ def rbac_objects() -> list[dict[str, Any]]:
             # and patching it back (guarded by a JSON-patch test). patch: taint, cordon, label.
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
             {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+            # list/watch: its node's pods (fieldSelector spec.nodeName), for a trainer container's
+            # GPU-fault exit. Not get: nothing by name; not pods/log, exec or any write.
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
         ]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": _meta(NAME, None),
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME}, "subjects": subject},
@@ -80,7 +94,15 @@ def config_map() -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(NAME), "data": {
         AGENT_FILE: agent_source(),
         INSTANCES_FILE: json.dumps(instance_expectations(), indent=1, sort_keys=True) + "\n",
+        GPU_FAULTS_FILE: Path(gpu_faults.__file__).read_text(encoding="utf-8"),
+        XID_TABLE_FILE: Path(xid.XID_TABLE_FILE).read_text(encoding="utf-8"),
     }}
+
+
+def config_map_items() -> list[dict[str, str]]:
+    """Each ConfigMap key at its path under MOUNT_PATH: the agent imports trainer.gpu_faults."""
+    return [{"key": AGENT_FILE, "path": AGENT_FILE}, {"key": INSTANCES_FILE, "path": INSTANCES_FILE},
+            {"key": GPU_FAULTS_FILE, "path": GPU_FAULTS_PATH}, {"key": XID_TABLE_FILE, "path": XID_TABLE_PATH}]
 
 
 def tolerations() -> list[dict[str, Any]]:
@@ -103,7 +125,7 @@ AGENT_CHECKOV_SKIPS = (
     ("CKV_K8S_29", "the container sets its securityContext (root, SYS_ADMIN only, no privilege escalation)"),
     ("CKV_K8S_31", "dcgmi diag stress plugins are not verified under RuntimeDefault seccomp (NVIDIA runs them privileged)"),
     ("CKV_K8S_22", "nv-hostengine writes its pid, socket and log into the image's /var"),
-    ("CKV_K8S_38", "the agent patches its node (taint, label, condition) with its service account token"),
+    ("CKV_K8S_38", "the agent patches its node (taint, label, condition) and watches its pods with its service account token"),
     ("CKV_K8S_43", "dev names an immutable ECR tag; prod's config refuses anything but a digest (gpuEnablement.nodeHealthImage)"),
 )
 
@@ -170,7 +192,7 @@ def daemon_set(*, image: str, deep_interval_hours: float = DEFAULT_DEEP_INTERVAL
                         ],
                     }],
                     "volumes": [
-                        {"name": "agent", "configMap": {"name": NAME}},
+                        {"name": "agent", "configMap": {"name": NAME, "items": config_map_items()}},
                         {"name": "sys", "hostPath": {"path": "/sys", "type": "Directory"}},
                     ],
                 },

@@ -26,6 +26,18 @@ unhealthy: a broken image must not make Karpenter replace every node it lands on
 Every ``--deep-interval-hours`` the agent runs ``dcgmi diag -r 2`` when the node's GPUs are idle:
 it re-adds the readiness taint first (so nothing new lands during the run), then checks that no
 compute process holds a GPU, and backs off if one does.
+
+In between it watches the pods of its own node (``fieldSelector=spec.nodeName=<node>``). A
+container that terminated with the trainer's GPU-fault exit code (135) and a GPU-fault
+termination message (the format of ``trainer/gpu_faults.py``, mounted next to this file) is a
+fault of this node: the agent cordons it and labels it ``gpu-fault``, and where the fault's Xid
+calls for a reset or a replacement (``workloads/xid_actions.json``) sets
+``AcceleratedHardwareReady`` False so Karpenter's node repair replaces it; for ``drain`` a person
+decides (docs/runbooks/gpu-health.md). An Event and a log line name the pod, rank, GPU and Xid.
+Once per fault: the node's ``GPU_FAULTS_ANNOTATION`` records the faults already acted on, so a
+restarted agent does not act twice. The agent never restarts or deletes anything: the job's own
+retry (the Training Operator recreates the pod, now off this node) recovers, bounded by the
+trainer's ``checkpoint.max_attempts_without_progress``.
 """
 from __future__ import annotations
 
@@ -39,8 +51,14 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence
+
+# The trainer's termination-message format and exit code, one definition for both sides: in the
+# image this is the ConfigMap's copy (workloads/node_health.py mounts it at trainer/gpu_faults.py
+# beside this file), in the repository the trainer's own. Standard library only, as this file.
+from trainer.gpu_faults import EXIT_GPU_FAULT, FaultLine, node_action, parse_termination_message, xid_actions
 
 READINESS_TAINT = {"key": "node.mlplatform.io/gpu-not-ready", "effect": "NoSchedule"}
 HEALTH_CONDITION = "AcceleratedHardwareReady"
@@ -58,7 +76,10 @@ ROW_REMAP_FAILURE = "row-remap-failure"
 DCGM_DIAG = "dcgm-diag"
 EFA_COUNT = "efa-count"
 TOOL_ERROR = "tool-error"
+GPU_FAULT = "gpu-fault"  # a job's container reported a GPU fault on this node (trainer exit 135)
 HARDWARE_FAILURES = (GPU_COUNT, ECC_DISABLED, ECC_UNCORRECTABLE, ROW_REMAP_PENDING, ROW_REMAP_FAILURE, DCGM_DIAG, EFA_COUNT)
+GPU_FAULTS_ANNOTATION = "node.mlplatform.io/gpu-faults"  # JSON list of the fault keys acted on
+GPU_FAULTS_KEPT = 16  # keys kept in the annotation: a node is replaced long before this many
 
 
 class Failure(NamedTuple):
@@ -275,19 +296,27 @@ def failure_node_patch(failures: Sequence[Failure]) -> dict[str, Any]:
     return {"metadata": {"labels": {FAILURE_LABEL: failure_label_value(failures)}}, "spec": {"unschedulable": True}}
 
 
+def failure_classes(node: dict[str, Any]) -> set[str]:
+    value = (node.get("metadata", {}).get("labels") or {}).get(FAILURE_LABEL, "")
+    return {kind for kind in value.split(".") if kind}
+
+
 def healthy_node_patch(node: dict[str, Any]) -> Optional[dict[str, Any]]:
-    """Drop a failure label left by an earlier check (the cordon stays: a person lifts it)."""
-    if FAILURE_LABEL in (node.get("metadata", {}).get("labels") or {}):
-        return {"metadata": {"labels": {FAILURE_LABEL: None}}}
-    return None
+    """Drop a failure label left by an earlier check (the cordon stays: a person lifts it). A
+    GPU fault a job reported stays: a passing diagnostic does not clear a fault seen under load."""
+    classes = failure_classes(node)
+    if not classes:
+        return None
+    kept = ".".join(sorted(classes & {GPU_FAULT})) or None
+    return {"metadata": {"labels": {FAILURE_LABEL: kept}}} if kept != ".".join(sorted(classes)) else None
 
 
-def condition_patch(healthy: bool, message: str, now: dt.datetime) -> dict[str, Any]:
+def condition_patch(healthy: bool, message: str, now: dt.datetime, reason: Optional[str] = None) -> dict[str, Any]:
     """Status merge patch: conditions merge on ``type``, so the kubelet's own stay."""
     stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
     return {"status": {"conditions": [{
         "type": HEALTH_CONDITION, "status": "True" if healthy else "False",
-        "reason": "GpuReadinessChecksPassed" if healthy else "GpuReadinessChecksFailed",
+        "reason": reason or ("GpuReadinessChecksPassed" if healthy else "GpuReadinessChecksFailed"),
         "message": message[:1000], "lastHeartbeatTime": stamp, "lastTransitionTime": stamp,
     }]}}
 
@@ -300,6 +329,98 @@ def failure_event(node_name: str, node_uid: str, failures: Sequence[Failure], no
         "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid},
         "reason": "GpuReadinessFailed", "type": "Warning",
         "message": "; ".join(f"{f.kind}: {f.detail}" for f in failures)[:1024],
+        "source": {"component": COMPONENT, "host": node_name},
+        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+    }
+
+
+# ---------------------------------------------------------------- GPU faults a job reported (pure)
+
+class GpuFault(NamedTuple):
+    """A container of a pod on this node that ended with the trainer's GPU-fault exit."""
+    key: str  # pod uid / container / container id (or finish time): one per termination
+    pod: str  # namespace/name
+    pod_uid: str
+    container: str
+    lines: tuple[FaultLine, ...]
+    action: str  # drain, reset or replace (workloads/xid_actions.json's meaning)
+
+    def describe(self) -> str:
+        ranks = "; ".join(f"rank {line.rank} GPU {line.local_rank} (local rank): {line.fault}"
+                          f"{'' if line.xid is None else f' [Xid {line.xid}]'}" for line in self.lines)
+        return f"pod {self.pod} container {self.container} exited {EXIT_GPU_FAULT}: {ranks}"
+
+
+def _terminations(status: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    # state: the container's end (restartPolicy Never: how a PyTorchJob's ExitCode policy runs
+    # pods); lastState: an earlier end of a container the kubelet restarted in place.
+    for field in ("state", "lastState"):
+        terminated = (status.get(field) or {}).get("terminated")
+        if terminated:
+            yield terminated
+
+
+def pod_gpu_faults(pod: dict[str, Any], node_name: str, actions: Mapping[int, str]) -> list[GpuFault]:
+    """The GPU faults this pod's containers reported on ``node_name``: exit code 135 and a
+    termination message in trainer/gpu_faults.py's format, both. Another exit (143 after a spot
+    notice, 137, 1) or 135 without the message is the job's business, not the node's."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    if spec.get("nodeName") != node_name:
+        return []
+    faults = []
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        for terminated in _terminations(status):
+            lines = tuple(parse_termination_message(terminated.get("message")))
+            if terminated.get("exitCode") != EXIT_GPU_FAULT or not lines:
+                continue
+            which = terminated.get("containerID") or terminated.get("finishedAt") or str(status.get("restartCount", 0))
+            faults.append(GpuFault(f"{meta.get('uid')}/{status.get('name')}/{which}",
+                                   f"{meta.get('namespace')}/{meta.get('name')}", meta.get("uid", ""), status.get("name", ""),
+                                   lines, node_action(lines, actions)))
+    return faults
+
+
+def recorded_faults(node: dict[str, Any]) -> list[str]:
+    try:
+        value = json.loads((node.get("metadata", {}).get("annotations") or {}).get(GPU_FAULTS_ANNOTATION, "[]"))
+    except ValueError:
+        return []
+    return [key for key in value if isinstance(key, str)] if isinstance(value, list) else []
+
+
+def gpu_fault_node_patch(node: dict[str, Any], fault: GpuFault) -> Optional[dict[str, Any]]:
+    """Cordon, add ``gpu-fault`` to the failure label and record the fault (merge patch,
+    conditional on the node's resourceVersion so a concurrent record is not lost). None when
+    the node already records this fault: once per fault."""
+    recorded = recorded_faults(node)
+    if fault.key in recorded:
+        return None
+    meta = node.get("metadata", {})
+    keys = (recorded + [fault.key])[-GPU_FAULTS_KEPT:]
+    patch: dict[str, Any] = {"metadata": {
+        "labels": {FAILURE_LABEL: ".".join(sorted(failure_classes(node) | {GPU_FAULT}))[:63]},
+        "annotations": {GPU_FAULTS_ANNOTATION: json.dumps(keys, separators=(",", ":"))}},
+        "spec": {"unschedulable": True}}
+    if meta.get("resourceVersion"):
+        patch["metadata"]["resourceVersion"] = meta["resourceVersion"]
+    return patch
+
+
+def replaces_node(fault: GpuFault) -> bool:
+    """reset and replace: on this platform both mean a new node (workloads/xid_actions.json)."""
+    return fault.action in ("reset", "replace")
+
+
+def gpu_fault_event(node_name: str, node_uid: str, fault: GpuFault, now: dt.datetime) -> dict[str, Any]:
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    then = ("AcceleratedHardwareReady=False: Karpenter replaces the node" if replaces_node(fault)
+            else "a person decides (docs/runbooks/gpu-health.md)")
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{node_name}.gpu-fault-", "namespace": "default"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid},
+        "reason": "GpuFaultReported", "type": "Warning",
+        "message": f"{fault.describe()}; action {fault.action}: cordoned, {then}"[:1024],
         "source": {"component": COMPONENT, "host": node_name},
         "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
     }
@@ -375,6 +496,29 @@ class KubeApi:
     def create_event(self, event: dict[str, Any]) -> None:
         self._call("POST", "/api/v1/namespaces/default/events", event)
 
+    @staticmethod
+    def _pods_path(node_name: str, **params: Any) -> str:
+        return "/api/v1/pods?" + urllib.parse.urlencode({"fieldSelector": f"spec.nodeName={node_name}", **params})
+
+    def list_pods(self, node_name: str) -> tuple[list[dict[str, Any]], str]:
+        """This node's pods (every namespace) and the list's resourceVersion to watch from."""
+        answer = self._call("GET", self._pods_path(node_name))
+        return answer.get("items") or [], answer["metadata"]["resourceVersion"]
+
+    def watch_pods(self, node_name: str, resource_version: str, timeout_s: int) -> Iterator[dict[str, Any]]:
+        """The watch events (``{"type", "object"}``, one JSON line each) of this node's pods; the
+        server ends the stream after ``timeout_s``."""
+        with open(self.token_path, encoding="utf-8") as f:
+            token = f.read().strip()
+        path = self._pods_path(node_name, watch="true", resourceVersion=resource_version,
+                               allowWatchBookmarks="true", timeoutSeconds=str(timeout_s))
+        request = urllib.request.Request(self.base + path, headers={"Authorization": f"Bearer {token}",
+                                                                     "Accept": "application/json"})
+        with urllib.request.urlopen(request, context=self.context, timeout=timeout_s + 30) as response:
+            for line in response:
+                if line.strip():
+                    yield json.loads(line)
+
 
 def log(**fields: Any) -> None:
     print(json.dumps({"time": dt.datetime.now(dt.timezone.utc).isoformat(), **fields}, sort_keys=True), flush=True)
@@ -402,15 +546,101 @@ def report(api: KubeApi, name: str, failures: Sequence[Failure], diag_level: int
         cleanup = healthy_node_patch(node)
         if cleanup:
             api.patch_node(name, cleanup)
+        if GPU_FAULT in failure_classes(node):
+            log(node=name, level=diag_level, result="pass", note="a job's GPU fault stays recorded: a person lifts it")
+            return
         api.patch_node_status(name, condition_patch(True, f"dcgmi diag -r {diag_level}, ECC, GPU and EFA counts passed", now))
         log(node=name, level=diag_level, result="pass")
         return
-    api.patch_node(name, failure_node_patch(failures))
+    patch = failure_node_patch(failures)
+    if GPU_FAULT in failure_classes(node):  # a recorded GPU fault stays in the label
+        patch["metadata"]["labels"][FAILURE_LABEL] = failure_label_value([*failures, Failure(GPU_FAULT, "")])
+    api.patch_node(name, patch)
     if hardware_failed(failures):
         api.patch_node_status(name, condition_patch(False, "; ".join(f"{f.kind}: {f.detail}" for f in failures), now))
     api.create_event(failure_event(name, node["metadata"]["uid"], failures, now))
     log(node=name, level=diag_level, result="fail", failures=[f._asdict() for f in failures],
         repair="karpenter replaces the node" if hardware_failed(failures) else "none (agent tool error)")
+
+
+def mark_gpu_fault(api: KubeApi, name: str, fault: GpuFault) -> bool:
+    """Act on one GPU fault: True when this call marked the node, False when it already was."""
+    node = api.node(name)
+    if gpu_fault_node_patch(node, fault) is None:
+        log(node=name, gpu_fault=fault.key, result="already recorded")
+        return False
+    now = dt.datetime.now(dt.timezone.utc)
+    event = gpu_fault_event(name, node["metadata"].get("uid", ""), fault, now)
+    if replaces_node(fault):  # before the record: a recorded fault is never acted on again
+        api.patch_node_status(name, condition_patch(False, event["message"], now, reason="GpuFaultReported"))
+    for _ in range(5):  # a 409: the node changed between the read and the patch; decide again
+        patch = gpu_fault_node_patch(node, fault)
+        if patch is None:
+            return False
+        try:
+            api.patch_node(name, patch)
+            break
+        except urllib.error.HTTPError as error:
+            if error.code != 409:
+                raise
+        node = api.node(name)
+    else:
+        raise RuntimeError(f"could not record GPU fault {fault.key} on {name}: the node kept changing")
+    api.create_event(event)
+    log(node=name, result="gpu-fault", pod=fault.pod, container=fault.container, action=fault.action,
+        faults=[{"rank": line.rank, "gpu": line.local_rank, "xid": line.xid, "fault": line.fault} for line in fault.lines],
+        repair="karpenter replaces the node" if replaces_node(fault) else "cordoned; a person decides")
+    return True
+
+
+class GpuFaultWatch:
+    """Watches this node's pods and marks the node once per GPU fault a container reports."""
+
+    def __init__(self, api: KubeApi, name: str, actions: Mapping[int, str], *, retry_s: float = 10.0) -> None:
+        self.api, self.name, self.actions, self.retry_s = api, name, actions, retry_s
+        self.resource_version: Optional[str] = None
+        self.handled: set[str] = set()
+
+    def handle(self, pod: dict[str, Any]) -> None:
+        for fault in pod_gpu_faults(pod, self.name, self.actions):
+            if fault.key in self.handled:
+                continue
+            try:
+                mark_gpu_fault(self.api, self.name, fault)
+                self.handled.add(fault.key)
+            except (urllib.error.URLError, OSError, RuntimeError, ValueError) as error:
+                # Not retried in a loop: the pod's next event or the next list sees it again.
+                log(node=self.name, gpu_fault=fault.key, result="error", error=str(error)[:300])
+
+    def run(self, seconds: float) -> None:
+        """List (when there is no resourceVersion to resume from), then watch, for ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) >= 1:
+            try:
+                if self.resource_version is None:
+                    pods, self.resource_version = self.api.list_pods(self.name)
+                    for pod in pods:
+                        self.handle(pod)
+                started = time.monotonic()
+                for event in self.api.watch_pods(self.name, self.resource_version, max(1, min(int(left), 300))):
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":  # 410 Gone: the version is too old; list again
+                        self.resource_version = None
+                        break
+                    self.resource_version = obj.get("metadata", {}).get("resourceVersion", self.resource_version)
+                    # DELETED too: under restartPolicy ExitCode the Training Operator deletes a pod
+                    # that failed with a retryable code at once (training-operator
+                    # pkg/controller.v1/common/pod.go: "Need to restart the pod" -> DeletePod), and
+                    # the deleted object still carries the container's end.
+                    if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                        self.handle(obj)
+                if time.monotonic() - started < 1:  # a stream that closes at once: not a busy loop
+                    time.sleep(min(self.retry_s, max(0.0, deadline - time.monotonic())))
+            except (urllib.error.URLError, OSError, ValueError, KeyError) as error:
+                log(node=self.name, watch="pods", result="error", error=str(error)[:300])
+                if isinstance(error, urllib.error.HTTPError) and error.code == 410:
+                    self.resource_version = None
+                time.sleep(min(self.retry_s, max(0.0, deadline - time.monotonic())))
 
 
 def expectations(node: dict[str, Any], instances: dict[str, Any]) -> tuple[int, int]:
@@ -453,15 +683,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--sys-class-infiniband", default="/sys/class/infiniband")
     parser.add_argument("--deep-interval-hours", type=float, default=24.0)
     parser.add_argument("--busy-retry-minutes", type=float, default=30.0)
+    parser.add_argument("--xid-table", default=None, help="workloads/xid_actions.json (default: beside trainer/gpu_faults.py)")
     args = parser.parse_args(argv)
     with open(args.instances, encoding="utf-8") as f:
         instances = json.load(f)
     name = os.environ["NODE_NAME"]
     api = KubeApi()
     gpus, efa = startup(api, name, instances, sys_class_infiniband=args.sys_class_infiniband)
+    faults = GpuFaultWatch(api, name, xid_actions(args.xid_table))
     next_deep = time.monotonic() + args.deep_interval_hours * 3600
     while True:
-        time.sleep(max(60.0, next_deep - time.monotonic()))
+        faults.run(max(60.0, next_deep - time.monotonic()))
         ran = deep_check(api, name, gpus, efa, sys_class_infiniband=args.sys_class_infiniband)
         next_deep = time.monotonic() + (args.deep_interval_hours * 3600 if ran else args.busy_retry_minutes * 60)
 

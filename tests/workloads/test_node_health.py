@@ -29,12 +29,14 @@ def test_every_object_validates_against_kubernetes_1_32():
 
 def test_rbac_is_least_privilege():
     """The agent reads and patches nodes (taints, cordon, label), patches node status (the
-    AcceleratedHardwareReady condition) and creates Events in ``default``: nothing else."""
+    AcceleratedHardwareReady condition), lists and watches pods (its node's, for a GPU-fault
+    exit) and creates Events in ``default``: nothing else (no get, log, exec or write on pods)."""
     rules = {(o["kind"], o["metadata"].get("namespace")): o for o in objects()}
     cluster_rules = rules[("ClusterRole", None)]["rules"]
     assert cluster_rules == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
         {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     ]
     assert rules[("Role", "default")]["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     for kind in ("ClusterRoleBinding", "RoleBinding"):

@@ -48,12 +48,44 @@ def runner(smi: str, diag: str, diag_code: int = 0):
     return run
 
 
-def test_the_agent_is_stdlib_only():
-    # It runs in the DCGM image with a bare python3: nothing beyond the standard library.
-    tree = ast.parse(Path(agent.__file__).read_text())
-    modules = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    modules |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 0}
-    assert modules <= set(sys.stdlib_module_names) | {"__future__"}, modules - set(sys.stdlib_module_names)
+def _imports(path) -> set[str]:
+    tree = ast.parse(Path(path).read_text())
+    modules = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    return modules | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 0}
+
+
+def test_the_agent_is_stdlib_only_but_for_the_shared_fault_format():
+    # It runs in the DCGM image with a bare python3: the standard library, plus the trainer's
+    # GPU-fault format (one definition for writer and reader), itself standard library only.
+    from trainer import gpu_faults
+
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    assert {m for m in _imports(agent.__file__) if m.split(".")[0] not in stdlib} == {"trainer.gpu_faults"}
+    assert {m.split(".")[0] for m in _imports(gpu_faults.__file__)} <= stdlib
+
+
+def test_the_agent_runs_from_its_configmap_alone(tmp_path):
+    """The DaemonSet mounts the ConfigMap's keys at their item paths and runs ``python3
+    node_health_agent.py``: laid out the same way, outside the repository, with no site-packages
+    and no PYTHONPATH (-S -E), the agent starts and the shared module finds the Xid table."""
+    import subprocess
+
+    from workloads import node_health
+
+    data = node_health.config_map()["data"]
+    for item in node_health.config_map_items():
+        target = tmp_path / item["path"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(data[item["key"]])
+    assert set(data) == {item["key"] for item in node_health.config_map_items()}
+    run = subprocess.run([sys.executable, "-S", "-E", str(tmp_path / node_health.AGENT_FILE), "--help"],
+                         cwd="/", capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "--xid-table" in run.stdout, run.stderr
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import trainer.gpu_faults as g; "
+             "print(g.__file__, sorted(g.node_fault_xids()))")
+    run = subprocess.run([sys.executable, "-S", "-E", "-c", probe, str(tmp_path)], cwd="/", capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith(str(tmp_path / "trainer" / "gpu_faults.py")) and "79" in run.stdout, run.stdout
 
 
 def test_healthy_node_passes_every_check(tmp_path):

@@ -29,6 +29,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "node-health" / "Dockerfile"
 AGENT = ROOT / "workloads" / "node_health_agent.py"
+SHARED = ROOT / "trainer" / "gpu_faults.py"  # the GPU-fault format, mounted beside the agent
 
 # The python3 each base distro ships (its distro package, not a guess): packages.ubuntu.com.
 DISTRO_PYTHON = {"ubuntu22.04": (3, 10), "ubuntu24.04": (3, 12)}
@@ -58,14 +59,15 @@ def _apt_packages() -> set[str]:
 
 
 def _agent_imports() -> set[str]:
-    tree = ast.parse(AGENT.read_text())
+    """What the agent and the module its ConfigMap mounts beside it import from the image."""
     names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module != "__future__":
-            names.add(node.module)
-    return names
+    for path in (AGENT, SHARED):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module != "__future__":
+                names.add(node.module)
+    return names - {"trainer.gpu_faults"}
 
 
 def _minimal_modules(minor: str) -> set[str]:
@@ -107,7 +109,8 @@ def test_the_image_installs_the_standard_library_the_agent_imports():
 
 def test_the_agent_parses_as_the_images_python():
     """Syntax newer than the image's minor fails here even without that interpreter."""
-    ast.parse(AGENT.read_text(), feature_version=image_python())
+    for path in (AGENT, SHARED):
+        ast.parse(path.read_text(), feature_version=image_python())
 
 
 def _python_of(version: tuple[int, int]) -> str | None:
@@ -133,18 +136,28 @@ print("ok", sys.version.split()[0])
 
 
 def test_the_agent_imports_and_starts_under_the_images_python_minor(tmp_path):
-    """The agent module as the DaemonSet runs it (a lone file, no site-packages: ``-I -S``), under
-    CPython of the image's minor: imports, its parser, and its CLI up to argument parsing."""
+    """The agent as the DaemonSet runs it: its ConfigMap's files at their mount paths
+    (``workloads.node_health.config_map_items``), outside the repository, no site-packages and no
+    environment (``-S -E``; not ``-I``, which would also drop the script's directory, and the
+    DaemonSet's ``python3 <file>`` keeps it), under CPython of the image's minor: imports, its
+    parser, the shared GPU-fault module and its Xid table, and its CLI up to argument parsing."""
+    from workloads import node_health
+
     version = image_python()
     python = _python_of(version)
     if python is None:
         # The version gate still holds with ours: the agent needs nothing newer than the image's.
         assert sys.version_info[:2] >= version
         pytest.skip(f"no python{version[0]}.{version[1]} here to run the agent under the image's minor")
-    smoke = subprocess.run([python, "-I", "-S", "-c", SMOKE, str(AGENT.parent), f"{version[0]}.{version[1]}"],
-                           capture_output=True, text=True, timeout=60)
+    data = node_health.config_map()["data"]
+    for item in node_health.config_map_items():
+        (tmp_path / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / item["path"]).write_text(data[item["key"]])
+    smoke = subprocess.run([python, "-S", "-E", "-c", SMOKE + "assert 79 in agent.xid_actions()\n", str(tmp_path),
+                            f"{version[0]}.{version[1]}"], capture_output=True, text=True, timeout=60, cwd="/")
     assert smoke.returncode == 0 and smoke.stdout.startswith("ok 3."), smoke.stdout + smoke.stderr
-    cli = subprocess.run([python, "-I", "-S", str(AGENT), "--help"], capture_output=True, text=True, timeout=60)
+    cli = subprocess.run([python, "-S", "-E", str(tmp_path / node_health.AGENT_FILE), "--help"], capture_output=True,
+                         text=True, timeout=60, cwd="/")
     assert cli.returncode == 0 and "--instances" in cli.stdout, cli.stdout + cli.stderr
 
 
