@@ -41,6 +41,8 @@ class MonitoringArgs:
     sns_topic: where Alertmanager publishes (with its KMS key); None keeps alerts in its UI.
     managed: AMP workspace + remote write, and a Managed Grafana workspace.
     team_namespaces: a trainer PodMonitor in each.
+    trainjob_monitors: also a TrainJob PodMonitor in each (only where Kubeflow Trainer v2 runs:
+        without it no TrainJob pod exists, and the monitor would select nothing).
     component_namespaces: where the scraped controllers run (gpu, karpenter, kueue, training).
     gpu_operator: the GPU Operator runs the DCGM exporter (GPU enablement mode gpu-operator), not
         the standalone chart: its Service has other labels and another port name.
@@ -54,6 +56,7 @@ class MonitoringArgs:
     sns_topic_key: Optional[aws.kms.Key] = None
     managed: bool = False
     team_namespaces: Sequence[str] = ()
+    trainjob_monitors: bool = False
     component_namespaces: Mapping[str, str] = field(default_factory=dict)
     gpu_operator: bool = False
     depends_on: Sequence[pulumi.Resource] = ()  # what creates the team namespaces
@@ -176,7 +179,7 @@ class Monitoring(pulumi.ComponentResource):
         self.monitors += [apply_object(f"{name}-podmonitor-{team_ns}", stack.trainer_pod_monitor(team_ns), in_teams)
                           for team_ns in args.team_namespaces]
         self.monitors += [apply_object(f"{name}-podmonitor-{team_ns}-trainjob", stack.trainjob_pod_monitor(team_ns), in_teams)
-                          for team_ns in args.team_namespaces]
+                          for team_ns in args.team_namespaces if args.trainjob_monitors]
         self.team_policies = [apply_object(f"{name}-netpol-{team_ns}-trainer-health", stack.trainer_scrape_policy(team_ns),
                                            pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
                               for team_ns in args.team_namespaces]

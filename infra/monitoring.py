@@ -51,6 +51,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
                        sns_topic_key=alarm.key if alarm is not None else None,
                        managed=config.monitoring.managed,
                        team_namespaces=config.team_namespaces,
+                       trainjob_monitors=config.training.trainer_v2,
                        component_namespaces={"gpu": GPU_NAMESPACE, "karpenter": KARPENTER_NAMESPACE,
                                              "kueue": KUEUE_NAMESPACE,
                                              "training_operator": TRAINING_OPERATOR_NAMESPACE},

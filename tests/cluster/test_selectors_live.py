@@ -383,16 +383,17 @@ def test_every_pod_monitor_selects_rank_zero_of_a_teams_job(stack_cluster):
     cluster = stack_cluster
     monitors = cluster.layer.of_kind("PodMonitor")
     assert monitors, f"{cluster.stack}: the layer declares no PodMonitor"
-    problems, jobs, uninstalled = [], {}, []
+    problems, jobs = [], {}
     trainer_v2 = bool(cluster.layer.of_kind("ClusterTrainingRuntime"))
     for monitor in monitors:
         meta = monitor["metadata"]
         where = f"PodMonitor {meta['namespace']}/{meta['name']}"
         runtime = "trainjob" if meta["name"].endswith("-trainjob") else "pytorchjob"
         if runtime == "trainjob" and not trainer_v2:
-            # No team can submit a TrainJob here (JobClient: "Trainer v2 is not installed"):
-            # the monitor can select nothing. Reported below, after every other monitor is decided.
-            uninstalled.append(where)
+            # No team can submit a TrainJob here (JobClient: "Trainer v2 is not installed"). Both
+            # stacks once declared these without Trainer v2; they are declared only with it now.
+            problems.append(f"{where} selects nothing: Trainer v2 is not installed in this stack, so no TrainJob "
+                            "pod can exist (declare it only with training.trainerV2)")
             continue
         namespace = meta["namespace"]
         key = (namespace, runtime)
@@ -426,9 +427,3 @@ def test_every_pod_monitor_selects_rank_zero_of_a_teams_job(stack_cluster):
             problems.append(f"{where}: rank 0's pod {selected[0]['metadata']['name']} declares ports {sorted(declared)}, "
                             f"the monitor scrapes {ports}")
     assert not problems, "\n".join(problems)
-    if uninstalled:
-        # Known (issue 32, 4f): the stack declares the TrainJob PodMonitors without installing
-        # Trainer v2 (training.trainerV2 off), so they select nothing; the fix is to declare them
-        # only with Trainer v2. Everything above was decided; this names what was not.
-        pytest.xfail(f"{cluster.stack}: {', '.join(uninstalled)} select nothing: Trainer v2 is not installed in this "
-                     "stack, so no TrainJob pod can exist (declare these monitors only with training.trainerV2)")

@@ -49,6 +49,15 @@ def test_trainer_v2_behind_the_config_flag(plan_config):
     (runtime,) = [r for r in plan.recording.resources if r.inputs.get("kind") == "ClusterTrainingRuntime"]
     assert runtime.inputs["metadata"]["name"] == trainjob_runtime.RUNTIME_NAME
     assert runtime.inputs["spec"]["template"]["spec"]["failurePolicy"]["rules"][0]["action"] == "FailJobSet"
+    # With Trainer v2, each team's TrainJob pods get their PodMonitor; without it (the stacks'
+    # default) none is declared: no TrainJob pod can exist, so it would select nothing
+    # (tests/cluster/test_selectors_live.py decides the selector on the real API server).
+    def trainjob_monitors(p):
+        return sorted(r.inputs["metadata"]["namespace"] for r in p.recording.resources
+                      if r.inputs.get("kind") == "PodMonitor" and r.inputs["metadata"]["name"].endswith("-trainjob"))
+
+    assert trainjob_monitors(plan) == sorted(plan.config.team_namespaces)
+    assert trainjob_monitors(plan_config("dev", stack_config("dev"))) == []
 
 
 def test_kueue_manager_integrates_both_job_kinds(plan):
