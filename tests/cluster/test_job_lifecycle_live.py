@@ -283,7 +283,7 @@ def test_a_job_beyond_the_quota_waits_and_a_higher_priority_job_preempts_a_lower
     given out stays unadmitted, and ``describe`` quotes Kueue's reason; a job of the team's
     highest priority preempts a running job of its lowest (``preemption.withinClusterQueue:
     LowerPriority``, workloads/kueue.py), whose Workload is evicted with reason Preempted
-    (kueue pkg/workload: ``WorkloadEvictedByPreemption = "Preempted"``) and whose PyTorchJob is
+    (kueue apis/kueue/v1beta2/workload_types.go: ``WorkloadEvictedByPreemption = "Preempted"``) and whose PyTorchJob is
     suspended again."""
     base = yaml.safe_load((ROOT / QUOTA_EXAMPLE[cluster.stack]).read_text())
     team, per_node = base["team"], int(base["gpusPerNode"])
