@@ -16,6 +16,7 @@ import yaml
 
 from workloads.gpu_sharing import SHARING_TAINT
 from workloads.karpenter import EFA_RESOURCE, GPU_RESOURCE, GPU_TAINT
+from workloads.placement import SYSTEM_NODE_LABEL_KEY
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 COHORT = "ml-training"
@@ -96,12 +97,17 @@ def resource_flavor(flavor: FlavorSpec | CpuFlavorSpec) -> dict[str, Any]:
     # Kueue adds these tolerations to admitted pods, so jobs need not know the GPU taint; only a
     # shared flavor tolerates the sharing taint, so only slice requests land on shared nodes.
     taints = [GPU_TAINT, SHARING_TAINT] if flavor.shared else [GPU_TAINT]
+    # Kueue writes nodeLabels into the nodeSelector of every pod it admits (kueue v0.19.2
+    # pkg/podset/podset.go, FromAssignment then Merge). The team pod-placement policy refuses any
+    # selector on the node-role label (workloads/tenancy.py: it is how a pod would reach the
+    # system nodes), so with it here every admitted GPU pod was refused; the pool label pins the pool.
+    node_labels = {k: v for k, v in flavor.node_labels.items() if k != SYSTEM_NODE_LABEL_KEY}
     return {
         "apiVersion": KUEUE_API,
         "kind": "ResourceFlavor",
         "metadata": {"name": flavor.resource_name},
         "spec": {
-            "nodeLabels": dict(flavor.node_labels),
+            "nodeLabels": node_labels,
             "tolerations": [{"key": t["key"], "operator": "Exists", "effect": t["effect"]} for t in taints],
         },
     }

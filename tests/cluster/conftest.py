@@ -57,3 +57,19 @@ def stack_cluster(request):
     with controlplane.ControlPlane.in_tempdir() as plane:
         install(plane, layer)
         yield StackCluster(request.param, plane, layer)
+
+
+CONTROLLER_BINARIES = ("kwok", "kueue", "training-operator", "karpenter-kwok")
+
+
+@pytest.fixture(scope="session")
+def stack_controllers(stack_cluster):
+    """kwok, Kueue, the Training Operator and Karpenter (kwok provider) on the stack's control
+    plane, configured from the stack's own objects (tools/cluster/controllers.py); once per stack,
+    stopped (their process groups) when the stack's control plane is."""
+    _require_tools(CONTROLLER_BINARIES)
+    from tools.cluster.controllers import Controllers
+
+    with Controllers(stack_cluster.plane, stack_cluster.layer) as controllers:
+        stack_cluster.controllers = controllers
+        yield stack_cluster

@@ -139,3 +139,31 @@ def test_a_runbook_without_ci_in_the_account_trusts_is_found():
 ''')
     assert inv.roles_not_trusting_ci(old) == [
         "no trust policy in the runbook lists role/mlp-<stack>-ci-deploy: CI's assume-role into the account roles is refused"]
+
+
+# -- every GPU pool can launch: the instance types the cluster tests give Karpenter ---------------
+def _gpu_pools(recording):
+    return [obj for _, obj in inv.k8s_objects(recording, "NodePool")
+            if any(r["key"].startswith("karpenter.k8s.aws/instance-gpu") for r in obj["spec"]["template"]["spec"]["requirements"])]
+
+
+def test_every_gpu_pool_has_a_catalog_instance_type_that_meets_its_requirements(plan):
+    """A NodePool whose requirements no EC2 type meets is one Karpenter never launches a node for;
+    the catalog's types (with the AWS provider's labels) are the ones the kwok provider launches
+    in tests/cluster (tools/cluster/controllers.py)."""
+    from tools.cluster.controllers import catalog_instance_types, unlaunchable_pools
+
+    pools = _gpu_pools(plan.recording)
+    assert pools, f"{plan.stack} has no GPU pool"
+    assert unlaunchable_pools(pools, catalog_instance_types()) == []
+
+
+def test_a_gpu_pool_no_catalog_type_meets_is_found(dev_plan):
+    from tools.cluster.controllers import catalog_instance_types, unlaunchable_pools
+
+    pool = copy.deepcopy(_gpu_pools(dev_plan.recording)[0])
+    for requirement in pool["spec"]["template"]["spec"]["requirements"]:
+        if requirement["key"] == "karpenter.k8s.aws/instance-gpu-count":
+            requirement["values"] = ["3"]
+    problems = unlaunchable_pools([pool], catalog_instance_types())
+    assert len(problems) == 1 and pool["metadata"]["name"] in problems[0], problems

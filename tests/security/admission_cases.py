@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from infra.config import load_platform_config
-from infra.gpu_capacity import cpu_pool_spec, team_specs
+from infra.gpu_capacity import cpu_pool_spec, flavor_specs, team_specs
 from tests.conftest import stack_config
 from workloads import kueue, scheduling, tenancy
 from workloads.fsx import team_pod_volumes, team_volume_mounts
@@ -87,9 +87,12 @@ def pod(*, gpus: int = 0, slice_resource: Optional[str] = None, env: Optional[li
 
 
 def gpu_job_pod(**spec_changes: Any) -> dict[str, Any]:
-    """A worker pod as the Training Operator creates it from a job Kueue admitted to a GPU flavor."""
-    placement = {"nodeSelector": {"mlplatform.io/pool": WHOLE_GPU_POOL, "mlplatform.io/gpu-type": WHOLE_GPU_POOL},
-                 "tolerations": [dict(GPU_TOLERATION)]}
+    """A worker pod as the Training Operator creates it from a job Kueue admitted to a GPU flavor:
+    Kueue writes the ResourceFlavor's ``nodeLabels`` into the pod template's nodeSelector and its
+    tolerations into its tolerations when it starts the job (kueue v0.19.2
+    pkg/podset/podset.go ``Merge``), so the selector is the stack's own flavor's."""
+    flavor = kueue.resource_flavor(next(f for f in flavor_specs(CONFIG) if f.name == WHOLE_GPU_POOL))["spec"]
+    placement = {"nodeSelector": dict(flavor["nodeLabels"]), "tolerations": [dict(t) for t in flavor["tolerations"]]}
     return pod(gpus=8, **{**placement, **spec_changes})
 
 

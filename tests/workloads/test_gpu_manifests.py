@@ -152,7 +152,8 @@ def test_kueue_queue_quota_and_flavor_selection():
     flavors = {f["name"]: {r["name"]: r["nominalQuota"] for r in f["resources"]} for f in cq["resourceGroups"][0]["flavors"]}
     assert flavors["gpu-h100"]["nvidia.com/gpu"] == "16" and flavors["gpu-l4"]["nvidia.com/gpu"] == "2"
     flavor = kueue.resource_flavor(FLAVORS[0])["spec"]
-    assert flavor["nodeLabels"] == H100.node_labels
+    # Kueue copies nodeLabels into admitted pods' nodeSelector: never the node-role label the team policy refuses.
+    assert flavor["nodeLabels"] == {k: v for k, v in H100.node_labels.items() if k != "node.mlplatform.io/role"}
     assert flavor["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     no_borrow = kueue.cluster_queue(kueue.TeamQueueSpec("x", "team-x", {"h100": 8}, borrowing=False), FLAVORS)
     assert all(r["borrowingLimit"] == "0" for f in no_borrow["spec"]["resourceGroups"][0]["flavors"] for r in f["resources"])

@@ -113,6 +113,12 @@ class Layer:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     # EKS add-ons the stack installs (their node plugins own startup taints: tools/cluster/standins.py).
     addons: list[str] = field(default_factory=list)
+    # Each Helm release's values as the program sends them (release name -> values): the
+    # controllers run from their binaries are configured from these (tools/cluster/controllers.py).
+    helm_values: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Objects not applied because they call a Service (``calls_a_service``), kept so that a
+    # controller run here can register them with a loopback URL instead.
+    service_callers: list[dict[str, Any]] = field(default_factory=list)
 
     def find(self, kind: str, name: str, namespace: Optional[str] = None) -> dict[str, Any]:
         for obj in self.namespaces + self.objects:
@@ -148,6 +154,7 @@ class PlanObjects:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     kustomize_dir: Optional[str] = None
     addons: list[str] = field(default_factory=list)
+    helm_values: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def plan_objects(stack: str, plan=None) -> PlanObjects:
@@ -168,6 +175,7 @@ def plan_objects(stack: str, plan=None) -> PlanObjects:
             continue
         if kind == "kubernetes:helm.sh/v3:Release":
             inputs = resource["inputs"]
+            found.helm_values[inputs.get("name")] = copy.deepcopy(inputs.get("values") or {})
             skipped.append((f"helm release {inputs.get('name')} ({inputs.get('chart')} {inputs.get('version')})",
                             "chart registry not reachable here; its controller runs from its binary where the "
                             "platform relies on it (docs/testing.md)"))
@@ -244,11 +252,12 @@ def stack_layer(stack: str, schemas: Path, plan=None) -> Layer:
     converted = sorted(c["metadata"]["name"] for c in crds if calls_a_service(c))
     if converted:
         raise LayerError(f"CRDs with a conversion webhook would make the API server dial a Service: {converted}")
-    rest = []
+    rest, service_callers = [], []
     for obj in objects:
         if obj.get("kind") == "CustomResourceDefinition":
             continue
         if calls_a_service(obj):
+            service_callers.append(obj)
             skipped.append((f"{obj['kind']} {obj['metadata']['name']}",
                             "the API server would call a Service this control plane has no network for "
                             "(a webhook or aggregated API); its controller's webhooks are tested where the "
@@ -262,7 +271,8 @@ def stack_layer(stack: str, schemas: Path, plan=None) -> Layer:
     for missing in sorted({o["metadata"].get("namespace") for o in others} - declared - {None, "default", "kube-system"}):
         namespaces.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": missing}})
         skipped.append((f"namespace {missing}", "created by a Helm release (create_namespace); created bare here"))
-    return Layer(stack, crds=crds, namespaces=namespaces, objects=others, skipped=skipped, addons=planned.addons)
+    return Layer(stack, crds=crds, namespaces=namespaces, objects=others, skipped=skipped, addons=planned.addons,
+                 helm_values=planned.helm_values, service_callers=service_callers)
 
 
 def apply(plane, documents: Iterable[dict[str, Any]], what: str) -> None:

@@ -66,14 +66,51 @@ def kwok_config(module_dir: Path) -> str:
             if path.name == "kustomization.yaml":
                 continue
             docs.extend(d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict) and d.get("kind") == "Stage")
+    docs.extend(signalled_pod_stages(module_dir))
     # No KwokConfiguration document: kwok then builds its own with every default set
     # (pkg/apis/config/v1alpha1/zz_generated.defaults.go); one given here is not defaulted.
     return yaml.safe_dump_all(docs, sort_keys=False)
 
 
+# A test ends a simulated container by labelling its pod (kwok's chaos stages are label-driven).
+POD_FAILED_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
+POD_FAILED_EXIT_CODE = "pod-container-running-failed.stage.kwok.x-k8s.io/exit-code"
+POD_FAILED_REASON = "pod-container-running-failed.stage.kwok.x-k8s.io/reason"
+POD_COMPLETE_LABEL = "pod-complete.stage.mlplatform.io"
+
+
+def signalled_pod_stages(module_dir: Path) -> list[dict[str, Any]]:
+    """Stages that end a Running pod when a test says so, as kwok's own stages end one.
+
+    - kwok's ``chaos/pod-container-running-failed`` verbatim: a pod labelled
+      ``pod-container-running-failed.stage.kwok.x-k8s.io=true`` goes to phase Failed with its
+      containers ``terminated`` at the exit code of the annotation ``.../exit-code`` (143: the
+      trainer's answer to SIGTERM; 2: a permanent error), as a kubelet reports a container that
+      exited.
+    - kwok's ``fast/pod-complete`` with its selector on a label instead of a Job owner: kwok's own
+      stage completes only pods owned by a batch Job, and a PyTorchJob's pods are owned by the
+      PyTorchJob, so without it they would run forever. Same status template (phase Succeeded,
+      exit code 0).
+    """
+    failed = [d for d in yaml.safe_load_all((module_dir / "kustomize/stage/pod/chaos/pod-container-running-failed.yaml").read_text())
+              if isinstance(d, dict)]
+    complete = [d for d in yaml.safe_load_all((module_dir / "kustomize/stage/pod/fast/pod-complete.yaml").read_text())
+                if isinstance(d, dict)][0]
+    complete["metadata"]["name"] = "pod-complete-on-label"
+    expressions = [e for e in complete["spec"]["selector"]["matchExpressions"] if "ownerReferences" not in e["key"]]
+    expressions.append({"key": f'.metadata.labels["{POD_COMPLETE_LABEL}"]', "operator": "In", "values": ["true"]})
+    complete["spec"]["selector"]["matchExpressions"] = expressions
+    return [*failed, complete]
+
+
 def start_kwok(plane) -> None:
+    """kwok for nodes annotated ``kwok.x-k8s.io/node=fake`` (Karpenter's kwok provider annotates
+    every node it writes); once per control plane."""
     from tools.cluster.controlplane import free_port, tool_path
     from tools.cluster.layer import go_module_dir
+
+    if any(p.name == "kwok" and p.alive() for p in plane.processes):
+        return
 
     config = plane.workdir / "kwok.yaml"
     config.write_text(kwok_config(go_module_dir(*KWOK_MODULE)))
