@@ -332,3 +332,44 @@ def test_a_job_beyond_the_quota_waits_and_a_higher_priority_job_preempts_a_lower
           f"{holder.name} suspended and queued again", END_S)
     for job in (holder, waiting, urgent):
         client.cancel(job.name, team)
+
+
+def test_the_restore_drill_is_admitted_to_the_cpu_pool_and_its_pod_is_created(cluster):
+    """The restore drill (``checkpoints --verify``) is a CPU-only Job in the team's queue. Kueue
+    gives a workload the first flavor, in the ClusterQueue's order, where its requests fit (kueue
+    v0.19.2 flavorassigner.go ``findFlavorForPodSets``) and writes that flavor's node labels and
+    tolerations into the pods (pkg/podset/podset.go). When the GPU flavors came first, the drill got a
+    GPU pool's selector and GPU toleration, and the job controller's pod was refused by the
+    gpu-less-pods policy: no drill ever ran. Here the real Kueue must admit it to the general CPU
+    pool's flavor, and the real job controller's pod must be created (the policies admit it) with
+    that pool's selector and no GPU toleration."""
+    raw = _example(cluster, "drill")
+    team = raw["team"]
+    namespace = f"team-{team}"
+    client = _client(cluster, team)
+    verdict, detail = client.verify_checkpoint_in_cluster(
+        raw["name"], team, 5, checkpoint_dir=f"{namespace}/{raw['name']}", image="trainer:drill",
+        timeout_seconds=0, poll_seconds=0)
+    assert verdict == "FAIL" and "no verdict" in detail, detail  # kwok runs no trainer: no verdict is expected
+
+    def admitted():
+        for workload in _json(cluster, "get", "workloads.kueue.x-k8s.io", "-n", namespace)["items"]:
+            owners = [o["name"] for o in workload["metadata"].get("ownerReferences", [])]
+            if any(o.startswith(f"verify-{raw['name']}") for o in owners) and "Admitted" in _conditions(workload):
+                return workload
+        return None
+
+    workload = _wait(cluster, namespace, admitted, "the drill's Workload admitted", ADMIT_S)
+    flavors = {f for ps in workload["status"]["admission"]["podSetAssignments"] for f in ps["flavors"].values()}
+    assert flavors == {"cpu-general"}, flavors
+
+    def created():
+        pods = _json(cluster, "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/name=checkpoint-drill")["items"]
+        return pods or None
+
+    (pod,) = _wait(cluster, namespace, created, "the drill's pod created by the job controller", ADMIT_S)
+    assert pod["spec"]["nodeSelector"] == {"mlplatform.io/pool": "general"}
+    assert not [t for t in pod["spec"].get("tolerations", []) if t.get("key") == "nvidia.com/gpu"]
+    events = cluster.kubectl("get", "events", "-n", namespace, "--field-selector", "reason=FailedCreate",
+                             "-o", "json").stdout
+    assert "verify-" not in events, events
