@@ -30,8 +30,8 @@ from trainer.config import ModelConfig, TrainerConfig  # noqa: E402
 from trainer.distributed import Env  # noqa: E402
 from trainer.guards import weights_finite  # noqa: E402
 from trainer.model import build_model  # noqa: E402
+from trainer.optim import build_optimizer  # noqa: E402
 from trainer.s3 import NoMirror  # noqa: E402
-from trainer.train import build_optimizer  # noqa: E402
 
 
 def loop_thread_checks(app, metrics_path: str) -> None:

@@ -408,7 +408,7 @@ def load_and_step(path: str, result_file: str, heldout: dict | None = None) -> N
     from trainer import distributed, safe_load
     from trainer.checkpoint import ModelAndOptimizer
     from trainer.model import apply_activation_checkpointing
-    from trainer.train import build_optimizer
+    from trainer.optim import build_optimizer
 
     result: dict = {"problems": []}
     env = None

@@ -11,7 +11,7 @@ from trainer.config import ModelConfig, TrainerConfig
 from trainer.distributed import Env
 from trainer.model import build_model
 from trainer.s3 import NoMirror
-from trainer.train import build_optimizer
+from trainer.optim import build_optimizer
 
 CPU = Env(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
 

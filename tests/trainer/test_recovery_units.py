@@ -187,7 +187,7 @@ def test_resume_guard_accepts_the_same_global_batch_and_refuses_another(tmp_path
 
 def test_changed_lr_and_weight_decay_are_applied_after_loading():
     from trainer.config import TrainerConfig
-    from trainer.train import build_optimizer, cosine_with_warmup
+    from trainer.optim import build_optimizer, cosine_with_warmup
 
     cfg = TrainerConfig()
     model = torch.nn.Linear(4, 4)
