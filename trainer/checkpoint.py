@@ -44,7 +44,8 @@ from torch.distributed.checkpoint.stateful import Stateful
 from trainer import safe_load
 from trainer.branch import ROLLBACK, branch_name, continues_rollback, read_rollback
 from trainer.distributed import Env
-from trainer.durable import MARKER, fsync_dir, fsync_file, write_durably, write_json_atomic  # noqa: F401 (re-exported)
+from trainer.contract.layout import MARKER
+from trainer.durable import fsync_dir, fsync_file, write_durably, write_json_atomic  # noqa: F401 (re-exported)
 from trainer.trust import UntrustedCheckpoint, trust_from_env
 
 STEP_DIR = re.compile(r"^step-(\d+)$")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from trainer.contract.environment import ENV_CODE_DIR, ENV_CODE_SHA256, ENV_CODE_URI, ENV_DATASET_DIR
 from workloads.jobspec import JobSpec, k8s_literal
 from workloads.problems import Problem
 
@@ -30,12 +31,6 @@ from workloads.problems import Problem
 CODE_VOLUME = "code"
 CODE_MOUNT = "/opt/mlplatform/code"
 CODE_SIZE_LIMIT = "2Gi"
-# What the launcher (trainer/code_archive.py) reads.
-ENV_CODE_URI = "MLP_CODE_URI"
-ENV_CODE_SHA256 = "MLP_CODE_SHA256"
-ENV_CODE_DIR = "MLP_CODE_DIR"
-# What user code reads through trainer/contract.py.
-ENV_DATASET_DIR = "MLP_DATASET_DIR"
 
 
 def code_prefix(namespace: str, job_name: str) -> str:
