@@ -13,6 +13,7 @@ import tempfile
 
 from trainer.branch import continues_rollback
 from trainer.config import ConfigError, TrainerConfig
+from trainer.contract.layout import MARKER
 from trainer.contract.memory import TRAINING_STATE_BYTES_PER_PARAMETER
 
 
@@ -129,7 +130,7 @@ def preflight(cfg: TrainerConfig, world_size: int | None = None, memory: tuple[i
                         "volume such as the FSx mount")
     # A later attempt of a rollback continues its branch even when retention or a lost volume
     # removed the source since (trainer/branch.py).
-    if c.initial_load_path is not None and not os.path.isfile(os.path.join(c.initial_load_path, "complete.json")):
+    if c.initial_load_path is not None and not os.path.isfile(os.path.join(c.initial_load_path, MARKER)):
         problems.append(f"checkpoint.initial_load_path={c.initial_load_path!r}: not a complete checkpoint (no "
                         "complete.json); name a step-N directory of the job to start from")
     if c.resume not in ("auto", "none") and not os.path.isdir(c.resume) and not continues_rollback(c.dir, c.resume):

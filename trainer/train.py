@@ -18,6 +18,7 @@ from trainer.branch import current_branch, read_rollback
 from trainer.checkpoint import (Checkpointer, ModelAndOptimizer, ModelOnly, background_process_signal, read_marker,
                                 resolve_resume)
 from trainer.config import TrainerConfig, dump_yaml
+from trainer.contract.layout import step_dir_name
 from trainer.gpu_faults import gpu_fault
 from trainer.guards import (NonFiniteSteps, TrainingStopped, apply_optimizer_config, check_resume_compatible,
                             weights_finite)
@@ -95,7 +96,7 @@ def export_final_model(cfg: TrainerConfig, step: int, run_id: str | None) -> Non
     from trainer.checkpoint import step_dir
     from trainer.export import export_and_log
 
-    out_dir = os.path.join(cfg.export.dir or os.path.join(cfg.checkpoint.dir, "export"), f"step-{step:06d}")
+    out_dir = os.path.join(cfg.export.dir or os.path.join(cfg.checkpoint.dir, "export"), step_dir_name(step))
     uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
     try:
         export_and_log(step_dir(cfg.checkpoint.dir, step), out_dir, cfg, run_id, uri)
