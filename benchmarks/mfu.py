@@ -34,7 +34,7 @@ def nanogpt_loop(cfg, num_steps: int, compile_model: bool) -> tuple[float, float
 
     from trainer.data import DistributedBatches, TokenShards
     from trainer.model import build_model
-    from trainer.train import build_optimizer
+    from trainer.optim import build_optimizer
 
     device = torch.device("cuda")
     shards = TokenShards(cfg.data.dir, cfg.data.seq_len)

@@ -22,8 +22,9 @@ import torch.nn.functional as F  # noqa: E402
 from trainer.config import load_config  # noqa: E402
 from trainer.data import DistributedBatches, TokenShards  # noqa: E402
 from trainer.model import build_model  # noqa: E402
+from trainer.optim import build_optimizer  # noqa: E402
 from trainer.prepare import prepare  # noqa: E402
-from trainer.train import build_optimizer, main as train_main  # noqa: E402
+from trainer.train import main as train_main  # noqa: E402
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "trainer", "configs", "tiny.yaml")
 

@@ -29,7 +29,7 @@ import torch.distributed as dist  # noqa: E402
 from trainer import distributed  # noqa: E402
 from trainer.config import ModelConfig, ParallelismConfig, TrainerConfig  # noqa: E402
 from trainer.model import build_model, loss_function  # noqa: E402
-from trainer.train import build_optimizer  # noqa: E402
+from trainer.optim import build_optimizer  # noqa: E402
 
 
 def tokens_per_second(strategy_name: str, env, shape: dict, steps: int) -> float:

@@ -38,6 +38,7 @@ from components.network import Network
 from components.validation import Problem, accepts_enum_values, raise_if_any
 from components.addons import EFS_CSI_DRIVER, FSX_CSI_DRIVER, MOUNTPOINT_S3_CSI_DRIVER
 from components.versions import EKS_ADDON_VERSIONS
+from trainer.contract.memory import TRAINING_STATE_BYTES_PER_PARAMETER
 from workloads.karpenter import EFS_STARTUP_TAINT, FSX_STARTUP_TAINT, S3_MOUNTPOINT_STARTUP_TAINT
 from workloads.fsx import (
     CHECKPOINTS_DIR, CLAIM_NAME, DATASETS_CLAIM_NAME, fsx_persistent_volume, fsx_persistent_volume_claim, static_claim,
@@ -50,8 +51,6 @@ from workloads.s3_storage import (
 # -- FSx for Lustre PERSISTENT_2 (capacity steps, tiers, ports: catalog/limits.py) ----------------
 # FSx reaches a linked bucket through this per-file-system service-linked role.
 FSX_S3_SLR_PATH = "role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/AWSServiceRoleForFSxS3Access_"
-# bf16 weights (2) + fp32 master weights (4) + Adam moments (4 + 4) + bf16 grads (2).
-CHECKPOINT_BYTES_PER_PARAMETER = 16
 
 
 class FsxEvent(str, Enum):
@@ -185,7 +184,7 @@ def write_throughput_mb_per_s(storage_capacity_gib: int, throughput_mb_per_tib: 
 
 def checkpoint_seconds(num_parameters: int, storage_capacity_gib: int, throughput_mb_per_tib: int) -> float:
     """Time to write a model's full training state at the file system's baseline throughput."""
-    state_bytes = num_parameters * CHECKPOINT_BYTES_PER_PARAMETER
+    state_bytes = num_parameters * TRAINING_STATE_BYTES_PER_PARAMETER
     return state_bytes / (write_throughput_mb_per_s(storage_capacity_gib, throughput_mb_per_tib) * 1_000_000)
 
 

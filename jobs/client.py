@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Se
 from jobs.kube import (CONFIGMAPS, LOCALQUEUES, NAMESPACES, NODES, PODS, PYTORCHJOBS, TRAINJOBS, WORKLOADS, AlreadyExists, KubeApi,
                        KubeError, KubectlApi, NoClusterAccess)
 from jobs.store import EXPORT, MIRROR, AttemptRecord, CheckpointStore, S3Store, StoreError
+from trainer.contract.environment import ENV_CHECKPOINT_DIR
 from workloads.scheduling import team_namespace, team_of_namespace
 
 if TYPE_CHECKING:
@@ -375,7 +376,7 @@ def parse_job(obj: dict) -> Job:
                namespace=namespace, kind=kind, phase=phase, created=meta.get("creationTimestamp"),
                pool=labels.get("mlplatform.io/pool"), nodes=nodes, gpus_per_node=gpus,
                message=latest.get("message", ""), uid=meta.get("uid", ""),
-               checkpoint_dir=_env(obj, "TRAINER_CHECKPOINT_DIR"), labels=dict(labels),
+               checkpoint_dir=_env(obj, ENV_CHECKPOINT_DIR), labels=dict(labels),
                annotations=dict(meta.get("annotations") or {}))
 
 

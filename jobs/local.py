@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
+from trainer.contract.environment import ENV_CHECKPOINT_DIR, ENV_DATASET_DIR
+from trainer.contract.layout import complete_steps
 from workloads.jobspec import FSX_MOUNT_PATH
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -389,7 +391,7 @@ class LocalResult:
     def steps(self) -> list[int]:
         if not self.checkpoint_dir or not self.checkpoint_dir.is_dir():
             return []
-        return sorted(int(p.name.split("-")[1]) for p in self.checkpoint_dir.glob("step-*") if (p / "complete.json").exists())
+        return complete_steps(str(self.checkpoint_dir))
 
 
 def prepare_dataset(data_dir: Path) -> None:
@@ -458,11 +460,11 @@ def run_local(
                 env.pop("TRAINER_CHECKPOINT_S3_URI", None)
                 command = [remap(expand(c, env), mount, str(fsx_dir)) for c in replica.container["command"]]
                 args = [remap(expand(a, env), mount, str(fsx_dir)) for a in replica.container["args"]]
-                data_dir = next((a.split("=", 1)[1] for a in args if a.startswith("data.dir=")), env.get("MLP_DATASET_DIR"))
+                data_dir = next((a.split("=", 1)[1] for a in args if a.startswith("data.dir=")), env.get(ENV_DATASET_DIR))
                 if data_dir:
                     prepare_dataset(Path(data_dir))
-                if "TRAINER_CHECKPOINT_DIR" in env:
-                    checkpoint_dir = Path(env["TRAINER_CHECKPOINT_DIR"])
+                if ENV_CHECKPOINT_DIR in env:
+                    checkpoint_dir = Path(env[ENV_CHECKPOINT_DIR])
                 # A pod's environment is its own: only what a base image provides comes from the host.
                 process_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir), "LANG": "C.UTF-8",
                                "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", **env}

@@ -42,6 +42,7 @@ from workloads import pipeline
 from workloads.jobspec import FSX_MOUNT_PATH
 from jobs.local import LocalOverrides, LocalRunError, remap, run_local as run_pods, shrink
 from workloads.trainingjob import CHECKPOINT_KEY_ITEM, CHECKPOINT_KEY_SECRET
+from trainer.contract.environment import ENV_CHECKPOINT_KEY_FILE
 
 # MLflow is the trainer's dependency (not the infra extra's): its helpers live trainer-side.
 from trainer.local_registry import create_experiment, create_run, registered_versions  # noqa: E402
@@ -95,7 +96,7 @@ def run_local(declaration_path: Path, stack: str, *, dataset: str, work_dir: Pat
     key_file.write_text(checkpoint_key)
     key_file.chmod(0o600)
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1",
-           "TRAINER_CHECKPOINT_KEY_FILE": str(key_file)}
+           ENV_CHECKPOINT_KEY_FILE: str(key_file)}
     dataset_path = str(Path(dataset).resolve())
     result: dict[str, Any] = {"run_dir": str(run_dir), "mlflow_uri": mlflow_uri, "exit_codes": {}}
 

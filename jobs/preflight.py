@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 
+from trainer.contract.memory import TRAINING_STATE_BYTES_PER_PARAMETER as BYTES_PER_PARAMETER
 from trainer.model_facts import GPT_SIZES, peak_tflops_for_gpu_type
 from trainer.model_facts import flops_per_token as model_flops_per_token
 from workloads.problems import BAD_INPUT, DOES_NOT_FIT, Problem
@@ -38,7 +39,6 @@ from workloads.trainingjob import ResolvedJob, candidate_pools, resolve_with_pro
 EXIT_BAD_INPUT = 2
 EXIT_DOES_NOT_FIT = 3
 
-BYTES_PER_PARAMETER = 16  # fp32 weights + fp32 grads + AdamW m and v
 ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN_PER_LAYER = 34
 CHECKPOINTED_ACTIVATION_BYTES = 2
 CUDA_RESERVE_GIB = 2.0

@@ -1,8 +1,8 @@
 """Where a job's checkpoints and attempt history can be read from outside the cluster.
 
 A job writes both to its checkpoint directory on FSx (``/fsx/checkpoints/<namespace>/<job>``):
-complete steps (``step-NNNNNN/complete.json``, trainer/checkpoint.py) and one JSON line per
-attempt per node (``attempts/node-<rank>.jsonl``, trainer/retries.py). The file system's
+complete steps (``step-NNNNNN/complete.json``) and one JSON line per attempt per node
+(``attempts/node-<rank>.jsonl``): the layout of trainer/contract/layout.py. The file system's
 ``/checkpoints`` data repository association exports that tree to the checkpoints bucket
 (Pulumi.*.yaml ``datasets.fsx.dataRepositoryAssociations``; FSx auto-export of NEW/CHANGED/
 DELETED), so ``/fsx/checkpoints/<rest>`` is ``s3://<checkpoints bucket>/<rest>``: the team's
@@ -13,16 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
+from trainer.contract.layout import ATTEMPTS_DIR, ATTEMPTS_FILE, MARKER, STEP_DIR, complete_steps, step_dir_name
 from workloads.fsx import CHECKPOINTS_DIR, FSX_MOUNT_PATH
 
-STEP_DIR = re.compile(r"^step-(\d+)$")
-MARKER = "complete.json"  # trainer.durable: written last, so a step with it is whole
-ATTEMPTS_DIR = "attempts"
-_NODE_FILE = re.compile(r"^node-(\d+)\.jsonl$")
 _FSX_CHECKPOINTS = f"{FSX_MOUNT_PATH}/{CHECKPOINTS_DIR}/"
 
 
@@ -46,10 +42,6 @@ class CheckpointStore(Protocol):
     def complete_steps(self, checkpoint_dir: str) -> list[int]: ...
 
     def attempts(self, checkpoint_dir: str) -> list[AttemptRecord]: ...
-
-
-def step_name(step: int) -> str:
-    return f"step-{step:06d}"
 
 
 def _parse_attempts(node_rank: int, text: str) -> list[AttemptRecord]:
@@ -78,20 +70,16 @@ class LocalStore:
 
     def uri(self, checkpoint_dir, step=None):
         path = self._path(checkpoint_dir)
-        return os.path.join(path, step_name(step)) if step is not None else path
+        return os.path.join(path, step_dir_name(step)) if step is not None else path
 
     def complete_steps(self, checkpoint_dir):
-        path = self._path(checkpoint_dir)
-        if not os.path.isdir(path):
-            return []
-        return sorted(int(m.group(1)) for n in os.listdir(path)
-                      if (m := STEP_DIR.match(n)) and os.path.isfile(os.path.join(path, n, MARKER)))
+        return complete_steps(self._path(checkpoint_dir))
 
     def attempts(self, checkpoint_dir):
         folder = os.path.join(self._path(checkpoint_dir), ATTEMPTS_DIR)
         rows: list[AttemptRecord] = []
         for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-            if m := _NODE_FILE.match(name):
+            if m := ATTEMPTS_FILE.match(name):
                 with open(os.path.join(folder, name)) as f:
                     rows += _parse_attempts(int(m.group(1)), f.read())
         return rows
@@ -139,7 +127,7 @@ class S3Store:
         return rest + "/"
 
     def uri(self, checkpoint_dir, step=None):
-        return f"s3://{self.bucket}/{self.prefix(checkpoint_dir)}{step_name(step) + '/' if step is not None else ''}"
+        return f"s3://{self.bucket}/{self.prefix(checkpoint_dir)}{step_dir_name(step) + '/' if step is not None else ''}"
 
     def _keys(self, prefix: str, delimiter: Optional[str] = None) -> tuple[list[str], list[str]]:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -173,7 +161,7 @@ class S3Store:
         prefix = f"{self.prefix(checkpoint_dir)}{ATTEMPTS_DIR}/"
         rows: list[AttemptRecord] = []
         for key in sorted(self._keys(prefix)[0]):
-            if m := _NODE_FILE.match(key[len(prefix):]):
+            if m := ATTEMPTS_FILE.match(key[len(prefix):]):
                 try:
                     body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
                 except (BotoCoreError, ClientError) as exc:

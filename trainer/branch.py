@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-ROLLBACK = "rollback.json"
+from trainer.contract.layout import ROLLBACK
 
 
 def read_rollback(root: str) -> dict | None:

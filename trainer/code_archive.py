@@ -20,9 +20,7 @@ import tarfile
 import tempfile
 from urllib.parse import urlparse
 
-ENV_URI = "MLP_CODE_URI"
-ENV_SHA256 = "MLP_CODE_SHA256"
-ENV_DIR = "MLP_CODE_DIR"
+from trainer.contract.environment import ENV_CODE_DIR as ENV_DIR, ENV_CODE_SHA256 as ENV_SHA256, ENV_CODE_URI as ENV_URI
 
 
 class CodeArchiveError(RuntimeError):

@@ -1,7 +1,7 @@
-"""Files that survive a crash or a power loss: written, fsynced, renamed into place, and the
-step directory's completion marker name; a file's SHA-256. Torch-free; shared by the checkpointer
-(trainer/checkpoint.py), the checkpoint trust check (trainer/trust.py) and dataset uploads
-(jobs/data.py)."""
+"""Files that survive a crash or a power loss: written, fsynced, renamed into place; a file's
+SHA-256. Torch-free; shared by the checkpointer (trainer/checkpoint/), the checkpoint trust check
+(trainer/trust.py) and dataset uploads (jobs/data.py). The names of the checkpoint layout (the
+completion marker among them) are trainer/contract/layout.py's."""
 from __future__ import annotations
 
 import hashlib
@@ -9,9 +9,6 @@ import json
 import os
 
 _HASH_CHUNK_BYTES = 8 << 20
-
-# A step directory is complete when this file exists: written last, after every shard.
-MARKER = "complete.json"
 
 
 def write_json_atomic(path: str, payload: dict) -> None:

@@ -218,7 +218,7 @@ class AttemptLog:
         if cfg is not None:
             self.dir, self.limit = cfg.checkpoint.dir, cfg.checkpoint.max_attempts_without_progress
         else:
-            # Your own code (trainer/contract.py): the same bound, counted in the job's checkpoint
+            # Your own code (trainer/contract/): the same bound, counted in the job's checkpoint
             # directory, whose step-N/complete.json markers are progress.
             from trainer.config import CheckpointConfig
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from trainer.checkpoint import list_steps
+from trainer.contract.layout import complete_steps, step_dir_name
 from trainer.preemption import EXIT_PREEMPTED
 
 CORPUS_MODULES = ["argparse", "textwrap", "string", "functools", "dataclasses", "json.decoder", "logging"]
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"[2/4] torchrun, 2 CPU ranks, {NUM_STEPS} steps; SIGTERM at about step {NUM_STEPS // 2}")
     code = launch(out, env, "attempt-1.log", interrupt_at_step=NUM_STEPS // 2)
-    steps_after_first = list_steps(os.path.join(out, "checkpoints"))
+    steps_after_first = complete_steps(os.path.join(out, "checkpoints"))
     interrupted_at = steps_after_first[-1] if steps_after_first else 0
     print(f"  launcher exit code {code} (expected {EXIT_PREEMPTED}); newest complete checkpoint: step {interrupted_at}")
     if code != EXIT_PREEMPTED:
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": summary["final_step"],
         "interrupted_and_resumed_at_step": interrupted_at,
         "restarts": summary["num_restarts"],
-        "checkpoints_kept": [f"step-{s:06d}" for s in list_steps(ckpt)],
+        "checkpoints_kept": [step_dir_name(s) for s in complete_steps(ckpt)],
         "goodput": round(summary["goodput"], 3),
         "mlflow_runs_for_job": len(runs),
         "mlflow_run_id": run.info.run_id,

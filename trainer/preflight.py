@@ -13,11 +13,8 @@ import tempfile
 
 from trainer.branch import continues_rollback
 from trainer.config import ConfigError, TrainerConfig
-
-# Bytes of training state per parameter with AdamW in fp32: weights 4, gradients 4, two
-# moments 8 (the ZeRO paper's accounting, Rajbhandari et al. 2020, section 3.1, without
-# the fp16 copy). Activations come on top; they are not estimated here.
-STATE_BYTES_PER_PARAM = 16
+from trainer.contract.layout import MARKER
+from trainer.contract.memory import TRAINING_STATE_BYTES_PER_PARAMETER
 
 
 def nearest_existing(path: str) -> str:
@@ -133,7 +130,7 @@ def preflight(cfg: TrainerConfig, world_size: int | None = None, memory: tuple[i
                         "volume such as the FSx mount")
     # A later attempt of a rollback continues its branch even when retention or a lost volume
     # removed the source since (trainer/branch.py).
-    if c.initial_load_path is not None and not os.path.isfile(os.path.join(c.initial_load_path, "complete.json")):
+    if c.initial_load_path is not None and not os.path.isfile(os.path.join(c.initial_load_path, MARKER)):
         problems.append(f"checkpoint.initial_load_path={c.initial_load_path!r}: not a complete checkpoint (no "
                         "complete.json); name a step-N directory of the job to start from")
     if c.resume not in ("auto", "none") and not os.path.isdir(c.resume) and not continues_rollback(c.dir, c.resume):
@@ -176,11 +173,11 @@ def preflight(cfg: TrainerConfig, world_size: int | None = None, memory: tuple[i
     if num_params and memory:
         total_bytes, where = memory
         shards = world_size if cfg.parallelism.strategy == "fsdp" else 1
-        need_bytes = num_params * STATE_BYTES_PER_PARAM / shards
+        need_bytes = num_params * TRAINING_STATE_BYTES_PER_PARAMETER / shards
         if need_bytes > total_bytes:
             problems.append(
                 f"model.size={m.size!r}: {num_params / 1e6:.0f}M parameters need {need_bytes / 2**30:.1f} GiB of "
-                f"weights, gradients and AdamW state per rank ({STATE_BYTES_PER_PARAM} bytes/parameter"
+                f"weights, gradients and AdamW state per rank ({TRAINING_STATE_BYTES_PER_PARAMETER} bytes/parameter"
                 f"{f' / {shards} FSDP shards' if shards > 1 else ''}) but {where} has {total_bytes / 2**30:.1f} GiB; "
                 "use a smaller size, parallelism.strategy=fsdp, or more ranks")
     if num_params and cfg.checkpoint.async_mode == "thread" and memory and memory[1] != "host memory":

@@ -48,9 +48,11 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Optional
 
+from trainer.contract.environment import ENV_VENV_ROOT
+
 REQUIREMENTS_FILE = "requirements.txt"
 WHEELS_DIR = "wheels"
-ENV_ROOT = "MLP_VENV_ROOT"
+ENV_ROOT = ENV_VENV_ROOT
 ENV_TIMEOUT = "MLP_REQUIREMENTS_TIMEOUT_SECONDS"
 DEFAULT_TIMEOUT_SECONDS = 1200
 PIP_SOCKET_TIMEOUT_SECONDS = 60

@@ -23,29 +23,22 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import time
 
+from trainer.contract.layout import ATTEMPTS_DIR, attempts_file_name, complete_steps
+
 EXIT_RETRIES_EXHAUSTED = 1  # permanent for restartPolicy ExitCode (1-127)
 EXIT_PREEMPTED = 143
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-_MARKER = "complete.json"
 
 
 def newest_complete_step(checkpoint_dir: str) -> int | None:
     """The newest step directory with its marker (what the next attempt resumes from)."""
-    try:
-        names = os.listdir(checkpoint_dir)
-    except OSError:
-        return None
-    steps = [int(m.group(1)) for n in names if (m := _STEP_DIR.match(n))
-             and os.path.isfile(os.path.join(checkpoint_dir, n, _MARKER))]
-    return max(steps, default=None)
+    return max(complete_steps(checkpoint_dir), default=None)
 
 
 def history_path(checkpoint_dir: str, node_rank: int) -> str:
-    return os.path.join(checkpoint_dir, "attempts", f"node-{node_rank}.jsonl")
+    return os.path.join(checkpoint_dir, ATTEMPTS_DIR, attempts_file_name(node_rank))
 
 
 def read_history(path: str) -> list[dict]:

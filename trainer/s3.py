@@ -61,7 +61,7 @@ class S3Mirror:
         self.futures.append(self.pool.submit(self._upload, path))
 
     def _upload(self, path: str) -> None:
-        from trainer.checkpoint import MARKER
+        from trainer.contract.layout import MARKER
 
         name = os.path.basename(path.rstrip("/"))
         try:
@@ -93,7 +93,7 @@ class S3Mirror:
         """Uploads `path` unless S3 already has this very checkpoint: its marker with the same
         content (step, save time, config hash). A marker of the same name from another branch
         (before a rollback) or an upload a shutdown cut short does not count."""
-        from trainer.checkpoint import MARKER
+        from trainer.contract.layout import MARKER
 
         name = os.path.basename(path.rstrip("/"))
         try:
@@ -114,7 +114,7 @@ class S3Mirror:
             self.futures.append(self.pool.submit(self._delete, os.path.basename(step_dir("", step))))
 
     def _delete(self, name: str) -> None:
-        from trainer.checkpoint import MARKER
+        from trainer.contract.layout import MARKER
 
         try:
             marker = self._key(name, MARKER)
@@ -129,7 +129,7 @@ class S3Mirror:
             log.warning("S3 delete of %s failed: %s", name, exc)
 
     def download_latest(self, root: str) -> None:
-        from trainer.checkpoint import MARKER, STEP_DIR
+        from trainer.contract.layout import MARKER, STEP_DIR
 
         paginator = self.client.get_paginator("list_objects_v2")
         complete = []

@@ -18,6 +18,7 @@ from trainer.branch import current_branch, read_rollback
 from trainer.checkpoint import (Checkpointer, ModelAndOptimizer, ModelOnly, background_process_signal, read_marker,
                                 resolve_resume)
 from trainer.config import TrainerConfig, dump_yaml
+from trainer.contract.layout import step_dir_name
 from trainer.gpu_faults import gpu_fault
 from trainer.guards import (NonFiniteSteps, TrainingStopped, apply_optimizer_config, check_resume_compatible,
                             weights_finite)
@@ -26,6 +27,7 @@ from trainer.evaluation import evaluator_for
 from trainer.health import health_exporter
 from trainer.metrics import Goodput, Heartbeat, flops_per_token, memory_meter, mfu_meter
 from trainer.model import apply_activation_checkpointing, build_model, count_params, loss_function, model_dims
+from trainer.optim import build_optimizer, cosine_with_warmup
 from trainer.preemption import EXIT_PREEMPTED, PreemptionFlag, is_peer_lost, preemption_budget_seconds, report_exit
 from trainer.profiling import profiler_for
 from trainer.s3 import NoMirror, mirror_for
@@ -33,27 +35,6 @@ from trainer.tracking import (BRANCH_POINT_TAG, ROLLBACK_OF_TAG, SWEEP_ID_ENV, S
                               NullTracker, Trackers)
 
 log = logging.getLogger("trainer")
-
-
-def cosine_with_warmup(warmup_steps: int, num_steps: int, min_lr_ratio: float):
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, num_steps - warmup_steps)
-        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-    return factor
-
-
-def build_optimizer(model: torch.nn.Module, cfg: TrainerConfig, device: torch.device) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    # Weight decay on matrices only; biases and norms are not decayed (GPT-2 / nanoGPT).
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.optimizer.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    o = cfg.optimizer
-    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=device.type == "cuda")
 
 
 def job_identity(cfg: TrainerConfig) -> str:
@@ -115,7 +96,7 @@ def export_final_model(cfg: TrainerConfig, step: int, run_id: str | None) -> Non
     from trainer.checkpoint import step_dir
     from trainer.export import export_and_log
 
-    out_dir = os.path.join(cfg.export.dir or os.path.join(cfg.checkpoint.dir, "export"), f"step-{step:06d}")
+    out_dir = os.path.join(cfg.export.dir or os.path.join(cfg.checkpoint.dir, "export"), step_dir_name(step))
     uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
     try:
         export_and_log(step_dir(cfg.checkpoint.dir, step), out_dir, cfg, run_id, uri)

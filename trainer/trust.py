@@ -46,17 +46,18 @@ import stat
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
-from trainer.durable import MARKER, fsync_file, sha256_file, write_json_atomic
+from trainer.contract.environment import ENV_CHECKPOINT_KEY_FILE
+from trainer.contract.layout import MANIFEST, MARKER, RNG_FILE_PREFIX
+from trainer.durable import fsync_file, sha256_file, write_json_atomic
 from trainer.guards import TrainingStopped
 
-MANIFEST = "manifest.json"
-KEY_FILE_ENV = "TRAINER_CHECKPOINT_KEY_FILE"
+KEY_FILE_ENV = ENV_CHECKPOINT_KEY_FILE
 IN_KUBERNETES_ENV = "KUBERNETES_SERVICE_HOST"
 MIN_KEY_BYTES = 32
 FORMAT = 1
 # The files DCP and the trainer unpickle: never opened unless their digest matches.
 PICKLED = (".metadata",)
-PICKLED_PREFIX = "rng-rank-"
+PICKLED_PREFIX = RNG_FILE_PREFIX
 
 
 class UntrustedCheckpoint(TrainingStopped):

@@ -102,7 +102,7 @@ def s3_client():
 def download_s3(uri: str, scratch: str, client=None) -> tuple[str, list[str]]:
     """Downloads the newest complete step under `uri` into `scratch`; returns its local path
     and the problems found while downloading (objects that did not arrive whole)."""
-    from trainer.checkpoint import MARKER, STEP_DIR
+    from trainer.contract.layout import MARKER, STEP_DIR
 
     parsed = urlparse(uri)
     bucket, prefix = parsed.netloc, parsed.path.strip("/")
@@ -162,7 +162,7 @@ def read_config(path: str):
 
 def check_files(path: str) -> tuple[list[str], dict]:
     """Problems with the files of one step directory, and what the later stages need."""
-    from trainer.checkpoint import MARKER, STEP_DIR
+    from trainer.contract.layout import MARKER, STEP_DIR
 
     problems: list[str] = []
     facts: dict = {}
@@ -408,7 +408,7 @@ def load_and_step(path: str, result_file: str, heldout: dict | None = None) -> N
     from trainer import distributed, safe_load
     from trainer.checkpoint import ModelAndOptimizer
     from trainer.model import apply_activation_checkpointing
-    from trainer.train import build_optimizer
+    from trainer.optim import build_optimizer
 
     result: dict = {"problems": []}
     env = None

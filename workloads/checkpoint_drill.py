@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from trainer.contract.environment import ENV_CHECKPOINT_KEY_FILE as KEY_FILE_ENV
 from workloads.jobspec import k8s_literal
 from workloads.karpenter import GENERAL_POOL, POOL_LABEL
 from workloads.kueue import QUEUE_LABEL
@@ -34,7 +35,6 @@ from workloads.trainingjob import (CHECKPOINT_KEY_ITEM, CHECKPOINT_KEY_MOUNT, CH
 
 CONTAINER = "drill"
 SCRATCH_MOUNT = "/scratch"
-KEY_FILE_ENV = "TRAINER_CHECKPOINT_KEY_FILE"  # trainer.trust.KEY_FILE_ENV (the trainer is not imported here)
 # trainer/verify.py's exit codes.
 EXIT_PASS, EXIT_FAIL, EXIT_NOTHING = 0, 1, 2
 MAX_NAME = 63  # a Job's name becomes the pods' `batch.kubernetes.io/job-name` label value

@@ -27,6 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from trainer.contract.layout import step_dir_name
 from workloads.fsx import DATASETS_DIR, FSX_MOUNT_PATH, team_subtree_path
 from workloads.problems import InvalidInputError, Problem
 from workloads.scheduling import Priority, team_namespace
@@ -582,11 +583,11 @@ class JobSpec(_Model):
 def init_from_path(spec: "JobSpec") -> Optional[str]:
     """Where ``initFrom: <job>/step-N`` is inside the pods: that job's default checkpoint
     directory in the team's own subtree (so a reference can never leave the team), and the
-    step directory the trainer writes (trainer.checkpoint.step_dir: step-%06d)."""
+    step directory the trainer writes (trainer/contract/layout.py step_dir_name)."""
     if not spec.init_from:
         return None
     job, _, step = spec.init_from.partition("/")
-    return f"{FSX_MOUNT_PATH}/checkpoints/{spec.namespace}/{job}/step-{int(step.removeprefix('step-')):06d}"
+    return f"{FSX_MOUNT_PATH}/checkpoints/{spec.namespace}/{job}/{step_dir_name(int(step.removeprefix('step-')))}"
 
 
 # -- the team's own space -------------------------------------------------------------------

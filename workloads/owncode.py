@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from trainer.contract.environment import ENV_CODE_DIR, ENV_CODE_SHA256, ENV_CODE_URI, ENV_DATASET_DIR, ENV_VENV_ROOT
 from workloads.fsx import team_subtree_path
 from workloads.jobspec import JobSpec, k8s_literal
 from workloads.problems import Problem
@@ -35,17 +36,9 @@ from workloads.problems import Problem
 CODE_VOLUME = "code"
 CODE_MOUNT = "/opt/mlplatform/code"
 CODE_SIZE_LIMIT = "2Gi"
-# What the launcher (trainer/code_archive.py) reads.
-ENV_CODE_URI = "MLP_CODE_URI"
-ENV_CODE_SHA256 = "MLP_CODE_SHA256"
-ENV_CODE_DIR = "MLP_CODE_DIR"
-# Where the launcher keeps the virtual environments of requirements.txt (trainer/requirements_env.py):
-# on the team's shared file system, so every pod and restart of a job (and the team's other jobs
-# with the same requirements and image) reuse one; a directory per digest under it.
-ENV_VENV_ROOT = "MLP_VENV_ROOT"
+# Under the team's shared file system, the launcher's requirements.txt environments
+# (trainer/requirements_env.py), a directory per key: every pod and restart reuses one.
 VENV_DIR = ".venvs"
-# What user code reads through trainer/contract.py.
-ENV_DATASET_DIR = "MLP_DATASET_DIR"
 
 
 def code_prefix(namespace: str, job_name: str) -> str:

@@ -48,6 +48,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 
+from trainer.contract.environment import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_KEY_FILE, ENV_RUN_ID
 from workloads.fsx import team_pod_volumes, team_volume_mounts
 from workloads.trainingjob import (CHECKPOINT_KEY_ITEM, CHECKPOINT_KEY_MOUNT, CHECKPOINT_KEY_SECRET, TRAINER_UID,
                                    pod_security_context, team_checkpoint_root)
@@ -229,7 +230,7 @@ def train_job(spec: PipelineSpec) -> dict[str, Any]:
     paths = cluster_paths(spec)
     extra = train_overrides(paths, RUN)
     replaced = {_override_key(arg) for arg in extra}
-    env_values = {"TRAINER_CHECKPOINT_DIR": paths.checkpoints, "TRAINER_RUN_ID": RUN}
+    env_values = {ENV_CHECKPOINT_DIR: paths.checkpoints, ENV_RUN_ID: RUN}
     for replica in job["spec"]["pytorchReplicaSpecs"]:
         container = _trainer_container(job, replica)
         container["args"] = [a for a in container.get("args", []) if _override_key(a) not in replaced] + extra
@@ -253,7 +254,7 @@ def _container_step(spec: PipelineSpec, name: str, command: list[str], *, output
     if reads_checkpoints:
         # evaluate and register load the train step's checkpoint: its manifest is signed with the
         # team's key, and in a pod the trainer refuses to read one without it (trainer/trust.py).
-        env = [{"name": "TRAINER_CHECKPOINT_KEY_FILE", "value": f"{CHECKPOINT_KEY_MOUNT}/{CHECKPOINT_KEY_ITEM}"}]
+        env = [{"name": ENV_CHECKPOINT_KEY_FILE, "value": f"{CHECKPOINT_KEY_MOUNT}/{CHECKPOINT_KEY_ITEM}"}]
         key_mounts = [{"name": "checkpoint-key", "mountPath": CHECKPOINT_KEY_MOUNT, "readOnly": True}]
     template: dict[str, Any] = {
         "name": name,

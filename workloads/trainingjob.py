@@ -21,6 +21,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from trainer.contract.environment import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_KEY_FILE, ENV_RUN_ID
 from workloads.problems import Problem
 from workloads.fsx import team_pod_volumes, team_subtree_path, team_volume_mounts
 from workloads.gpu_catalog import GPU_TYPES, SPOT_NOTICE_SECONDS
@@ -367,16 +368,16 @@ def trainer_env(job: ResolvedJob) -> list[dict[str, Any]]:
     spec, facts = job.spec, job.facts
     digest = spec.image.split("@", 1)[1] if "@" in spec.image else spec.image
     env = [
-        {"name": "TRAINER_CHECKPOINT_DIR", "value": k8s_literal(spec.checkpoint_path)},
+        {"name": ENV_CHECKPOINT_DIR, "value": k8s_literal(spec.checkpoint_path)},
         # Stable job identity: a recreated pod finds its MLflow run by it.
-        {"name": "TRAINER_RUN_ID", "value": f"{spec.namespace}.{spec.name}"},
+        {"name": ENV_RUN_ID, "value": f"{spec.namespace}.{spec.name}"},
         # A team's MLflow login may create experiments only under its prefix <namespace>/ and
         # sees nothing else unless granted (docker/mlflow/mlflow_team_auth.py).
         {"name": "MLFLOW_EXPERIMENT_NAME", "value": k8s_literal(spec.experiment_name)},
         {"name": "DATASET_VERSION", "value": k8s_literal(posixpath.basename(spec.dataset))},
         {"name": "IMAGE_DIGEST", "value": digest},
         {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(job.budget.shutdown_timeout_seconds)},
-        {"name": "TRAINER_CHECKPOINT_KEY_FILE", "value": f"{CHECKPOINT_KEY_MOUNT}/{CHECKPOINT_KEY_ITEM}"},
+        {"name": ENV_CHECKPOINT_KEY_FILE, "value": f"{CHECKPOINT_KEY_MOUNT}/{CHECKPOINT_KEY_ITEM}"},
         {"name": "AWS_REGION", "value": facts.region},
         {"name": "AWS_DEFAULT_REGION", "value": facts.region},
     ]

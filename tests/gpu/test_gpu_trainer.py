@@ -154,7 +154,7 @@ def _small_model_and_optimizer():
     from trainer.checkpoint import ModelAndOptimizer
     from trainer.config import ModelConfig, TrainerConfig
     from trainer.model import build_model
-    from trainer.train import build_optimizer
+    from trainer.optim import build_optimizer
 
     cfg = TrainerConfig(model=ModelConfig(size="tiny"))
     model = build_model(cfg.model, 64, 16).cuda()

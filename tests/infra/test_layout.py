@@ -1,6 +1,6 @@
 """Dependencies point one way (jobs -> infra -> components -> workloads -> trainer -> catalog) and no package has an
-import cycle (trainer/ included: its torch-free modules, such as trainer/model_facts.py, are what
-workloads/ may read).
+import cycle (trainer/ included: its torch-free contract modules, trainer/contract/{layout,environment,memory}.py,
+are all of it that components/ and workloads/ may read).
 
 Every ``import`` counts: module level, inside functions, and under ``if TYPE_CHECKING`` (a cycle
 hidden in a function is still a cycle: it only moves the failure to the first call).
@@ -16,12 +16,16 @@ PACKAGES = ("jobs", "infra", "components", "workloads", "policypack", "trainer",
 ALLOWED = {
     "jobs": {"infra", "components", "workloads", "policypack", "trainer", "catalog"},
     "infra": {"components", "workloads", "policypack", "trainer", "catalog"},
-    "components": {"workloads", "catalog"},
+    "components": {"workloads", "trainer", "catalog"},
     "workloads": {"trainer", "catalog"},
     "policypack": {"catalog"},
     "trainer": {"catalog"},
     "catalog": set(),
 }
+# Below infra/, the trainer is reached only through its torch-free contract modules: the names both
+# sides of the platform must agree on (checkpoint layout, environment, memory rule), not its code.
+TRAINER_CONTRACTS = {"trainer.contract.layout", "trainer.contract.environment", "trainer.contract.memory"}
+CONTRACT_ONLY = {"components", "workloads"}
 # Entry points (``python -m ...``, any ``__main__``) follow their package's rules like every other
 # module, with no exemption; nothing in another package imports them but a shim.
 # A shim keeps a documented command working after its module moved up a layer: it may import its
@@ -81,6 +85,8 @@ def upward_imports(edges: dict[str, set[str]]) -> list[str]:
                 bad.append(f"{name} imports the entry point {target}")
             elif target_package not in ALLOWED[source_package]:
                 bad.append(f"{name} imports {target} ({source_package} may import only {sorted(ALLOWED[source_package]) or 'itself'})")
+            elif target_package == "trainer" and source_package in CONTRACT_ONLY and target not in TRAINER_CONTRACTS:
+                bad.append(f"{name} imports {target} ({source_package} may import only the trainer's contract modules)")
     return bad
 
 
@@ -115,6 +121,7 @@ def test_the_walk_sees_the_imports_it_checks():
     assert "workloads.problems" in edges["components.validation"]
     assert "trainer.model_facts" in edges["jobs.preflight"]
     assert "trainer.config" in edges["trainer.model"]
+    assert "trainer.contract.environment" in edges["workloads.owncode"]
 
 
 def test_no_module_imports_a_layer_above_it():
@@ -153,12 +160,14 @@ def test_the_checks_catch_what_they_name():
     edges["trainer.config"].add("trainer.model")  # the config <-> model cycle of old
     edges["workloads.__main__"].add("jobs.render")  # a shim that does more than forward
     edges["infra.plan"].add("jobs.__main__")  # an entry point is nobody's library
+    edges["workloads.owncode"].add("trainer.checkpoint")  # the trainer's code, not its contract
     assert upward_imports(edges) == [
-        "components.bucket imports infra.config (components may import only ['catalog', 'workloads'])",
+        "components.bucket imports infra.config (components may import only ['catalog', 'trainer', 'workloads'])",
         "infra.plan imports the entry point jobs.__main__",
         "trainer.model_facts imports workloads.instances (trainer may import only ['catalog'])",
         "workloads.__main__ imports jobs.render (workloads may import only ['catalog', 'trainer'])",
         "workloads.gpu_catalog imports components.validation (workloads may import only ['catalog', 'trainer'])",
+        "workloads.owncode imports trainer.checkpoint (workloads may import only the trainer's contract modules)",
     ]
     assert [set(cycle) for cycle in cycles(edges, "infra")] == [{"infra.plan", "infra.program"}]
     assert [set(cycle) for cycle in cycles(edges, "trainer")] == [{"trainer.config", "trainer.model"}]

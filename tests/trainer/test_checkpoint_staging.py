@@ -11,7 +11,7 @@ from trainer.config import ModelConfig, TrainerConfig
 from trainer.distributed import Env
 from trainer.model import build_model
 from trainer.s3 import NoMirror
-from trainer.train import build_optimizer
+from trainer.optim import build_optimizer
 
 CPU = Env(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
 
@@ -130,3 +130,96 @@ def test_the_manifest_is_hashed_on_the_writer_thread_not_the_loop(tmp_path, monk
         import json
         files = json.load(f)["body"]["files"]
     assert ".metadata" in files and any(n.endswith(".distcp") for n in files)
+
+
+PROCESS_MODE_PROBE = r'''
+import json, os, socket, sys
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+sys.path.insert(0, os.getcwd())
+from tests.trainer.test_checkpoint_staging import CPU, model_and_optimizer, train_one_step
+from trainer.checkpoint import Checkpointer, ModelAndOptimizer
+from trainer.s3 import NoMirror
+
+root = sys.argv[1]
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+# DCP's process mode sets up its background process through the default group.
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+received = []  # per save: what dcp.async_save was handed, and the stager it was told to use
+real_async_save = dcp.async_save
+
+def recording_async_save(state, **kwargs):
+    tensors = []
+    def walk(node):
+        if isinstance(node, torch.Tensor):
+            tensors.append(node)
+        elif isinstance(node, dict):
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, (list, tuple)):
+            for v in node:
+                walk(v)
+    walk(state)
+    received.append({"pointers": sorted(t.data_ptr() for t in tensors if t.dim()),
+                     "shared": all(t.is_shared() for t in tensors if t.dim()),
+                     "stager": type(kwargs.get("async_stager")).__name__})
+    return real_async_save(state, **kwargs)
+
+dcp.async_save = recording_async_save
+model, optimizer = model_and_optimizer()
+app = ModelAndOptimizer(model, optimizer)
+ckpt = Checkpointer(root, CPU, keep_last=5, async_mode="process", mirror=NoMirror())
+ckpt.prepare_staging(app)
+train_one_step(model, optimizer)
+ckpt.poll()  # the first step boundary with optimizer state: buffers are allocated ahead
+ckpt.writer.staging._ahead.result(timeout=60)
+expected = None
+for step in (1, 2, 3):
+    ckpt.save(step, app, {"step": step}, "{}")
+    if step == 2:
+        expected = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():  # training goes on while the background process writes
+        for p in model.parameters():
+            p.add_(1.0)
+    ckpt.wait()
+    train_one_step(model, optimizer)
+buffers = []
+def walk(node):
+    if isinstance(node, torch.Tensor):
+        buffers.append(node.data_ptr()) if node.dim() else None
+    elif isinstance(node, dict):
+        for v in node.values():
+            walk(v)
+walk(ckpt.writer.staging.buffers)
+ckpt.close()
+fresh, fresh_opt = model_and_optimizer()
+dcp.load({"app": ModelAndOptimizer(fresh, fresh_opt)}, checkpoint_id=os.path.join(root, "step-000002"), no_dist=True)
+print(json.dumps({"allocations": ckpt.writer.staging.allocations, "received": received, "buffers": sorted(buffers),
+                  "step2_matches": all(torch.equal(v, expected[k]) for k, v in fresh.state_dict().items())}))
+'''
+
+
+def test_process_mode_stages_into_shared_buffers_reused_across_saves(tmp_path):
+    """`async_mode: process` (review trainer-4, 2.2): each save used to stage through DCP's default
+    stager, fresh pageable memory per save, copied again into shared memory on its way to the
+    background process. Now three saves hand DCP the same shared-memory buffers, allocated once
+    ahead of the first save, with a stager that copies nothing; and step 2's checkpoint still
+    holds step 2's weights although training changed them while the background process wrote."""
+    import json
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    result = subprocess.run([sys.executable, "-c", PROCESS_MODE_PROBE, str(tmp_path)], capture_output=True, text=True,
+                            timeout=300, cwd=repo, env={**os.environ, "PYTHONPATH": repo, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["allocations"] == 1, "the staging buffers were allocated more than once"
+    assert [r["stager"] for r in report["received"]] == ["AlreadyStaged"] * 3, report["received"]
+    assert all(r["shared"] for r in report["received"]), "DCP was handed memory the pipe would copy again"
+    assert all(r["pointers"] == report["buffers"] for r in report["received"]), \
+        "a save handed DCP other memory than the reused staging buffers"
+    assert report["step2_matches"], "training after the save leaked into the checkpoint"

@@ -47,10 +47,10 @@ def test_a_kill_during_deletion_never_leaves_a_marker_without_shards(tmp_path, m
         os.remove(os.path.join(path, "__0_0.distcp"))
         raise KeyboardInterrupt("killed")
 
-    monkeypatch.setattr(ckpt_mod.shutil, "rmtree", killed_half_way)
+    monkeypatch.setattr(shutil, "rmtree", killed_half_way)
     with pytest.raises(KeyboardInterrupt):
         remove_checkpoint(root, 10)
-    monkeypatch.setattr(ckpt_mod.shutil, "rmtree", real_rmtree)
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
     assert list_steps(root) == [] and whole(root)  # renamed away first: not a checkpoint any more
     ckpt_mod.sweep_trash(root)
     assert os.listdir(root) == []
@@ -187,7 +187,7 @@ def test_resume_guard_accepts_the_same_global_batch_and_refuses_another(tmp_path
 
 def test_changed_lr_and_weight_decay_are_applied_after_loading():
     from trainer.config import TrainerConfig
-    from trainer.train import build_optimizer, cosine_with_warmup
+    from trainer.optim import build_optimizer, cosine_with_warmup
 
     cfg = TrainerConfig()
     model = torch.nn.Linear(4, 4)

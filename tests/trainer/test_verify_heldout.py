@@ -49,7 +49,7 @@ def test_weights_that_load_but_are_not_the_trained_model_fail(trained, tmp_path,
     from trainer.trust import trust_from_env
     from trainer.config import load_config
     from trainer.model import build_model
-    from trainer.train import build_optimizer
+    from trainer.optim import build_optimizer
 
     root = str(tmp_path / "perturbed")
     shutil.copytree(step_dir(trained, STEPS), step_dir(root, STEPS))

@@ -1,5 +1,5 @@
 """Your own plain PyTorch DDP script under the platform: a tiny causal transformer on the job's
-token shards, resumable, and honouring the preemption contract (trainer/contract.py).
+token shards, resumable, and honouring the preemption contract (trainer/contract/).
 
 Runs anywhere torchrun runs; under the platform it gets its rank, rendezvous, checkpoint
 directory, dataset and MLflow run from the pod. The contract adds ~10 lines to a DDP loop:

@@ -1,7 +1,7 @@
 """Your own Hugging Face ``Trainer`` script under the platform: a tiny GPT-2 built from a config
 in code (no download), trained on the job's token shards, preemptible and resumable.
 
-The contract in a ``TrainerCallback`` (trainer/contract.py): at every step end, every rank asks
+The contract in a ``TrainerCallback`` (trainer/contract/): at every step end, every rank asks
 whether any rank got SIGTERM; if so the Trainer saves now and stops, and the script exits 143.
 Each save the Trainer finishes is committed with the platform's marker pointing at its
 ``checkpoint-N`` directory, so a restart resumes only from a checkpoint that fully landed.

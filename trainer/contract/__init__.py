@@ -42,7 +42,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import time
@@ -50,14 +49,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
-from trainer.durable import MARKER, write_json_atomic
+from trainer.contract.environment import ENV_CHECKPOINT_DIR, ENV_DATASET_DIR, ENV_RUN_ID
+from trainer.contract.layout import MARKER, step_dir_name, step_of as _step_of
+from trainer.durable import write_json_atomic
 from trainer.preemption import EXIT_PREEMPTED, preemption_budget_seconds, report_exit
 
 log = logging.getLogger(__name__)
 
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-ENV_CHECKPOINT_DIR = "TRAINER_CHECKPOINT_DIR"
-ENV_DATASET_DIR = "MLP_DATASET_DIR"
 
 
 @dataclass(frozen=True)
@@ -83,7 +81,7 @@ def job(environ: Optional[dict] = None) -> Job:
     return Job(
         checkpoint_dir=env.get(ENV_CHECKPOINT_DIR) or os.path.abspath("checkpoints"),
         dataset_dir=env.get(ENV_DATASET_DIR),
-        run_id=env.get("TRAINER_RUN_ID"),
+        run_id=env.get(ENV_RUN_ID),
         experiment=env.get("MLFLOW_EXPERIMENT_NAME"),
         rank=int(env.get("RANK", "0")),
         local_rank=int(env.get("LOCAL_RANK", "0")),
@@ -195,7 +193,7 @@ class Checkpoint:
 
 
 def step_dir(step: int, root: Optional[str] = None) -> str:
-    return os.path.join(root or job().checkpoint_dir, f"step-{step:06d}")
+    return os.path.join(root or job().checkpoint_dir, step_dir_name(step))
 
 
 def _newest(root: str) -> Optional[int]:
@@ -210,7 +208,7 @@ def latest_checkpoint(root: Optional[str] = None) -> Optional[Checkpoint]:
         names = os.listdir(root)
     except OSError:
         return None
-    for step in sorted((int(m.group(1)) for n in names if (m := _STEP_DIR.match(n))), reverse=True):
+    for step in sorted((s for n in names if (s := _step_of(n)) is not None), reverse=True):
         directory = step_dir(step, root)
         try:
             with open(os.path.join(directory, MARKER)) as f:
