@@ -24,7 +24,10 @@ ALLOWED = {
 }
 # Below infra/, the trainer is reached only through its torch-free contract modules: the names both
 # sides of the platform must agree on (checkpoint layout, environment, memory rule), not its code.
-TRAINER_CONTRACTS = {"trainer.contract.layout", "trainer.contract.environment", "trainer.contract.memory"}
+# trainer.gpu_faults is the GPU-fault termination message both sides read (the launcher writes it,
+# the node agent parses it; standard library only, mounted beside the agent).
+TRAINER_CONTRACTS = {"trainer.contract.layout", "trainer.contract.environment", "trainer.contract.memory",
+                     "trainer.gpu_faults"}
 CONTRACT_ONLY = {"components", "workloads"}
 # Entry points (``python -m ...``, any ``__main__``) follow their package's rules like every other
 # module, with no exemption; nothing in another package imports them but a shim.

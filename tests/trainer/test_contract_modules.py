@@ -12,7 +12,7 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONTRACTS = ("trainer.contract.layout", "trainer.contract.environment", "trainer.contract.memory")
+CONTRACTS = ("trainer.contract.layout", "trainer.contract.environment", "trainer.contract.memory", "trainer.gpu_faults")
 
 
 @pytest.mark.parametrize("module", [*CONTRACTS, "trainer.contract", "trainer.retries", "jobs.store", "workloads.owncode",
