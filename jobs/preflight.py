@@ -457,15 +457,8 @@ def _check_step_time_and_cost(spec: JobSpec, job: ResolvedJob, shape: ModelShape
     if price is not None and "reserved" in pool.capacity_types:
         _reserved_cost(spec, job, hours, price, report)
     elif price is not None:
-        on_demand = hours * spec.nodes * price.on_demand_usd_per_hour
-        line = (f"cost           {spec.nodes} x {job.instance_type} x {hours:.1f} h: on-demand {_usd(on_demand)} "
-                f"(${price.on_demand_usd_per_hour:.2f}/h)")
-        report.figures["cost_on_demand_usd"] = round(on_demand, 2)
-        if job.interruptible:
-            spot = hours * spec.nodes * price.spot_usd_per_hour
-            line += f", spot ~{_usd(spot)} (assumes {SPOT_DISCOUNT:.0%} below on-demand, plus re-done steps after interruptions)"
-            report.figures["cost_spot_usd"] = round(spot, 2)
-        report.lines.append(line)
+        report.lines.append(_priced(spec, job, price, hours, report, head=f"{spec.nodes} x {job.instance_type} x {hours:.1f} h",
+                                    figure="cost_", spot_note=", plus re-done steps after interruptions"))
         report.lines.append(f"               prices: {SOURCE_URL} ({PRICES_AS_OF})")
     if step_seconds > spec.time_budget.max_step_seconds:
         report.problems.append(Problem("timeBudget.maxStepSeconds", spec.time_budget.max_step_seconds,
@@ -473,6 +466,20 @@ def _check_step_time_and_cost(spec: JobSpec, job: ResolvedJob, shape: ModelShape
                                        step_time_fix(step_seconds, shape, spec, job)).does_not_fit())
     if hours * 3600 > spec.max_runtime_seconds:
         report.warnings.append(f"the estimated {hours:.1f} h exceed maxRuntime {spec.max_runtime}: the job will be stopped before the end")
+
+
+def _priced(spec: JobSpec, job: ResolvedJob, price: Any, hours: float, report: Preflight, *, head: str, figure: str,
+            spot_note: str) -> str:
+    """The cost line for ``hours`` on the job's nodes, on-demand and (interruptible pools) spot;
+    the figures ``<figure>on_demand_usd`` / ``<figure>spot_usd`` recorded beside it."""
+    on_demand = hours * spec.nodes * price.on_demand_usd_per_hour
+    line = f"cost           {head}: on-demand {_usd(on_demand)} (${price.on_demand_usd_per_hour:.2f}/h)"
+    report.figures[f"{figure}on_demand_usd"] = round(on_demand, 2)
+    if job.interruptible:
+        spot = hours * spec.nodes * price.spot_usd_per_hour
+        line += f", spot ~{_usd(spot)} (assumes {SPOT_DISCOUNT:.0%} below on-demand{spot_note})"
+        report.figures[f"{figure}spot_usd"] = round(spot, 2)
+    return line
 
 
 def _own_code_cost_bound(spec: JobSpec, job: ResolvedJob, price: Any, report: Preflight) -> None:
@@ -483,14 +490,8 @@ def _own_code_cost_bound(spec: JobSpec, job: ResolvedJob, price: Any, report: Pr
     if price is None:
         report.lines.append(f"cost           not estimated: no price for {job.instance_type}")
         return
-    on_demand = hours * spec.nodes * price.on_demand_usd_per_hour
-    line = (f"cost           at most {spec.nodes} x {job.instance_type} x {hours:g} h (maxRuntime {spec.max_runtime}): "
-            f"on-demand {_usd(on_demand)} (${price.on_demand_usd_per_hour:.2f}/h)")
-    report.figures["max_cost_on_demand_usd"] = round(on_demand, 2)
-    if job.interruptible:
-        spot = hours * spec.nodes * price.spot_usd_per_hour
-        line += f", spot ~{_usd(spot)} (assumes {SPOT_DISCOUNT:.0%} below on-demand)"
-        report.figures["max_cost_spot_usd"] = round(spot, 2)
+    line = _priced(spec, job, price, hours, report, figure="max_cost_", spot_note="",
+                   head=f"at most {spec.nodes} x {job.instance_type} x {hours:g} h (maxRuntime {spec.max_runtime})")
     report.lines.append(line + "; your code's own run time is unknown to preflight: lower maxRuntime to lower the bound")
     report.lines.append(f"               prices: {SOURCE_URL} ({PRICES_AS_OF})")
 

@@ -10,29 +10,20 @@ fix, and nothing of the stored job may change (no patched pod template).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import yaml
 
 from jobs.client import JobClient
-from jobs.kube import KubectlApi
-from tools.cluster.controlplane import tool_path
-from workloads.tenancy import team_group
+from tests.cluster.clients import team_client
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = {"dev": "examples/jobs/l4-dev-smoke.yaml", "prod": "examples/jobs/gpt2-pretrain.yaml"}
 
 
 def _client(cluster, team: str) -> JobClient:
-    namespace = f"team-{team}"
-    kubeconfig = cluster.plane.kubeconfig(f"alice@{namespace}", [team_group(namespace)])
-    kube = KubectlApi(kubectl=str(tool_path("kubectl")),
-                      # HOME: kubectl keeps its discovery cache under $HOME/.kube (here, the plane's dir).
-                      environ={"KUBECONFIG": str(kubeconfig), "PATH": os.environ.get("PATH", ""),
-                               "HOME": str(cluster.plane.workdir)})
-    return JobClient(cluster.stack, kube=kube)
+    return team_client(cluster, team)
 
 
 def test_a_team_submits_an_example_job_and_a_resubmit_changes_nothing(stack_cluster):

@@ -30,19 +30,16 @@ a pod that exits 2 fails the job at once: no retry is spent on a permanent error
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import yaml
 
 from jobs.client import JobClient
-from jobs.kube import KubectlApi
+from tests.cluster.clients import team_client
 from jobs.store import LocalStore
-from tools.cluster.controlplane import tool_path
 from tools.cluster.standins import (POD_COMPLETE_LABEL, POD_FAILED_EXIT_CODE, POD_FAILED_LABEL,
                                     STARTUP_TAINT_OWNERS, wait_for)
-from workloads.tenancy import team_group
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = {"dev": "examples/jobs/l4-dev-smoke.yaml", "prod": "examples/jobs/gpt2-pretrain.yaml"}
@@ -51,14 +48,9 @@ ADMIT_S, LAUNCH_S, RUN_S, END_S = 120, 180, 180, 120
 
 
 def _client(cluster, team: str) -> JobClient:
-    namespace = f"team-{team}"
-    kubeconfig = cluster.plane.kubeconfig(f"alice@{namespace}", [team_group(namespace)])
-    kube = KubectlApi(kubectl=str(tool_path("kubectl")),
-                      environ={"KUBECONFIG": str(kubeconfig), "PATH": os.environ.get("PATH", ""),
-                               "HOME": str(cluster.plane.workdir)})
     # Checkpoints: an empty local store stands for the bucket (nothing here runs the trainer,
     # so there is nothing to read; no AWS call).
-    return JobClient(cluster.stack, kube=kube, store=LocalStore(str(cluster.plane.workdir / "checkpoints")))
+    return team_client(cluster, team, store=LocalStore(str(cluster.plane.workdir / "checkpoints")))
 
 
 def _example(cluster, suffix: str) -> dict:
