@@ -168,7 +168,6 @@ def _submit_sweep(args) -> int:
     """`submit --sweep`: one job per point of the grid (jobs/sweep.py), each preflighted."""
     from jobs.cli import guarded
     from jobs.kube import no_access_reason
-    from jobs.sweep import submit_sweep
     from workloads.problems import InvalidInputError
 
     if args.local:
@@ -183,8 +182,9 @@ def _submit_sweep(args) -> int:
     except (InvalidInputError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_SPEC
-    code, manifests = submit_sweep(args, facts=client.facts, repo_root=str(ROOT), out=sys.stderr if args.dry_run else sys.stdout,
-                                   err=sys.stderr)
+    code, manifests = client.plan_sweep(args.job, args.sweep, sweep_name=args.sweep_name, mfu=args.mfu,
+                                        dry_run=args.dry_run, out=sys.stderr if args.dry_run else sys.stdout,
+                                        err=sys.stderr)
     if code:
         return code
     if args.dry_run:

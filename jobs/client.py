@@ -451,6 +451,14 @@ def admission_from(workload: Optional[dict]) -> Admission:
     return Admission(name, False, "waiting: not yet considered by its ClusterQueue", flavors)
 
 
+class SweepRefused(Exception):
+    """A sweep point did not preflight (the report was printed); ``exit_code`` is preflight's."""
+
+    def __init__(self, exit_code: int):
+        self.exit_code = exit_code
+        super().__init__(f"the sweep was refused by preflight (exit {exit_code}); nothing was created")
+
+
 # -- the client ----------------------------------------------------------------------------
 SpecLike = Union[str, Path, Any]
 
@@ -811,6 +819,31 @@ class JobClient:
         jobs = tuple(sweep_jobs(self.list(team, include_finished=True), name))
         found, note = read_sweep_metrics(jobs, name, tracking_uri, tuple(metrics) or DEFAULT_RESULT_METRICS)
         return SweepResults(name=name, jobs=jobs, metrics=found, note=note)
+
+    def plan_sweep(self, job_file: Union[str, Path], sweeps: Sequence[str], *, sweep_name: Optional[str] = None,
+                   mfu: Optional[float] = None, dry_run: bool = False, out: Any = None,
+                   err: Any = None) -> tuple[int, list[dict]]:
+        """One job per point of the grid (``sweeps``: ``KEY=V1,V2`` each, jobs/sweep.py), every point
+        preflighted and the sweep's cost and quota totals printed to ``out``: (exit code, the
+        manifests). Nothing is created; ``submit_sweep`` creates them, all or nothing."""
+        import sys
+        from types import SimpleNamespace
+
+        from jobs.sweep import submit_sweep
+
+        args = SimpleNamespace(job=str(job_file), sweep=list(sweeps), sweep_name=sweep_name, mfu=mfu, dry_run=dry_run)
+        return submit_sweep(args, facts=self.facts, repo_root=str(ROOT), out=out or sys.stdout, err=err or sys.stderr)
+
+    def submit_sweep(self, job_file: Union[str, Path], sweeps: Sequence[str], *, sweep_name: Optional[str] = None,
+                     mfu: Optional[float] = None, replace: bool = False, out: Any = None,
+                     err: Any = None) -> list[tuple[Job, Optional[Job]]]:
+        """``plan_sweep`` then ``create_jobs``: every point's name is checked before the first is
+        created. A point that does not preflight raises ``SweepRefused`` (its exit code) and
+        creates nothing."""
+        code, manifests = self.plan_sweep(job_file, sweeps, sweep_name=sweep_name, mfu=mfu, out=out, err=err)
+        if code:
+            raise SweepRefused(code)
+        return self.create_jobs(manifests, replace=replace)
 
     def pods(self, job: Job) -> list[dict]:
         return self.kube.list(PODS, job.namespace, pod_selector(job))

@@ -93,3 +93,23 @@ def test_cancel_sweep_of_an_unknown_sweep_is_one_line_exit_6(sweep_running, caps
 def test_cancel_needs_a_name_or_a_sweep(sweep_running, capsys):
     assert main(["cancel", "--team", "research"]) == 2
     assert "a job name or --sweep NAME" in capsys.readouterr().err
+
+
+def test_a_sweep_is_a_client_method_all_or_nothing(kube, dev_facts, capsys):
+    """`submit --sweep` is `JobClient.submit_sweep`: every point preflighted, then created together;
+    a point that does not preflight creates nothing (the CLI is a thin layer over the client)."""
+    from jobs.client import SweepRefused
+
+    kube.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    client = JobClient(stack="dev", kube=kube, facts=dev_facts, store=LocalStore())
+    created = client.submit_sweep(SMOKE, ["optimizer.lr=1e-4,3e-4"], sweep_name="lr")
+    assert len({job.name for job, replaced in created if replaced is None}) == 2
+    labelled = [o for (r, ns, _), o in kube.objects.items() if o["metadata"].get("labels", {}).get(SWEEP_LABEL) == "lr"]
+    assert len(labelled) == 2
+    assert "sweep total" in capsys.readouterr().out
+
+    before = dict(kube.objects)
+    with pytest.raises(SweepRefused) as refused:
+        client.submit_sweep(SMOKE, ["trainer.max_steps=10,-5"], sweep_name="bad")
+    assert refused.value.exit_code in (2, 3)
+    assert kube.objects == before, "a refused sweep created something"
