@@ -337,12 +337,14 @@ def test_the_restore_drill_is_admitted_to_the_cpu_pool_and_its_pod_is_created(cl
     gpu-less-pods policy: no drill ever ran. Here the real Kueue must admit it to the general CPU
     pool's flavor, and the real job controller's pod must be created (the policies admit it) with
     that pool's selector and no GPU toleration."""
+    from workloads.trainingjob import team_checkpoint_root
+
     raw = _example(cluster, "drill")
     team = raw["team"]
     namespace = f"team-{team}"
     client = _client(cluster, team)
     verdict, detail = client.verify_checkpoint_in_cluster(
-        raw["name"], team, 5, checkpoint_dir=f"{namespace}/{raw['name']}", image="trainer:drill",
+        raw["name"], team, 5, checkpoint_dir=f"{team_checkpoint_root(namespace)}/{raw['name']}", image="trainer:drill",
         timeout_seconds=0, poll_seconds=0)
     assert verdict == "FAIL" and "no verdict" in detail, detail  # kwok runs no trainer: no verdict is expected
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobs.__main__ import main, status_commands
+from jobs.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "jobs" / "gpt2-pretrain.yaml")
@@ -44,10 +44,6 @@ def test_submit_without_cluster_access_says_how(monkeypatch, capsys):
     monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")
     assert main(["submit", EXAMPLE, "--stack", "prod", "--offline"]) == 4
     assert "--dry-run or --local" in capsys.readouterr().err
-
-
-def test_kubectl_commands():
-    assert ["kubectl", "get", "pods", "-n", "team-a", "-l", "training.kubeflow.org/job-name=j", "-o", "wide"] in status_commands("j", "team-a")
 
 
 def test_facts_json_round_trips_and_renders_the_same_job(tmp_path, capsys):
