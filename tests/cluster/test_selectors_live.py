@@ -266,12 +266,14 @@ def _submit(cluster, namespace: str, runtime: str, suffix: str) -> dict[str, Any
         environ={"KUBECONFIG": str(kubeconfig), "PATH": os.environ.get("PATH", ""), "HOME": str(cluster.plane.workdir)}))
     submitted = client.submit(client.load(raw))
     kind = "pytorchjobs.kubeflow.org" if runtime == "pytorchjob" else "trainjobs.trainer.kubeflow.org"
-    return json.loads(cluster.kubectl("get", kind, submitted.job.name, "-n", namespace, "-o", "json").stdout)
-
-
-def _owner(obj: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
-            "uid": obj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+    stored = json.loads(cluster.kubectl("get", kind, submitted.job.name, "-n", namespace, "-o", "json").stdout)
+    if runtime == "pytorchjob":
+        # The pods are then made from the stored object as the operator makes them. Where the real
+        # Kueue and Training Operator run in this session (test_job_lifecycle_live.py), the job
+        # waits suspended and the operator deletes every pod of a suspended job it owns or can
+        # adopt: the job goes first, so nothing reconciles the pods made from it.
+        cluster.kubectl("delete", kind, submitted.job.name, "-n", namespace, "--wait=true")
+    return stored
 
 
 def pytorchjob_pods(cluster, job: dict[str, Any]) -> list[dict[str, Any]]:
@@ -304,8 +306,10 @@ def pytorchjob_pods(cluster, job: dict[str, Any]) -> list[dict[str, Any]]:
                 labels["training.kubeflow.org/job-role"] = "master"
             template["metadata"]["labels"] = {**(template["metadata"].get("labels") or {}), **labels}
             pod = {"apiVersion": "v1", "kind": "Pod",
+                   # No owner: the job is gone (``_submit``), and the garbage collector would delete
+                   # pods owned by it; selection depends on labels alone.
                    "metadata": {**template["metadata"], "name": f"{job['metadata']['name']}-{rt}-{index}",
-                                "namespace": job["metadata"]["namespace"], "ownerReferences": [_owner(job)]},
+                                "namespace": job["metadata"]["namespace"]},
                    "spec": {**template["spec"], "restartPolicy": "Never"}}
             cluster.kubectl("create", f"--as={TRAINING_OPERATOR_SA}", "-f", "-", input=json.dumps(pod))
             pods.append(pod)
