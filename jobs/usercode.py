@@ -239,12 +239,9 @@ def entry_point_problems(spec: JobSpec, directory: Path | str) -> tuple[list[Pro
 
 
 def _packaging():
-    try:
-        from packaging.requirements import InvalidRequirement, Requirement
-        from packaging.utils import canonicalize_name
-    except ImportError:  # pip's own copy, present wherever pip is
-        from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
-        from pip._vendor.packaging.utils import canonicalize_name
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
     return InvalidRequirement, Requirement, canonicalize_name
 
 
