@@ -44,7 +44,7 @@ from tools.cluster.standins import (POD_COMPLETE_LABEL, POD_FAILED_EXIT_CODE, PO
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = {"dev": "examples/jobs/l4-dev-smoke.yaml", "prod": "examples/jobs/gpt2-pretrain.yaml"}
 # Bounded waits: a real controller on a loaded 2-core machine, not a sleep standing for a result.
-ADMIT_S, LAUNCH_S, RUN_S, END_S = 120, 180, 180, 120
+ADMIT_S, LAUNCH_S, RUN_S, END_S = 240, 300, 300, 240
 
 
 def _client(cluster, team: str) -> JobClient:
