@@ -100,4 +100,8 @@ def test_a_gpu_pod_schedules_on_every_exclusive_gpu_pool(kwok):
                                 f"never lifted: {owners} (owners the stack deploys: add-ons {sorted(cluster.layer.addons)}, "
                                 f"DaemonSets {sorted(daemonsets)}; pods on the node: {placed}); scheduler: {events}")
     assert not failures, "\n".join(failures)
-    assert lifter.lifted, "no startup taint was lifted at all"
+    # Every node above was registered with its pool's startup taints (node_for_pool), so a scheduled
+    # pod means they were lifted: by this lifter, or by the same stand-in the session's controllers
+    # run (tests/cluster/test_job_lifecycle_live.py), whichever saw the owner's pod Ready first.
+    declared = {t["key"] for p in pools for t in p["spec"]["template"]["spec"].get("startupTaints", [])}
+    assert declared, f"{cluster.stack}: no exclusive GPU pool declares a startup taint: nothing was tested"
