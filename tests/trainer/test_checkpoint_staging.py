@@ -6,7 +6,7 @@ import os
 import torch
 import torch.distributed.checkpoint as dcp
 
-from trainer.checkpoint import Checkpointer, ModelAndOptimizer, StagedThreadSave, step_dir
+from trainer.checkpoint import Checkpointer, ModelAndOptimizer, StagedThreadSave, _for_each_tensor, step_dir
 from trainer.config import ModelConfig, TrainerConfig
 from trainer.distributed import Env
 from trainer.model import build_model
@@ -31,18 +31,7 @@ def train_one_step(model, optimizer):
 
 def buffer_pointers(writer: StagedThreadSave) -> set[int]:
     out = set()
-
-    def walk(node):
-        if isinstance(node, torch.Tensor):
-            out.add(node.data_ptr())
-        elif isinstance(node, dict):
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, (list, tuple)):
-            for v in node:
-                walk(v)
-
-    walk(writer.staging.buffers)
+    _for_each_tensor(writer.staging.buffers, lambda t: out.add(t.data_ptr()))
     return out
 
 
@@ -139,7 +128,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 sys.path.insert(0, os.getcwd())
 from tests.trainer.test_checkpoint_staging import CPU, model_and_optimizer, train_one_step
-from trainer.checkpoint import Checkpointer, ModelAndOptimizer
+from trainer.checkpoint import Checkpointer, ModelAndOptimizer, _for_each_tensor
 from trainer.s3 import NoMirror
 
 root = sys.argv[1]
@@ -153,16 +142,7 @@ real_async_save = dcp.async_save
 
 def recording_async_save(state, **kwargs):
     tensors = []
-    def walk(node):
-        if isinstance(node, torch.Tensor):
-            tensors.append(node)
-        elif isinstance(node, dict):
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, (list, tuple)):
-            for v in node:
-                walk(v)
-    walk(state)
+    _for_each_tensor(state, tensors.append)
     received.append({"pointers": sorted(t.data_ptr() for t in tensors if t.dim()),
                      "shared": all(t.is_shared() for t in tensors if t.dim()),
                      "stager": type(kwargs.get("async_stager")).__name__})
