@@ -36,8 +36,12 @@ $(CHECKOV_STAMP): requirements-checkov.txt
 test: security pytest
 
 # The schemas and the cluster tools first: without them the tests that validate against upstream CRDs would skip.
+# Spread over PYTEST_WORKERS processes: each stack's cluster tests on a worker of their own, mostly
+# waiting on controllers while the other workers run the CPU-bound files (tests/support/parallel.py).
+PYTEST_WORKERS ?= 4
+PYTEST_ARGS ?=
 pytest: $(STAMP) schemas cluster-tools
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Pinned upstream CRDs and the pulumi-eks schema into .cache/schemas, each verified by SHA-256
 # (tools/schemas.py): from the copies in tests/infra/upstream/schemas, GitHub, or the Go module

@@ -12,6 +12,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# How `make test` spreads the suite over pytest-xdist workers.
+pytest_plugins = ["tests.support.parallel"]
+
 
 def schemas_dir() -> Path:
     """Upstream CRD and pulumi-eks schemas: $ML_PLATFORM_SCHEMAS, else `make schemas`' cache."""
