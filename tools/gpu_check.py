@@ -252,11 +252,15 @@ def performance_goals(env: dict, out_dir: str, overrides: dict) -> list[dict]:
     per_save = [b + f for b, f in zip(stall["async_blocked_s"], sealing)]
     median = statistics.median(per_save)
     first = per_save[0]
-    gpu_figure = env["gpu"] or "async_blocked_s" in overrides
+    # Both targets are for GPU state (device-to-pinned-host copies). On a CPU the copy is a
+    # memcpy whose time follows whatever else shares the cores: reported, judged only on request.
+    on_cpu = "CPU copy: the target is for GPU state (--goal NAME=VALUE judges it here)"
+    blocked_judged = env["gpu"] or "async_blocked_s" in overrides
     goals.append(goal("async_blocked_s", f"<= {ceiling} s of loop-thread work per save (median)", f"{median:.3f} s",
-                      median <= ceiling if gpu_figure else None, "" if gpu_figure else "CPU copy: the ceiling is for GPU state"))
+                      median <= ceiling if blocked_judged else None, "" if blocked_judged else on_cpu))
+    ratio_judged = env["gpu"] or "first_save_ratio" in overrides
     goals.append(goal("first_save_ratio", f"<= {ratio} x the median", f"{first / median:.2f} x",
-                      first <= ratio * median))
+                      first <= ratio * median if ratio_judged else None, "" if ratio_judged else on_cpu))
     return goals
 
 

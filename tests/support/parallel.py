@@ -19,6 +19,7 @@ longest first (the classic longest-processing-time rule), so none of them starts
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -26,11 +27,25 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = ROOT / "tests" / "cluster"
 
-# Measured with `pytest --durations` on the 2-core machine (docs/testing.md, "CI time"); a unit
-# missing here only starts later, it still runs.
+# The units that take minutes, longest first, from `--durations` of a parallel `make test` on the
+# 2-core machine (docs/testing.md, "CI time"): the cluster units wait, the others are CPU. A unit
+# missing here only starts later; it still runs.
 LONG_UNITS_FIRST: tuple[str, ...] = (
-    "cluster-dev",
     "cluster-prod",
+    "cluster-dev",
+    "tests/trainer/test_torchrun.py",
+    "tests/trainer/test_multinode_startup.py",
+    "tests/trainer/test_fault_injection.py",
+    "tests/trainer/test_multinode.py",
+    "tests/trainer/test_verify_checkpoint.py",
+    "tests/trainer/test_recovery_training.py",
+    "tests/trainer/test_local_run.py",
+    "tests/cluster/test_controllers_live.py",
+    "tests/jobs/test_local_own_code.py",
+    "tests/examples/test_examples.py",
+    "tests/workloads/test_local_job.py",
+    "tests/trainer/test_process_mode_deaths.py",
+    "tests/trainer/test_tied_torchrun.py",
 )
 
 
@@ -61,7 +76,24 @@ class Ordering:
         items.sort(key=lambda item: rank.get(work_unit(item), len(rank)))
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--print-work-units", action="store_true",
+                     help="after collection, print each test's xdist unit of work and node id, in run order")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.getoption("print_work_units"):
+        for item in session.items:
+            print(f"{work_unit(item)}\t{item.nodeid}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Four workers on two cores, each torch process would otherwise start an OpenMP pool of one
+        # thread per core whose spinning waits burn the CPU the other workers need (torch reads this
+        # when it first loads, after this hook). Subprocesses inherit it; torchrun sets the same for
+        # its ranks. A test that sets its own value keeps it.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     # Only under xdist: a serial run keeps pytest's own order.
     if getattr(config.option, "dist", "no") != "no":
         config.pluginmanager.register(Ordering(), "mlplatform-parallel-ordering")
