@@ -31,14 +31,6 @@ def _require_tools(names=controlplane.CONTROL_PLANE_COMMANDS) -> None:
         pytest.skip(message)
 
 
-@pytest.fixture(scope="session")
-def bare_plane():
-    """A control plane with nothing of ours in it."""
-    _require_tools()
-    with controlplane.ControlPlane.in_tempdir() as plane:
-        yield plane
-
-
 class StackCluster:
     def __init__(self, stack: str, plane: controlplane.ControlPlane, layer):
         self.stack, self.plane, self.layer = stack, plane, layer
@@ -49,7 +41,9 @@ class StackCluster:
 
 @pytest.fixture(scope="session", params=["dev", "prod"])
 def stack_cluster(request):
-    """A control plane per stack with that stack's layer installed (one at a time)."""
+    """A control plane per stack with that stack's layer installed. Under `make test` each stack's
+    tests run on a worker of their own (tests/support/parallel.py), so the two planes run side by
+    side, each on its own free loopback ports and temporary directory."""
     _require_tools()
     from tests.conftest import _plan, schemas_dir
 

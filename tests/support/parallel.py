@@ -1,6 +1,6 @@
 """How `make test` spreads the suite over pytest-xdist workers (Makefile: ``-n $(PYTEST_WORKERS)
---dist loadgroup --no-loadscope-reorder``). Run without ``-n``, this plugin changes nothing that
-matters: the marks it adds are read only by xdist.
+--dist loadgroup --no-loadscope-reorder``). Run without ``-n``, the marks it adds go unread and
+only the order changes (the long units first).
 
 Units of work (an ``xdist_group`` per test):
 
@@ -27,25 +27,33 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = ROOT / "tests" / "cluster"
 
-# The units that take minutes, longest first, from `--durations` of a parallel `make test` on the
-# 2-core machine (docs/testing.md, "CI time"): the cluster units wait, the others are CPU. A unit
-# missing here only starts later; it still runs.
+# The units that take minutes, longest first: seconds of worker time per unit in a parallel
+# `make test` on the 2-core machine (`--durations=0`, 2026-11-28; docs/testing.md, "CI time"). The
+# cluster units mostly wait; the others are CPU. A unit missing here only starts later, and a unit
+# renamed here only loses its place: both still run.
 LONG_UNITS_FIRST: tuple[str, ...] = (
-    "cluster-prod",
-    "cluster-dev",
-    "tests/trainer/test_torchrun.py",
-    "tests/trainer/test_multinode_startup.py",
-    "tests/trainer/test_fault_injection.py",
-    "tests/trainer/test_multinode.py",
-    "tests/trainer/test_verify_checkpoint.py",
-    "tests/trainer/test_recovery_training.py",
-    "tests/trainer/test_local_run.py",
-    "tests/cluster/test_controllers_live.py",
-    "tests/jobs/test_local_own_code.py",
-    "tests/examples/test_examples.py",
-    "tests/workloads/test_local_job.py",
-    "tests/trainer/test_process_mode_deaths.py",
-    "tests/trainer/test_tied_torchrun.py",
+    "cluster-prod",                               # 1055
+    "cluster-dev",                                # 760
+    "tests/trainer/test_torchrun.py",             # 519
+    "tests/trainer/test_verify_checkpoint.py",    # 308
+    "tests/trainer/test_multinode_startup.py",    # 275
+    "tests/trainer/test_fault_injection.py",      # 267
+    "tests/trainer/test_multinode.py",            # 246
+    "tests/trainer/test_recovery_training.py",    # 242
+    "tests/trainer/test_local_run.py",            # 143
+    "tests/trainer/test_verify_heldout.py",       # 138
+    "tests/trainer/test_checkpoint_trust.py",     # 112
+    "tests/integration/test_mlflow_server.py",    # 107
+    "tests/cluster/test_controllers_live.py",     # 103
+    "tests/examples/test_examples.py",            # 100
+    "tests/jobs/test_local_own_code.py",          # 98
+    "tests/workloads/test_local_job.py",          # 89
+    "tests/trainer/test_process_mode_deaths.py",  # 82
+    "tests/trainer/test_checkpoint_operator_attacks.py",  # 74
+    "tests/jobs/test_requirements_env.py",        # 74
+    "tests/infra/test_upgrade.py",                # 73
+    "tests/trainer/test_tied_torchrun.py",        # 67
+    "tests/trainer/test_tracking_lineage.py",     # 62
 )
 
 
@@ -67,8 +75,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 class Ordering:
-    """The longest units first; a stable sort, so each unit keeps pytest's own order (pytest groups a
-    session-parametrized fixture's tests by parameter before this runs: trylast)."""
+    """The longest units first. xdist hands units out in the order the workers collected them, so
+    the workers' collection order is what counts (a worker runs with ``dist`` set to "no", so this
+    is not made conditional on it; a serial run gets the same order). A stable sort: each unit
+    keeps pytest's own order (pytest groups a session-parametrized fixture's tests by parameter
+    before this runs: trylast)."""
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -94,6 +105,4 @@ def pytest_configure(config: pytest.Config) -> None:
         # when it first loads, after this hook). Subprocesses inherit it; torchrun sets the same for
         # its ranks. A test that sets its own value keeps it.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-    # Only under xdist: a serial run keeps pytest's own order.
-    if getattr(config.option, "dist", "no") != "no":
-        config.pluginmanager.register(Ordering(), "mlplatform-parallel-ordering")
+    config.pluginmanager.register(Ordering(), "mlplatform-parallel-ordering")
