@@ -102,6 +102,10 @@ def test_data_repository_associations_link_s3_with_import_and_export_events(fsx_
     configured = plan.config.datasets.fsx.data_repository_associations
     assert len(dras) == len(configured) >= 2
     buckets = {r.name: r.outputs["bucket"] for r in plan.recording.by_type("aws:s3/bucket:Bucket")}
+    # Pulumi registers resources concurrently: the recording's order is not the config's (seen
+    # under a loaded machine), so each association is matched to its config by its path.
+    dras = sorted(dras, key=lambda r: r.inputs["fileSystemPath"])
+    configured = sorted(configured, key=lambda c: c.file_system_path)
     for dra, config in zip(dras, configured):
         inputs = dra.inputs
         assert inputs["fileSystemId"] == fs.id
