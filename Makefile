@@ -60,7 +60,7 @@ security: $(STAMP) $(CHECKOV_STAMP)
 	$(PY) -m infra.security_scan --checkov $(CHECKOV_VENV)/bin/checkov
 
 docs: $(STAMP)
-	$(PY) -m infra.config_reference --write README.md
+	$(PY) -m infra.plan.config_reference --write docs/configuration.md
 
 benchmarks: $(STAMP)
 	$(PY) benchmarks/throughput_overhead.py
