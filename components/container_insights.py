@@ -31,7 +31,8 @@ import pulumi_aws as aws
 from components.helm_addon import helm_addon
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_namespace_objects
-from components.versions import CLOUDWATCH_OBSERVABILITY_REPO, CLOUDWATCH_OBSERVABILITY_VERSION
+from components.charts import ChartSource
+from components.versions import CLOUDWATCH_OBSERVABILITY
 from workloads.placement import system_node_selector, system_tolerations
 from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
 
@@ -116,6 +117,7 @@ class ContainerInsightsArgs:
     log_kms_key: the key of the account's log groups (it must admit
         ``performance_log_group_name(cluster name)``); None: CloudWatch Logs' own encryption.
     tags: on every AWS resource.
+    charts: where the charts come from (upstream by default, or the stack's verified chart mirror).
     """
 
     cluster: Cluster
@@ -123,6 +125,7 @@ class ContainerInsightsArgs:
     log_retention_days: int = 30
     log_kms_key: Optional[aws.kms.Key] = None
     tags: Mapping[str, str] = field(default_factory=dict)
+    charts: ChartSource = ChartSource()
 
     def __post_init__(self) -> None:
         if not self.region:
@@ -158,8 +161,8 @@ class ContainerInsights(pulumi.ComponentResource):
         self.namespace, self.network_policies = apply_namespace_objects(name, objects, self)
 
         self.release = helm_addon(
-            f"{name}-chart", parent=self, cluster=cluster, release=RELEASE, chart=RELEASE,
-            version=CLOUDWATCH_OBSERVABILITY_VERSION, repo=CLOUDWATCH_OBSERVABILITY_REPO, namespace=NAMESPACE,
+            f"{name}-chart", parent=self, cluster=cluster, release=RELEASE, chart=CLOUDWATCH_OBSERVABILITY,
+            source=args.charts, namespace=NAMESPACE,
             values=helm_values(cluster_name=cluster.cluster_name, region=args.region),
             # The agent must start with its credentials (no node-role fallback is granted).
             depends_on=[self.namespace, *self.network_policies, self.pod_identity, self.performance_logs],
