@@ -89,11 +89,15 @@ def helm_values(*, cluster_name: pulumi.Input[str], region: str) -> dict[str, An
         # Container Insights names every metric's ClusterName dimension after this value.
         "clusterName": cluster_name,
         "region": region,
-        "containerInsights": {"enabled": True},
         "containerLogs": {"enabled": False},
-        "applicationSignals": {"enabled": False},
         "dcgmExporter": {"enabled": False},
         "neuronMonitor": {"enabled": False},
+        # An explicit agent config replaces the chart's default one, which is the only thing its
+        # containerInsights.enabled / applicationSignals.enabled flags build (templates/_helpers.tpl
+        # cloudwatch-agent.build-default-config): Container Insights is on and Application Signals
+        # off because this config has logs.metrics_collected.kubernetes and no application_signals,
+        # which also turns the operator's auto-monitor off (manager.modify-auto-monitor-config sets
+        # monitorAllServices false unless an agent's config collects application_signals).
         "agent": {"config": agent_config()},
         # The operator runs on the static system nodes. The chart's root toleration
         # (operator: Exists) stays for the agent DaemonSet, which must reach tainted GPU nodes;
@@ -101,7 +105,6 @@ def helm_values(*, cluster_name: pulumi.Input[str], region: str) -> dict[str, An
         "manager": {
             "nodeSelector": system_node_selector(),
             "tolerations": system_tolerations(),
-            "applicationSignals": {"autoMonitor": {"monitorAllServices": False}},
         },
     }
 

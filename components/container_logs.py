@@ -54,7 +54,11 @@ def helm_values(*, region: str, group: pulumi.Input[str]) -> dict[str, Any]:
     return {
         "cloudWatchLogs": {
             "enabled": True, "region": region, "logGroupName": group, "autoCreateGroup": False,
-            "logStreamPrefix": "",
+            # Fluent Bit refuses to start without log_stream_name or log_stream_prefix, template or
+            # not (out_cloudwatch_logs cb_cloudwatch_init), and the chart writes the prefix only when
+            # non-empty (templates/configmap.yaml). The template names each stream; a record it
+            # cannot resolve (no Kubernetes metadata) goes to "unresolved-<tag>" instead.
+            "logStreamPrefix": "unresolved-",
             # log_stream_name(): the job client reads past attempts by this name (jobs/past_logs.py).
             "logStreamTemplate": "$kubernetes['namespace_name'].$kubernetes['pod_name'].$kubernetes['container_name']",
         },

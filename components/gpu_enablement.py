@@ -69,8 +69,6 @@ def gpu_node_placement() -> dict[str, Any]:
     return {"affinity": node_affinity(NODE_ROLE_LABEL, "gpu"), "tolerations": gpu_tolerations()}
 
 
-def efa_node_placement() -> dict[str, Any]:
-    return {"affinity": node_affinity(EFA_LABEL, "true"), "tolerations": gpu_tolerations()}
 
 
 def device_plugin_values(pool_sharing: Optional[Mapping[str, PoolSharing]] = None) -> dict[str, Any]:
@@ -106,14 +104,22 @@ def gpu_operator_values(*, service_monitor: bool, pool_sharing: Optional[Mapping
 
 
 def dcgm_exporter_values(*, service_monitor: bool) -> dict[str, Any]:
-    # customMetrics becomes the chart's exporter-metrics-config-map, mounted over
-    # /etc/dcgm-exporter/default-counters.csv (chart 4.1.1 templates/metrics-configmap.yaml).
+    # customMetrics becomes the chart's exporter-metrics-config-map (templates/metrics-configmap.yaml,
+    # key "metrics"); the published 4.1.1 archive's default extraConfigMapVolumes/extraVolumeMounts
+    # mount that key over /etc/dcgm-exporter/default-counters.csv, the file its default arguments
+    # read with -f (values.yaml). Its git tag 4.2.3-4.1.1 has no such mount; the archive is what installs.
     return {**gpu_node_placement(), "serviceMonitor": {"enabled": service_monitor, "interval": "15s"},
             "priorityClassName": "system-node-critical", "customMetrics": counters_csv()}
 
 
 def efa_device_plugin_values() -> dict[str, Any]:
-    return {**efa_node_placement(), "priorityClassName": "system-node-critical"}
+    """aws-efa-k8s-device-plugin v0.5.6 builds the DaemonSet's node affinity only from
+    ``supportedInstanceLabels`` (one ``key In values`` term per key, plus compute-type NotIn auto)
+    and hard-codes ``priorityClassName: system-node-critical`` (templates/daemonset.yaml): it reads
+    no ``affinity`` or ``priorityClassName`` value. Its default is a frozen list of EFA instance
+    types; the platform's EFA node label instead puts the plugin on every EFA node the pools launch,
+    whatever the instance type."""
+    return {"supportedInstanceLabels": {"keys": [EFA_LABEL], "values": ["true"]}, "tolerations": gpu_tolerations()}
 
 
 @accepts_enum_values
