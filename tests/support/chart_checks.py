@@ -297,3 +297,15 @@ def policy_port_problems(objects: Sequence[Object], policies: Sequence[Object], 
             if target not in allowed and where not in unreachable_ok:
                 problems.append(f"{namespace}: Service {where} targets port {target}, which no NetworkPolicy admits")
     return problems
+
+
+def live_release_problems(objects: Sequence[Object], policies: Sequence[Object], namespace: str,
+                          filled: Iterable[tuple[str, str, str]] = (),
+                          unreachable_ok: Mapping[str, str] = {}) -> list[str]:
+    """Every check above on one namespace's objects as the API server returns them after a real
+    ``up`` (the engine harness's hook): ``objects`` every object in ``namespace`` (operator-created
+    pods and Services included), ``policies`` the namespace's NetworkPolicies, ``filled`` the
+    ConfigMaps/Secrets the release's values fill (``tests.support.charts.value_effects`` on the
+    render: ``{k for e in effects for k in e.changed if k[0] in ("ConfigMap", "Secret")}``)."""
+    return [*unconsumed(objects, filled), *cloudwatch_output_problems(objects),
+            *policy_port_problems(objects, policies, namespace, unreachable_ok=unreachable_ok)]
