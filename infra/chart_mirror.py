@@ -48,6 +48,7 @@ from components.charts import ChartSource, archive_path
 from components.validation import Problem
 from infra.capabilities import charts_used
 from infra.config import ConfigError, PlatformConfig
+from infra.config.charts import is_loopback_host
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 60
@@ -93,20 +94,13 @@ class _Unreachable(ChartMirrorError):
     """The mirror itself does not answer: every other chart would say the same."""
 
 
-class _NoAuthRedirect(urllib.request.HTTPRedirectHandler):
-    """Redirects keep no Authorization header (urllib drops only "unredirected" headers): a
-    registry's blob redirect goes to object storage that refuses a second credential."""
-
-
-def _opener() -> urllib.request.OpenerDirector:
-    return urllib.request.build_opener(_NoAuthRedirect())
-
-
 def _get(url: str, headers: Optional[dict[str, str]] = None, *, auth: Optional[str] = None) -> tuple[bytes, Any]:
     request = urllib.request.Request(url, headers=headers or {})
     if auth:
+        # Not sent on along a redirect (urllib copies only the ordinary headers to the new request):
+        # a registry redirects blob downloads to object storage, which refuses a second credential.
         request.add_unredirected_header("Authorization", auth)
-    with _opener().open(request, timeout=TIMEOUT_S) as response:  # noqa: S310 - the configured mirror
+    with urllib.request.build_opener().open(request, timeout=TIMEOUT_S) as response:  # noqa: S310 - the configured mirror
         data = response.read(MAX_ARCHIVE_BYTES + 1)
         if len(data) > MAX_ARCHIVE_BYTES:
             raise ChartMirrorError(f"{url} is larger than {MAX_ARCHIVE_BYTES} bytes")
@@ -174,8 +168,8 @@ class _Oci:
     @classmethod
     def parse(cls, mirror: str) -> "_Oci":
         parts = urllib.parse.urlsplit(mirror)
-        loopback = (parts.hostname or "") in ("localhost", "127.0.0.1", "::1")
-        return cls("http" if loopback else "https", parts.netloc, parts.path.strip("/"))
+        # Plain HTTP to a loopback registry only (a local test mirror; `helm --plain-http`).
+        return cls("http" if is_loopback_host(parts.hostname or "") else "https", parts.netloc, parts.path.strip("/"))
 
     def repository(self, chart: HelmChart) -> str:
         return f"{self.path}/{chart.name}" if self.path else chart.name
@@ -203,7 +197,8 @@ def registry_credentials(host: str, env: Optional[dict[str, str]] = None) -> Opt
             document = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        auth = ((document.get("auths") or {}).get(host) or {}).get("auth")
+        auths = document.get("auths") or {}
+        auth = (auths.get(host) or auths.get(f"https://{host}") or {}).get("auth")
         if auth:
             user, _, secret = base64.b64decode(auth).decode().partition(":")
             return user, secret

@@ -22,7 +22,8 @@ _SCHEMES = ("oci", "https", "http")
 _EXAMPLE = "e.g. oci://123456789012.dkr.ecr.us-west-2.amazonaws.com/charts or https://charts.example.com/platform"
 
 
-def _loopback(host: str) -> bool:
+def is_loopback_host(host: str) -> bool:
+    """localhost or a loopback address: the only hosts plain http:// may name."""
     if host == "localhost":
         return True
     try:
@@ -47,11 +48,11 @@ def mirror_url_problem(value: str) -> Optional[str]:
     host = parts.hostname or ""
     if not host:
         return "names no host"
-    if parts.scheme == "http" and not _loopback(host):
+    if parts.scheme == "http" and not is_loopback_host(host):
         return "is plain http:// to a host other than this machine (loopback only: a local test mirror)"
     if port == 0:
         return "has port 0"
-    if not _loopback(host):
+    if not is_loopback_host(host):
         problem = dns_name_problem(host.lower())
         if problem is not None and not _is_ip(host):
             return f"has a host that {problem}"

@@ -328,3 +328,35 @@ def test_a_good_mirror_lets_the_entry_point_build_the_stack_from_the_verified_fi
     assert any(r.startswith(RELEASE) for r in registrations)
     assert sorted(p.name for p in (tmp_path / "build" / "charts").iterdir()) == sorted(
         c.archive for c in charts_used(load_platform_config(mirrored(stack_config("dev"), mirror.url))))
+
+
+# -- the loopback mirror is one real Helm reads ------------------------------------------------------------
+@pytest.mark.parametrize("oci", [False, True], ids=["helm repository", "oci"])
+def test_real_helm_pulls_the_pinned_bytes_from_the_loopback_mirror(oci, chart_archives, tmp_path, monkeypatch):
+    """What the tests and the engine harness serve is a mirror Helm itself accepts (`helm pull`
+    from the repository, or from the registry with --plain-http), not one only our client reads."""
+    import subprocess
+
+    from tests.support.charts import helm_binary
+
+    helm = helm_binary()
+    if helm is None:
+        pytest.skip("no helm at .cache/engine-tools/bin/helm: run `make engine-tools` (or set ML_PLATFORM_HELM)")
+    for name in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
+        monkeypatch.setenv(name, str(tmp_path / name))
+    out = tmp_path / "pulled"
+    out.mkdir()
+    with serve(chart_archives, oci=oci) as mirror:
+        command = ([str(helm), "pull", f"{mirror.url}/{KUEUE.name}", "--plain-http"] if oci
+                   else [str(helm), "pull", KUEUE.name, "--repo", mirror.url])
+        done = subprocess.run([*command, "--version", KUEUE.version, "-d", str(out)], capture_output=True, text=True,
+                              timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert hashlib.sha256((out / KUEUE.archive).read_bytes()).hexdigest() == KUEUE.sha256
+
+
+def test_verify_names_an_archive_whose_bytes_are_not_the_pin(tmp_path):
+    from tools.chart_mirror import main as mirror_main
+
+    (tmp_path / KUEUE.archive).write_bytes(fake_archive(KUEUE))
+    assert mirror_main(["verify", str(tmp_path)]) == 1
