@@ -7,8 +7,7 @@ and adds up their idle-cost lines. The policy gate deploys nothing: it checks th
 from __future__ import annotations
 
 from infra import ci, datasets, gitops, gpu_capacity, monitoring, operations, pins, policy_gate, tracking, training
-from catalog.versions import HelmChart
-from infra.capability import Capability
+from infra.capability import Capability, HelmChart
 from infra.config import PlatformConfig
 from infra.foundation import FOUNDATION
 
