@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 
 import pulumi
 
+from infra import chart_mirror, vendor
 from infra.capabilities import CAPABILITIES, log_group_names
 from infra.config import PROJECT, PlatformConfig, load_platform_config
 from infra.ci import read_only_requested
@@ -58,13 +59,25 @@ def read_config() -> PlatformConfig:
     return load_platform_config(raw, source=f"stack '{stack}' (Pulumi.{stack}.yaml)", secret_paths=secret_keys)
 
 
-def main(prepare: Optional[Callable[[], Any]] = None) -> Platform:
-    """prepare: what the real entry point must have on disk before any resource (``infra.vendor``);
-    the offline plan runs without it."""
+def prepare_files(config: PlatformConfig) -> None:
+    """What `pulumi up` must have on disk before any resource is registered: the verified
+    Training Operator tree and overlay (``infra.vendor``) and, with a chart mirror, every chart
+    the stack installs, verified (``infra.chart_mirror``). Raises ``VendorError`` or
+    ``ChartMirrorError`` (one line per problem)."""
+    vendor.prepare()
+    chart_mirror.prepare(config)
+
+
+def main(prepare: Optional[Callable[[PlatformConfig], Any]] = None) -> Platform:
+    """prepare: what the real entry point must have on disk before any resource, given the valid
+    config (``prepare_files``); the offline plan runs without it and touches no network."""
     config = read_config()
+    # Offline too: a mirror cannot serve a chart whose archive has no pinned SHA-256.
+    chart_mirror.check_pins(config)
     if prepare is not None:
-        prepare()
-    platform = build_platform(config, log_group_names(config), read_only=read_only_requested())
+        prepare(config)
+    platform = build_platform(config, log_group_names(config), read_only=read_only_requested(),
+                              charts=chart_mirror.chart_source(config))
     for capability in CAPABILITIES:
         for key, value in capability.deploy(platform).items():
             pulumi.export(key, value)
