@@ -25,7 +25,6 @@ from pulumi.runtime.proto import provider_pb2_grpc
 
 from infra.plan import pulumi_eks
 from infra.plan.mock_engine import EngineRefusal, run_recorded
-from infra.recording import ResourceReference
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCOUNT = "222233334444"

@@ -26,7 +26,8 @@ from typing import Any, Callable, Mapping, Optional
 import pulumi
 import pulumi.provider as provider
 import pulumi_aws  # noqa: F401 - registers the aws resource modules (resource references come back typed)
-import pulumi_kubernetes  # noqa: F401
+import pulumi_eks as _eks_sdk  # noqa: F401 - and eks's: Call receives the Cluster it is called on as a reference
+import pulumi_kubernetes  # noqa: F401 - registers the kubernetes provider resource package
 from pulumi.provider.provider import CallResult, ConstructResult
 
 from infra.plan import pulumi_eks
