@@ -166,6 +166,16 @@ def test_the_offline_plan_refuses_an_input_a_transform_adds_that_the_sdk_does_no
     assert "aws:eks/cluster:Cluster 'c-eksCluster' input `kubernetesServiceIpv4Cidr`" in str(refusal.value)
 
 
+def test_construct_refuses_a_component_input_pulumi_eks_does_not_declare():
+    from pulumi.errors import InputPropertiesError
+
+    from tools.engine.standins.eks import EksStandIn
+
+    with pytest.raises(InputPropertiesError) as refusal:
+        EksStandIn().construct("c", "eks:index:Cluster", {**OPTIONS, "serviceIpv4Cidr": "10.0.0.0/16"})
+    assert [e["property_path"] for e in refusal.value.errors] == ["serviceIpv4Cidr"]
+
+
 def test_options_the_model_does_not_cover_are_refused_by_name():
     problems = pulumi_eks.unsupported_options({**OPTIONS, "skipDefaultNodeGroup": False, "createOidcProvider": True,
                                                "kubeProxyAddonOptions": {}})
