@@ -11,8 +11,9 @@ with retention and key.
 Cross-account: a subscription filter in the workload account sends to a
 ``aws.cloudwatch.LogDestination`` in the logging account, whose policy admits only the workload
 account; the destination's role puts records into a Firehose stream that writes to the archive
-bucket under ``container-logs/`` (CloudWatch Logs User Guide, "Cross-account cross-Region
-subscriptions using Firehose").
+bucket under ``container-logs/``. This is the CloudWatch Logs User Guide's layout ("Cross-account
+cross-Region subscriptions using Firehose"), with its trust policy for the destination's role
+(``destination_role_trust``: log ARNs of both accounts).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from typing import Any, Mapping, Optional
 import pulumi
 import pulumi_aws as aws
 
+from catalog.regions import partition_of
 from components.helm_addon import helm_addon
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_namespace_objects
@@ -63,18 +65,40 @@ def helm_values(*, region: str, group: pulumi.Input[str]) -> dict[str, Any]:
     }
 
 
+def destination_role_trust(*, partition: str, region: str, source_account_id: str, recipient_account_id: str) -> dict[str, Any]:
+    """Trust of the destination's role: CloudWatch Logs, for log ARNs of the two accounts only.
+
+    CloudWatch Logs User Guide, "Cross-account cross-Region subscriptions using Firehose", step 1:
+    "When the destination is created, CloudWatch Logs sends a test message to the destination on
+    the recipient account's behalf. When the subscription filter is active later, CloudWatch Logs
+    sends log events to the destination on the source account's behalf." The guide's trust policy
+    therefore lists both accounts' ``arn:<partition>:logs:<region>:<account>:*`` under
+    ``aws:SourceArn`` ("Confused deputy prevention": it "must limit the permissions to only the
+    accounts that are writing and receiving data"). Trusting the sender alone would refuse the
+    creation-time test, and ``PutDestination`` with it."""
+    return {"Version": "2012-10-17", "Statement": [{
+        "Effect": "Allow", "Principal": {"Service": "logs.amazonaws.com"}, "Action": "sts:AssumeRole",
+        "Condition": {"StringLike": {"aws:SourceArn": [
+            f"arn:{partition}:logs:{region}:{source_account_id}:*",
+            f"arn:{partition}:logs:{region}:{recipient_account_id}:*"]}}}]}
+
+
 @dataclass(frozen=True)
 class ContainerLogArchiveArgs:
     """In the logging account: the destination the workload account's filter sends to.
 
     bucket / key: the log archive's bucket and its KMS key. source_account_id: the workload
     account (the only one the destination admits). region: the log group's region.
+    account_id: the logging account itself.
     """
 
     bucket: aws.s3.Bucket
     key: aws.kms.Key
     source_account_id: str
     region: str
+    # The logging account (where the destination lives): CloudWatch Logs tests a new destination
+    # on its behalf.
+    account_id: str
     tags: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -100,11 +124,10 @@ class ContainerLogArchive(pulumi.ComponentResource):
                                        "prefix": ARCHIVE_PREFIX, "error_output_prefix": f"{ARCHIVE_PREFIX}errors/",
                                        "kms_key_arn": args.key.arn, "compression_format": "UNCOMPRESSED",
                                        "buffering_interval": 300, "buffering_size": 5})
-        logs_role = aws.iam.Role(f"{name}-logs-role", name=fitted_name(f"{name}-logs-role", IAM_ROLE_NAME_MAX), tags=tags, opts=child, assume_role_policy=json.dumps({
-            "Version": "2012-10-17", "Statement": [{
-                "Effect": "Allow", "Principal": {"Service": "logs.amazonaws.com"}, "Action": "sts:AssumeRole",
-                # Confused deputy: only subscriptions of the workload account's log groups.
-                "Condition": {"StringEquals": {"aws:SourceAccount": args.source_account_id}}}]}))
+        logs_role = aws.iam.Role(f"{name}-logs-role", name=fitted_name(f"{name}-logs-role", IAM_ROLE_NAME_MAX), tags=tags, opts=child,
+                                 assume_role_policy=json.dumps(destination_role_trust(
+                                     partition=partition_of(args.region), region=args.region,
+                                     source_account_id=args.source_account_id, recipient_account_id=args.account_id)))
         aws.iam.RolePolicy(f"{name}-logs-put", role=logs_role.id, opts=pulumi.ResourceOptions(parent=logs_role),
                            policy=pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [{
                                "Effect": "Allow", "Action": ["firehose:PutRecord", "firehose:PutRecordBatch"],

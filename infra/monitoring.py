@@ -71,7 +71,8 @@ def deploy(platform: Platform) -> dict[str, Any]:
         archive = ContainerLogArchive(
             f"{config.name}-container-log-archive",
             ContainerLogArchiveArgs(bucket=platform.log_archive.bucket, key=platform.log_archive.key,
-                                    source_account_id=config.accounts.workload.id, region=config.region,
+                                    source_account_id=config.accounts.workload.id, account_id=config.accounts.logging.id,
+                                    region=config.region,
                                     tags=config.resource_tags),
             opts=pulumi.ResourceOptions(providers={"aws": platform.providers.logging}))
         logs = ContainerLogs(
