@@ -189,7 +189,12 @@ def operation_kwargs(request: DeployRequest, on_output: Callable[[str], Any]) ->
     if request.operation == "preview":
         kwargs["diff"] = True
         if request.read_only:
+            # Their dependents too: on a stack's first preview an AWS resource that waits for an
+            # in-cluster one (the GPU idle alarm on the Container Insights release) would fail the
+            # preview (pulumi pkg/resource/deploy/step_generator.go: "will be created but was not
+            # specified in the target list").
             kwargs["exclude"] = list(READ_ONLY_EXCLUDE)
+            kwargs["exclude_dependents"] = True
     if request.aws_only:
         # Pulumi's --exclude with --exclude-dependents: the Kubernetes provider, every in-cluster
         # object, and every resource that depends on one, are left for phase 2.
