@@ -542,9 +542,17 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         if component.get("encryptionConfigKeyArn"):
             inputs["encryptionConfig"] = {"provider": {"keyArn": component["encryptionConfigKeyArn"]},
                                           "resources": ["secrets"]}
-        for key in ("enabledClusterLogTypes", "upgradePolicy", "kubernetesServiceIpAddressRange"):
+        for key in ("enabledClusterLogTypes", "upgradePolicy"):
             if component.get(key) is not None:
                 inputs[key] = component[key]
+        # cluster.ts: "if (args.kubernetesServiceIpAddressRange || args.ipFamily) { kubernetesNetworkConfig
+        # = ... ({ serviceIpv4Cidr: ipFamily === "ipv4" ? serviceIpv4Cidr : undefined, ipFamily }) }".
+        if component.get("kubernetesServiceIpAddressRange") or component.get("ipFamily"):
+            family = component.get("ipFamily") or "ipv4"
+            network = {"ipFamily": family}
+            if family == "ipv4" and component.get("kubernetesServiceIpAddressRange"):
+                network["serviceIpv4Cidr"] = component["kubernetesServiceIpAddressRange"]
+            inputs["kubernetesNetworkConfig"] = network
         if ref.inputs.get("authenticationMode"):
             inputs["accessConfig"] = {"authenticationMode": ref.inputs["authenticationMode"],
                                       "bootstrapClusterCreatorAdminPermissions": True}

@@ -516,6 +516,17 @@ def test_the_eks_cluster_child_is_named_as_pulumi_eks_names_it(plan):
     assert child.inputs["name"] == component.inputs["name"] != child.name
 
 
+def test_the_eks_cluster_child_gets_the_service_cidr_as_pulumi_eks_sends_it(plan):
+    """cluster.ts: ``if (args.kubernetesServiceIpAddressRange || args.ipFamily) { kubernetesNetworkConfig
+    = ... ({ serviceIpv4Cidr: ipFamily === "ipv4" ? serviceIpv4Cidr : undefined, ipFamily }) }``: the
+    aws.eks.Cluster child has no kubernetesServiceIpAddressRange input (aws:eks/cluster:Cluster schema)."""
+    component = plan.recording.one("eks:index:Cluster")
+    child = plan.recording.one("aws:eks/cluster:Cluster")
+    assert "kubernetesServiceIpAddressRange" not in child.inputs
+    assert child.inputs["kubernetesNetworkConfig"] == {
+        "serviceIpv4Cidr": component.inputs["kubernetesServiceIpAddressRange"], "ipFamily": "ipv4"}
+
+
 # Service Authorization Reference, "Resource types defined by ..." (ARN formats).
 ARN_PATTERNS = {
     # Secrets Manager User Guide: the ARN ends with the name, "-" and six random characters.
