@@ -54,8 +54,17 @@ class AddonSpec:
 # The add-ons every cluster gets, in creation order.
 CLUSTER_ADDONS: tuple[AddonSpec, ...] = (
     # Without the CNI's policy agent, NetworkPolicy objects (team namespaces' default deny) are
-    # accepted by the API server but never enforced.
-    AddonSpec("vpc-cni", AddonTiming.BEFORE_NODES, configuration={"enableNetworkPolicy": "true"}),
+    # accepted by the API server but never enforced. Strict enforcement: in the default
+    # "standard" mode a new pod "will start with a default allow policy" until its policies are
+    # configured, a window with the internet and every port in the VPC; in "strict" mode it
+    # starts with default deny (amazon-vpc-cni-k8s v1.20.1 README, NETWORK_POLICY_ENFORCING_MODE;
+    # EKS User Guide, "Restrict Pod network traffic", step 1 "Set up policy enforcement at Pod
+    # startup"). The add-on's schema takes it as the chart value env.NETWORK_POLICY_ENFORCING_MODE
+    # (charts/aws-vpc-cni values.yaml at v1.20.1). Strict mode also denies a pod that no policy
+    # selects: every namespace with pods has one (workloads.system_namespaces.unrestricted_policy
+    # where the platform does not shape the traffic), created before those pods.
+    AddonSpec("vpc-cni", AddonTiming.BEFORE_NODES, configuration={
+        "enableNetworkPolicy": "true", "env": {"NETWORK_POLICY_ENFORCING_MODE": "strict"}}),
     AddonSpec("kube-proxy", AddonTiming.BEFORE_NODES),
     AddonSpec("eks-pod-identity-agent", AddonTiming.WITH_CONTROL_PLANE),
     AddonSpec("coredns"),

@@ -145,7 +145,13 @@ def permissions_policy(*, partition: str, state_bucket: str, state_key_alias_arn
 
 
 def state_key_policy(*, partition: str, automation_account_id: str, users: Sequence[str]) -> dict[str, Any]:
-    """The account administers the key; only `users` (role ARNs) may use it."""
+    """The account administers the key; only `users` (role ARNs) may use it.
+
+    KMS reads the key policy first: a principal it does not name cannot encrypt or decrypt,
+    whatever its IAM policies say (AWS KMS Developer Guide, "Key policies in AWS KMS"). So every
+    principal that runs a command on the stack once it uses ``awskms://`` must be here: Pulumi
+    encrypts a new data key when the provider changes and decrypts it on every load (pulumi
+    pkg/secrets/cloud/manager.go ``generateNewDataKey``, ``newCloudSecretsManager``)."""
     root = f"arn:{partition}:iam::{automation_account_id}:root"
     admin_actions = ["kms:Create*", "kms:Describe*", "kms:Enable*", "kms:List*", "kms:Put*", "kms:Update*",
                      "kms:Revoke*", "kms:Disable*", "kms:Get*", "kms:Delete*", "kms:TagResource", "kms:UntagResource",
@@ -193,6 +199,9 @@ class CiAccessArgs:
     account_role_arns: Sequence[str]       # accounts.*.roleArn: what the deploy role may assume
     reader_account_ids: Sequence[str]      # accounts that get a <name>-ci-reader role
     state_bucket: str
+    # accounts.automation.roleArn: the role the administrator runs the first `up`, the switch to the
+    # KMS secrets provider and the MLflow `up` as (docs/runbooks/ci-roles.md section 2).
+    administrator_role_arn: Optional[str] = None
     workflow_path: str = DEFAULT_WORKFLOW_PATH
     workflow_name: str = DEFAULT_WORKFLOW_NAME
     create_oidc_provider: bool = True
@@ -239,7 +248,10 @@ class CiAccessArgs:
                                   write=True, decrypt_state=True)
 
     def key_users(self) -> list[str]:
-        return [self.deploy_role_arn] + ([self.preview_role_arn] if self.preview_decrypts_state else [])
+        """Who may encrypt and decrypt the stack's secrets: CI's deploy role, the administrator who
+        switches the stack to the key and runs the admin-side steps, and (dev) the preview role."""
+        users = [self.deploy_role_arn] + ([self.administrator_role_arn] if self.administrator_role_arn else [])
+        return users + ([self.preview_role_arn] if self.preview_decrypts_state else [])
 
 
 class CiAccess(pulumi.ComponentResource):

@@ -20,6 +20,7 @@ from components.network import Network
 from components.versions import EKS_ADDON_VERSIONS, EKS_VERSIONS, SYSTEM_NODE_AMI_TYPE
 from workloads.placement import SYSTEM_NODE_LABEL_KEY, SYSTEM_NODE_LABEL_VALUE, SYSTEM_NODE_TAINT
 from workloads.storage import gp3_storage_class
+from workloads.system_namespaces import unrestricted_policy
 from workloads.tenancy import team_group
 from components.validation import accepts_enum_values
 
@@ -179,11 +180,21 @@ class Cluster(pulumi.ComponentResource):
                 self.addons[spec.name] = self.addon(spec, name=name, parent=self)
         self.node_role = self._system_node_role(name, tags)
         self.node_group = self._system_node_group(name, cluster_name, tags)
+        self.k8s_provider = self._kubernetes_provider(name)
+        # Before any pod of an add-on that runs on the nodes: under the CNI's strict enforcement a
+        # pod no policy selects has no network (CoreDNS could not reach the API, and its add-on
+        # would never turn ACTIVE). hostNetwork agents (aws-node, kube-proxy, the Pod Identity
+        # agent) are exempt and come up before it.
+        self.kube_system_network_policy = apply_object(
+            f"{name}-kube-system-network-policy", unrestricted_policy("kube-system"),
+            pulumi.ResourceOptions(parent=self, provider=self.k8s_provider))
         for spec in CLUSTER_ADDONS:
             if spec.timing is AddonTiming.AFTER_NODES:
                 self.addons[spec.name] = self.addon(spec, name=name, parent=self)
-
-        self.k8s_provider = self._kubernetes_provider(name)
+        apply_object(
+            f"{name}-gp3", gp3_storage_class(reclaim_policy="Retain" if self.args.protect else "Delete"),
+            pulumi.ResourceOptions(parent=self, provider=self.k8s_provider, depends_on=[self.addons["aws-ebs-csi-driver"]]),
+        )
 
         self.cluster_name = cluster_name
         self.endpoint = self.eks_cluster.eks_cluster.endpoint
@@ -199,6 +210,7 @@ class Cluster(pulumi.ComponentResource):
             "control_plane_logs": self.control_plane_logs, "node_security_group": self.node_security_group,
             "node_rules": self.node_rules, "eks_cluster": self.eks_cluster, "access_entries": self.access_entries,
             "addons": self.addons, "node_role": self.node_role, "node_group": self.node_group,
+            "kube_system_network_policy": self.kube_system_network_policy,
             "k8s_provider": self.k8s_provider, "oidc_issuer": self.oidc_issuer, "kubeconfig": self.kubeconfig,
         })
 
@@ -292,17 +304,13 @@ class Cluster(pulumi.ComponentResource):
 
     def _kubernetes_provider(self, name: str) -> k8s.Provider:
         """Everything deployed into the cluster goes through this provider: it waits until the
-        deploy role's access entry and policy association exist. Its first object is the default
-        gp3 StorageClass (after the EBS CSI driver)."""
-        provider = k8s.Provider(
+        deploy role's access entry and policy association exist. Its objects here: kube-system's
+        network policy (before the add-ons that run pods) and the default gp3 StorageClass
+        (after the EBS CSI driver)."""
+        return k8s.Provider(
             f"{name}-k8s", kubeconfig=self.eks_cluster.kubeconfig_json, enable_server_side_apply=True,
             opts=pulumi.ResourceOptions(parent=self, depends_on=self.access_entries["deploy"]),
         )
-        apply_object(
-            f"{name}-gp3", gp3_storage_class(reclaim_policy="Retain" if self.args.protect else "Delete"),
-            pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.addons["aws-ebs-csi-driver"]]),
-        )
-        return provider
 
     def _access_entries(self, name, cluster_name, tags) -> dict[str, list[pulumi.Resource]]:
         """Every principal with Kubernetes access, as visible access entries and associations.
@@ -347,8 +355,9 @@ class Cluster(pulumi.ComponentResource):
         component owns (the FSx CSI driver in ``Datasets``) are made the same way.
 
         ``version``: the build; default, the cluster's pin for its Kubernetes minor. An
-        ``AFTER_NODES`` add-on waits for the static node group (and for ``depends_on``: an identity
-        its owner made, for example).
+        ``AFTER_NODES`` add-on waits for the static node group and kube-system's network policy (its
+        pods need one under strict enforcement), and for ``depends_on`` (an identity its owner
+        made, for example).
         """
         tags = dict(self.args.tags if tags is None else tags)
         identity = None
@@ -360,7 +369,7 @@ class Cluster(pulumi.ComponentResource):
                 managed_policy_arns=[pulumi.Output.concat("arn:", self.partition, ":iam::aws:policy/", policy)
                                      for policy in spec.identity.managed_policies])
             identity = [{"role_arn": role.arn, "service_account": spec.identity.service_account}]
-        waits_for = [self.node_group] if spec.timing is AddonTiming.AFTER_NODES else []
+        waits_for = [self.node_group, self.kube_system_network_policy] if spec.timing is AddonTiming.AFTER_NODES else []
         return aws.eks.Addon(
             f"{name}-{spec.name}", cluster_name=self.eks_cluster.eks_cluster.name, addon_name=spec.name,
             addon_version=version or self.args.addon_versions[spec.name],

@@ -113,4 +113,7 @@ class Scheduling(pulumi.ComponentResource):
                               after_kueue)
             apply_object(f"{name}-{queue_spec.team}-localqueue", kueue.local_queue(queue_spec),
                          pulumi.ResourceOptions(parent=self, depends_on=[ns, cq, self.kueue]))
+            apply_object(f"{name}-{queue_spec.team}-default-localqueue",
+                         kueue.local_queue(queue_spec, kueue.DEFAULT_LOCAL_QUEUE_NAME),
+                         pulumi.ResourceOptions(parent=self, depends_on=[ns, cq, self.kueue]))
         self.register_outputs({"namespaces": sorted(n.namespace for n, _ in args.teams)})

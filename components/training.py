@@ -38,6 +38,7 @@ from workloads.placement import system_pod_placement
 from workloads.platform_facts import PlatformFacts, TRAINER_SERVICE_ACCOUNT
 from workloads.fsx import CLAIM_NAME
 from workloads import trainjob_runtime
+from workloads.system_namespaces import unrestricted_policy
 from workloads.tenancy import PYTORCH_INIT_CONTAINER_TEMPLATE
 from workloads.trainingjob import CHECKPOINT_KEY_ITEM, CHECKPOINT_KEY_SECRET, TORCH_DISTRIBUTED_RUNTIME, render
 
@@ -67,6 +68,8 @@ def trainer_values(*, replicas: int) -> dict[str, Any]:
 # It sets no runAsUser: the pod's (the team's) uid applies, which the team admission policy requires.
 INIT_CONTAINER_TEMPLATE_DIR = "/etc/config"
 INIT_CONTAINER_TEMPLATE_FILE = "initContainer.yaml"
+# The namespace's NetworkPolicy, a resource of the same overlay (the namespace is upstream's).
+NETWORK_POLICY_FILE = "networkPolicy.yaml"
 INIT_CONTAINER_CONFIGMAP = "training-operator-init-container"
 # One template for the operator and the tenant policies that must admit its output (workloads.tenancy).
 INIT_CONTAINER_TEMPLATE = PYTORCH_INIT_CONTAINER_TEMPLATE
@@ -114,7 +117,10 @@ def operator_kustomization(upstream_overlay: str) -> dict[str, Any]:
     Deployment is created already placed (no later patch racing its readiness)."""
     return {
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [upstream_overlay],
+        # The namespace's NetworkPolicy comes with it: under the CNI's strict enforcement a pod no
+        # policy selects has no network, and kubeflow had none (the operator's webhook is called
+        # by the API server; workloads.system_namespaces.unrestricted_policy).
+        "resources": [upstream_overlay, NETWORK_POLICY_FILE],
         # The init-container template next to this kustomization (written by infra.vendor).
         "configMapGenerator": [{"name": INIT_CONTAINER_CONFIGMAP, "namespace": TRAINING_OPERATOR_NAMESPACE,
                                 "files": [INIT_CONTAINER_TEMPLATE_FILE]}],
@@ -122,6 +128,13 @@ def operator_kustomization(upstream_overlay: str) -> dict[str, Any]:
                                 "name": TRAINING_OPERATOR_DEPLOYMENT},
                      "patch": json.dumps(operator_deployment_patch())}],
     }
+
+
+def network_policy_yaml() -> str:
+    """The file ``NETWORK_POLICY_FILE`` of the overlay (infra.vendor writes it)."""
+    import yaml
+
+    return yaml.safe_dump(unrestricted_policy(TRAINING_OPERATOR_NAMESPACE), sort_keys=False)
 
 
 # infra.vendor writes the overlay under the project root: the folder that holds components/.
@@ -166,10 +179,17 @@ class TrainingOperators(pulumi.ComponentResource):
         )
         self.trainer: Optional[k8s.helm.v3.Release] = None
         if args.trainer_v2:
+            # The namespace and its NetworkPolicy before the release's pods (strict enforcement
+            # leaves a pod no policy selects without a network), not Helm's create_namespace.
+            namespace = apply_object(f"{name}-trainer-namespace", {
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": TRAINER_NAMESPACE, "labels": {"app.kubernetes.io/managed-by": "pulumi"}}}, child)
+            policy = apply_object(f"{name}-trainer-network-policy", unrestricted_policy(TRAINER_NAMESPACE),
+                                  pulumi.ResourceOptions(parent=self, depends_on=[namespace]))
             self.trainer = helm_addon(
                 f"{name}-trainer", parent=self, cluster=args.cluster, release="kubeflow-trainer", chart=KUBEFLOW_TRAINER,
-                source=args.charts, namespace=TRAINER_NAMESPACE, create_namespace=True,
-                values=trainer_values(replicas=args.trainer_replicas),
+                source=args.charts, namespace=TRAINER_NAMESPACE,
+                values=trainer_values(replicas=args.trainer_replicas), depends_on=[namespace, policy],
             )
             # The runtime TrainJobs reference: torch-distributed with the platform's failure policy.
             self.torch_runtime = apply_object(f"{name}-torch-runtime", trainjob_runtime.cluster_training_runtime(),

@@ -59,6 +59,7 @@ def ci_args(config: PlatformConfig) -> CiAccessArgs:
         automation_account_id=config.accounts.automation.id,
         account_role_arns=[getattr(config.accounts, key).role_arn for key in ACCOUNT_KEYS],
         reader_account_ids=list(_reader_accounts(config).values()), state_bucket=ci.state_bucket,
+        administrator_role_arn=config.accounts.automation.role_arn,
         create_oidc_provider=ci.oidc_provider is OidcProviderMode.CREATE,
         # Dev's state holds no production data; prod's is decrypted only behind the environment.
         preview_decrypts_state=not config.is_prod, protect=config.protect_stateful, tags=config.resource_tags)
@@ -96,7 +97,9 @@ def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tupl
         f"{len(args.reader_account_ids)} account(s); state read{', state key decrypt' if args.preview_decrypts_state else ''}",
         f"{role_name(config.name, 'deploy')}: trusts sub {deploy_subject(args.repository, args.workflow_path, args.environment)}; "
         f"assumes only accounts.*.roleArn; sessions up to {DEPLOY_SESSION_SECONDS // 3600} h",
-        f"secrets provider {args.secrets_provider} (only the CI roles above may use the key)",
+        f"secrets provider {args.secrets_provider} (only the deploy role above and the administrator's "
+        f"{args.administrator_role_arn.rsplit('/', 1)[-1]} may use the key"
+        f"{'; the preview role decrypts' if args.preview_decrypts_state else ''})",
         f"runner: {role_name(config.name, 'runner')} (CodeBuild in the private subnets)" if config.ci.code_connection_arn
         else "runner: none (ci.codeConnectionArn unset)",
     ])

@@ -12,6 +12,7 @@ import pulumi
 
 from components.container_logs import ContainerLogArchive, ContainerLogArchiveArgs, ContainerLogs, ContainerLogsArgs
 from components.container_logs import log_group_name as container_log_group_name
+from components.container_logs import team_log_group_name
 from components.gpu_enablement import NAMESPACE as GPU_NAMESPACE, GpuEnablementMode
 from components.karpenter import NAMESPACE as KARPENTER_NAMESPACE
 from components.monitoring import Monitoring, MonitoringArgs
@@ -72,7 +73,8 @@ def deploy(platform: Platform) -> dict[str, Any]:
         archive = ContainerLogArchive(
             f"{config.name}-container-log-archive",
             ContainerLogArchiveArgs(bucket=platform.log_archive.bucket, key=platform.log_archive.key,
-                                    source_account_id=config.accounts.workload.id, region=config.region,
+                                    source_account_id=config.accounts.workload.id, account_id=config.accounts.logging.id,
+                                    region=config.region,
                                     tags=config.resource_tags),
             opts=pulumi.ResourceOptions(providers={"aws": platform.providers.logging}))
         logs = ContainerLogs(
@@ -80,16 +82,33 @@ def deploy(platform: Platform) -> dict[str, Any]:
             ContainerLogsArgs(cluster=platform.cluster, region=config.region,
                               retention_days=config.monitoring.log_retention_days,
                               log_kms_key=platform.log_group_key.key if platform.log_group_key else None,
-                              archive=archive, tags=config.resource_tags, charts=platform.charts),
+                              archive=archive, team_readers=team_log_readers(config),
+                              admin_readers=tuple(_in_workload_account(config, config.cluster.admin_role_arns)),
+                              tags=config.resource_tags, charts=platform.charts),
             opts=platform.kubernetes_opts())
         outputs["containerLogGroup"] = logs.log_group.name
     return outputs
 
 
+def _in_workload_account(config: PlatformConfig, role_arns) -> list[str]:
+    """The roles that can be given read on the cluster's log groups: CloudWatch Logs has no
+    resource policy for reads, so only a role of the groups' own account can hold one."""
+    return [arn for arn in role_arns if arn.split(":")[4] == config.accounts.workload.id]
+
+
+def team_log_readers(config: PlatformConfig) -> dict[str, tuple[str, ...]]:
+    """Team namespace -> its members' roles (each gets read on that team's log group only)."""
+    teams = config.scheduling.teams if config.scheduling is not None else []
+    return {team.namespace: tuple(_in_workload_account(config, team.role_arns)) for team in teams}
+
+
 def log_group_names(config: PlatformConfig) -> list[str]:
     """CloudWatch log groups this capability creates (the platform's log key must admit them)."""
     m = config.monitoring
-    return [container_log_group_name(config.cluster_name)] if m is not None and m.container_logs else []
+    if m is None or not m.container_logs:
+        return []
+    group = container_log_group_name(config.cluster_name)
+    return [group, *(team_log_group_name(group, namespace) for namespace in sorted(team_log_readers(config)))]
 
 
 def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tuple[str, list[str]]]:
@@ -107,8 +126,9 @@ def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tupl
         "scraped: DCGM exporter, node-exporter, kube-state-metrics (+ PyTorchJob/TrainJob state), Kueue, Karpenter, "
         "training operator, EKS scheduler/controller-manager, trainer rank 0 in each team namespace",
         "managed: AMP remote write (Pod Identity) + Managed Grafana" if m.managed else "managed: off (in-cluster only)",
-        (f"container logs: Fluent Bit on every node -> {container_log_group_name(config.cluster_name)} "
-         f"({m.log_retention_days}d, log key) -> log-archive account (Firehose to the archive bucket)"
+        (f"container logs: Fluent Bit on every node -> {container_log_group_name(config.cluster_name)} (platform "
+         f"namespaces) and {container_log_group_name(config.cluster_name)}/<team namespace> (one per team, read by its "
+         f"roles only) ({m.log_retention_days}d, log key) -> log-archive account (Firehose to the archive bucket)"
          if m.container_logs else "container logs: off"),
     ]
     capacity = system_capacity.system_capacity(recording)
@@ -120,6 +140,12 @@ def warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
     m = config.monitoring
     if m is not None and config.gpu_idle_alarm is None:
         yield "monitoring: no gpuIdleAlarm, so Alertmanager has no SNS topic and alerts page nobody"
+    if m is not None and m.container_logs and config.scheduling is not None:
+        for index, team in enumerate(config.scheduling.teams):
+            for arn in set(team.role_arns) - set(_in_workload_account(config, team.role_arns)):
+                yield (f"scheduling.teams[{index}].roleArns: {arn} is outside the workload account "
+                       f"{config.accounts.workload.id}: it cannot read its team's container logs (CloudWatch Logs reads "
+                       "are same-account); use a role of the workload account for `python -m jobs logs --attempt`")
     yield from system_capacity.warnings(system_capacity.system_capacity(recording))
 
 

@@ -160,13 +160,16 @@ def ensure(tree: VendoredTree, root: Path = ROOT, download: Callable[[str], byte
 
 def write_overlay(root: Path = ROOT) -> Path:
     """The platform's Training Operator overlay (placement, init-container image) as a file."""
-    from components.training import INIT_CONTAINER_TEMPLATE, INIT_CONTAINER_TEMPLATE_FILE, operator_kustomization
+    from components.training import (
+        INIT_CONTAINER_TEMPLATE, INIT_CONTAINER_TEMPLATE_FILE, NETWORK_POLICY_FILE, network_policy_yaml, operator_kustomization,
+    )
 
     overlay = root / TRAINING_OPERATOR_OVERLAY_DIR
     overlay.mkdir(parents=True, exist_ok=True)
     upstream = os.path.relpath(root / TRAINING_OPERATOR_VENDOR_DIR / "overlays" / "standalone", overlay)
     text = yaml.safe_dump(operator_kustomization(upstream), sort_keys=False)
-    for path, content in ((overlay / "kustomization.yaml", text), (overlay / INIT_CONTAINER_TEMPLATE_FILE, INIT_CONTAINER_TEMPLATE)):
+    for path, content in ((overlay / "kustomization.yaml", text), (overlay / INIT_CONTAINER_TEMPLATE_FILE, INIT_CONTAINER_TEMPLATE),
+                          (overlay / NETWORK_POLICY_FILE, network_policy_yaml())):
         if not path.is_file() or path.read_text() != content:
             path.write_text(content)
     return overlay

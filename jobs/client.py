@@ -1003,6 +1003,7 @@ class JobClient:
         container log group (jobs/past_logs.py): the pods of earlier attempts, and of a job that
         was cancelled or has finished, are gone from the API. ``archive``: a ``LogArchive``
         (default: the stack's group, read with your AWS credentials)."""
+        from components.container_logs import team_log_group_name
         from jobs.past_logs import LogArchive, LogArchiveError
 
         job = self._current_or_past(name, team)
@@ -1016,7 +1017,8 @@ class JobClient:
             if not group:
                 raise LogArchiveError(f"stack {self.facts.stack} keeps no container logs (monitoring.containerLogs is "
                                       "off): the logs of pods that are gone were not kept")
-            archive = LogArchive(group, self.facts.region)
+            # The team's own group (components/container_logs.py): a team's members may read it, and no other.
+            archive = LogArchive(team_log_group_name(group, team_namespace(team)), self.facts.region)
         kind = job.kind if job is not None else "PyTorchJob"
         namespace = team_namespace(team)
         since_ms = int(_timestamp(job.created) * 1000) if job is not None and job.created else None
@@ -1245,10 +1247,18 @@ class JobClient:
                          service_account=tenant.trainer_service_account or "", uid=tenant.posix_id or 0,
                          local_queue=tenant.local_queue or "", region=facts.region)
         self.kube.apply(render_drill(spec))
+        # The verdict is read from the pods of the Job just made and no other: a pod that merely
+        # carries the Job's label (a team member may create one, exiting 0) names no controller
+        # owner with this Job's uid (the tenant policies refuse a team-made pod owned by a Job).
+        drill_job = self.kube.get("jobs.batch", spec.name, namespace) or {}
+        drill_uid = (drill_job.get("metadata") or {}).get("uid")
         deadline = self.clock() + timeout_seconds
         while True:
             for pod in self.kube.list(PODS, namespace, selector=f"{JOB_NAME_LABEL}={spec.name}"):
-                found = verdict_from_pod(pod)
+                if not drill_uid or not any(ref.get("uid") == drill_uid and ref.get("controller")
+                                            for ref in (pod.get("metadata") or {}).get("ownerReferences") or []):
+                    continue
+                found = verdict_from_pod(pod, image=spec.image)
                 if found is not None:
                     return found
             if self.clock() >= deadline:

@@ -1,8 +1,9 @@
-"""Logs of attempts whose pods are gone, from the cluster's CloudWatch container log group.
+"""Logs of attempts whose pods are gone, from the team's CloudWatch container log group.
 
 Fluent Bit (components/container_logs.py, aws-for-fluent-bit) tails every container's log on
-every node and puts each line into the group ``/aws/eks/<cluster>/containers``, stream
-``<namespace>.<pod>.<container>`` (``log_stream_name``). With the chart's ``logKey`` unset
+every node and puts each line of a team namespace into that team's group,
+``/aws/eks/<cluster>/containers/<namespace>`` (``team_log_group_name``; the team's roles may read
+it, no other team's), stream ``<namespace>.<pod>.<container>`` (``log_stream_name``). With the chart's ``logKey`` unset
 (eks-charts stable/aws-for-fluent-bit values.yaml: ``cloudWatchLogs.logKey:`` empty) each event
 is the whole record as JSON: the line under ``log`` and the Kubernetes filter's metadata under
 ``kubernetes`` (``pod_name``, ``pod_id``, ``namespace_name``, ``container_name``, labels).

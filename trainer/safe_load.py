@@ -85,14 +85,32 @@ def restricted_load(file, where: str) -> Metadata:
     return metadata
 
 
+def check_storage_paths(metadata: Metadata, where: str) -> None:
+    """Every shard file the metadata names is a plain file name in the step directory. DCP writes
+    them so (torch 2.13 filesystem.py ``write_data``: ``f"{prefix}{count}{DEFAULT_SUFFIX}"``
+    joined to the checkpoint path), and ``read_data`` opens ``concat_path(self.path,
+    relative_path)``: a ``../`` or absolute path in a crafted ``.metadata`` would make the reader
+    read another directory's shards with the reader's rights (another team's weights pulled into
+    an export or an evaluation)."""
+    for index, info in (metadata.storage_data or {}).items():
+        relative = getattr(info, "relative_path", None)
+        if not isinstance(relative, str) or relative in ("", ".", "..") or os.path.basename(relative) != relative \
+                or "\\" in relative:
+            raise ForbiddenPickle(
+                f"{where}: refused: {getattr(index, 'fqn', index)} is stored at {relative!r}, outside the step directory "
+                "(DCP names every shard file inside it); this metadata was not written by DCP or was changed after the save")
+
+
 class SafeFileSystemReader(FileSystemReader):
-    """DCP's file-system reader with `.metadata` read by the restricted unpickler. The body is
-    torch 2.13's `FileSystemReader.read_metadata` with `pickle.load` replaced."""
+    """DCP's file-system reader with `.metadata` read by the restricted unpickler and its shard
+    paths held to the step directory. The body is torch 2.13's `FileSystemReader.read_metadata`
+    with `pickle.load` replaced."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         path = self._get_metadata_path(kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as metadata_file:
             metadata = restricted_load(metadata_file, str(path))
+        check_storage_paths(metadata, str(path))
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id

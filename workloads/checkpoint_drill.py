@@ -181,14 +181,20 @@ def render_drill(spec: DrillSpec) -> dict[str, Any]:
     }
 
 
-def verdict_from_pod(pod: Mapping[str, Any]) -> Optional[tuple[str, str]]:
-    """("PASS" | "FAIL", detail) once the drill's container has terminated, else None."""
+def verdict_from_pod(pod: Mapping[str, Any], image: Optional[str] = None) -> Optional[tuple[str, str]]:
+    """("PASS" | "FAIL", detail) once the drill's container has terminated, else None.
+    ``image``: the drill's image; a pod whose container ran another (a pod's image may be
+    changed by an update, and the team may update its pods) is a FAIL, never a PASS."""
+    containers = {c.get("name"): c for c in (pod.get("spec") or {}).get("containers") or []}
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
         if status.get("name") != CONTAINER:
             continue
         terminated = (status.get("state") or {}).get("terminated")
         if not terminated:
             return None
+        ran = (containers.get(CONTAINER) or {}).get("image")
+        if image is not None and ran != image:
+            return "FAIL", f"the drill's pod ran image {ran!r}, not the drill's {image!r}: it was changed after the drill was made"
         code = terminated.get("exitCode")
         message = (terminated.get("message") or "").strip()
         if code == EXIT_PASS:

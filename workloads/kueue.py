@@ -21,6 +21,21 @@ from workloads.placement import SYSTEM_NODE_LABEL_KEY
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 COHORT = "ml-training"
 LOCAL_QUEUE_NAME = "training"
+# Kueue gives a workload without the queue label the namespace's LocalQueue of this name (kueue
+# v0.19.2 pkg/controller/constants ``DefaultLocalQueueName``; pod_webhook.go "Local queue
+# defaulting"): a bare pod or an Argo Workflows step pod queues against its team's share unlabelled.
+DEFAULT_LOCAL_QUEUE_NAME = "default"
+# The scheduling gate Kueue puts on a pod it manages and lifts when it admits it (kueue
+# pkg/controller/jobs/pod/constants ``SchedulingGateName``).
+ADMISSION_GATE = "kueue.x-k8s.io/admission"
+# Who may lift it: Kueue's controller (the chart's ``<release>-controller-manager`` service account;
+# release and namespace ``kueue``/``kueue-system``, components/scheduling.py).
+KUEUE_CONTROLLER_USER = "system:serviceaccount:kueue-system:kueue-controller-manager"
+# The kind each integration manages: Kueue does not gate a pod whose controller owner is one of
+# them (kueue v0.19.2 pkg/controller/jobframework/reconciler.go ``FindAncestorJobManagedByKueue``;
+# its comment: "same-namespace ownership spoofing is out of scope").
+FRAMEWORK_KINDS = {"batch/job": "Job", "kubeflow.org/pytorchjob": "PyTorchJob", "trainer.kubeflow.org/trainjob": "TrainJob",
+                   "jobset.x-k8s.io/jobset": "JobSet", "pod": "Pod"}
 # Label a TrainingJob / PyTorchJob sets to enter Kueue.
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # Every team namespace carries it (workloads.scheduling.namespace).
@@ -195,11 +210,13 @@ def cluster_queue(team: TeamQueueSpec, flavors: Sequence[FlavorSpec],
     }
 
 
-def local_queue(team: TeamQueueSpec) -> dict[str, Any]:
+def local_queue(team: TeamQueueSpec, name: str = LOCAL_QUEUE_NAME) -> dict[str, Any]:
+    """The team's LocalQueue ``name`` into its ClusterQueue: ``training`` for jobs (their label
+    names it), ``default`` for the pods nothing labels (Kueue's plain-pod integration)."""
     return {
         "apiVersion": KUEUE_API,
         "kind": "LocalQueue",
-        "metadata": {"name": LOCAL_QUEUE_NAME, "namespace": team.namespace},
+        "metadata": {"name": name, "namespace": team.namespace},
         "spec": {"clusterQueue": team.team},
     }
 
@@ -211,8 +228,12 @@ KUEUE_CONFIG_API = "config.kueue.x-k8s.io/v1beta2"
 class ManagerConfigSpec:
     wait_for_pods_ready_timeout: str = "10m"
     requeue_backoff_limit: int = 5
+    # "pod": every pod of a team namespace that no managed job owns (a bare pod, an Argo Workflows
+    # step) is gated until Kueue admits it against the team's ClusterQueue, so bare pods take the
+    # team's share of the CPU pool, not the whole pool (Kueue docs, "Run Plain Pods").
     frameworks: Sequence[str] = field(
-        default_factory=lambda: ("batch/job", "kubeflow.org/pytorchjob", "trainer.kubeflow.org/trainjob", "jobset.x-k8s.io/jobset")
+        default_factory=lambda: ("batch/job", "kubeflow.org/pytorchjob", "trainer.kubeflow.org/trainjob", "jobset.x-k8s.io/jobset",
+                                 "pod")
     )
 
 

@@ -8,7 +8,9 @@ and sets ``AcceleratedHardwareReady=False`` so Karpenter's node repair replaces 
 
 It also watches its node's pods and marks the node when a trainer container ends with a GPU
 fault (exit 135 and the termination message of ``trainer/gpu_faults.py``, which the ConfigMap
-carries next to the agent, with ``workloads/xid_actions.json``).
+carries next to the agent, with ``workloads/xid_actions.json``) and the host confirms it: the
+driver's Xid in the kernel log (read with CAP_SYSLOG) or a GPU nvidia-smi reports failed. A
+report the host does not confirm is an Event only: a container writes its own termination message.
 
 Least privilege: its own ServiceAccount; cluster-wide only ``get``/``patch`` on nodes,
 ``patch`` on ``nodes/status`` and ``list``/``watch`` on pods (RBAC cannot narrow a
@@ -120,7 +122,7 @@ AGENT_CHECKOV_SKIPS = (
     ("CKV_K8S_9", "no Service routes to it: readiness gates nothing"),
     ("CKV_K8S_23", "dcgmi diag and nv-hostengine open the GPU device nodes as root"),
     ("CKV_K8S_40", "runs as root for the GPU device nodes (see CKV_K8S_23)"),
-    ("CKV_K8S_25", "adds SYS_ADMIN only (every other capability dropped) for DCGM diagnostics"),
+    ("CKV_K8S_25", "adds SYS_ADMIN (DCGM diagnostics) and SYSLOG (reads the driver's Xid lines from the kernel log) only"),
     ("CKV_K8S_39", "DCGM diagnostics need SYS_ADMIN in a container, as NVIDIA's DCGM exporter does for profiling"),
     ("CKV_K8S_29", "the container sets its securityContext (root, SYS_ADMIN only, no privilege escalation)"),
     ("CKV_K8S_31", "dcgmi diag stress plugins are not verified under RuntimeDefault seccomp (NVIDIA runs them privileged)"),
@@ -181,9 +183,12 @@ def daemon_set(*, image: str, deep_interval_hours: float = DEFAULT_DEEP_INTERVAL
                         ],
                         # dcgmi diag's load runs on the GPUs; one core bounds its host side.
                         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
-                        # DCGM's diagnostics need SYS_ADMIN (as the DCGM exporter does); no privileged mode.
+                        # DCGM's diagnostics need SYS_ADMIN (as the DCGM exporter does); SYSLOG lets the
+                        # agent read the kernel log through syslog(2) (kernel.dmesg_restrict), where the
+                        # driver records Xids: the host's word on a GPU fault a container reports. No
+                        # privileged mode.
                         "securityContext": {"runAsUser": 0, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": False,
-                                            "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}},
+                                            "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN", "SYSLOG"]}},
                         "volumeMounts": [
                             {"name": "agent", "mountPath": MOUNT_PATH, "readOnly": True},
                             # EFA devices: /sys/class/infiniband's entries link into /sys/devices,

@@ -29,11 +29,16 @@ compute process holds a GPU, and backs off if one does.
 
 In between it watches the pods of its own node (``fieldSelector=spec.nodeName=<node>``). A
 container that terminated with the trainer's GPU-fault exit code (135) and a GPU-fault
-termination message (the format of ``trainer/gpu_faults.py``, mounted next to this file) is a
-fault of this node: the agent cordons it and labels it ``gpu-fault``, and where the fault's Xid
-calls for a reset or a replacement (``workloads/xid_actions.json``) sets
-``AcceleratedHardwareReady`` False so Karpenter's node repair replaces it; for ``drain`` a person
-decides (docs/runbooks/gpu-health.md). An Event and a log line name the pod, rank, GPU and Xid.
+termination message (the format of ``trainer/gpu_faults.py``, mounted next to this file) reports
+a fault of this node. The report is a claim: the container writes its own termination message,
+so any pod on the node could send it. The agent acts only on what the host itself recorded
+(``HostRecord``): an NVRM Xid the driver wrote into the kernel log while that container ran, or
+a GPU that nvidia-smi (NVML) or /sys report failed now. Confirmed: it cordons the node and labels
+it ``gpu-fault``, and where the host's Xid calls for a reset or a replacement
+(``workloads/xid_actions.json``) sets ``AcceleratedHardwareReady`` False so Karpenter's node
+repair replaces it; for ``drain`` a person decides (docs/runbooks/gpu-health.md). An Event and a
+log line name the pod, rank, GPU, the claimed fault and the host's record. Not confirmed: an
+Event (``GpuFaultNotConfirmed``) and a log line, and the node stays in service.
 Once per fault: the node's ``GPU_FAULTS_ANNOTATION`` records the faults already acted on, so a
 restarted agent does not act twice. The agent never restarts or deletes anything: the job's own
 retry (the Training Operator recreates the pod, now off this node) recovers, bounded by the
@@ -42,6 +47,7 @@ trainer's ``checkpoint.max_attempts_without_progress``.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime as dt
 import json
 import os
@@ -58,7 +64,9 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Seque
 # The trainer's termination-message format and exit code, one definition for both sides: in the
 # image this is the ConfigMap's copy (workloads/node_health.py mounts it at trainer/gpu_faults.py
 # beside this file), in the repository the trainer's own. Standard library only, as this file.
-from trainer.gpu_faults import EXIT_GPU_FAULT, FaultLine, node_action, parse_termination_message, xid_actions
+from trainer.gpu_faults import (
+    ACTION_SEVERITY, EXIT_GPU_FAULT, NODE_ACTIONS, FaultLine, node_action, parse_termination_message, xid_actions,
+)
 
 READINESS_TAINT = {"key": "node.mlplatform.io/gpu-not-ready", "effect": "NoSchedule"}
 HEALTH_CONDITION = "AcceleratedHardwareReady"
@@ -344,11 +352,15 @@ class GpuFault(NamedTuple):
     container: str
     lines: tuple[FaultLine, ...]
     action: str  # drain, reset or replace (workloads/xid_actions.json's meaning)
+    started: str = ""  # the container's startedAt and finishedAt (RFC 3339), as the kubelet wrote them
+    finished: str = ""
+    host: str = ""  # what the host recorded that confirms it (HostEvidence.describe); "" while only claimed
 
     def describe(self) -> str:
         ranks = "; ".join(f"rank {line.rank} GPU {line.local_rank} (local rank): {line.fault}"
                           f"{'' if line.xid is None else f' [Xid {line.xid}]'}" for line in self.lines)
-        return f"pod {self.pod} container {self.container} exited {EXIT_GPU_FAULT}: {ranks}"
+        host = f"; host: {self.host}" if self.host else ""
+        return f"pod {self.pod} container {self.container} exited {EXIT_GPU_FAULT}: {ranks}{host}"
 
 
 def _terminations(status: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -376,7 +388,8 @@ def pod_gpu_faults(pod: dict[str, Any], node_name: str, actions: Mapping[int, st
             which = terminated.get("containerID") or terminated.get("finishedAt") or str(status.get("restartCount", 0))
             faults.append(GpuFault(f"{meta.get('uid')}/{status.get('name')}/{which}",
                                    f"{meta.get('namespace')}/{meta.get('name')}", meta.get("uid", ""), status.get("name", ""),
-                                   lines, node_action(lines, actions)))
+                                   lines, node_action(lines, actions), str(terminated.get("startedAt") or ""),
+                                   str(terminated.get("finishedAt") or "")))
     return faults
 
 
@@ -421,6 +434,165 @@ def gpu_fault_event(node_name: str, node_uid: str, fault: GpuFault, now: dt.date
         "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid},
         "reason": "GpuFaultReported", "type": "Warning",
         "message": f"{fault.describe()}; action {fault.action}: cordoned, {then}"[:1024],
+        "source": {"component": COMPONENT, "host": node_name},
+        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+    }
+
+
+# ---------------------------------------------------------------- what the host recorded
+
+# The driver's Xid report in the kernel log (NVIDIA, "XID Errors": "NVRM: Xid (PCI:0000:3b:00): 79,
+# pid=..., GPU has fallen off the bus."), behind the kernel's printk timestamp (seconds since boot)
+# and, from syslog(2), the "<level>" prefix. The PCI id is required in full: a line a process could
+# make the kernel print with a name it chose (a segfault report starts with the process's 15-byte
+# comm) cannot carry one.
+_KERNEL_XID = re.compile(r"^(?:<\d+>)?\[\s*(?P<uptime>\d+\.\d+)\]\s+NVRM: Xid "
+                         r"\((?P<pci>PCI:[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\):\s*(?P<xid>\d{1,3})\b")
+# Kernel time and the kubelet's container times differ by clock reading and rounding (finishedAt
+# has whole seconds); the fault comes before the exit it causes.
+WINDOW_BEFORE_S = 5.0
+WINDOW_AFTER_S = 60.0
+NO_START_LOOKBACK_S = 3600.0
+NVML_CACHE_S = 30.0
+
+
+class KernelXid(NamedTuple):
+    uptime_s: float  # the kernel's timestamp: seconds since boot
+    pci: str
+    xid: int
+
+
+def parse_kernel_xids(text: str) -> list[KernelXid]:
+    """The NVRM Xid lines of a kernel log (syslog(2) or dmesg -r format); lines without the
+    kernel's timestamp cannot be placed in time and are left out."""
+    found = []
+    for line in text.splitlines():
+        match = _KERNEL_XID.match(line.strip())
+        if match:
+            found.append(KernelXid(float(match["uptime"]), match["pci"], int(match["xid"])))
+    return found
+
+
+def _rfc3339(value: str) -> Optional[float]:
+    if not value:
+        return None
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+class HostEvidence(NamedTuple):
+    """What the node recorded about its GPUs while a container ran, and their state now."""
+    xids: tuple[KernelXid, ...]
+    failures: tuple[Failure, ...]
+    window: tuple[float, float]  # wall-clock seconds searched in the kernel log
+
+    def action(self, actions: Mapping[int, str]) -> str:
+        """The most severe node action the host's own record calls for: each logged Xid's row of
+        workloads/xid_actions.json, and a replacement for hardware nvidia-smi reports failed now
+        (as the readiness checks decide); ``none`` when the host recorded nothing."""
+        found = [actions.get(x.xid, "none") for x in self.xids]
+        if hardware_failed(self.failures):
+            found.append("replace")
+        found = [a for a in found if a in NODE_ACTIONS]
+        return max(found, key=ACTION_SEVERITY.index) if found else "none"
+
+    def describe(self) -> str:
+        parts = [f"kernel log Xid {x.xid} on {x.pci} at {x.uptime_s:.0f}s after boot" for x in self.xids]
+        parts += [f"{f.kind}: {f.detail}" for f in self.failures if f.kind in HARDWARE_FAILURES]
+        return "; ".join(parts) if parts else "nothing"
+
+
+SYSLOG_ACTION_READ_ALL = 3  # syslog(2): read the whole kernel ring buffer
+SYSLOG_ACTION_SIZE_BUFFER = 10
+
+
+def read_kernel_log() -> str:
+    """The kernel's ring buffer through syslog(2) (glibc ``klogctl``): the host's log, not the
+    container's (the kernel log has no namespace). Needs CAP_SYSLOG where kernel.dmesg_restrict
+    is 1; the DaemonSet adds it. No device node is needed (unlike /dev/kmsg, which a container
+    without privileges cannot open: it is not in the runtime's device list)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = libc.klogctl(SYSLOG_ACTION_SIZE_BUFFER, None, 0)
+    if size <= 0:
+        raise OSError(ctypes.get_errno(), "klogctl(SYSLOG_ACTION_SIZE_BUFFER) failed")
+    buffer = ctypes.create_string_buffer(size)
+    read = libc.klogctl(SYSLOG_ACTION_READ_ALL, buffer, size)
+    if read < 0:
+        raise OSError(ctypes.get_errno(), "klogctl(SYSLOG_ACTION_READ_ALL) failed: CAP_SYSLOG missing?")
+    return buffer.raw[:read].decode("utf-8", "replace")
+
+
+def boot_wall_time_s() -> float:
+    """Wall-clock time of boot for the printk timestamps (the kernel's local clock, which
+    CLOCK_MONOTONIC follows; a container shares the host's)."""
+    return time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+class HostRecord:
+    """The node's own record of its GPUs, which no pod on it can write: the driver's Xid lines in
+    the kernel log, and what nvidia-smi (NVML) and /sys report now. A GPU fault a container
+    reports counts only when this record confirms a fault on this node."""
+
+    def __init__(self, *, expected_gpus: int, expected_efa: int, run: "Runner | None" = None,
+                 kernel_log: Callable[[], str] = read_kernel_log, boot_wall_s: Callable[[], float] = boot_wall_time_s,
+                 sys_class_infiniband: str = "/sys/class/infiniband") -> None:
+        self.expected_gpus, self.expected_efa = expected_gpus, expected_efa
+        self.run = run or run_command
+        self.kernel_log, self.boot_wall_s, self.sys_class_infiniband = kernel_log, boot_wall_s, sys_class_infiniband
+        self._nvml: Optional[tuple[float, tuple[Failure, ...]]] = None
+
+    def gpu_failures(self) -> tuple[Failure, ...]:
+        """nvidia-smi -q and the EFA count now (a lost GPU, uncorrectable ECC, a pending or failed
+        row remap, a missing EFA device); kept NVML_CACHE_S, so a burst of reports runs it once."""
+        if self._nvml is not None and time.monotonic() - self._nvml[0] < NVML_CACHE_S:
+            return self._nvml[1]
+        code, out = self.run(["nvidia-smi", "-q"], 120)
+        failures = check_gpus(out, self.expected_gpus) if code == 0 else [Failure(TOOL_ERROR, f"nvidia-smi -q exited {code}")]
+        if self.expected_efa:
+            failures += check_efa(count_efa_devices(self.sys_class_infiniband), self.expected_efa)
+        self._nvml = (time.monotonic(), tuple(sorted(set(failures))))
+        return self._nvml[1]
+
+    def evidence(self, started: str, finished: str, actions: Mapping[int, str]) -> HostEvidence:
+        """The host's record for a container that ran from ``started`` to ``finished``: node-action
+        Xids the kernel logged in that window, and the GPUs' failures now."""
+        end = _rfc3339(finished) or time.time()
+        start = _rfc3339(started) or end - NO_START_LOOKBACK_S
+        window = (start - WINDOW_BEFORE_S, end + WINDOW_AFTER_S)
+        try:
+            boot, logged = self.boot_wall_s(), parse_kernel_xids(self.kernel_log())
+        except OSError as error:
+            log(host="kernel-log", result="error", error=str(error)[:300])
+            boot, logged = 0.0, []
+        xids = tuple(x for x in logged if window[0] <= boot + x.uptime_s <= window[1]
+                     and actions.get(x.xid, "none") in NODE_ACTIONS)
+        return HostEvidence(xids, self.gpu_failures(), window)
+
+
+def confirmed(fault: GpuFault, host: HostRecord, actions: Mapping[int, str]) -> tuple[Optional[GpuFault], HostEvidence]:
+    """The fault as the host confirms it (its action the host record's, not the container's
+    claim), or None when the host recorded no GPU fault: a container's termination message is
+    written by the container, so any pod on the node could claim one."""
+    evidence = host.evidence(fault.started, fault.finished, actions)
+    action = evidence.action(actions)
+    if action == "none":
+        return None, evidence
+    return fault._replace(action=action, host=evidence.describe()), evidence
+
+
+def unconfirmed_event(node_name: str, node_uid: str, fault: GpuFault, evidence: HostEvidence, now: dt.datetime) -> dict[str, Any]:
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    since = dt.datetime.fromtimestamp(evidence.window[0], dt.timezone.utc).strftime("%H:%M:%SZ")
+    until = dt.datetime.fromtimestamp(evidence.window[1], dt.timezone.utc).strftime("%H:%M:%SZ")
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{node_name}.gpu-fault-unconfirmed-", "namespace": "default"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid},
+        "reason": "GpuFaultNotConfirmed", "type": "Warning",
+        "message": (f"{fault.describe()}; the host recorded no GPU fault (no NVRM Xid in the kernel log {since}-{until}, "
+                    f"nvidia-smi reports the GPUs healthy): the node stays in service")[:1024],
         "source": {"component": COMPONENT, "host": node_name},
         "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
     }
@@ -594,23 +766,33 @@ def mark_gpu_fault(api: KubeApi, name: str, fault: GpuFault) -> bool:
 
 
 class GpuFaultWatch:
-    """Watches this node's pods and marks the node once per GPU fault a container reports."""
+    """Watches this node's pods and marks the node once per GPU fault a container reports and the
+    host's own record confirms; an unconfirmed report is an Event, never a cordon."""
 
-    def __init__(self, api: KubeApi, name: str, actions: Mapping[int, str], *, retry_s: float = 10.0) -> None:
-        self.api, self.name, self.actions, self.retry_s = api, name, actions, retry_s
+    def __init__(self, api: KubeApi, name: str, actions: Mapping[int, str], host: HostRecord, *,
+                 retry_s: float = 10.0) -> None:
+        self.api, self.name, self.actions, self.host, self.retry_s = api, name, actions, host, retry_s
         self.resource_version: Optional[str] = None
         self.handled: set[str] = set()
 
     def handle(self, pod: dict[str, Any]) -> None:
-        for fault in pod_gpu_faults(pod, self.name, self.actions):
-            if fault.key in self.handled:
+        for claimed in pod_gpu_faults(pod, self.name, self.actions):
+            if claimed.key in self.handled:
                 continue
             try:
-                mark_gpu_fault(self.api, self.name, fault)
-                self.handled.add(fault.key)
+                fault, evidence = confirmed(claimed, self.host, self.actions)
+                if fault is None:
+                    node = self.api.node(self.name)
+                    now = dt.datetime.now(dt.timezone.utc)
+                    self.api.create_event(unconfirmed_event(self.name, node["metadata"].get("uid", ""), claimed, evidence, now))
+                    log(node=self.name, result="gpu-fault-unconfirmed", pod=claimed.pod, container=claimed.container,
+                        claimed=claimed.action, host=evidence.describe())
+                else:
+                    mark_gpu_fault(self.api, self.name, fault)
+                self.handled.add(claimed.key)
             except (urllib.error.URLError, OSError, RuntimeError, ValueError) as error:
                 # Not retried in a loop: the pod's next event or the next list sees it again.
-                log(node=self.name, gpu_fault=fault.key, result="error", error=str(error)[:300])
+                log(node=self.name, gpu_fault=claimed.key, result="error", error=str(error)[:300])
 
     def run(self, seconds: float) -> None:
         """List (when there is no resourceVersion to resume from), then watch, for ``seconds``."""
@@ -690,7 +872,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     name = os.environ["NODE_NAME"]
     api = KubeApi()
     gpus, efa = startup(api, name, instances, sys_class_infiniband=args.sys_class_infiniband)
-    faults = GpuFaultWatch(api, name, xid_actions(args.xid_table))
+    host = HostRecord(expected_gpus=gpus, expected_efa=efa, sys_class_infiniband=args.sys_class_infiniband)
+    faults = GpuFaultWatch(api, name, xid_actions(args.xid_table), host)
     next_deep = time.monotonic() + args.deep_interval_hours * 3600
     while True:
         faults.run(max(60.0, next_deep - time.monotonic()))

@@ -142,6 +142,24 @@ def network_policies(spec: SystemNamespaceSpec) -> list[dict[str, Any]]:
     return out
 
 
+# Under the VPC CNI's strict enforcement (components/addons.py) a pod that no NetworkPolicy selects
+# has no network at all: "In Strict Mode, you must have a network policy defined for every pod in
+# your cluster. Host Networking pods are exempted" (amazon-vpc-cni-k8s v1.20.1 README,
+# NETWORK_POLICY_ENFORCING_MODE).
+UNRESTRICTED_POLICY = "allow-all-pods"
+
+
+def unrestricted_policy(namespace: str) -> dict[str, Any]:
+    """A NetworkPolicy that selects every pod of ``namespace`` and allows all its traffic: the
+    reachability those pods have without any policy, for namespaces whose pods the platform does
+    not shape (kube-system's EKS add-ons, the Training Operator's kubeflow), so that strict
+    enforcement gives them a policy instead of none."""
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": UNRESTRICTED_POLICY, "namespace": namespace,
+                         "labels": {"app.kubernetes.io/managed-by": "pulumi"}},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"], "ingress": [{}], "egress": [{}]}}
+
+
 def namespace_objects(spec: SystemNamespaceSpec) -> list[dict[str, Any]]:
     """The namespace first, then its policies."""
     return [namespace(spec), *network_policies(spec)]

@@ -15,8 +15,9 @@ API server refuses whoever asks (pure functions, validated against Kubernetes 1.
                        belong to the team that wrote them.
   ``pod-placement``    no toleration of the system nodes' taint, no selector or affinity on the
                        system-node label, no ``spec.nodeName`` (it skips the scheduler, and the
-                       kubelet checks only NoExecute taints), and a priority class the team is
-                       entitled to; on CREATE and UPDATE (an UPDATE may add tolerations).
+                       kubelet checks only NoExecute taints), a priority class the team is
+                       entitled to, and pod (anti-)affinity to the team's own pods only; on
+                       CREATE and UPDATE (an UPDATE may add tolerations).
   ``gpu-pods``         a Pod that requests GPUs (whole, shared or MIG: any ``nvidia.com/``
                        resource) is created only by a job controller (the Job controller, the
                        Training Operator, JobSet), i.e. from a job Kueue admitted, so the
@@ -29,14 +30,22 @@ API server refuses whoever asks (pure functions, validated against Kubernetes 1.
                        their pod templates name an entitled priority class and no node, and a
                        PyTorchJob's ``runPolicy.schedulingPolicy.priorityClass`` (Kueue's source
                        of the workload priority) is entitled too.
+  ``pod-queue``        no pod created by a team member names a job (or pod) as its owner, and
+                       nobody but Kueue lifts Kueue's admission gate: every team pod is admitted
+                       by Kueue against the team's ClusterQueue (plain pods included).
   ``secrets``          no Secret of type ``kubernetes.io/service-account-token``: a long-lived
                        token outlives the member who minted it (security-4 N13).
   ``pod-volumes``      no generic ``ephemeral`` volume: its PVC is created by the ephemeral-volume
                        controller, outside the team's RBAC (no PVC create) and any quota.
   ``services``         no Service of type LoadBalancer or NodePort, no externalIPs.
+  ``volume-claims``    a PVC binds a volume the platform made (no class, a volumeName): no
+                       dynamically provisioned gp3 volume through Argo Workflows' controller.
+  ``disruption-budgets`` no PodDisruptionBudget (it would hold nodes against drains).
 
-The CEL uses only the standard CEL macros and functions (``has``, ``all``, ``exists``, ``in``,
-``startsWith``, ``size``, ``int``), so tests evaluate it with a CEL library on sample objects.
+The CEL uses the standard CEL macros and functions (``has``, ``all``, ``exists``, ``in``,
+``startsWith``, ``size``, ``int``, ``string``) and Kubernetes' quantity library (``quantity``,
+``isGreaterThan``: GPU requests are compared as quantities); tests evaluate it with a CEL library
+on sample objects, the quantity functions ported from k8s.io/apimachinery's ParseQuantity.
 """
 from __future__ import annotations
 
@@ -46,6 +55,7 @@ from typing import Any, Mapping, Sequence
 
 from workloads.gpu_sharing import MIG_PENDING_TAINT, SHARING_LABEL, SHARING_TAINT
 from workloads.karpenter import EFA_LABEL, GPU_RESOURCE, GPU_TAINT, GPU_TYPE_LABEL, POOL_LABEL, READINESS_STARTUP_TAINT
+from workloads import kueue
 from workloads.kueue import QUEUE_LABEL
 from workloads.placement import SYSTEM_NODE_LABEL_KEY, SYSTEM_NODE_TAINT
 from workloads.problems import accepts_enum_values
@@ -208,6 +218,27 @@ def _pod_identity() -> list[dict[str, Any]]:
     ])
 
 
+def _own_namespace_pod_terms(pod_spec: str) -> str:
+    """CEL: every pod (anti-)affinity term of the spec looks at pods of its own namespace only: no
+    ``namespaceSelector`` (an empty one selects every namespace) and ``namespaces``, if set,
+    naming only the pod's own (Kubernetes API: PodAffinityTerm; the default is the pod's
+    namespace)."""
+    term_ok = "(!has({t}.namespaceSelector) && (!has({t}.namespaces) || {t}.namespaces.all(n, n == namespaceObject.metadata.name)))"
+
+    def kind_ok(kind: str) -> str:
+        base = f"{pod_spec}.affinity.{kind}"
+        required = f"{base}.requiredDuringSchedulingIgnoredDuringExecution"
+        preferred = f"{base}.preferredDuringSchedulingIgnoredDuringExecution"
+        return (f"(!has({base}) || ((!has({required}) || {required}.all(t, {term_ok.format(t='t')})) && "
+                f"(!has({preferred}) || {preferred}.all(w, {term_ok.format(t='w.podAffinityTerm')}))))")
+    return f"(!has({pod_spec}.affinity) || ({kind_ok('podAffinity')} && {kind_ok('podAntiAffinity')}))"
+
+
+CROSS_NAMESPACE_AFFINITY_MESSAGE = (
+    "pod affinity and anti-affinity look at the team's own pods only (no namespaceSelector, no other namespace in "
+    "namespaces): another team's pods are not yours to follow or to push away")
+
+
 def _pod_placement_validations(pod_spec: str, *, what: str) -> list[dict[str, Any]]:
     taint = SYSTEM_NODE_TAINT["key"]
     label = SYSTEM_NODE_LABEL_KEY
@@ -241,6 +272,14 @@ def _pod_placement_validations(pod_spec: str, *, what: str) -> list[dict[str, An
          "messageExpression": (f"'{what} must name one of the priority classes ' + {_ALLOWED} + "
                                "' (the team\\'s entitlement)'"),
          "reason": "Forbidden"},
+        # Co-location is a weapon between tenants: affinity to another team's pods picks whose
+        # node an attacker shares (a noisy or faulty neighbour on a shared GPU node), and the
+        # scheduler also applies an existing pod's required anti-affinity to incoming pods
+        # (kube-scheduler InterPodAffinity ``satisfyExistingPodsAntiAffinity``), so one pod with
+        # anti-affinity to every namespace's pods and topologyKey zone keeps other teams out of
+        # a zone. Within the team (spreading its own workers) nothing changes.
+        {"expression": _own_namespace_pod_terms(pod_spec), "message": f"{what}: {CROSS_NAMESPACE_AFFINITY_MESSAGE}",
+         "reason": "Forbidden"},
     ]
 
 
@@ -264,9 +303,18 @@ _NOT_BOUND = {"name": "not-a-bound-pod-update",
 
 def _requests_gpu(pod_spec: str) -> str:
     """CEL: some container requests a GPU of any kind (``nvidia.com/gpu``, ``nvidia.com/gpu.shared``,
-    ``nvidia.com/mig-<profile>``): every NVIDIA resource the device plugin serves."""
+    ``nvidia.com/mig-<profile>``): every NVIDIA resource the device plugin serves, in a quantity
+    above zero. ``nvidia.com/gpu: "0"`` asks for no device: the device plugin allocates none and
+    Kueue fits it in any quota, so such a pod is GPU-less and held to the GPU-less rules.
+
+    The quantity is compared with the Kubernetes CEL quantity library (``quantity()``,
+    ``isGreaterThan``; k8s.io/apiserver pkg/cel/library/quantity.go, in the base environment
+    since compatibility version 1.28: pkg/cel/environment/base.go), so "0", "0m", "0.0" and
+    "0Ki" are all zero. Limits too: on a Pod the API server defaults missing requests from limits,
+    on a template nothing does yet."""
     def any_nvidia(field: str) -> str:
-        return f"(has(c.resources.{field}) && c.resources.{field}.exists(r, r.startsWith('{NVIDIA_RESOURCE_PREFIX}')))"
+        return (f"(has(c.resources.{field}) && c.resources.{field}.exists(r, r.startsWith('{NVIDIA_RESOURCE_PREFIX}') && "
+                f"quantity(string(c.resources.{field}[r])).isGreaterThan(quantity('0'))))")
     return _any_container(pod_spec, f"has(c.resources) && ({any_nvidia('requests')} || {any_nvidia('limits')})")
 
 
@@ -374,6 +422,10 @@ def _queue_label() -> list[dict[str, Any]]:
                 "expression": f"{templates}.all(s, !has(s.nodeName) || s.nodeName == '')",
                 "message": "pod templates may not name a node (spec.nodeName): the scheduler places team pods",
                 "reason": "Forbidden"})
+            validations.append({
+                "expression": f"{templates}.all(s, {_own_namespace_pod_terms('s')})",
+                "message": f"pod templates: {CROSS_NAMESPACE_AFFINITY_MESSAGE}",
+                "reason": "Forbidden"})
         # A TrainJob names no priority class (Trainer 2.3.0's runtimePatches pod spec has no
         # priorityClassName field); its JobSet's templates are checked when Trainer creates it.
         out += _policy(f"queue-label-{resource}", resources=[(group, version, resource)], validations=validations,
@@ -403,6 +455,35 @@ def _secrets() -> list[dict[str, Any]]:
     ])
 
 
+def _pod_queue() -> list[dict[str, Any]]:
+    """Every team pod goes through Kueue: Kueue's plain-pod integration gates each pod that no
+    managed job owns (workloads/kueue.py), and two ways around the gate are closed here.
+
+    - An owner it trusts: Kueue does not gate a pod whose controller owner is a kind it manages,
+      after checking only that an object of that name and uid exists in the namespace (kueue
+      v0.19.2 reconciler.go ``FindAncestorJobManagedByKueue``: "same-namespace ownership spoofing
+      is out of scope"). A team member could name its own Job. Only the job controllers create
+      pods owned by jobs.
+    - The gate itself: a scheduling gate may be removed by any pod update (Kubernetes
+      ValidatePodUpdate allows removals), and the team Role updates pods. Only Kueue lifts it."""
+    kinds = sorted(set(kueue.FRAMEWORK_KINDS.values()))
+    owners_ok = (f"{_CONTROLLER} || !has(object.metadata.ownerReferences) || "
+                 f"object.metadata.ownerReferences.all(o, !(o.kind in {kinds!r}))")
+    gate = kueue.ADMISSION_GATE
+    kept = (f"request.operation != 'UPDATE' || request.userInfo.username == '{kueue.KUEUE_CONTROLLER_USER}' || "
+            f"!has(oldObject.spec.schedulingGates) || !oldObject.spec.schedulingGates.exists(g, g.name == '{gate}') || "
+            f"(has(object.spec.schedulingGates) && object.spec.schedulingGates.exists(g, g.name == '{gate}'))")
+    return _policy("pod-queue", resources=[("", "v1", "pods")], validations=[
+        {"expression": f"request.operation != 'CREATE' || {owners_ok}",
+         "message": (f"a pod may name a {', '.join(kinds)} as its owner only when that object's controller creates it: "
+                     "Kueue admits such pods through their job; create the job instead"),
+         "reason": "Forbidden"},
+        {"expression": kept,
+         "message": f"only Kueue lifts the scheduling gate {gate}: the pod starts when Kueue admits it against the team's quota",
+         "reason": "Forbidden"},
+    ])
+
+
 def _pod_volumes() -> list[dict[str, Any]]:
     # Pod Security `restricted` admits generic ephemeral volumes; their PVC is created by the
     # ephemeral-volume controller, so neither the team's RBAC (no PVC create) nor a quota bounds it.
@@ -414,14 +495,43 @@ def _pod_volumes() -> list[dict[str, Any]]:
     ])
 
 
+def _volume_claims() -> list[dict[str, Any]]:
+    # The team Role creates no PVCs, but Argo Workflows' controller does, for a Workflow's
+    # volumeClaimTemplates, with its own ClusterRole (argo-helm workflow-controller-cluster-roles:
+    # persistentvolumeclaims create/delete): a gp3 volume of any size, outside the team's quota,
+    # Retained in prod. The only claims a team namespace needs are the platform's, bound to the
+    # FSx volumes made for it (workloads.fsx: storageClassName "" and volumeName, pre-bound by the
+    # volume's claimRef). The DefaultStorageClass admission plugin fills an unset class with gp3
+    # before this policy sees it.
+    return _policy("volume-claims", resources=[("", "v1", "persistentvolumeclaims")], operations=("CREATE",), validations=[
+        {"expression": ("has(object.spec.storageClassName) && object.spec.storageClassName == '' && "
+                        "has(object.spec.volumeName) && object.spec.volumeName != ''"),
+         "message": ("a claim in a team namespace binds a volume the platform made (storageClassName \"\" and volumeName); "
+                     "no dynamically provisioned volumes here: use emptyDir, or the team's FSx claim"),
+         "reason": "Forbidden"},
+    ])
+
+
+def _disruption_budgets() -> list[dict[str, Any]]:
+    # A PodDisruptionBudget holds a node against voluntary drains (Karpenter's consolidation and
+    # node repair, EKS upgrades); Argo Workflows creates one for a Workflow's
+    # spec.podDisruptionBudget with its own rights. Training tolerates drains by checkpointing.
+    return _policy("disruption-budgets", resources=[("policy", "v1", "poddisruptionbudgets")], validations=[
+        {"expression": "false",
+         "message": ("team namespaces hold no PodDisruptionBudget: it would block the drains that replace and upgrade "
+                     "nodes; jobs survive a drain by resuming from their checkpoint"),
+         "reason": "Forbidden"},
+    ])
+
+
 def admission_policies(gpu_pools: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Every policy and binding; cluster-scoped, one set for all team namespaces.
 
     gpu_pools: the GPU pools' names (their ``mlplatform.io/pool`` label values); a pod that
         requests no GPU may not select them.
     """
-    return [*_pod_identity(), *_pod_placement(), *_gpu_pods(gpu_pools), *_pod_volumes(), *_queue_label(),
-            *_secrets(), *_services()]
+    return [*_pod_identity(), *_pod_placement(), *_gpu_pods(gpu_pools), *_pod_queue(), *_pod_volumes(), *_queue_label(),
+            *_secrets(), *_services(), *_volume_claims(), *_disruption_budgets()]
 
 
 # -- RBAC ---------------------------------------------------------------------------------------

@@ -15,6 +15,14 @@ Everything else is MLflow's own authorization, which runs after this function
 (``_before_request``). Admins are not restricted. Sharing is an explicit grant by the owner
 (``/api/2.0/mlflow/experiments/permissions/create``, ``registered-models/permissions/create``).
 
+The AI gateway is for admins only: its secrets, model definitions and endpoints (the
+``/mlflow/gateway/`` routes) let whoever defines them send requests from the server to any HTTPS
+host (a secret's ``auth_config`` carries the ``api_base``; mlflow/server/gateway_api.py), which
+would make the tracking server a way out of a team network that has no internet egress. MLflow's
+own validators let any user create them (``validate_can_create_gateway_secret`` checks the
+workspace only). Without one of those objects the invocation routes (FastAPI ``/gateway/...``)
+have nothing to call.
+
 Configured as ``authorization_function = mlflow_team_auth:authenticate_request`` in the
 auth INI file that ``mlflow_entrypoint`` writes.
 """
@@ -43,9 +51,18 @@ def name_allowed(username: str, kind: str, name: object) -> bool:
     return isinstance(name, str) and name.startswith(prefix) and len(name) > len(prefix)
 
 
+# Every Flask route of the AI gateway: /api/3.0/mlflow/gateway/..., /ajax-api/3.0/mlflow/gateway/...
+GATEWAY_ROUTE = "/mlflow/gateway/"
+
+
 def authenticate_request() -> Authorization | Response:
     authorization = authenticate_request_basic_auth()
-    if not isinstance(authorization, Authorization) or request.method != "POST":
+    if not isinstance(authorization, Authorization):
+        return authorization
+    if GATEWAY_ROUTE in request.path and not store.get_user(authorization.username).is_admin:
+        return make_response("Permission denied: the AI gateway is for platform administrators (its endpoints can call "
+                             "any HTTPS host from the tracking server)", 403)
+    if request.method != "POST":
         return authorization
     for suffix, field, kind in NAMING_ENDPOINTS:
         if request.path.endswith(suffix):

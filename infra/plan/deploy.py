@@ -189,7 +189,12 @@ def operation_kwargs(request: DeployRequest, on_output: Callable[[str], Any]) ->
     if request.operation == "preview":
         kwargs["diff"] = True
         if request.read_only:
+            # Their dependents too: on a stack's first preview an AWS resource that waits for an
+            # in-cluster one (the GPU idle alarm on the Container Insights release) would fail the
+            # preview (pulumi pkg/resource/deploy/step_generator.go: "will be created but was not
+            # specified in the target list").
             kwargs["exclude"] = list(READ_ONLY_EXCLUDE)
+            kwargs["exclude_dependents"] = True
     if request.aws_only:
         # Pulumi's --exclude with --exclude-dependents: the Kubernetes provider, every in-cluster
         # object, and every resource that depends on one, are left for phase 2.
@@ -208,6 +213,32 @@ def operation_kwargs(request: DeployRequest, on_output: Callable[[str], Any]) ->
         kwargs["exclude_protected"] = True
     kwargs.update(request.extra)
     return kwargs
+
+
+def image_before_its_repository(request: DeployRequest, outputs: dict[str, Any]) -> Optional[str]:
+    """The first `up` of a stack whose file names an MLflow image in the repository that this same
+    `up` creates (the shipped example files do): the ECS service would wait for steady state on an
+    image that cannot exist yet and fail the `up` after that wait. A stack that has an
+    ``mlflowImageRepository`` output has the repository. None: nothing to refuse."""
+    from infra.config import load_platform_config
+    from infra.plan import raw_project_config, read_stack_file, stack_file
+
+    if request.operation != "up" or "mlflowImageRepository" in outputs:
+        return None
+    path = stack_file(request.stack, request.project_dir)
+    if not path.is_file():
+        return None
+    values, _ = read_stack_file(path)
+    config = load_platform_config(raw_project_config(values), source=path.name)
+    image = config.tracking.image if config.tracking is not None else None
+    if not image:
+        return None
+    repository = f"{config.accounts.automation.id}.dkr.ecr.{config.region}.amazonaws.com/{config.name}/mlflow"
+    if not image.startswith(repository + ":") and not image.startswith(repository + "@"):
+        return None
+    return (f"tracking.image names {image}, in {repository}, which this stack's first `up` creates: the image "
+            f"cannot be there yet. Fix: remove tracking.image from {path.name}, run up, push the image "
+            "(docs/runbooks/first-deploy.md steps 4-6), then set it and run up again")
 
 
 def select_stack(request: DeployRequest, auto: Any):
@@ -276,6 +307,10 @@ def run(
 
     try:
         stack = select_stack(request, auto)
+        problem = image_before_its_repository(request, stack.outputs()) if request.operation == "up" else None
+        if problem:
+            err(f"error: stack '{request.stack}': {problem}")
+            return EXIT_CONFIG_ERROR
         if request.operation != "outputs":
             line = change_summary_line(request.operation, getattr(stack, request.operation)(**operation_kwargs(request, out)))
             if line:

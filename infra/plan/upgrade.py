@@ -68,6 +68,9 @@ class ChartSupport:
     maximum: Optional[str]
     source: str
     tested_up_to: Optional[str] = None
+    # The Helm chart whose release brings it: judged only for a stack whose plan deploys that
+    # chart. None: every stack runs it.
+    chart: Optional[str] = None
 
 
 CHARTS: tuple[ChartSupport, ...] = (
@@ -80,20 +83,29 @@ CHARTS: tuple[ChartSupport, ...] = (
                  "kubeflow/trainer v1.9.4 README (operator table: latest 1.27+); CI integration tests on v1.34.3 and "
                  "v1.35.0 (.github/workflows/integration-tests.yaml)", tested_up_to="1.35"),
     ChartSupport("NVIDIA device plugin", NVIDIA_DEVICE_PLUGIN_VERSION, "1.10", None,
-                 "NVIDIA/k8s-device-plugin v0.17.1 README, Prerequisites: \"Kubernetes version >= 1.10\""),
+                 "NVIDIA/k8s-device-plugin v0.17.1 README, Prerequisites: \"Kubernetes version >= 1.10\"",
+                 chart="nvidia-device-plugin"),
     ChartSupport("Argo CD", ARGOCD_APP_VERSION, None, None,
                  "argo-cd.readthedocs.io, Installation > Tested versions (not readable offline)"),
     ChartSupport("Argo Workflows", ARGO_WORKFLOWS_APP_VERSION, None, None,
                  "argo-workflows.readthedocs.io, Installation (not readable offline)"),
-    ChartSupport("NVIDIA GPU Operator", NVIDIA_GPU_OPERATOR_VERSION, None, None,
-                 "docs.nvidia.com/datacenter/cloud-native/gpu-operator, Platform Support (not readable offline)"),
+    # The release's own Platform Support page: every Kubernetes column reads "1.29---1.32"
+    # (NVIDIA/cloud-native-docs commit 7788e329, "GPU Operator 25.3.0 release docs",
+    # gpu-operator/platform-support.rst). A later minor blocks until the operator moves.
+    ChartSupport("NVIDIA GPU Operator", NVIDIA_GPU_OPERATOR_VERSION, "1.29", "1.32",
+                 "docs.nvidia.com/datacenter/cloud-native/gpu-operator/25.3.0, Platform Support: Kubernetes 1.29-1.32",
+                 chart="gpu-operator"),
 )
 
 
-def chart_verdicts(target: str, charts: tuple[ChartSupport, ...] = CHARTS) -> tuple[list[str], list[str]]:
-    """(blockers, checks) for ``target`` from each chart's stated range."""
+def chart_verdicts(target: str, charts: tuple[ChartSupport, ...] = CHARTS,
+                   deployed_charts: Optional[set[str]] = None) -> tuple[list[str], list[str]]:
+    """(blockers, checks) for ``target`` from each chart's stated range. ``deployed_charts``: the
+    Helm charts the stack's plan installs (None: judge every chart)."""
     blockers, checks = [], []
     for chart in charts:
+        if chart.chart is not None and deployed_charts is not None and chart.chart not in deployed_charts:
+            continue
         if chart.minimum is None:
             checks.append(f"{chart.name} {chart.version}: supported Kubernetes range not recorded here; confirm {target} "
                           f"in {chart.source}")
@@ -220,12 +232,14 @@ def plan_upgrade(stack: str, target: str, project_dir: Path) -> UpgradePlan:
         if (api_version, kind) in removed:
             blockers.append(f"{kind} {name} uses {api_version}, which Kubernetes {removed[(api_version, kind)]} "
                             "no longer serves (Deprecated API Migration Guide): move it to the served version first")
-    chart_blockers, chart_checks = chart_verdicts(target, CHARTS)
+    charts = {r.inputs.get("chart") for r in target_plan.recording.by_type("kubernetes:helm.sh/v3:Release")}
+    chart_blockers, chart_checks = chart_verdicts(target, CHARTS, deployed_charts=charts)
     blockers += chart_blockers
     checks += chart_checks
     deployed = {r.inputs.get("addonName") for r in target_plan.recording.by_type("aws:eks/addon:Addon")}
-    unmapped = sorted(name for name, build in release.addons.items()
-                      if name in deployed and (old.addons.get(name) == build or name in release.unconfirmed_addons))
+    # Only builds no AWS table confirms: a mapped add-on (vpc-cni, coredns, kube-proxy) whose
+    # build is the same at both minors is confirmed by its table, not "kept".
+    unmapped = sorted(name for name in release.addons if name in deployed and name in release.unconfirmed_addons)
     if unmapped:
         checks.append(f"add-ons without a per-version AWS table keep their build ({', '.join(unmapped)}): confirm with "
                       f"`aws eks describe-addon-versions --kubernetes-version {target} --addon-name <name>`")

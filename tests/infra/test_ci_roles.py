@@ -82,13 +82,66 @@ def test_only_deploy_roles_use_prods_state_key():
     policy = state_key_policy(partition=prod.partition, automation_account_id=prod.automation_account_id,
                               users=prod.key_users())
     users = [s for s in policy["Statement"] if "kms:Decrypt" in s["Action"]]
-    assert [u["Principal"]["AWS"] for u in users] == [[prod.deploy_role_arn]]
+    assert [u["Principal"]["AWS"] for u in users] == [sorted([prod.deploy_role_arn, prod.administrator_role_arn])]
+    assert prod.preview_role_arn not in users[0]["Principal"]["AWS"]
     [admin] = [s for s in policy["Statement"] if s["Sid"] == "AccountAdministersOnly"]
     assert not {"kms:Decrypt", "kms:Encrypt", "kms:*"} & set(admin["Action"])
     assert not any(s["Sid"] == "StateKey" for s in prod.preview_policy()["Statement"])
     # Dev's preview may decrypt dev's state (documented trade-off: a PR gets a real dev preview).
     dev = _args("dev")
     assert dev.preview_role_arn in dev.key_users()
+
+
+def _key_policy_allows(policy: dict, principal: str, action: str, *, iam_allows_everything: bool) -> bool:
+    """AWS KMS key policy evaluation for a role session: the key policy must allow the action to
+    the role itself, or to the account root, in which case the role's IAM policies decide (KMS
+    Developer Guide, "Key policies in AWS KMS": "Unlike IAM policies ... the key policy must
+    allow" it; the root principal "enables IAM policies" only for the actions it lists)."""
+    import fnmatch
+
+    account_root = principal.split(":role/")[0] + ":root"
+    for statement in policy["Statement"]:
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        if statement["Effect"] != "Allow" or not any(fnmatch.fnmatchcase(action, a) for a in actions):
+            continue
+        principals = statement["Principal"]["AWS"]
+        principals = principals if isinstance(principals, list) else [principals]
+        if principal in principals or (account_root in principals and iam_allows_everything):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_the_runbooks_state_key_steps_are_allowed_to_whoever_runs_them(stack):
+    """docs/runbooks/ci-roles.md section 2 and first-deploy.md: the administrator, running as
+    accounts.automation.roleArn with AdministratorAccess, switches the stack from its passphrase to
+    the awskms:// key (Pulumi encrypts a new data key: kms:Encrypt; pkg/secrets/cloud/manager.go
+    ``generateNewDataKey``) and later reads outputs and runs the MLflow `up` (every load decrypts
+    it: kms:Decrypt). CI's deploy role then previews and deploys (both). Before the administrator
+    was a key user, the switch failed with AccessDeniedException and CI never got a stack it can open."""
+    from components.ci_access import state_key_policy
+
+    import yaml
+
+    args = _args(stack)
+    policy = state_key_policy(partition=args.partition, automation_account_id=args.automation_account_id,
+                              users=args.key_users())
+    # The role the administrator runs as: the one the stack file names (first-deploy.md step 1).
+    stack_file = yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())
+    administrator = stack_file["config"]["ml-training-platform:accounts"]["automation"]["roleArn"]
+    steps = [
+        ("administrator: pulumi stack change-secrets-provider awskms://", administrator, "kms:Encrypt", True),
+        ("administrator: infra.deploy outputs / MLflow up", administrator, "kms:Decrypt", True),
+        ("CI deploy job: preview and up", args.deploy_role_arn, "kms:Decrypt", False),
+        ("CI deploy job: a new secret", args.deploy_role_arn, "kms:Encrypt", False),
+    ]
+    refused = [what for what, principal, action, admin in steps
+               if not _key_policy_allows(policy, principal, action, iam_allows_everything=admin)]
+    assert not refused, refused
+    # Nobody else: an account principal with AdministratorAccess may administer the key, not use it.
+    other = administrator.rsplit("/", 1)[0] + "/someone-else"
+    assert not _key_policy_allows(policy, other, "kms:Decrypt", iam_allows_everything=True)
+    assert _key_policy_allows(policy, other, "kms:PutKeyPolicy", iam_allows_everything=True)
 
 
 def test_deploy_sessions_outlast_a_first_up_and_the_workflow_asks_for_them():

@@ -22,7 +22,7 @@ def aws_v2(_tool: str) -> str:
     return "aws-cli/2.22.35 Python/3.12.6 Linux/6.1 exe/x86_64.debian.12\n"
 
 
-def fake_auto(calls: list, fail: bool = False):
+def fake_auto(calls: list, fail: bool = False, first_up: bool = False):
     """The real pulumi.automation, with the stack autospecced: a wrong method or keyword fails.
 
     create_autospec checks every call against the real signature (pulumi 3.272.0), and the results
@@ -53,7 +53,10 @@ def fake_auto(calls: list, fail: bool = False):
 
     def outputs():
         calls.append(("outputs", {}))
-        return {"clusterName": OutputValue("mlp-dev-eks", False), "kubeconfig": OutputValue("apiVersion: v1 token-ish", True)}
+        if first_up:
+            return {}
+        return {"clusterName": OutputValue("mlp-dev-eks", False), "kubeconfig": OutputValue("apiVersion: v1 token-ish", True),
+                "mlflowImageRepository": OutputValue("111122223333.dkr.ecr.us-west-2.amazonaws.com/mlp-dev/mlflow", False)}
     stack.outputs.side_effect = outputs
 
     create = create_autospec(auto.create_or_select_stack, return_value=stack)
@@ -62,11 +65,28 @@ def fake_auto(calls: list, fail: bool = False):
                            LocalWorkspaceOptions=auto.LocalWorkspaceOptions, stack=stack)
 
 
-def run(request: DeployRequest, calls: list, *, fail: bool = False, which=ALL_TOOLS, version_of=aws_v2):
+def run(request: DeployRequest, calls: list, *, fail: bool = False, which=ALL_TOOLS, version_of=aws_v2,
+        first_up: bool = False):
     out, err = [], []
-    code = deploy.run(request, auto=fake_auto(calls, fail), which=which, version_of=version_of,
+    code = deploy.run(request, auto=fake_auto(calls, fail, first_up), which=which, version_of=version_of,
                       out=out.append, err=err.append)
     return code, "\n".join(out), "\n".join(err)
+
+
+def test_a_first_up_with_an_image_in_the_repository_it_creates_is_refused_before_anything_runs(monkeypatch):
+    """The shipped stack files name an MLflow image in `<automation>.dkr.ecr.<region>.amazonaws.com/<name>/mlflow`,
+    the repository the stack itself creates: on a stack's first `up` that image cannot exist, and the
+    ECS service fails the `up` after waiting for steady state. Refused at once, naming the key and the fix;
+    once the stack has its repository (the mlflowImageRepository output) the same file goes through."""
+    monkeypatch.setattr(deploy, "offline_plan_gate", lambda request: 0)
+    calls: list = []
+    code, _, err = run(DeployRequest("up", "dev", project_dir=ROOT), calls, first_up=True)
+    assert code == deploy.EXIT_CONFIG_ERROR
+    assert "tracking.image names" in err and "Fix: remove tracking.image from Pulumi.dev.yaml" in err and err.count("\n") == 0
+    assert not [c for c in calls if c[0] == "up"], "the up ran"
+    calls = []
+    code, _, _ = run(DeployRequest("up", "dev", project_dir=ROOT), calls)
+    assert code == 0 and [c for c in calls if c[0] == "up"]
 
 
 def test_up_selects_the_stack_in_the_project_dir_after_the_offline_plan_passes(monkeypatch, tmp_path):
@@ -78,7 +98,8 @@ def test_up_selects_the_stack_in_the_project_dir_after_the_offline_plan_passes(m
     calls: list = []
     code, out, _ = run(DeployRequest("up", "dev", project_dir=ROOT, policy_packs=(str(pack),), message="ci #42"), calls)
     assert code == deploy.EXIT_OK and gates == ["dev"]
-    (select, select_kwargs), (operation, kwargs), (outputs, _) = calls
+    # The outputs are read before the up too: a first up must not name an image its own repository lacks.
+    (select, select_kwargs), (_, _), (operation, kwargs), (outputs, _) = calls
     assert select == "create_or_select_stack"
     assert select_kwargs["stack_name"] == "dev" and select_kwargs["work_dir"] == str(ROOT)
     assert operation == "up" and outputs == "outputs"
@@ -206,7 +227,7 @@ def test_up_hides_secrets_and_new_stacks_get_the_secrets_provider(monkeypatch):
     calls: list = []
     provider = "awskms://alias/mlp-dev-pulumi-state?region=us-west-2"
     code, out, _ = run(DeployRequest("up", "dev", secrets_provider=provider), calls)
-    (_, select), (_, kwargs), _ = calls
+    (_, select), _, (_, kwargs), _ = calls
     assert code == 0
     assert select["opts"].secrets_provider == provider
     assert kwargs["show_secrets"] is False and kwargs["suppress_outputs"] is True
@@ -266,6 +287,26 @@ def test_read_only_preview_leaves_out_exactly_the_in_cluster_resources(dev_plan)
     assert any(r.type.startswith("aws:") for r in dev_plan.recording.resources if r.urn not in excluded)
     with pytest.raises(ValueError, match="preview only"):
         DeployRequest("up", "dev", read_only=True)
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_a_read_only_preview_of_a_new_stack_has_no_dependent_of_an_excluded_resource(stack, request):
+    """pulumi/pulumi pkg/resource/deploy/step_generator.go: a resource that is not excluded but
+    depends on an excluded one that is not in the state yet gets
+    ``GetResourceWillBeCreatedButWasNotSpecifiedInTargetList`` and ``sawError = true``: the
+    preview fails, unless ``--exclude-dependents`` leaves those out too. On a stack's first
+    preview (nothing in state) every AWS resource that waits for an in-cluster one is such a
+    dependent (the GPU idle alarm on the Container Insights release, an add-on on a NodePool)."""
+    plan = request.getfixturevalue(f"{stack}_plan")
+    kwargs = deploy.operation_kwargs(DeployRequest("preview", stack, read_only=True), print)
+    matchers = [_pulumi_glob(glob) for glob in kwargs["exclude"]]
+    excluded = {r.urn for r in plan.recording.resources if any(m.match(r.urn) for m in matchers)}
+    if kwargs.get("exclude_dependents"):
+        excluded = {r.urn for r in plan.recording.resources} - {r.urn for r in _phase_one(plan.recording, kwargs["exclude"])}
+    refused = sorted(r.name for r in plan.recording.resources if r.urn not in excluded
+                     and {r.parent, r.provider, *r.dependencies} & excluded)
+    assert not refused, f"the preview would fail: these depend on left-out resources not in state: {refused}"
+    assert any(r.type.startswith("aws:eks/cluster") for r in plan.recording.resources if r.urn not in excluded)
 
 
 def test_read_only_preview_tells_the_program_to_use_the_reader_roles(monkeypatch):

@@ -110,7 +110,7 @@ def _kustomize_build(overlay: Path) -> list[dict]:
 def _operator_overlay(tmp_path):
     """The platform's overlay (kustomization + init-container template) over a copy of upstream's
     standalone manifests, laid out as infra.vendor lays them out."""
-    from components.training import INIT_CONTAINER_TEMPLATE, INIT_CONTAINER_TEMPLATE_FILE
+    from components.training import INIT_CONTAINER_TEMPLATE, INIT_CONTAINER_TEMPLATE_FILE, NETWORK_POLICY_FILE, network_policy_yaml
 
     upstream = tmp_path / "upstream"
     upstream.mkdir()
@@ -120,6 +120,7 @@ def _operator_overlay(tmp_path):
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(operator_kustomization("../upstream")))
     (overlay / INIT_CONTAINER_TEMPLATE_FILE).write_text(INIT_CONTAINER_TEMPLATE)
+    (overlay / NETWORK_POLICY_FILE).write_text(network_policy_yaml())
     return overlay
 
 
@@ -152,8 +153,15 @@ def test_the_operator_is_built_placed_on_the_tainted_system_nodes_with_the_pinne
                     reason="needs kubectl and the vendored tree (python -m infra.vendor)")
 def test_the_real_vendored_overlay_builds():
     overlay = vendor.prepare()
-    kinds = {d["kind"] for d in _kustomize_build(overlay)}
+    built = _kustomize_build(overlay)
+    kinds = {d["kind"] for d in built}
     assert {"CustomResourceDefinition", "Deployment", "ValidatingWebhookConfiguration"} <= kinds
+    # Under the CNI's strict enforcement the operator's pod needs a policy: the overlay brings one
+    # for every pod of its namespace.
+    [deployment] = [d for d in built if d["kind"] == "Deployment"]
+    policies = [d for d in built if d["kind"] == "NetworkPolicy"]
+    assert any(p["metadata"]["namespace"] == deployment["metadata"]["namespace"] and p["spec"]["podSelector"] == {}
+               for p in policies), policies
 
 
 def test_the_directory_builds_the_local_overlay_after_the_system_nodes_and_coredns(plan):
@@ -508,6 +516,17 @@ def test_the_eks_cluster_child_is_named_as_pulumi_eks_names_it(plan):
     assert child.inputs["name"] == component.inputs["name"] != child.name
 
 
+def test_the_eks_cluster_child_gets_the_service_cidr_as_pulumi_eks_sends_it(plan):
+    """cluster.ts: ``if (args.kubernetesServiceIpAddressRange || args.ipFamily) { kubernetesNetworkConfig
+    = ... ({ serviceIpv4Cidr: ipFamily === "ipv4" ? serviceIpv4Cidr : undefined, ipFamily }) }``: the
+    aws.eks.Cluster child has no kubernetesServiceIpAddressRange input (aws:eks/cluster:Cluster schema)."""
+    component = plan.recording.one("eks:index:Cluster")
+    child = plan.recording.one("aws:eks/cluster:Cluster")
+    assert "kubernetesServiceIpAddressRange" not in child.inputs
+    assert child.inputs["kubernetesNetworkConfig"] == {
+        "serviceIpv4Cidr": component.inputs["kubernetesServiceIpAddressRange"], "ipFamily": "ipv4"}
+
+
 # Service Authorization Reference, "Resource types defined by ..." (ARN formats).
 ARN_PATTERNS = {
     # Secrets Manager User Guide: the ARN ends with the name, "-" and six random characters.
@@ -661,7 +680,7 @@ def test_the_operator_init_container_passes_pod_security_restricted_and_pins_its
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (its built-in kustomize)")
 def test_the_template_is_mounted_where_the_operator_reads_it(tmp_path):
     """pkg/config/config.go: ``PyTorchInitContainerTemplateFileDefault = "/etc/config/initContainer.yaml"``."""
-    from components.training import INIT_CONTAINER_TEMPLATE, INIT_CONTAINER_TEMPLATE_FILE
+    from components.training import INIT_CONTAINER_TEMPLATE, INIT_CONTAINER_TEMPLATE_FILE, NETWORK_POLICY_FILE, network_policy_yaml
 
     objects = _kustomize_build(_operator_overlay(tmp_path))
     (config_map,) = [o for o in objects if o["kind"] == "ConfigMap"]

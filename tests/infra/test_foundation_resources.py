@@ -83,9 +83,45 @@ def test_five_pinned_managed_addons_and_ebs_csi_through_pod_identity(plan):
     assert set(trust["Action"]) == {"sts:AssumeRole", "sts:TagSession"}
 
 
-def test_network_policies_are_enforced_by_the_cni(plan):
+def test_network_policies_are_enforced_by_the_cni_from_the_pods_first_packet(plan):
+    """EKS User Guide, "Restrict Pod network traffic with Kubernetes network policies", step 1: "Set
+    up policy enforcement at Pod startup ... in the aws-node container"; amazon-vpc-cni-k8s v1.20.1
+    README, NETWORK_POLICY_ENFORCING_MODE: in ``standard`` mode "containers in the new pod will start
+    with a default allow policy" until the pod's policies are configured, in ``strict`` mode "with a
+    default deny policy". The add-on takes it as the chart value ``env.NETWORK_POLICY_ENFORCING_MODE``
+    (charts/aws-vpc-cni/values.yaml at v1.20.1: ``env:`` ... ``NETWORK_POLICY_ENFORCING_MODE: "standard"``)."""
     cni = next(r for r in plan.recording.by_type("aws:eks/addon:Addon") if r.inputs["addonName"] == "vpc-cni")
-    assert json.loads(cni.inputs["configurationValues"]) == {"enableNetworkPolicy": "true"}
+    values = json.loads(cni.inputs["configurationValues"])
+    assert values["enableNetworkPolicy"] == "true"
+    assert values["env"]["NETWORK_POLICY_ENFORCING_MODE"] == "strict"
+
+
+def _selects_every_pod(policy) -> bool:
+    return policy.inputs.get("spec", {}).get("podSelector") in ({}, None)
+
+
+def test_under_strict_enforcement_every_namespace_that_runs_pods_has_a_policy_first(plan):
+    """"In Strict Mode, you must have a network policy defined for every pod in your cluster. Host
+    Networking pods are exempted" (amazon-vpc-cni-k8s README). A namespace where the plan puts pods
+    (a Helm release's, kube-system's EKS add-ons, a team's) must have a policy selecting every pod,
+    created before what runs the pods: otherwise they start without a network (CoreDNS cannot reach
+    the API and its add-on never turns ACTIVE). kubeflow's policy comes with the Training Operator's
+    overlay (tests/infra/test_first_deploy.py); the team namespaces' default-deny is theirs."""
+    policies: dict[str, list] = {}
+    for policy in plan.recording.by_type("kubernetes:networking.k8s.io/v1:NetworkPolicy"):
+        if _selects_every_pod(policy):
+            policies.setdefault(policy.inputs["metadata"]["namespace"], []).append(policy)
+    runs_pods = {r.inputs["namespace"]: r for r in plan.recording.by_type("kubernetes:helm.sh/v3:Release")}
+    missing = sorted(ns for ns in [*runs_pods, "kube-system", *plan.config.team_namespaces] if ns not in policies)
+    assert not missing, f"namespaces whose pods would have no network under strict enforcement: {missing}"
+    for namespace, release in runs_pods.items():
+        waited = {p.urn for p in policies[namespace]} & set(release.dependencies)
+        assert waited, f"{release.name} may start pods in {namespace} before their policy exists"
+    kube_system = {p.urn for p in policies["kube-system"]}
+    for addon in plan.recording.by_type("aws:eks/addon:Addon"):
+        if addon.inputs["addonName"] in ("vpc-cni", "kube-proxy", "eks-pod-identity-agent"):
+            continue  # hostNetwork DaemonSets: exempt, and the nodes need them first
+        assert kube_system & set(addon.dependencies), f"{addon.inputs['addonName']} starts pods before kube-system's policy"
 
 
 def test_node_group_waits_for_the_cni(plan):

@@ -51,11 +51,30 @@ def test_the_infra_extra_carries_every_runtime_import():
     assert missing == {}, f"imported by jobs/infra/components/workloads but not in the infra extra: {missing}"
 
 
-def test_pulumi_installs_from_a_requirements_file_that_exists():
-    runtime = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["runtime"]
-    assert runtime["options"]["toolchain"] == "pip"
-    requirements = (ROOT / "requirements.txt").read_text().split()
-    assert "-e" in requirements and ".[infra]" in requirements and "constraints.txt" in requirements
+def test_pulumi_installs_this_project_from_the_program_directory():
+    """Pulumi's pip toolchain installs ``requirements.txt`` of the program directory, with pip
+    running in that directory (pulumi sdk/python/toolchain/pip.go ``InstallDependencies``:
+    ``requirementsPath := filepath.Join(cwd, "requirements.txt")``, returns early when absent;
+    ``pipCmd.Dir = cwd``), and the program directory is ``main`` when it names a directory
+    (pkg/engine/project.go ``getPwdMain``). pip resolves ``-e`` paths against its working
+    directory: run the real pip there, dry, offline, and it must find this project's infra extra."""
+    import subprocess
+    import sys
+
+    project = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())
+    assert project["runtime"]["options"]["toolchain"] == "pip"
+    program_dir = ROOT / project.get("main", ".")
+    requirements = program_dir / "requirements.txt"
+    assert requirements.is_file(), f"Pulumi's installer looks for {requirements.relative_to(ROOT)}: it does not exist"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-index",
+                           "--no-build-isolation", "--quiet", "--report", "-", "-r", "requirements.txt"],
+                          cwd=program_dir, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    import json
+
+    [install] = json.loads(done.stdout)["install"]
+    assert install["metadata"]["name"] == "ml-training-platform" and install["requested_extras"] == ["infra"]
+    assert install["download_info"]["url"] == ROOT.as_uri()
 
 
 def test_stack_files_are_found_from_the_working_directory(tmp_path):

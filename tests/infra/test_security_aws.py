@@ -73,7 +73,8 @@ def allows(policy: dict, *, principal: tuple[str, str], action: str, resource: s
             continue
         if not any(fnmatch.fnmatchcase(action.lower(), a.lower()) for a in _list(statement["Action"])):
             continue
-        if not any(fnmatch.fnmatchcase(resource, r) for r in _list(statement["Resource"])):
+        # A trust policy has no Resource: the role itself is the resource.
+        if not any(fnmatch.fnmatchcase(resource, r) for r in _list(statement.get("Resource", "*"))):
             continue
         conditions = statement.get("Condition", {})
         if not all(_condition_holds(op, k, v, context) for op, pairs in conditions.items() for k, v in pairs.items()):
@@ -421,3 +422,30 @@ def test_every_kms_key_rotates_and_is_protected_in_prod(graph):
         assert 7 <= key.inputs.get("deletionWindowInDays", 30) <= 30
         if graph.config.is_prod:
             assert key.protect, f"{key.name} is not protected in prod"
+
+
+# -- the log-archive destination ------------------------------------------------------------------
+def test_the_log_destination_role_admits_cloudwatch_logs_for_both_accounts_and_nobody_else(graph):
+    """CloudWatch Logs User Guide, "Cross-account cross-Region subscriptions using Firehose":
+    "When the destination is created, CloudWatch Logs sends a test message to the destination on
+    the recipient account's behalf. When the subscription filter is active later, CloudWatch Logs
+    sends log events to the destination on the source account's behalf." Both calls assume the
+    destination's role; a third account's log ARN must not."""
+    config = graph.config
+    [destination] = graph.all("aws:cloudwatch/logDestination:LogDestination")
+    [role] = [r for r in graph.all("aws:iam/role:Role") if r.outputs["arn"] == destination.inputs["roleArn"]]
+    trust = json.loads(role.inputs["assumeRolePolicy"])
+    recipient, source = config.accounts.logging.id, config.accounts.workload.id
+    assert graph.account_id(destination) == recipient
+    region = config.region
+
+    def assumes(account: str, arn_tail: str) -> bool:
+        return allows(trust, principal=("Service", "logs.amazonaws.com"), action="sts:AssumeRole", resource="*",
+                      context={"aws:SourceArn": f"arn:aws:logs:{region}:{account}:{arn_tail}", "aws:SourceAccount": account})
+
+    assert assumes(recipient, f"destination:{destination.inputs['name']}"), "PutDestination's test message is refused"
+    assert assumes(source, "log-group:/aws/eks/x/containers:*"), "the subscription's deliveries are refused"
+    assert not assumes("999999999999", "log-group:/aws/eks/x/containers:*")
+    other_region = {"aws:SourceArn": f"arn:aws:logs:eu-north-1:{source}:log-group:x", "aws:SourceAccount": source}
+    assert not allows(trust, principal=("Service", "logs.amazonaws.com"), action="sts:AssumeRole", resource="*",
+                      context=other_region)

@@ -5,11 +5,11 @@ attempts of its section 3.2) that the cluster-side controls must refuse: the att
 request (a Pod, a Job, a Service, an Argo CD Application, a verb on a resource) or a layout
 fact, and the control is asserted on the objects the platform renders and applies:
 
-- ValidatingAdmissionPolicies are evaluated with a CEL library (cel-python) the way the API
-  server does (Kubernetes docs, "Validating Admission Policy"): the request matches the
-  policy's ``matchConstraints`` resource rules and its binding's namespace selector, then every
-  ``matchConditions`` expression must be true, then any ``validations`` expression that is
-  false refuses the request. Variables: ``object``, ``namespaceObject``, ``request``.
+- ValidatingAdmissionPolicies are evaluated with a CEL library (cel-python, plus Kubernetes'
+  quantity functions: tests/support/kube_cel.py) the way the API server does (Kubernetes docs,
+  "Validating Admission Policy"): the request matches the policy's ``matchConstraints``
+  resource rules and its binding's namespace selector, then every ``matchConditions``
+  expression must be true, then any ``validations`` expression that is false refuses the request. Variables: ``object``, ``namespaceObject``, ``request``.
 - RBAC is evaluated per verb and resource with the RBAC rule match (``workloads.tenancy.rbac_allows``).
 
 A control only a real cluster can confirm says so in the row's name (``..._cluster_confirms``);
@@ -30,6 +30,7 @@ from components.training import team_directory_metadata
 from infra.config import load_platform_config
 from infra.gpu_capacity import team_specs
 from tests.conftest import stack_config
+from tests.support import kube_cel
 from workloads import gitops, kueue, scheduling, tenancy
 from workloads.fsx import (
     CLAIM_NAME, DATASETS_CLAIM_NAME, fsx_persistent_volume, fsx_persistent_volume_claim, team_pod_volumes,
@@ -52,7 +53,9 @@ ARGOCD_NS = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "argo
 GITOPS = gitops.GitOpsSpec(platform="mlp-prod", repo_url="https://github.com/example/platform.git", target_revision="main",
                            rendered_path="workloads/rendered/prod", namespaces=tuple(sorted(SPECS)))
 RESOURCES = {"Pod": ("", "v1", "pods"), "Job": ("batch", "v1", "jobs"), "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
-             "Service": ("", "v1", "services"), "Secret": ("", "v1", "secrets"), "Application": ("argoproj.io", "v1alpha1", "applications")}
+             "Service": ("", "v1", "services"), "Secret": ("", "v1", "secrets"), "Application": ("argoproj.io", "v1alpha1", "applications"),
+             "PersistentVolumeClaim": ("", "v1", "persistentvolumeclaims"),
+             "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets")}
 
 
 def _ns_labels(namespace: dict[str, Any]) -> dict[str, str]:
@@ -90,14 +93,14 @@ def admit(obj: dict[str, Any], namespace: dict[str, Any], user: dict[str, Any], 
         binding = bindings[policy["metadata"]["name"]]
         if not _selects(binding["spec"]["matchResources"]["namespaceSelector"], _ns_labels(namespace)):
             continue
-        matched = [env.program(env.compile(c["expression"])).evaluate(activation) for c in spec.get("matchConditions", [])]
+        matched = [kube_cel.evaluate(env, c["expression"], activation) for c in spec.get("matchConditions", [])]
         if any(isinstance(m, Exception) for m in matched):  # an error in a match condition: failurePolicy Fail refuses
             refusals.append(f"{policy['metadata']['name']}: match condition error {matched}")
             continue
         if not all(matched):
             continue
         for v in spec["validations"]:
-            result = env.program(env.compile(v["expression"])).evaluate(activation)
+            result = kube_cel.evaluate(env, v["expression"], activation)
             if isinstance(result, Exception):  # an evaluation error: failurePolicy Fail refuses
                 assert spec["failurePolicy"] == "Fail"
                 refusals.append(f"{policy['metadata']['name']}: error {result}")

@@ -66,8 +66,34 @@ def test_prod_waits_for_dev_and_moves_its_pinned_ami_alias(tmp_path):
     blocked = upgrade.plan_upgrade("prod", "1.33", _project(tmp_path))
     assert any("Pulumi.dev.yaml (dev) runs 1.32" in b for b in blocked.blockers)
     ready = upgrade.plan_upgrade("prod", "1.33", _project(tmp_path, dev="1.33"))
-    assert ready.blockers == []
+    # Dev soaked: what remains is prod's GPU Operator, whose release supports up to 1.32.
+    assert [b for b in ready.blockers if not b.startswith("NVIDIA GPU Operator")] == []
     assert f"karpenter.amiAlias: al2023@{EKS_RELEASES['1.33'].ami_release}" in ready.steps[0]
+
+
+def test_the_gpu_operator_blocks_prod_beyond_its_stated_range_and_dev_is_not_judged_by_it(tmp_path):
+    """NVIDIA GPU Operator 25.3.0's Platform Support page states Kubernetes 1.29-1.32 in every
+    Kubernetes column (NVIDIA/cloud-native-docs 7788e329, gpu-operator/platform-support.rst). Prod
+    runs it (gpuEnablement.mode gpu-operator): 1.33 is a blocker, not a check. Dev runs the device
+    plugin instead, so the operator's range does not hold dev back."""
+    project = _project(tmp_path, dev="1.33")
+    prod = upgrade.plan_upgrade("prod", "1.33", project)
+    [operator] = [b for b in prod.blockers if "GPU Operator" in b]
+    assert "supports Kubernetes 1.29-1.32" in operator and "not 1.33: upgrade the chart first" in operator
+    assert not any("GPU Operator" in c for c in prod.checks)
+    dev = upgrade.plan_upgrade("dev", "1.33", ROOT)
+    assert not any("GPU Operator" in line for line in dev.blockers + dev.checks)
+
+
+def test_an_add_on_whose_aws_table_confirms_its_build_is_not_listed_as_unconfirmed(tmp_path):
+    """coredns and vpc-cni have per-version tables in the EKS User Guide; at 1.34 -> 1.35 their builds
+    simply do not change (catalog/versions.py EKS_RELEASES), which the table confirms. Only the
+    add-ons without a table (UNCONFIRMED) need `describe-addon-versions`."""
+    plan = upgrade.plan_upgrade("dev", "1.35", _project(tmp_path, dev="1.34"))
+    [line] = [c for c in plan.checks if c.startswith("add-ons without a per-version AWS table")]
+    listed = set(line.split("(", 1)[1].split(")", 1)[0].split(", "))
+    assert listed and listed <= set(EKS_RELEASES["1.35"].unconfirmed_addons), listed
+    assert not {"coredns", "vpc-cni", "kube-proxy"} & listed
 
 
 def test_objects_using_a_removed_api_version_block_the_upgrade(monkeypatch):
@@ -141,10 +167,10 @@ def test_stated_chart_ranges_block_outside_and_check_beyond_their_ci():
     assert upgrade.chart_verdicts("1.35", (charts["Kueue"],)) == ([], [])
     blockers, checks = upgrade.chart_verdicts("1.36", (charts["Training Operator"],))
     assert not blockers and "CI runs up to 1.35" in checks[0]
-    for version in VERSIONS[1:]:  # every supported hop of both stacks passes the recorded ranges
-        assert upgrade.chart_verdicts(version)[0] == []
+    for version in VERSIONS[1:]:  # every supported hop passes the recorded ranges, but prod's GPU Operator
+        assert [b for b in upgrade.chart_verdicts(version)[0] if "GPU Operator" not in b] == []
     unverified = [c.name for c in upgrade.CHARTS if c.minimum is None]
-    assert unverified == ["Argo CD", "Argo Workflows", "NVIDIA GPU Operator"]
+    assert unverified == ["Argo CD", "Argo Workflows"]
     assert all(any(name in check for check in upgrade.chart_verdicts("1.33")[1]) for name in unverified)
 
 

@@ -155,3 +155,64 @@ def test_policy_pack_venv_is_created_before_any_policy_pack_run():
         script = "\n".join(step.get("run", "") for step in workflow_jobs(_workflow())[job_id]["steps"])
         assert "--policy-pack policypack" in script
         assert script.index("infra.deploy install-policy-pack policypack") < script.index("--policy-pack policypack")
+
+
+def test_the_test_job_keeps_go_modules_build_cache_and_cluster_tools_between_runs():
+    """A cold build of the cluster tools takes most of the test job's hour: the job restores Go's
+    module cache and build cache (keyed on every tool module's go.sum) and the built binaries
+    (keyed on what tools/cluster/build.sh stamps them with) before `.ci/run` builds them."""
+    steps = workflow_jobs(_workflow())["test"]["steps"]
+    run_at = next(i for i, step in enumerate(steps) if step.get("run", "").strip() == "bash .ci/run")
+    caches = {i: step["with"] for i, step in enumerate(steps) if step.get("uses", "").startswith("actions/cache@")}
+    paths = {line.strip(): (i, inputs) for i, inputs in caches.items() for line in inputs["path"].splitlines() if line.strip()}
+    for path in ("~/go/pkg/mod", "~/.cache/go-build", ".cache/cluster-tools/bin"):
+        assert path in paths, f"the test job does not cache {path}"
+        index, inputs = paths[path]
+        assert index < run_at, f"{path} is restored after the build"
+        assert "hashFiles(" in inputs["key"] and "tools/cluster/*/go.sum" in inputs["key"], inputs["key"]
+    # The directory build.sh writes to on a fresh clone (no worktree): <repo>/.cache/cluster-tools/bin.
+    script = (ROOT / "tools" / "cluster" / "build.sh").read_text()
+    assert 'bin="$repo/.cache/cluster-tools/bin"' in script
+    for module in sorted((ROOT / "tools" / "cluster").glob("*/go.sum")):
+        assert module.parent.name in script or module.parent.name == "kubernetes", module  # every module is built there
+
+
+def _fake_bin(tmp_path: Path, *, uid: int, sudo: bool) -> tuple[Path, Path]:
+    """A PATH with the commands build.sh's etcd step uses, each recording its call; no etcd."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    calls.write_text("")
+    scripts = {
+        "id": f'#!/bin/bash\n[ "$1" = -u ] && echo {uid} || /usr/bin/id "$@"\n',
+        "apt-get": f'#!/bin/bash\necho "apt-get $* (uid {uid}${{SUDO_USER:+ via sudo}})" >> {calls}\n'
+                   f'[ "$1" = install ] && printf "#!/bin/bash\\necho etcd" > {bin_dir}/etcd && chmod +x {bin_dir}/etcd\nexit 0\n',
+        "git": "#!/bin/bash\nexit 1\n",
+    }
+    if sudo:
+        scripts["sudo"] = f'#!/bin/bash\n[ "$1" = -n ] && shift\n[ "$1" = true ] && exit 0\necho "sudo $*" >> {calls}\nSUDO_USER=runner exec "$@"\n'
+    for name, text in scripts.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    for tool in ("bash", "env", "dirname", "cat", "mkdir", "sha256sum", "cut", "printf", "chmod"):
+        found = shutil.which(tool)
+        if found and not (bin_dir / tool).exists():
+            (bin_dir / tool).symlink_to(found)
+    return bin_dir, calls
+
+
+@pytest.mark.parametrize("uid, sudo, installs", [(1001, True, True), (0, False, True), (1001, False, False)])
+def test_build_sh_installs_etcd_as_a_runner_user_through_sudo(tmp_path, uid, sudo, installs):
+    """A GitHub-hosted runner is the user `runner` with passwordless sudo and no etcd: build.sh
+    installs Ubuntu's etcd-server through `sudo -n` (as .ci/run does PostgreSQL and promtool); as
+    root directly; without either it stops with the command to run, naming the fix."""
+    bin_dir, calls = _fake_bin(tmp_path, uid=uid, sudo=sudo)
+    done = subprocess.run(["bash", str(ROOT / "tools" / "cluster" / "build.sh"), "etcd"], capture_output=True, text=True,
+                          timeout=60, env={"PATH": str(bin_dir), "CLUSTER_TOOLS_BIN": str(tmp_path / "out"), "HOME": str(tmp_path)})
+    recorded = calls.read_text()
+    if installs:
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "apt-get install -y -qq etcd-server" in recorded, recorded
+        assert ("sudo env DEBIAN_FRONTEND=noninteractive apt-get install" in recorded) == (uid != 0), recorded
+    else:
+        assert done.returncode == 2 and "FIX: sudo apt-get install etcd-server" in done.stderr, done.stderr
+        assert recorded == ""

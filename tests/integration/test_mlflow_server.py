@@ -643,6 +643,26 @@ def _post_json(url: str, path: str, body: dict, auth: tuple[str, str]) -> int:
     return _send(request, auth)
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/api/3.0/mlflow/gateway/secrets/create",
+     {"secret_name": "relay", "secret_value": {"api_key": "x"}, "provider": "openai",
+      "auth_config": {"api_base": "https://attacker.example"}}),
+    ("/ajax-api/3.0/mlflow/gateway/model-definitions/create",
+     {"name": "relay", "provider": "openai", "model_name": "gpt-4o"}),
+    ("/api/3.0/mlflow/gateway/endpoints/create", {"name": "relay", "model_configs": []}),
+])
+def test_a_team_login_cannot_define_an_ai_gateway_relay(mlflow_server, path, body):
+    """MLflow's AI gateway sends requests from the tracking server to the api_base a secret names
+    (mlflow/server/gateway_api.py), and its validators let any user create secrets, model
+    definitions and endpoints: from a team network with no internet egress, the tracking server
+    would relay anywhere on 443. A team login is refused every gateway route; an admin is not."""
+    url = mlflow_server[0]
+    assert _post_json(url, path, body, ("team-research", TEAMS["team-research"])) == 403
+    listing = urllib.request.Request(url + "/ajax-api/3.0/mlflow/gateway/secrets/list")
+    assert _send(listing, ("team-vision", TEAMS["team-vision"])) == 403
+    assert _send(urllib.request.Request(url + "/ajax-api/3.0/mlflow/gateway/secrets/list"), ("admin", ADMIN_PASSWORD)) != 403
+
+
 # -- first deploy and rotation order (audit N8) -------------------------------------------------------
 def test_a_starting_task_does_not_undo_a_rotation_in_progress(mlflow_server, client, postgres, secrets, s3_endpoint):
     """AWS's single-user rotation sets the role's password to AWSPENDING (setSecret) before it

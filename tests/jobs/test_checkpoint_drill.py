@@ -54,8 +54,9 @@ def kubelet(kube, exit_code: int, message: str):
                 continue
             template = copy.deepcopy(job["spec"]["template"])
             labels = {**template["metadata"]["labels"], JOB_NAME_LABEL: name, "job-name": name}
+            owner = [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job["metadata"]["uid"], "controller": True}]
             kube.add({"apiVersion": "v1", "kind": "Pod",
-                      "metadata": {"name": f"{name}-abcde", "namespace": namespace, "labels": labels},
+                      "metadata": {"name": f"{name}-abcde", "namespace": namespace, "labels": labels, "ownerReferences": owner},
                       "spec": template["spec"],
                       "status": {"phase": "Failed" if exit_code else "Succeeded", "containerStatuses": [{
                           "name": CONTAINER, "image": template["spec"]["containers"][0]["image"], "imageID": "",
@@ -170,3 +171,37 @@ def test_the_verdict_is_the_drills_exit_code():
     assert verdict_from_pod(pod({"terminated": {"exitCode": 2, "message": "no complete checkpoint"}})) == (
         "FAIL", "exit code 2 (nothing to verify at the source)\nno complete checkpoint")
     assert verdict_from_pod(pod({"terminated": {"exitCode": 137}}))[0] == "FAIL"
+
+
+
+def test_a_pod_the_team_made_with_the_drills_label_is_not_the_drills_verdict(kube, dev_facts, tmp_path):
+    """The forged verdict: a team member creates a pod labelled batch.kubernetes.io/job-name=verify-<job>-<step>
+    with a container `drill` that exits 0, before the Job controller's pod ends. It names no
+    controller owner with the drill Job's uid: it is not read; the drill's own pod is."""
+    (tmp_path / NS / JOB / "step-000100").mkdir(parents=True)
+    (tmp_path / NS / JOB / "step-000100" / "complete.json").write_text("{}")
+    real = kubelet(kube, 1, "VERDICT: FAIL: the checkpoint would not restore")
+
+    def forge_then_run(seconds: float) -> None:
+        name = f"verify-{JOB}-100"
+        if kube.find("pods", "forged", NS) is None:
+            kube.add({"apiVersion": "v1", "kind": "Pod",
+                      "metadata": {"name": "forged", "namespace": NS, "labels": {JOB_NAME_LABEL: name}},
+                      "spec": {"containers": [{"name": CONTAINER, "image": "busybox"}]},
+                      "status": {"phase": "Succeeded", "containerStatuses": [{
+                          "name": CONTAINER, "image": "busybox", "imageID": "", "ready": False, "restartCount": 0,
+                          "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}})
+            return
+        real(seconds)
+
+    jobs = JobClient(stack="dev", kube=kube, facts=dev_facts, store=LocalStore(str(tmp_path)), sleep=forge_then_run)
+    jobs.submit(raw_spec())
+    [checkpoint] = jobs.checkpoints(JOB, "research", verify=100)
+    assert checkpoint.verdict == "FAIL" and "would not restore" in checkpoint.detail
+
+
+def test_a_drill_pod_whose_image_was_swapped_is_a_fail():
+    pod = {"spec": {"containers": [{"name": CONTAINER, "image": "attacker/always-pass:1"}]},
+           "status": {"containerStatuses": [{"name": CONTAINER, "state": {"terminated": {"exitCode": 0}}}]}}
+    verdict, detail = verdict_from_pod(pod, image="trainer:1")
+    assert verdict == "FAIL" and "attacker/always-pass:1" in detail

@@ -1,4 +1,4 @@
-"""Logs of attempts whose pods are gone: `logs JOB --attempt N` reads the cluster's CloudWatch
+"""Logs of attempts whose pods are gone: `logs JOB --attempt N` reads the team's CloudWatch
 container log group (jobs/past_logs.py), against moto's CloudWatch Logs (the AWS API as boto3
 calls it), the job's state from the fake `kubectl` on PATH.
 
@@ -57,9 +57,20 @@ def cloudwatch(dev_facts, monkeypatch):
     for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": dev_facts.region}.items():
         monkeypatch.setenv(key, value)
+    from components.container_logs import team_log_group_name
+
     with mock_aws():
         logs = boto3.client("logs", region_name=dev_facts.region)
-        group = dev_facts.container_log_group
+        # The platform's namespaces keep the cluster's group; a team's containers are in its own
+        # (components/container_logs.py). A stream of the same name in the platform's group is
+        # not the team's and is never read.
+        platform = dev_facts.container_log_group
+        logs.create_log_group(logGroupName=platform)
+        logs.create_log_stream(logGroupName=platform, logStreamName=f"{NS}.smoke-l4-master-0.pytorch")
+        logs.put_log_events(logGroupName=platform, logStreamName=f"{NS}.smoke-l4-master-0.pytorch",
+                            logEvents=[fluent_bit_event("smoke-l4-master-0", "uid-platform", "not the team's group",
+                                                        int(time.time() * 1000) + 500)])
+        group = team_log_group_name(platform, NS)
         logs.create_log_group(logGroupName=group)
         now_ms = int(time.time() * 1000) + 1000  # after the job's creation
         stream = f"{NS}.smoke-l4-master-0.pytorch"

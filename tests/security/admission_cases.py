@@ -47,6 +47,16 @@ JOB_CONTROLLER = {"username": "system:serviceaccount:kube-system:job-controller"
                   "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"]}
 TRAINING_OPERATOR = {"username": "system:serviceaccount:kubeflow:training-operator",
                      "groups": ["system:serviceaccounts", "system:serviceaccounts:kubeflow", "system:authenticated"]}
+# Kueue's chart (its RBAC) is not applied on the test control plane: there its identity is granted
+# through system:masters, as tools/cluster/controllers.py runs it; admission policies still see its name.
+KUEUE = {"username": kueue.KUEUE_CONTROLLER_USER,
+         "groups": ["system:serviceaccounts", "system:serviceaccounts:kueue-system", "system:masters"]}
+# Argo Workflows' controller creates a Workflow's PVCs and PDB with its own ClusterRole; the chart is
+# not applied on the test control plane, so there it is granted through system:masters (admission
+# policies see every request, masters' included).
+ARGO_CONTROLLER = {"username": "system:serviceaccount:argo-workflows:argo-workflows-workflow-controller",
+                   "groups": ["system:serviceaccounts", "system:serviceaccounts:argo-workflows", "system:masters"]}
+DEPLOY_ROLE = {"username": "arn:aws:sts::222233334444:assumed-role/mlp-pulumi-deploy/pulumi", "groups": ["system:masters"]}
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 SYSTEM_NODE = "ip-10-0-1-23.us-west-2.compute.internal"
 
@@ -68,11 +78,12 @@ class Case:
 
 
 # -- the objects the platform renders, then the attacker's change -----------------------------------
-def pod(*, gpus: int = 0, slice_resource: Optional[str] = None, env: Optional[list] = None, **spec_changes: Any) -> dict[str, Any]:
+def pod(*, gpus: int | str = 0, slice_resource: Optional[str] = None, env: Optional[list] = None, **spec_changes: Any) -> dict[str, Any]:
+    """``gpus``: the nvidia.com/gpu request (and limit); a string is sent as written, "0" included."""
     uid = UID[A]
     resources: dict[str, dict[str, str]] = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
     for part in resources.values():
-        if gpus:
+        if gpus or isinstance(gpus, str):
             part["nvidia.com/gpu"] = str(gpus)
         if slice_resource:
             part[slice_resource] = "1"
@@ -130,12 +141,44 @@ def secret(type_: str) -> dict[str, Any]:
     return obj
 
 
+def claim(size: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "work", "namespace": A},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}, **spec}}
+
+
 def _affinity(key: str, values: list[str], operator: str = "In") -> dict[str, Any]:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": key, "operator": operator, **({"values": values} if values else {})}]}]}}}
 
 
 ALL_GPUS = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+
+
+def _pod_affinity(kind: str = "podAffinity", *, namespaces: Optional[list[str]] = None,
+                  namespace_selector: Optional[dict] = None, topology: str = "kubernetes.io/hostname",
+                  preferred: bool = False) -> dict[str, Any]:
+    term: dict[str, Any] = {"labelSelector": {"matchLabels": {"training.kubeflow.org/replica-type": "worker"}},
+                            "topologyKey": topology}
+    if namespaces is not None:
+        term["namespaces"] = namespaces
+    if namespace_selector is not None:
+        term["namespaceSelector"] = namespace_selector
+    if preferred:
+        return {kind: {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]}}
+    return {kind: {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+
+
+def owned_by(obj: dict[str, Any], kind: str, api_version: str) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    out["metadata"]["ownerReferences"] = [{"apiVersion": api_version, "kind": kind, "name": "mine",
+                                           "uid": "1d6f7c3e-0000-4000-8000-000000000001", "controller": True}]
+    return out
+
+
+def gated(obj: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    out["spec"]["schedulingGates"] = [{"name": kueue.ADMISSION_GATE}]
+    return out
 
 CASES: list[Case] = [
     # -- legitimate requests (must be admitted) ----------------------------------------------------
@@ -180,6 +223,53 @@ CASES: list[Case] = [
     Case("N2", "bare-shared-gpu-pod", "a bare pod requesting a time-sliced GPU (outside Kueue's quota)",
          pod(slice_resource="nvidia.com/gpu.shared"), refused_by="gpu-pods"),
 
+    # A zero GPU request is no GPU request: the device plugin allocates nothing, Kueue fits it in any
+    # quota (v0.19.2 flavorassigner.go skips zero quantities only for resources the ClusterQueue does
+    # not cover), and EKS's ExtendedResourceToleration plugin adds the GPU toleration for the key
+    # whatever its quantity. Such a pod is held to the GPU-less rules.
+    Case("zero-gpu", "zero-gpu-job-pod-on-h100", "a Job pod asking for nvidia.com/gpu: \"0\" on the H100 pool, with the "
+         "GPU toleration and NVIDIA_VISIBLE_DEVICES=all (the job controller creates it from the team's template)",
+         pod(gpus="0", env=ALL_GPUS, tolerations=[dict(GPU_TOLERATION)], nodeSelector={"mlplatform.io/pool": WHOLE_GPU_POOL}),
+         user=JOB_CONTROLLER, refused_by="gpu-less-pods"),
+    Case("zero-gpu", "zero-gpu-pytorchjob-worker", "the same as a PyTorchJob worker the Training Operator creates",
+         pod(gpus="0", env=ALL_GPUS, tolerations=[dict(GPU_TOLERATION)], nodeSelector={"mlplatform.io/pool": WHOLE_GPU_POOL}),
+         user=TRAINING_OPERATOR, refused_by="gpu-less-pods"),
+    Case("zero-gpu", "zero-gpu-bare-pod-tolerates-gpu", "a bare team pod asking for nvidia.com/gpu: \"0\" with the GPU toleration",
+         pod(gpus="0", env=ALL_GPUS, tolerations=[dict(GPU_TOLERATION)]), refused_by="gpu-less-pods"),
+
+    # -- co-location: choosing (or refusing) another team's node ------------------------------------
+    Case("baseline", "spread-own-workers", "a team's workers spread over nodes by anti-affinity to its own pods",
+         pod(affinity=_pod_affinity("podAntiAffinity")), user=TRAINING_OPERATOR),
+    Case("baseline", "affinity-own-namespace-named", "affinity to the team's own pods, its namespace named",
+         pod(affinity=_pod_affinity(namespaces=[A]))),
+    Case("co-location", "gpu-worker-follows-team-b", "a GPU worker with required podAffinity to team B's workers "
+         "(namespaceSelector on team B, topologyKey hostname), to share and then fault B's node",
+         gpu_job_pod(affinity=_pod_affinity(namespace_selector={"matchLabels": {"kubernetes.io/metadata.name": B}})),
+         user=TRAINING_OPERATOR, refused_by="pod-placement"),
+    Case("co-location", "affinity-namespaces-list", "the same by listing team B's namespace",
+         pod(affinity=_pod_affinity(namespaces=[A, B])), refused_by="pod-placement"),
+    Case("co-location", "preferred-affinity-to-team-b", "the same as a preferred term",
+         pod(affinity=_pod_affinity(namespaces=[B], preferred=True)), refused_by="pod-placement"),
+    Case("co-location", "anti-affinity-every-namespace-zone", "required anti-affinity to every namespace's pods by zone "
+         "(the scheduler then keeps other teams' new pods out of that zone)",
+         pod(affinity=_pod_affinity("podAntiAffinity", namespace_selector={}, topology="topology.kubernetes.io/zone")),
+         refused_by="pod-placement"),
+    Case("co-location", "pytorchjob-template-follows-team-b", "a PyTorchJob whose template follows team B's pods",
+         job(affinity=_pod_affinity(namespace_selector={"matchLabels": {"kubernetes.io/metadata.name": B}})),
+         refused_by="queue-label-pytorchjobs"),
+
+    # -- Kueue for every pod: no way around the admission gate ----------------------------------------
+    Case("baseline", "job-controller-pod-owned-by-its-job", "the job controller creates a Job's pod, owned by the Job",
+         owned_by(pod(), "Job", "batch/v1"), user=JOB_CONTROLLER),
+    Case("baseline", "kueue-lifts-its-gate", "Kueue admits a bare pod: it lifts the admission gate",
+         pod(), user=KUEUE, operation="UPDATE", before=gated(pod())),
+    Case("kueue-bypass", "bare-pod-claims-a-job-owner", "a bare pod naming the team's own Job as its controller, which "
+         "Kueue trusts and does not gate", owned_by(pod(), "Job", "batch/v1"), refused_by="pod-queue"),
+    Case("kueue-bypass", "bare-pod-claims-a-pod-owner", "a bare pod owned by another of the team's pods (Kueue manages "
+         "pods, so their dependants are skipped)", owned_by(pod(), "Pod", "v1"), refused_by="pod-queue"),
+    Case("kueue-bypass", "team-lifts-the-admission-gate", "a team member removes Kueue's admission gate from a gated pod",
+         pod(), operation="UPDATE", before=gated(pod()), refused_by="pod-queue"),
+
     # -- N3: system nodes and chosen nodes ------------------------------------------------------------
     Case("N3", "nodename-system-node", "skip the scheduler: spec.nodeName of a system node",
          pod(nodeName=SYSTEM_NODE), refused_by="pod-placement"),
@@ -209,6 +299,18 @@ CASES: list[Case] = [
     # -- N13: credentials that outlive membership ----------------------------------------------------
     Case("N13", "service-account-token-secret", "mint a never-expiring token Secret for pipeline-runner",
          secret("kubernetes.io/service-account-token"), refused_by="secrets"),
+
+    # -- storage and drains through Argo Workflows' controller ----------------------------------------
+    Case("baseline", "platform-fsx-claim", "the platform's claim on the team's FSx volume",
+         claim("1200Gi", storageClassName="", volumeName="mlp-prod-datasets-team-applied-claimed"), user=DEPLOY_ROLE),
+    Case("workflow-volumes", "workflow-claim-64ti-gp3", "a Workflow's volumeClaimTemplate of 64 TiB gp3, created by "
+         "the workflow controller", claim("64Ti", storageClassName="gp3"), user=ARGO_CONTROLLER, refused_by="volume-claims"),
+    Case("workflow-volumes", "workflow-claim-default-class", "the same without a class (the default class fills it in)",
+         claim("64Ti"), user=ARGO_CONTROLLER, refused_by="volume-claims"),
+    Case("workflow-volumes", "workflow-pdb", "a Workflow's spec.podDisruptionBudget, holding its nodes against drains",
+         {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "wf", "namespace": A},
+          "spec": {"minAvailable": 1, "selector": {"matchLabels": {"workflows.argoproj.io/workflow": "wf"}}}},
+         user=ARGO_CONTROLLER, refused_by="disruption-budgets"),
 
     # -- audit 3 L3: storage outside quota ----------------------------------------------------------
     Case("L3", "generic-ephemeral-volume", "a 64 TiB gp3 volume through a generic ephemeral volume",

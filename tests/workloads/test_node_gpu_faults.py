@@ -1,11 +1,14 @@
-"""The readiness agent acting on a GPU fault a trainer container reported (issue 35, review
-trainer-4 §3): which pods are faults of this node, what the node gets for each Xid action, once
-per fault. Pure decisions and a fake API; the real API server: tests/cluster/test_gpu_fault_agent_live.py."""
+"""The readiness agent acting on a GPU fault a trainer container reported: which pods are faults of
+this node, what the host's own record says (the attacker's seat: any pod can write the message),
+what the node gets for each Xid action, once per fault. Pure decisions and a fake API; the real
+API server: tests/cluster/test_gpu_fault_agent_live.py."""
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
 import urllib.error
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +17,20 @@ from workloads import node_health_agent as agent
 
 NODE = "ip-10-0-1-2"
 ACTIONS = xid_actions()
+DATA = Path(__file__).parent / "data" / "node_health"
+# The node booted at midnight; the container below ran 00:30-01:00.
+BOOT = dt.datetime(2026, 11, 28, 0, 0, tzinfo=dt.timezone.utc).timestamp()
+STARTED, FINISHED = "2026-11-28T00:30:00Z", "2026-11-28T01:00:00Z"
+# What the driver writes (NVIDIA, "XID Errors"), as syslog(2) returns it: level, uptime, message.
+XID_79_AT_0059 = "<4>[ 3540.123456] NVRM: Xid (PCI:0000:53:00): 79, pid=4242, name=python, GPU has fallen off the bus."
+QUIET_LOG = "<6>[    0.000000] Linux version 6.1.0\n<6>[ 1800.5] eth0: link up"
+
+
+def host(kernel_log: str = QUIET_LOG, smi: str = "nvidia-smi-q.healthy.txt") -> agent.HostRecord:
+    """The host's record: its kernel log and nvidia-smi -q (8 GPUs), read by the agent's own parsers."""
+    text = (DATA / smi).read_text()
+    return agent.HostRecord(expected_gpus=8, expected_efa=0, run=lambda argv, timeout: (0, text),
+                            kernel_log=lambda: kernel_log, boot_wall_s=lambda: BOOT)
 
 
 def message(*faults: tuple[int, str]) -> str:
@@ -29,7 +46,7 @@ def pod(exit_code=EXIT_GPU_FAULT, text=None, *, node=NODE, name="job-worker-0", 
             "status": {"phase": "Failed", "containerStatuses": [{
                 "name": "pytorch", "restartCount": 0,
                 field: {"terminated": {"exitCode": exit_code, "message": text, "containerID": container_id,
-                                       "finishedAt": "2026-11-28T01:00:00Z"}}}]}}
+                                       "startedAt": STARTED, "finishedAt": FINISHED}}}]}}
 
 
 # ---------------------------------------------------------------- the message and the action (pure)
@@ -227,7 +244,7 @@ def test_the_watch_marks_from_the_list_and_from_events_and_relists_after_410():
         {"type": "MODIFIED", "object": {**pod(), "metadata": {**pod()["metadata"], "resourceVersion": "101"}}},
         {"type": "ERROR", "object": {"kind": "Status", "code": 410}},
     ])
-    watch = agent.GpuFaultWatch(api, NODE, ACTIONS, retry_s=0.01)
+    watch = agent.GpuFaultWatch(api, NODE, ACTIONS, host(XID_79_AT_0059), retry_s=0.01)
     watch.run(1.2)
     assert api.lists >= 2  # the 410 made it list again
     assert api.kinds().count("create_event") == 1  # the fault once; the spot pod never
@@ -236,7 +253,7 @@ def test_the_watch_marks_from_the_list_and_from_events_and_relists_after_410():
 
 def test_a_failing_api_is_retried_at_a_bounded_rate_not_in_a_loop():
     api = FakeApi(watch_events=[urllib.error.URLError("connection refused")] * 1000)
-    watch = agent.GpuFaultWatch(api, NODE, ACTIONS, retry_s=0.25)
+    watch = agent.GpuFaultWatch(api, NODE, ACTIONS, host(), retry_s=0.25)
     watch.run(1.2)
     assert len(api.watch_events) >= 995  # about one try per retry_s, not a busy loop
 
@@ -261,5 +278,80 @@ def test_a_fault_first_seen_in_the_pods_deletion_still_marks_the_node():
     """The Training Operator deletes a pod that ended with a retryable code at once; a watch
     that reconnects in between sees only the DELETED event, whose object keeps the status."""
     api = FakeApi(watch_events=[{"type": "DELETED", "object": pod()}])
-    agent.GpuFaultWatch(api, NODE, ACTIONS, retry_s=0.01).run(1.1)
+    agent.GpuFaultWatch(api, NODE, ACTIONS, host(XID_79_AT_0059), retry_s=0.01).run(1.1)
     assert api.kinds().count("create_event") == 1 and api.node_obj["spec"]["unschedulable"] is True
+
+
+# ---------------------------------------------------------------- the host's word, not the pod's
+
+def _events(api, reason):
+    return [p for kind, p in api.requests if kind == "create_event" and p["reason"] == reason]
+
+
+def test_a_forged_fault_from_a_pod_on_the_node_cordons_nothing():
+    """The attack: a tenant's container writes the launcher's line for Xid 79 to its termination
+    log and exits 135, on a node it shares with another team. The host logged no Xid and its GPUs
+    are healthy: an Event says so, and the node is neither cordoned, labelled nor marked for repair."""
+    api = FakeApi(pods=[pod()])
+    agent.GpuFaultWatch(api, NODE, ACTIONS, host(), retry_s=0.01).run(1.1)
+    assert "patch_node" not in api.kinds() and "patch_node_status" not in api.kinds()
+    assert "unschedulable" not in api.node_obj["spec"] and agent.FAILURE_LABEL not in api.node_obj["metadata"]["labels"]
+    [event] = _events(api, "GpuFaultNotConfirmed")
+    assert "team-a/job-worker-0" in event["message"] and "the node stays in service" in event["message"]
+    assert not _events(api, "GpuFaultReported")
+
+
+@pytest.mark.parametrize("kernel_log, why", [
+    ("<4>[ 1000.0] NVRM: Xid (PCI:0000:53:00): 79, pid=1, GPU has fallen off the bus.", "logged before the container started"),
+    ("<4>[ 3540.0] NVRM: Xid (PCI:0000:53:00): 13, pid=4242, Graphics Exception", "an application's Xid (action none)"),
+    ("<3>[ 3540.0] NVRM: Xid (PCI:[4242]: segfault at 0 ip 00007f sp 00007ff error 4 in libc.so.6", "a process named 'NVRM: Xid (PCI:'"),
+    ("NVRM: Xid (PCI:0000:53:00): 79, pid=1, GPU has fallen off the bus.", "no kernel timestamp: cannot be placed in time"),
+])
+def test_what_does_not_confirm_a_fault(kernel_log, why):
+    fault, evidence = agent.confirmed(agent.pod_gpu_faults(pod(), NODE, ACTIONS)[0], host(kernel_log), ACTIONS)
+    assert fault is None and evidence.xids == (), why
+
+
+def test_the_host_decides_the_action_not_the_claim():
+    # The rank saw only "unspecified launch failure" (a drain), the driver logged Xid 79: replace.
+    claimed = agent.pod_gpu_faults(pod(text=message((0, "GPU fault: unspecified launch failure"))), NODE, ACTIONS)[0]
+    assert claimed.action == "drain"
+    fault, _ = agent.confirmed(claimed, host(XID_79_AT_0059), ACTIONS)
+    assert fault.action == "replace" and "kernel log Xid 79 on PCI:0000:53:00" in fault.host
+    # The claim says Xid 79 (replace), the driver logged Xid 154 (a drain): a person decides.
+    drain_log = "<4>[ 3540.0] NVRM: Xid (PCI:0000:53:00): 154, pid=1, GPU recovery action changed"
+    fault, _ = agent.confirmed(agent.pod_gpu_faults(pod(), NODE, ACTIONS)[0], host(drain_log), ACTIONS)
+    assert fault.action == "drain"
+
+
+def test_a_gpu_nvml_reports_lost_confirms_a_replacement_without_a_logged_xid():
+    fault, evidence = agent.confirmed(agent.pod_gpu_faults(pod(), NODE, ACTIONS)[0],
+                                      host(smi="nvidia-smi-q.gpu-count.txt"), ACTIONS)
+    assert fault.action == "replace" and "gpu-count" in fault.host and evidence.xids == ()
+
+
+def test_a_confirmed_fault_marks_the_node_and_names_the_hosts_record():
+    api = FakeApi(pods=[pod()])
+    agent.GpuFaultWatch(api, NODE, ACTIONS, host(XID_79_AT_0059), retry_s=0.01).run(1.1)
+    assert api.node_obj["spec"]["unschedulable"] is True
+    [event] = _events(api, "GpuFaultReported")
+    assert "host: kernel log Xid 79 on PCI:0000:53:00" in event["message"] and "action replace" in event["message"]
+
+
+def test_the_driver_lines_the_kernel_writes_are_parsed():
+    text = "\n".join([
+        "<4>[  812.304717] NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+        "[ 9001.5] NVRM: Xid (PCI:0000:0a:00.0): 48, pid=77, An uncorrectable double bit error (DBE) has been detected",
+        "<6>[ 9002.0] nvidia-modeset: Allocated GPU:0",
+    ])
+    assert agent.parse_kernel_xids(text) == [agent.KernelXid(812.304717, "PCI:0000:3b:00", 79),
+                                             agent.KernelXid(9001.5, "PCI:0000:0a:00.0", 48)]
+
+
+def test_the_unconfirmed_event_is_a_valid_core_object():
+    from tests.support.validation import validate_core
+
+    claimed = agent.pod_gpu_faults(pod(), NODE, ACTIONS)[0]
+    _, evidence = agent.confirmed(claimed, host(), ACTIONS)
+    event = agent.unconfirmed_event(NODE, "node-uid", claimed, evidence, dt.datetime(2026, 11, 28, 1, 0))
+    assert validate_core({**event, "metadata": {**event["metadata"], "name": f"{NODE}.gpu-fault-unconfirmed-x"}}) == []

@@ -45,7 +45,8 @@ def test_rbac_is_least_privilege():
     pod = next(o for o in objects() if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == node_health.NAME
     container = pod["containers"][0]
-    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    # SYS_ADMIN for DCGM diagnostics, SYSLOG for the kernel log (the host's record of GPU faults).
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN", "SYSLOG"]}
     assert not container["securityContext"].get("privileged")
     assert all(m["readOnly"] for m in container["volumeMounts"])
     assert "nvidia.com/gpu" not in container["resources"]["requests"]  # it must not take a GPU from jobs

@@ -30,16 +30,28 @@ selected() {
   local w; for w in "${want[@]}"; do [[ "$w" == "$1" ]] && return 0; done; return 1
 }
 
-# etcd: Debian's etcd-server (the control plane's store). Installed here when missing and we may.
+# etcd: Debian's/Ubuntu's etcd-server (the control plane's store). Installed here when missing: as
+# root directly, otherwise through sudo when it needs no password (a GitHub-hosted runner runs as
+# `runner` with passwordless sudo, as .ci/run does for PostgreSQL and promtool).
 if selected etcd && ! command -v etcd >/dev/null; then
-  if [[ "$(id -u)" -eq 0 ]] && command -v apt-get >/dev/null; then
-    echo "installing Debian's etcd-server"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null 2>&1 \
-      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; }
-  else
-    echo "error: etcd is missing. FIX: sudo apt-get install etcd-server" >&2
+  as_root=""
+  if [[ "$(id -u)" -ne 0 ]]; then
+    if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+      as_root="sudo -n"
+    else
+      echo "error: etcd is missing and this user cannot install it (not root, no passwordless sudo)." \
+           "FIX: sudo apt-get install etcd-server" >&2
+      exit 2
+    fi
+  fi
+  if ! command -v apt-get >/dev/null; then
+    echo "error: etcd is missing and there is no apt-get here. FIX: install etcd (3.4 or later) on PATH" >&2
     exit 2
   fi
+  echo "installing the distribution's etcd-server${as_root:+ (with sudo)}"
+  $as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null 2>&1 \
+    || { $as_root apt-get update -qq && $as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; }
+  command -v etcd >/dev/null || { echo "error: etcd-server installed but no etcd on PATH" >&2; exit 2; }
 fi
 
 # The 1.32 control plane and kubectl (one module, four binaries: tools/cluster/build-kubernetes.sh).
