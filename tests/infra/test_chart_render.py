@@ -196,11 +196,18 @@ def test_fluent_bit_output_names_a_log_stream_and_keeps_the_per_container_templa
     (planned,) = [r for r in renderable(stack) if r.chart.name == "aws-for-fluent-bit"]
     objects = planned.render(helm, chart_archives)
     outputs = chart_checks.cloudwatch_outputs(objects)
-    assert len(outputs) == 1, outputs
+    # The platform's namespaces go to the cluster's group; team namespaces (re-tagged team.*) to
+    # their own group each, named by a template: two outputs, and Fluent Bit starts only if both pass.
+    assert len(outputs) == 2, outputs
     assert chart_checks.cloudwatch_output_problems(objects) == []
-    _, props = outputs[0]
-    assert props["log_stream_template"] == "$kubernetes['namespace_name'].$kubernetes['pod_name'].$kubernetes['container_name']"
-    assert props["log_group_name"] == planned.values["cloudWatchLogs"]["logGroupName"]
+    template = "$kubernetes['namespace_name'].$kubernetes['pod_name'].$kubernetes['container_name']"
+    assert {props["log_stream_template"] for _, props in outputs} == {template}
+    # log_group_name is required by the plugin's init; a team record whose template cannot resolve
+    # falls back to the cluster's group, never to another team's.
+    group = planned.values["cloudWatchLogs"]["logGroupName"]
+    assert [props["log_group_name"] for _, props in outputs] == [group, group]
+    assert [props.get("log_group_template") for _, props in outputs] == [
+        None, f"{group}/$kubernetes['namespace_name']"]
 
 
 def test_the_stream_check_catches_an_output_fluent_bit_refuses(helm, chart_archives):
