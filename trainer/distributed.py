@@ -125,11 +125,41 @@ def all_reduce_max(env: Env, values: list[float]) -> list[float]:
 
 
 def all_reduce_mean(env: Env, value: torch.Tensor) -> torch.Tensor:
+    """The mean over ranks, added in rank order: the same bits for an element whatever else
+    the tensor holds. (An all-reduce adds in an order that depends on the element's place in
+    the tensor: gloo's ring splits it into one chunk per rank, each reduced starting at a
+    different rank, and NCCL's algorithms chunk too. With 3+ ranks, the same losses logged in
+    a window of 9 instead of 10, as after a resume, came out one rounding step apart.)"""
     value = value.detach().clone()
+    if not env.distributed:
+        return value
+    gathered = [torch.empty_like(value) for _ in range(env.world_size)]
+    dist.all_gather(gathered, value.contiguous())
+    total = gathered[0].clone()
+    for rank in range(1, env.world_size):
+        total += gathered[rank]
+    return total / env.world_size
+
+
+def agree_on_step(env: Env, loss: torch.Tensor, norm: torch.Tensor, preempted: bool,
+                  time_due: bool) -> tuple[bool, bool, bool]:
+    """(preempted, time due, non-finite) as every rank sees them: a signal may reach the ranks
+    at different steps, wall clocks differ, and a NaN may appear on one rank's loss only; yet
+    they must skip, save and stop at the same step.
+
+    One all-reduce of a 3-element tensor on the loss's device (NCCL with the step's own
+    collectives on GPU), read back once: the one host sync of the step. Building it takes no
+    sync (the flags enter as fills, the finiteness test stays on the device)."""
+    device = loss.device
+    flags = torch.stack([
+        (~torch.isfinite(torch.stack([loss.detach().float(), norm.detach().float().to(device)]))).any().float(),
+        torch.full((), float(preempted), device=device),
+        torch.full((), float(time_due), device=device),
+    ])
     if env.distributed:
-        dist.all_reduce(value, op=dist.ReduceOp.SUM)
-        value /= env.world_size
-    return value
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    bad, preempted_anywhere, due = (value > 0 for value in flags.tolist())
+    return preempted_anywhere, due, bad
 
 
 class SingleProcess:

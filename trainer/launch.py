@@ -7,7 +7,9 @@ benchmarks/torchrun_sigterm.py): it exits 1 after a forwarded SIGTERM even when 
 saved its checkpoint, and 1 when a worker was SIGKILLed by the OOM killer.
 
 Exit codes:
-- 0: finished.
+- 0: finished: every rank reported its training complete, the final checkpoint durable. A
+  rank that fails after that (rank 0's MLflow close, export or registration) does not change
+  it; the launcher names it and the export can be rerun (`python -m trainer export`).
 - 143: preempted: a signal reached the launcher, or a rank reports it saved after a signal.
 - 128+N: a worker, or a worker's DCP background checkpoint process (async_mode process), died
   of signal N (137 for SIGKILL: OOM killer, lost node; 139 for a segfault) and no rank failed on its own: retryable, the job resumes from its newest
@@ -84,6 +86,12 @@ def exit_code(torchrun_code: int, signalled: bool, reasons: list[str],
     if torchrun_code == 0:
         return 0
     by_rank = {r.get("rank"): r for r in reports or [] if "rank" in r}
+    # Every rank reported "completed": the final checkpoint was durable and the ranks had
+    # parted. What failed after that is rank 0's tracking, export or registration (or an
+    # exit-time crash), which neither a retry nor a failed job would mend: the job is done.
+    if reasons and all(r == "completed" for r in reasons) and all(
+            by_rank.get(f.get("rank"), {}).get("reason") == "completed" for f in failures or []):
+        return 0
 
     def consequence(report: dict | None) -> bool:
         return bool(report and (report.get("signalled") or report.get("peer_lost") or report.get("child_signal")))
@@ -361,6 +369,11 @@ def main(argv: list[str]) -> int:
     agent = (f"; torchrun's agent failed: {agent_error.get('type')}"
              f"{' (rendezvous: the other nodes did not meet this one)' if agent_error.get('rendezvous') else ''}"
              if agent_error else "")
+    if final == 0 and code != 0:
+        print(f"[trainer.launch] every rank completed training and the final checkpoint is durable; a rank failed "
+              f"after that ({dead or 'torchrun exited ' + str(code)}): its export or registration may be missing, "
+              "rerun it with `python -m trainer export --checkpoint <final step dir> --out <dir>`",
+              file=sys.stderr, flush=True)
     print(f"[trainer.launch] torchrun exited {code}; workers: {reasons or 'no report'}"
           f"{'; failed workers: ' + dead if dead else ''}{agent}; signal: {bool(signalled)}; "
           f"{checkpoint_line(reports)}; exiting {final}", file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ import math
 import os
 import platform
 import time
+from typing import Callable
 
 import torch
 
@@ -89,13 +90,15 @@ def build_tracker(cfg: TrainerConfig, env, shards, run_id: str | None, resume_st
     return Trackers(*trackers)
 
 
-def export_final_model(cfg: TrainerConfig, step: int, run_id: str | None) -> None:
-    """Rank 0, after the final checkpoint is on disk: the Hugging Face export of it, logged
-    to MLflow (and registered) when tracking is on. The other ranks wait in teardown's
-    barrier meanwhile (seconds for a 124M model)."""
+def export_final_model(cfg: TrainerConfig, step: int, run_id: str | None, faults=None) -> None:
+    """Rank 0, after the ranks parted (the final checkpoint is durable, every rank reported):
+    the Hugging Face export of the final checkpoint, logged to MLflow (and registered) when
+    tracking is on. Nothing here can make the attempt a failure: the job is done."""
     from trainer.checkpoint import step_dir
     from trainer.export import export_and_log
 
+    if faults is not None:
+        faults.at("export", step)
     out_dir = os.path.join(cfg.export.dir or os.path.join(cfg.checkpoint.dir, "export"), step_dir_name(step))
     uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
     try:
@@ -106,6 +109,61 @@ def export_final_model(cfg: TrainerConfig, step: int, run_id: str | None) -> Non
                       "--checkpoint %s --out %s` once the cause is fixed", step, step_dir(cfg.checkpoint.dir, step), out_dir)
 
 
+@dataclasses.dataclass
+class Ending:
+    """How an attempt's training ended, and what rank 0 still does once the ranks parted."""
+    reason: str  # completed or preempted
+    step: int
+    checkpoint_step: int | None
+    after: Callable[[], None]
+
+
+class AfterTraining:
+    """Rank 0's work after the final checkpoint is durable and every rank has reported: the S3
+    uploads, the MLflow run's close, the run id in the marker, the export and registration.
+
+    It runs after the process group is gone, so no other rank waits for it (their barrier was
+    the start-up bound: an MLflow close plus an export longer than that made them fail a
+    finished job), and each part is caught and logged: the attempt's exit code is decided by
+    then (0 done, 143 preempted). Registration is idempotent (trainer/export.py), so a retried
+    attempt of a finished job (a preemption during the export) registers nothing twice."""
+
+    def __init__(self, cfg: TrainerConfig, env: distributed.Env, reason: str, step: int, tracker, checkpointer,
+                 heartbeat, profile_dir: str | None, mirror_budget_seconds: float | None, faults):
+        self.cfg, self.env, self.reason, self.step = cfg, env, reason, step
+        self.tracker, self.checkpointer, self.heartbeat = tracker, checkpointer, heartbeat
+        self.profile_dir, self.mirror_budget_seconds, self.faults = profile_dir, mirror_budget_seconds, faults
+
+    def __call__(self) -> None:
+        parts = [("S3 mirror", lambda: self.checkpointer.close_mirror(self.mirror_budget_seconds))]
+        if self.env.is_main:
+            parts += [("profile upload", self._log_profile), ("tracker close", self._close_tracker),
+                      ("marker annotation", self._annotate)]
+            if self.reason == "completed" and self.cfg.export.at_end:
+                parts.append(("export", lambda: export_final_model(self.cfg, self.step, self.tracker.run_id,
+                                                                   self.faults)))
+            parts.append(("heartbeat", lambda: self.heartbeat.beat(self.step)))
+        for name, part in parts:
+            try:
+                part()
+            except Exception:  # noqa: BLE001 - the checkpoint is durable; nothing here is the job's failure
+                log.exception("%s after step %d failed (the checkpoint of step %s is durable)", name, self.step,
+                              self.checkpointer.last_durable_step)
+
+    def _log_profile(self) -> None:
+        if self.profile_dir and os.path.isdir(self.profile_dir):
+            self.tracker.log_artifact(self.profile_dir, "profile")
+
+    def _close_tracker(self) -> None:
+        self.tracker.close(status="FINISHED" if self.reason == "completed" else "SCHEDULED",
+                           timeout_seconds=30.0 if self.reason == "completed" else 10.0)
+
+    def _annotate(self) -> None:
+        if self.tracker.run_id:  # close() waited for MLflow: the last marker learns its run id if it had none
+            self.checkpointer.annotate_newest({"mlflow_run_id": self.tracker.run_id})
+            self.checkpointer.wait_sealed()
+
+
 def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
     """Runs one attempt of the job; returns the process exit code (0, or 143 when preempted)."""
     rank = int(os.environ.get("RANK", 0))
@@ -113,28 +171,32 @@ def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
     # process groups included) runs inside the try: a rank whose peer died during start-up
     # reports a lost peer (retryable) instead of leaving no report (torchrun's 1: permanent).
     report_exit(rank, "running", -1)
-    reason, step, details = "failed", -1, {}
     outcome: dict = {}
     try:
         env = distributed.init(cfg.parallelism)
         logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
                             format=f"%(asctime)s [rank {env.rank}] %(name)s: %(message)s", force=True)
         reproducibility.apply(cfg.reproducibility.deterministic, cfg.seed)  # before the first cuBLAS handle (matmul)
-        reason, step = _train(cfg, env, process_start or time.time(), outcome)
+        ending = _train(cfg, env, process_start or time.time(), outcome)
+        # Every rank meets here once the final checkpoint is durable (rank 0 sealed it in
+        # Trainer.finish), then the group is gone: nothing rank 0 does after it can hold or
+        # fail another rank. _train returned: its model and optimizer are garbage.
+        distributed.teardown(clean=True)
     except BaseException as exc:
         preemption = outcome.get("preemption")
         # What the launcher needs to tell a root cause (permanent) from a consequence of a
-        # peer's death or of a signal (retryable).
-        details = {"exception": type(exc).__name__, "peer_lost": is_peer_lost(exc),
-                   "signalled": bool(outcome.get("signalled") or (preemption and preemption.raised)),
-                   "child_signal": background_process_signal(exc), "gpu_fault": gpu_fault(exc)}
+        # peer's death or of a signal (retryable), written before anything else: closing the
+        # tracker takes seconds, and an abort meanwhile (NCCL's watchdog) must not lose it.
+        report_exit(rank, "failed", outcome.get("step", -1), checkpoint_step=outcome.get("checkpoint_step"),
+                    exception=type(exc).__name__, peer_lost=is_peer_lost(exc),
+                    signalled=bool(outcome.get("signalled") or (preemption and preemption.raised)),
+                    child_signal=background_process_signal(exc), gpu_fault=gpu_fault(exc))
         _close_after_failure(outcome, exc)
+        distributed.teardown(clean=False)
         raise
-    finally:
-        report_exit(rank, reason, outcome.get("step", step), checkpoint_step=outcome.get("checkpoint_step"),
-                    **details)
-        distributed.teardown(clean=reason != "failed")  # _train returned: its model and optimizer are garbage
-    return EXIT_PREEMPTED if reason == "preempted" else 0
+    report_exit(rank, ending.reason, ending.step, checkpoint_step=ending.checkpoint_step)
+    ending.after()
+    return EXIT_PREEMPTED if ending.reason == "preempted" else 0
 
 
 def _close_after_failure(outcome: dict, exc: BaseException) -> None:
@@ -150,7 +212,7 @@ def _close_after_failure(outcome: dict, exc: BaseException) -> None:
         outcome["checkpointer"].abort()
 
 
-def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outcome: dict) -> tuple[str, int]:
+def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outcome: dict) -> Ending:
     return Trainer(cfg, env, process_start, outcome).run()
 
 
@@ -339,12 +401,13 @@ class Trainer:
         return run_id, branch_tags
 
     # --- the loop -----------------------------------------------------------------------------
-    def run(self) -> tuple[str, int]:
+    def run(self) -> Ending:
         cfg, outcome, checkpointer = self.cfg, self.outcome, self.checkpointer
         outcome.update(tracker=self.tracker, checkpointer=checkpointer, checkpoint_step=checkpointer.last_durable_step)
         log.info("training %s (%s, world size %d, %s) from step %d to %d", cfg.model.kind, self.strategy.name,
                  self.env.world_size, self.env.device, self.step, cfg.schedule.num_steps)
         reason, first_step = "completed", self.step + 1
+        self.evaluate_skipped()
         while self.step < cfg.schedule.num_steps:
             self.finalize_saves()
             self.profiler.before_step(self.step + 1)
@@ -390,13 +453,9 @@ class Trainer:
             step_loss += loss.detach()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_norm)
         norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        # One all-reduce decides for every rank: a signal may reach the ranks at different
-        # steps, wall clocks differ, and a NaN may appear on one rank's loss only; yet they
-        # must skip, save and stop at the same step. (The finiteness test costs one device
-        # sync per step on GPU.)
-        local_bad = not bool(torch.isfinite(torch.stack([step_loss.float(), norm.float()])).all().item())
-        preempted, time_due, bad = (bool(v) for v in distributed.all_reduce_max(
-            env, [self.preemption.raised, self.policy.time_due(), local_bad]))
+        # One all-reduce decides for every rank (skip, save, stop): see agree_on_step.
+        preempted, time_due, bad = distributed.agree_on_step(env, step_loss, norm, self.preemption.raised,
+                                                             self.policy.time_due())
         if bad:
             optimizer.zero_grad(set_to_none=True)  # the update is skipped; the step still counts
         else:
@@ -450,7 +509,19 @@ class Trainer:
         if self.env.is_main:
             log.info("step %d val_loss %.4f (%.1f s)", self.step, val_metrics["val_loss"], val_metrics["eval_seconds"])
 
-    def save(self, step: int, meta_extra: dict) -> float:
+    def evaluate_skipped(self) -> None:
+        """A preempted step saves instead of evaluating (the time left is the checkpoint's). The
+        attempt that resumes from it evaluates that step first, on the same weights, so the
+        validation loss an uninterrupted run logs there is logged all the same. Rank 0 knows
+        what was logged; every rank evaluates (one all-reduce decides)."""
+        if self.step == 0:
+            return
+        due = self.evaluator.due(self.step, self.step == self.cfg.schedule.num_steps)
+        missing = self.env.is_main and due and not self.tracker.logged(self.step, "val_loss")
+        if distributed.all_reduce_max(self.env, [missing])[0]:
+            self.evaluate(self.step == self.cfg.schedule.num_steps)
+
+    def save(self, step: int, meta_extra: dict, synchronous: bool = False) -> float:
         cfg, env = self.cfg, self.env
         meta = {
             "tokens_seen": self.tokens_seen,
@@ -472,8 +543,9 @@ class Trainer:
         if not finite:
             raise TrainingStopped(f"weights are non-finite at step {step}: not saved; the newest checkpoint "
                                   f"(step {self.checkpointer.last_durable_step}) stays the one to resume from")
-        self.tracker.sync()  # metrics.jsonl up to this step is durable before the marker can be
-        return self.checkpointer.save(step, self.app, meta, self.config_yaml)
+        # metrics.jsonl up to this step is made durable before the marker, by the sealer.
+        return self.checkpointer.save(step, self.app, meta, self.config_yaml, before_marker=self.tracker.sync,
+                                      synchronous=synchronous)
 
     def save_regular(self, last_step: bool) -> None:
         self.goodput.wall_seconds = self.wall_at_attempt_start + (time.time() - self.attempt_start)
@@ -481,8 +553,9 @@ class Trainer:
         self.save(self.step, {})
         if last_step:
             self.checkpointer.wait()  # the process is about to exit: the save must be on disk
-        # Everything the save put on the loop's thread: the finiteness check and its all-reduce,
-        # the metrics.jsonl fsync and the checkpointer's own part (state dict, copy launches, sync).
+        # Everything the save put on the loop's thread: the finiteness check and its all-reduce
+        # and the checkpointer's own part (state dict, copy launches, sync; the whole write in
+        # sync mode). Sealing (hashes, fsyncs, retention) is the sealer thread's.
         stall = time.perf_counter() - save_start
         self.goodput.checkpoint_stall_seconds += stall
         self.last_stall_seconds[0] = stall
@@ -491,9 +564,8 @@ class Trainer:
         log.info("checkpoint step %d (%.2f s stall)", self.step, stall)
 
     def finalize_saves(self) -> None:
-        """The checkpointer's step-boundary work: sealing a finished save (manifest and marker
-        fsyncs, retention's rmtree, the S3 queue) runs on the loop's thread, so it is a stall
-        like the save itself (µs when nothing finished)."""
+        """The checkpointer's step-boundary work: a finished write is handed to rank 0's sealer
+        thread (µs); counted as a stall like the save itself."""
         started = time.perf_counter()
         self.checkpointer.poll()
         finalize = time.perf_counter() - started
@@ -504,34 +576,30 @@ class Trainer:
         _save_on_signal(self.step, self.save, self.checkpointer, self.preemption, self.env, self.goodput,
                         self.last_stall_seconds, self.wall_at_attempt_start, self.attempt_start)
 
-    def finish(self, reason: str) -> tuple[str, int]:
+    def finish(self, reason: str) -> Ending:
+        """The final checkpoint durable on every rank (sealed, on rank 0), the loop's helpers
+        closed; what is left for rank 0 once the ranks parted is in the returned `Ending`."""
         cfg, env, tracker, goodput = self.cfg, self.env, self.tracker, self.goodput
-        # After a signal, S3 uploads get what is left of torchrun's shutdown wait, less the
-        # MLflow flush (10 s) and a margin; the FSx copy is already durable.
-        self.checkpointer.close(budget_seconds=max(0.0, preemption_budget_seconds() - self.preemption.seconds_since()
-                                                   - 12.0) if reason == "preempted" else None)
+        self.checkpointer.close()
         self.outcome["checkpoint_step"] = self.checkpointer.last_durable_step
         self.batches.close()
         self.profiler.close()
         self.health.close()
-        if env.is_main and self.profiler.trace_dir and os.path.isdir(self.profiler.trace_dir):
-            tracker.log_artifact(self.profiler.trace_dir, "profile")
         goodput.wall_seconds = self.wall_at_attempt_start + (time.time() - self.attempt_start)
         summary = {"final_step": self.step, "tokens_seen": self.tokens_seen, "reason": reason, **goodput.summary()}
         if reason == "completed":
             tracker.log_summary(summary)
         log.info("%s at step %d: %s", reason, self.step, summary)
-        tracker.close(status="FINISHED" if reason == "completed" else "SCHEDULED",
-                      timeout_seconds=30.0 if reason == "completed" else 10.0)
-        if tracker.run_id:  # close() waited for MLflow: the last marker learns its run id if it had none
-            self.checkpointer.annotate_newest({"mlflow_run_id": tracker.run_id})
-        # The other ranks wait for rank 0's export in teardown's barrier: the start-up bound again.
+        # The other ranks wait in teardown's barrier for rank 0's seal of the final checkpoint:
+        # the start-up bound again, not the steady-state one.
         distributed.set_collective_timeout(env, cfg.parallelism.init_timeout_seconds)
-        if reason == "completed" and cfg.export.at_end and env.is_main:
-            export_final_model(cfg, self.step, tracker.run_id)
-        if env.is_main:
-            self.heartbeat.beat(self.step)
-        return reason, self.step
+        # After a signal, S3 uploads get what is left of torchrun's shutdown wait, less the
+        # MLflow flush (10 s) and a margin; the FSx copy is already durable.
+        budget = (max(0.0, preemption_budget_seconds() - self.preemption.seconds_since() - 12.0)
+                  if reason == "preempted" else None)
+        after = AfterTraining(cfg, env, reason, self.step, tracker, self.checkpointer, self.heartbeat,
+                              self.profiler.trace_dir if env.is_main else None, budget, self.faults)
+        return Ending(reason, self.step, self.checkpointer.last_durable_step, after)
 
 
 def _initial_load(cfg: TrainerConfig, checkpointer, model, optimizer, scheduler) -> None:
@@ -553,11 +621,14 @@ def _save_on_signal(step, save, checkpointer, preemption, env, goodput, last_sta
                     attempt_start) -> None:
     """The fastest way to a durable checkpoint inside the time left after the signal.
 
-    With no save in flight: a synchronous save of this step. With an async save of an
-    older step in flight, finishing it is always the quickest durable checkpoint (it is
-    part written); a second, full save of this step is added only when the time left
-    (torchrun's SIGTERM-to-SIGKILL wait, less the exit margin) covers the measured write
-    time with room to spare. Every rank takes the same decision (one all-reduce)."""
+    With no save in flight: a synchronous save of this step (it never depends on a background
+    writer: a background process killed meanwhile cannot cost the checkpoint). With an async
+    save of an older step in flight, finishing it is always the quickest durable checkpoint
+    (it is part written); a second, full save of this step is added only when the time left
+    (torchrun's SIGTERM-to-SIGKILL wait, less the exit margin) covers the measured write time
+    with room to spare. If that save fails on any rank (its background process died, a write
+    raised, or it is not done within half the time left), every rank gives it up and saves
+    this step synchronously instead. Every rank takes the same decisions (all-reduces)."""
     started = time.perf_counter()
     # Agreed before any other collective: each rank's `pending_step` is cleared by its own
     # poll(), and ranks poll at different moments, so a rank-local check could send one rank
@@ -566,24 +637,35 @@ def _save_on_signal(step, save, checkpointer, preemption, env, goodput, last_sta
     in_flight = int(distributed.all_reduce_max(env, [-1 if checkpointer.pending_step is None
                                                      else checkpointer.pending_step])[0])
     in_flight = None if in_flight < 0 else in_flight
+    budget = preemption_budget_seconds()
     if in_flight is not None and in_flight < step:
-        checkpointer.wait()
-        budget = preemption_budget_seconds()
-        left = budget - preemption.seconds_since()
-        estimate = checkpointer.last_write_seconds or 0.0
-        skip = not (left > 2.0 * estimate + 1.0)
-        skip = bool(distributed.all_reduce_max(env, [skip])[0])
-        log.warning("%s with the save of step %d in flight: waited %.1f s for it; %.0f s of %.0f s left, a full "
-                    "save takes ~%.1f s: %s", preemption.signal_name or "another rank's signal", in_flight, time.perf_counter() - started, left,
-                    budget, estimate, f"stopping at step {in_flight} ({step - in_flight} steps to recompute)"
-                    if skip else f"saving step {step} too")
-        if skip:
-            stall = time.perf_counter() - started
-            goodput.checkpoint_stall_seconds += stall
-            last_stall_seconds[0] = stall
-            return
+        deadline = time.monotonic() + max(1.0, (budget - preemption.seconds_since()) / 2)
+        landed = _settle_in_flight(checkpointer, env, deadline)
+        if landed:
+            checkpointer.wait()
+            left = budget - preemption.seconds_since()
+            estimate = checkpointer.last_write_seconds or 0.0
+            skip = not (left > 2.0 * estimate + 1.0)
+            skip = bool(distributed.all_reduce_max(env, [skip])[0])
+            log.warning("%s with the save of step %d in flight: waited %.1f s for it; %.0f s of %.0f s left, a full "
+                        "save takes ~%.1f s: %s", preemption.signal_name or "another rank's signal", in_flight,
+                        time.perf_counter() - started, left, budget, estimate,
+                        f"stopping at step {in_flight} ({step - in_flight} steps to recompute)"
+                        if skip else f"saving step {step} too")
+            if skip:
+                stall = time.perf_counter() - started
+                goodput.checkpoint_stall_seconds += stall
+                last_stall_seconds[0] = stall
+                return
+        else:
+            cause = checkpointer.write_cause()
+            checkpointer.abandon_write()
+            log.warning("%s with the save of step %d in flight: it did not land on every rank (%s on this rank); "
+                        "saving step %d synchronously instead, %.1f s after the signal, %.0f s of %.0f s left",
+                        preemption.signal_name or "another rank's signal", in_flight, cause, step,
+                        preemption.seconds_since(), budget - preemption.seconds_since(), budget)
     goodput.wall_seconds = wall_at_attempt_start + (time.time() - attempt_start)
-    save(step, {})
+    save(step, {}, synchronous=True)
     checkpointer.wait()  # the process is about to exit: the save must be on disk
     stall = time.perf_counter() - started
     goodput.checkpoint_stall_seconds += stall
@@ -592,3 +674,21 @@ def _save_on_signal(step, save, checkpointer, preemption, env, goodput, last_sta
     # all-reduced flag: it has no signal of its own, and still exits 143.
     log.info("checkpoint step %d (%.2f s from the step boundary) after %s, %.1f s after the signal", step, stall,
              preemption.signal_name or "another rank's signal", preemption.seconds_since())
+
+
+def _settle_in_flight(checkpointer, env, deadline: float) -> bool:
+    """Waits for the write in flight on every rank; True once it is written on all of them,
+    False as soon as it failed on one (a write raised, its background process is gone) or the
+    deadline passed with a write that can be given up (a background process's; a thread
+    cannot be stopped, so thread mode waits, bounded by the checkpoint group's timeout).
+    One all-reduce per round: every rank returns the same answer."""
+    while True:
+        expired = time.monotonic() > deadline and checkpointer.write_abandonable
+        failed = checkpointer.write_failed() or expired
+        running = not checkpointer.write_done() and not expired
+        any_failed, any_running = distributed.all_reduce_max(env, [failed, running])
+        if any_failed:
+            return False
+        if not any_running:
+            return True
+        time.sleep(0.05)
