@@ -142,7 +142,8 @@ class ExportConfig:
     dir: Optional[str] = None
     # Logged to MLflow as a model of the run when tracking is on.
     log_to_mlflow: bool = True
-    # Also registered in the MLflow Model Registry under this name (a new version each time).
+    # Also registered in the MLflow Model Registry under this name: one version per run and
+    # step (a retried attempt of a finished job finds it and registers nothing again).
     registered_model_name: Optional[str] = None
 
 
