@@ -65,7 +65,13 @@ def init(cfg: ParallelismConfig) -> Env:
         store = attempt_store(rank, world_size, timeout)
         dist.init_process_group(pg_backend, timeout=timeout, device_id=device if use_cuda else None,
                                 **({"store": store, "rank": rank, "world_size": world_size} if store else {}))
-        env.checkpoint_group = dist.new_group(backend="gloo")
+        # Bounded like the default group, not by torch's 30-minute gloo default (`new_group`
+        # without a timeout takes `_get_default_timeout(backend)`, torch 2.13
+        # distributed_c10d.py): a peer lost during a resume's load, a save's collectives or the
+        # trust verdict fails this rank after this long instead of holding it half an hour.
+        # It stays at the start-up bound for the whole attempt: a save's collectives wait for
+        # the slowest rank's planning and writes.
+        env.checkpoint_group = dist.new_group(backend="gloo", timeout=timeout)
     return env
 
 
@@ -97,8 +103,8 @@ def set_collective_timeout(env: Env, seconds: float) -> None:
     minutes, a collective in steady state does not, and a peer that dies inside one should
     cost `seconds`, not the start-up bound. On GPU NCCL's watchdog then aborts the rank
     (SIGABRT: 134, retryable); gloo raises in the waiting collective. The checkpoint group
-    keeps the start-up bound: a DCP save's collectives wait for the slowest rank's planning
-    and writes. `_set_pg_timeout` is private but is what torchtitan calls (torch 2.13's
+    keeps the start-up bound (`init`): a DCP save's collectives wait for the slowest rank's
+    planning and writes. `_set_pg_timeout` is private but is what torchtitan calls (torch 2.13's
     distributed_c10d.py sets each backend's default timeout: gloo and NCCL alike)."""
     if not env.distributed:
         return
