@@ -27,16 +27,18 @@ Exit codes:
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from trainer import retries
-from trainer.gpu_faults import EXIT_GPU_FAULT, termination_message
+from trainer.gpu_faults import EXIT_GPU_FAULT, termination_message, watchdog_faults
 
 EXIT_PREEMPTED = 143
 # A broken connection to a peer, like a write to a closed pipe: retryable (128-255).
@@ -313,6 +315,43 @@ def own_code_environment(code_dir: str | None):
         return None, requirements_env.EXIT_REQUIREMENTS
 
 
+class StderrTail:
+    """torchrun's stderr (its workers' too: they inherit it) passed through to ours line by
+    line, with the last lines kept: what NCCL's watchdog logged before it aborted a worker is
+    the only record of a GPU fault that killed it before Python could report it."""
+
+    def __init__(self, pipe, keep_lines: int = 2000):
+        self.lines: collections.deque[str] = collections.deque(maxlen=keep_lines)
+        self._thread = threading.Thread(target=self._pump, args=(pipe,), name="stderr-tail", daemon=True)
+        self._thread.start()
+
+    def _pump(self, pipe) -> None:
+        out = sys.stderr.buffer
+        for line in iter(pipe.readline, b""):
+            try:
+                out.write(line)
+                out.flush()
+            except (OSError, ValueError):  # our own stderr is gone: keep reading, or the workers block
+                pass
+            self.lines.append(line.decode("utf-8", "replace").rstrip("\n"))
+        pipe.close()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+def add_watchdog_faults(reports: dict[int, dict], failures: list[dict], lines) -> None:
+    """A worker that died without a report of its fault (NCCL's watchdog aborted it: SIGABRT)
+    gets the GPU fault its watchdog logged, if it named one."""
+    faults = watchdog_faults(lines)
+    for failure in failures:
+        rank = failure.get("rank")
+        if rank not in faults or (reports.get(rank) or {}).get("gpu_fault"):
+            continue
+        report = reports.setdefault(rank, {"rank": rank, "reason": "failed", "local_rank": failure.get("local_rank")})
+        report["gpu_fault"] = faults[rank]
+
+
 def main(argv: list[str]) -> int:
     code_dir, code = own_code_dir()
     if code != 0:
@@ -348,7 +387,9 @@ def main(argv: list[str]) -> int:
             python = venv.python
             env["VIRTUAL_ENV"] = venv.venv
             env["PATH"] = os.pathsep.join(p for p in (os.path.join(venv.venv, "bin"), env.get("PATH")) if p)
-        child = subprocess.Popen([python, "-m", "trainer.elastic_run", *argv], env=env, cwd=code_dir)
+        child = subprocess.Popen([python, "-m", "trainer.elastic_run", *argv], env=env, cwd=code_dir,
+                                 stderr=subprocess.PIPE)
+        tail = StderrTail(child.stderr)
         signalled = []
 
         def forward(signum, frame):
@@ -359,9 +400,11 @@ def main(argv: list[str]) -> int:
         for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             signal.signal(sig, forward)
         code = child.wait()
+        tail.join(timeout=10)
         reports = worker_reports(status_dir)
         record = read_json_or_none(failures_file) or {}
         failures = record.get("failures") or []
+        add_watchdog_faults(reports, failures, tail.lines)
         agent_error = record.get("agent_error") if isinstance(record.get("agent_error"), dict) else None
     reasons = [r["reason"] for _, r in sorted(reports.items())]
     final = exit_code(code, bool(signalled), reasons, list(reports.values()), failures, agent_error)
@@ -377,8 +420,11 @@ def main(argv: list[str]) -> int:
     print(f"[trainer.launch] torchrun exited {code}; workers: {reasons or 'no report'}"
           f"{'; failed workers: ' + dead if dead else ''}{agent}; signal: {bool(signalled)}; "
           f"{checkpoint_line(reports)}; exiting {final}", file=sys.stderr, flush=True)
-    if final == EXIT_GPU_FAULT:
-        report_gpu_fault([r for r in reports.values() if r.get("gpu_fault")])
+    # 135 is also 128+SIGBUS, a worker's death by SIGBUS (an mmap'd data shard truncated on FSx):
+    # the GPU is named only when a rank reported a GPU fault.
+    faulty = [r for r in reports.values() if r.get("gpu_fault")]
+    if final == EXIT_GPU_FAULT and faulty:
+        report_gpu_fault(faulty)
     attempts.record(final)
     return final
 
