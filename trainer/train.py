@@ -31,6 +31,7 @@ from trainer.model import apply_activation_checkpointing, build_model, count_par
 from trainer.optim import build_optimizer, cosine_with_warmup
 from trainer.preemption import EXIT_PREEMPTED, PreemptionFlag, is_peer_lost, preemption_budget_seconds, report_exit
 from trainer.profiling import profiler_for
+from trainer.progress import NoWatchdog, ProgressWatchdog
 from trainer.s3 import NoMirror, mirror_for
 from trainer.tracking import (BRANCH_POINT_TAG, ROLLBACK_OF_TAG, SWEEP_ID_ENV, SWEEP_NAME_ENV, JsonlTracker, MLflowTracker,
                               NullTracker, Trackers)
@@ -325,6 +326,7 @@ class Trainer:
         self.nonfinite = NonFiniteSteps(cfg.optimizer.max_nonfinite_steps)
         self.faults = self.checkpointer.faults
         self.run_id_noted = False
+        self.watchdog = NoWatchdog()  # armed after the first step (start-up has its own bound)
 
     # --- set-up -------------------------------------------------------------------------------
     def build_model(self) -> None:
@@ -402,6 +404,12 @@ class Trainer:
 
     # --- the loop -----------------------------------------------------------------------------
     def run(self) -> Ending:
+        try:
+            return self._run()
+        finally:
+            self.watchdog.stop()  # a failure too: the process (a test's, in-process) may live on
+
+    def _run(self) -> Ending:
         cfg, outcome, checkpointer = self.cfg, self.outcome, self.checkpointer
         outcome.update(tracker=self.tracker, checkpointer=checkpointer, checkpoint_step=checkpointer.last_durable_step)
         log.info("training %s (%s, world size %d, %s) from step %d to %d", cfg.model.kind, self.strategy.name,
@@ -409,12 +417,15 @@ class Trainer:
         reason, first_step = "completed", self.step + 1
         self.evaluate_skipped()
         while self.step < cfg.schedule.num_steps:
+            self.watchdog.beat()
             self.finalize_saves()
             self.profiler.before_step(self.step + 1)
             outcome["checkpoint_step"] = checkpointer.last_durable_step
             result = self.train_step()
             if self.step == first_step:  # start-up is over: a dead peer now costs the steady-state bound
                 distributed.set_collective_timeout(self.env, cfg.parallelism.collective_timeout_seconds)
+                self.watchdog = ProgressWatchdog(cfg.parallelism.progress_timeout_seconds, self.env.rank)
+            self.watchdog.beat()
             last_step = self.step == cfg.schedule.num_steps
             save_due = self.policy.due(self.step, result)
             # A save logs what is pending first: a kill after the save must not lose the losses
@@ -424,6 +435,7 @@ class Trainer:
             self.nonfinite.record(self.step, not result.bad, result.loss, result.norm)  # raises after K in a row
             if not result.preempted:  # a preempted step saves instead: the time budget is for the checkpoint
                 self.evaluate(last_step)
+                self.watchdog.beat()
             if result.preempted:
                 outcome["signalled"] = True
                 self.save_on_signal()
@@ -580,6 +592,7 @@ class Trainer:
         """The final checkpoint durable on every rank (sealed, on rank 0), the loop's helpers
         closed; what is left for rank 0 once the ranks parted is in the returned `Ending`."""
         cfg, env, tracker, goodput = self.cfg, self.env, self.tracker, self.goodput
+        self.watchdog.stop()  # what follows is bounded by the start-up bound (teardown's barrier)
         self.checkpointer.close()
         self.outcome["checkpoint_step"] = self.checkpointer.last_durable_step
         self.batches.close()
