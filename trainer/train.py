@@ -27,7 +27,8 @@ from trainer.data import DistributedBatches, TokenShards
 from trainer.evaluation import evaluator_for
 from trainer.health import health_exporter
 from trainer.metrics import Goodput, Heartbeat, flops_per_token, memory_meter, mfu_meter
-from trainer.model import apply_activation_checkpointing, build_model, count_params, loss_function, model_dims
+from trainer.model import (apply_activation_checkpointing, build_model, count_params, hf_weight_files, load_hf_weights,
+                           loss_function, materialize, model_dims)
 from trainer.optim import build_optimizer, cosine_with_warmup
 from trainer.preemption import EXIT_PREEMPTED, PreemptionFlag, is_peer_lost, preemption_budget_seconds, report_exit
 from trainer.profiling import profiler_for
@@ -334,16 +335,28 @@ class Trainer:
         compiled; `self.model` is the wrapped module, `self.loss_fn` what the step calls."""
         cfg, env = self.cfg, self.env
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank (FSDP2 relies on it)
-        model = build_model(cfg.model, self.shards.vocab_size, cfg.data.seq_len)
+        # A Hugging Face model is built empty (meta device), sharded, then filled from rank 0's
+        # read of its files: never whole in fp32 on every rank and GPU first.
+        empty = cfg.model.kind == "hf" and bool(hf_weight_files(cfg.model.hf_path))
+        model = build_model(cfg.model, self.shards.vocab_size, cfg.data.seq_len, empty=empty)
         num_layers, hidden_size = model_dims(model)
         self.flops = flops_per_token(count_params(model), num_layers, hidden_size, cfg.data.seq_len)
         if cfg.parallelism.activation_checkpointing:
             apply_activation_checkpointing(model)
-        model.to(env.device)
         bf16 = cfg.parallelism.mixed_precision == "bf16" or (cfg.parallelism.mixed_precision == "auto"
                                                              and env.device.type == "cuda")
         self.strategy = distributed.strategy_for(cfg.parallelism, env, bf16)
-        self.model = self.strategy.wrap(model, env)
+        if not empty:
+            model.to(env.device)
+            self.model = self.strategy.wrap(model, env)
+        elif self.strategy.name == "fsdp":
+            self.model = self.strategy.wrap(model, env)  # shards of meta parameters
+            materialize(self.model, env.device)
+            load_hf_weights(self.model, cfg.model.hf_path, env.is_main, env.distributed)
+        else:
+            materialize(model, env.device)
+            load_hf_weights(model, cfg.model.hf_path, env.is_main, env.distributed)
+            self.model = self.strategy.wrap(model, env)
         # The loss is inside the compiled region (trainer.model.loss_function): no eager fp32
         # logits, no eager log-softmax over [B*T, vocab].
         self.loss_fn = loss_function(self.model, cfg.parallelism.compile, self.strategy.blocks_compiled)
