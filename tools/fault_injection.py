@@ -1,7 +1,8 @@
 """Seeded fault injection for the trainer: kill it every way a cluster can, restart it as the
 operator would, and check that the result is the uninterrupted run's, bit for bit.
 
-    python tools/fault_injection.py --seed 7 --num-faults 10 --steps 80 [--nproc 2] [--workdir DIR]
+    python tools/fault_injection.py --seed 7 --num-faults 10 --steps 80 [--nproc 3] [--async-mode thread|process]
+        [--workdir DIR]
 
 One baseline run (no faults), then a faulted run of the same job: every attempt is one pod
 (`python -m trainer.launch`, torchrun, N CPU ranks) that gets at most one fault, chosen from
@@ -241,7 +242,7 @@ def final_tensors(ckpt: str, steps: int, scratch: str) -> dict:
 
 
 def run(seed: int, num_faults: int, steps: int, nproc: int, workdir: str, data_dir: str | None = None,
-        every: int = 5, keep: int = 2, log=print) -> dict:
+        every: int = 5, keep: int = 2, log=print, async_mode: str = "thread") -> dict:
     import torch
 
     rng = random.Random(seed)
@@ -268,7 +269,7 @@ def run(seed: int, num_faults: int, steps: int, nproc: int, workdir: str, data_d
     # schema migration breaks the file for good (which a real server never exposes to a job).
     MlflowClient(tracking_uri=mlflow_uri).create_experiment("fault-injection")
     env = base_env(MLFLOW_TRACKING_URI=mlflow_uri, TRAINER_RUN_ID=f"fault-injection-{seed}")
-    cmd = launcher_cmd(nproc, overrides(data_dir, faulted, steps, every, keep, "thread"))
+    cmd = launcher_cmd(nproc, overrides(data_dir, faulted, steps, every, keep, async_mode))
     faults_left = num_faults
     for attempt in range(num_faults * 2 + 4):
         progress = newest_checkpoint_step(faulted)
@@ -335,13 +336,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--num-faults", type=int, default=8)
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--nproc", type=int, default=3, help="ranks (3+: a summation order that resumes must keep)")
+    parser.add_argument("--async-mode", choices=["thread", "process"], default="thread",
+                        help="the faulted run's checkpoint.async_mode (the baseline saves synchronously)")
     parser.add_argument("--workdir", help="default: a new temporary directory (kept)")
     args = parser.parse_args(argv)
     workdir = args.workdir or tempfile.mkdtemp(prefix="fault-injection-")
     os.makedirs(workdir, exist_ok=True)
     report = run(args.seed, args.num_faults, args.steps, args.nproc, workdir,
-                 log=lambda line: print(line, file=sys.stderr, flush=True))
+                 log=lambda line: print(line, file=sys.stderr, flush=True), async_mode=args.async_mode)
     report["workdir"] = workdir
     print(json.dumps(report, indent=1))
     return 0 if not report["problems"] else 1
