@@ -32,11 +32,16 @@ SCRIPT = textwrap.dedent("""
     class Checkpointer:  # the step-10 save: finished and polled on rank 0, still pending on rank 1
         pending_step = 10 if rank == 1 else None
         last_write_seconds = 0.01
+        write_abandonable = False
         def wait(self):
             self.pending_step = None
+        def write_failed(self):
+            return False
+        def write_done(self):
+            return True
 
     saved = []
-    def save(step, extra):  # what train.py's save() does first: the finiteness all-reduce
+    def save(step, extra, synchronous=False):  # what train.py's save() does first: the finiteness all-reduce
         not_finite = distributed.all_reduce_max(env, [0.0])[0]
         assert not_finite == 0.0
         saved.append(step)
