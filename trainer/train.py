@@ -442,9 +442,14 @@ class Trainer:
             last_step = self.step == cfg.schedule.num_steps
             save_due = self.policy.due(self.step, result)
             # A save logs what is pending first: a kill after the save must not lose the losses
-            # of steps the checkpoint covers (they are not recomputed after a resume).
-            if self.step % cfg.tracking.log_every_steps == 0 or save_due or result.bad:
-                self.log_metrics(result)
+            # of steps the checkpoint covers (they are not recomputed after a resume). The step's
+            # own row (learning rate, gradient norm, throughput) is logged at steps that do not
+            # depend on interruptions, so a resumed run logs it where an uninterrupted one does:
+            # not at a save a signal or the clock asked for.
+            row_due = (self.step % cfg.tracking.log_every_steps == 0 or self.step % cfg.checkpoint.every_steps == 0
+                       or last_step or result.bad)
+            if row_due or save_due:
+                self.log_metrics(result, row=row_due)
             self.nonfinite.record(self.step, not result.bad, result.loss, result.norm)  # raises after K in a row
             if not result.preempted:  # a preempted step saves instead: the time budget is for the checkpoint
                 self.evaluate(last_step)
@@ -500,8 +505,11 @@ class Trainer:
         return StepResult(step_loss, norm, lr_used, preempted, time_due, bad)
 
     # --- what the loop calls ------------------------------------------------------------------
-    def log_metrics(self, result: StepResult) -> None:
+    def log_metrics(self, result: StepResult, row: bool = True) -> None:
+        """Logs the pending losses; with `row`, this step's row of the other metrics too."""
         last_loss, tokens_per_second, averages = self.window.flush(self.tracker)
+        if not row:
+            return
         self.tracker.log(self.step, {
             "learning_rate": result.lr,
             "grad_norm": result.norm.item(),
