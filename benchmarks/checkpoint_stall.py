@@ -27,7 +27,7 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from trainer.checkpoint import Checkpointer, ModelAndOptimizer  # noqa: E402
+from trainer.checkpoint import Checkpointer, ModelAndOptimizer
 from trainer.config import ModelConfig, TrainerConfig  # noqa: E402
 from trainer.distributed import Env  # noqa: E402
 from trainer.guards import weights_finite  # noqa: E402

@@ -141,7 +141,7 @@ def run_attempt(cmd, env, ckpt, signal_at_step=None, pod_signal=None, timeout=30
 
 
 def newest_checkpoint_step(ckpt: str) -> int:
-    from trainer.checkpoint import list_steps
+    from trainer.checkpoint.layout import list_steps
 
     steps = list_steps(ckpt)
     return steps[-1] if steps else 0
@@ -236,7 +236,7 @@ def flat_tensors(step_directory: str, scratch: str) -> dict:
 
 
 def final_tensors(ckpt: str, steps: int, scratch: str) -> dict:
-    from trainer.checkpoint import step_dir
+    from trainer.checkpoint.layout import step_dir
 
     return flat_tensors(step_dir(ckpt, steps), scratch)
 

@@ -132,7 +132,8 @@ def gpt_to_hf(model: torch.nn.Module, vocab_size: int | None = None):
 
 def export_checkpoint(checkpoint_dir: str, out_dir: str, cfg: TrainerConfig | None = None) -> dict[str, Any]:
     """Writes the Hugging Face directory; returns the lineage record (also in the directory)."""
-    from trainer.checkpoint import MARKER, read_marker
+    from trainer.checkpoint import read_marker
+    from trainer.contract.layout import MARKER
     from trainer.model import GPT
 
     if not os.path.isfile(os.path.join(checkpoint_dir, MARKER)):
@@ -345,7 +346,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--registered-model-name", default=None, help="register a new version under this name")
     parser.add_argument("--experiment", default=None, help="experiment for a new run (default: tracking.experiment)")
     args = parser.parse_args(argv)
-    from trainer.checkpoint import MARKER, read_marker
+    from trainer.checkpoint import read_marker
+    from trainer.contract.layout import MARKER
     from trainer.config import tracking_uri_problem
 
     problems = []

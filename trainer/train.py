@@ -16,8 +16,8 @@ import torch
 
 from trainer import distributed, reproducibility
 from trainer.branch import current_branch, read_rollback
-from trainer.checkpoint import (Checkpointer, ModelAndOptimizer, ModelOnly, background_process_signal, read_marker,
-                                resolve_resume)
+from trainer.checkpoint import Checkpointer, ModelAndOptimizer, ModelOnly, read_marker, resolve_resume
+from trainer.checkpoint.spawn import background_process_signal
 from trainer.config import TrainerConfig, dump_yaml
 from trainer.contract.layout import step_dir_name
 from trainer.gpu_faults import gpu_fault
@@ -96,7 +96,7 @@ def export_final_model(cfg: TrainerConfig, step: int, run_id: str | None, faults
     """Rank 0, after the ranks parted (the final checkpoint is durable, every rank reported):
     the Hugging Face export of the final checkpoint, logged to MLflow (and registered) when
     tracking is on. Nothing here can make the attempt a failure: the job is done."""
-    from trainer.checkpoint import step_dir
+    from trainer.checkpoint.layout import step_dir
     from trainer.export import export_and_log
 
     if faults is not None:

@@ -75,7 +75,8 @@ class SourceError(Exception):
 
 
 def locate_local(source: str) -> str:
-    from trainer.checkpoint import MARKER, STEP_DIR, latest_complete, list_steps
+    from trainer.checkpoint.layout import STEP_DIR, latest_complete, list_steps
+    from trainer.contract.layout import MARKER
 
     if not os.path.isdir(source):
         raise SourceError(f"{source}: no such directory (give a checkpoint directory, a step-NNNNNN "

@@ -186,7 +186,7 @@ def test_cuda_rng_state_is_restored():
 
 def test_thread_mode_stages_into_pinned_buffers_reused_across_saves():
     require_gpu(cuda_only=True)
-    from trainer.checkpoint import _for_each_tensor
+    from trainer.checkpoint.staging import _for_each_tensor
 
     model, optimizer, app = _small_model_and_optimizer()
     ckpt = _cuda_checkpointer(scratch("pinned"), "thread")

@@ -6,7 +6,10 @@ import os
 import torch
 import torch.distributed.checkpoint as dcp
 
-from trainer.checkpoint import Checkpointer, ModelAndOptimizer, StagedThreadSave, _for_each_tensor, step_dir
+from trainer.checkpoint import Checkpointer, ModelAndOptimizer
+from trainer.checkpoint.layout import step_dir
+from trainer.checkpoint.staging import _for_each_tensor
+from trainer.checkpoint.writers import StagedThreadSave
 from trainer.config import ModelConfig, TrainerConfig
 from trainer.distributed import Env
 from trainer.model import build_model
@@ -128,7 +131,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 sys.path.insert(0, os.getcwd())
 from tests.trainer.test_checkpoint_staging import CPU, model_and_optimizer, train_one_step
-from trainer.checkpoint import Checkpointer, ModelAndOptimizer, _for_each_tensor
+from trainer.checkpoint import Checkpointer, ModelAndOptimizer
+from trainer.checkpoint.staging import _for_each_tensor
 from trainer.s3 import NoMirror
 
 root = sys.argv[1]

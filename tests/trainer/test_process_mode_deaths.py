@@ -39,7 +39,7 @@ def wait_until(predicate, seconds: float) -> bool:
 
 PARENT = textwrap.dedent("""
     import multiprocessing, sys, time
-    from trainer.checkpoint import shield_spawned_processes
+    from trainer.checkpoint.spawn import shield_spawned_processes
 
     def busy_save(ready):  # a save blocked in a collective whose peer is gone: never returns
         ready.set()
@@ -133,7 +133,7 @@ def test_a_preemption_whose_save_lost_its_background_process_saves_the_step_sync
     them, so that save is certainly in flight when the signal comes."""
     import threading
 
-    from trainer.checkpoint import list_steps
+    from trainer.checkpoint.layout import list_steps
 
     ckpt = str(tmp_path / "ckpt")
     cmd = torchrun_cmd(2, tiny_overrides(data_dir, ckpt, **{

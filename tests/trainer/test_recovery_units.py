@@ -8,8 +8,12 @@ import pytest
 import torch
 
 import trainer.checkpoint as ckpt_mod
-from trainer.checkpoint import (MARKER, ROLLBACK, Checkpointer, Ownership, list_steps, remove_checkpoint,
-                                resolve_resume, step_dir, write_json_atomic)
+from trainer.checkpoint import Checkpointer, resolve_resume
+from trainer.branch import ROLLBACK
+from trainer.checkpoint.layout import list_steps, remove_checkpoint, step_dir
+from trainer.checkpoint.ownership import Ownership
+from trainer.contract.layout import MARKER
+from trainer.durable import write_json_atomic
 from trainer.distributed import Env
 from trainer.guards import NonFiniteSteps, TrainingStopped, apply_optimizer_config, check_resume_compatible
 from trainer.launch import EXIT_PREEMPTED, checkpoint_line, exit_code, worker_reports
@@ -123,7 +127,6 @@ def test_a_resave_removes_the_old_marker_before_writing(tmp_path):
 
 def test_rng_and_config_are_fsynced_before_the_marker(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(ckpt_mod, "fsync_file", lambda p: calls.append(os.path.basename(p)))
     real_write = ckpt_mod.write_json_atomic
     monkeypatch.setattr(ckpt_mod, "write_json_atomic", lambda p, d: (calls.append(os.path.basename(p)), real_write(p, d)))
     real_fsync = os.fsync

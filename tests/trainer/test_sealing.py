@@ -13,7 +13,9 @@ import torch
 
 import trainer.checkpoint as ckpt_mod
 import trainer.trust as trust_mod
-from trainer.checkpoint import MARKER, Checkpointer, ModelAndOptimizer, list_steps, step_dir
+from trainer.checkpoint import Checkpointer, ModelAndOptimizer
+from trainer.checkpoint.layout import list_steps, step_dir
+from trainer.contract.layout import MARKER
 from trainer.config import ModelConfig, TrainerConfig
 from trainer.distributed import Env
 from trainer.model import build_model

@@ -5,7 +5,9 @@ import signal
 
 import pytest
 
-from trainer.checkpoint import MARKER, latest_complete, list_steps, read_marker, step_dir
+from trainer.checkpoint import read_marker
+from trainer.checkpoint.layout import latest_complete, list_steps, step_dir
+from trainer.contract.layout import MARKER
 from trainer_helpers import (assert_same_tensors, checkpoint_tensors, launcher_env, losses, run, run_and_signal,
                              tiny_overrides, torchrun_cmd)
 

@@ -12,7 +12,8 @@ import uuid
 import pytest
 
 from tests.trainer.trainer_helpers import launcher_env, run, tiny_overrides, torchrun_cmd
-from trainer.checkpoint import MARKER, step_dir
+from trainer.checkpoint.layout import step_dir
+from trainer.contract.layout import MARKER
 
 NUM_STEPS = 4
 

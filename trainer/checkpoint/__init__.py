@@ -18,7 +18,8 @@ Other names in `<dir>`: `owner.json` (the attempt allowed to finalise, prune and
 see `Ownership`), `rollback.json` and `abandoned/` (see `resolve_resume`), and
 `.trash-*` (checkpoints being deleted; swept by retention). The names are trainer/contract/layout.py's.
 
-The package, one concern per module:
+The package's face is `__all__`; everything else is imported from its module. One concern per
+module:
     layout.py     step directories, markers, deletion that no kill can tear
     ownership.py  which attempt may finalise, prune and roll back
     state.py      the model/optimizer `Stateful`s and per-rank RNG state
@@ -45,21 +46,19 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 
 from trainer import safe_load
-from trainer.branch import ROLLBACK, read_rollback  # noqa: F401 (re-exported)
-from trainer.checkpoint.layout import (ABANDONED, MARKER, OWNER, STEP_DIR, TRASH_PREFIX, latest_complete,  # noqa: F401
-                                       list_steps, read_marker, remove_checkpoint, step_dir, sweep_trash)
+from trainer.branch import read_rollback
+from trainer.checkpoint.layout import MARKER, STEP_DIR, list_steps, read_marker, remove_checkpoint, step_dir, sweep_trash
 from trainer.checkpoint.ownership import NoOwnership, Ownership
-from trainer.checkpoint.resume import resolve_resume  # noqa: F401 (re-exported)
-from trainer.checkpoint.spawn import background_process_signal, shield_spawned_processes  # noqa: F401 (re-exported)
-from trainer.checkpoint.staging import StagingBuffers, _for_each_tensor, _plain_state  # noqa: F401 (re-exported)
+from trainer.checkpoint.resume import resolve_resume
+from trainer.checkpoint.state import ModelAndOptimizer, ModelOnly, load_rng_file, rng_state, set_rng_state
 from trainer.checkpoint.threads import BackgroundThread
-from trainer.checkpoint.state import (ModelAndOptimizer, ModelOnly, load_rng_file, rng_state,  # noqa: F401
-                                      set_rng_state)
-from trainer.checkpoint.writers import AsyncSave, StagedProcessSave, StagedThreadSave, SyncSave  # noqa: F401
+from trainer.checkpoint.writers import AsyncSave, StagedProcessSave, StagedThreadSave, SyncSave
 from trainer.distributed import Env
-from trainer.durable import fsync_dir, fsync_file, write_durably, write_json_atomic  # noqa: F401 (re-exported)
-from trainer.faults import Faults, NoFaults, fault_injector  # noqa: F401 (re-exported)
+from trainer.durable import write_durably, write_json_atomic
+from trainer.faults import fault_injector
 from trainer.trust import UntrustedCheckpoint, trust_from_env
+
+__all__ = ["Checkpointer", "ModelAndOptimizer", "ModelOnly", "read_marker", "resolve_resume"]
 
 log = logging.getLogger(__name__)
 
