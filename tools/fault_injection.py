@@ -67,7 +67,7 @@ def launcher_cmd(nproc: int, args: list[str]) -> list[str]:
 
 def base_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    for k in ("MLFLOW_TRACKING_URI", "TRAINER_FAULTS", "TRAINER_FAULT_SIGKILL_IN_SAVE_AT_STEP"):
+    for k in ("MLFLOW_TRACKING_URI", "TRAINER_FAULTS"):
         env.pop(k, None)
     env.update({"PYTHONPATH": REPO, "OMP_NUM_THREADS": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "20"})
     env.update(extra)

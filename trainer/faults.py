@@ -83,7 +83,4 @@ class Faults(NoFaults):
 
 def fault_injector(env: Env):
     spec = os.environ.get("TRAINER_FAULTS", "")
-    legacy = os.environ.get("TRAINER_FAULT_SIGKILL_IN_SAVE_AT_STEP")
-    if legacy:
-        spec += f";in_save@{legacy}:0:KILL"
     return Faults(spec, env.rank) if spec.strip(";") else NoFaults()

@@ -25,6 +25,7 @@ from trainer.guards import (NonFiniteSteps, TrainingStopped, apply_optimizer_con
                             weights_finite)
 from trainer.data import DistributedBatches, TokenShards
 from trainer.evaluation import evaluator_for
+from trainer.faults import fault_injector
 from trainer.health import health_exporter
 from trainer.metrics import Goodput, Heartbeat, flops_per_token, memory_meter, mfu_meter
 from trainer.model import (apply_activation_checkpointing, build_model, count_params, hf_weight_files, load_hf_weights,
@@ -304,8 +305,9 @@ class Trainer:
         self.goodput = Goodput()
         self.last_stall_seconds = [0.0]
         self.mirror = mirror_for(cfg.checkpoint.s3_uri) if env.is_main else NoMirror()
+        self.faults = fault_injector(env)
         self.checkpointer = Checkpointer(cfg.checkpoint.dir, env, cfg.checkpoint.keep_last, cfg.checkpoint.async_mode,
-                                         self.mirror)
+                                         self.mirror, faults=self.faults)
         self.app = ModelAndOptimizer(self.model, self.optimizer)
         self.checkpointer.prepare_staging(self.app)  # host staging buffers allocated before the first save
         self.heartbeat = Heartbeat(cfg.checkpoint.dir)
@@ -325,7 +327,6 @@ class Trainer:
         self.policy = SavePolicy(cfg)
         self.window = MetricsWindow(env, self.tokens_per_step)
         self.nonfinite = NonFiniteSteps(cfg.optimizer.max_nonfinite_steps)
-        self.faults = self.checkpointer.faults
         self.run_id_noted = False
         self.watchdog = NoWatchdog()  # armed after the first step (start-up has its own bound)
 

@@ -42,10 +42,10 @@ def test_hashing_fsyncs_marker_and_retention_run_off_the_loop_thread(tmp_path, m
     def record(what):
         where.setdefault(what, set()).add(threading.current_thread().name)
 
-    real_sha, real_write, real_remove = trust_mod.sha256_file, ckpt_mod.write_json_atomic, ckpt_mod.remove_checkpoint
+    real_sha, real_write, real_remove = trust_mod.sha256_file, ckpt_mod.write_json_atomic, ckpt_mod.rename_away
     monkeypatch.setattr(trust_mod, "sha256_file", lambda p: (record("hash"), real_sha(p))[1])
     monkeypatch.setattr(ckpt_mod, "write_json_atomic", lambda p, d: (record(os.path.basename(p)), real_write(p, d))[1])
-    monkeypatch.setattr(ckpt_mod, "remove_checkpoint", lambda *a, **k: (record("retention"), real_remove(*a, **k))[1])
+    monkeypatch.setattr(ckpt_mod, "rename_away", lambda *a, **k: (record("retention"), real_remove(*a, **k))[1])
     # An fsync of metrics.jsonl before the marker: the loop's own flush hands it over.
     synced = []
     state = app()

@@ -36,6 +36,7 @@ import contextlib
 import io
 import logging
 import os
+import shutil
 import time
 from collections import deque
 from concurrent.futures import Future
@@ -47,7 +48,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from trainer import safe_load
 from trainer.branch import read_rollback
-from trainer.checkpoint.layout import MARKER, STEP_DIR, list_steps, read_marker, remove_checkpoint, step_dir, sweep_trash
+from trainer.checkpoint.layout import MARKER, STEP_DIR, list_steps, read_marker, rename_away, step_dir, sweep_trash
 from trainer.checkpoint.ownership import NoOwnership, Ownership
 from trainer.checkpoint.resume import resolve_resume
 from trainer.checkpoint.state import ModelAndOptimizer, ModelOnly, load_rng_file, rng_state, set_rng_state
@@ -55,7 +56,7 @@ from trainer.checkpoint.threads import BackgroundThread
 from trainer.checkpoint.writers import AsyncSave, StagedProcessSave, StagedThreadSave, SyncSave
 from trainer.distributed import Env
 from trainer.durable import write_durably, write_json_atomic
-from trainer.faults import fault_injector
+from trainer.faults import NoFaults
 from trainer.trust import UntrustedCheckpoint, trust_from_env
 
 __all__ = ["Checkpointer", "ModelAndOptimizer", "ModelOnly", "read_marker", "resolve_resume"]
@@ -73,7 +74,8 @@ class Checkpointer:
     slow metadata server's fsyncs and renames would hold them there against the collective
     timeout. A checkpoint is durable, and `last_durable_step` names it, once its marker is."""
 
-    def __init__(self, root: str, env: Env, keep_last: int, async_mode: str, mirror, ownership=None, trust=None):
+    def __init__(self, root: str, env: Env, keep_last: int, async_mode: str, mirror, ownership=None, trust=None,
+                 faults=None):
         self.root = root
         self.trust = trust or trust_from_env()  # signs on save, verifies before load (trainer/trust.py)
         self.env = env
@@ -90,7 +92,7 @@ class Checkpointer:
         # Set by prepare_staging: staging buffers are allocated once the optimizer holds state.
         self._staging_source: Stateful | None = None
         self.mirror = mirror
-        self.faults = fault_injector(env)
+        self.faults = faults or NoFaults()  # the tests' fault injection (trainer/faults.py), from the trainer
         self.ownership = ownership or (Ownership(root) if env.is_main else NoOwnership())
         # The write in flight: (future, step, meta, started, config_yaml, before_marker).
         self.pending: tuple | None = None
@@ -270,15 +272,22 @@ class Checkpointer:
         removed = []
         for old in complete:
             if old not in keep and self.ownership.holds():
-                remove_checkpoint(self.root, old, self.faults)
+                self._remove(old)
                 removed.append(old)
         newest = complete[-1] if complete else -1
         # Incomplete directories older than the newest complete one are debris of a kill.
         for step in set(list_steps(self.root, complete_only=False)) - set(complete):
             if step < newest:
-                remove_checkpoint(self.root, step, self.faults)
+                self._remove(step)
         sweep_trash(self.root)
         self.mirror.prune(removed)
+
+    def _remove(self, step: int) -> None:
+        """Renamed away, then removed (see `layout.rename_away`); the fault point lies between."""
+        trash = rename_away(self.root, step)
+        if trash is not None:
+            self.faults.at("in_retention", step)
+            shutil.rmtree(trash, ignore_errors=True)
 
     def load_initial(self, path: str, app: Stateful) -> dict:
         """Weights (and the optimizer when `app` holds it) from another job's checkpoint; no
