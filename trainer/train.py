@@ -174,49 +174,36 @@ def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
     # process groups included) runs inside the try: a rank whose peer died during start-up
     # reports a lost peer (retryable) instead of leaving no report (torchrun's 1: permanent).
     report_exit(rank, "running", -1)
-    outcome: dict = {}
+    preemption: PreemptionFlag | None = None
+    trainer: Trainer | None = None
     try:
         env = distributed.init(cfg.parallelism)
         logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
                             format=f"%(asctime)s [rank {env.rank}] %(name)s: %(message)s", force=True)
         reproducibility.apply(cfg.reproducibility.deterministic, cfg.seed)  # before the first cuBLAS handle (matmul)
-        ending = _train(cfg, env, process_start or time.time(), outcome)
+        preemption = PreemptionFlag().install()
+        trainer = Trainer(cfg, env, process_start or time.time(), preemption)
+        ending = trainer.run()
         # Every rank meets here once the final checkpoint is durable (rank 0 sealed it in
         # Trainer.finish), then the group is gone: nothing rank 0 does after it can hold or
-        # fail another rank. _train returned: its model and optimizer are garbage.
+        # fail another rank. The trainer goes first: its model and optimizer are garbage.
+        trainer = None
         distributed.teardown(clean=True)
     except BaseException as exc:
-        preemption = outcome.get("preemption")
         # What the launcher needs to tell a root cause (permanent) from a consequence of a
         # peer's death or of a signal (retryable), written before anything else: closing the
         # tracker takes seconds, and an abort meanwhile (NCCL's watchdog) must not lose it.
-        report_exit(rank, "failed", outcome.get("step", -1), checkpoint_step=outcome.get("checkpoint_step"),
-                    exception=type(exc).__name__, peer_lost=is_peer_lost(exc),
-                    signalled=bool(outcome.get("signalled") or (preemption and preemption.raised)),
+        step, checkpoint_step, signalled = trainer.progress() if trainer is not None else (-1, None, False)
+        report_exit(rank, "failed", step, checkpoint_step=checkpoint_step, exception=type(exc).__name__,
+                    peer_lost=is_peer_lost(exc), signalled=bool(signalled or (preemption and preemption.raised)),
                     child_signal=background_process_signal(exc), gpu_fault=gpu_fault(exc))
-        _close_after_failure(outcome, exc)
+        if trainer is not None:
+            trainer.close_after_failure(exc)
         distributed.teardown(clean=False)
         raise
     report_exit(rank, ending.reason, ending.step, checkpoint_step=ending.checkpoint_step)
     ending.after()
     return EXIT_PREEMPTED if ending.reason == "preempted" else 0
-
-
-def _close_after_failure(outcome: dict, exc: BaseException) -> None:
-    """The failure path closes the tracker too (status FAILED, a short flush; whatever MLflow
-    misses is in metrics.jsonl and is sent by the next attempt) and ends the checkpoint
-    writer and the S3 mirror without waiting on peers that may be gone."""
-    if "tracker" not in outcome:
-        return
-    log.error("training failed at step %s: %s", outcome.get("step", "?"), exc)
-    with contextlib.suppress(Exception):
-        outcome["tracker"].close(status="FAILED", timeout_seconds=5.0)
-    with contextlib.suppress(Exception):
-        outcome["checkpointer"].abort()
-
-
-def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outcome: dict) -> Ending:
-    return Trainer(cfg, env, process_start, outcome).run()
 
 
 @dataclasses.dataclass
@@ -288,9 +275,12 @@ class Trainer:
     `MetricsWindow` and `log_metrics`, `evaluate`, `save_regular` / `save_on_signal` (the
     preemption path), with goodput, the non-finite guard and fault hooks behind them."""
 
-    def __init__(self, cfg: TrainerConfig, env: distributed.Env, process_start: float, outcome: dict):
-        self.cfg, self.env, self.outcome = cfg, env, outcome
-        self.preemption = outcome["preemption"] = PreemptionFlag().install()
+    def __init__(self, cfg: TrainerConfig, env: distributed.Env, process_start: float, preemption: PreemptionFlag):
+        self.cfg, self.env = cfg, env
+        self.preemption = preemption
+        # What the failure path reports (`progress`): the last step the loop finished, and
+        # whether the agreed flag stopped this rank (it may have had no signal of its own).
+        self.finished_step, self.signalled, self.running = -1, False, False
         self.shards = TokenShards(cfg.data.dir, cfg.data.seq_len)
         self.batches = DistributedBatches(self.shards, cfg.data.micro_batch_size, env.rank, env.world_size, cfg.seed,
                                           env.device, prefetch=cfg.data.prefetch_batches)
@@ -303,7 +293,7 @@ class Trainer:
         torch.manual_seed(cfg.seed + env.rank)  # dropout differs per rank, as separate data does
 
         self.goodput = Goodput()
-        self.last_stall_seconds = [0.0]
+        self.last_stall_seconds = 0.0
         self.mirror = mirror_for(cfg.checkpoint.s3_uri) if env.is_main else NoMirror()
         self.faults = fault_injector(env)
         self.checkpointer = Checkpointer(cfg.checkpoint.dir, env, cfg.checkpoint.keep_last, cfg.checkpoint.async_mode,
@@ -424,17 +414,16 @@ class Trainer:
             self.watchdog.stop()  # a failure too: the process (a test's, in-process) may live on
 
     def _run(self) -> Ending:
-        cfg, outcome, checkpointer = self.cfg, self.outcome, self.checkpointer
-        outcome.update(tracker=self.tracker, checkpointer=checkpointer, checkpoint_step=checkpointer.last_durable_step)
+        cfg, checkpointer = self.cfg, self.checkpointer
+        self.running = True  # from here on, the failure path closes the tracker and the writers
         log.info("training %s (%s, world size %d, %s) from step %d to %d", cfg.model.kind, self.strategy.name,
                  self.env.world_size, self.env.device, self.step, cfg.schedule.num_steps)
-        reason, first_step = "completed", self.step + 1
+        first_step = self.step + 1
         self.evaluate_skipped()
         while self.step < cfg.schedule.num_steps:
             self.watchdog.beat()
             self.finalize_saves()
             self.profiler.before_step(self.step + 1)
-            outcome["checkpoint_step"] = checkpointer.last_durable_step
             result = self.train_step()
             if self.step == first_step:  # start-up is over: a dead peer now costs the steady-state bound
                 distributed.set_collective_timeout(self.env, cfg.parallelism.collective_timeout_seconds)
@@ -452,19 +441,17 @@ class Trainer:
             if row_due or save_due:
                 self.log_metrics(result, row=row_due)
             self.nonfinite.record(self.step, not result.bad, result.loss, result.norm)  # raises after K in a row
-            if not result.preempted:  # a preempted step saves instead: the time budget is for the checkpoint
-                self.evaluate(last_step)
-                self.watchdog.beat()
-            if result.preempted:
-                outcome["signalled"] = True
+            if result.preempted:  # saves instead of evaluating: the time left is the checkpoint's
+                self.signalled = True
                 self.save_on_signal()
-            elif save_due:
+                self.finished_step = self.step
+                return self.finish("preempted")
+            self.evaluate(last_step)
+            self.watchdog.beat()
+            if save_due:
                 self.save_regular(last_step)
-            outcome["step"], outcome["checkpoint_step"] = self.step, checkpointer.last_durable_step
-            if result.preempted:
-                reason = "preempted"
-                break
-        return self.finish(reason)
+            self.finished_step = self.step
+        return self.finish("completed")
 
     def train_step(self) -> StepResult:
         cfg, env, model, optimizer = self.cfg, self.env, self.model, self.optimizer
@@ -517,7 +504,7 @@ class Trainer:
             "tokens_per_second": tokens_per_second,
             "mfu": self.mfu(tokens_per_second / self.env.world_size),
             **averages,
-            "checkpoint_seconds": self.last_stall_seconds[0],
+            "checkpoint_seconds": self.last_stall_seconds,
             "peak_gpu_memory_gib": self.memory.peak_gib(),
             "tokens_seen": self.tokens_seen,
             "skipped_updates": self.nonfinite.num_skipped + (1 if result.bad else 0),
@@ -592,7 +579,7 @@ class Trainer:
         # sync mode). Sealing (hashes, fsyncs, retention) is the sealer thread's.
         stall = time.perf_counter() - save_start
         self.goodput.checkpoint_stall_seconds += stall
-        self.last_stall_seconds[0] = stall
+        self.last_stall_seconds = stall
         self.window.exclude(stall)
         self.policy.saved()
         log.info("checkpoint step %d (%.2f s stall)", self.step, stall)
@@ -607,8 +594,80 @@ class Trainer:
         self.window.exclude(finalize)
 
     def save_on_signal(self) -> None:
-        _save_on_signal(self.step, self.save, self.checkpointer, self.preemption, self.env, self.goodput,
-                        self.last_stall_seconds, self.wall_at_attempt_start, self.attempt_start)
+        """The fastest way to a durable checkpoint inside the time left after the signal.
+
+        With no save in flight: a synchronous save of this step (it never depends on a background
+        writer: a background process killed meanwhile cannot cost the checkpoint). With an async
+        save of an older step in flight, finishing it is always the quickest durable checkpoint
+        (it is part written); a second, full save of this step is added only when the time left
+        (torchrun's SIGTERM-to-SIGKILL wait, less the exit margin) covers the measured write time
+        with room to spare. If that save fails on any rank (its background process died, a write
+        raised, or it is not done within half the time left), every rank gives it up and saves
+        this step synchronously instead. Every rank takes the same decisions (all-reduces)."""
+        step, checkpointer, env, goodput = self.step, self.checkpointer, self.env, self.goodput
+        preemption = self.preemption
+        started = time.perf_counter()
+        # Agreed before any other collective: each rank's `pending_step` is cleared by its own
+        # poll(), and ranks poll at different moments, so a rank-local check could send one rank
+        # to the finiteness all-reduce and another to the `skip` one (a hang, or a false
+        # "non-finite" stop). Waiting on a save that is already done returns at once.
+        in_flight = int(distributed.all_reduce_max(env, [-1 if checkpointer.pending_step is None
+                                                         else checkpointer.pending_step])[0])
+        in_flight = None if in_flight < 0 else in_flight
+        budget = preemption_budget_seconds()
+        if in_flight is not None and in_flight < step:
+            deadline = time.monotonic() + max(1.0, (budget - preemption.seconds_since()) / 2)
+            landed = _settle_in_flight(checkpointer, env, deadline)
+            if landed:
+                checkpointer.wait()
+                left = budget - preemption.seconds_since()
+                estimate = checkpointer.last_write_seconds or 0.0
+                skip = not (left > 2.0 * estimate + 1.0)
+                skip = bool(distributed.all_reduce_max(env, [skip])[0])
+                log.warning("%s with the save of step %d in flight: waited %.1f s for it; %.0f s of %.0f s left, a full "
+                            "save takes ~%.1f s: %s", preemption.signal_name or "another rank's signal", in_flight,
+                            time.perf_counter() - started, left, budget, estimate,
+                            f"stopping at step {in_flight} ({step - in_flight} steps to recompute)"
+                            if skip else f"saving step {step} too")
+                if skip:
+                    stall = time.perf_counter() - started
+                    goodput.checkpoint_stall_seconds += stall
+                    self.last_stall_seconds = stall
+                    return
+            else:
+                cause = checkpointer.write_cause()
+                checkpointer.abandon_write()
+                log.warning("%s with the save of step %d in flight: it did not land on every rank (%s on this rank); "
+                            "saving step %d synchronously instead, %.1f s after the signal, %.0f s of %.0f s left",
+                            preemption.signal_name or "another rank's signal", in_flight, cause, step,
+                            preemption.seconds_since(), budget - preemption.seconds_since(), budget)
+        goodput.wall_seconds = self.wall_at_attempt_start + (time.time() - self.attempt_start)
+        self.save(step, {}, synchronous=True)
+        checkpointer.wait()  # the process is about to exit: the save must be on disk
+        stall = time.perf_counter() - started
+        goodput.checkpoint_stall_seconds += stall
+        self.last_stall_seconds = stall
+        # A rank whose node was not the one reclaimed learns of the stop only through the
+        # all-reduced flag: it has no signal of its own, and still exits 143.
+        log.info("checkpoint step %d (%.2f s from the step boundary) after %s, %.1f s after the signal", step, stall,
+                 preemption.signal_name or "another rank's signal", preemption.seconds_since())
+
+    def progress(self) -> tuple[int, int | None, bool]:
+        """For the failure report: the last finished step, the newest durable checkpoint, and
+        whether the agreed stop flag had reached this rank."""
+        return self.finished_step, self.checkpointer.last_durable_step, self.signalled
+
+    def close_after_failure(self, exc: BaseException) -> None:
+        """The failure path closes the tracker too (status FAILED, a short flush; whatever MLflow
+        misses is in metrics.jsonl and is sent by the next attempt) and ends the checkpoint
+        writer and the S3 mirror without waiting on peers that may be gone."""
+        if not self.running:
+            return
+        log.error("training failed at step %s: %s", self.finished_step, exc)
+        with contextlib.suppress(Exception):
+            self.tracker.close(status="FAILED", timeout_seconds=5.0)
+        with contextlib.suppress(Exception):
+            self.checkpointer.abort()
 
     def finish(self, reason: str) -> Ending:
         """The final checkpoint durable on every rank (sealed, on rank 0), the loop's helpers
@@ -616,7 +675,6 @@ class Trainer:
         cfg, env, tracker, goodput = self.cfg, self.env, self.tracker, self.goodput
         self.watchdog.stop()  # what follows is bounded by the start-up bound (teardown's barrier)
         self.checkpointer.close()
-        self.outcome["checkpoint_step"] = self.checkpointer.last_durable_step
         self.batches.close()
         self.profiler.close()
         self.health.close()
@@ -650,65 +708,6 @@ def _initial_load(cfg: TrainerConfig, checkpointer, model, optimizer, scheduler)
             group["lr"] = lr
     log.info("initial load from %s (step %d of job %s): %s; step, schedule and data start fresh", path,
              saved["step"], saved.get("job_id", "?"), "weights only" if model_only else "weights and optimizer state")
-
-
-def _save_on_signal(step, save, checkpointer, preemption, env, goodput, last_stall_seconds, wall_at_attempt_start,
-                    attempt_start) -> None:
-    """The fastest way to a durable checkpoint inside the time left after the signal.
-
-    With no save in flight: a synchronous save of this step (it never depends on a background
-    writer: a background process killed meanwhile cannot cost the checkpoint). With an async
-    save of an older step in flight, finishing it is always the quickest durable checkpoint
-    (it is part written); a second, full save of this step is added only when the time left
-    (torchrun's SIGTERM-to-SIGKILL wait, less the exit margin) covers the measured write time
-    with room to spare. If that save fails on any rank (its background process died, a write
-    raised, or it is not done within half the time left), every rank gives it up and saves
-    this step synchronously instead. Every rank takes the same decisions (all-reduces)."""
-    started = time.perf_counter()
-    # Agreed before any other collective: each rank's `pending_step` is cleared by its own
-    # poll(), and ranks poll at different moments, so a rank-local check could send one rank
-    # to the finiteness all-reduce and another to the `skip` one (a hang, or a false
-    # "non-finite" stop). Waiting on a save that is already done returns at once.
-    in_flight = int(distributed.all_reduce_max(env, [-1 if checkpointer.pending_step is None
-                                                     else checkpointer.pending_step])[0])
-    in_flight = None if in_flight < 0 else in_flight
-    budget = preemption_budget_seconds()
-    if in_flight is not None and in_flight < step:
-        deadline = time.monotonic() + max(1.0, (budget - preemption.seconds_since()) / 2)
-        landed = _settle_in_flight(checkpointer, env, deadline)
-        if landed:
-            checkpointer.wait()
-            left = budget - preemption.seconds_since()
-            estimate = checkpointer.last_write_seconds or 0.0
-            skip = not (left > 2.0 * estimate + 1.0)
-            skip = bool(distributed.all_reduce_max(env, [skip])[0])
-            log.warning("%s with the save of step %d in flight: waited %.1f s for it; %.0f s of %.0f s left, a full "
-                        "save takes ~%.1f s: %s", preemption.signal_name or "another rank's signal", in_flight,
-                        time.perf_counter() - started, left, budget, estimate,
-                        f"stopping at step {in_flight} ({step - in_flight} steps to recompute)"
-                        if skip else f"saving step {step} too")
-            if skip:
-                stall = time.perf_counter() - started
-                goodput.checkpoint_stall_seconds += stall
-                last_stall_seconds[0] = stall
-                return
-        else:
-            cause = checkpointer.write_cause()
-            checkpointer.abandon_write()
-            log.warning("%s with the save of step %d in flight: it did not land on every rank (%s on this rank); "
-                        "saving step %d synchronously instead, %.1f s after the signal, %.0f s of %.0f s left",
-                        preemption.signal_name or "another rank's signal", in_flight, cause, step,
-                        preemption.seconds_since(), budget - preemption.seconds_since(), budget)
-    goodput.wall_seconds = wall_at_attempt_start + (time.time() - attempt_start)
-    save(step, {}, synchronous=True)
-    checkpointer.wait()  # the process is about to exit: the save must be on disk
-    stall = time.perf_counter() - started
-    goodput.checkpoint_stall_seconds += stall
-    last_stall_seconds[0] = stall
-    # A rank whose node was not the one reclaimed learns of the stop only through the
-    # all-reduced flag: it has no signal of its own, and still exits 143.
-    log.info("checkpoint step %d (%.2f s from the step boundary) after %s, %.1f s after the signal", step, stall,
-             preemption.signal_name or "another rank's signal", preemption.seconds_since())
 
 
 def _settle_in_flight(checkpointer, env, deadline: float) -> bool:

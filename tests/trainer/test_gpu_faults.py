@@ -160,21 +160,20 @@ def test_the_failure_report_is_written_before_the_tracker_closes(tmp_path, monke
     monkeypatch.setenv("RANK", "0")
     seen_at_close = []
 
-    class Tracker:
-        def close(self, status, timeout_seconds):
-            seen_at_close.append(json.loads((status_dir / "rank-0.json").read_text()))
-
-    status_dir = status
-
-    class Checkpointer:
-        def abort(self):
+    class FailingTrainer:  # fails in its loop; its failure path closes the tracker
+        def __init__(self, cfg, env, process_start, preemption):
             pass
 
-    def failing_train(cfg, env, process_start, outcome):
-        outcome.update(tracker=Tracker(), checkpointer=Checkpointer(), step=7)
-        raise RuntimeError("CUDA error: uncorrectable ECC error encountered")
+        def run(self):
+            raise RuntimeError("CUDA error: uncorrectable ECC error encountered")
 
-    monkeypatch.setattr(train, "_train", failing_train)
+        def progress(self):
+            return 7, None, False
+
+        def close_after_failure(self, exc):
+            seen_at_close.append(json.loads((status / "rank-0.json").read_text()))
+
+    monkeypatch.setattr(train, "Trainer", FailingTrainer)
     monkeypatch.setattr(train.distributed, "init", lambda cfg: train.distributed.Env(0, 0, 1, None, "gloo"))
     monkeypatch.setattr(train.reproducibility, "apply", lambda *a: None)
     with pytest.raises(RuntimeError):

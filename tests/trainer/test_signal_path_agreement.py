@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent("""
     import torch.distributed as dist
     from trainer import distributed
     from trainer.preemption import PreemptionFlag
-    from trainer.train import _save_on_signal
+    from trainer.train import Trainer
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=15))
     rank = dist.get_rank()
@@ -51,7 +51,11 @@ SCRIPT = textwrap.dedent("""
     goodput = types.SimpleNamespace(checkpoint_stall_seconds=0.0, wall_seconds=0.0)
     os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "30"
     started = time.monotonic()
-    _save_on_signal(12, save, Checkpointer(), flag, env, goodput, [0.0], 0.0, time.time())
+    # The trainer's own method, on a stand-in holding what it reads.
+    trainer = types.SimpleNamespace(step=12, save=save, checkpointer=Checkpointer(), preemption=flag, env=env,
+                                    goodput=goodput, last_stall_seconds=0.0, wall_at_attempt_start=0.0,
+                                    attempt_start=time.time())
+    Trainer.save_on_signal(trainer)
     # Every rank then meets at the step's flag all-reduce: a mismatched sequence fails here.
     distributed.all_reduce_max(env, [1.0])
     print(f"rank {rank}: saved {saved} in {time.monotonic() - started:.1f} s", flush=True)

@@ -25,6 +25,7 @@ def test_a_step_reads_one_value_back_and_runs_one_collective_on_the_loss_device(
     import torch.distributed as dist
 
     from trainer import distributed
+    from trainer.preemption import PreemptionFlag
     from trainer.train import Trainer
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
@@ -35,7 +36,7 @@ def test_a_step_reads_one_value_back_and_runs_one_collective_on_the_loss_device(
                       environ={})
     env = distributed.init(cfg.parallelism)
     try:
-        trainer = Trainer(cfg, env, time.time(), {})
+        trainer = Trainer(cfg, env, time.time(), PreemptionFlag())
         trainer.train_step()  # the first step: allocations, the optimizer's state
 
         reads, collectives = [], []
