@@ -27,7 +27,7 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from trainer.checkpoint import Checkpointer, ModelAndOptimizer  # noqa: E402
+from trainer.checkpoint import Checkpointer, ModelAndOptimizer
 from trainer.config import ModelConfig, TrainerConfig  # noqa: E402
 from trainer.distributed import Env  # noqa: E402
 from trainer.guards import weights_finite  # noqa: E402
@@ -38,20 +38,17 @@ from trainer.s3 import NoMirror  # noqa: E402
 
 def loop_thread_checks(app, metrics_path: str) -> None:
     """What `Trainer.save` runs on the loop's thread before the checkpointer: the finiteness
-    check of every weight (a device sync; its all-reduce is free at world size 1) and the
-    fsync of metrics.jsonl."""
+    check of every weight (a device sync; its all-reduce is free at world size 1). The fsync of
+    metrics.jsonl is the sealer thread's, before the marker."""
     weights_finite(app.model)
-    with open(metrics_path, "a") as f:
-        f.write('{"step": 0}\n')
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def stalls(mode: str, app, root: str, repeats: int, device: torch.device) -> tuple[list[float], list[float], list[float]]:
     """Per save, the first included (index 0): seconds the loop is blocked by the save (the
     trainer's checks, the state dict, the copies), seconds to the end of the write, and seconds
     the loop spends at the next step boundary sealing it (`poll`: manifest and marker fsyncs,
-    retention's rmtree): every piece of loop-thread work a save costs."""
+    retention's rmtree, on rank 0's sealer thread: the loop only hands the write over):
+    every piece of loop-thread work a save costs."""
     env = Env(rank=0, local_rank=0, world_size=1, device=device, backend="gloo")
     ckpt = Checkpointer(os.path.join(root, mode), env, keep_last=1, async_mode=mode, mirror=NoMirror())
     ckpt.prepare_staging(app)
@@ -69,7 +66,7 @@ def stalls(mode: str, app, root: str, repeats: int, device: torch.device) -> tup
         if ckpt.pending:
             ckpt.pending[0].result()  # the write runs while training steps would
         written = time.perf_counter()
-        ckpt.poll()  # the next step boundary seals it, on the loop's thread
+        ckpt.poll()  # the next step boundary hands it to the sealer thread
         finalize.append(time.perf_counter() - written)
         total.append(time.perf_counter() - started)
     ckpt.close()

@@ -9,6 +9,14 @@ Checks, each with its arithmetic in the message:
   Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", with
   fused attention; s*b*h*2 with activation checkpointing), fp32 logits and their gradient
   (s*b*V*8), and a fixed 2 GiB for the CUDA context and NCCL buffers; against 95% of the GPU's memory.
+  Gradients stay sharded under FSDP during accumulation (the trainer reduce-scatters every
+  micro-step), and a Hugging Face model is built on the meta device and filled shard by shard:
+  neither adds a whole-model term.
+- Host memory per node: checkpoint staging, a full copy of each rank's saved state (fp32 weights
+  and AdamW's two moments, 12 bytes per parameter, / world size under FSDP) per GPU: in /dev/shm
+  for ``checkpoint.async_mode: process`` (against the pod's /dev/shm), pinned for ``thread``
+  (against the pod's memory, with a Hugging Face model's weights that rank 0 reads once, 4 bytes
+  per parameter at most).
 - World size vs the team's Kueue quota on the pool, and the pool's NodePool limit.
 - Step time from FLOPs per token (6N + 12*L*h*s, as trainer/metrics.py) at an assumed MFU,
   run time for ``schedule.num_steps``, and its cost on-demand and on spot from workloads/prices.py.
@@ -62,6 +70,8 @@ class ModelShape:
     strategy: str
     activation_checkpointing: bool
     source: str
+    checkpoint_async_mode: str = "off"
+    model_kind: str = "gpt"
 
 
 @dataclass
@@ -247,7 +257,7 @@ def trainer_shape(spec: JobSpec, repo_root: str) -> tuple[Optional[ModelShape], 
     if problems:  # a micro-batch of 0 or a bad schedule: no arithmetic on it
         return None, problems + naming
     return ModelShape(parameters, layers, hidden, vocab, d.seq_len, d.micro_batch_size, s.grad_accum_steps, s.num_steps,
-                      par.strategy, par.activation_checkpointing, source), naming
+                      par.strategy, par.activation_checkpointing, source, cfg.checkpoint.async_mode, m.kind), naming
 
 
 def registered_model_problems(spec: JobSpec, cfg: Any) -> list[Problem]:
@@ -326,6 +336,7 @@ def preflight(spec: JobSpec, facts: PlatformFacts, *, repo_root: str, mfu: Optio
         return report
     measured = gpu_measurements.load(measurements_file)
     _check_memory(spec, facts, job, shape, measured, report)
+    _check_host_memory(spec, job, shape, report)
     _check_step_time_and_cost(spec, job, shape, price, mfu, measured, report)
     _check_checkpoint_time(spec, facts, job, shape, report)
     return report
@@ -410,6 +421,58 @@ def _check_memory(spec: JobSpec, facts: PlatformFacts, job: ResolvedJob, shape: 
         report.problems.append(Problem("gpusPerNode", spec.gpus_per_node,
                                        f"does not fit: {arithmetic} > {_gib(usable)} usable on one {gpu.gpu_memory_gib} GiB {gpu.name}",
                                        memory_fix(shape, spec, pool, usable, facts)).does_not_fit())
+
+
+STAGED_BYTES_PER_PARAMETER = 12  # what a checkpoint copies to the host: fp32 weights + AdamW's two moments
+HF_READ_BYTES_PER_PARAMETER = 4  # a Hugging Face model's files, read once on rank 0 (fp32 at most)
+
+
+def host_memory_per_node(shape: ModelShape, world_size: int, gpus_per_node: int) -> dict[str, float]:
+    """Host memory the trainer's ranks on one node hold besides their own processes: checkpoint
+    staging (one copy of each rank's saved state, in /dev/shm for async_mode process, pinned for
+    thread) and, on node 0, a Hugging Face model's weights read for loading."""
+    per_rank = shape.parameters * STAGED_BYTES_PER_PARAMETER / (world_size if shape.strategy == "fsdp" else 1)
+    staged = per_rank * gpus_per_node
+    return {"per_rank": per_rank,
+            "shm": staged if shape.checkpoint_async_mode == "process" else 0.0,
+            "pinned": staged if shape.checkpoint_async_mode == "thread" else 0.0,
+            "hf_read": shape.parameters * HF_READ_BYTES_PER_PARAMETER if shape.model_kind == "hf" else 0.0}
+
+
+def _check_host_memory(spec: JobSpec, job: ResolvedJob, shape: ModelShape, report: Preflight) -> None:
+    host = host_memory_per_node(shape, spec.world_size, spec.gpus_per_node)
+    sharding = f" / {spec.world_size} ranks (FSDP)" if shape.strategy == "fsdp" else ""
+    staging = (f"{shape.parameters / 1e9:.2f}B params x {STAGED_BYTES_PER_PARAMETER} B (fp32 weights 4 + AdamW 8){sharding} "
+               f"= {_gib(host['per_rank'])} per rank x {spec.gpus_per_node} GPUs")
+    if shape.checkpoint_async_mode == "process":
+        shm = job.shm_gib * GIB
+        report.lines.append(f"host memory    checkpoint staging in /dev/shm (async_mode process): {staging} = "
+                            f"{_gib(host['shm'])}; the pod's /dev/shm is {job.shm_gib} GiB")
+        report.figures["shm_staging_gib"] = round(host["shm"] / GIB, 2)
+        if host["shm"] > shm:
+            report.problems.append(Problem(
+                "trainer[checkpoint.async_mode]", "process",
+                f"does not fit: checkpoint staging in /dev/shm needs {staging} = {_gib(host['shm'])} > the pod's "
+                f"/dev/shm of {job.shm_gib} GiB: the first save would fail (No space left on device), for good",
+                f"use checkpoint.async_mode=thread (pinned host memory) or off, raise resources.shmGib to "
+                f"{math.ceil(host['shm'] / GIB)}, or shard the state (parallelism.strategy=fsdp)").does_not_fit())
+    pinned = host["pinned"] + host["hf_read"]
+    if pinned:
+        parts = ([f"checkpoint staging, pinned (async_mode thread): {staging} = {_gib(host['pinned'])}"]
+                 if host["pinned"] else [])
+        if host["hf_read"]:
+            parts.append(f"rank 0's read of the Hugging Face weights: {shape.parameters / 1e9:.2f}B params x "
+                         f"{HF_READ_BYTES_PER_PARAMETER} B = {_gib(host['hf_read'])}")
+        arithmetic = " + ".join(parts) + (f" = {_gib(pinned)}" if len(parts) > 1 else "")
+        report.lines.append(f"host memory    {arithmetic}; the pod has {job.memory_gib} GiB")
+        report.figures["host_memory_gib"] = round(pinned / GIB, 2)
+        if pinned > job.memory_gib * GIB:
+            report.problems.append(Problem(
+                "resources.memoryGibPerGpu", job.memory_gib,
+                f"does not fit: {arithmetic} > the pod's {job.memory_gib} GiB (pinned pages cannot be swapped: the "
+                "kernel's OOM killer ends the rank)",
+                "use checkpoint.async_mode=off, shard the state (parallelism.strategy=fsdp), or raise "
+                "resources.memoryGibPerGpu").does_not_fit())
 
 
 def _reserved_cost(spec: JobSpec, job: ResolvedJob, hours: float, price: Any, report: Preflight) -> None:

@@ -1,7 +1,8 @@
 """Seeded fault injection for the trainer: kill it every way a cluster can, restart it as the
 operator would, and check that the result is the uninterrupted run's, bit for bit.
 
-    python tools/fault_injection.py --seed 7 --num-faults 10 --steps 80 [--nproc 2] [--workdir DIR]
+    python tools/fault_injection.py --seed 7 --num-faults 10 --steps 80 [--nproc 3] [--async-mode thread|process]
+        [--workdir DIR]
 
 One baseline run (no faults), then a faulted run of the same job: every attempt is one pod
 (`python -m trainer.launch`, torchrun, N CPU ranks) that gets at most one fault, chosen from
@@ -16,9 +17,11 @@ the seed:
 
 After each attempt the exit code must be what the operator retries (128-255) or 0 when the
 job is done; 1-127 (permanent) fails the check at once. At the end: the final model and
-optimizer equal the baseline's bitwise, metrics.jsonl holds every step's loss once with the
-baseline's values, and MLflow (sqlite) holds every step's loss once with the same values.
-Exit 0 when every check holds; a JSON report is printed either way.
+optimizer equal the baseline's bitwise, and every computed metric (all but the measured ones,
+trainer.metrics.MEASURED_METRICS: loss, learning rate, gradient norm, tokens seen, skipped
+updates, validation loss) is logged once per step with the baseline's exact values, in
+metrics.jsonl and in MLflow (sqlite). Exit 0 when every check holds; a JSON report is printed
+either way.
 """
 from __future__ import annotations
 
@@ -42,6 +45,8 @@ KINDS = ["pod_sigterm", "pod_sigkill", "rank_sigkill", "rank_sigterm", "in_save"
 
 def overrides(data_dir: str, ckpt: str, steps: int, every: int, keep: int, async_mode: str) -> list[str]:
     values = {
+        # Validation at every save: its loss is a computed metric, compared like the others.
+        "evaluation.every_steps": every, "evaluation.num_batches": 2,
         "data.dir": data_dir, "checkpoint.dir": ckpt, "data.seq_len": 32, "data.micro_batch_size": 4,
         "schedule.num_steps": steps, "schedule.warmup_steps": 5, "schedule.grad_accum_steps": 2,
         "checkpoint.every_steps": every, "checkpoint.keep_last": keep,
@@ -62,7 +67,7 @@ def launcher_cmd(nproc: int, args: list[str]) -> list[str]:
 
 def base_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    for k in ("MLFLOW_TRACKING_URI", "TRAINER_FAULTS", "TRAINER_FAULT_SIGKILL_IN_SAVE_AT_STEP"):
+    for k in ("MLFLOW_TRACKING_URI", "TRAINER_FAULTS"):
         env.pop(k, None)
     env.update({"PYTHONPATH": REPO, "OMP_NUM_THREADS": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "20"})
     env.update(extra)
@@ -136,7 +141,7 @@ def run_attempt(cmd, env, ckpt, signal_at_step=None, pod_signal=None, timeout=30
 
 
 def newest_checkpoint_step(ckpt: str) -> int:
-    from trainer.checkpoint import list_steps
+    from trainer.checkpoint.layout import list_steps
 
     steps = list_steps(ckpt)
     return steps[-1] if steps else 0
@@ -176,6 +181,40 @@ def read_losses(ckpt: str) -> tuple[dict[int, float], list[int]]:
     return {r["step"]: r["loss"] for r in rows if "loss" in r}, steps
 
 
+def read_computed_metrics(ckpt: str) -> tuple[dict[str, dict[int, float]], list[str]]:
+    """Every computed metric of metrics.jsonl (measured ones left out): {name: {step: value}},
+    and the problems found reading them (a metric logged twice for one step)."""
+    from trainer.metrics import MEASURED_METRICS
+
+    with open(os.path.join(ckpt, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    metrics: dict[str, dict[int, float]] = {}
+    problems = []
+    for row in rows:
+        for name, value in row.items():
+            if name == "step" or name in MEASURED_METRICS or value is None:
+                continue
+            if row["step"] in metrics.setdefault(name, {}):
+                problems.append(f"metrics.jsonl logs {name} twice at step {row['step']}")
+            metrics[name][row["step"]] = value
+    return metrics, problems
+
+
+def compare_metrics(base: dict[str, dict[int, float]], got: dict[str, dict[int, float]], where: str) -> list[str]:
+    """Problems where `got` is not `base` exactly: a metric or a step missing or extra, a value
+    one bit off."""
+    problems = []
+    for name in sorted(set(base) | set(got)):
+        b, g = base.get(name, {}), got.get(name, {})
+        if sorted(b) != sorted(g):
+            problems.append(f"{where}: {name} logged at steps {sorted(set(g) ^ set(b))[:10]} in one run only")
+        off = [s for s in sorted(set(b) & set(g)) if b[s] != g[s]]
+        if off:
+            problems.append(f"{where}: {name} differs from the baseline at steps {off[:10]} "
+                            f"(e.g. {b[off[0]]!r} vs {g[off[0]]!r})")
+    return problems
+
+
 def flat_tensors(step_directory: str, scratch: str) -> dict:
     """Every tensor of a DCP checkpoint directory (model and optimizer), by dotted name."""
     import torch
@@ -197,13 +236,13 @@ def flat_tensors(step_directory: str, scratch: str) -> dict:
 
 
 def final_tensors(ckpt: str, steps: int, scratch: str) -> dict:
-    from trainer.checkpoint import step_dir
+    from trainer.checkpoint.layout import step_dir
 
     return flat_tensors(step_dir(ckpt, steps), scratch)
 
 
 def run(seed: int, num_faults: int, steps: int, nproc: int, workdir: str, data_dir: str | None = None,
-        every: int = 5, keep: int = 2, log=print) -> dict:
+        every: int = 5, keep: int = 2, log=print, async_mode: str = "thread") -> dict:
     import torch
 
     rng = random.Random(seed)
@@ -230,7 +269,7 @@ def run(seed: int, num_faults: int, steps: int, nproc: int, workdir: str, data_d
     # schema migration breaks the file for good (which a real server never exposes to a job).
     MlflowClient(tracking_uri=mlflow_uri).create_experiment("fault-injection")
     env = base_env(MLFLOW_TRACKING_URI=mlflow_uri, TRAINER_RUN_ID=f"fault-injection-{seed}")
-    cmd = launcher_cmd(nproc, overrides(data_dir, faulted, steps, every, keep, "thread"))
+    cmd = launcher_cmd(nproc, overrides(data_dir, faulted, steps, every, keep, async_mode))
     faults_left = num_faults
     for attempt in range(num_faults * 2 + 4):
         progress = newest_checkpoint_step(faulted)
@@ -263,9 +302,10 @@ def run(seed: int, num_faults: int, steps: int, nproc: int, workdir: str, data_d
     got_losses, got_steps = read_losses(faulted)
     if sorted(got_steps) != list(range(1, steps + 1)):
         report["problems"].append(f"metrics.jsonl steps are not 1..{steps} once each: {got_steps}")
-    if got_losses != base_losses:
-        diff = [s for s in base_losses if got_losses.get(s) != base_losses[s]]
-        report["problems"].append(f"losses differ from the baseline at steps {diff[:10]}")
+    base_metrics, problems = read_computed_metrics(baseline)
+    got_metrics, more = read_computed_metrics(faulted)
+    report["problems"] += problems + more + compare_metrics(base_metrics, got_metrics, "metrics.jsonl")
+    report["metrics_compared"] = sorted(base_metrics)
     a, b = final_tensors(baseline, steps, workdir), final_tensors(faulted, steps, workdir)
     different = sorted(k for k in a if k not in b or not torch.equal(a[k], b[k]))
     if a.keys() != b.keys() or different:
@@ -278,16 +318,14 @@ def run(seed: int, num_faults: int, steps: int, nproc: int, workdir: str, data_d
     if len(runs) != 1:
         report["problems"].append(f"expected one MLflow run, found {len(runs)}")
     else:
-        history = client.get_metric_history(runs[0].info.run_id, "loss")
-        steps_logged = sorted(m.step for m in history)
-        if steps_logged != list(range(1, steps + 1)):
-            missing = sorted(set(range(1, steps + 1)) - set(steps_logged))
-            report["problems"].append(f"MLflow loss steps are not 1..{steps} once each (missing {missing[:20]}, "
-                                      f"{len(steps_logged)} points)")
-        values = {m.step: m.value for m in history}
-        off = [s for s in values if abs(values[s] - got_losses.get(s, float("nan"))) > 1e-6 * abs(values[s])]
-        if off:
-            report["problems"].append(f"MLflow loss values differ from metrics.jsonl at steps {off[:10]}")
+        run_id = runs[0].info.run_id
+        logged = {name: {m.step: m.value for m in client.get_metric_history(run_id, name)}
+                  for name in runs[0].data.metrics if name in base_metrics}
+        counts = {name: len(client.get_metric_history(run_id, name)) for name in logged}
+        twice = [name for name in logged if counts[name] != len(logged[name])]
+        if twice:
+            report["problems"].append(f"MLflow holds a step twice for {twice}")
+        report["problems"] += compare_metrics(base_metrics, logged, "MLflow")
         if runs[0].info.status != "FINISHED":
             report["problems"].append(f"MLflow run status {runs[0].info.status}, expected FINISHED")
     return report
@@ -298,13 +336,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--num-faults", type=int, default=8)
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--nproc", type=int, default=3, help="ranks (3+: a summation order that resumes must keep)")
+    parser.add_argument("--async-mode", choices=["thread", "process"], default="thread",
+                        help="the faulted run's checkpoint.async_mode (the baseline saves synchronously)")
     parser.add_argument("--workdir", help="default: a new temporary directory (kept)")
     args = parser.parse_args(argv)
     workdir = args.workdir or tempfile.mkdtemp(prefix="fault-injection-")
     os.makedirs(workdir, exist_ok=True)
     report = run(args.seed, args.num_faults, args.steps, args.nproc, workdir,
-                 log=lambda line: print(line, file=sys.stderr, flush=True))
+                 log=lambda line: print(line, file=sys.stderr, flush=True), async_mode=args.async_mode)
     report["workdir"] = workdir
     print(json.dumps(report, indent=1))
     return 0 if not report["problems"] else 1

@@ -84,6 +84,12 @@ class ParallelismConfig:
     # After the first step: a dead or stuck peer inside a collective (on GPU: NCCL's watchdog
     # aborts the rank) ends the attempt after this long (torchtitan's train_timeout_seconds: 100).
     collective_timeout_seconds: float = 100.0
+    # After the first step: a rank that finishes no step (nor evaluation, nor save) for this
+    # long ends itself (SIGKILL: retryable), after logging every thread's stack. Its peers give
+    # up after collective_timeout_seconds, but a rank frozen outside a collective (a deadlock
+    # in host code, a hung read) has nothing to time out and would keep its pod, and with it
+    # the job's rendezvous, until maxRuntime.
+    progress_timeout_seconds: float = 600.0
 
 
 @dataclass
@@ -142,7 +148,8 @@ class ExportConfig:
     dir: Optional[str] = None
     # Logged to MLflow as a model of the run when tracking is on.
     log_to_mlflow: bool = True
-    # Also registered in the MLflow Model Registry under this name (a new version each time).
+    # Also registered in the MLflow Model Registry under this name: one version per run and
+    # step (a retried attempt of a finished job finds it and registers nothing again).
     registered_model_name: Optional[str] = None
 
 
@@ -206,6 +213,7 @@ class TrainerConfig:
         d["data"].pop("prefetch_batches")
         d["parallelism"].pop("init_timeout_seconds")  # how long to wait for peers, not the maths
         d["parallelism"].pop("collective_timeout_seconds")
+        d["parallelism"].pop("progress_timeout_seconds")
         d["model"].pop("hf_path")
         blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
@@ -510,6 +518,10 @@ def validate(cfg: TrainerConfig) -> None:
     need(par.init_timeout_seconds > 0, f"parallelism.init_timeout_seconds={par.init_timeout_seconds}: must be > 0")
     need(par.collective_timeout_seconds > 0,
          f"parallelism.collective_timeout_seconds={par.collective_timeout_seconds}: must be > 0")
+    need(par.progress_timeout_seconds > par.collective_timeout_seconds,
+         f"parallelism.progress_timeout_seconds={par.progress_timeout_seconds}: must exceed "
+         f"parallelism.collective_timeout_seconds={par.collective_timeout_seconds} (a frozen peer must fail the "
+         "others' collectives first)")
     need(d.prefetch_batches >= 0, f"data.prefetch_batches={d.prefetch_batches}: must be >= 0 (0 reads on the loop's thread)")
     e, x, pr = cfg.evaluation, cfg.export, cfg.profiler
     need(e.every_steps >= 0, f"evaluation.every_steps={e.every_steps}: must be >= 0 (0: only at the end)")

@@ -65,7 +65,13 @@ def init(cfg: ParallelismConfig) -> Env:
         store = attempt_store(rank, world_size, timeout)
         dist.init_process_group(pg_backend, timeout=timeout, device_id=device if use_cuda else None,
                                 **({"store": store, "rank": rank, "world_size": world_size} if store else {}))
-        env.checkpoint_group = dist.new_group(backend="gloo")
+        # Bounded like the default group, not by torch's 30-minute gloo default (`new_group`
+        # without a timeout takes `_get_default_timeout(backend)`, torch 2.13
+        # distributed_c10d.py): a peer lost during a resume's load, a save's collectives or the
+        # trust verdict fails this rank after this long instead of holding it half an hour.
+        # It stays at the start-up bound for the whole attempt: a save's collectives wait for
+        # the slowest rank's planning and writes.
+        env.checkpoint_group = dist.new_group(backend="gloo", timeout=timeout)
     return env
 
 
@@ -97,8 +103,8 @@ def set_collective_timeout(env: Env, seconds: float) -> None:
     minutes, a collective in steady state does not, and a peer that dies inside one should
     cost `seconds`, not the start-up bound. On GPU NCCL's watchdog then aborts the rank
     (SIGABRT: 134, retryable); gloo raises in the waiting collective. The checkpoint group
-    keeps the start-up bound: a DCP save's collectives wait for the slowest rank's planning
-    and writes. `_set_pg_timeout` is private but is what torchtitan calls (torch 2.13's
+    keeps the start-up bound (`init`): a DCP save's collectives wait for the slowest rank's
+    planning and writes. `_set_pg_timeout` is private but is what torchtitan calls (torch 2.13's
     distributed_c10d.py sets each backend's default timeout: gloo and NCCL alike)."""
     if not env.distributed:
         return
@@ -125,11 +131,41 @@ def all_reduce_max(env: Env, values: list[float]) -> list[float]:
 
 
 def all_reduce_mean(env: Env, value: torch.Tensor) -> torch.Tensor:
+    """The mean over ranks, added in rank order: the same bits for an element whatever else
+    the tensor holds. (An all-reduce adds in an order that depends on the element's place in
+    the tensor: gloo's ring splits it into one chunk per rank, each reduced starting at a
+    different rank, and NCCL's algorithms chunk too. With 3+ ranks, the same losses logged in
+    a window of 9 instead of 10, as after a resume, came out one rounding step apart.)"""
     value = value.detach().clone()
+    if not env.distributed:
+        return value
+    gathered = [torch.empty_like(value) for _ in range(env.world_size)]
+    dist.all_gather(gathered, value.contiguous())
+    total = gathered[0].clone()
+    for rank in range(1, env.world_size):
+        total += gathered[rank]
+    return total / env.world_size
+
+
+def agree_on_step(env: Env, loss: torch.Tensor, norm: torch.Tensor, preempted: bool,
+                  time_due: bool) -> tuple[bool, bool, bool]:
+    """(preempted, time due, non-finite) as every rank sees them: a signal may reach the ranks
+    at different steps, wall clocks differ, and a NaN may appear on one rank's loss only; yet
+    they must skip, save and stop at the same step.
+
+    One all-reduce of a 3-element tensor on the loss's device (NCCL with the step's own
+    collectives on GPU), read back once: the one host sync of the step. Building it takes no
+    sync (the flags enter as fills, the finiteness test stays on the device)."""
+    device = loss.device
+    flags = torch.stack([
+        (~torch.isfinite(torch.stack([loss.detach().float(), norm.detach().float().to(device)]))).any().float(),
+        torch.full((), float(preempted), device=device),
+        torch.full((), float(time_due), device=device),
+    ])
     if env.distributed:
-        dist.all_reduce(value, op=dist.ReduceOp.SUM)
-        value /= env.world_size
-    return value
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    bad, preempted_anywhere, due = (value > 0 for value in flags.tolist())
+    return preempted_anywhere, due, bad
 
 
 class SingleProcess:
@@ -200,7 +236,12 @@ class FSDPStrategy:
         return model
 
     def grad_sync(self, model: nn.Module, is_last_micro_step: bool):
-        model.set_requires_gradient_sync(is_last_micro_step)
+        """Every micro-step reduce-scatters its gradients (torchtitan's choice). Switching sync
+        off until the last micro-step (`set_requires_gradient_sync(False)`) keeps each
+        parameter's whole unsharded gradient meanwhile, in fp32 (`unsharded_accumulated_grad`,
+        torch 2.13 _fsdp_param.py): 4 bytes per parameter on every GPU, unsharded, the memory
+        FSDP exists to save (a 13B model: 52 GB per GPU). The extra reduce-scatters cost
+        bandwidth, not memory (pytorch/torchtitan#1710)."""
         return contextlib.nullcontext()
 
     def warm_up(self, model: nn.Module, sample: torch.Tensor, autocast) -> None:

@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from trainer.checkpoint import latest_complete, read_marker
+from trainer.checkpoint import read_marker
+from trainer.checkpoint.layout import latest_complete
 
 
 class EvaluationError(ValueError):

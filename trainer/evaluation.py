@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 class NoEvaluation:
     """No validation split, or evaluation not wanted: nothing is ever due."""
 
+    def due(self, step: int, last_step: bool) -> bool:
+        return False
+
     def maybe_evaluate(self, step: int, last_step: bool) -> dict[str, float] | None:
         return None
 

@@ -132,7 +132,8 @@ def gpt_to_hf(model: torch.nn.Module, vocab_size: int | None = None):
 
 def export_checkpoint(checkpoint_dir: str, out_dir: str, cfg: TrainerConfig | None = None) -> dict[str, Any]:
     """Writes the Hugging Face directory; returns the lineage record (also in the directory)."""
-    from trainer.checkpoint import MARKER, read_marker
+    from trainer.checkpoint import read_marker
+    from trainer.contract.layout import MARKER
     from trainer.model import GPT
 
     if not os.path.isfile(os.path.join(checkpoint_dir, MARKER)):
@@ -198,11 +199,25 @@ def _copy_tokenizer(cfg: TrainerConfig, out_dir: str) -> str:
     return name or "unknown (dataset manifest not reachable)"
 
 
+EXPORT_KEY_TAG = "trainer.export_key"
+
+
+def export_key(lineage: dict[str, Any], run_id: str | None) -> str:
+    """What makes a logged model and a registered version the same one: the run and the step
+    it came from (without a run, the checkpoint directory, which names its step)."""
+    return f"run={run_id}/step={lineage['step']}" if run_id else f"checkpoint={lineage['checkpoint']}"
+
+
 def log_to_mlflow(export_dir: str, lineage: dict[str, Any], *, tracking_uri: str, run_id: str | None,
                   experiment: str, registered_model_name: str | None, client=None) -> dict[str, Any]:
     """Logs the directory as an MLflow LoggedModel of the run (MLflow 3 models API) with the
-    run's lineage tags, and registers a new version under `registered_model_name` if set.
-    Returns {"model_id", "model_uri", "version"}."""
+    run's lineage tags, and registers a version under `registered_model_name` if set.
+    Returns {"model_id", "model_uri", "version"}.
+
+    Idempotent, keyed by run and step (`export_key`, a tag on both): a second call for the same
+    export (a retried attempt of a finished job, `python -m trainer export` rerun after a cut-off
+    one) finds the logged model and the version it made and creates neither again. A logged
+    model a kill left unfinished is marked FAILED and logged anew."""
     from mlflow.tracking import MlflowClient
 
     client = client or MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
@@ -214,22 +229,28 @@ def log_to_mlflow(export_dir: str, lineage: dict[str, Any], *, tracking_uri: str
     else:
         found = client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+    key = export_key(lineage, run_id)
     tags = {k: v for k, v in run_tags.items() if k in SYSTEM_TAGS or k in LINEAGE_TAGS}
     tags.update({"trainer.checkpoint": lineage["checkpoint"], "trainer.step": str(lineage["step"]),
-                 "trainer.format": lineage["format"], "trainer.architecture": lineage["architecture"]})
-    for key in ("config_hash", "dataset_hash"):
-        if lineage.get(key):
-            tags.setdefault(key, str(lineage[key]))
+                 "trainer.format": lineage["format"], "trainer.architecture": lineage["architecture"],
+                 EXPORT_KEY_TAG: key})
+    for key_name in ("config_hash", "dataset_hash"):
+        if lineage.get(key_name):
+            tags.setdefault(key_name, str(lineage[key_name]))
     name = registered_model_name or "model"
-    model = client.create_logged_model(experiment_id, name=name, source_run_id=run_id, tags=tags,
-                                       params={"step": str(lineage["step"])}, model_type="causal-lm")
-    try:
-        client.log_model_artifacts(model.model_id, export_dir)
-    except Exception:
-        client.finalize_logged_model(model.model_id, "FAILED")
-        raise
-    client.finalize_logged_model(model.model_id, "READY")
-    if run_id:
+    model = _ready_logged_model(client, experiment_id, key)
+    if model is None:
+        model = client.create_logged_model(experiment_id, name=name, source_run_id=run_id, tags=tags,
+                                           params={"step": str(lineage["step"])}, model_type="causal-lm")
+        try:
+            client.log_model_artifacts(model.model_id, export_dir)
+        except Exception:
+            client.finalize_logged_model(model.model_id, "FAILED")
+            raise
+        client.finalize_logged_model(model.model_id, "READY")
+    else:
+        log.info("model of %s already logged to MLflow as %s: not logged again", key, model.model_id)
+    if run_id and not _run_lists_model(client, run_id, model.model_id):
         from mlflow.entities import LoggedModelOutput
 
         # As mlflow's own log_model does: the run lists the model among its outputs, at its step.
@@ -243,18 +264,54 @@ def log_to_mlflow(export_dir: str, lineage: dict[str, Any], *, tracking_uri: str
         except MlflowException as exc:
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
-        # Source is the logged model's artifact location rather than models:/<id>: MLflow's
-        # registry stores resolve models:/<id> (and a model id without a run id) through the
-        # process-global tracking URI, not this client's (TODO in mlflow 3.17
-        # store/model_registry/sqlalchemy_store.py create_model_version).
-        logged = client.get_logged_model(model.model_id)
-        version = client.create_model_version(registered_model_name, source=logged.artifact_location, run_id=run_id,
-                                              tags=tags, model_id=model.model_id if run_id else None)
+        version = _registered_version(client, registered_model_name, key, run_id)
+        if version is None:
+            # Source is the logged model's artifact location rather than models:/<id>: MLflow's
+            # registry stores resolve models:/<id> (and a model id without a run id) through the
+            # process-global tracking URI, not this client's (TODO in mlflow 3.17
+            # store/model_registry/sqlalchemy_store.py create_model_version).
+            logged = client.get_logged_model(model.model_id)
+            version = client.create_model_version(registered_model_name, source=logged.artifact_location,
+                                                  run_id=run_id, tags=tags, model_id=model.model_id if run_id else None)
+            log.info("registered %s version %s", registered_model_name, version.version)
+        else:
+            log.info("%s is already %s version %s: not registered again", key, registered_model_name, version.version)
         client.set_logged_model_tags(model.model_id, {"mlflow.modelVersions": json.dumps(
             [{"name": version.name, "version": version.version}])})
         result["version"] = version.version
-        log.info("registered %s version %s", registered_model_name, version.version)
     return result
+
+
+def _ready_logged_model(client, experiment_id: str, key: str):
+    """The READY logged model of this export, if any; unfinished ones (a kill during the upload)
+    are marked FAILED, so they are never taken for it."""
+    found = client.search_logged_models(experiment_ids=[experiment_id],
+                                        filter_string=f"tags.`{EXPORT_KEY_TAG}` = '{_quoted(key)}'")
+    ready = None
+    for model in found:
+        status = str(getattr(model.status, "name", model.status))
+        if status.endswith("READY"):
+            ready = ready or model
+        elif status.endswith("PENDING"):
+            client.finalize_logged_model(model.model_id, "FAILED")
+    return ready
+
+
+def _run_lists_model(client, run_id: str, model_id: str) -> bool:
+    outputs = getattr(client.get_run(run_id), "outputs", None)
+    return any(o.model_id == model_id for o in (getattr(outputs, "model_outputs", None) or []))
+
+
+def _registered_version(client, name: str, key: str, run_id: str | None):
+    query = f"name = '{_quoted(name)}'" + (f" and run_id = '{_quoted(run_id)}'" if run_id else "")
+    for version in client.search_model_versions(query):
+        if (version.tags or {}).get(EXPORT_KEY_TAG) == key:
+            return version
+    return None
+
+
+def _quoted(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
 def export_and_log(checkpoint_dir: str, out_dir: str, cfg: TrainerConfig, run_id: str | None,
@@ -289,7 +346,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--registered-model-name", default=None, help="register a new version under this name")
     parser.add_argument("--experiment", default=None, help="experiment for a new run (default: tracking.experiment)")
     args = parser.parse_args(argv)
-    from trainer.checkpoint import MARKER, read_marker
+    from trainer.checkpoint import read_marker
+    from trainer.contract.layout import MARKER
     from trainer.config import tracking_uri_problem
 
     problems = []

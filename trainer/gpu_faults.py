@@ -9,7 +9,10 @@ the pod's termination message, which the GPU readiness agent reads (docs/trainer
 What counts:
 - CUDA runtime errors that only hardware or the driver produce (cudaErrorECCUncorrectable,
   cudaErrorDevicesUnavailable, ...; the strings are cudaGetErrorString's, CUDA runtime API
-  "Error Handling"), and NCCL's "unhandled cuda error" / "unhandled system error";
+  "Error Handling"), and NCCL's "unhandled cuda error". NCCL's "unhandled system error" is
+  not one by itself: it is also what an exhausted /dev/shm, RLIMIT_MEMLOCK (EFA) or file
+  descriptor limit produce, pod configuration that cordoning node after node would not mend;
+  it counts only with an Xid of its own;
 - an error that names an NVIDIA Xid whose action in workloads/xid_actions.json is drain, reset
   or replace (NVIDIA's Xid catalog "Resolution Bucket"); an Xid marked `none` is the
   application's own (13, 31, 43, ...) and stays a root cause.
@@ -38,7 +41,6 @@ HARDWARE_ERRORS = (
     "uncorrectable NVLink error",  # cudaErrorNvlinkUncorrectable
     "hardware stack error",  # cudaErrorHardwareStackError
     "unhandled cuda error",  # NCCL: a CUDA call inside NCCL failed
-    "unhandled system error",  # NCCL: the network device (EFA) or the system failed
 )
 # The Xid the host logs for the error a rank sees, where there is one (NVIDIA Xid catalog;
 # cudaErrorECCUncorrectable is a double-bit error, Xid 48; cudaErrorNvlinkUncorrectable, Xid 74).
@@ -84,6 +86,35 @@ def gpu_fault(exc: BaseException | str, xids: frozenset[int] | None = None) -> s
         if code in (xids if xids is not None else node_fault_xids()):
             return f"GPU fault: Xid {code}"
     return None
+
+
+# ---------------------------------------------------------------- NCCL's watchdog
+
+# What torch's NCCL watchdog logs before it aborts the process (SIGABRT: no Python exception,
+# no rank report): torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, `LOG(ERROR) << logPrefix()
+# << "Process group watchdog thread terminated with exception: " << e.what()`, where the
+# prefix is "[PG ID <id> PG GUID <guid>(<name>) Rank <r>] ", and c10's logging may put
+# "[rank<r>]:" first. torchrun runs workers with TORCH_NCCL_ASYNC_ERROR_HANDLING=1 (tear down on
+# error) and the watchdog rethrows CUDA errors by default, so a sticky CUDA error (Xid 48, 79)
+# is often seen there first.
+_WATCHDOG = re.compile(r"watchdog thread terminated with exception:\s*(?P<error>.*)$", re.IGNORECASE)
+_PREFIX_RANK = re.compile(r"Rank (\d+)\]")
+_LOG_RANK = re.compile(r"^\[rank(\d+)\]:")
+
+
+def watchdog_faults(lines: Iterable[str], xids: frozenset[int] | None = None) -> dict[int, str]:
+    """{global rank: GPU fault} for the NCCL watchdog's last words in a worker's log that name
+    one (the default process group's rank is the global rank)."""
+    found: dict[int, str] = {}
+    for line in lines:
+        match = _WATCHDOG.search(line)
+        if not match:
+            continue
+        rank = _PREFIX_RANK.search(line) or _LOG_RANK.search(line)
+        fault = gpu_fault(match.group("error"), xids)
+        if rank and fault:
+            found.setdefault(int(rank.group(1)), fault)
+    return found
 
 
 # ---------------------------------------------------------------- the termination message

@@ -7,7 +7,9 @@ benchmarks/torchrun_sigterm.py): it exits 1 after a forwarded SIGTERM even when 
 saved its checkpoint, and 1 when a worker was SIGKILLed by the OOM killer.
 
 Exit codes:
-- 0: finished.
+- 0: finished: every rank reported its training complete, the final checkpoint durable. A
+  rank that fails after that (rank 0's MLflow close, export or registration) does not change
+  it; the launcher names it and the export can be rerun (`python -m trainer export`).
 - 143: preempted: a signal reached the launcher, or a rank reports it saved after a signal.
 - 128+N: a worker, or a worker's DCP background checkpoint process (async_mode process), died
   of signal N (137 for SIGKILL: OOM killer, lost node; 139 for a segfault) and no rank failed on its own: retryable, the job resumes from its newest
@@ -25,16 +27,18 @@ Exit codes:
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from trainer import retries
-from trainer.gpu_faults import EXIT_GPU_FAULT, termination_message
+from trainer.gpu_faults import EXIT_GPU_FAULT, termination_message, watchdog_faults
 
 EXIT_PREEMPTED = 143
 # A broken connection to a peer, like a write to a closed pipe: retryable (128-255).
@@ -84,6 +88,12 @@ def exit_code(torchrun_code: int, signalled: bool, reasons: list[str],
     if torchrun_code == 0:
         return 0
     by_rank = {r.get("rank"): r for r in reports or [] if "rank" in r}
+    # Every rank reported "completed": the final checkpoint was durable and the ranks had
+    # parted. What failed after that is rank 0's tracking, export or registration (or an
+    # exit-time crash), which neither a retry nor a failed job would mend: the job is done.
+    if reasons and all(r == "completed" for r in reasons) and all(
+            by_rank.get(f.get("rank"), {}).get("reason") == "completed" for f in failures or []):
+        return 0
 
     def consequence(report: dict | None) -> bool:
         return bool(report and (report.get("signalled") or report.get("peer_lost") or report.get("child_signal")))
@@ -305,6 +315,43 @@ def own_code_environment(code_dir: str | None):
         return None, requirements_env.EXIT_REQUIREMENTS
 
 
+class StderrTail:
+    """torchrun's stderr (its workers' too: they inherit it) passed through to ours line by
+    line, with the last lines kept: what NCCL's watchdog logged before it aborted a worker is
+    the only record of a GPU fault that killed it before Python could report it."""
+
+    def __init__(self, pipe, keep_lines: int = 2000):
+        self.lines: collections.deque[str] = collections.deque(maxlen=keep_lines)
+        self._thread = threading.Thread(target=self._pump, args=(pipe,), name="stderr-tail", daemon=True)
+        self._thread.start()
+
+    def _pump(self, pipe) -> None:
+        out = sys.stderr.buffer
+        for line in iter(pipe.readline, b""):
+            try:
+                out.write(line)
+                out.flush()
+            except (OSError, ValueError):  # our own stderr is gone: keep reading, or the workers block
+                pass
+            self.lines.append(line.decode("utf-8", "replace").rstrip("\n"))
+        pipe.close()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+def add_watchdog_faults(reports: dict[int, dict], failures: list[dict], lines) -> None:
+    """A worker that died without a report of its fault (NCCL's watchdog aborted it: SIGABRT)
+    gets the GPU fault its watchdog logged, if it named one."""
+    faults = watchdog_faults(lines)
+    for failure in failures:
+        rank = failure.get("rank")
+        if rank not in faults or (reports.get(rank) or {}).get("gpu_fault"):
+            continue
+        report = reports.setdefault(rank, {"rank": rank, "reason": "failed", "local_rank": failure.get("local_rank")})
+        report["gpu_fault"] = faults[rank]
+
+
 def main(argv: list[str]) -> int:
     code_dir, code = own_code_dir()
     if code != 0:
@@ -340,7 +387,9 @@ def main(argv: list[str]) -> int:
             python = venv.python
             env["VIRTUAL_ENV"] = venv.venv
             env["PATH"] = os.pathsep.join(p for p in (os.path.join(venv.venv, "bin"), env.get("PATH")) if p)
-        child = subprocess.Popen([python, "-m", "trainer.elastic_run", *argv], env=env, cwd=code_dir)
+        child = subprocess.Popen([python, "-m", "trainer.elastic_run", *argv], env=env, cwd=code_dir,
+                                 stderr=subprocess.PIPE)
+        tail = StderrTail(child.stderr)
         signalled = []
 
         def forward(signum, frame):
@@ -351,9 +400,11 @@ def main(argv: list[str]) -> int:
         for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             signal.signal(sig, forward)
         code = child.wait()
+        tail.join(timeout=10)
         reports = worker_reports(status_dir)
         record = read_json_or_none(failures_file) or {}
         failures = record.get("failures") or []
+        add_watchdog_faults(reports, failures, tail.lines)
         agent_error = record.get("agent_error") if isinstance(record.get("agent_error"), dict) else None
     reasons = [r["reason"] for _, r in sorted(reports.items())]
     final = exit_code(code, bool(signalled), reasons, list(reports.values()), failures, agent_error)
@@ -361,11 +412,19 @@ def main(argv: list[str]) -> int:
     agent = (f"; torchrun's agent failed: {agent_error.get('type')}"
              f"{' (rendezvous: the other nodes did not meet this one)' if agent_error.get('rendezvous') else ''}"
              if agent_error else "")
+    if final == 0 and code != 0:
+        print(f"[trainer.launch] every rank completed training and the final checkpoint is durable; a rank failed "
+              f"after that ({dead or 'torchrun exited ' + str(code)}): its export or registration may be missing, "
+              "rerun it with `python -m trainer export --checkpoint <final step dir> --out <dir>`",
+              file=sys.stderr, flush=True)
     print(f"[trainer.launch] torchrun exited {code}; workers: {reasons or 'no report'}"
           f"{'; failed workers: ' + dead if dead else ''}{agent}; signal: {bool(signalled)}; "
           f"{checkpoint_line(reports)}; exiting {final}", file=sys.stderr, flush=True)
-    if final == EXIT_GPU_FAULT:
-        report_gpu_fault([r for r in reports.values() if r.get("gpu_fault")])
+    # 135 is also 128+SIGBUS, a worker's death by SIGBUS (an mmap'd data shard truncated on FSx):
+    # the GPU is named only when a rank reported a GPU fault.
+    faulty = [r for r in reports.values() if r.get("gpu_fault")]
+    if final == EXIT_GPU_FAULT and faulty:
+        report_gpu_fault(faulty)
     attempts.record(final)
     return final
 

@@ -35,6 +35,14 @@ def mfu_meter(device: torch.device, flops: float, override_tflops: float | None)
     return MFU(flops, peak) if peak else NoMFU()
 
 
+# Logged metrics that measure this run on this machine (wall time, memory), not results of the
+# computation: they differ between any two runs. Every other metric logged per step is a
+# function of the data, the seed and the config, and a resumed run logs it bitwise equal to
+# an uninterrupted one (tools/fault_injection.py and the recovery tests compare them all).
+MEASURED_METRICS = frozenset({"tokens_per_second", "mfu", "step_seconds", "data_wait_seconds", "checkpoint_seconds",
+                              "peak_gpu_memory_gib", "eval_seconds"})
+
+
 class CudaMemory:
     def peak_gib(self) -> float | None:
         return torch.cuda.max_memory_allocated() / 2**30

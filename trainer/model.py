@@ -4,7 +4,10 @@ Both return logits from `model(input_ids)` so the loop never needs to know which
 """
 from __future__ import annotations
 
+import contextlib
+import glob
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -171,9 +174,12 @@ def loss_function(model: nn.Module, compile_model: bool, blocks_compiled: bool =
     return torch.compile(loss)
 
 
-def build_model(cfg: ModelConfig, vocab_size: int, seq_len: int) -> nn.Module:
+def build_model(cfg: ModelConfig, vocab_size: int, seq_len: int, empty: bool = False) -> nn.Module:
+    """`empty`: a Hugging Face model's parameters on the meta device (no memory, nothing
+    read), to be sharded and then filled (`materialize`, `load_hf_weights`); the built-in GPT
+    is always built whole (its initial weights come from the seed)."""
     if cfg.kind == "hf":
-        return load_hf_model(cfg.hf_path, vocab_size)
+        return empty_hf_model(cfg.hf_path, vocab_size) if empty else load_hf_model(cfg.hf_path, vocab_size)
     sizes = dict(GPT_SIZES[cfg.size])
     for key in ("num_layers", "num_heads", "embed_dim"):
         if getattr(cfg, key) is not None:
@@ -184,16 +190,109 @@ def build_model(cfg: ModelConfig, vocab_size: int, seq_len: int) -> nn.Module:
 
 
 def load_hf_model(path: str, dataset_vocab_size: int) -> nn.Module:
+    """The saved model, whole, in fp32, in this process (the export and the restore drill)."""
     # Imported here so GPT-only jobs do not pay the transformers import.
     from transformers import AutoModelForCausalLM
 
     inner = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, torch_dtype=torch.float32)
+    _check_vocab(inner, path, dataset_vocab_size)
+    return HFCausalLM(inner)
+
+
+def _check_vocab(inner: nn.Module, path: str, dataset_vocab_size: int) -> None:
     if inner.get_input_embeddings().num_embeddings < dataset_vocab_size:
         raise ValueError(
             f"model at {path} has {inner.get_input_embeddings().num_embeddings} token embeddings but the "
             f"dataset uses {dataset_vocab_size}: prepare the data with this model's tokenizer (--tokenizer-dir)"
         )
+
+
+def hf_weight_files(path: str) -> list[str]:
+    """The saved model's safetensors files (one, or the shards an index names)."""
+    return sorted(glob.glob(os.path.join(path, "*.safetensors")))
+
+
+@contextlib.contextmanager
+def parameters_on_meta():
+    """Parameters registered meanwhile land on the meta device: no memory and no
+    initialisation (an op on a meta tensor computes nothing). Buffers stay real: the ones a
+    model computes in its constructor and does not save (rotary `inv_freq`) keep their values.
+    (accelerate's `init_empty_weights(include_buffers=False)` does the same.)"""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param) -> None:
+        register(module, name, param)
+        if param is not None and not param.is_meta:
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def empty_hf_model(path: str, dataset_vocab_size: int) -> nn.Module:
+    """The saved model's architecture with its parameters on the meta device: every rank builds
+    it in no time and no memory; the weights come later, into each rank's shard
+    (`load_hf_weights`). Before, every rank loaded the whole model in fp32 on the host and then
+    on its GPU before sharding: 80 GB per GPU for a 20B model, 8 host copies per node."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    with parameters_on_meta():
+        inner = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    _check_vocab(inner, path, dataset_vocab_size)
     return HFCausalLM(inner)
+
+
+def materialize(model: nn.Module, device: torch.device) -> None:
+    """Storage for a model built on the meta device (sharded already, or not), on `device`;
+    the real buffers keep their values. The parameters hold garbage until loaded."""
+    saved = {name: buffer.detach().clone() for name, buffer in model.named_buffers() if not buffer.is_meta}
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for name, value in saved.items():
+            model.get_buffer(name).copy_(value)
+
+
+def load_hf_weights(model: nn.Module, path: str, is_main: bool, distributed: bool) -> None:
+    """The saved weights into `model` (an `HFCausalLM`, sharded by FSDP2 or not). Only rank 0
+    reads the files (one copy, in their dtype, on its host); every rank receives its part, one
+    tensor at a time (`set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)`,
+    torchtitan's way)."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    full: dict[str, torch.Tensor] = {}
+    if is_main or not distributed:
+        for file in hf_weight_files(path):
+            full.update({f"inner.{key}": value for key, value in load_file(file, device="cpu").items()})
+        # A tied weight is saved once (the output head shares the token embedding): every name
+        # of a shared parameter gets the saved tensor.
+        names: dict[int, list[str]] = {}
+        for name, param in model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(param), []).append(name)
+        for group in names.values():
+            saved = next((full[n] for n in group if n in full), None)
+            for name in group:
+                if saved is not None:
+                    full.setdefault(name, saved)
+        # Persistent buffers the files lack keep the values the constructor computed.
+        for name, buffer in model.named_buffers():
+            if name in model.state_dict() and name not in full:
+                full[name] = buffer.detach().cpu()
+        missing = [n for group in names.values() for n in group if n not in full]
+        if missing:
+            raise ValueError(f"model.hf_path={path!r}: no saved weights for {missing[:5]}; save the model with "
+                             "save_pretrained")
+    if distributed:
+        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    else:
+        missing, unexpected = model.load_state_dict(full, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"model.hf_path={path!r}: weights do not match the architecture (missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]})")
 
 
 def count_params(model: nn.Module, exclude_embeddings: bool = True) -> int:

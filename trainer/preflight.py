@@ -94,30 +94,56 @@ def staging_problem(numels: list[int], shards: int, local_ranks: int, host_bytes
             "checkpoint.async_mode=off or process, or parallelism.strategy=fsdp")
 
 
-def model_param_numels(cfg: TrainerConfig, vocab_size: int) -> list[int]:
+def shm_staging_problem(numels: list[int], shards: int, local_ranks: int, shm_free_bytes: int) -> str | None:
+    """`checkpoint.async_mode=process` stages each rank's state in shared memory (/dev/shm):
+    fp32 weights and AdamW's two moments, each tensor its own segment, rounded up to pages."""
+    page = 4096
+    per_rank = sum(3 * -(-4 * -(-n // shards) // page) * page for n in numels if n)
+    need = per_rank * local_ranks
+    if need <= shm_free_bytes:
+        return None
+    return (f"checkpoint.async_mode=process: {local_ranks} rank(s) on this node stage {per_rank / 2**30:.2f} GiB each "
+            f"(fp32 weights + AdamW moments{f' / {shards} FSDP shards' if shards > 1 else ''}) in /dev/shm = "
+            f"{need / 2**30:.2f} GiB, but /dev/shm has {shm_free_bytes / 2**30:.2f} GiB free: the first save would fail "
+            "(No space left on device). Use checkpoint.async_mode=thread or off, raise the pod's /dev/shm "
+            "(resources.shmGib), or parallelism.strategy=fsdp")
+
+
+def shm_free_bytes(path: str = "/dev/shm") -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _model_on_meta(cfg: TrainerConfig, vocab_size: int):
     import torch
 
     from trainer.model import build_model
 
+    if cfg.model.kind == "hf":
+        return build_model(cfg.model, vocab_size, cfg.data.seq_len, empty=True)
     with torch.device("meta"):
-        model = build_model(cfg.model, vocab_size, cfg.data.seq_len)
-    return [p.numel() for p in model.parameters()]
+        return build_model(cfg.model, vocab_size, cfg.data.seq_len)
+
+
+def model_param_numels(cfg: TrainerConfig, vocab_size: int) -> list[int]:
+    return [p.numel() for p in _model_on_meta(cfg, vocab_size).parameters()]
 
 
 def num_model_params(cfg: TrainerConfig, vocab_size: int) -> int | None:
-    """Parameter count without allocating: the built-in GPT on the meta device; None for HF."""
-    if cfg.model.kind != "gpt":
-        return None
-    import torch
+    """Parameter count without allocating: the model built on the meta device (a Hugging Face
+    model from its config.json alone)."""
+    if cfg.model.kind == "hf":
+        if not (cfg.model.hf_path and os.path.isfile(os.path.join(cfg.model.hf_path, "config.json"))):
+            return None
+    else:
+        from trainer.model_facts import GPT_SIZES
 
-    from trainer.model import build_model
-    from trainer.model_facts import GPT_SIZES
-
-    if cfg.model.size not in GPT_SIZES:
-        return None
-    with torch.device("meta"):
-        model = build_model(cfg.model, vocab_size, cfg.data.seq_len)
-    return sum(p.numel() for p in model.parameters())
+        if cfg.model.size not in GPT_SIZES:
+            return None
+    return sum(p.numel() for p in _model_on_meta(cfg, vocab_size).parameters())
 
 
 def preflight(cfg: TrainerConfig, world_size: int | None = None, memory: tuple[int, str] | None = None) -> None:
@@ -175,15 +201,23 @@ def preflight(cfg: TrainerConfig, world_size: int | None = None, memory: tuple[i
         shards = world_size if cfg.parallelism.strategy == "fsdp" else 1
         need_bytes = num_params * TRAINING_STATE_BYTES_PER_PARAMETER / shards
         if need_bytes > total_bytes:
+            what = f"model.hf_path={m.hf_path!r}" if m.kind == "hf" else f"model.size={m.size!r}"
             problems.append(
-                f"model.size={m.size!r}: {num_params / 1e6:.0f}M parameters need {need_bytes / 2**30:.1f} GiB of "
+                f"{what}: {num_params / 1e6:.0f}M parameters need {need_bytes / 2**30:.1f} GiB of "
                 f"weights, gradients and AdamW state per rank ({TRAINING_STATE_BYTES_PER_PARAMETER} bytes/parameter"
                 f"{f' / {shards} FSDP shards' if shards > 1 else ''}) but {where} has {total_bytes / 2**30:.1f} GiB; "
                 "use a smaller size, parallelism.strategy=fsdp, or more ranks")
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    shards = world_size if cfg.parallelism.strategy == "fsdp" else 1
     if num_params and cfg.checkpoint.async_mode == "thread" and memory and memory[1] != "host memory":
         host = host_memory_limit_bytes()  # pinned staging exists on CUDA only
-        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         problem = host and staging_problem(model_param_numels(cfg, m.vocab_size or vocab), shards, local_ranks, host)
+        if problem:
+            problems.append(problem)
+    if num_params and cfg.checkpoint.async_mode == "process":
+        free = shm_free_bytes()
+        problem = free is not None and shm_staging_problem(model_param_numels(cfg, m.vocab_size or vocab), shards,
+                                                           local_ranks, free)
         if problem:
             problems.append(problem)
     if problems:

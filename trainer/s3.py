@@ -108,7 +108,7 @@ class S3Mirror:
 
     def prune(self, steps: list[int]) -> None:
         """Deletes pruned checkpoints from S3, in upload order (after any queued upload)."""
-        from trainer.checkpoint import step_dir
+        from trainer.checkpoint.layout import step_dir
 
         for step in steps:
             self.futures.append(self.pool.submit(self._delete, os.path.basename(step_dir("", step))))

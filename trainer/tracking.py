@@ -53,6 +53,10 @@ class NullTracker:
     def sync(self) -> None:
         """Makes what was logged so far durable (called before a checkpoint's marker)."""
 
+    def logged(self, step: int, name: str) -> bool:
+        """Whether `name` was logged for `step` by an attempt whose checkpoint covers it."""
+        return False
+
 
 class JsonlTracker(NullTracker):
     """One line per step in `<checkpoint dir>/metrics.jsonl`; on resume, lines past the
@@ -90,6 +94,9 @@ class JsonlTracker(NullTracker):
     def sync(self) -> None:
         self.file.flush()
         os.fsync(self.file.fileno())
+
+    def logged(self, step: int, name: str) -> bool:
+        return any(row.get("step") == step and name in row for row in self.rows)
 
     def close(self, status: str, timeout_seconds: float = 30.0) -> None:
         if not self.file.closed:
@@ -338,3 +345,6 @@ class Trackers(NullTracker):
     def sync(self) -> None:
         for t in self.trackers:
             t.sync()
+
+    def logged(self, step: int, name: str) -> bool:
+        return any(t.logged(step, name) for t in self.trackers)

@@ -10,13 +10,14 @@ import math
 import os
 import platform
 import time
+from typing import Callable
 
 import torch
 
 from trainer import distributed, reproducibility
 from trainer.branch import current_branch, read_rollback
-from trainer.checkpoint import (Checkpointer, ModelAndOptimizer, ModelOnly, background_process_signal, read_marker,
-                                resolve_resume)
+from trainer.checkpoint import Checkpointer, ModelAndOptimizer, ModelOnly, read_marker, resolve_resume
+from trainer.checkpoint.spawn import background_process_signal
 from trainer.config import TrainerConfig, dump_yaml
 from trainer.contract.layout import step_dir_name
 from trainer.gpu_faults import gpu_fault
@@ -24,12 +25,15 @@ from trainer.guards import (NonFiniteSteps, TrainingStopped, apply_optimizer_con
                             weights_finite)
 from trainer.data import DistributedBatches, TokenShards
 from trainer.evaluation import evaluator_for
+from trainer.faults import fault_injector
 from trainer.health import health_exporter
 from trainer.metrics import Goodput, Heartbeat, flops_per_token, memory_meter, mfu_meter
-from trainer.model import apply_activation_checkpointing, build_model, count_params, loss_function, model_dims
+from trainer.model import (apply_activation_checkpointing, build_model, count_params, hf_weight_files, load_hf_weights,
+                           loss_function, materialize, model_dims)
 from trainer.optim import build_optimizer, cosine_with_warmup
 from trainer.preemption import EXIT_PREEMPTED, PreemptionFlag, is_peer_lost, preemption_budget_seconds, report_exit
 from trainer.profiling import profiler_for
+from trainer.progress import NoWatchdog, ProgressWatchdog
 from trainer.s3 import NoMirror, mirror_for
 from trainer.tracking import (BRANCH_POINT_TAG, ROLLBACK_OF_TAG, SWEEP_ID_ENV, SWEEP_NAME_ENV, JsonlTracker, MLflowTracker,
                               NullTracker, Trackers)
@@ -89,13 +93,15 @@ def build_tracker(cfg: TrainerConfig, env, shards, run_id: str | None, resume_st
     return Trackers(*trackers)
 
 
-def export_final_model(cfg: TrainerConfig, step: int, run_id: str | None) -> None:
-    """Rank 0, after the final checkpoint is on disk: the Hugging Face export of it, logged
-    to MLflow (and registered) when tracking is on. The other ranks wait in teardown's
-    barrier meanwhile (seconds for a 124M model)."""
-    from trainer.checkpoint import step_dir
+def export_final_model(cfg: TrainerConfig, step: int, run_id: str | None, faults=None) -> None:
+    """Rank 0, after the ranks parted (the final checkpoint is durable, every rank reported):
+    the Hugging Face export of the final checkpoint, logged to MLflow (and registered) when
+    tracking is on. Nothing here can make the attempt a failure: the job is done."""
+    from trainer.checkpoint.layout import step_dir
     from trainer.export import export_and_log
 
+    if faults is not None:
+        faults.at("export", step)
     out_dir = os.path.join(cfg.export.dir or os.path.join(cfg.checkpoint.dir, "export"), step_dir_name(step))
     uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
     try:
@@ -106,6 +112,61 @@ def export_final_model(cfg: TrainerConfig, step: int, run_id: str | None) -> Non
                       "--checkpoint %s --out %s` once the cause is fixed", step, step_dir(cfg.checkpoint.dir, step), out_dir)
 
 
+@dataclasses.dataclass
+class Ending:
+    """How an attempt's training ended, and what rank 0 still does once the ranks parted."""
+    reason: str  # completed or preempted
+    step: int
+    checkpoint_step: int | None
+    after: Callable[[], None]
+
+
+class AfterTraining:
+    """Rank 0's work after the final checkpoint is durable and every rank has reported: the S3
+    uploads, the MLflow run's close, the run id in the marker, the export and registration.
+
+    It runs after the process group is gone, so no other rank waits for it (their barrier was
+    the start-up bound: an MLflow close plus an export longer than that made them fail a
+    finished job), and each part is caught and logged: the attempt's exit code is decided by
+    then (0 done, 143 preempted). Registration is idempotent (trainer/export.py), so a retried
+    attempt of a finished job (a preemption during the export) registers nothing twice."""
+
+    def __init__(self, cfg: TrainerConfig, env: distributed.Env, reason: str, step: int, tracker, checkpointer,
+                 heartbeat, profile_dir: str | None, mirror_budget_seconds: float | None, faults):
+        self.cfg, self.env, self.reason, self.step = cfg, env, reason, step
+        self.tracker, self.checkpointer, self.heartbeat = tracker, checkpointer, heartbeat
+        self.profile_dir, self.mirror_budget_seconds, self.faults = profile_dir, mirror_budget_seconds, faults
+
+    def __call__(self) -> None:
+        parts = [("S3 mirror", lambda: self.checkpointer.close_mirror(self.mirror_budget_seconds))]
+        if self.env.is_main:
+            parts += [("profile upload", self._log_profile), ("tracker close", self._close_tracker),
+                      ("marker annotation", self._annotate)]
+            if self.reason == "completed" and self.cfg.export.at_end:
+                parts.append(("export", lambda: export_final_model(self.cfg, self.step, self.tracker.run_id,
+                                                                   self.faults)))
+            parts.append(("heartbeat", lambda: self.heartbeat.beat(self.step)))
+        for name, part in parts:
+            try:
+                part()
+            except Exception:  # noqa: BLE001 - the checkpoint is durable; nothing here is the job's failure
+                log.exception("%s after step %d failed (the checkpoint of step %s is durable)", name, self.step,
+                              self.checkpointer.last_durable_step)
+
+    def _log_profile(self) -> None:
+        if self.profile_dir and os.path.isdir(self.profile_dir):
+            self.tracker.log_artifact(self.profile_dir, "profile")
+
+    def _close_tracker(self) -> None:
+        self.tracker.close(status="FINISHED" if self.reason == "completed" else "SCHEDULED",
+                           timeout_seconds=30.0 if self.reason == "completed" else 10.0)
+
+    def _annotate(self) -> None:
+        if self.tracker.run_id:  # close() waited for MLflow: the last marker learns its run id if it had none
+            self.checkpointer.annotate_newest({"mlflow_run_id": self.tracker.run_id})
+            self.checkpointer.wait_sealed()
+
+
 def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
     """Runs one attempt of the job; returns the process exit code (0, or 143 when preempted)."""
     rank = int(os.environ.get("RANK", 0))
@@ -113,45 +174,36 @@ def main(cfg: TrainerConfig, process_start: float | None = None) -> int:
     # process groups included) runs inside the try: a rank whose peer died during start-up
     # reports a lost peer (retryable) instead of leaving no report (torchrun's 1: permanent).
     report_exit(rank, "running", -1)
-    reason, step, details = "failed", -1, {}
-    outcome: dict = {}
+    preemption: PreemptionFlag | None = None
+    trainer: Trainer | None = None
     try:
         env = distributed.init(cfg.parallelism)
         logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
                             format=f"%(asctime)s [rank {env.rank}] %(name)s: %(message)s", force=True)
         reproducibility.apply(cfg.reproducibility.deterministic, cfg.seed)  # before the first cuBLAS handle (matmul)
-        reason, step = _train(cfg, env, process_start or time.time(), outcome)
+        preemption = PreemptionFlag().install()
+        trainer = Trainer(cfg, env, process_start or time.time(), preemption)
+        ending = trainer.run()
+        # Every rank meets here once the final checkpoint is durable (rank 0 sealed it in
+        # Trainer.finish), then the group is gone: nothing rank 0 does after it can hold or
+        # fail another rank. The trainer goes first: its model and optimizer are garbage.
+        trainer = None
+        distributed.teardown(clean=True)
     except BaseException as exc:
-        preemption = outcome.get("preemption")
         # What the launcher needs to tell a root cause (permanent) from a consequence of a
-        # peer's death or of a signal (retryable).
-        details = {"exception": type(exc).__name__, "peer_lost": is_peer_lost(exc),
-                   "signalled": bool(outcome.get("signalled") or (preemption and preemption.raised)),
-                   "child_signal": background_process_signal(exc), "gpu_fault": gpu_fault(exc)}
-        _close_after_failure(outcome, exc)
+        # peer's death or of a signal (retryable), written before anything else: closing the
+        # tracker takes seconds, and an abort meanwhile (NCCL's watchdog) must not lose it.
+        step, checkpoint_step, signalled = trainer.progress() if trainer is not None else (-1, None, False)
+        report_exit(rank, "failed", step, checkpoint_step=checkpoint_step, exception=type(exc).__name__,
+                    peer_lost=is_peer_lost(exc), signalled=bool(signalled or (preemption and preemption.raised)),
+                    child_signal=background_process_signal(exc), gpu_fault=gpu_fault(exc))
+        if trainer is not None:
+            trainer.close_after_failure(exc)
+        distributed.teardown(clean=False)
         raise
-    finally:
-        report_exit(rank, reason, outcome.get("step", step), checkpoint_step=outcome.get("checkpoint_step"),
-                    **details)
-        distributed.teardown(clean=reason != "failed")  # _train returned: its model and optimizer are garbage
-    return EXIT_PREEMPTED if reason == "preempted" else 0
-
-
-def _close_after_failure(outcome: dict, exc: BaseException) -> None:
-    """The failure path closes the tracker too (status FAILED, a short flush; whatever MLflow
-    misses is in metrics.jsonl and is sent by the next attempt) and ends the checkpoint
-    writer and the S3 mirror without waiting on peers that may be gone."""
-    if "tracker" not in outcome:
-        return
-    log.error("training failed at step %s: %s", outcome.get("step", "?"), exc)
-    with contextlib.suppress(Exception):
-        outcome["tracker"].close(status="FAILED", timeout_seconds=5.0)
-    with contextlib.suppress(Exception):
-        outcome["checkpointer"].abort()
-
-
-def _train(cfg: TrainerConfig, env: distributed.Env, process_start: float, outcome: dict) -> tuple[str, int]:
-    return Trainer(cfg, env, process_start, outcome).run()
+    report_exit(rank, ending.reason, ending.step, checkpoint_step=ending.checkpoint_step)
+    ending.after()
+    return EXIT_PREEMPTED if ending.reason == "preempted" else 0
 
 
 @dataclasses.dataclass
@@ -223,9 +275,12 @@ class Trainer:
     `MetricsWindow` and `log_metrics`, `evaluate`, `save_regular` / `save_on_signal` (the
     preemption path), with goodput, the non-finite guard and fault hooks behind them."""
 
-    def __init__(self, cfg: TrainerConfig, env: distributed.Env, process_start: float, outcome: dict):
-        self.cfg, self.env, self.outcome = cfg, env, outcome
-        self.preemption = outcome["preemption"] = PreemptionFlag().install()
+    def __init__(self, cfg: TrainerConfig, env: distributed.Env, process_start: float, preemption: PreemptionFlag):
+        self.cfg, self.env = cfg, env
+        self.preemption = preemption
+        # What the failure path reports (`progress`): the last step the loop finished, and
+        # whether the agreed flag stopped this rank (it may have had no signal of its own).
+        self.finished_step, self.signalled, self.running = -1, False, False
         self.shards = TokenShards(cfg.data.dir, cfg.data.seq_len)
         self.batches = DistributedBatches(self.shards, cfg.data.micro_batch_size, env.rank, env.world_size, cfg.seed,
                                           env.device, prefetch=cfg.data.prefetch_batches)
@@ -238,10 +293,11 @@ class Trainer:
         torch.manual_seed(cfg.seed + env.rank)  # dropout differs per rank, as separate data does
 
         self.goodput = Goodput()
-        self.last_stall_seconds = [0.0]
+        self.last_stall_seconds = 0.0
         self.mirror = mirror_for(cfg.checkpoint.s3_uri) if env.is_main else NoMirror()
+        self.faults = fault_injector(env)
         self.checkpointer = Checkpointer(cfg.checkpoint.dir, env, cfg.checkpoint.keep_last, cfg.checkpoint.async_mode,
-                                         self.mirror)
+                                         self.mirror, faults=self.faults)
         self.app = ModelAndOptimizer(self.model, self.optimizer)
         self.checkpointer.prepare_staging(self.app)  # host staging buffers allocated before the first save
         self.heartbeat = Heartbeat(cfg.checkpoint.dir)
@@ -261,8 +317,8 @@ class Trainer:
         self.policy = SavePolicy(cfg)
         self.window = MetricsWindow(env, self.tokens_per_step)
         self.nonfinite = NonFiniteSteps(cfg.optimizer.max_nonfinite_steps)
-        self.faults = self.checkpointer.faults
         self.run_id_noted = False
+        self.watchdog = NoWatchdog()  # armed after the first step (start-up has its own bound)
 
     # --- set-up -------------------------------------------------------------------------------
     def build_model(self) -> None:
@@ -270,16 +326,28 @@ class Trainer:
         compiled; `self.model` is the wrapped module, `self.loss_fn` what the step calls."""
         cfg, env = self.cfg, self.env
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank (FSDP2 relies on it)
-        model = build_model(cfg.model, self.shards.vocab_size, cfg.data.seq_len)
+        # A Hugging Face model is built empty (meta device), sharded, then filled from rank 0's
+        # read of its files: never whole in fp32 on every rank and GPU first.
+        empty = cfg.model.kind == "hf" and bool(hf_weight_files(cfg.model.hf_path))
+        model = build_model(cfg.model, self.shards.vocab_size, cfg.data.seq_len, empty=empty)
         num_layers, hidden_size = model_dims(model)
         self.flops = flops_per_token(count_params(model), num_layers, hidden_size, cfg.data.seq_len)
         if cfg.parallelism.activation_checkpointing:
             apply_activation_checkpointing(model)
-        model.to(env.device)
         bf16 = cfg.parallelism.mixed_precision == "bf16" or (cfg.parallelism.mixed_precision == "auto"
                                                              and env.device.type == "cuda")
         self.strategy = distributed.strategy_for(cfg.parallelism, env, bf16)
-        self.model = self.strategy.wrap(model, env)
+        if not empty:
+            model.to(env.device)
+            self.model = self.strategy.wrap(model, env)
+        elif self.strategy.name == "fsdp":
+            self.model = self.strategy.wrap(model, env)  # shards of meta parameters
+            materialize(self.model, env.device)
+            load_hf_weights(self.model, cfg.model.hf_path, env.is_main, env.distributed)
+        else:
+            materialize(model, env.device)
+            load_hf_weights(model, cfg.model.hf_path, env.is_main, env.distributed)
+            self.model = self.strategy.wrap(model, env)
         # The loss is inside the compiled region (trainer.model.loss_function): no eager fp32
         # logits, no eager log-softmax over [B*T, vocab].
         self.loss_fn = loss_function(self.model, cfg.parallelism.compile, self.strategy.blocks_compiled)
@@ -339,38 +407,51 @@ class Trainer:
         return run_id, branch_tags
 
     # --- the loop -----------------------------------------------------------------------------
-    def run(self) -> tuple[str, int]:
-        cfg, outcome, checkpointer = self.cfg, self.outcome, self.checkpointer
-        outcome.update(tracker=self.tracker, checkpointer=checkpointer, checkpoint_step=checkpointer.last_durable_step)
+    def run(self) -> Ending:
+        try:
+            return self._run()
+        finally:
+            self.watchdog.stop()  # a failure too: the process (a test's, in-process) may live on
+
+    def _run(self) -> Ending:
+        cfg, checkpointer = self.cfg, self.checkpointer
+        self.running = True  # from here on, the failure path closes the tracker and the writers
         log.info("training %s (%s, world size %d, %s) from step %d to %d", cfg.model.kind, self.strategy.name,
                  self.env.world_size, self.env.device, self.step, cfg.schedule.num_steps)
-        reason, first_step = "completed", self.step + 1
+        first_step = self.step + 1
+        self.evaluate_skipped()
         while self.step < cfg.schedule.num_steps:
+            self.watchdog.beat()
             self.finalize_saves()
             self.profiler.before_step(self.step + 1)
-            outcome["checkpoint_step"] = checkpointer.last_durable_step
             result = self.train_step()
             if self.step == first_step:  # start-up is over: a dead peer now costs the steady-state bound
                 distributed.set_collective_timeout(self.env, cfg.parallelism.collective_timeout_seconds)
+                self.watchdog = ProgressWatchdog(cfg.parallelism.progress_timeout_seconds, self.env.rank)
+            self.watchdog.beat()
             last_step = self.step == cfg.schedule.num_steps
             save_due = self.policy.due(self.step, result)
             # A save logs what is pending first: a kill after the save must not lose the losses
-            # of steps the checkpoint covers (they are not recomputed after a resume).
-            if self.step % cfg.tracking.log_every_steps == 0 or save_due or result.bad:
-                self.log_metrics(result)
+            # of steps the checkpoint covers (they are not recomputed after a resume). The step's
+            # own row (learning rate, gradient norm, throughput) is logged at steps that do not
+            # depend on interruptions, so a resumed run logs it where an uninterrupted one does:
+            # not at a save a signal or the clock asked for.
+            row_due = (self.step % cfg.tracking.log_every_steps == 0 or self.step % cfg.checkpoint.every_steps == 0
+                       or last_step or result.bad)
+            if row_due or save_due:
+                self.log_metrics(result, row=row_due)
             self.nonfinite.record(self.step, not result.bad, result.loss, result.norm)  # raises after K in a row
-            if not result.preempted:  # a preempted step saves instead: the time budget is for the checkpoint
-                self.evaluate(last_step)
-            if result.preempted:
-                outcome["signalled"] = True
+            if result.preempted:  # saves instead of evaluating: the time left is the checkpoint's
+                self.signalled = True
                 self.save_on_signal()
-            elif save_due:
+                self.finished_step = self.step
+                return self.finish("preempted")
+            self.evaluate(last_step)
+            self.watchdog.beat()
+            if save_due:
                 self.save_regular(last_step)
-            outcome["step"], outcome["checkpoint_step"] = self.step, checkpointer.last_durable_step
-            if result.preempted:
-                reason = "preempted"
-                break
-        return self.finish(reason)
+            self.finished_step = self.step
+        return self.finish("completed")
 
     def train_step(self) -> StepResult:
         cfg, env, model, optimizer = self.cfg, self.env, self.model, self.optimizer
@@ -390,13 +471,9 @@ class Trainer:
             step_loss += loss.detach()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_norm)
         norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        # One all-reduce decides for every rank: a signal may reach the ranks at different
-        # steps, wall clocks differ, and a NaN may appear on one rank's loss only; yet they
-        # must skip, save and stop at the same step. (The finiteness test costs one device
-        # sync per step on GPU.)
-        local_bad = not bool(torch.isfinite(torch.stack([step_loss.float(), norm.float()])).all().item())
-        preempted, time_due, bad = (bool(v) for v in distributed.all_reduce_max(
-            env, [self.preemption.raised, self.policy.time_due(), local_bad]))
+        # One all-reduce decides for every rank (skip, save, stop): see agree_on_step.
+        preempted, time_due, bad = distributed.agree_on_step(env, step_loss, norm, self.preemption.raised,
+                                                             self.policy.time_due())
         if bad:
             optimizer.zero_grad(set_to_none=True)  # the update is skipped; the step still counts
         else:
@@ -416,15 +493,18 @@ class Trainer:
         return StepResult(step_loss, norm, lr_used, preempted, time_due, bad)
 
     # --- what the loop calls ------------------------------------------------------------------
-    def log_metrics(self, result: StepResult) -> None:
+    def log_metrics(self, result: StepResult, row: bool = True) -> None:
+        """Logs the pending losses; with `row`, this step's row of the other metrics too."""
         last_loss, tokens_per_second, averages = self.window.flush(self.tracker)
+        if not row:
+            return
         self.tracker.log(self.step, {
             "learning_rate": result.lr,
             "grad_norm": result.norm.item(),
             "tokens_per_second": tokens_per_second,
             "mfu": self.mfu(tokens_per_second / self.env.world_size),
             **averages,
-            "checkpoint_seconds": self.last_stall_seconds[0],
+            "checkpoint_seconds": self.last_stall_seconds,
             "peak_gpu_memory_gib": self.memory.peak_gib(),
             "tokens_seen": self.tokens_seen,
             "skipped_updates": self.nonfinite.num_skipped + (1 if result.bad else 0),
@@ -450,7 +530,19 @@ class Trainer:
         if self.env.is_main:
             log.info("step %d val_loss %.4f (%.1f s)", self.step, val_metrics["val_loss"], val_metrics["eval_seconds"])
 
-    def save(self, step: int, meta_extra: dict) -> float:
+    def evaluate_skipped(self) -> None:
+        """A preempted step saves instead of evaluating (the time left is the checkpoint's). The
+        attempt that resumes from it evaluates that step first, on the same weights, so the
+        validation loss an uninterrupted run logs there is logged all the same. Rank 0 knows
+        what was logged; every rank evaluates (one all-reduce decides)."""
+        if self.step == 0:
+            return
+        due = self.evaluator.due(self.step, self.step == self.cfg.schedule.num_steps)
+        missing = self.env.is_main and due and not self.tracker.logged(self.step, "val_loss")
+        if distributed.all_reduce_max(self.env, [missing])[0]:
+            self.evaluate(self.step == self.cfg.schedule.num_steps)
+
+    def save(self, step: int, meta_extra: dict, synchronous: bool = False) -> float:
         cfg, env = self.cfg, self.env
         meta = {
             "tokens_seen": self.tokens_seen,
@@ -472,8 +564,9 @@ class Trainer:
         if not finite:
             raise TrainingStopped(f"weights are non-finite at step {step}: not saved; the newest checkpoint "
                                   f"(step {self.checkpointer.last_durable_step}) stays the one to resume from")
-        self.tracker.sync()  # metrics.jsonl up to this step is durable before the marker can be
-        return self.checkpointer.save(step, self.app, meta, self.config_yaml)
+        # metrics.jsonl up to this step is made durable before the marker, by the sealer.
+        return self.checkpointer.save(step, self.app, meta, self.config_yaml, before_marker=self.tracker.sync,
+                                      synchronous=synchronous)
 
     def save_regular(self, last_step: bool) -> None:
         self.goodput.wall_seconds = self.wall_at_attempt_start + (time.time() - self.attempt_start)
@@ -481,19 +574,19 @@ class Trainer:
         self.save(self.step, {})
         if last_step:
             self.checkpointer.wait()  # the process is about to exit: the save must be on disk
-        # Everything the save put on the loop's thread: the finiteness check and its all-reduce,
-        # the metrics.jsonl fsync and the checkpointer's own part (state dict, copy launches, sync).
+        # Everything the save put on the loop's thread: the finiteness check and its all-reduce
+        # and the checkpointer's own part (state dict, copy launches, sync; the whole write in
+        # sync mode). Sealing (hashes, fsyncs, retention) is the sealer thread's.
         stall = time.perf_counter() - save_start
         self.goodput.checkpoint_stall_seconds += stall
-        self.last_stall_seconds[0] = stall
+        self.last_stall_seconds = stall
         self.window.exclude(stall)
         self.policy.saved()
         log.info("checkpoint step %d (%.2f s stall)", self.step, stall)
 
     def finalize_saves(self) -> None:
-        """The checkpointer's step-boundary work: sealing a finished save (manifest and marker
-        fsyncs, retention's rmtree, the S3 queue) runs on the loop's thread, so it is a stall
-        like the save itself (µs when nothing finished)."""
+        """The checkpointer's step-boundary work: a finished write is handed to rank 0's sealer
+        thread (µs); counted as a stall like the save itself."""
         started = time.perf_counter()
         self.checkpointer.poll()
         finalize = time.perf_counter() - started
@@ -501,37 +594,105 @@ class Trainer:
         self.window.exclude(finalize)
 
     def save_on_signal(self) -> None:
-        _save_on_signal(self.step, self.save, self.checkpointer, self.preemption, self.env, self.goodput,
-                        self.last_stall_seconds, self.wall_at_attempt_start, self.attempt_start)
+        """The fastest way to a durable checkpoint inside the time left after the signal.
 
-    def finish(self, reason: str) -> tuple[str, int]:
+        With no save in flight: a synchronous save of this step (it never depends on a background
+        writer: a background process killed meanwhile cannot cost the checkpoint). With an async
+        save of an older step in flight, finishing it is always the quickest durable checkpoint
+        (it is part written); a second, full save of this step is added only when the time left
+        (torchrun's SIGTERM-to-SIGKILL wait, less the exit margin) covers the measured write time
+        with room to spare. If that save fails on any rank (its background process died, a write
+        raised, or it is not done within half the time left), every rank gives it up and saves
+        this step synchronously instead. Every rank takes the same decisions (all-reduces)."""
+        step, checkpointer, env, goodput = self.step, self.checkpointer, self.env, self.goodput
+        preemption = self.preemption
+        started = time.perf_counter()
+        # Agreed before any other collective: each rank's `pending_step` is cleared by its own
+        # poll(), and ranks poll at different moments, so a rank-local check could send one rank
+        # to the finiteness all-reduce and another to the `skip` one (a hang, or a false
+        # "non-finite" stop). Waiting on a save that is already done returns at once.
+        in_flight = int(distributed.all_reduce_max(env, [-1 if checkpointer.pending_step is None
+                                                         else checkpointer.pending_step])[0])
+        in_flight = None if in_flight < 0 else in_flight
+        budget = preemption_budget_seconds()
+        if in_flight is not None and in_flight < step:
+            deadline = time.monotonic() + max(1.0, (budget - preemption.seconds_since()) / 2)
+            landed = _settle_in_flight(checkpointer, env, deadline)
+            if landed:
+                checkpointer.wait()
+                left = budget - preemption.seconds_since()
+                estimate = checkpointer.last_write_seconds or 0.0
+                skip = not (left > 2.0 * estimate + 1.0)
+                skip = bool(distributed.all_reduce_max(env, [skip])[0])
+                log.warning("%s with the save of step %d in flight: waited %.1f s for it; %.0f s of %.0f s left, a full "
+                            "save takes ~%.1f s: %s", preemption.signal_name or "another rank's signal", in_flight,
+                            time.perf_counter() - started, left, budget, estimate,
+                            f"stopping at step {in_flight} ({step - in_flight} steps to recompute)"
+                            if skip else f"saving step {step} too")
+                if skip:
+                    stall = time.perf_counter() - started
+                    goodput.checkpoint_stall_seconds += stall
+                    self.last_stall_seconds = stall
+                    return
+            else:
+                cause = checkpointer.write_cause()
+                checkpointer.abandon_write()
+                log.warning("%s with the save of step %d in flight: it did not land on every rank (%s on this rank); "
+                            "saving step %d synchronously instead, %.1f s after the signal, %.0f s of %.0f s left",
+                            preemption.signal_name or "another rank's signal", in_flight, cause, step,
+                            preemption.seconds_since(), budget - preemption.seconds_since(), budget)
+        goodput.wall_seconds = self.wall_at_attempt_start + (time.time() - self.attempt_start)
+        self.save(step, {}, synchronous=True)
+        checkpointer.wait()  # the process is about to exit: the save must be on disk
+        stall = time.perf_counter() - started
+        goodput.checkpoint_stall_seconds += stall
+        self.last_stall_seconds = stall
+        # A rank whose node was not the one reclaimed learns of the stop only through the
+        # all-reduced flag: it has no signal of its own, and still exits 143.
+        log.info("checkpoint step %d (%.2f s from the step boundary) after %s, %.1f s after the signal", step, stall,
+                 preemption.signal_name or "another rank's signal", preemption.seconds_since())
+
+    def progress(self) -> tuple[int, int | None, bool]:
+        """For the failure report: the last finished step, the newest durable checkpoint, and
+        whether the agreed stop flag had reached this rank."""
+        return self.finished_step, self.checkpointer.last_durable_step, self.signalled
+
+    def close_after_failure(self, exc: BaseException) -> None:
+        """The failure path closes the tracker too (status FAILED, a short flush; whatever MLflow
+        misses is in metrics.jsonl and is sent by the next attempt) and ends the checkpoint
+        writer and the S3 mirror without waiting on peers that may be gone."""
+        if not self.running:
+            return
+        log.error("training failed at step %s: %s", self.finished_step, exc)
+        with contextlib.suppress(Exception):
+            self.tracker.close(status="FAILED", timeout_seconds=5.0)
+        with contextlib.suppress(Exception):
+            self.checkpointer.abort()
+
+    def finish(self, reason: str) -> Ending:
+        """The final checkpoint durable on every rank (sealed, on rank 0), the loop's helpers
+        closed; what is left for rank 0 once the ranks parted is in the returned `Ending`."""
         cfg, env, tracker, goodput = self.cfg, self.env, self.tracker, self.goodput
-        # After a signal, S3 uploads get what is left of torchrun's shutdown wait, less the
-        # MLflow flush (10 s) and a margin; the FSx copy is already durable.
-        self.checkpointer.close(budget_seconds=max(0.0, preemption_budget_seconds() - self.preemption.seconds_since()
-                                                   - 12.0) if reason == "preempted" else None)
-        self.outcome["checkpoint_step"] = self.checkpointer.last_durable_step
+        self.watchdog.stop()  # what follows is bounded by the start-up bound (teardown's barrier)
+        self.checkpointer.close()
         self.batches.close()
         self.profiler.close()
         self.health.close()
-        if env.is_main and self.profiler.trace_dir and os.path.isdir(self.profiler.trace_dir):
-            tracker.log_artifact(self.profiler.trace_dir, "profile")
         goodput.wall_seconds = self.wall_at_attempt_start + (time.time() - self.attempt_start)
         summary = {"final_step": self.step, "tokens_seen": self.tokens_seen, "reason": reason, **goodput.summary()}
         if reason == "completed":
             tracker.log_summary(summary)
         log.info("%s at step %d: %s", reason, self.step, summary)
-        tracker.close(status="FINISHED" if reason == "completed" else "SCHEDULED",
-                      timeout_seconds=30.0 if reason == "completed" else 10.0)
-        if tracker.run_id:  # close() waited for MLflow: the last marker learns its run id if it had none
-            self.checkpointer.annotate_newest({"mlflow_run_id": tracker.run_id})
-        # The other ranks wait for rank 0's export in teardown's barrier: the start-up bound again.
+        # The other ranks wait in teardown's barrier for rank 0's seal of the final checkpoint:
+        # the start-up bound again, not the steady-state one.
         distributed.set_collective_timeout(env, cfg.parallelism.init_timeout_seconds)
-        if reason == "completed" and cfg.export.at_end and env.is_main:
-            export_final_model(cfg, self.step, tracker.run_id)
-        if env.is_main:
-            self.heartbeat.beat(self.step)
-        return reason, self.step
+        # After a signal, S3 uploads get what is left of torchrun's shutdown wait, less the
+        # MLflow flush (10 s) and a margin; the FSx copy is already durable.
+        budget = (max(0.0, preemption_budget_seconds() - self.preemption.seconds_since() - 12.0)
+                  if reason == "preempted" else None)
+        after = AfterTraining(cfg, env, reason, self.step, tracker, self.checkpointer, self.heartbeat,
+                              self.profiler.trace_dir if env.is_main else None, budget, self.faults)
+        return Ending(reason, self.step, self.checkpointer.last_durable_step, after)
 
 
 def _initial_load(cfg: TrainerConfig, checkpointer, model, optimizer, scheduler) -> None:
@@ -549,46 +710,19 @@ def _initial_load(cfg: TrainerConfig, checkpointer, model, optimizer, scheduler)
              saved["step"], saved.get("job_id", "?"), "weights only" if model_only else "weights and optimizer state")
 
 
-def _save_on_signal(step, save, checkpointer, preemption, env, goodput, last_stall_seconds, wall_at_attempt_start,
-                    attempt_start) -> None:
-    """The fastest way to a durable checkpoint inside the time left after the signal.
-
-    With no save in flight: a synchronous save of this step. With an async save of an
-    older step in flight, finishing it is always the quickest durable checkpoint (it is
-    part written); a second, full save of this step is added only when the time left
-    (torchrun's SIGTERM-to-SIGKILL wait, less the exit margin) covers the measured write
-    time with room to spare. Every rank takes the same decision (one all-reduce)."""
-    started = time.perf_counter()
-    # Agreed before any other collective: each rank's `pending_step` is cleared by its own
-    # poll(), and ranks poll at different moments, so a rank-local check could send one rank
-    # to the finiteness all-reduce and another to the `skip` one (a hang, or a false
-    # "non-finite" stop). Waiting on a save that is already done returns at once.
-    in_flight = int(distributed.all_reduce_max(env, [-1 if checkpointer.pending_step is None
-                                                     else checkpointer.pending_step])[0])
-    in_flight = None if in_flight < 0 else in_flight
-    if in_flight is not None and in_flight < step:
-        checkpointer.wait()
-        budget = preemption_budget_seconds()
-        left = budget - preemption.seconds_since()
-        estimate = checkpointer.last_write_seconds or 0.0
-        skip = not (left > 2.0 * estimate + 1.0)
-        skip = bool(distributed.all_reduce_max(env, [skip])[0])
-        log.warning("%s with the save of step %d in flight: waited %.1f s for it; %.0f s of %.0f s left, a full "
-                    "save takes ~%.1f s: %s", preemption.signal_name or "another rank's signal", in_flight, time.perf_counter() - started, left,
-                    budget, estimate, f"stopping at step {in_flight} ({step - in_flight} steps to recompute)"
-                    if skip else f"saving step {step} too")
-        if skip:
-            stall = time.perf_counter() - started
-            goodput.checkpoint_stall_seconds += stall
-            last_stall_seconds[0] = stall
-            return
-    goodput.wall_seconds = wall_at_attempt_start + (time.time() - attempt_start)
-    save(step, {})
-    checkpointer.wait()  # the process is about to exit: the save must be on disk
-    stall = time.perf_counter() - started
-    goodput.checkpoint_stall_seconds += stall
-    last_stall_seconds[0] = stall
-    # A rank whose node was not the one reclaimed learns of the stop only through the
-    # all-reduced flag: it has no signal of its own, and still exits 143.
-    log.info("checkpoint step %d (%.2f s from the step boundary) after %s, %.1f s after the signal", step, stall,
-             preemption.signal_name or "another rank's signal", preemption.seconds_since())
+def _settle_in_flight(checkpointer, env, deadline: float) -> bool:
+    """Waits for the write in flight on every rank; True once it is written on all of them,
+    False as soon as it failed on one (a write raised, its background process is gone) or the
+    deadline passed with a write that can be given up (a background process's; a thread
+    cannot be stopped, so thread mode waits, bounded by the checkpoint group's timeout).
+    One all-reduce per round: every rank returns the same answer."""
+    while True:
+        expired = time.monotonic() > deadline and checkpointer.write_abandonable
+        failed = checkpointer.write_failed() or expired
+        running = not checkpointer.write_done() and not expired
+        any_failed, any_running = distributed.all_reduce_max(env, [failed, running])
+        if any_failed:
+            return False
+        if not any_running:
+            return True
+        time.sleep(0.05)

@@ -186,7 +186,7 @@ def test_cuda_rng_state_is_restored():
 
 def test_thread_mode_stages_into_pinned_buffers_reused_across_saves():
     require_gpu(cuda_only=True)
-    from trainer.checkpoint import _for_each_tensor
+    from trainer.checkpoint.staging import _for_each_tensor
 
     model, optimizer, app = _small_model_and_optimizer()
     ckpt = _cuda_checkpointer(scratch("pinned"), "thread")
@@ -223,3 +223,48 @@ def test_verify_checkpoint_passes_on_a_gpu_checkpoint():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "VERDICT: PASS" in result.stdout
     assert "held-out check: val_loss" in result.stdout  # the drill evaluated the model it restored
+
+
+def test_the_steps_agreement_runs_on_the_gpu_with_one_host_sync():
+    """The per-step agreement (preempted, time due, non-finite) is one NCCL all-reduce of a CUDA
+    tensor, read back once: one host sync per step (CUDA's sync debug mode counts them), where
+    the step used to read the finiteness test back (a sync) and then all-reduce a CPU float64
+    tensor over gloo's TCP ring before launching the optimizer step. The CPU half (one read,
+    one collective on the loss's device) is tests/trainer/test_step_agreement.py."""
+    require_gpu(cuda_only=True)
+    import socket
+    import warnings
+
+    import torch.distributed as dist
+
+    from trainer import distributed
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            device_id=device)
+    try:
+        env = distributed.Env(0, 0, 1, device, "nccl")
+        loss, norm = torch.tensor(2.5, device=device), torch.tensor(float("nan"), device=device)
+        distributed.agree_on_step(env, loss, norm, False, False)  # NCCL's communicator is set up here
+        torch.cuda.synchronize()
+        reduced = []
+        real = dist.all_reduce
+        dist.all_reduce = lambda t, *a, **k: (reduced.append(t.device.type), real(t, *a, **k))[1]
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                preempted, due, bad = distributed.agree_on_step(env, loss, norm, True, False)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            dist.all_reduce = real
+        syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
+        assert (preempted, due, bad) == (True, False, True)
+        assert reduced == ["cuda"], reduced
+        assert len(syncs) == 1, [str(w.message) for w in syncs]
+    finally:
+        dist.destroy_process_group()

@@ -19,8 +19,12 @@ def verdicts(goals) -> dict:
 
 
 def test_the_h100_goals_are_met_by_good_figures_and_missed_by_the_reviewed_ones(tmp_path):
-    good = gpu_check.performance_goals(H100, figures(tmp_path, 0.39, [0.05, 0.04, 0.05], [0.01, 0.01, 0.01]), {})
-    assert verdicts(good) == {"mfu_floor": "met", "async_blocked_s": "met", "first_save_ratio": "met"}
+    good = gpu_check.performance_goals(H100, figures(tmp_path, 0.46, [0.05, 0.04, 0.05], [0.01, 0.01, 0.01]), {})
+    assert verdicts(good) == {"mfu": "met", "mfu_floor": "met", "async_blocked_s": "met", "first_save_ratio": "met"}
+    # The documented goal is 45% (docs/trainer.md, "Targets"): 39% clears the regression floor
+    # (35%) and still misses the goal, so the run does not pass.
+    floor_only = gpu_check.performance_goals(H100, figures(tmp_path, 0.39, [0.05] * 3, [0.01] * 3), {})
+    assert (verdicts(floor_only)["mfu"], verdicts(floor_only)["mfu_floor"]) == ("MISSED", "met")
     # What the H100 measured before the fixes: 27.8% MFU, async saves blocking about 1 s.
     bad = gpu_check.performance_goals(H100, figures(tmp_path, 0.278, [1.16, 0.97, 1.0], [0.0, 0.0, 0.0]), {})
     assert verdicts(bad)["mfu_floor"] == "MISSED" and verdicts(bad)["async_blocked_s"] == "MISSED"
@@ -30,10 +34,12 @@ def test_the_h100_goals_are_met_by_good_figures_and_missed_by_the_reviewed_ones(
 
 
 def test_a_raised_floor_misses_and_a_gpu_without_a_floor_is_not_a_pass(tmp_path):
-    out = figures(tmp_path, 0.39, [0.05] * 3, [0.0] * 3)
+    out = figures(tmp_path, 0.46, [0.05] * 3, [0.0] * 3)
     assert verdicts(gpu_check.performance_goals(H100, out, {"mfu_floor": 0.9}))["mfu_floor"] == "MISSED"
+    assert verdicts(gpu_check.performance_goals(H100, out, {"mfu": 0.5}))["mfu"] == "MISSED"
     a10g = {"gpu": True, "device": "NVIDIA A10G", "memory_gib": 22.0}
     assert verdicts(gpu_check.performance_goals(a10g, out, {}))["mfu_floor"] == "n/a"
+    assert verdicts(gpu_check.performance_goals(a10g, out, {}))["mfu"] == "n/a"
     cpu = {"gpu": False}
     assert verdicts(gpu_check.performance_goals(cpu, out, {}))["mfu_floor"] == "n/a"
 
@@ -55,8 +61,8 @@ def test_on_a_cpu_the_save_goals_are_reported_and_judged_only_on_request(tmp_pat
 def test_a_missed_goal_fails_the_run_and_the_report_says_which(tmp_path, monkeypatch):
     """main() end to end with the GPU parts replaced by their outputs: the figures meet every
     goal, so it exits 0; the same figures against a raised MFU floor exit 1."""
-    def fake_benchmarks(gpu, out_dir, quick, budget=False):
-        figures(tmp_path, 0.39, [0.05] * 3, [0.01] * 3)
+    def fake_benchmarks(gpu, out_dir, quick, budget=False, after_each=None):
+        figures(tmp_path, 0.46, [0.05] * 3, [0.01] * 3)
         return [{"label": "fake", "command": "fake", "returncode": 0, "output": "", "seconds": 0.0}]
 
     env = {**H100, "date": "2026-11-27 00:00 UTC", "torch": "x", "cuda": "x", "driver": "x"}
@@ -72,5 +78,6 @@ def test_a_missed_goal_fails_the_run_and_the_report_says_which(tmp_path, monkeyp
     monkeypatch.setattr("sys.argv", base + ["--goal", "mfu_floor=0.9"])
     assert gpu_check.main() == 1
     report = (tmp_path / "report.md").read_text()
-    assert "| mfu_floor | >= 90.0% (h100) | 39.0% | MISSED |" in report
+    assert "| mfu_floor | >= 90.0% (regression floor, h100) | 46.0% | MISSED |" in report
+    assert "| mfu | >= 45.0% (goal, h100) | 46.0% | met |" in report
     assert "## Budget mode: not run" in report

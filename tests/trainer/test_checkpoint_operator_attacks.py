@@ -37,7 +37,8 @@ import torch
 
 from tests.trainer.test_checkpoint_trust import RunsCode, forge_manifest, write_key
 from tests.trainer.trainer_helpers import TINY_CONFIG, launcher_env, run, tiny_overrides
-from trainer.checkpoint import MARKER, step_dir
+from trainer.checkpoint.layout import step_dir
+from trainer.contract.layout import MARKER
 from trainer.trust import KEY_FILE_ENV, CheckpointTrust
 
 STEPS = 2

@@ -6,7 +6,10 @@ import os
 import torch
 import torch.distributed.checkpoint as dcp
 
-from trainer.checkpoint import Checkpointer, ModelAndOptimizer, StagedThreadSave, _for_each_tensor, step_dir
+from trainer.checkpoint import Checkpointer, ModelAndOptimizer
+from trainer.checkpoint.layout import step_dir
+from trainer.checkpoint.staging import _for_each_tensor
+from trainer.checkpoint.writers import StagedThreadSave
 from trainer.config import ModelConfig, TrainerConfig
 from trainer.distributed import Env
 from trainer.model import build_model
@@ -90,10 +93,10 @@ def test_training_after_the_save_returns_does_not_leak_into_the_checkpoint(tmp_p
     assert torch.equal(fresh.wte.weight, expected["wte.weight"] + 1.0)
 
 
-def test_the_manifest_is_hashed_on_the_writer_thread_not_the_loop(tmp_path, monkeypatch):
+def test_the_manifest_is_hashed_on_the_sealer_thread_not_the_loop(tmp_path, monkeypatch):
     """Hashing every file of a step for its signed manifest (trainer/trust.py) costs about a
-    second per 1.5 GB: done at finalize on the loop's thread it would undo the staging. The
-    writer's thread hashes right after the save; the loop only signs and writes the manifest."""
+    second per 1.5 GB: done at finalize on the loop's thread it would undo the staging. Rank 0's
+    sealer thread hashes once the write is done, then signs and writes the manifest."""
     import threading
 
     from trainer import trust
@@ -114,7 +117,7 @@ def test_the_manifest_is_hashed_on_the_writer_thread_not_the_loop(tmp_path, monk
     ckpt.save(1, app, {"tokens_seen": 0}, "{}")
     ckpt.wait()
     assert hashed_on, "nothing was hashed: the manifest lists no file"
-    assert all(name.startswith("ckpt-writer") for name in hashed_on), hashed_on
+    assert all(name == "ckpt-sealer" for name in hashed_on), hashed_on
     with open(os.path.join(step_dir(str(tmp_path), 1), trust.MANIFEST)) as f:
         import json
         files = json.load(f)["body"]["files"]
@@ -128,7 +131,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 sys.path.insert(0, os.getcwd())
 from tests.trainer.test_checkpoint_staging import CPU, model_and_optimizer, train_one_step
-from trainer.checkpoint import Checkpointer, ModelAndOptimizer, _for_each_tensor
+from trainer.checkpoint import Checkpointer, ModelAndOptimizer
+from trainer.checkpoint.staging import _for_each_tensor
 from trainer.s3 import NoMirror
 
 root = sys.argv[1]

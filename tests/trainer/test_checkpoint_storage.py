@@ -3,7 +3,9 @@ import os
 
 import pytest
 
-from trainer.checkpoint import MARKER, latest_complete, list_steps, step_dir, write_json_atomic
+from trainer.checkpoint.layout import latest_complete, list_steps, step_dir
+from trainer.contract.layout import MARKER
+from trainer.durable import write_json_atomic
 from trainer.s3 import S3Mirror
 
 

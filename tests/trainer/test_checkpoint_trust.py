@@ -24,7 +24,9 @@ import sys
 import pytest
 
 from tests.trainer.trainer_helpers import TINY_CONFIG, launcher_env, run, tiny_overrides, torchrun_cmd
-from trainer.checkpoint import MARKER, load_rng_file, step_dir
+from trainer.checkpoint.layout import step_dir
+from trainer.checkpoint.state import load_rng_file
+from trainer.contract.layout import MARKER
 from trainer.trust import KEY_FILE_ENV, MANIFEST, CheckpointTrust, sha256_file
 
 STEPS = 2

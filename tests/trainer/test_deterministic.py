@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from trainer.checkpoint import latest_complete, list_steps
+from trainer.checkpoint.layout import latest_complete, list_steps
 from trainer_helpers import REPO, TINY_CONFIG, assert_same_tensors, checkpoint_tensors, launcher_env, losses, tiny_overrides
 
 STEPS = 10

@@ -8,7 +8,8 @@ import sys
 import pytest
 import torch
 
-from trainer.checkpoint import latest_complete, read_marker, step_dir
+from trainer.checkpoint import read_marker
+from trainer.checkpoint.layout import latest_complete, step_dir
 from trainer_helpers import REPO, assert_same_tensors, checkpoint_tensors, losses
 
 from test_train_single_process import train

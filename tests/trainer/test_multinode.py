@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from trainer.checkpoint import latest_complete, read_marker
+from trainer.checkpoint import read_marker
+from trainer.checkpoint.layout import latest_complete
 from trainer_helpers import REPO, TINY_CONFIG, launcher_env, losses, losses_or_empty, tiny_overrides, worker_pid
 
 pytestmark = pytest.mark.slow

@@ -206,3 +206,30 @@ def test_a_frozen_peer_after_the_first_step_ends_the_job_retryable_after_the_col
     [(code, seconds)] = wait_bounded([proc], frozen_at, 4 + 20 + 40, [log])
     assert 128 <= code <= 255, f"exit {code}\n{tails([log])}"
     assert max(losses_or_empty(os.path.join(ckpt, "metrics.jsonl"))) < 300
+
+
+@pytest.mark.slow
+def test_a_rank_frozen_outside_a_collective_ends_its_own_pod_retryable(tmp_path, data_dir):
+    """Rank 1 (node 1) freezes in host code after step 5 (its loop holds for an hour: a
+    deadlock, a read that never returns). Rank 0 (node 0) fails its next collective after the
+    collective timeout (4 s) and its node exits retryable; rank 1 has no collective to time out,
+    and its pod used to stay Running, holding the job's rendezvous until maxRuntime. Its progress
+    watchdog (here 20 s) now ends it: retryable, within the bound."""
+    ckpt = str(tmp_path / "ckpt")
+    overrides = tiny_overrides(data_dir, ckpt, **{
+        "schedule.num_steps": 300, "parallelism.init_timeout_seconds": 60,
+        "parallelism.collective_timeout_seconds": 4, "parallelism.progress_timeout_seconds": 20})
+    port = free_port()
+    logs = [open(tmp_path / f"node{n}.log", "w+") for n in (0, 1)]
+    nodes = [node(n, port, overrides, logs[n], TRAINER_FAULTS="after_step@5:1:SLEEP=3600") for n in (0, 1)]
+    deadline = time.monotonic() + 240
+    frozen = False
+    while not frozen and time.monotonic() < deadline and all(p.poll() is None for p in nodes):
+        time.sleep(0.1)
+        frozen = "holding after_step of step 5 for 3600 s" in (tmp_path / "node1.log").read_text()
+    assert frozen, tails(logs)
+    frozen_at = time.monotonic()
+    # 20 s of progress timeout + the watchdog's poll (2 s) + torchrun's and the launcher's exit + slack.
+    ended = wait_bounded(nodes, frozen_at, 20 + 60, logs)
+    assert all(128 <= code <= 255 for code, _ in ended), f"{ended}\n{tails(logs)}"
+    assert "made no progress for" in (tmp_path / "node1.log").read_text(), tails(logs)

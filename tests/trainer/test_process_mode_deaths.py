@@ -39,7 +39,7 @@ def wait_until(predicate, seconds: float) -> bool:
 
 PARENT = textwrap.dedent("""
     import multiprocessing, sys, time
-    from trainer.checkpoint import shield_spawned_processes
+    from trainer.checkpoint.spawn import shield_spawned_processes
 
     def busy_save(ready):  # a save blocked in a collective whose peer is gone: never returns
         ready.set()
@@ -108,3 +108,68 @@ def test_oom_kill_of_the_background_checkpoint_process_is_a_signal_death(tmp_pat
     assert killed, "no background checkpoint process found"
     assert proc.returncode == 137, out[-3000:]
     assert "exiting 137" in out
+
+
+def background_pids(launcher: int) -> list[int]:
+    found = []
+    for pid in descendants(launcher):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"--multiprocessing-fork" in f.read().split(b"\0"):
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.slow
+def test_a_preemption_whose_save_lost_its_background_process_saves_the_step_synchronously(tmp_path, data_dir):
+    """The background process dies (here: rank 1's is SIGKILLed from outside, as the OOM killer
+    would) while its save is in flight and the job is being preempted. The ranks give that save
+    up together and write the current step synchronously inside the grace period, instead of
+    failing with "Checkpoint background process is dead" and losing the preemption checkpoint.
+
+    Both ranks' background processes are stopped (SIGSTOP) before the step-8 save is handed to
+    them, so that save is certainly in flight when the signal comes."""
+    import threading
+
+    from trainer.checkpoint.layout import list_steps
+
+    ckpt = str(tmp_path / "ckpt")
+    cmd = torchrun_cmd(2, tiny_overrides(data_dir, ckpt, **{
+        "schedule.num_steps": 400, "checkpoint.every_steps": 4, "checkpoint.async_mode": '"process"',
+        "tracking.log_every_steps": 1}))
+    proc = subprocess.Popen(cmd, env=launcher_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    savers: list[int] = []
+    try:
+        assert wait_until(lambda: 4 in list_steps(ckpt) or proc.poll() is not None, 240), "no step-4 checkpoint"
+        assert wait_until(lambda: len(background_pids(proc.pid)) == 2, 30), "no background processes"
+        savers = background_pids(proc.pid)
+        for pid in savers:
+            os.kill(pid, signal.SIGSTOP)
+        metrics = os.path.join(ckpt, "metrics.jsonl")
+        assert wait_until(lambda: max(losses_or_empty(metrics), default=0) >= 9 or proc.poll() is not None, 120)
+        proc.send_signal(signal.SIGTERM)  # the spot notice
+        time.sleep(1.0)
+        os.kill(savers[-1], signal.SIGKILL)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in savers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)  # only the pids this test stopped
+    reader.join(timeout=10)
+    out = "".join(lines)
+    assert proc.returncode == 143, out[-4000:]
+    stopped = [line for line in out.splitlines() if "saving step" in line and "synchronously instead" in line]
+    assert stopped, out[-4000:]
+    final = max(list_steps(ckpt))
+    assert final >= 9 and f"saving step {final} synchronously instead" in stopped[0], (final, stopped)
+    assert f"final checkpoint: step {final} landed" in out, out[-2000:]
+    assert 8 not in list_steps(ckpt), "the save given up must not carry a marker"

@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from trainer.checkpoint import ABANDONED, latest_complete, list_steps, read_marker, step_dir
+from trainer.checkpoint import read_marker
+from trainer.checkpoint.layout import ABANDONED, latest_complete, list_steps, step_dir
 from trainer.config import load_config
 from trainer.guards import TrainingStopped
 from trainer.train import main

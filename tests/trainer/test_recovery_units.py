@@ -8,8 +8,12 @@ import pytest
 import torch
 
 import trainer.checkpoint as ckpt_mod
-from trainer.checkpoint import (MARKER, ROLLBACK, Checkpointer, Ownership, list_steps, remove_checkpoint,
-                                resolve_resume, step_dir, write_json_atomic)
+from trainer.checkpoint import Checkpointer, resolve_resume
+from trainer.branch import ROLLBACK
+from trainer.checkpoint.layout import list_steps, remove_checkpoint, step_dir
+from trainer.checkpoint.ownership import Ownership
+from trainer.contract.layout import MARKER
+from trainer.durable import write_json_atomic
 from trainer.distributed import Env
 from trainer.guards import NonFiniteSteps, TrainingStopped, apply_optimizer_config, check_resume_compatible
 from trainer.launch import EXIT_PREEMPTED, checkpoint_line, exit_code, worker_reports
@@ -107,6 +111,7 @@ def test_retention_never_deletes_the_resume_source(tmp_path):
     c.protect(source)
     c.save(20, None, {}, "")
     c.save(30, None, {}, "")
+    c.wait()  # sealing and retention run on rank 0's sealer thread
     assert list_steps(root) == [10, 30]
 
 
@@ -122,7 +127,6 @@ def test_a_resave_removes_the_old_marker_before_writing(tmp_path):
 
 def test_rng_and_config_are_fsynced_before_the_marker(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(ckpt_mod, "fsync_file", lambda p: calls.append(os.path.basename(p)))
     real_write = ckpt_mod.write_json_atomic
     monkeypatch.setattr(ckpt_mod, "write_json_atomic", lambda p, d: (calls.append(os.path.basename(p)), real_write(p, d)))
     real_fsync = os.fsync
@@ -130,6 +134,7 @@ def test_rng_and_config_are_fsynced_before_the_marker(tmp_path, monkeypatch):
     c = checkpointer(str(tmp_path / "c"))
     calls.clear()
     c.save(5, None, {}, "seed: 1\n")
+    c.wait()
     assert "rng-rank-0.pt" in calls and "config.yaml" in calls and MARKER in calls
     assert calls.index("rng-rank-0.pt") < calls.index(MARKER) and calls.index("config.yaml") < calls.index(MARKER)
 
@@ -140,9 +145,11 @@ def test_an_old_attempt_stops_acting_once_a_new_one_owns_the_directory(tmp_path)
     root = str(tmp_path)
     old = checkpointer(root, keep_last=1, ownership=Ownership(root, "attempt-old"))
     old.save(10, None, {}, "")
+    old.wait()
     new_owner = Ownership(root, "attempt-new")
     new_owner.claim()  # the new attempt starts and is loading step 10
     old.save(20, None, {}, "")
+    old.wait()
     assert list_steps(root) == [10]  # the old attempt neither pruned 10 nor marked 20
     assert not os.path.exists(os.path.join(step_dir(root, 20), MARKER))
     assert json.load(open(os.path.join(root, "owner.json")))["attempt_id"] == "attempt-new"

@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent("""
     import torch.distributed as dist
     from trainer import distributed
     from trainer.preemption import PreemptionFlag
-    from trainer.train import _save_on_signal
+    from trainer.train import Trainer
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=15))
     rank = dist.get_rank()
@@ -32,11 +32,16 @@ SCRIPT = textwrap.dedent("""
     class Checkpointer:  # the step-10 save: finished and polled on rank 0, still pending on rank 1
         pending_step = 10 if rank == 1 else None
         last_write_seconds = 0.01
+        write_abandonable = False
         def wait(self):
             self.pending_step = None
+        def write_failed(self):
+            return False
+        def write_done(self):
+            return True
 
     saved = []
-    def save(step, extra):  # what train.py's save() does first: the finiteness all-reduce
+    def save(step, extra, synchronous=False):  # what train.py's save() does first: the finiteness all-reduce
         not_finite = distributed.all_reduce_max(env, [0.0])[0]
         assert not_finite == 0.0
         saved.append(step)
@@ -46,7 +51,11 @@ SCRIPT = textwrap.dedent("""
     goodput = types.SimpleNamespace(checkpoint_stall_seconds=0.0, wall_seconds=0.0)
     os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "30"
     started = time.monotonic()
-    _save_on_signal(12, save, Checkpointer(), flag, env, goodput, [0.0], 0.0, time.time())
+    # The trainer's own method, on a stand-in holding what it reads.
+    trainer = types.SimpleNamespace(step=12, save=save, checkpointer=Checkpointer(), preemption=flag, env=env,
+                                    goodput=goodput, last_stall_seconds=0.0, wall_at_attempt_start=0.0,
+                                    attempt_start=time.time())
+    Trainer.save_on_signal(trainer)
     # Every rank then meets at the step's flag all-reduce: a mismatched sequence fails here.
     distributed.all_reduce_max(env, [1.0])
     print(f"rank {rank}: saved {saved} in {time.monotonic() - started:.1f} s", flush=True)

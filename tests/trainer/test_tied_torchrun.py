@@ -3,7 +3,7 @@ training within float tolerance, and the tie kept through DCP's sharded save."""
 import pytest
 import torch
 
-from trainer.checkpoint import step_dir
+from trainer.checkpoint.layout import step_dir
 from trainer_helpers import checkpoint_tensors, launcher_env, losses, run, tiny_overrides, torchrun_cmd
 
 pytestmark = pytest.mark.slow

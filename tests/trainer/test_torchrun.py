@@ -5,7 +5,9 @@ import signal
 
 import pytest
 
-from trainer.checkpoint import MARKER, latest_complete, list_steps, read_marker, step_dir
+from trainer.checkpoint import read_marker
+from trainer.checkpoint.layout import latest_complete, list_steps, step_dir
+from trainer.contract.layout import MARKER
 from trainer_helpers import (assert_same_tensors, checkpoint_tensors, launcher_env, losses, run, run_and_signal,
                              tiny_overrides, torchrun_cmd)
 
@@ -81,7 +83,7 @@ def test_sigkill_during_save_resumes_from_previous_complete(tmp_path, data_dir, 
     ckpt = str(tmp_path / "killed")
     # Async saves here, so the async path is covered under DDP too; the baseline saved synchronously.
     cmd = torchrun_cmd(2, tiny_overrides(data_dir, ckpt, **EXTRA, **{"checkpoint.async_mode": "thread"}))
-    killed = run(cmd, launcher_env(TRAINER_FAULT_SIGKILL_IN_SAVE_AT_STEP="60", TORCH_ELASTIC_SHUTDOWN_TIMEOUT="5"))
+    killed = run(cmd, launcher_env(TRAINER_FAULTS="in_save@60:0:KILL", TORCH_ELASTIC_SHUTDOWN_TIMEOUT="5"))
     assert killed.returncode not in (0, 143), killed.stdout[-2000:] + killed.stderr[-2000:]
     assert os.path.isdir(step_dir(ckpt, 60)) and not os.path.exists(os.path.join(step_dir(ckpt, 60), MARKER))
     assert os.path.exists(os.path.join(step_dir(ckpt, 60), ".metadata"))  # the shards were written...

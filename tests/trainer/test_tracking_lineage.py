@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from trainer.checkpoint import ABANDONED, read_marker, step_dir
+from trainer.checkpoint import read_marker
+from trainer.checkpoint.layout import ABANDONED, step_dir
 from trainer.config import load_config
 from trainer.train import main
 from trainer_helpers import TINY_CONFIG, losses, tiny_overrides

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from trainer.checkpoint import latest_complete, list_steps, read_marker
+from trainer.checkpoint import read_marker
+from trainer.checkpoint.layout import latest_complete, list_steps
 from trainer.config import load_config
 from trainer.train import main
 from trainer_helpers import TINY_CONFIG, assert_same_tensors, checkpoint_tensors, losses, losses_or_empty, tiny_overrides

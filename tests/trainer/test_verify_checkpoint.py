@@ -12,7 +12,8 @@ import uuid
 import pytest
 
 from tests.trainer.trainer_helpers import launcher_env, run, tiny_overrides, torchrun_cmd
-from trainer.checkpoint import MARKER, step_dir
+from trainer.checkpoint.layout import step_dir
+from trainer.contract.layout import MARKER
 
 NUM_STEPS = 4
 
@@ -214,3 +215,32 @@ def test_s3_without_a_complete_checkpoint_is_a_usage_error(s3_server):
                  launcher_env(**env), timeout=120)
     assert result.returncode == 2
     assert "no complete checkpoint" in result.stderr and "step-000002" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_three_rank_checkpoint_is_drilled_in_two_processes_and_one(tmp_path_factory, data_dir, monkeypatch):
+    """The drill loaded one CPU process per recorded rank, each with a full copy of the state
+    under DDP: 64 ranks of GPT-2, 64 x 2 GB of host memory for what two processes prove (DCP
+    reshards on load; the collectives run)."""
+    from trainer import verify as verify_mod
+
+    ckpt = str(tmp_path_factory.mktemp("ckpt3"))
+    overrides = tiny_overrides(data_dir, ckpt, **{"schedule.num_steps": 2, "schedule.warmup_steps": 1,
+                                                  "checkpoint.every_steps": 2, "tracking.enabled": "false"})
+    result = run(torchrun_cmd(3, overrides), launcher_env())
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    started = []
+    real = verify_mod.run_workers
+
+    def run_workers(path, world_size, *args, **kwargs):
+        started.append(world_size)
+        return real(path, world_size, *args, **kwargs)
+
+    monkeypatch.setattr(verify_mod, "run_workers", run_workers)
+    monkeypatch.setenv("PYTHONPATH", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    said: list[str] = []
+    problems = verify_mod.verify(step_dir(ckpt, 2), timeout_s=600, say=said.append)
+    assert problems == [], problems
+    assert started == [2, 1], started
+    text = "\n".join(said)
+    assert "world size 3" in text and "load in 2 processes" in text and "load in 1 process" in text, text

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.trainer.trainer_helpers import REPO, TINY_CONFIG, launcher_env, run, tiny_overrides
-from trainer.checkpoint import step_dir
+from trainer.checkpoint.layout import step_dir
 
 STEPS = 8
 
@@ -45,7 +45,8 @@ def test_the_trained_checkpoint_matches_its_logged_val_loss(trained):
 def test_weights_that_load_but_are_not_the_trained_model_fail(trained, tmp_path, data_dir):
     import torch.distributed.checkpoint as dcp
 
-    from trainer.checkpoint import MARKER, ModelAndOptimizer
+    from trainer.checkpoint import ModelAndOptimizer
+    from trainer.contract.layout import MARKER
     from trainer.trust import trust_from_env
     from trainer.config import load_config
     from trainer.model import build_model

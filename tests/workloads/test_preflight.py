@@ -175,3 +175,24 @@ def test_reserved_pool_is_priced_as_reserved_not_on_demand(prod_facts):
     assert "reserved, $0 beyond the reservation" in cost and "when the reservation is full: on-demand" in cost
     assert "spot" not in cost  # spot: false, and the pool offers none
     assert "p4de.24xlarge reserved (billed $27.45/h used or not)" in text
+
+
+def test_process_mode_staging_beyond_the_pods_shm_is_refused_with_the_arithmetic(prod_facts):
+    """checkpoint.async_mode=process stages every rank's saved state (fp32 weights + AdamW
+    moments, 12 B per parameter) in /dev/shm: 8 GPT-2 ranks need 11 GiB, which a 2 GiB /dev/shm
+    refuses (the first save would fail, for good)."""
+    from jobs.preflight import STAGED_BYTES_PER_PARAMETER, host_memory_per_node
+
+    overrides = [*EXAMPLE["trainer"]["overrides"], "checkpoint.async_mode=process"]
+    raw = {**EXAMPLE, "trainer": {**EXAMPLE["trainer"], "overrides": overrides}, "resources": {"shmGib": 2}}
+    report = preflight(parse_job_spec(raw), prod_facts, repo_root=str(ROOT))
+    (problem,) = [p for p in report.problems if p.path == "trainer[checkpoint.async_mode]"]
+    shape, _ = trainer_shape(parse_job_spec(raw), str(ROOT))
+    need = host_memory_per_node(shape, 16, 8)["shm"]
+    assert need == pytest.approx(shape.parameters * STAGED_BYTES_PER_PARAMETER * 8)
+    assert f"x {STAGED_BYTES_PER_PARAMETER} B (fp32 weights 4 + AdamW 8)" in problem.message
+    assert f"= {need / GIB:,.1f} GiB > the pod's /dev/shm of 2 GiB" in problem.message
+    assert "checkpoint.async_mode=thread" in problem.fix
+    roomy = preflight(parse_job_spec({**raw, "resources": {"shmGib": 16}}), prod_facts, repo_root=str(ROOT))
+    assert not [p for p in roomy.problems if p.path == "trainer[checkpoint.async_mode]"], roomy.render()
+    assert any(line.startswith("host memory    checkpoint staging in /dev/shm") for line in roomy.lines)

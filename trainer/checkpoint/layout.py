@@ -35,18 +35,24 @@ def read_marker(path: str) -> dict:
         return json.load(f)
 
 
-def remove_checkpoint(root: str, step: int, faults=None) -> None:
-    """Deletes a checkpoint so that no kill can leave a marker without its shards: the
-    directory is renamed away first (atomic), then its files are removed."""
+def rename_away(root: str, step: int) -> str | None:
+    """The first half of deleting a checkpoint: its directory renamed to a trash name (one
+    atomic step: no kill can leave a marker without its shards). Returns the trash path, or
+    None when the directory is already gone."""
     path = step_dir(root, step)
     trash = os.path.join(root, f"{TRASH_PREFIX}{os.path.basename(path)}-{uuid.uuid4().hex[:8]}")
     try:
         os.rename(path, trash)
     except FileNotFoundError:
-        return
-    if faults is not None:
-        faults.at("in_retention", step)
-    shutil.rmtree(trash, ignore_errors=True)
+        return None
+    return trash
+
+
+def remove_checkpoint(root: str, step: int) -> None:
+    """Deletes a checkpoint: renamed away first, then its files removed."""
+    trash = rename_away(root, step)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 def sweep_trash(root: str) -> None:

@@ -2,16 +2,24 @@
 signal meant for the trainer, and its death told apart from the trainer's own failure."""
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+
+# The signals torchrun (SIGTERM) and a terminal (SIGINT) send to the worker's process group.
+SHIELDED_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 
 
 # The interpreter multiprocessing's spawn starts for DCP's background checkpoint process:
 # Python itself, with SIGTERM/SIGINT ignored and a guard that SIGKILLs the process once its
 # parent (the trainer) is gone. It then runs what spawn asked for (`-c <code> ...`).
+# It starts with both signals blocked (`termination_blocked`): one sent while the interpreter
+# starts stays pending, and is discarded when they are unblocked, after they are ignored.
 _SPAWN_WRAPPER = """#!{python}
 import os, signal, sys, threading, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGTERM, signal.SIGINT}})
 _trainer = os.getppid()
 
 
@@ -52,7 +60,42 @@ def shield_spawned_processes() -> str:
         f.write(_SPAWN_WRAPPER.format(python=sys.executable))
     os.chmod(wrapper, 0o755)
     multiprocessing.set_executable(wrapper)
+    _start_resource_tracker()
     return wrapper
+
+
+def _start_resource_tracker() -> None:
+    """multiprocessing's spawn makes sure its resource tracker runs before each start, and when
+    it starts the tracker it blocks SIGINT and SIGTERM in the calling thread, then *unblocks*
+    them instead of restoring the mask (CPython 3.11 multiprocessing/resource_tracker.py,
+    `ensure_running`: `pthread_sigmask(SIG_BLOCK, _IGNORED_SIGNALS)` ... `SIG_UNBLOCK`). Started
+    here, on the trainer's main thread, it is found running later, and the thread that spawns
+    DCP's process keeps the mask `termination_blocked` gave it. The tracker ignores both
+    signals itself, so a preemption does not end it."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+
+
+@contextlib.contextmanager
+def termination_blocked():
+    """SIGTERM and SIGINT blocked in this thread while DCP starts a save (`dcp.async_save`).
+
+    DCP creates its background process from a thread it creates inside the call (torch 2.13
+    `_ProcessBasedAsyncCheckpointExecutor.execute_save`: a new ThreadPoolExecutor per save), and
+    a thread and a forked child inherit the creating thread's signal mask, which also survives
+    exec. So the process starts with both signals blocked and only unblocks them once it
+    ignores them (`_SPAWN_WRAPPER`): a SIGTERM to the worker's process group can never land in
+    between and kill it. (It stays in the worker's process group on purpose: torchrun's last
+    resort, SIGKILL to the group, still ends it.) A signal meant for the trainer meanwhile is
+    not lost: it is delivered to another thread, or once this one unblocks it, and the
+    trainer's handler runs on the main thread as always."""
+    _start_resource_tracker()  # before blocking: a restarted tracker would unblock them here
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, SHIELDED_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def background_process_signal(exc: BaseException) -> int | None:

@@ -4,13 +4,13 @@ shards are written."""
 from __future__ import annotations
 
 import contextlib
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Optional
+from concurrent.futures import Future
 
 import torch.distributed.checkpoint as dcp
 
-from trainer.checkpoint.spawn import shield_spawned_processes
+from trainer.checkpoint.spawn import shield_spawned_processes, termination_blocked
 from trainer.checkpoint.staging import StagingBuffers, _plain_state
+from trainer.checkpoint.threads import BackgroundThread
 from trainer.distributed import Env
 from trainer.durable import write_durably
 
@@ -31,6 +31,11 @@ class SyncSave:
     def close(self, graceful: bool = True) -> None:
         pass
 
+    def alive(self) -> bool:
+        return True
+
+    abandonable = False
+
 
 class AsyncSave:
     """Stages the state to CPU memory (a copy), then writes in a thread or a process; the
@@ -43,11 +48,11 @@ class AsyncSave:
     `multiprocessing.set_executable` names: here a small Python wrapper that sets SIGTERM
     and SIGINT to ignored and guards against outliving the trainer (see
     `shield_spawned_processes`). Only the trainer reacts to the signal and the save finishes.
-    (Blocking the signals around its creation does not work: CPython's spawn clears the
-    child's signal mask; nor does a hook in `trainer.__main__`: spawn does not re-import a
-    `__main__` module; both measured.) SIGKILL, torchrun's last resort, still ends it;
-    since it ignores SIGTERM, `close()` ends it explicitly (DCP's terminate message, then
-    SIGKILL)."""
+    The process starts with SIGTERM and SIGINT blocked and unblocks them only once it ignores
+    them (`termination_blocked`), so no signal can land while it starts. (A hook in
+    `trainer.__main__` would not run there: spawn does not re-import a `__main__` module.)
+    SIGKILL, torchrun's last resort, still ends it; since it ignores SIGTERM, `close()` ends
+    it explicitly (DCP's terminate message, then SIGKILL)."""
 
     def __init__(self, env: Env, mode: str):
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
@@ -62,19 +67,38 @@ class AsyncSave:
         """`stager`: DCP's `AsyncStager`; None is DCP's default, a fresh pageable copy per save."""
         from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-        result = dcp.async_save(state, checkpoint_id=path, process_group=self.env.checkpoint_group,
-                                async_checkpointer_type=self.kind, async_stager=stager,
-                                no_dist=not self.env.distributed)
+        with termination_blocked() if self.process_mode else contextlib.nullcontext():
+            result = dcp.async_save(state, checkpoint_id=path, process_group=self.env.checkpoint_group,
+                                    async_checkpointer_type=self.kind, async_stager=stager,
+                                    no_dist=not self.env.distributed)
         return result.upload_completion if isinstance(result, AsyncSaveResponse) else result
+
+    @property
+    def abandonable(self) -> bool:
+        """A write in flight can be given up: its process is ended (a thread cannot be)."""
+        return self.process_mode
+
+    @staticmethod
+    def _background_process():
+        # torch keeps its one background process in a module global (torch 2.13).
+        from torch.distributed.checkpoint import _async_process_executor as executor
+
+        return getattr(getattr(executor, "_CHECKPOINT_PROCESS", None), "_save_process", None)
+
+    def alive(self) -> bool:
+        """False once the background process has died (None yet: it is still starting)."""
+        if not self.process_mode:
+            return True
+        process = self._background_process()
+        return process is None or process.is_alive()
 
     def close(self, graceful: bool = True) -> None:
         if not self.process_mode:
             return
-        # torch keeps its one background process in a module global (torch 2.13).
         from torch.distributed.checkpoint import _async_process_executor as executor
 
         background = getattr(executor, "_CHECKPOINT_PROCESS", None)
-        process = getattr(background, "_save_process", None)
+        process = self._background_process()
         if process is None:
             return
         if graceful and process.is_alive():
@@ -102,29 +126,32 @@ class StagedThreadSave:
             return False
         return True
 
+    abandonable = False
+
     def __init__(self, env: Env):
         self.env = env
         self.staging = StagingBuffers(pin_memory=env.device.type == "cuda")
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt-writer")
+        # A daemon thread: the failure path does not wait for a write stuck in a collective.
+        self.thread = BackgroundThread("ckpt-writer")
 
     def prepare(self, state: dict) -> None:
         self.staging.allocate_ahead(state)
 
-    def start(self, state: dict, path: str, side_files: list[tuple[str, bytes]] = (),
-              after: Optional[Callable[[], Any]] = None) -> Future:
-        """`after`: run on the writer's thread once the save is complete; the future's result."""
+    def start(self, state: dict, path: str, side_files: list[tuple[str, bytes]] = ()) -> Future:
         staged = self.staging.stage(_plain_state(state), self.env.device)
 
-        def write() -> Any:
+        def write() -> None:
             write_durably(side_files)
             dcp.save(staged, checkpoint_id=path, process_group=self.env.checkpoint_group,
                      no_dist=not self.env.distributed)
-            return after() if after is not None else None
 
-        return self.executor.submit(write)
+        return self.thread.submit(write)
+
+    def alive(self) -> bool:
+        return True
 
     def close(self, graceful: bool = True) -> None:
-        self.executor.shutdown(wait=graceful)
+        self.thread.shutdown(wait=graceful)
 
 
 class AlreadyStaged:
