@@ -119,7 +119,7 @@ def test_submit_applies_through_the_client_transport(cluster, dev_facts, tmp_pat
 
 
 def test_client_constants_match_the_renderer():
-    import jobs.client as client
+    import jobs.records as client
     from workloads import trainingjob, trainjob_runtime
 
     assert client.PYTORCH_CONTAINER == trainingjob.CONTAINER_NAME
