@@ -118,8 +118,9 @@ def cmd_submit(args) -> int:
         return code
     if not (args.dry_run or args.local):
         if reason := no_access_reason():
-            print(f"error: {reason}: run with --dry-run or --local, or write the cluster's kubeconfig (pulumi stack "
-                  f"output kubeconfig --show-secrets --stack {args.stack} > kubeconfig; export KUBECONFIG=$PWD/kubeconfig)",
+            from jobs.access import access_fix
+
+            print(f"error: {reason}: run with --dry-run or --local, or {access_fix(client.facts, result.spec.team)}",
                   file=sys.stderr)
             return EXIT_NO_CLUSTER
         return _create(client, result, args)
@@ -191,9 +192,10 @@ def _submit_sweep(args) -> int:
         print(yaml.safe_dump_all(manifests, sort_keys=False, width=120))
         return 0
     if reason := no_access_reason():
-        print(f"error: {reason}: run with --dry-run, or write the cluster's kubeconfig "
-              f"(pulumi stack output kubeconfig --show-secrets --stack {args.stack} > kubeconfig; export KUBECONFIG=$PWD/kubeconfig)",
-              file=sys.stderr)
+        from jobs.access import access_fix
+
+        team = manifests[0]["metadata"]["namespace"].removeprefix("team-") if manifests else None
+        print(f"error: {reason}: run with --dry-run, or {access_fix(client.facts, team)}", file=sys.stderr)
         return EXIT_NO_CLUSTER
 
     def create(_args) -> int:

@@ -48,6 +48,28 @@ def client_for(args, *, facts=None, **kwargs):
 _client = client_for
 
 
+def no_access_message(args, exc: Exception) -> str:
+    """The access error in one line, with the team's `aws eks update-kubeconfig` line from the
+    stack's facts (jobs/access.py). Best effort: advice never becomes a second failure."""
+    from jobs.access import access_error
+    from jobs.kube import Forbidden
+
+    facts = identity = None
+    if getattr(args, "stack", None) or getattr(args, "facts", None):
+        try:
+            facts = client_for(args).facts
+        except Exception:  # noqa: BLE001 - no facts: the advice names the placeholders instead
+            facts = None
+    forbidden = isinstance(exc, Forbidden)
+    if forbidden:
+        try:
+            identity = client_for(args, facts=facts).identity()
+        except Exception:  # noqa: BLE001 - who the caller is only sharpens the advice
+            identity = None
+    team = getattr(args, "team", None) or (identity.teams[0] if identity is not None and len(identity.teams) == 1 else None)
+    return access_error(str(exc), facts, team, forbidden=forbidden, identity=identity)
+
+
 def guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """One line and an exit code for every way the cluster or the bucket can be out of reach."""
 
@@ -57,12 +79,10 @@ def guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
         from jobs.store import StoreError
         from workloads.problems import InvalidInputError
 
-        stack = getattr(args, "stack", None) or "STACK"
         try:
             return run(args)
         except NoClusterAccess as exc:
-            print(f"error: {exc}. Fix: write the cluster's kubeconfig (pulumi stack output kubeconfig --show-secrets "
-                  f"--stack {stack} > kubeconfig; export KUBECONFIG=$PWD/kubeconfig)", file=sys.stderr)
+            print(f"error: {no_access_message(args, exc)}", file=sys.stderr)
             return EXIT_NO_CLUSTER
         except JobNotFound as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -183,7 +203,9 @@ def cmd_cancel(args) -> int:
               "list --all will not show it once it is gone", file=sys.stderr)
     if args.wait:
         if result.gone:
-            print(f"removed; newest complete checkpoint: {result.newest_checkpoint if result.newest_checkpoint is not None else 'unknown (give --stack)'}")
+            newest = (result.newest_checkpoint if result.newest_checkpoint is not None
+                      else f"unknown ({result.checkpoint_note or 'not read'})")
+            print(f"removed; newest complete checkpoint: {newest}")
         else:
             print(f"still terminating after {args.timeout:.0f} s", file=sys.stderr)
             return 1
@@ -265,8 +287,9 @@ def cmd_data(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    def team(p, required=True):
-        p.add_argument("--team", required=required, help="the job's team (namespace team-<team>)")
+    def team(p, required=False):
+        p.add_argument("--team", required=required, help="the job's team (namespace team-<team>); default: your own, "
+                       "from your identity (the team group your team role's access entry carries)")
 
     def stack(p, required=False):
         p.add_argument("--stack", required=required, help="the stack: its teams (--team is checked), checkpoints bucket "
@@ -274,8 +297,8 @@ def add_parsers(sub) -> None:
         p.add_argument("--offline", action="store_true", help="do not ask `pulumi stack output` for deployed names")
         p.add_argument("--facts", help="read the platform facts from this JSON file (written by `facts`)")
 
-    p = sub.add_parser("list", help="the platform's jobs: phase, size, pool")
-    team(p, required=False)
+    p = sub.add_parser("list", help="your team's jobs (a platform engineer's: every team's): phase, size, pool")
+    team(p)
     stack(p)
     p.add_argument("--all", action="store_true", help="finished and cancelled jobs too")
     p.add_argument("--sweep", metavar="NAME", help="one sweep's points (label mlplatform.io/sweep), finished ones included")
@@ -340,7 +363,7 @@ def add_parsers(sub) -> None:
     p = data_sub.add_parser("upload", help="upload DIR as a dataset version (content digest), visible on FSx")
     p.add_argument("dir")
     p.add_argument("--dataset", required=True, help="dataset name (lowercase letters, digits, '-')")
-    team(p)
+    team(p, required=True)
     stack(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=guarded(cmd_data))

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
 
+from jobs.access import Identity
 from jobs.backends.kubernetes import KubernetesBackend
 from jobs.context import StackContext
 from jobs.kube import KubeApi, KubectlApi
@@ -190,7 +191,7 @@ class JobClient:
                          code_uploaded=bool(uploaded and uploaded[0]))
 
     # -- sweeps -------------------------------------------------------------------------------
-    def sweep(self, name: str, team: str, *, tracking_uri: Optional[str] = None,
+    def sweep(self, name: str, team: Optional[str] = None, *, tracking_uri: Optional[str] = None,
               metrics: Sequence[str] = ()) -> "SweepResults":
         """One sweep's points (label mlplatform.io/sweep, finished ones included) with each
         point's latest ``metrics`` (default val_loss, loss) from its MLflow run."""
@@ -226,43 +227,47 @@ class JobClient:
         return self.create_jobs(manifests, replace=replace)
 
     # -- the cluster ---------------------------------------------------------------------------
+    def identity(self) -> Identity:
+        """Who the cluster says you are (user, groups, teams): methods given no team use yours."""
+        return self.cluster.identity()
+
     def create_jobs(self, manifests: Sequence[dict], **kwargs: Any) -> list[tuple[Job, Optional[Job]]]:
         return self.cluster.create_jobs(manifests, **kwargs)
 
     def pools(self, team: Optional[str] = None, *, live: bool = True) -> PoolsView:
         return self.cluster.pools(team, live=live)
 
-    def get(self, name: str, team: str) -> Job:
+    def get(self, name: str, team: Optional[str] = None) -> Job:
         return self.cluster.get(name, team)
 
     def list(self, team: Optional[str] = None, *, include_finished: bool = False) -> list[Job]:
         return self.cluster.list(team, include_finished=include_finished)
 
-    def history(self, team: str, *, name: Optional[str] = None) -> list[Job]:
+    def history(self, team: Optional[str] = None, *, name: Optional[str] = None) -> list[Job]:
         return self.cluster.history(team, name=name)
 
     def pods(self, job: Job) -> list[dict]:
         return self.cluster.pods(job)
 
-    def describe(self, name: str, team: str) -> JobDetail:
+    def describe(self, name: str, team: Optional[str] = None) -> JobDetail:
         return self.cluster.describe(name, team)
 
-    def wait(self, name: str, team: str, **kwargs: Any) -> Job:
+    def wait(self, name: str, team: Optional[str] = None, **kwargs: Any) -> Job:
         return self.cluster.wait(name, team, **kwargs)
 
-    def logs(self, name: str, team: str, **kwargs: Any) -> Iterator[LogLine]:
+    def logs(self, name: str, team: Optional[str] = None, **kwargs: Any) -> Iterator[LogLine]:
         return self.cluster.logs(name, team, **kwargs)
 
-    def past_logs(self, name: str, team: str, **kwargs: Any) -> list[LogLine]:
+    def past_logs(self, name: str, team: Optional[str] = None, **kwargs: Any) -> list[LogLine]:
         return self.cluster.past_logs(name, team, **kwargs)
 
-    def cancel(self, name: str, team: str, **kwargs: Any) -> Cancelled:
+    def cancel(self, name: str, team: Optional[str] = None, **kwargs: Any) -> Cancelled:
         return self.cluster.cancel(name, team, **kwargs)
 
-    def cancel_sweep(self, sweep: str, team: str, **kwargs: Any) -> list[Cancelled]:
+    def cancel_sweep(self, sweep: str, team: Optional[str] = None, **kwargs: Any) -> list[Cancelled]:
         return self.cluster.cancel_sweep(sweep, team, **kwargs)
 
-    def checkpoints(self, name: str, team: str, **kwargs: Any) -> list[Checkpoint]:
+    def checkpoints(self, name: str, team: Optional[str] = None, **kwargs: Any) -> list[Checkpoint]:
         return self.cluster.checkpoints(name, team, **kwargs)
 
     def verify_checkpoint_in_cluster(self, name: str, team: str, step: int, **kwargs: Any) -> tuple[str, str]:

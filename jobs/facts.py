@@ -60,7 +60,17 @@ def facts_from_plan(plan: Plan) -> PlatformFacts:
         trainer_v2_runtime=TORCH_DISTRIBUTED_RUNTIME if trainer_v2 else None, checkpoint_store=store,
     )
     logs_on = config.monitoring is not None and config.monitoring.container_logs
-    return replace(facts, container_log_group=log_group_name(config.cluster_name) if logs_on else None)
+    roles = {team.name: tuple(team.role_arns) for team in config.scheduling.teams}
+    monitoring = config.monitoring
+    return replace(
+        facts, container_log_group=log_group_name(config.cluster_name) if logs_on else None,
+        cluster_name=config.cluster_name,
+        teams=tuple(replace(team, role_arns=roles.get(team.name, ())) for team in facts.teams),
+        tracking_url=f"https://{config.tracking.domain_name}" if config.tracking is not None else None,
+        argocd_url=f"https://{config.gitops.domain}" if config.gitops is not None else None,
+        grafana=(None if monitoring is None else "managed" if monitoring.managed else "in-cluster" if monitoring.grafana
+                 else None),
+    )
 
 
 def stack_outputs(stack: str) -> Optional[dict[str, Any]]:

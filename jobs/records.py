@@ -231,6 +231,7 @@ class Cancelled:
     gone: bool
     newest_checkpoint: Optional[int]
     recorded: bool = True  # False: the history record could not be written (list --all will not show it)
+    checkpoint_note: str = ""  # why newest_checkpoint is None (store not readable, none complete...)
 
 
 def history_record_name(job: Job) -> str:

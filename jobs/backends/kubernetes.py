@@ -12,6 +12,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Optional, Sequence
 
+from jobs.access import Identity, identity_from_review, team_of_role, team_problem
 from jobs.context import StackContext
 from jobs.kube import (CONFIGMAPS, LOCALQUEUES, NAMESPACES, NODES, PODS, PYTORCHJOBS, TRAINJOBS, WORKLOADS, AlreadyExists,
                        KubeApi, KubeError, NoClusterAccess)
@@ -34,6 +35,27 @@ class KubernetesBackend:
         self.kube = kube
         self.clock = clock
         self.sleep = sleep
+        self._identity: Optional[Identity] = None
+
+    # -- who the caller is -----------------------------------------------------------------------
+    def identity(self) -> Identity:
+        """The caller as the API server authenticated them (``kubectl auth whoami``), read once."""
+        if self._identity is None:
+            self._identity = identity_from_review(self.kube.whoami())
+        return self._identity
+
+    def team_for(self, team: Optional[str]) -> str:
+        """``team``, or the caller's own team: the one team group their identity carries (or the
+        team whose IAM role they assumed). ``UnknownTeam`` with the fix when neither says."""
+        if team:
+            return team
+        me = self.identity()
+        teams = list(me.teams)
+        if not teams and self.ctx.knows_stack and (by_role := team_of_role(self.ctx.facts, me.username)):
+            teams = [by_role]
+        if len(teams) == 1:
+            return teams[0]
+        raise UnknownTeam(team_problem(teams, me.username))
 
     # -- pools and quotas --------------------------------------------------------------------
     def pools(self, team: Optional[str] = None, *, live: bool = True) -> PoolsView:
@@ -153,18 +175,25 @@ class KubernetesBackend:
         if past:
             last = past[0]
             raise JobNotFound(f"job {name!r} in namespace {namespace} was {last.message} and is gone from the cluster; "
-                              f"its logs: python -m workloads logs {name} --team {team} --stack STACK --attempt N; its "
-                              f"checkpoints: python -m workloads checkpoints {name} --team {team} --stack STACK")
+                              f"its logs: python -m workloads logs {name} --team {team} --stack {self.ctx.stack or 'STACK'} "
+                              f"--attempt N; its checkpoints: python -m workloads checkpoints {name} --team {team} "
+                              f"--stack {self.ctx.stack or 'STACK'}")
         raise JobNotFound(f"no job {name!r} in namespace {namespace} (list them: python -m workloads list --team {team} --all)")
 
-    def get(self, name: str, team: str) -> Job:
+    def get(self, name: str, team: Optional[str] = None) -> Job:
+        team = self.team_for(team)
         return parse_job(self._raw(name, team))
 
     def list(self, team: Optional[str] = None, *, include_finished: bool = False) -> list[Job]:
         """The platform's jobs of one team (every team the caller may read without ``team``),
         newest first; finished ones (and cancelled ones, from the history records) only with
         ``include_finished``. An unknown ``team`` raises ``UnknownTeam`` (checked against the
-        stack's teams when the client has a stack, else against the cluster's namespaces)."""
+        stack's teams when the client has a stack, else against the cluster's namespaces). Without
+        ``team``, a team member (one team group in their identity) gets their own team's jobs; a
+        platform engineer (no team group) every team's."""
+        if not team:
+            teams = self.identity().teams
+            team = teams[0] if len(teams) == 1 else None
         if team:
             self.ctx.check_team(team)
         namespace = team_namespace(team) if team else None
@@ -183,8 +212,9 @@ class KubernetesBackend:
         found = [j for j in found if include_finished or not j.finished]
         return sorted(found, key=lambda j: (j.created or "", j.name), reverse=True)
 
-    def history(self, team: str, *, name: Optional[str] = None) -> list[Job]:
+    def history(self, team: Optional[str] = None, *, name: Optional[str] = None) -> list[Job]:
         """The team's removed jobs (cancelled: phase ``Cancelled``), newest first."""
+        team = self.team_for(team)
         jobs = [j for j in self._history(team_namespace(team)) if name is None or j.name == name]
         return sorted(jobs, key=lambda j: (j.created or "", j.name), reverse=True)
 
@@ -231,7 +261,8 @@ class KubernetesBackend:
                    deleting=bool(obj["metadata"].get("deletionTimestamp")), gpus=int(requests.get(GPU_RESOURCE, 0) or 0),
                    node_gpus=node_gpus)
 
-    def describe(self, name: str, team: str) -> JobDetail:
+    def describe(self, name: str, team: Optional[str] = None) -> JobDetail:
+        team = self.team_for(team)
         raw = self._raw(name, team)
         job = parse_job(raw)
         notes: list[str] = []
@@ -306,9 +337,10 @@ class KubernetesBackend:
                     "on-demand price (spot: the spot assumption of workloads/prices.py)")
 
     # -- waiting -------------------------------------------------------------------------------
-    def wait(self, name: str, team: str, *, until: tuple[str, ...] = FINISHED, timeout_seconds: float = 3600,
+    def wait(self, name: str, team: Optional[str] = None, *, until: tuple[str, ...] = FINISHED, timeout_seconds: float = 3600,
              poll_seconds: float = 10) -> Job:
         """Poll until the job's phase is one of ``until`` (TimeoutError after ``timeout_seconds``)."""
+        team = self.team_for(team)
         deadline = self.clock() + timeout_seconds
         while True:
             job = self.get(name, team)
@@ -319,13 +351,14 @@ class KubernetesBackend:
             self.sleep(poll_seconds)
 
     # -- logs -----------------------------------------------------------------------------------
-    def logs(self, name: str, team: str, *, rank: Optional[int] = 0, follow: bool = False,
+    def logs(self, name: str, team: Optional[str] = None, *, rank: Optional[int] = 0, follow: bool = False,
              poll_seconds: float = 5) -> Iterator[LogLine]:
         """Log lines of one node rank (``rank=None``: every rank, interleaved as they come).
         With ``follow``, a stream that ends (the pod was preempted, killed, replaced) is picked
         up again on the pod that replaces it, until the job finishes: every attempt, every rank.
         Pods deleted before the call (earlier attempts) are gone from the API: ``past_logs``
         reads them from the cluster's container log group."""
+        team = self.team_for(team)
         job = self.get(name, team)
         if rank is not None and not 0 <= rank < job.nodes:
             raise ValueError(f"--rank {rank}: job {name} has node ranks 0-{job.nodes - 1}")
@@ -357,11 +390,12 @@ class KubernetesBackend:
             else:
                 yield item
 
-    def past_logs(self, name: str, team: str, *, attempt: int, rank: int = 0, archive: Any = None) -> list[LogLine]:
+    def past_logs(self, name: str, team: Optional[str] = None, *, attempt: int, rank: int = 0, archive: Any = None) -> list[LogLine]:
         """Attempt ``attempt`` (1: the first) of one node rank, from the cluster's CloudWatch
         container log group (jobs/past_logs.py): the pods of earlier attempts, and of a job that
         was cancelled or has finished, are gone from the API. ``archive``: a ``LogArchive``
         (default: the stack's group, read with your AWS credentials)."""
+        team = self.team_for(team)
         from jobs.past_logs import LogArchive, LogArchiveError
 
         job = self._current_or_past(name, team)
@@ -457,7 +491,7 @@ class KubernetesBackend:
             return None
 
     # -- cancel ---------------------------------------------------------------------------------
-    def cancel(self, name: str, team: str, *, wait: bool = False, timeout_seconds: float = 600,
+    def cancel(self, name: str, team: Optional[str] = None, *, wait: bool = False, timeout_seconds: float = 600,
                poll_seconds: float = 5, force: bool = False) -> Cancelled:
         """Stop the job so that its checkpoint lands first, then remove it.
 
@@ -471,6 +505,7 @@ class KubernetesBackend:
         quotes the upstream lines). Suspending is no cancel under Kueue: Kueue un-suspends a job
         whose Workload is admitted.
         """
+        team = self.team_for(team)
         raw = self._raw(name, team)
         job = parse_job(raw)
         tracking = ((raw["metadata"].get("annotations") or {}).get(ARGOCD_TRACKING_ID) or "")
@@ -491,20 +526,27 @@ class KubernetesBackend:
                     gone = True
                     break
                 self.sleep(poll_seconds)
-        newest = None
+        newest, why = None, ""
         if gone and job.checkpoint_dir and self.ctx.store_or_none() is not None:
             try:
                 steps = self.ctx.store.complete_steps(job.checkpoint_dir)
                 newest = steps[-1] if steps else None
-            except StoreError:
-                newest = None
-        return Cancelled(name, job.namespace, grace, gone, newest, recorded)
+                why = "" if steps else "none complete"
+            except StoreError as exc:
+                why = str(exc).splitlines()[0] if str(exc) else "the checkpoint store is not readable"
+            why = why if why or newest is not None else ""
+            if newest is None and (note := self.ctx.store_note()):
+                why = f"{why}; {note}" if why else note
+        elif gone:
+            why = "give --stack to read the stack's checkpoint store" if not self.ctx.knows_stack else "no checkpoint store"
+        return Cancelled(name, job.namespace, grace, gone, newest, recorded, why)
 
-    def cancel_sweep(self, sweep: str, team: str, *, wait: bool = False, timeout_seconds: float = 600,
+    def cancel_sweep(self, sweep: str, team: Optional[str] = None, *, wait: bool = False, timeout_seconds: float = 600,
                      poll_seconds: float = 5, force: bool = False) -> list[Cancelled]:
         """``cancel`` every active job of the sweep (label mlplatform.io/sweep). Checked first,
         cancelled after: a sweep with no active job raises ``JobNotFound``, and one with a job
         Argo CD owns raises ``GitOpsOwned`` before anything is deleted (unless ``force``)."""
+        team = self.team_for(team)
         from jobs.sweep import sweep_jobs
 
         jobs = [j for j in sweep_jobs(self.list(team), sweep) if j.phase != "Terminating"]
@@ -543,13 +585,14 @@ class KubernetesBackend:
         return max((v for v in values if v is not None), default=None)
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def checkpoints(self, name: str, team: str, *, verify: Optional[int] = None,
+    def checkpoints(self, name: str, team: Optional[str] = None, *, verify: Optional[int] = None,
                     checkpoint_dir: Optional[str] = None, image: Optional[str] = None) -> list[Checkpoint]:
         """Complete checkpoint steps of a job, oldest first; ``verify=STEP`` (or -1: the newest)
         runs the restore drill on that step in the team's namespace (``verify_checkpoint_in_cluster``;
         ``image``: the trainer image when the job object is gone). The job
         object may be gone (finished, TTL): its checkpoints stay, found by ``checkpoint_dir``
         (default: the job's own, else the platform's default for the name)."""
+        team = self.team_for(team)
         store = self.ctx.store
         if store is None:
             raise StoreError(f"stack {self.ctx.stack} has no checkpoints bucket")

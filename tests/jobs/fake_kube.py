@@ -133,6 +133,8 @@ class FakeKubeApi:
         self.requests: list[tuple] = []  # every call, for assertions
         self.graceful_deletions: list[tuple[str, int]] = []  # (pod, grace seconds)
         self.on_stream_end: list[Callable[[dict], None]] = []
+        # Who the caller is (kubectl auth whoami): an admin unless a test says otherwise.
+        self.user, self.groups = "kubernetes-admin", ("system:masters", "system:authenticated")
 
     # -- state ---------------------------------------------------------------------------
     @staticmethod
@@ -194,6 +196,11 @@ class FakeKubeApi:
         return api
 
     # -- KubeApi -------------------------------------------------------------------------
+    def whoami(self):
+        self.requests.append(("whoami",))
+        return {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
+                "status": {"userInfo": {"username": self.user, "groups": list(self.groups)}}}
+
     def get(self, resource, name, namespace=None):
         self.requests.append(("get", resource, namespace, name))
         obj = self.find(resource, name, namespace)
