@@ -47,6 +47,13 @@ EXIT_EXISTS = 7
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# Commands whose modules import the stack's program: name -> (module with add_parser, help).
+HEAVY_COMMANDS = {
+    "render": ("jobs.render", "write the stack's GitOps tree (what Argo CD applies)"),
+    "pipeline": ("jobs.pipeline_local", "run a declared pipeline (prepare -> train -> evaluate -> register)"),
+}
+
+
 def _dump(obj: dict) -> str:
     return yaml.safe_dump(obj, sort_keys=False, width=120)
 
@@ -77,19 +84,35 @@ def _preflighted(args, *, report_to=None):
     """(client, preflight result, exit code): the job spec preflighted by the job client (the
     same checks as JobClient.preflight, initFrom included) and shown; the code is 0 when the job
     fits, else what the command exits with."""
+    from jobs.kube import NoClusterAccess
+    from jobs.rerun import RerunError
     from workloads.problems import InvalidInputError
     from workloads.jobspec import SpecFileError
 
     try:
         client = _client(args)
+        spec = args.job
+        if getattr(args, "rerun", None) is not None:
+            # A new run with its own name, checkpoint directory and MLflow run (jobs/rerun.py).
+            rerun = client.rerun(args.job, suffix=args.rerun or None, from_previous=args.from_previous)
+            print(rerun.describe(), file=report_to or sys.stdout)
+            spec = rerun.spec
         # Every mistake of the spec in one run: file, schema, stack facts, trainer config, quota, fit.
-        result = client.preflight(args.job, mfu=args.mfu, code=getattr(args, "code", None))
+        result = client.preflight(spec, mfu=args.mfu, code=getattr(args, "code", None))
     except SpecFileError as exc:  # nothing in the file can be checked: one line
         print(f"error: {exc}", file=sys.stderr)
         return None, None, EXIT_SPEC
     except (InvalidInputError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None, None, EXIT_SPEC
+    except RerunError as exc:  # one line: the flag, the value, the fix
+        print(f"error: {exc}", file=sys.stderr)
+        return None, None, EXIT_SPEC
+    except NoClusterAccess as exc:
+        from jobs.cli import no_access_message
+
+        print(f"error: {no_access_message(args, exc)}", file=sys.stderr)
+        return None, None, EXIT_NO_CLUSTER
     print(result.text, file=report_to or sys.stdout)
     return client, result, result.exit_code
 
@@ -107,6 +130,9 @@ def cmd_submit(args) -> int:
     if args.replace and (args.dry_run or args.local):
         print("error: --replace replaces a job on the cluster; --dry-run and --local submit nothing: drop --replace",
               file=sys.stderr)
+        return EXIT_SPEC
+    if problem := _rerun_flags_problem(args):
+        print(f"error: {problem}", file=sys.stderr)
         return EXIT_SPEC
     if getattr(args, "sweep", None):
         return _submit_sweep(args)
@@ -145,12 +171,27 @@ def cmd_submit(args) -> int:
     return _submit_local(manifest, args, spec=spec, archive=archive)
 
 
+def _rerun_flags_problem(args) -> Optional[str]:
+    """--rerun and --from-previous with the flags they cannot go with: one line, the fix."""
+    if args.from_previous and args.rerun is None:
+        return "--from-previous starts a rerun from the previous run's checkpoint. Fix: add --rerun"
+    if args.rerun is None:
+        return None
+    for flag, given in (("--replace", args.replace), ("--local", args.local), ("--sweep", getattr(args, "sweep", None))):
+        if given:
+            why = {"--replace": "--replace deletes the job of the same name; a rerun takes a new name",
+                   "--local": "--local runs in a fresh directory of its own anyway",
+                   "--sweep": "a sweep names its points itself (--sweep-name)"}[flag]
+            return f"--rerun and {flag} do not go together: {why}. Fix: drop one of them"
+    return None
+
+
 def _create(client, result, args) -> int:
     """JobClient.submit (create, never apply: a taken name is refused), its failures one line each."""
     from jobs.cli import guarded
 
     def create(_args) -> int:
-        submitted = client.submit(args.job, replace=args.replace, code=args.code, checked=result)
+        submitted = client.submit(result.spec, replace=args.replace, code=args.code, checked=result)
         if submitted.code_uri:
             print(f"code           {args.code}: {'uploaded to' if submitted.code_uploaded else 'already at'} "
                   f"{submitted.code_uri}", flush=True)
@@ -348,6 +389,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     submit.add_argument("--replace", action="store_true",
                         help="the team already has a job of this name: delete it first (its pods get SIGTERM and time "
                              "to checkpoint; the new run resumes from its newest checkpoint), then create this one")
+    submit.add_argument("--rerun", nargs="?", const="", default=None, metavar="SUFFIX",
+                        help="a new run of this spec with its own name (NAME-r<N>, or NAME-SUFFIX), checkpoint directory "
+                             "and MLflow run (in the same experiment); a finished job's name is never run again")
+    submit.add_argument("--from-previous", action="store_true",
+                        help="--rerun: start from the previous run's newest complete checkpoint (initFrom)")
     submit.add_argument("--sweep-name", help="--sweep: the sweep's name (label mlplatform.io/sweep, MLflow parent run); "
                                              "default the job name")
 
@@ -359,10 +405,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     facts = sub.add_parser("facts", help="print the platform facts jobs are rendered against, as JSON")
     stack_args(facts)
 
-    # The GitOps commands live in infra/ (they read the stack configuration); each registers its
-    # subcommand with add_parser(sub) and sets `run` (args -> exit code).
-    for module in ("jobs.render", "jobs.pipeline_local"):
-        importlib.import_module(module).add_parser(sub)
+    # The GitOps commands read the stack's program (Pulumi, infra/): their module registers its
+    # parser (add_parser(sub), `run`: args -> exit code) only when the command is the one given,
+    # so no other command pays for importing it.
+    chosen = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+    for name, (module, help_text) in HEAVY_COMMANDS.items():
+        if chosen == name:
+            importlib.import_module(module).add_parser(sub)
+        else:
+            sub.add_parser(name, help=help_text)
     # The job lifecycle (list, describe, logs, cancel, checkpoints, data upload) is the jobs
     # package's: a thin layer over jobs.client.JobClient.
     from jobs.cli import add_parsers as add_lifecycle_parsers

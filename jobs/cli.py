@@ -144,16 +144,31 @@ def render_detail(detail) -> str:
         out.append(f"    rank {pod.node_rank}  {pod.name}  {state} on {where}{code}")
     out.append("  attempts:" if detail.attempts else "  attempts: none recorded yet")
     for n, attempt in enumerate(detail.attempts, 1):
-        steps = ""
-        if attempt.step_at_start is not None or attempt.step_at_end is not None:
-            steps = f", checkpoint step {attempt.step_at_start} -> {attempt.step_at_end}"
-        code = "running" if attempt.exit_code is None else f"exit {attempt.exit_code}"
-        out.append(f"    {n}. rank {attempt.node_rank}: {code} ({attempt.meaning}){steps}")
+        out.append(f"    {n}. {render_attempt(attempt)}")
     out.append(f"  checkpoints: {', '.join(str(s) for s in detail.checkpoint_steps) or 'none complete yet'}")
     if detail.cost is not None:
         out.append(f"  cost so far: ${detail.cost.usd:,.2f} ({detail.cost.node_hours:.2f} node-hours; {detail.cost.basis})")
     out += [f"  note: {n}" for n in detail.notes]
     return "\n".join(out)
+
+
+def render_attempt(attempt) -> str:
+    """One attempt: rank, exit code and what it means, why it ended, where and when it ran."""
+    steps = ""
+    if attempt.step_at_start is not None or attempt.step_at_end is not None:
+        steps = f", checkpoint step {attempt.step_at_start} -> {attempt.step_at_end}"
+    if attempt.exit_code is not None:
+        code = f"exit {attempt.exit_code}"
+    else:
+        code = {"pending": "not started", "lost": "no exit code", "cancel": "stopped"}.get(attempt.reason, "running")
+    reason = f" [{attempt.reason}]" if attempt.reason and attempt.reason not in ("running", "pending") else ""
+    where = ""
+    if attempt.node or attempt.instance_type:
+        where = f" on {attempt.instance_type or '?'} {attempt.capacity_type or '?'} ({attempt.node or '?'})"
+    when = ""
+    if attempt.started_at:
+        when = f", {attempt.started_at} -> {attempt.ended_at or 'now'}"
+    return f"rank {attempt.node_rank}: {code} ({attempt.meaning}){reason}{where}{when}{steps}"
 
 
 def _meaning(code: Optional[int]) -> str:
@@ -164,6 +179,24 @@ def _meaning(code: Optional[int]) -> str:
 
 def cmd_describe(args) -> int:
     print(render_detail(_client(args).describe(args.name, args.team)))
+    return EXIT_OK
+
+
+# -- history -------------------------------------------------------------------------------
+def cmd_history(args) -> int:
+    """Every run the platform recorded for the team (the gone ones too): outcome, attempts, cost."""
+    runs = _client(args).runs(args.team, name=args.name)
+    if not runs:
+        print("no run recorded" + (f" of job {args.name}" if args.name else "")
+              + " (the platform's run recorder keeps them; list --all shows the jobs that still exist)")
+        return EXIT_OK
+    rows = [("RUN", "NAME", "OUTCOME", "ATTEMPTS", "PREEMPTED", "NODE-HOURS", "COST", "CREATED", "ENDED")]
+    for run in runs:
+        preempted = sum(1 for a in run.attempts if a.reason == "preemption")
+        rows.append((run.record, run.job.name, run.job.phase, str(len(run.attempts) + run.dropped_attempts), str(preempted),
+                     f"{run.cost.node_hours:.2f}" if run.cost else "?", f"${run.cost.usd:,.2f}" if run.cost else "?",
+                     run.job.created or "-", run.ended_at or "-"))
+    print("\n".join(_table(rows)))
     return EXIT_OK
 
 
@@ -223,6 +256,65 @@ def _cancel_sweep(args) -> int:
         print(f"still terminating after {args.timeout:.0f} s: {', '.join(r.name for r in results if not r.gone)}",
               file=sys.stderr)
         return 1
+    return EXIT_OK
+
+
+# -- dev pods and endpoints ----------------------------------------------------------------
+EXIT_REFUSED = 3
+
+
+def cmd_dev(args) -> int:
+    """An interactive GPU pod (jobs/devpods.py): start it, list them, stop one."""
+    import subprocess
+
+    from jobs.devpods import DevPodRefused
+
+    client = _client(args)
+    pods = client.dev_pods
+    if args.list:
+        found = pods.list(args.team)
+        if not found:
+            print("no dev pods (start one: python -m workloads dev --image IMAGE)")
+        rows = [("NAME", "OWNER", "POOL", "PHASE", "KUEUE")] + [(d.name, d.owner, d.pool, d.phase, d.reason) for d in found]
+        if found:
+            print("\n".join(_table(rows)))
+        return EXIT_OK
+    if args.stop:
+        pods.stop(args.stop, args.team)
+        print(f"stopping {args.stop}: its pod gets SIGTERM; the slice is free once it is gone")
+        return EXIT_OK
+    if not args.image:
+        raise ValueError("--image is required: the image with your libraries and JupyterLab. Fix: build your training "
+                         "image's dev variant (docker build -f trainer/Dockerfile.dev --build-arg TRAINER_IMAGE=<image> "
+                         "-t <image>-dev .) and give --image <image>-dev")
+    try:
+        dev = pods.start(image=args.image, team=args.team, pool=args.pool, idle=args.idle, max_life=args.max,
+                         wait_seconds=args.wait)
+        print(f"dev pod {dev.namespace}/{dev.name} on {dev.pool}: {dev.reason}; it stops after {args.idle} unused, at "
+              f"most after {args.max} (python -m workloads dev --stop {dev.name})", flush=True)
+        dev = pods.wait_running(dev, wait_seconds=args.start_timeout)
+    except DevPodRefused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    if dev.phase != "Running":
+        print(f"its pod is {dev.phase} after {args.start_timeout:.0f} s (a node is starting?); forward later: "
+              f"{' '.join(dev.forward_command(args.port))}")
+        return EXIT_OK
+    print(f"notebook: {dev.url(args.port)}")
+    argv = client.kube.port_forward_argv(dev.namespace, dev.pod, args.port, 8888) if hasattr(
+        client.kube, "port_forward_argv") else dev.forward_command(args.port)
+    if args.no_forward:
+        print(f"forward it: {' '.join(argv)}")
+        return EXIT_OK
+    print(f"forwarding 127.0.0.1:{args.port} to {dev.pod} (Ctrl-C ends the forward; the pod stays until idle)", flush=True)
+    return subprocess.call(argv)
+
+
+def cmd_endpoints(args) -> int:
+    client = _client(args)
+    team = args.team or client.cluster.team_for(None)
+    client.check_team(team)
+    print("\n".join(client.endpoints(team)))
     return EXIT_OK
 
 
@@ -316,6 +408,13 @@ def add_parsers(sub) -> None:
     stack(p)
     p.set_defaults(run=guarded(cmd_describe))
 
+    p = sub.add_parser("history", help="every run the platform recorded for your team (gone jobs too): outcome, "
+                                       "attempts, preemptions, node-hours, cost")
+    p.add_argument("name", nargs="?", help="one job name's runs (default: every job's)")
+    team(p)
+    stack(p)
+    p.set_defaults(run=guarded(cmd_history))
+
     p = sub.add_parser("logs", help="a job's logs, every attempt (-f follows restarts), one rank or all")
     p.add_argument("name")
     team(p)
@@ -340,6 +439,29 @@ def add_parsers(sub) -> None:
     p.add_argument("--timeout", type=float, default=600, help="--wait: seconds")
     p.add_argument("--force", action="store_true", help="cancel a job declared in git too (Argo CD recreates it on its next sync)")
     p.set_defaults(run=guarded(cmd_cancel))
+
+    p = sub.add_parser("dev", aliases=["notebook"],
+                       help="an interactive GPU pod: JupyterLab on a slice of a shared or MIG pool, your team's mounts "
+                            "and identity, admitted by the team's queue, port-forwarded here; stops when idle")
+    team(p)
+    stack(p)
+    p.add_argument("--image", help="the image (your training image's dev variant: trainer/Dockerfile.dev)")
+    p.add_argument("--pool", help="a shared or MIG pool (default: the first your team has quota on)")
+    p.add_argument("--idle", default="1h", help="stop after this long unused: no kernel, terminal or request (default 1h)")
+    p.add_argument("--max", default="8h", help="stop after this long whatever happens (default 8h)")
+    p.add_argument("--wait", type=float, default=120, help="seconds Kueue has to admit it; then it is deleted (exit 3)")
+    p.add_argument("--start-timeout", type=float, default=600, help="seconds for its pod to start (a node may launch)")
+    p.add_argument("--port", type=int, default=8888, help="the local port of the forward")
+    p.add_argument("--no-forward", action="store_true", help="print the port-forward command instead of running it")
+    p.add_argument("--list", action="store_true", help="your team's dev pods")
+    p.add_argument("--stop", metavar="NAME", help="stop a dev pod")
+    p.set_defaults(run=guarded(cmd_dev))
+
+    p = sub.add_parser("endpoints", aliases=["open"],
+                       help="where your team's MLflow is and where its login lives, Argo CD, the dashboards")
+    team(p)
+    stack(p)
+    p.set_defaults(run=guarded(cmd_endpoints))
 
     p = sub.add_parser("pools", help="the stack's GPU pools and each team's Kueue quota, with what it uses now")
     p.add_argument("--team", help="one team (default: every team)")

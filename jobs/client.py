@@ -23,17 +23,19 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, U
 from jobs.access import Identity
 from jobs.backends.kubernetes import KubernetesBackend
 from jobs.context import StackContext
-from jobs.kube import KubeApi, KubectlApi
+from jobs.kube import KubeApi, KubectlApi, NoClusterAccess
 # The records and errors the client returns and raises (jobs/records.py), importable from here.
 from jobs.records import (  # noqa: F401  (re-exported)
     FINISHED, HISTORY_KEY, HISTORY_LABEL, Admission, Attempt, Cancelled, Checkpoint, Cost, GitOpsOwned, Job, JobDetail,
-    JobExists, JobNotFound, LogLine, Pod, PoolsView, PreflightRefused, PreflightResult, Submitted, SweepRefused, TeamQuota,
+    JobExists, JobNotFound, LogLine, Pod, PoolsView, PreflightRefused, PreflightResult, Run, Submitted, SweepRefused, TeamQuota,
     UnknownTeam, admission_from, container_name, exit_code_meaning, history_record, history_record_name, job_from_history,
     node_rank, parse_job, pod_selector,
 )
 from jobs.store import CheckpointStore, StoreError
 
 if TYPE_CHECKING:
+    from jobs.devpods import DevPods
+    from jobs.rerun import Rerun
     from jobs.sweep import SweepResults
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,6 +192,35 @@ class JobClient:
         return Submitted(created, manifest, replaced=replaced, code_uri=job_spec.code.uri if job_spec.code else None,
                          code_uploaded=bool(uploaded and uploaded[0]))
 
+    def rerun(self, spec: SpecLike, *, suffix: Optional[str] = None, from_previous: bool = False) -> "Rerun":
+        """A new run of ``spec`` with its own name, checkpoint directory and MLflow run
+        (jobs/rerun.py): ``<name>-r<N>`` over the team's jobs and run records, or
+        ``<name>-<suffix>``; ``from_previous``: starting from the previous run's newest complete
+        checkpoint. Submit its ``.spec``. Raises ``RerunError`` (one line) for a setting it cannot use."""
+        from jobs.rerun import RerunError, plan_rerun
+
+        job_spec = self.load(spec)
+        try:
+            taken = [j.name for j in self.list(job_spec.team, include_finished=True)]
+        except NoClusterAccess as exc:
+            if suffix is None:
+                raise RerunError("--rerun", True, f"numbering the rerun reads the team's jobs, and {exc}",
+                                 "give a suffix (--rerun SUFFIX), or reach the cluster") from None
+            taken = []
+
+        def complete_steps(checkpoint_dir: str) -> list[int]:
+            store = self.ctx.store_or_none()
+            if store is None:
+                raise RerunError("--from-previous", True, f"stack {self.stack} has no checkpoint store to read",
+                                 "drop --from-previous, or give --stack")
+            try:
+                return store.complete_steps(checkpoint_dir)
+            except StoreError as exc:
+                raise RerunError("--from-previous", True, f"the previous run's checkpoints are not readable ({exc})",
+                                 "log in to AWS with your team's role, or drop --from-previous") from None
+
+        return plan_rerun(job_spec, taken, suffix=suffix, from_previous=from_previous, complete_steps=complete_steps)
+
     # -- sweeps -------------------------------------------------------------------------------
     def sweep(self, name: str, team: Optional[str] = None, *, tracking_uri: Optional[str] = None,
               metrics: Sequence[str] = ()) -> "SweepResults":
@@ -245,6 +276,23 @@ class JobClient:
 
     def history(self, team: Optional[str] = None, *, name: Optional[str] = None) -> list[Job]:
         return self.cluster.history(team, name=name)
+
+    @property
+    def dev_pods(self) -> "DevPods":
+        """Interactive GPU pods (jobs/devpods.py): ``start(image=...)``, ``list()``, ``stop(name)``."""
+        from jobs.devpods import DevPods
+
+        return DevPods(self.cluster)
+
+    def endpoints(self, team: Optional[str] = None) -> list[str]:
+        """Where your team's MLflow (and its login), Argo CD and the dashboards are: one line each."""
+        from jobs.devpods import endpoints
+
+        return endpoints(self.facts, team or self.cluster.team_for(team))
+
+    def runs(self, team: Optional[str] = None, *, name: Optional[str] = None) -> list[Run]:
+        """Every run the platform recorded for the team (of one job name), newest first."""
+        return self.cluster.runs(team, name=name)
 
     def pods(self, job: Job) -> list[dict]:
         return self.cluster.pods(job)

@@ -50,8 +50,9 @@ class StackContext:
         """What the store cannot see on this stack, or None."""
         store = self.store_or_none()
         if isinstance(store, S3Store) and store.layout == MIRROR:
-            return (f"stack {self.stack} keeps checkpoints on EFS, which is not exported to S3: only jobs with "
-                    "s3Mirror: true have their complete steps readable from here")
+            return (f"stack {self.stack} keeps checkpoints on EFS, which is not exported to S3: complete steps are "
+                    "readable from here through the job's S3 mirror (on by default on EFS; not for jobs with "
+                    "s3Mirror: false)")
         return None
 
     def store_or_none(self) -> Optional[CheckpointStore]:

@@ -17,16 +17,14 @@ import tempfile
 from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from components.container_logs import log_group_name
-from components.datasets import DatasetBucket, write_throughput_mb_per_s
-from components.tracking import K8S_SECRET_NAME
-from infra.config import PlatformConfig
-from infra.recording import Recording
-from infra.plan import Plan, build_plan
-from workloads.platform_facts import PlatformFacts, facts_from_manifests
-from workloads.trainingjob import TORCH_DISTRIBUTED_RUNTIME
+from workloads.platform_facts import PlatformFacts
+
+if TYPE_CHECKING:  # planning imports the program (Pulumi, infra/, components/): only on a cache miss
+    from infra.config import PlatformConfig
+    from infra.plan import Plan
+    from infra.recording import Recording
 
 
 def _kubernetes_manifests(recording: Recording) -> list[dict[str, Any]]:
@@ -41,6 +39,12 @@ EFS_CLIENT_WRITE_MB_PER_S = 500 * 1.048576
 
 
 def facts_from_plan(plan: Plan) -> PlatformFacts:
+    from components.container_logs import log_group_name
+    from components.datasets import DatasetBucket, write_throughput_mb_per_s
+    from components.tracking import K8S_SECRET_NAME
+    from workloads.platform_facts import facts_from_manifests
+    from workloads.trainingjob import TORCH_DISTRIBUTED_RUNTIME
+
     config: PlatformConfig = plan.config
     recording = plan.recording
     bucket = next((r.outputs.get("bucket") for r in recording.resources
@@ -140,6 +144,8 @@ def stack_revision(stack: str, root: Path = ROOT) -> str:
 
 
 def _plan(stack: str, root: Path) -> PlatformFacts:
+    from infra.plan import build_plan
+
     return facts_from_plan(build_plan(stack, root))
 
 

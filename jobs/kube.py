@@ -26,6 +26,9 @@ NODES = "nodes"
 EVENTS = "events"
 CONFIGMAPS = "configmaps"  # the job history records (jobs/client.py)
 NAMESPACES = "namespaces"
+JOBS = "jobs.batch"  # dev pods and the restore drill
+SECRETS = "secrets"
+RUNRECORDS = "runrecords.mlplatform.io"  # the platform's record of every run (workloads/run_records.py)
 
 
 class NoClusterAccess(RuntimeError):
@@ -166,6 +169,11 @@ class KubectlApi:
 
     def whoami(self):
         return json.loads(self._run(["auth", "whoami", "-o", "json"]))
+
+    def port_forward_argv(self, namespace: str, pod: str, local_port: int, remote_port: int) -> list[str]:
+        """The kubectl command line that forwards ``local_port`` here to the pod's ``remote_port``."""
+        self._check()
+        return [self.kubectl, *self._globals, "-n", namespace, "port-forward", f"pod/{pod}", f"{local_port}:{remote_port}"]
 
     def logs(self, pod, namespace, container, *, follow=False):
         args = ["logs", pod, "-n", namespace, "-c", container, *(["-f"] if follow else [])]

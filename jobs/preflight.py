@@ -195,7 +195,7 @@ def trainer_config(spec_trainer: Any, repo_root: str, *, dataset: Optional[str] 
         except ConfigError:
             return None, problems
     try:
-        validate(cfg)
+        validate(cfg, device_checks=False)  # the pod's CUDA device is the pod's to check (no torch here)
     except ConfigError as exc:
         problems += [_trainer_problem(text, config) for text in exc.problems if not text.startswith(_POD_ONLY_TRAINER_CHECKS)]
     return (None if problems else cfg), problems

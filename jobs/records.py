@@ -45,7 +45,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 PYTORCH_CONTAINER = "pytorch"  # workloads.trainingjob.CONTAINER_NAME
 TRAINJOB_CONTAINER = "node"  # workloads.trainjob_runtime.CONTAINER
 TRAINJOB_REPLICATED_JOB = "node"
-FINISHED = ("Succeeded", "Failed", "Cancelled")
+FINISHED = ("Succeeded", "Failed", "Cancelled", "Replaced", "Deleted")
 # A cancelled job's object is deleted with its pods; what `list --all` and `describe` say about it
 # afterwards is a ConfigMap in the team's namespace (team roles may write ConfigMaps,
 # workloads/tenancy.py TEAM_RULES), labelled with this key, written by `cancel` before the delete.
@@ -165,7 +165,16 @@ class Attempt:
     meaning: str
     step_at_start: Optional[int]
     step_at_end: Optional[int]
-    source: str  # "history" (trainer/retries.py records) or the pod's name
+    source: str  # "record" (the platform's run record), "history" (trainer/retries.py records) or the pod's name
+    # From the run record (workloads/run_recorder.py): why it ended (done, preemption, failure,
+    # cancel, killed, lost, running), where it ran and when.
+    reason: str = ""
+    node: Optional[str] = None
+    instance_type: Optional[str] = None
+    capacity_type: Optional[str] = None
+    started_at: Optional[str] = None
+    ended_at: Optional[str] = None
+    pod_uid: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -433,3 +442,55 @@ class SweepRefused(Exception):
     def __init__(self, exit_code: int):
         self.exit_code = exit_code
         super().__init__(f"the sweep was refused by preflight (exit {exit_code}); nothing was created")
+
+
+# -- run records (workloads/run_recorder.py) ------------------------------------------------------
+@dataclass(frozen=True)
+class Run:
+    """One run of a job, as the platform's run recorder kept it: it outlives the job object."""
+
+    job: Job  # phase: the outcome once the job object is gone (Succeeded, Failed, Cancelled, Replaced, Deleted)
+    record: str  # the RunRecord's name: <job>-<first 8 characters of the job's uid>
+    outcome: str  # "" while the job object exists
+    ended_at: Optional[str]
+    attempts: tuple[Attempt, ...]
+    cost: Optional[Cost]
+    dropped_attempts: int = 0
+
+
+COST_BASIS = ("node hours x each pod's share of its node's GPUs x the on-demand price (spot: the spot assumption of "
+              "catalog/prices.py), from the platform's run record")
+
+
+def _attempt_from_record(row: Mapping[str, Any]) -> Attempt:
+    code = row.get("exitCode")
+    meaning = exit_code_meaning(code) if row.get("reason") not in ("pending", "lost", "cancel") or code is not None \
+        else (row.get("message") or row.get("reason") or "")
+    return Attempt(int(row.get("rank") or 0), code, meaning, None, None, "record", reason=str(row.get("reason") or ""),
+                   node=row.get("node"), instance_type=row.get("instanceType"), capacity_type=row.get("capacityType"),
+                   started_at=row.get("startedAt"), ended_at=row.get("endedAt"), pod_uid=row.get("podUid"))
+
+
+def run_from_record(obj: Mapping[str, Any], now: float) -> Optional[Run]:
+    """The run a RunRecord describes (None: not one, or damaged: history never fails a listing)."""
+    from workloads.run_recorder import run_cost
+
+    try:
+        meta, spec = obj["metadata"], obj["spec"]
+        summary = spec["job"]
+        outcome = spec.get("outcome") or ""
+        labels = dict(spec.get("labels") or {})
+        when = spec.get("removedAt") or spec.get("endedAt")
+        message = (f"{outcome.lower()} at {when}" + (f" (finished {spec['endedAt']})" if spec.get("endedAt") and
+                                                    spec.get("endedAt") != when else "")) if outcome else ""
+        job = Job(name=summary["name"], team=summary.get("team") or team_of_namespace(meta["namespace"]),
+                  namespace=meta["namespace"], kind=summary["kind"], phase=outcome or spec.get("phase") or "Pending",
+                  created=summary.get("created"), pool=summary.get("pool"), nodes=int(summary.get("nodes") or 1),
+                  gpus_per_node=int(summary.get("gpusPerNode") or 1), message=message, uid=summary.get("uid") or "",
+                  checkpoint_dir=summary.get("checkpointDir"), labels=labels)
+        attempts = tuple(_attempt_from_record(row) for row in spec.get("attempts") or [])
+        usd, hours, unpriced = run_cost(obj, now)
+        cost = None if unpriced and not usd else Cost(round(usd, 2), round(hours, 3), COST_BASIS)
+        return Run(job, meta["name"], outcome, spec.get("endedAt"), attempts, cost, int(spec.get("droppedAttempts") or 0))
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -291,7 +291,7 @@ def resolve_with_problems(spec: JobSpec, facts: PlatformFacts) -> tuple[Optional
         problems.append(Problem("checkpointDir", spec.checkpoint_dir,
                                 f"is outside {team_root}/, the team's writable checkpoint directory (exported to its "
                                 "prefix of the checkpoints bucket)", f"use a path under {team_root}/, or leave it out"))
-    if spec.s3_mirror and not facts.checkpoints_bucket:
+    if spec.s3_mirror is True and not facts.checkpoints_bucket:
         problems.append(Problem("s3Mirror", True, f"stack {facts.stack} has no checkpoints bucket",
                                 "set s3Mirror: false or configure datasets"))
     problems += owncode.problems(spec, checkpoints_bucket=facts.checkpoints_bucket, stack=facts.stack)
@@ -360,6 +360,15 @@ def trainer_args(job: ResolvedJob) -> list[str]:
     ]
 
 
+def mirrors_to_s3(spec: JobSpec, facts: PlatformFacts) -> bool:
+    """Does the trainer mirror complete checkpoints to S3: as the spec says, else where the stack
+    keeps checkpoints on EFS, which nothing exports (the mirror is then the only copy readable from
+    outside the cluster: ``checkpoints``, ``initFrom``, the restore drill)."""
+    if spec.s3_mirror is not None:
+        return spec.s3_mirror and bool(facts.checkpoints_bucket)
+    return facts.checkpoint_store == "EFS" and bool(facts.checkpoints_bucket)
+
+
 def _secret_env(name: str, secret: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": name}}}
 
@@ -381,7 +390,7 @@ def trainer_env(job: ResolvedJob) -> list[dict[str, Any]]:
         {"name": "AWS_REGION", "value": facts.region},
         {"name": "AWS_DEFAULT_REGION", "value": facts.region},
     ]
-    if spec.s3_mirror:
+    if mirrors_to_s3(spec, facts):
         env.append({"name": "TRAINER_CHECKPOINT_S3_URI",
                     "value": f"s3://{facts.checkpoints_bucket}/{spec.namespace}/mirror/{spec.name}"})
     env += [_secret_env(key, job.team.tracking_secret or "") for key in facts.tracking_secret_keys]

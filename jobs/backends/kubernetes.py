@@ -9,20 +9,22 @@ from __future__ import annotations
 import queue as _queue
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from jobs.access import Identity, identity_from_review, team_of_role, team_problem
 from jobs.context import StackContext
-from jobs.kube import (CONFIGMAPS, LOCALQUEUES, NAMESPACES, NODES, PODS, PYTORCHJOBS, TRAINJOBS, WORKLOADS, AlreadyExists,
+from jobs.kube import (RUNRECORDS, CONFIGMAPS, LOCALQUEUES, NAMESPACES, NODES, PODS, PYTORCHJOBS, TRAINJOBS, WORKLOADS, AlreadyExists,
                        KubeApi, KubeError, NoClusterAccess)
-from jobs.records import (ARGOCD_TRACKING_ID, CAPACITY_TYPE_LABEL, FINISHED, GPU_RESOURCE, HISTORY_LABEL, INSTANCE_TYPE_LABEL,
+from jobs.records import (Admission, Run, run_from_record, ARGOCD_TRACKING_ID, CAPACITY_TYPE_LABEL, FINISHED, GPU_RESOURCE, HISTORY_LABEL, INSTANCE_TYPE_LABEL,
                           KUEUE_JOB_UID, MANAGED_BY, PYTORCH_CONTAINER, TRAINJOB_CONTAINER, TRAINJOB_REPLICATED_JOB, Attempt,
                           Cancelled, Checkpoint, Cost, GitOpsOwned, Job, JobDetail, JobExists, JobNotFound, LogLine, Pod,
                           PoolsView, TeamQuota, UnknownTeam, _containers, _ended, _local_queue_usage, _timestamp, admission_from,
                           container_name, exit_code_meaning, history_record, job_from_history, node_rank, parse_job,
                           pod_selector, _exit_code, _started)
 from jobs.store import AttemptRecord, StoreError
+from workloads.run_recorder import CANCELLED_AT, JOB_LABEL as RECORD_JOB_LABEL, RECORD_LABEL, REPLACED_AT
 from workloads.scheduling import team_namespace, team_of_namespace
 
 
@@ -41,7 +43,12 @@ class KubernetesBackend:
     def identity(self) -> Identity:
         """The caller as the API server authenticated them (``kubectl auth whoami``), read once."""
         if self._identity is None:
-            self._identity = identity_from_review(self.kube.whoami())
+            whoami = getattr(self.kube, "whoami", None)
+            try:
+                # A transport without whoami, or a server without SelfSubjectReview: unknown.
+                self._identity = identity_from_review(whoami()) if whoami is not None else Identity("", ())
+            except KubeError:
+                self._identity = Identity("", ())
         return self._identity
 
     def team_for(self, team: Optional[str]) -> str:
@@ -108,6 +115,8 @@ class KubernetesBackend:
             raise JobExists(self._exists_message(first) + more, first)
         for job in taken:
             self._refuse_gitops(job, "replace")
+            if job.finished:
+                raise JobExists(self._finished_message(job), job)
         if before_write is not None:
             before_write()
         out = []
@@ -130,13 +139,23 @@ class KubernetesBackend:
 
     @staticmethod
     def _exists_message(existing: Job) -> str:
-        doing = ("would not run it again" if existing.finished else
-                 "would not start a new run (an apply would patch the pods of the running one)")
+        if existing.finished:
+            return KubernetesBackend._finished_message(existing)
         return (f"job {existing.name} already exists in {existing.namespace} ({existing.phase}, created "
-                f"{existing.created or '?'}): submitting it again {doing}. Fix: give the new run another name "
-                f"(name: in the spec), or submit with --replace (in Python: replace=True) to delete this one "
-                f"(its pods get SIGTERM and time to checkpoint) and start again; it resumes from the newest "
-                f"complete checkpoint in {existing.checkpoint_dir or 'its checkpoint directory'}")
+                f"{existing.created or '?'}): submitting it again would not start a new run (an apply would patch the "
+                f"pods of the running one). Fix: submit with --rerun (a new run with its own name, checkpoint directory "
+                f"and MLflow run), or with --replace (in Python: replace=True) to delete this one (its pods get SIGTERM "
+                f"and time to checkpoint) and start again; it resumes from the newest complete checkpoint in "
+                f"{existing.checkpoint_dir or 'its checkpoint directory'}")
+
+    @staticmethod
+    def _finished_message(existing: Job) -> str:
+        """A finished job's name: a replace would resume its last checkpoint and train nothing."""
+        return (f"job {existing.name} in {existing.namespace} has finished ({existing.phase}, created "
+                f"{existing.created or '?'}): running it again under its name would resume its newest checkpoint "
+                f"and train nothing more, so --replace is refused. Fix: submit with --rerun (a new run "
+                f"{existing.name}-r<N> with its own checkpoint directory and MLflow run; add --from-previous to start "
+                f"from this run's newest checkpoint), in Python JobClient.rerun(spec)")
 
     def _refuse_gitops(self, job: Job, verb: str) -> None:
         tracking = job.annotations.get(ARGOCD_TRACKING_ID) or ""
@@ -150,6 +169,7 @@ class KubernetesBackend:
         """Foreground deletion (dependents first, the job object last), then wait for the name
         to be free: a create before that would find the old object (409)."""
         resource = TRAINJOBS if job.kind == "TrainJob" else PYTORCHJOBS
+        self._mark(job, REPLACED_AT)  # the run record's outcome: Replaced
         self.kube.delete(resource, job.name, job.namespace, propagation="Foreground")
         deadline = self.clock() + timeout_seconds
         while self._current(job) is not None:
@@ -213,17 +233,38 @@ class KubernetesBackend:
         return sorted(found, key=lambda j: (j.created or "", j.name), reverse=True)
 
     def history(self, team: Optional[str] = None, *, name: Optional[str] = None) -> list[Job]:
-        """The team's removed jobs (cancelled: phase ``Cancelled``), newest first."""
+        """The team's removed jobs (phase: their outcome: Succeeded, Failed, Cancelled, Replaced,
+        Deleted), newest first."""
         team = self.team_for(team)
         jobs = [j for j in self._history(team_namespace(team)) if name is None or j.name == name]
         return sorted(jobs, key=lambda j: (j.created or "", j.name), reverse=True)
 
-    def _history(self, namespace: Optional[str]) -> list[Job]:
+    def runs(self, team: Optional[str] = None, *, name: Optional[str] = None) -> list[Run]:
+        """Every run the platform's run recorder kept for the team (of one job name), newest first:
+        the job objects that exist and those that are gone, each with its attempts and cost."""
+        team = self.team_for(team)
+        return self._runs(team_namespace(team), name)
+
+    def _runs(self, namespace: Optional[str], name: Optional[str] = None) -> list[Run]:
+        selector = f"{RECORD_LABEL}=true" + (f",{RECORD_JOB_LABEL}={name}" if name else "")
         try:
-            records = self.kube.list(CONFIGMAPS, namespace, HISTORY_LABEL)
-        except (KubeError, NoClusterAccess):  # a role that may read jobs but not ConfigMaps: no history
+            records = self.kube.list(RUNRECORDS, namespace, selector)
+        except (KubeError, NoClusterAccess):  # no run recorder on this cluster, or a role without the read
             return []
-        return [j for j in (job_from_history(o) for o in records) if j is not None]
+        now = self.clock()
+        runs = [r for r in (run_from_record(o, now) for o in records) if r is not None]
+        return sorted(runs, key=lambda r: (r.job.created or "", r.job.name), reverse=True)
+
+    def _history(self, namespace: Optional[str]) -> list[Job]:
+        """Gone jobs: the run records' (the platform's), then the client's own cancel notes
+        (ConfigMaps a team writes; read for runs the recorder did not see)."""
+        gone = [r.job for r in self._runs(namespace) if r.outcome]
+        try:
+            notes = self.kube.list(CONFIGMAPS, namespace, HISTORY_LABEL)
+        except (KubeError, NoClusterAccess):  # a role that may read jobs but not ConfigMaps
+            notes = []
+        recorded = {j.uid for j in gone}
+        return gone + [j for j in (job_from_history(o) for o in notes) if j is not None and j.uid not in recorded]
 
 
     def _check_namespace(self, team: str) -> None:
@@ -262,9 +303,18 @@ class KubernetesBackend:
                    node_gpus=node_gpus)
 
     def describe(self, name: str, team: Optional[str] = None) -> JobDetail:
+        """The job now (admission, pods, attempts, checkpoints, cost so far); a job whose object
+        is gone, from its newest run record."""
         team = self.team_for(team)
-        raw = self._raw(name, team)
+        try:
+            raw = self._raw(name, team)
+        except JobNotFound:
+            runs = self._runs(team_namespace(team), name)
+            if not runs:
+                raise
+            return self._gone_detail(runs[0])
         job = parse_job(raw)
+        run = next((r for r in self._runs(job.namespace, name) if r.job.uid == job.uid), None)
         notes: list[str] = []
         try:
             workloads = self.kube.list(WORKLOADS, job.namespace, f"{KUEUE_JOB_UID}={job.uid}") if job.uid else []
@@ -276,29 +326,72 @@ class KubernetesBackend:
         admission = admission_from(workloads[0] if workloads else None)
         nodes: dict[str, Optional[dict]] = {}
         pod_objs = self.pods(job)
-        pods = tuple(sorted((self._pod(job, p, nodes) for p in pod_objs), key=lambda p: (p.node_rank, p.name)))
+        pods = tuple(sorted((self._with_record(self._pod(job, p, nodes), p, run) for p in pod_objs),
+                            key=lambda p: (p.node_rank, p.name)))
         history: list[AttemptRecord] = []
+        steps: list[int] = []
+        recorded = run is not None and bool(run.attempts)  # attempts come from the run record
+        if job.checkpoint_dir and self.ctx.store_or_none() is not None:
+            try:
+                steps = self.ctx.store.complete_steps(job.checkpoint_dir)
+            except StoreError as exc:
+                notes.append(f"checkpoints not read: {exc}")
+            try:
+                history = self.ctx.store.attempts(job.checkpoint_dir)
+            except StoreError as exc:
+                if not recorded:  # the launcher's own history only adds checkpoint steps to the record's
+                    notes.append(f"attempt history not read: {exc}")
+        elif job.checkpoint_dir:
+            notes.append("checkpoints need the stack (--stack): they are read from its checkpoints bucket")
+        if job.checkpoint_dir and (note := self.ctx.store_note()) is not None:
+            notes.append(note)
+        if run is not None and run.attempts:
+            # The platform's record: every attempt, the preempted and replaced pods' too, with the
+            # checkpoint steps of the launcher's own history where it can be read.
+            attempts = [_with_steps(a, history) for a in run.attempts]
+            cost = run.cost
+            if run.dropped_attempts:
+                notes.append(f"the run record keeps the newest {len(run.attempts)} attempts ({run.dropped_attempts} older not kept)")
+        else:
+            attempts = [Attempt(r.node_rank, r.exit_code, exit_code_meaning(r.exit_code), r.step_at_start, r.step_at_end,
+                                "history") for r in sorted(history, key=lambda r: (r.started_at or 0, r.node_rank))]
+            # The current pods' attempts, unless their launcher already recorded them.
+            recorded_ends = {(r.node_rank, round(r.ended_at or 0)) for r in history}
+            for pod in pods:
+                ended = _timestamp(next((_ended(o, container_name(job)) for o in pod_objs if o["metadata"]["name"] == pod.name), None))
+                if pod.exit_code is None or (pod.node_rank, round(ended or 0)) not in recorded_ends:
+                    attempts.append(Attempt(pod.node_rank, pod.exit_code, exit_code_meaning(pod.exit_code), None, None, pod.name))
+            cost = self._cost(job, pods, pod_objs, history, notes)
+        return JobDetail(job, admission, pods, tuple(attempts), tuple(steps), cost, tuple(notes))
+
+    @staticmethod
+    def _with_record(pod: Pod, obj: dict, run: Optional[Run]) -> Pod:
+        """A pod whose node the caller may not read (a team role): its node's instance and
+        capacity type from the run record, which the platform's recorder read."""
+        if pod.instance_type or run is None:
+            return pod
+        uid = obj["metadata"].get("uid")
+        match = next((a for a in run.attempts if a.pod_uid == uid and a.instance_type), None) or next(
+            (a for a in run.attempts if pod.node and a.node == pod.node and a.instance_type), None)
+        if match is None:
+            return pod
+        return replace(pod, instance_type=match.instance_type, capacity_type=match.capacity_type)
+
+    def _gone_detail(self, run: Run) -> JobDetail:
+        """A job whose object is gone (cancelled, replaced, removed after it finished, deleted),
+        from its run record: attempts, cost, and where its logs and checkpoints are."""
+        job = run.job
+        notes = [f"the job object is gone from the cluster ({job.phase.lower()}); this is the platform's run record "
+                 f"{run.record}. Its logs: python -m workloads logs {job.name} --team {job.team} --stack "
+                 f"{self.ctx.stack or 'STACK'} --attempt N --rank R"]
         steps: list[int] = []
         if job.checkpoint_dir and self.ctx.store_or_none() is not None:
             try:
                 steps = self.ctx.store.complete_steps(job.checkpoint_dir)
-                history = self.ctx.store.attempts(job.checkpoint_dir)
             except StoreError as exc:
-                notes.append(f"{'attempt history' if steps else 'checkpoints and attempt history'} not read: {exc}")
-        elif job.checkpoint_dir:
-            notes.append("checkpoints and attempt history need the stack (--stack): they are read from its checkpoints bucket")
-        if job.checkpoint_dir and (note := self.ctx.store_note()) is not None:
-            notes.append(note)
-        attempts = [Attempt(r.node_rank, r.exit_code, exit_code_meaning(r.exit_code), r.step_at_start, r.step_at_end, "history")
-                    for r in sorted(history, key=lambda r: (r.started_at or 0, r.node_rank))]
-        # The current pods' attempts, unless their launcher already recorded them.
-        recorded_ends = {(r.node_rank, round(r.ended_at or 0)) for r in history}
-        for pod in pods:
-            ended = _timestamp(next((_ended(o, container_name(job)) for o in pod_objs if o["metadata"]["name"] == pod.name), None))
-            if pod.exit_code is None or (pod.node_rank, round(ended or 0)) not in recorded_ends:
-                attempts.append(Attempt(pod.node_rank, pod.exit_code, exit_code_meaning(pod.exit_code), None, None, pod.name))
-        cost = self._cost(job, pods, pod_objs, history, notes)
-        return JobDetail(job, admission, pods, tuple(attempts), tuple(steps), cost, tuple(notes))
+                notes.append(f"checkpoints not read: {exc}")
+        return JobDetail(job, Admission(None, False, f"none: the job is {job.phase.lower()}"), (), run.attempts,
+                         tuple(steps), run.cost, tuple(notes))
 
 
     def _cost(self, job: Job, pods: tuple[Pod, ...], pod_objs: list[dict], history: list[AttemptRecord],
@@ -516,7 +609,8 @@ class KubernetesBackend:
                 "or cancel with --force to stop this run anyway")
         grace = self._grace_seconds(job)
         resource = TRAINJOBS if job.kind == "TrainJob" else PYTORCHJOBS
-        recorded = self._record(job, "Cancelled")
+        marked = self._mark(job, CANCELLED_AT)  # the run record's outcome: Cancelled
+        recorded = self._record(job, "Cancelled") or marked
         self.kube.delete(resource, name, job.namespace, propagation="Foreground")
         gone = False
         if wait:
@@ -575,6 +669,16 @@ class KubernetesBackend:
         at = datetime.fromtimestamp(self.clock(), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         try:
             self.kube.apply(history_record(job, outcome, at))
+        except (KubeError, NoClusterAccess):
+            return False
+        return True
+
+    def _mark(self, job: Job, annotation: str) -> bool:
+        """Say on the job, before it is deleted, why its run ends (the run recorder reads it)."""
+        at = datetime.fromtimestamp(self.clock(), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        resource = TRAINJOBS if job.kind == "TrainJob" else PYTORCHJOBS
+        try:
+            self.kube.patch(resource, job.name, job.namespace, {"metadata": {"annotations": {annotation: at}}})
         except (KubeError, NoClusterAccess):
             return False
         return True
@@ -657,3 +761,13 @@ class KubernetesBackend:
                 return "FAIL", (f"no verdict within {timeout_seconds:.0f} s (waiting for quota or a node?): "
                                 f"kubectl -n {namespace} describe job {spec.name}")
             self.sleep(poll_seconds)
+
+
+def _with_steps(attempt: Attempt, history: list[AttemptRecord]) -> Attempt:
+    """A recorded attempt with the checkpoint steps the launcher wrote for it (same rank, ended
+    within a few seconds of it), when that history could be read."""
+    ended = _timestamp(attempt.ended_at)
+    for row in history:
+        if row.node_rank == attempt.node_rank and ended is not None and row.ended_at and abs(row.ended_at - ended) < 30:
+            return replace(attempt, step_at_start=row.step_at_start, step_at_end=row.step_at_end)
+    return attempt
