@@ -11,10 +11,10 @@ over ``jobs.client.JobClient`` and ``jobs.data``.
     python -m workloads checkpoints JOB --team T --stack S [--verify [STEP] [--image IMAGE]]
     python -m workloads data upload DIR --dataset NAME --team T --stack S
 
-Each failure is one line on stderr and a stable exit code (jobs/__main__.py): 2 bad input,
-4 no cluster or bucket access (no kubectl, no kubeconfig, unreachable, forbidden), 6 no such job,
-7 a job of that name exists;
-kubectl's own messages are never shown raw.
+Each failure is one line on stderr and a stable exit code (jobs/exit_codes.py): 2 bad input,
+3 a dev pod not admitted, 4 no cluster or bucket access (no kubectl, no kubeconfig, unreachable,
+forbidden: with your team's `aws eks update-kubeconfig` line), 6 no such job, 7 a job of that name
+exists; kubectl's own messages are never shown raw.
 """
 from __future__ import annotations
 
@@ -22,11 +22,9 @@ import argparse
 import sys
 from typing import Callable, Optional
 
-EXIT_OK = 0
-EXIT_SPEC = 2
-EXIT_NO_CLUSTER = 4
-EXIT_NOT_FOUND = 6
-EXIT_EXISTS = 7
+from jobs.exit_codes import BAD_INPUT as EXIT_SPEC, EXISTS as EXIT_EXISTS, FAILED as EXIT_FAILED, \
+    INTERRUPTED as EXIT_INTERRUPTED, NO_CLUSTER as EXIT_NO_CLUSTER, NOT_FOUND as EXIT_NOT_FOUND, OK as EXIT_OK, \
+    REFUSED as EXIT_REFUSED
 
 
 def client_for(args, *, facts=None, **kwargs):
@@ -44,8 +42,6 @@ def client_for(args, *, facts=None, **kwargs):
     return JobClient(stack=getattr(args, "stack", None) or (facts.stack if facts else None),
                      offline=getattr(args, "offline", False), facts=facts, **kwargs)
 
-
-_client = client_for
 
 
 def no_access_message(args, exc: Exception) -> str:
@@ -92,7 +88,7 @@ def guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
             return EXIT_EXISTS
         except TimeoutError as exc:
             print(f"error: {exc}", file=sys.stderr)
-            return 1
+            return EXIT_FAILED
         except StoreError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_NO_CLUSTER
@@ -101,7 +97,7 @@ def guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
                   else f"error: {exc}", file=sys.stderr)
             return EXIT_SPEC
         except KeyboardInterrupt:
-            return 130
+            return EXIT_INTERRUPTED
 
     return wrapper
 
@@ -111,13 +107,13 @@ def cmd_list(args) -> int:
     if args.sweep:
         from jobs.sweep import DEFAULT_RESULT_METRICS
 
-        results = _client(args).sweep(args.sweep, args.team, tracking_uri=args.tracking_uri,
+        results = client_for(args).sweep(args.sweep, args.team, tracking_uri=args.tracking_uri,
                                       metrics=args.metric or DEFAULT_RESULT_METRICS)
         print(results.table(sort_by=args.sort_by))
         if results.note:
             print(results.note)
         return EXIT_OK
-    jobs = _client(args).list(args.team, include_finished=args.all)
+    jobs = client_for(args).list(args.team, include_finished=args.all)
     if not jobs:
         print(f"no {'' if args.all else 'active '}jobs{' of team ' + args.team if args.team else ''}"
               f"{'' if args.all else ' (--all shows finished and cancelled ones too)'}")
@@ -178,14 +174,14 @@ def _meaning(code: Optional[int]) -> str:
 
 
 def cmd_describe(args) -> int:
-    print(render_detail(_client(args).describe(args.name, args.team)))
+    print(render_detail(client_for(args).describe(args.name, args.team)))
     return EXIT_OK
 
 
 # -- history -------------------------------------------------------------------------------
 def cmd_history(args) -> int:
     """Every run the platform recorded for the team (the gone ones too): outcome, attempts, cost."""
-    runs = _client(args).runs(args.team, name=args.name)
+    runs = client_for(args).runs(args.team, name=args.name)
     if not runs:
         print("no run recorded" + (f" of job {args.name}" if args.name else "")
               + " (the platform's run recorder keeps them; list --all shows the jobs that still exist)")
@@ -207,12 +203,12 @@ def cmd_logs(args) -> int:
         if args.follow or rank is None:
             raise ValueError(f"--attempt {args.attempt} reads one finished attempt of one rank: drop "
                              f"{'-f' if args.follow else '--all'} (give --rank N)")
-        for line in _client(args).past_logs(args.name, args.team, attempt=args.attempt, rank=rank):
+        for line in client_for(args).past_logs(args.name, args.team, attempt=args.attempt, rank=rank):
             print(line.text, flush=True)
         return EXIT_OK
     prefix = args.all
     last = None
-    for line in _client(args).logs(args.name, args.team, rank=rank, follow=args.follow):
+    for line in client_for(args).logs(args.name, args.team, rank=rank, follow=args.follow):
         if not prefix and last not in (None, line.pod):
             print(f"--- {line.pod} (attempt {line.attempt}) ---", flush=True)
         last = line.pod
@@ -227,7 +223,7 @@ def cmd_cancel(args) -> int:
                          + ("both" if args.name else "neither"))
     if args.sweep is not None:
         return _cancel_sweep(args)
-    result = _client(args).cancel(args.name, args.team, wait=args.wait, timeout_seconds=args.timeout, force=args.force)
+    result = client_for(args).cancel(args.name, args.team, wait=args.wait, timeout_seconds=args.timeout, force=args.force)
     grace = f"{result.grace_seconds} s" if result.grace_seconds is not None else "their grace period"
     print(f"cancelling {result.namespace}/{result.name}: its pods get SIGTERM and {grace} to save a checkpoint "
           "and exit 143; then the job is removed" + (" (list --all keeps it as Cancelled)" if result.recorded else ""))
@@ -241,12 +237,12 @@ def cmd_cancel(args) -> int:
             print(f"removed; newest complete checkpoint: {newest}")
         else:
             print(f"still terminating after {args.timeout:.0f} s", file=sys.stderr)
-            return 1
+            return EXIT_FAILED
     return EXIT_OK
 
 
 def _cancel_sweep(args) -> int:
-    results = _client(args).cancel_sweep(args.sweep, args.team, wait=args.wait, timeout_seconds=args.timeout,
+    results = client_for(args).cancel_sweep(args.sweep, args.team, wait=args.wait, timeout_seconds=args.timeout,
                                          force=args.force)
     for result in results:
         print(f"cancelling {result.namespace}/{result.name}: SIGTERM, checkpoint, exit 143; then removed")
@@ -255,12 +251,11 @@ def _cancel_sweep(args) -> int:
     if args.wait and not all(r.gone for r in results):
         print(f"still terminating after {args.timeout:.0f} s: {', '.join(r.name for r in results if not r.gone)}",
               file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     return EXIT_OK
 
 
 # -- dev pods and endpoints ----------------------------------------------------------------
-EXIT_REFUSED = 3
 
 
 def cmd_dev(args) -> int:
@@ -269,7 +264,7 @@ def cmd_dev(args) -> int:
 
     from jobs.devpods import DevPodRefused
 
-    client = _client(args)
+    client = client_for(args)
     pods = client.dev_pods
     if args.list:
         found = pods.list(args.team)
@@ -311,7 +306,7 @@ def cmd_dev(args) -> int:
 
 
 def cmd_endpoints(args) -> int:
-    client = _client(args)
+    client = client_for(args)
     team = args.team or client.cluster.team_for(None)
     client.check_team(team)
     print("\n".join(client.endpoints(team)))
@@ -325,7 +320,7 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
 
 
 def cmd_pools(args) -> int:
-    client = _client(args)
+    client = client_for(args)
     view = client.pools(args.team, live=not args.declared)
     facts = client.facts
     print(f"GPU pools of stack {facts.stack} (Karpenter NodePools; MAX GPUS: the NodePool's limit)")
@@ -349,7 +344,7 @@ def cmd_pools(args) -> int:
 
 # -- checkpoints ---------------------------------------------------------------------------
 def cmd_checkpoints(args) -> int:
-    client = _client(args)
+    client = client_for(args)
     found = client.checkpoints(args.name, args.team, verify=args.verify, image=args.image)
     if not found:
         note = client.store_note()
@@ -361,14 +356,14 @@ def cmd_checkpoints(args) -> int:
         if checkpoint.verdict == "FAIL" and checkpoint.detail:
             print("\n".join("    " + line for line in checkpoint.detail.splitlines()))
     failed = any(c.verdict == "FAIL" for c in found)
-    return 1 if failed else EXIT_OK
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 # -- data upload ---------------------------------------------------------------------------
 def cmd_data(args) -> int:
     from jobs.data import upload_dataset
 
-    client = _client(args)
+    client = client_for(args)
     facts = client.facts
     result = upload_dataset(args.dir, dataset=args.dataset, team=args.team, facts=facts, progress=not args.quiet,
                             use_outputs=not args.offline)

@@ -35,6 +35,7 @@ from jobs.store import CheckpointStore, StoreError
 
 if TYPE_CHECKING:
     from jobs.devpods import DevPods
+    from jobs.sweep import SweepPlan
     from jobs.rerun import Rerun
     from jobs.sweep import SweepResults
 
@@ -57,6 +58,7 @@ class JobClient:
         self.ctx = StackContext(stack, facts=facts, store=store, offline=offline)
         self.cluster = KubernetesBackend(self.ctx, kube if kube is not None else KubectlApi(
             kubeconfig=str(kubeconfig) if kubeconfig is not None else None, context=context), clock=clock, sleep=sleep)
+        self.ctx.bucket_lookup = self.cluster.deployed_bucket
 
     # -- the stack -----------------------------------------------------------------------------
     stack = property(lambda self: self.ctx.stack)
@@ -93,66 +95,23 @@ class JobClient:
         """Does the job fit the stack: the report of ``python -m workloads preflight``. A spec
         file is checked whole (file, schema, stack facts, trainer config, fit: every problem in
         one report); a mapping or JobSpec that does not parse raises
-        ``workloads.problems.InvalidInputError``."""
-        from jobs.preflight import preflight, preflight_file
-        from workloads.problems import Problem
+        ``workloads.problems.InvalidInputError``. Own code (``code``) and ``initFrom`` (against
+        the stack's checkpoint store) are checked too (jobs/preflight.py ``check``)."""
+        from jobs.preflight import check
 
-        if isinstance(spec, (str, Path)):
-            report = preflight_file(str(spec), self.facts, repo_root=str(ROOT), mfu=mfu)
-        else:
-            report = preflight(self.load(spec), self.facts, repo_root=str(ROOT), mfu=mfu)
-        job_spec = report.job.spec if report.job is not None else None
-        if job_spec is not None and code is not None:
-            # Your code (submit --code DIR): the script torchrun starts is there and parses.
-            from jobs.usercode import check_requirements, entry_point_problems
-
-            if not Path(code).is_dir():
-                report.problems.append(Problem("--code", str(code), "is not a directory",
-                                               "give the directory holding your script"))
-            problems, warnings = entry_point_problems(job_spec, code)
-            report.problems += problems
-            report.warnings += warnings
-            if Path(code).is_dir() and (check := check_requirements(code)) is not None:
-                report.lines.append(check.install_step(job_spec.namespace))
-        if job_spec is not None and not report.problems:
-            # initFrom is read from the checkpoint store once everything else holds.
-            problems, warnings = self._init_from_check(job_spec)
-            report.problems += problems
-            report.warnings += warnings
-        return PreflightResult(report.ok, report.render(), report.exit_code, job_spec, dict(report.figures))
+        target = str(spec) if isinstance(spec, (str, Path)) else self.load(spec)
+        report = check(target, self.facts, repo_root=str(ROOT), mfu=mfu, code=str(code) if code is not None else None,
+                       store=self.ctx.store_or_none(), stack=self.stack)
+        return PreflightResult(report.ok, report.render(), report.exit_code, report.job.spec if report.job else None,
+                               dict(report.figures), report.job, tuple(report.problems))
 
     def init_from_problems(self, spec) -> list[str]:
         """``initFrom: <job>/step-N`` names a complete checkpoint of the team's job, each problem
         one line (empty when it does, or when the store cannot be read: see ``preflight``)."""
-        return [p.render() for p in self._init_from_check(spec)[0]]
+        from jobs.preflight import init_from_check
 
-    def _init_from_check(self, spec) -> tuple[list, list[str]]:
-        """(problems, warnings) of ``initFrom`` against the store; the spec's own rules ran when
-        it loaded. A store that cannot be read (no credentials) is a warning: the pod checks it
-        again and refuses a missing step as a permanent failure."""
-        from workloads.jobspec import init_from_path
-        from workloads.problems import Problem
-
-        ref = getattr(spec, "init_from", None)
-        if not ref:
-            return [], []
-        try:
-            store = self.store
-        except ValueError:
-            store = None
-        if store is None:
-            return [], [f"initFrom {ref} not checked: stack {self.stack} has no checkpoint store to read"]
-        path = init_from_path(spec)
-        job_dir, _, step = path.rpartition("/")
-        try:
-            steps = store.complete_steps(job_dir)
-        except StoreError as exc:
-            return [], [f"initFrom {ref} not checked: {exc}"]
-        if int(step.removeprefix("step-")) not in steps:
-            return [Problem("initFrom", ref, f"no complete checkpoint there (complete steps of that job: {steps or 'none'})",
-                            f"name one of them; list them: python -m workloads checkpoints {job_dir.rsplit('/', 1)[-1]} "
-                            f"--team {spec.team} --stack {self.stack}")], []
-        return [], []
+        store = self.ctx.store_or_none()
+        return [] if store is None else [p.render() for p in init_from_check(self.load(spec), store, stack=self.stack)[0]]
 
     def render(self, spec: SpecLike) -> dict:
         from workloads.trainingjob import render
@@ -165,31 +124,38 @@ class JobClient:
         """Preflight, render, create. Raises ``PreflightRefused`` if it does not fit and
         ``JobExists`` if the team already has a job of that name, unless ``replace``: then that job
         is deleted in the foreground first (its pods get SIGTERM and their grace period to
-        checkpoint, as in ``cancel``) and the new one created once it is gone. ``code``: a
-        directory of your own code, packed, pinned by digest and uploaded (jobs/usercode.py).
-        ``checked``: this spec's preflight, already run (the command line shows it first)."""
+        checkpoint, as in ``cancel``) and the new one created once it is gone; a finished job is
+        never replaced (``rerun``). ``code``: a directory of your own code, packed, pinned by
+        digest and uploaded (jobs/usercode.py). ``checked``: this spec's preflight, already run
+        (the command line shows it first). What is rendered is the job preflight resolved."""
+        import dataclasses
+
+        from workloads.trainingjob import render_resolved
+
         result = checked if checked is not None else self.preflight(spec, mfu=mfu, code=code)
-        if not result.ok or result.spec is None:
+        if not result.ok or result.spec is None or result.job is None:
             raise PreflightRefused(result)
-        job_spec = result.spec
+        job = result.job
         archive = None
         if code is not None:
             from jobs import usercode
 
             archive = usercode.archive(code)
-            job_spec = usercode.pin(job_spec, archive, self.facts.checkpoints_bucket, self.facts.stack)
-        manifest = self.render(job_spec)
+            # The archive's URI and digest only: pool, team and size stay the ones preflight checked.
+            job = dataclasses.replace(job, spec=usercode.pin(job.spec, archive, self.facts.checkpoints_bucket,
+                                                             self.facts.stack))
+        manifest = render_resolved(job)
         uploaded: list[bool] = []
 
         def upload() -> None:
             if archive is not None:
                 from jobs import usercode
 
-                uploaded.append(usercode.upload(job_spec, archive))
+                uploaded.append(usercode.upload(job.spec, archive))
 
         (created, replaced), = self.create_jobs([manifest], replace=replace, before_write=upload,
                                                  replace_timeout_seconds=replace_timeout_seconds, poll_seconds=poll_seconds)
-        return Submitted(created, manifest, replaced=replaced, code_uri=job_spec.code.uri if job_spec.code else None,
+        return Submitted(created, manifest, replaced=replaced, code_uri=job.spec.code.uri if job.spec.code else None,
                          code_uploaded=bool(uploaded and uploaded[0]))
 
     def rerun(self, spec: SpecLike, *, suffix: Optional[str] = None, from_previous: bool = False) -> "Rerun":
@@ -233,29 +199,26 @@ class JobClient:
         return SweepResults(name=name, jobs=jobs, metrics=found, note=note)
 
     def plan_sweep(self, job_file: Union[str, Path], sweeps: Sequence[str], *, sweep_name: Optional[str] = None,
-                   mfu: Optional[float] = None, dry_run: bool = False, out: Any = None,
-                   err: Any = None) -> tuple[int, list[dict]]:
-        """One job per point of the grid (``sweeps``: ``KEY=V1,V2`` each, jobs/sweep.py), every point
-        preflighted and the sweep's cost and quota totals printed to ``out``: (exit code, the
-        manifests). Nothing is created; ``submit_sweep`` creates them, all or nothing."""
-        import sys
-        from types import SimpleNamespace
+                   mfu: Optional[float] = None) -> "SweepPlan":
+        """One job per point of the grid (``sweeps``: ``KEY=V1,V2`` each, jobs/sweep.py), each point
+        through this client's preflight (initFrom included) and rendered from what it resolved; the
+        sweep's cost and quota totals. Nothing is created or printed: ``SweepPlan.lines()`` is what
+        the command line prints, ``submit_sweep`` creates the points, all or nothing."""
+        from jobs.sweep import plan_sweep
 
-        from jobs.sweep import submit_sweep
-
-        args = SimpleNamespace(job=str(job_file), sweep=list(sweeps), sweep_name=sweep_name, mfu=mfu, dry_run=dry_run)
-        return submit_sweep(args, facts=self.facts, repo_root=str(ROOT), out=out or sys.stdout, err=err or sys.stderr)
+        return plan_sweep(str(job_file), list(sweeps), preflight=lambda spec: self.preflight(spec, mfu=mfu),
+                          facts=self.facts, repo_root=str(ROOT), name=sweep_name)
 
     def submit_sweep(self, job_file: Union[str, Path], sweeps: Sequence[str], *, sweep_name: Optional[str] = None,
-                     mfu: Optional[float] = None, replace: bool = False, out: Any = None,
-                     err: Any = None) -> list[tuple[Job, Optional[Job]]]:
-        """``plan_sweep`` then ``create_jobs``: every point's name is checked before the first is
-        created. A point that does not preflight raises ``SweepRefused`` (its exit code) and
-        creates nothing."""
-        code, manifests = self.plan_sweep(job_file, sweeps, sweep_name=sweep_name, mfu=mfu, out=out, err=err)
-        if code:
-            raise SweepRefused(code)
-        return self.create_jobs(manifests, replace=replace)
+                     mfu: Optional[float] = None, replace: bool = False,
+                     plan: Optional["SweepPlan"] = None) -> list[tuple[Job, Optional[Job]]]:
+        """``plan_sweep`` (or the ``plan`` already made) then ``create_jobs``: every point's name is
+        checked before the first is created. A plan with a point that does not preflight raises
+        ``SweepRefused`` (its exit code, and the plan) and creates nothing."""
+        plan = plan if plan is not None else self.plan_sweep(job_file, sweeps, sweep_name=sweep_name, mfu=mfu)
+        if plan.exit_code:
+            raise SweepRefused(plan.exit_code, plan)
+        return self.create_jobs(list(plan.manifests), replace=replace)
 
     # -- the cluster ---------------------------------------------------------------------------
     def identity(self) -> Identity:

@@ -4,7 +4,7 @@ Shared by the client's face (preflight, render) and its backends (the cluster, t
 from __future__ import annotations
 
 import difflib
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from jobs.records import UnknownTeam
 from jobs.store import EXPORT, MIRROR, CheckpointStore, S3Store
@@ -19,6 +19,9 @@ class StackContext:
         self._facts = facts
         self._store = store
         self.offline = offline
+        # The deployed checkpoints bucket from the cluster (the team namespace's platform
+        # ConfigMap), for a team member who cannot read the stack's outputs; set by the client.
+        self.bucket_lookup: Optional[Callable[[], Optional[str]]] = None
 
     @property
     def knows_stack(self) -> bool:
@@ -38,12 +41,15 @@ class StackContext:
     def store(self) -> Optional[CheckpointStore]:
         if self._store is None:
             bucket = self.facts.checkpoints_bucket  # no stack: ValueError, saying so
+            placeholder = bool(bucket) and not getattr(self.facts, "names_deployed", False)
+            if placeholder and self.bucket_lookup is not None and (deployed := self.bucket_lookup()):
+                bucket, placeholder = deployed, False
             if bucket:
                 # On EFS (datasets storage s3-mountpoint) nothing exports /fsx/checkpoints: the
                 # only copy in S3 is a job's s3Mirror (jobs/store.py).
                 efs = self.facts.checkpoint_store == "EFS"
                 self._store = S3Store(bucket, region=self.facts.region, layout=MIRROR if efs else EXPORT,
-                                      file_system=self.facts.checkpoint_store or "FSx for Lustre")
+                                      file_system=self.facts.checkpoint_store or "FSx for Lustre", placeholder=placeholder)
         return self._store
 
     def store_note(self) -> Optional[str]:

@@ -190,6 +190,7 @@ def facts_for_stack(stack: str, *, use_outputs: bool = True) -> PlatformFacts:
     if outputs:
         facts = replace(facts, checkpoints_bucket=outputs.get("checkpointsBucket") or facts.checkpoints_bucket,
                         container_log_group=outputs.get("containerLogGroup") or facts.container_log_group,
+                        names_deployed="checkpointsBucket" in outputs,
                         notes=facts.notes + (f"names from `pulumi stack output --stack {stack}`",))
     else:
         facts = replace(facts, notes=facts.notes + ("from the offline plan (stack outputs not readable): bucket names are placeholders",))

@@ -221,6 +221,10 @@ class PreflightResult:
     exit_code: int = 0  # the command line's: 0 fits, 2 bad input, 3 does not fit
     spec: Any = field(default=None, repr=False, compare=False)  # the parsed JobSpec (None: it did not parse)
     figures: Mapping[str, Any] = field(default_factory=dict, compare=False)  # pool, cost, memory... as numbers
+    # The resolved job preflight checked (workloads.trainingjob.ResolvedJob; None when it did not
+    # resolve): what submit renders, with no second resolution.
+    job: Any = field(default=None, repr=False, compare=False)
+    problems: tuple[Any, ...] = field(default=(), repr=False, compare=False)  # workloads.problems.Problem
 
 
 @dataclass(frozen=True)
@@ -437,10 +441,12 @@ def admission_from(workload: Optional[dict]) -> Admission:
 
 
 class SweepRefused(Exception):
-    """A sweep point did not preflight (the report was printed); ``exit_code`` is preflight's."""
+    """A sweep point did not preflight; ``exit_code`` is preflight's, ``plan`` the sweep's plan
+    (``plan.lines()``: every point's verdict)."""
 
-    def __init__(self, exit_code: int):
+    def __init__(self, exit_code: int, plan: Any = None):
         self.exit_code = exit_code
+        self.plan = plan
         super().__init__(f"the sweep was refused by preflight (exit {exit_code}); nothing was created")
 
 

@@ -112,6 +112,8 @@ class PlatformFacts:
     tracking_url: Optional[str] = None  # MLflow, https://<tracking.domainName>
     argocd_url: Optional[str] = None  # Argo CD, https://<gitops.domain>
     grafana: Optional[str] = None  # "in-cluster" | "managed" | None (no monitoring)
+    # The bucket and log group names are the deployed ones (stack outputs), not the offline plan's.
+    names_deployed: bool = False
 
     def pool(self, name: str) -> Optional[PoolFacts]:
         return next((p for p in self.pools if p.name == name), None)

@@ -189,8 +189,10 @@ def _finished_at(job: Mapping[str, Any]) -> Optional[str]:
     return None
 
 
-def end_run(record: dict[str, Any], now: float) -> None:
-    """The job object is gone: the outcome, and the end of every attempt still open."""
+def end_run(record: dict[str, Any], now: float, *, last_seen: Optional[str] = None) -> None:
+    """The job object is gone: the outcome, and the end of every attempt still open (at
+    ``last_seen``, the last time the recorder saw it running, when it went unwatched: cost so
+    far never counts time nobody saw)."""
     spec = record["spec"]
     if spec["outcome"]:
         return
@@ -207,7 +209,7 @@ def end_run(record: dict[str, Any], now: float) -> None:
     spec["removedAt"] = now_text(now)
     for attempt in spec["attempts"]:
         if attempt.get("endedAt") is None and attempt.get("reason") in (RUNNING, PENDING):
-            attempt["endedAt"] = now_text(now) if attempt.get("startedAt") else None
+            attempt["endedAt"] = (last_seen or now_text(now)) if attempt.get("startedAt") else None
             attempt["reason"] = CANCEL if outcome in ("Cancelled", "Replaced", "Deleted") else LOST
             attempt["message"] = f"the job was {outcome.lower()} while this attempt ran"
 
@@ -616,7 +618,7 @@ class Recorder:
         for key, record in list(self.records.items()):
             spec = record["spec"]
             if key not in live and not spec["outcome"]:
-                end_run(record, now)  # the job went while the recorder was not watching
+                end_run(record, now, last_seen=spec.get("updatedAt"))  # the job went while the recorder was not watching
                 self.dirty.add(key)
             elif key in live:
                 for attempt in spec["attempts"]:

@@ -51,6 +51,22 @@ class KubernetesBackend:
                 self._identity = Identity("", ())
         return self._identity
 
+    def deployed_bucket(self) -> Optional[str]:
+        """The checkpoints bucket's deployed name, from the caller's team namespace's platform
+        ConfigMap (workloads/trainingjob.py); None when it cannot be read."""
+        from workloads.trainingjob import PLATFORM_BUCKET_KEY, PLATFORM_CONFIGMAP
+
+        try:
+            teams = self.identity().teams
+            namespaces = [team_namespace(teams[0])] if len(teams) == 1 else [t.namespace for t in self.ctx.facts.teams]
+            for namespace in namespaces:
+                found = self.kube.get(CONFIGMAPS, PLATFORM_CONFIGMAP, namespace)
+                if found and (found.get("data") or {}).get(PLATFORM_BUCKET_KEY):
+                    return found["data"][PLATFORM_BUCKET_KEY]
+        except (KubeError, NoClusterAccess, ValueError):
+            return None
+        return None
+
     def team_for(self, team: Optional[str]) -> str:
         """``team``, or the caller's own team: the one team group their identity carries (or the
         team whose IAM role they assumed). ``UnknownTeam`` with the fix when neither says."""

@@ -112,6 +112,8 @@ def test_a_preempted_run_is_recorded_with_its_nodes_and_cost_and_outlives_its_jo
     raw = _example(cluster, "rec")
     team = raw["team"]
     client = _client(cluster, team)
+    # Who the API server says the caller is (SelfSubjectReview): the team, without --team.
+    assert client.identity().teams == (team,)
     with pytest.raises(NoClusterAccess):
         client.kube.get(NODES, "any")  # the team's Role grants no Nodes: the record is the only way
     submitted = client.submit(client.load(raw))
@@ -160,8 +162,8 @@ def test_a_preempted_run_is_recorded_with_its_nodes_and_cost_and_outlives_its_jo
     gone = client.describe(name, team)
     assert gone.job.phase == "Succeeded" and len(gone.attempts) == 2 * submitted.job.nodes, gone
     assert gone.cost.usd == pytest.approx(detail.cost.usd, abs=0.02)
-    assert [j.phase for j in client.list(team, include_finished=True) if j.name == name] == ["Succeeded"]
-    assert [r.job.phase for r in client.runs(team, name=name)] == ["Succeeded"]
+    assert [j.phase for j in client.list(include_finished=True) if j.name == name] == ["Succeeded"]
+    assert [r.job.phase for r in client.runs(name=name)] == ["Succeeded"]
 
 
 def test_cancel_replace_and_kubectl_delete_each_leave_their_outcome(cluster, recorder):
