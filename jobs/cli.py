@@ -373,20 +373,31 @@ def cmd_data(args) -> int:
     return EXIT_OK
 
 
+def _team_arg(p, required=False):
+    p.add_argument("--team", required=required, help="the job's team (namespace team-<team>); default: your own, "
+                   "from your identity (the team group your team role's access entry carries)")
+
+
+def _stack_args(p, required=False):
+    p.add_argument("--stack", required=required, help="the stack: its teams (--team is checked), checkpoints bucket "
+                   "and container log group (attempt history, past logs)")
+    p.add_argument("--offline", action="store_true", help="do not ask `pulumi stack output` for deployed names")
+    p.add_argument("--facts", help="read the platform facts from this JSON file (written by `facts`)")
+
+
 def add_parsers(sub) -> None:
-    def team(p, required=False):
-        p.add_argument("--team", required=required, help="the job's team (namespace team-<team>); default: your own, "
-                       "from your identity (the team group your team role's access entry carries)")
+    """Every lifecycle command: ``add_parser`` with its ``run`` (the entry point's way too)."""
+    _reading_parsers(sub)
+    _acting_parsers(sub)
+    _interactive_parsers(sub)
+    _platform_parsers(sub)
 
-    def stack(p, required=False):
-        p.add_argument("--stack", required=required, help="the stack: its teams (--team is checked), checkpoints bucket "
-                       "and container log group (attempt history, past logs)")
-        p.add_argument("--offline", action="store_true", help="do not ask `pulumi stack output` for deployed names")
-        p.add_argument("--facts", help="read the platform facts from this JSON file (written by `facts`)")
 
+def _reading_parsers(sub) -> None:
+    """list, describe (status), history."""
     p = sub.add_parser("list", help="your team's jobs (a platform engineer's: every team's): phase, size, pool")
-    team(p)
-    stack(p)
+    _team_arg(p)
+    _stack_args(p)
     p.add_argument("--all", action="store_true", help="finished and cancelled jobs too")
     p.add_argument("--sweep", metavar="NAME", help="one sweep's points (label mlplatform.io/sweep), finished ones included")
     p.add_argument("--metric", action="append", metavar="NAME",
@@ -399,20 +410,23 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("describe", aliases=["status"],
                        help="a job's phase, Kueue admission, pods, attempts, checkpoints, cost so far")
     p.add_argument("name")
-    team(p)
-    stack(p)
+    _team_arg(p)
+    _stack_args(p)
     p.set_defaults(run=guarded(cmd_describe))
 
     p = sub.add_parser("history", help="every run the platform recorded for your team (gone jobs too): outcome, "
                                        "attempts, preemptions, node-hours, cost")
     p.add_argument("name", nargs="?", help="one job name's runs (default: every job's)")
-    team(p)
-    stack(p)
+    _team_arg(p)
+    _stack_args(p)
     p.set_defaults(run=guarded(cmd_history))
 
+
+def _acting_parsers(sub) -> None:
+    """logs, cancel."""
     p = sub.add_parser("logs", help="a job's logs, every attempt (-f follows restarts), one rank or all")
     p.add_argument("name")
-    team(p)
+    _team_arg(p)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--rank", type=int, default=0, help="node rank (0: the master / first node)")
     which.add_argument("--all", action="store_true", help="every rank, each line prefixed")
@@ -422,24 +436,27 @@ def add_parsers(sub) -> None:
                    help="attempt N (1: the first) of the rank, from the cluster's CloudWatch container log group: "
                         "pods of earlier attempts and of cancelled or finished jobs are gone from the cluster "
                         "(needs --stack and AWS credentials)")
-    stack(p)
+    _stack_args(p)
     p.set_defaults(run=guarded(cmd_logs))
 
     p = sub.add_parser("cancel", help="stop a job (or a whole sweep) gracefully (checkpoint first), then remove it")
     p.add_argument("name", nargs="?")
     p.add_argument("--sweep", metavar="NAME", help="every active job of this sweep (label mlplatform.io/sweep), in one command")
-    team(p)
-    stack(p)
+    _team_arg(p)
+    _stack_args(p)
     p.add_argument("--wait", action="store_true", help="wait until its pods are gone and print the newest checkpoint")
     p.add_argument("--timeout", type=float, default=600, help="--wait: seconds")
     p.add_argument("--force", action="store_true", help="cancel a job declared in git too (Argo CD recreates it on its next sync)")
     p.set_defaults(run=guarded(cmd_cancel))
 
+
+def _interactive_parsers(sub) -> None:
+    """dev (notebook), endpoints (open)."""
     p = sub.add_parser("dev", aliases=["notebook"],
                        help="an interactive GPU pod: JupyterLab on a slice of a shared or MIG pool, your team's mounts "
                             "and identity, admitted by the team's queue, port-forwarded here; stops when idle")
-    team(p)
-    stack(p)
+    _team_arg(p)
+    _stack_args(p)
     p.add_argument("--image", help="the image (your training image's dev variant: trainer/Dockerfile.dev)")
     p.add_argument("--pool", help="a shared or MIG pool (default: the first your team has quota on)")
     p.add_argument("--idle", default="1h", help="stop after this long unused: no kernel, terminal or request (default 1h)")
@@ -454,20 +471,23 @@ def add_parsers(sub) -> None:
 
     p = sub.add_parser("endpoints", aliases=["open"],
                        help="where your team's MLflow is and where its login lives, Argo CD, the dashboards")
-    team(p)
-    stack(p)
+    _team_arg(p)
+    _stack_args(p)
     p.set_defaults(run=guarded(cmd_endpoints))
 
+
+def _platform_parsers(sub) -> None:
+    """pools, checkpoints, data upload."""
     p = sub.add_parser("pools", help="the stack's GPU pools and each team's Kueue quota, with what it uses now")
     p.add_argument("--team", help="one team (default: every team)")
-    stack(p)  # --stack or --facts: without either, one line saying so
+    _stack_args(p)  # --stack or --facts: without either, one line saying so
     p.add_argument("--declared", action="store_true", help="the stack's declared quotas only: do not read the cluster")
     p.set_defaults(run=guarded(cmd_pools))
 
     p = sub.add_parser("checkpoints", help="a job's complete checkpoints (from the checkpoints bucket)")
     p.add_argument("name")
-    team(p)
-    stack(p)
+    _team_arg(p)
+    _stack_args(p)
     p.add_argument("--verify", nargs="?", type=int, const=-1, default=None, metavar="STEP",
                    help="run the restore drill (trainer verify-checkpoint) on STEP (default: the newest) as a Job in "
                         "the team's namespace, with the team's role and key; prints its verdict")
@@ -480,7 +500,7 @@ def add_parsers(sub) -> None:
     p = data_sub.add_parser("upload", help="upload DIR as a dataset version (content digest), visible on FSx")
     p.add_argument("dir")
     p.add_argument("--dataset", required=True, help="dataset name (lowercase letters, digits, '-')")
-    team(p, required=True)
-    stack(p)
+    _team_arg(p, required=True)
+    _stack_args(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=guarded(cmd_data))
