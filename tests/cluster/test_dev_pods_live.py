@@ -16,7 +16,10 @@ the pool's labels and taints and advertises the slices the pool's NodeOverlay de
 as the device plugin does once configured; kwok runs its pods (annotation kwok.x-k8s.io/node=fake).
 Kueue admits with ``waitForPodsReady`` (blockAdmission): a workload whose pods never run would hold
 every later admission, so the slices must have somewhere to run for quota, not readiness, to be
-what refuses the last dev pod.
+what refuses the last dev pod. kwok completes a batch Job's pod as soon as it runs (its
+``pod-complete`` stage), so a dev pod here frees its slice at once: the slices in use are held by
+one-slice training jobs (PyTorchJob pods run until told otherwise), and the port-forward verdict is
+asked with a raw CONNECT, which the API server judges whatever the pod's phase.
 """
 from __future__ import annotations
 
@@ -95,27 +98,36 @@ def shared_nodes(cluster):
         cluster.kubectl("delete", "node", name, "--wait=false", check=False)
 
 
+SLICE_EXAMPLE = {"dev": "examples/jobs/l4-shared-slice.yaml", "prod": "examples/jobs/h100-mig-slice.yaml"}
+
+
 def _cleanup(cluster, namespace: str) -> None:
-    """Every dev pod and filler of the test, so no workload waits on quota for the next test."""
+    """Every dev pod and slice job of the test, so no workload waits on quota for the next test."""
     cluster.kubectl("delete", "jobs", "-n", namespace, "-l", f"app.kubernetes.io/name={devpod.APP}", "--wait=false",
                     check=False)
-    cluster.kubectl("delete", "job", FILLER, "-n", namespace, "--ignore-not-found", "--wait=false", check=False)
+    cluster.kubectl("delete", "pytorchjobs", "-n", namespace, "-l", "mlplatform.io/test=slices-in-use", "--wait=false",
+                    check=False)
 
 
-def _filler(cluster, namespace: str, resource: str, pods: int, template: dict, queue: str) -> None:
-    """A Job of the platform's in the team's queue whose ``pods`` pods take one slice each: what
-    other dev pods and slice jobs of the cohort would hold."""
-    pod = json.loads(json.dumps(template))
-    pod["containers"] = [{**pod["containers"][0], "name": "filler", "command": ["sleep", "infinity"], "env": [],
-                          "volumeMounts": [],
-                          "resources": {"requests": {resource: "1", "cpu": "100m", "memory": "64Mi"},
-                                        "limits": {resource: "1", "cpu": "100m", "memory": "64Mi"}}}]
-    pod["volumes"] = []
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": FILLER, "namespace": namespace,
-                                                                  "labels": {"kueue.x-k8s.io/queue-name": queue}},
-           "spec": {"suspend": True, "parallelism": pods, "completions": pods, "backoffLimit": 0,
-                    "template": {"metadata": {"labels": {"app.kubernetes.io/name": "slices-in-use"}}, "spec": pod}}}
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
+def _slice_jobs(cluster, client, team: str, count: int) -> list[str]:
+    """``count`` one-slice training jobs of the team (the example slice job, renamed): what other
+    dev pods and slice jobs of the cohort would hold. Their pods keep running (kwok ends a job's
+    pod only when told; a dev pod's Job pods it completes at once, which would free the quota)."""
+    import yaml
+
+    from tests.cluster.test_job_lifecycle_live import ROOT
+
+    base = yaml.safe_load((ROOT / SLICE_EXAMPLE[cluster.stack]).read_text())
+    names = []
+    for index in range(count):
+        name = f"fill-{index}"
+        raw = {**base, "name": name, "team": team, "trainer": {**base["trainer"], "overrides": [
+            o if not o.startswith("export.registered_model_name=") else f"export.registered_model_name=team-{team}.fill"
+            for o in base["trainer"]["overrides"]]}}
+        job = client.submit(client.load(raw)).job
+        cluster.kubectl("label", "pytorchjob", job.name, "-n", job.namespace, "mlplatform.io/test=slices-in-use")
+        names.append(name)
+    return names
 
 
 def _workload_of(cluster, namespace: str, owner: str):
@@ -138,31 +150,22 @@ def test_a_dev_pod_is_admitted_as_the_team_and_refused_beyond_the_cohorts_slices
         # The token's Secret belongs to the Job: it goes when the Job goes.
         secret = _json(cluster, "get", "secret", first.name, "-n", namespace)
         assert secret["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
-        running = client.dev_pods.wait_running(first, wait_seconds=RUN_S, poll_seconds=2)
-        assert running.phase == "Running", running  # its pod runs: Kueue's PodsReady, admission goes on
+        # Its pod, created by the Job controller from the admitted template, passed every team policy.
+        _wait(cluster, namespace, lambda: _json(cluster, "get", "pods", "-n", namespace, "-l", f"job-name={first.name}")[
+            "items"], "the dev pod's pod created", RUN_S)
 
-        # The rest of the cohort's slices taken (other dev pods and slice jobs), running: the next
-        # dev pod waits on quota, and the client deletes it after its wait with Kueue's reason.
-        _filler(cluster, namespace, shared_nodes["resource"], shared_nodes["cohort"] - 1, job["spec"]["template"]["spec"],
-                job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"])
+        # Every slice of the cohort taken by running slice jobs: the next dev pod waits on quota,
+        # and the client deletes it after its wait, with Kueue's reason.
+        names = _slice_jobs(cluster, client, team, shared_nodes["cohort"])
 
-        def filler_running():
-            pods = _json(cluster, "get", "pods", "-n", namespace, "-l", f"job-name={FILLER}")["items"]
-            return [p for p in pods if p["status"].get("phase") == "Running"] if len(
-                [p for p in pods if p["status"].get("phase") == "Running"]) == shared_nodes["cohort"] - 1 else None
-        _wait(cluster, namespace, filler_running, "the other slices in use", ADMIT_S + RUN_S)
-        try:
-            extra = client.dev_pods.start(image=IMAGE, wait_seconds=45, poll_seconds=1)
-        except DevPodRefused as refused:
-            message = str(refused)
-        else:
-            states = [(w["metadata"]["name"], w.get("status", {}).get("admission"),
-                       [(c["type"], c["status"], c.get("reason")) for c in w.get("status", {}).get("conditions", [])])
-                      for w in _json(cluster, "get", "workloads.kueue.x-k8s.io", "-n", namespace)["items"]]
-            usage = _json(cluster, "get", "clusterqueues.kueue.x-k8s.io")["items"]
-            raise AssertionError(f"{extra.name} was admitted beyond the cohort's {shared_nodes['cohort']} slices:\n"
-                                 f"{json.dumps(states, indent=1)}\n"
-                                 f"{json.dumps([(q['metadata']['name'], q.get('status', {}).get('flavorsUsage')) for q in usage], indent=1)}")
+        def all_running():
+            running = [n for n in names if any(p["status"].get("phase") == "Running" for p in _json(
+                cluster, "get", "pods", "-n", namespace, "-l", f"training.kubeflow.org/job-name={n}")["items"])]
+            return running if len(running) == len(names) else None
+        _wait(cluster, namespace, all_running, f"the cohort's {len(names)} slices in use", ADMIT_S + RUN_S + LAUNCH_S)
+        with pytest.raises(DevPodRefused) as refused:
+            client.dev_pods.start(image=IMAGE, wait_seconds=45, poll_seconds=1)
+        message = str(refused.value)
         assert "was not admitted within 45 s" in message and "insufficient unused quota" in message, message
         left = [j["metadata"]["name"] for j in _json(cluster, "get", "jobs", "-n", namespace, "-l",
                                                      f"app.kubernetes.io/name={devpod.APP}")["items"]
@@ -190,17 +193,27 @@ def test_port_forward_reaches_dev_pods_and_no_training_pod(cluster, shared_nodes
         assert cluster.plane.kubectl("auth", "can-i", "create", "pods/portforward", "-n", namespace,
                                      kubeconfig=kubeconfig, check=False).stdout.strip() == "yes"
 
+        # The same CONNECT, raw (kubectl's own port-forward checks the pod's phase first, and kwok
+        # completes a dev pod's Job pod at once): the policy's verdict, whatever the pod's phase.
+        def connect(pod: str):
+            path = f"/api/v1/namespaces/{namespace}/pods/{pod}/portforward?ports=8888"
+            return cluster.plane.kubectl("create", "--raw", path, "-f", "/dev/null", kubeconfig=kubeconfig, check=False,
+                                         timeout_s=60)
+
+        denied = connect(master["metadata"]["name"])
+        assert "port-forward only to their dev pods" in denied.stderr, denied.stderr
         dev = client.dev_pods.start(image=IMAGE, wait_seconds=ADMIT_S, poll_seconds=1)
-        running = client.dev_pods.wait_running(dev, wait_seconds=RUN_S + LAUNCH_S, poll_seconds=2)
-        assert running.phase == "Running" and running.pod.startswith(devpod.PREFIX), running
+        pods = _wait(cluster, namespace, lambda: _json(cluster, "get", "pods", "-n", namespace, "-l",
+                                                       f"job-name={dev.name}")["items"], "the dev pod's pod", RUN_S)
+        pod = pods[0]["metadata"]["name"]
+        assert pod.startswith(devpod.PREFIX), pod
         try:
-            allowed = cluster.plane.kubectl("-n", namespace, "port-forward", f"pod/{running.pod}", "18888:8888",
-                                            kubeconfig=kubeconfig, check=False, timeout_s=60)
+            allowed = connect(pod)
             stderr = allowed.stderr
-        except subprocess.TimeoutExpired as still_forwarding:  # the stream was made: admitted
-            stderr = still_forwarding.stderr.decode() if isinstance(still_forwarding.stderr, bytes) else (
-                still_forwarding.stderr or "")
-        # Admitted by the policy; the kwok node has no kubelet, so the stream itself cannot be made.
+        except subprocess.TimeoutExpired as still_connecting:  # the stream was made: admitted
+            stderr = still_connecting.stderr.decode() if isinstance(still_connecting.stderr, bytes) else (
+                still_connecting.stderr or "")
+        # Admitted by RBAC and the policy; what fails is the stream itself (no upgrade, no kubelet).
         assert "port-forward only to their dev pods" not in stderr, stderr
         assert "forbidden" not in stderr.lower(), stderr
     finally:
