@@ -16,6 +16,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from components.helm_addon import helm_addon, system_ready
+from components.gpu_idle_alarm import email_suffix
 from components.names import IAM_ROLE_NAME_MAX, fitted_name
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_namespace_objects, apply_object
@@ -45,6 +46,10 @@ class MonitoringArgs:
     gpu_operator: the GPU Operator runs the DCGM exporter (GPU enablement mode gpu-operator), not
         the standalone chart: its Service has other labels and another port name.
     charts: where the charts come from (upstream by default, or the stack's verified chart mirror).
+    heartbeat_topic: where Alertmanager sends its Watchdog (the dead man's switch's topic, encrypted
+        with ``sns_topic_key``); None routes Watchdog nowhere.
+    team_alert_emails: team namespace -> who gets that team's alerts: a topic per team (encrypted
+        with ``sns_topic_key``) with those e-mail subscriptions, and an Alertmanager route to it.
     """
 
     cluster: Cluster
@@ -58,6 +63,8 @@ class MonitoringArgs:
     trainjob_monitors: bool = False
     component_namespaces: Mapping[str, str] = field(default_factory=dict)
     gpu_operator: bool = False
+    heartbeat_topic: Optional[aws.sns.Topic] = None
+    team_alert_emails: Mapping[str, Sequence[str]] = field(default_factory=dict)
     depends_on: Sequence[pulumi.Resource] = ()  # what creates the team namespaces
     tags: Mapping[str, str] = field(default_factory=dict)
     charts: ChartSource = ChartSource()
@@ -70,6 +77,12 @@ class MonitoringArgs:
         if (self.sns_topic is None) != (self.sns_topic_key is None):
             raise ValueError("MonitoringArgs.sns_topic_key: give the topic's KMS key with the topic (Alertmanager "
                              "must encrypt with it), or neither")
+        if (self.team_alert_emails or self.heartbeat_topic is not None) and self.sns_topic is None:
+            raise ValueError("MonitoringArgs.team_alert_emails / heartbeat_topic: Alertmanager publishes to SNS only "
+                             "with sns_topic and its key; give them, or route nothing")
+        unknown = sorted(set(self.team_alert_emails) - set(self.team_namespaces))
+        if unknown:
+            raise ValueError(f"MonitoringArgs.team_alert_emails: {unknown} are not among team_namespaces")
 
 
 def namespace_spec(vpc_cidr: str, service_cidr: str) -> SystemNamespaceSpec:
@@ -113,12 +126,25 @@ class Monitoring(pulumi.ComponentResource):
         remote_write = None
         self.amp_workspace: Optional[aws.amp.Workspace] = None
         self.grafana_workspace: Optional[aws.grafana.Workspace] = None
+        self.team_topics: dict[str, aws.sns.Topic] = {}
         if args.sns_topic is not None and args.sns_topic_key is not None:
+            # A team's own alerts (its jobs') go to the team: a topic per team, its e-mails subscribed.
+            for namespace, emails in sorted(args.team_alert_emails.items()):
+                topic = aws.sns.Topic(f"{name}-{namespace}-alerts", name=fitted_name(f"{name}-{namespace}-alerts", 256),
+                                      kms_master_key_id=args.sns_topic_key.arn, tags=tags,
+                                      opts=pulumi.ResourceOptions(parent=self))
+                for email in emails:
+                    aws.sns.TopicSubscription(f"{name}-{namespace}-alerts-{email_suffix(email)}", topic=topic.arn,
+                                              protocol="email", endpoint=email, opts=pulumi.ResourceOptions(parent=topic))
+                self.team_topics[namespace] = topic
+            published = [args.sns_topic.arn, *(t.arn for t in self.team_topics.values()),
+                         *([args.heartbeat_topic.arn] if args.heartbeat_topic is not None else [])]
             role = pod_identity_role(f"{name}-alertmanager", cluster_arn=cluster_arn, namespace=stack.NAMESPACE,
                                      service_account=stack.ALERTMANAGER_SERVICE_ACCOUNT, parent=self, tags=tags)
             aws.iam.RolePolicy(f"{name}-alertmanager-publish", role=role.id, policy=pulumi.Output.json_dumps({
                 "Version": "2012-10-17", "Statement": [
-                    {"Effect": "Allow", "Action": "sns:Publish", "Resource": args.sns_topic.arn},
+                    {"Effect": "Allow", "Action": "sns:Publish",
+                     "Resource": published[0] if len(published) == 1 else published},
                     # An encrypted topic needs the publisher to use its key (SNS developer guide, SSE).
                     {"Effect": "Allow", "Action": ["kms:GenerateDataKey", "kms:Decrypt"], "Resource": args.sns_topic_key.arn},
                 ]}), opts=pulumi.ResourceOptions(parent=role))
@@ -159,6 +185,8 @@ class Monitoring(pulumi.ComponentResource):
 
         spec = stack.StackSpec(**{**args.stack_spec.__dict__,
                                   "sns_topic_arn": args.sns_topic.arn if args.sns_topic is not None else None,
+                                  "heartbeat_topic_arn": args.heartbeat_topic.arn if args.heartbeat_topic is not None else None,
+                                  "team_topic_arns": {ns: t.arn for ns, t in self.team_topics.items()},
                                   "remote_write": remote_write, "region": args.region})
         self.release = helm_addon(
             f"{name}-kube-prometheus-stack", parent=self, cluster=cluster, release=stack.RELEASE,

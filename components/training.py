@@ -40,7 +40,8 @@ from workloads.fsx import CLAIM_NAME
 from workloads import trainjob_runtime
 from workloads.system_namespaces import unrestricted_policy
 from workloads.tenancy import PYTORCH_INIT_CONTAINER_TEMPLATE
-from workloads.trainingjob import CHECKPOINT_KEY_ITEM, CHECKPOINT_KEY_SECRET, TORCH_DISTRIBUTED_RUNTIME, render
+from workloads.trainingjob import (CHECKPOINT_KEY_ITEM, CHECKPOINT_KEY_SECRET, TORCH_DISTRIBUTED_RUNTIME, platform_config_map,
+                                   render)
 
 # Where the upstream manifests put the operator (overlays/standalone: namespace kubeflow).
 TRAINING_OPERATOR_NAMESPACE = "kubeflow"
@@ -292,6 +293,9 @@ class TeamTrainerAccess(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self),
             )
             self.roles[namespace] = role
+            # The deployed names the team's pods and its members' tools read (the bucket's real name).
+            apply_object(f"{name}-{namespace}-platform", platform_config_map(namespace, bucket.name),
+                         pulumi.ResourceOptions(parent=self, depends_on=ns_dep))
             # 64 random characters from Secrets Manager's generator (an Invoke: not a resource, and
             # a new value on every run, so ignore_changes keeps the first one; rotating it makes
             # the team's existing checkpoints unloadable, see docs/trainer.md).

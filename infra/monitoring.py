@@ -51,6 +51,9 @@ def deploy(platform: Platform) -> dict[str, Any]:
                        thresholds=thresholds(config),
                        sns_topic=alarm.topic if alarm is not None else None,
                        sns_topic_key=alarm.key if alarm is not None else None,
+                       heartbeat_topic=alarm.heartbeat_topic if alarm is not None else None,
+                       team_alert_emails=({t.namespace: list(t.alert_emails) for t in config.scheduling.teams
+                                           if t.alert_emails} if alarm is not None else {}),
                        managed=config.monitoring.managed,
                        team_namespaces=config.team_namespaces,
                        trainjob_monitors=config.training.trainer_v2,
@@ -119,6 +122,12 @@ def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tupl
     spec = stack_spec(config)
     receiver = ("the GPU idle alarm's SNS topic (e-mail)" if config.gpu_idle_alarm is not None
                 else "nobody: alerts stay in Alertmanager's UI (set gpuIdleAlarm)")
+    routed = [t for t in config.scheduling.teams if t.alert_emails]
+    if config.gpu_idle_alarm is not None:
+        receiver += ("; " + ", ".join(f"{t.namespace}'s to {len(t.alert_emails)} address(es) of its own" for t in routed)
+                     if routed else "; no team has alertEmails: every team's job alerts reach the platform's list")
+        receiver += (f"; Watchdog to the heartbeat topic every {stack.HEARTBEAT_REPEAT}, a CloudWatch alarm pages after "
+                     f"{m.heartbeat_minutes} min without it")
     yield "Monitoring", [
         f"kube-prometheus-stack on the system nodes: Prometheus x{spec.prometheus_replicas}, {m.retention_days}d "
         f"or {stack.retention_size_gib(m.volume_gib)} GiB (of a {m.volume_gib} GiB gp3 volume), whichever first",

@@ -51,6 +51,8 @@ def deploy(platform: Platform) -> dict[str, Any]:
         alarm = GpuIdleAlarm(
             f"{config.name}-gpu-idle",
             alarm_config.copy_into(GpuIdleAlarmArgs, container_insights=insights, protect=config.protect_stateful,
+                                   # The dead man's switch needs its publisher: Alertmanager (monitoring).
+                                   heartbeat_minutes=config.monitoring.heartbeat_minutes if config.monitoring else None,
                                    tags=config.resource_tags),
             opts=platform.workload_opts())
         outputs["gpu_idle_alarm"] = alarm.alarm.name

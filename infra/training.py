@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from components.datasets import DatasetBucket, Datasets
+from components.run_records import RunRecords, RunRecordsArgs
 from components.training import (
     TeamTrainerAccess, TeamTrainerAccessArgs, TrainingOperators, TrainingOperatorsArgs, team_checkpoint_prefix,
 )
@@ -26,6 +27,13 @@ def deploy(platform: Platform) -> dict[str, Any]:
                               trainer_replicas=2 if config.is_prod else 1, charts=platform.charts),
         opts=platform.kubernetes_opts(),
     )
+    image = config.gpu_enablement.node_health_image
+    if image and config.gpu_pools:
+        # The platform's account of every run (workloads/run_recorder.py), in the agent image.
+        RunRecords(f"{config.name}-run-records",
+                   RunRecordsArgs(cluster=platform.cluster, image=image,
+                                  retention_days=config.training.run_record_retention_days),
+                   opts=platform.kubernetes_opts())
     outputs: dict[str, Any] = {"trainingOperatorVersion": TRAINING_OPERATOR_VERSION,
                                "trainerV2Runtime": TORCH_DISTRIBUTED_RUNTIME if config.training.trainer_v2 else None}
     datasets = platform.datasets
@@ -62,6 +70,9 @@ def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tupl
     for team in config.scheduling.teams:
         ns = team.namespace
         lines.append(f"{ns}: service account trainer -> Pod Identity role, checkpoints bucket prefix {team_checkpoint_prefix(ns)}")
+    if config.gpu_enablement.node_health_image and config.gpu_pools:
+        lines.append(f"run records (RunRecord, mlplatform.io/v1alpha1) in each team namespace, written by the run "
+                     f"recorder in mlplatform-system; kept {config.training.run_record_retention_days} days after a run ends")
     lines.append("jobs: python -m workloads submit JOB.yaml --stack STACK [--dry-run | --local]")
     yield "Training jobs", lines
 

@@ -5,8 +5,12 @@
     python -m workloads submit JOB.yaml --stack prod --local     # run its pods on this CPU, tiny
     python -m workloads submit JOB.yaml --stack prod [--replace]  # create it (needs a kubeconfig)
     python -m workloads submit JOB.yaml --stack dev --sweep optimizer.lr=1e-4,3e-4   # one job per point
-    python -m workloads list [--team TEAM] [--all]               # the platform's jobs (--all: finished, cancelled)
-    python -m workloads describe NAME --team TEAM [--stack S]    # admission, attempts, checkpoints, cost so far (alias: status)
+    python -m workloads submit JOB.yaml --stack dev --rerun [--from-previous]   # a new run: own name, checkpoints, MLflow run
+    python -m workloads list [--team TEAM] [--all]               # your team's jobs (--all: finished, cancelled, replaced...)
+    python -m workloads describe NAME [--team TEAM] [--stack S]  # admission, attempts, nodes, checkpoints, cost so far (alias: status)
+    python -m workloads history [NAME] [--team TEAM]             # every recorded run: outcome, attempts, preemptions, cost
+    python -m workloads dev --image IMAGE [--stack S]            # an interactive GPU pod (JupyterLab), port-forwarded here
+    python -m workloads endpoints --stack S                      # MLflow (and its login), Argo CD, dashboards (alias: open)
     python -m workloads logs NAME --team TEAM [-f] [--rank N | --all]   # every attempt, every rank
     python -m workloads logs NAME --team TEAM --stack S --attempt N     # a gone pod's lines, from CloudWatch
     python -m workloads pools --stack S [--team TEAM]            # GPU pools, team quotas, what is in use now
@@ -20,31 +24,35 @@
     python -m workloads pipeline PIPELINE.yaml --stack dev --local --dataset DIR   # a pipeline's steps on CPU
 
 Platform facts come from the stack's offline plan, with deployed names from `pulumi stack
-output` when the Pulumi CLI can read them. Exit codes: 0 done; 2 bad input (the spec file, a
-field, a name the stack does not know, the trainer config; with or without other problems);
-3 the spec is well-formed but the job does not fit (memory, quota, time budget, instance size);
-4 no cluster (or bucket) access; 5 the local run failed; 6 no such job; 7 a job of that name
-exists (submit refuses it: --replace, or another name); otherwise kubectl's.
-preflight and submit report every problem of a spec in one run.
+output` when the Pulumi CLI can read them. `--team` defaults to your own (your identity's team
+group). Exit codes (jobs/exit_codes.py): 0 done; 2 bad input (the spec file, a field, a flag, a
+name the stack does not know, the trainer config; with or without other problems); 3 the spec is
+well-formed but the job does not fit (memory, quota, time budget, instance size), or a dev pod was
+not admitted; 4 no cluster (or bucket) access; 5 the local run failed; 6 no such job; 7 a job of
+that name exists (--rerun, or --replace while it runs). preflight and submit report every problem
+of a spec in one run. Every command registers the same way: ``add_parser(sub)`` with ``run``.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
-import shutil
 import sys
 from pathlib import Path
 from typing import Optional
 
 import yaml
 
-EXIT_SPEC = 2
-EXIT_REFUSED = 3
-EXIT_NO_CLUSTER = 4
-EXIT_LOCAL_FAILED = 5
-EXIT_NOT_FOUND = 6
-EXIT_EXISTS = 7
+from jobs import exit_codes
+
 ROOT = Path(__file__).resolve().parent.parent
+# Commands whose modules import the stack's program (Pulumi, infra/): name -> (module with
+# add_parser, help). Their parser is built only when the command is the one given, so no other
+# command pays for importing it.
+HEAVY_COMMANDS = {
+    "render": ("jobs.render", "write the stack's GitOps tree (what Argo CD applies)"),
+    "pipeline": ("jobs.pipeline_local", "run a declared pipeline (prepare -> train -> evaluate -> register)"),
+}
 
 
 def _dump(obj: dict) -> str:
@@ -74,22 +82,32 @@ def _client(args):
 
 
 def _preflighted(args, *, report_to=None):
-    """(client, preflight result, exit code): the job spec preflighted by the job client (the
-    same checks as JobClient.preflight, initFrom included) and shown; the code is 0 when the job
-    fits, else what the command exits with."""
+    """(client, preflight result, exit code): the job spec (or its rerun) preflighted by the job
+    client (initFrom and own code included) and shown; the code is 0 when the job fits, else what
+    the command exits with."""
+    from jobs.kube import NoClusterAccess
+    from jobs.rerun import RerunError
     from workloads.problems import InvalidInputError
     from workloads.jobspec import SpecFileError
 
     try:
         client = _client(args)
+        spec = args.job
+        if getattr(args, "rerun", None) is not None:
+            # A new run with its own name, checkpoint directory and MLflow run (jobs/rerun.py).
+            rerun = client.rerun(args.job, suffix=args.rerun or None, from_previous=args.from_previous)
+            print(rerun.describe(), file=report_to or sys.stdout)
+            spec = rerun.spec
         # Every mistake of the spec in one run: file, schema, stack facts, trainer config, quota, fit.
-        result = client.preflight(args.job, mfu=args.mfu, code=getattr(args, "code", None))
-    except SpecFileError as exc:  # nothing in the file can be checked: one line
+        result = client.preflight(spec, mfu=args.mfu, code=getattr(args, "code", None))
+    except (SpecFileError, InvalidInputError, FileNotFoundError, RerunError) as exc:  # one line (or every problem)
         print(f"error: {exc}", file=sys.stderr)
-        return None, None, EXIT_SPEC
-    except (InvalidInputError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return None, None, EXIT_SPEC
+        return None, None, exit_codes.BAD_INPUT
+    except NoClusterAccess as exc:
+        from jobs.cli import no_access_message
+
+        print(f"error: {no_access_message(args, exc)}", file=sys.stderr)
+        return None, None, exit_codes.NO_CLUSTER
     print(result.text, file=report_to or sys.stdout)
     return client, result, result.exit_code
 
@@ -98,19 +116,36 @@ def cmd_preflight(args) -> int:
     return _preflighted(args)[2]
 
 
+def _submit_flags_problem(args) -> Optional[str]:
+    """Flags that cannot go together: one line, the fix."""
+    if args.faithful and not args.local:
+        return "--faithful is a way to run --local (the job's own model on this CPU); add --local"
+    if args.replace and (args.dry_run or args.local):
+        return "--replace replaces a job on the cluster; --dry-run and --local submit nothing: drop --replace"
+    if args.from_previous and args.rerun is None:
+        return "--from-previous starts a rerun from the previous run's checkpoint. Fix: add --rerun"
+    if args.rerun is not None:
+        for flag, given, why in (("--replace", args.replace, "--replace deletes the job of the same name; a rerun takes a new name"),
+                                 ("--local", args.local, "--local runs in a fresh directory of its own anyway"),
+                                 ("--sweep", args.sweep, "a sweep names its points itself (--sweep-name)")):
+            if given:
+                return f"--rerun and {flag} do not go together: {why}. Fix: drop one of them"
+    if args.sweep and args.local:
+        return "--local runs one job: drop --sweep, or set one point's values in trainer.overrides"
+    if args.sweep and args.code:
+        return ("--sweep renders the built-in trainer's jobs; --code is your own code: submit one job per point, or push "
+                "the code into the image")
+    return None
+
+
 def cmd_submit(args) -> int:
     from jobs.kube import no_access_reason
 
-    if args.faithful and not args.local:
-        print("error: --faithful is a way to run --local (the job's own model on this CPU); add --local", file=sys.stderr)
-        return EXIT_SPEC
-    if args.replace and (args.dry_run or args.local):
-        print("error: --replace replaces a job on the cluster; --dry-run and --local submit nothing: drop --replace",
-              file=sys.stderr)
-        return EXIT_SPEC
-    if getattr(args, "sweep", None):
+    if problem := _submit_flags_problem(args):
+        print(f"error: {problem}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    if args.sweep:
         return _submit_sweep(args)
-
     # With --dry-run stdout carries the manifest alone.
     out = sys.stderr if args.dry_run else sys.stdout
     client, result, code = _preflighted(args, report_to=out)
@@ -118,12 +153,13 @@ def cmd_submit(args) -> int:
         return code
     if not (args.dry_run or args.local):
         if reason := no_access_reason():
-            print(f"error: {reason}: run with --dry-run or --local, or write the cluster's kubeconfig (pulumi stack "
-                  f"output kubeconfig --show-secrets --stack {args.stack} > kubeconfig; export KUBECONFIG=$PWD/kubeconfig)",
+            from jobs.access import access_fix
+
+            print(f"error: {reason}: run with --dry-run or --local, or {access_fix(client.facts, result.spec.team)}",
                   file=sys.stderr)
-            return EXIT_NO_CLUSTER
+            return exit_codes.NO_CLUSTER
         return _create(client, result, args)
-    spec, archive = result.spec, None
+    job, archive = result.job, None
     if args.code:
         # Your code as an archive pinned by digest (jobs/usercode.py).
         from jobs import usercode
@@ -131,17 +167,24 @@ def cmd_submit(args) -> int:
 
         try:
             archive = usercode.archive(args.code)
-            spec = usercode.pin(spec, archive, client.facts.checkpoints_bucket, client.facts.stack)
+            job = dataclasses.replace(job, spec=usercode.pin(job.spec, archive, client.facts.checkpoints_bucket,
+                                                             client.facts.stack))
         except InvalidInputError as exc:
             print(f"error: {exc}", file=sys.stderr)
-            return EXIT_SPEC
+            return exit_codes.BAD_INPUT
         print(f"code           {args.code}: {len(archive.files)} file(s), {archive.size_bytes:,} bytes, sha256 "
-              f"{archive.sha256} -> {spec.code.uri}", file=out)
-    manifest = client.render(spec)
+              f"{archive.sha256} -> {job.spec.code.uri}", file=out)
+    from workloads.trainingjob import render_resolved
+
+    manifest = render_resolved(job)  # what preflight resolved: no second resolution
     if args.dry_run:
         print(_dump(manifest))
-        return 0
-    return _submit_local(manifest, args, spec=spec, archive=archive)
+        return exit_codes.OK
+    from jobs.backends.local import LocalBackend, LocalOptions
+
+    return LocalBackend().run(manifest, spec=job.spec, archive=archive, options=LocalOptions(
+        workdir=args.workdir, steps=args.steps, interrupt_at_step=args.interrupt_at_step, no_tracking=args.no_tracking,
+        timeout_seconds=args.timeout, faithful=args.faithful))
 
 
 def _create(client, result, args) -> int:
@@ -149,7 +192,7 @@ def _create(client, result, args) -> int:
     from jobs.cli import guarded
 
     def create(_args) -> int:
-        submitted = client.submit(args.job, replace=args.replace, code=args.code, checked=result)
+        submitted = client.submit(result.spec, replace=args.replace, code=args.code, checked=result)
         if submitted.code_uri:
             print(f"code           {args.code}: {'uploaded to' if submitted.code_uploaded else 'already at'} "
                   f"{submitted.code_uri}", flush=True)
@@ -159,172 +202,92 @@ def _create(client, result, args) -> int:
         job = submitted.job
         print(f"submitted {job.kind} {job.namespace}/{job.name}: {job.phase}. Follow it: python -m workloads describe "
               f"{job.name} --team {job.team} --stack {args.stack}; python -m workloads logs {job.name} --team {job.team} -f")
-        return 0
+        return exit_codes.OK
 
     return guarded(create)(args)
 
 
 def _submit_sweep(args) -> int:
-    """`submit --sweep`: one job per point of the grid (jobs/sweep.py), each preflighted."""
+    """`submit --sweep`: the client's plan (every point preflighted, jobs/sweep.py), printed; then
+    the points created together, or none."""
     from jobs.cli import guarded
     from jobs.kube import no_access_reason
     from workloads.problems import InvalidInputError
 
-    if args.local:
-        print("error: --local runs one job: drop --sweep, or set one point's values in trainer.overrides", file=sys.stderr)
-        return EXIT_SPEC
-    if args.code:
-        print("error: --sweep renders the built-in trainer's jobs; --code is your own code: submit one job per "
-              "point, or push the code into the image", file=sys.stderr)
-        return EXIT_SPEC
     try:
         client = _client(args)
+        plan = client.plan_sweep(args.job, args.sweep, sweep_name=args.sweep_name, mfu=args.mfu)
     except (InvalidInputError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_SPEC
-    code, manifests = client.plan_sweep(args.job, args.sweep, sweep_name=args.sweep_name, mfu=args.mfu,
-                                        dry_run=args.dry_run, out=sys.stderr if args.dry_run else sys.stdout,
-                                        err=sys.stderr)
-    if code:
-        return code
+        return exit_codes.BAD_INPUT
+    report = sys.stderr if args.dry_run or plan.error else sys.stdout
+    print("\n".join(plan.lines(dry_run=args.dry_run)), file=report)
+    if plan.exit_code:
+        return plan.exit_code
     if args.dry_run:
-        print(yaml.safe_dump_all(manifests, sort_keys=False, width=120))
-        return 0
+        print(yaml.safe_dump_all(list(plan.manifests), sort_keys=False, width=120))
+        return exit_codes.OK
     if reason := no_access_reason():
-        print(f"error: {reason}: run with --dry-run, or write the cluster's kubeconfig "
-              f"(pulumi stack output kubeconfig --show-secrets --stack {args.stack} > kubeconfig; export KUBECONFIG=$PWD/kubeconfig)",
-              file=sys.stderr)
-        return EXIT_NO_CLUSTER
+        from jobs.access import access_fix
+
+        print(f"error: {reason}: run with --dry-run, or {access_fix(client.facts, plan.spec.team)}", file=sys.stderr)
+        return exit_codes.NO_CLUSTER
 
     def create(_args) -> int:
         # Every point's name is checked before the first is created: all or nothing.
-        for job, replaced in client.create_jobs(manifests, replace=args.replace):
+        for job, replaced in client.submit_sweep(args.job, args.sweep, replace=args.replace, plan=plan):
             print(f"submitted {job.kind} {job.namespace}/{job.name}: {job.phase}"
                   + (f" (replaced the {replaced.phase} one)" if replaced else ""))
-        return 0
+        return exit_codes.OK
 
     return guarded(create)(args)
 
 
-def _submit_local(manifest: dict, args, *, spec=None, archive=None) -> int:
-    import secrets
-
-    from jobs.local import LocalOverrides, LocalRunError, replacements, run_local, shrink
-    from workloads.trainingjob import CHECKPOINT_KEY_ITEM, CHECKPOINT_KEY_SECRET
-
-    workdir = Path(args.workdir or f"runs/jobs/{manifest['metadata']['name']}").resolve()
-    # The job's own model on a CPU is slow: a faithful run proves a couple of steps by default.
-    args.steps = args.steps or (2 if args.faithful else 40)
-    overrides = LocalOverrides(num_steps=args.steps, checkpoint_every_steps=max(1, args.steps // 4), faithful=args.faithful)
-    if args.faithful and spec is not None and spec.trainer is not None:
-        if (refusal := _faithful_refusal(spec, len(manifest_replicas(manifest)))) is not None:
-            print(refusal, file=sys.stderr)
-            return EXIT_REFUSED
-    if workdir.exists():
-        shutil.rmtree(workdir)  # a local run starts from nothing; a stale checkpoint would be resumed
-    workdir.mkdir(parents=True)
-    # Said before the run, so a green local run is never mistaken for the job's own config.
-    print("local run replaces" + (" (--faithful: the job's own model and config)" if args.faithful else "") + ":")
-    for line in replacements(manifest, overrides, dataset=spec.dataset if spec else "the dataset"):
-        print(f"  {line}")
-    s3_root = workdir / "s3"
-    if archive is not None:
-        from jobs import usercode
-
-        target = usercode.local_object_path(spec.code.uri, s3_root)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(archive.data)
-    small = shrink(manifest, overrides)
-    secret = {"MLFLOW_TRACKING_URI": "" if args.no_tracking else f"sqlite:///{workdir}/mlflow.db",
-              "MLFLOW_TRACKING_USERNAME": "", "MLFLOW_TRACKING_PASSWORD": ""}
-    secret_names = {e["valueFrom"]["secretKeyRef"]["name"] for e in _containers_env(small) if "valueFrom" in e
-                    and "secretKeyRef" in e["valueFrom"]}
-    print(f"local run in {workdir}: MLflow {secret['MLFLOW_TRACKING_URI'] or 'off'}, "
-          f"{f'{args.steps} steps' if spec is None or spec.trainer else 'the steps your code takes'}, "
-          f"SIGTERM to one pod at step {args.interrupt_at_step or 'never'}")
-    try:
-        # A fresh checkpoint signing key stands in for the team's (trainer/trust.py).
-        local_secrets = {**{name: secret for name in secret_names},
-                         CHECKPOINT_KEY_SECRET: {CHECKPOINT_KEY_ITEM: secrets.token_hex(32)}}
-        result = run_local(small, workdir=workdir, secrets=local_secrets, s3_root=s3_root,
-                           interrupt_at_step=args.interrupt_at_step, timeout_seconds=args.timeout)
-    except LocalRunError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_LOCAL_FAILED
-    print(f"complete checkpoints: {result.steps}; attempts: {[a.exit_codes for a in result.attempts]}")
-    return 0 if result.succeeded else EXIT_LOCAL_FAILED
-
-
-def manifest_replicas(manifest: dict) -> list:
-    from jobs.local import replicas
-
-    return replicas(manifest)
-
-
-def _faithful_refusal(spec, ranks: int) -> Optional[str]:
-    """Why the job's own model cannot run on this host (--faithful), or None."""
-    from trainer.config import build_config
-    from jobs.local import faithful_memory_problem, host_available_bytes
-    from jobs.preflight import CUDA_RESERVE_GIB, GIB, memory_per_gpu, trainer_shape
-
-    cfg = build_config(str(ROOT / spec.trainer.config), list(spec.trainer.overrides), environ={})
-    if cfg.model.hf_path:
-        return (f"--faithful: the model is model.hf_path={cfg.model.hf_path}, on the cluster's FSx, not on this machine. "
-                "Fix: run --local without --faithful, or use a model the trainer builds from its config")
-    shape, problems = trainer_shape(spec, str(ROOT))
-    if shape is None:
-        return f"--faithful: cannot size the model ({'; '.join(p.render() for p in problems)})"
-    per_rank = memory_per_gpu(shape, ranks)["total"] - CUDA_RESERVE_GIB * GIB
-    return faithful_memory_problem(per_rank * ranks, host_available_bytes() * 0.8,
-                                   f"{shape.parameters / 1e6:,.0f}M parameters x {ranks} CPU rank(s), micro-batch "
-                                   f"{shape.micro_batch_size} x {shape.seq_len} tokens")
-
-
-def _containers_env(manifest: dict) -> list[dict]:
-    if manifest["kind"] == "PyTorchJob":
-        return [e for s in manifest["spec"]["pytorchReplicaSpecs"].values() for e in s["template"]["spec"]["containers"][0]["env"]]
-    return list(manifest["spec"]["trainer"]["env"])
-
-
 def cmd_readiness(args) -> int:
-    from workloads.readiness import readiness_job, readiness_namespace
-
     from workloads.problems import InvalidInputError
+    from workloads.readiness import readiness_job, readiness_namespace
 
     try:
         facts = _facts(args.stack, not args.offline, args.facts)
     except (InvalidInputError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_SPEC
+        return exit_codes.BAD_INPUT
     pools = [p for p in facts.pools if args.pool in (None, p.name)]
     if not pools:
         print(f"error: no GPU pool {args.pool!r} in stack {args.stack}; pools: {[p.name for p in facts.pools]}", file=sys.stderr)
-        return EXIT_SPEC
+        return exit_codes.BAD_INPUT
     print(yaml.safe_dump_all([readiness_namespace(), *(readiness_job(p, image=args.image) for p in pools)], sort_keys=False))
-    return 0
+    return exit_codes.OK
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workloads", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+def cmd_facts(args) -> int:
+    import json
 
-    def stack_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--stack", required=True, help="stack whose platform the job runs on (Pulumi.<stack>.yaml)")
-        p.add_argument("--offline", action="store_true", help="do not ask `pulumi stack output` for deployed names")
-        p.add_argument("--facts", help="read the platform facts from this JSON file (written by `facts`) instead of the plan")
+    print(json.dumps(_facts(args.stack, not args.offline, args.facts).to_dict(), indent=1, sort_keys=True))
+    return exit_codes.OK
 
+
+def _stack_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stack", required=True, help="stack whose platform the job runs on (Pulumi.<stack>.yaml)")
+    p.add_argument("--offline", action="store_true", help="do not ask `pulumi stack output` for deployed names")
+    p.add_argument("--facts", help="read the platform facts from this JSON file (written by `facts`) instead of the plan")
+
+
+def add_parsers(sub) -> None:
+    """preflight, submit, readiness, facts: each ``add_parser`` with its ``run``."""
     pre = sub.add_parser("preflight", help="does the job fit; step time and cost")
     pre.add_argument("job")
-    stack_args(pre)
+    _stack_args(pre)
     pre.add_argument("--mfu", type=float, default=None,
                      help="model FLOPs utilisation assumed for the step time (default: the one make gpu-check measured "
                           "on the pool's GPU type, else 0.35)")
     pre.add_argument("--code", metavar="DIR", help="your code's directory (as for submit --code): the script is checked "
                                                     "to be there and to parse")
+    pre.set_defaults(run=cmd_preflight)
 
     submit = sub.add_parser("submit", help="preflight, render, then print / run locally / apply")
     submit.add_argument("job")
-    stack_args(submit)
+    _stack_args(submit)
     mode = submit.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the rendered job")
     mode.add_argument("--local", action="store_true", help="run the rendered pods as CPU processes, tiny")
@@ -346,40 +309,44 @@ def main(argv: Optional[list[str]] = None) -> int:
     submit.add_argument("--replace", action="store_true",
                         help="the team already has a job of this name: delete it first (its pods get SIGTERM and time "
                              "to checkpoint; the new run resumes from its newest checkpoint), then create this one")
+    submit.add_argument("--rerun", nargs="?", const="", default=None, metavar="SUFFIX",
+                        help="a new run of this spec with its own name (NAME-r<N>, or NAME-SUFFIX), checkpoint directory "
+                             "and MLflow run (in the same experiment); a finished job's name is never run again")
+    submit.add_argument("--from-previous", action="store_true",
+                        help="--rerun: start from the previous run's newest complete checkpoint (initFrom)")
     submit.add_argument("--sweep-name", help="--sweep: the sweep's name (label mlplatform.io/sweep, MLflow parent run); "
                                              "default the job name")
 
+    submit.set_defaults(run=cmd_submit)
+
     ready = sub.add_parser("readiness", help="print the readiness job of a GPU pool (nvidia-smi + 2-node all-reduce)")
-    stack_args(ready)
+    _stack_args(ready)
     ready.add_argument("--pool", help="one pool (default: every pool)")
     ready.add_argument("--image", required=True, help="the trainer image (it runs trainer.nccl_check)")
+    ready.set_defaults(run=cmd_readiness)
 
     facts = sub.add_parser("facts", help="print the platform facts jobs are rendered against, as JSON")
-    stack_args(facts)
+    _stack_args(facts)
+    facts.set_defaults(run=cmd_facts)
 
-    # The GitOps commands live in infra/ (they read the stack configuration); each registers its
-    # subcommand with add_parser(sub) and sets `run` (args -> exit code).
-    for module in ("jobs.render", "jobs.pipeline_local"):
-        importlib.import_module(module).add_parser(sub)
-    # The job lifecycle (list, describe, logs, cancel, checkpoints, data upload) is the jobs
-    # package's: a thin layer over jobs.client.JobClient.
-    from jobs.cli import add_parsers as add_lifecycle_parsers
 
-    add_lifecycle_parsers(sub)
+def main(argv: Optional[list[str]] = None) -> int:
+    from jobs import cli
 
+    parser = argparse.ArgumentParser(prog="python -m workloads", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_parsers(sub)
+    chosen = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+    for name, (module, help_text) in HEAVY_COMMANDS.items():
+        if chosen == name:
+            importlib.import_module(module).add_parser(sub)
+        else:
+            sub.add_parser(name, help=help_text)
+    # The job lifecycle (list, describe, history, logs, cancel, dev, endpoints, pools,
+    # checkpoints, data upload): a thin layer over jobs.client.JobClient.
+    cli.add_parsers(sub)
     args = parser.parse_args(argv)
-    if hasattr(args, "run"):
-        return args.run(args)
-    if args.command == "facts":
-        import json
-
-        print(json.dumps(_facts(args.stack, not args.offline, args.facts).to_dict(), indent=1, sort_keys=True))
-        return 0
-    if args.command == "preflight":
-        return cmd_preflight(args)
-    if args.command == "submit":
-        return cmd_submit(args)
-    return cmd_readiness(args)
+    return args.run(args)
 
 
 if __name__ == "__main__":

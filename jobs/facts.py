@@ -17,16 +17,14 @@ import tempfile
 from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from components.container_logs import log_group_name
-from components.datasets import DatasetBucket, write_throughput_mb_per_s
-from components.tracking import K8S_SECRET_NAME
-from infra.config import PlatformConfig
-from infra.recording import Recording
-from infra.plan import Plan, build_plan
-from workloads.platform_facts import PlatformFacts, facts_from_manifests
-from workloads.trainingjob import TORCH_DISTRIBUTED_RUNTIME
+from workloads.platform_facts import PlatformFacts
+
+if TYPE_CHECKING:  # planning imports the program (Pulumi, infra/, components/): only on a cache miss
+    from infra.config import PlatformConfig
+    from infra.plan import Plan
+    from infra.recording import Recording
 
 
 def _kubernetes_manifests(recording: Recording) -> list[dict[str, Any]]:
@@ -41,6 +39,12 @@ EFS_CLIENT_WRITE_MB_PER_S = 500 * 1.048576
 
 
 def facts_from_plan(plan: Plan) -> PlatformFacts:
+    from components.container_logs import log_group_name
+    from components.datasets import DatasetBucket, write_throughput_mb_per_s
+    from components.tracking import K8S_SECRET_NAME
+    from workloads.platform_facts import facts_from_manifests
+    from workloads.trainingjob import TORCH_DISTRIBUTED_RUNTIME
+
     config: PlatformConfig = plan.config
     recording = plan.recording
     bucket = next((r.outputs.get("bucket") for r in recording.resources
@@ -60,7 +64,17 @@ def facts_from_plan(plan: Plan) -> PlatformFacts:
         trainer_v2_runtime=TORCH_DISTRIBUTED_RUNTIME if trainer_v2 else None, checkpoint_store=store,
     )
     logs_on = config.monitoring is not None and config.monitoring.container_logs
-    return replace(facts, container_log_group=log_group_name(config.cluster_name) if logs_on else None)
+    roles = {team.name: tuple(team.role_arns) for team in config.scheduling.teams}
+    monitoring = config.monitoring
+    return replace(
+        facts, container_log_group=log_group_name(config.cluster_name) if logs_on else None,
+        cluster_name=config.cluster_name,
+        teams=tuple(replace(team, role_arns=roles.get(team.name, ())) for team in facts.teams),
+        tracking_url=f"https://{config.tracking.domain_name}" if config.tracking is not None else None,
+        argocd_url=f"https://{config.gitops.domain}" if config.gitops is not None else None,
+        grafana=(None if monitoring is None else "managed" if monitoring.managed else "in-cluster" if monitoring.grafana
+                 else None),
+    )
 
 
 def stack_outputs(stack: str) -> Optional[dict[str, Any]]:
@@ -130,6 +144,8 @@ def stack_revision(stack: str, root: Path = ROOT) -> str:
 
 
 def _plan(stack: str, root: Path) -> PlatformFacts:
+    from infra.plan import build_plan
+
     return facts_from_plan(build_plan(stack, root))
 
 
@@ -174,6 +190,7 @@ def facts_for_stack(stack: str, *, use_outputs: bool = True) -> PlatformFacts:
     if outputs:
         facts = replace(facts, checkpoints_bucket=outputs.get("checkpointsBucket") or facts.checkpoints_bucket,
                         container_log_group=outputs.get("containerLogGroup") or facts.container_log_group,
+                        names_deployed="checkpointsBucket" in outputs,
                         notes=facts.notes + (f"names from `pulumi stack output --stack {stack}`",))
     else:
         facts = replace(facts, notes=facts.notes + ("from the offline plan (stack outputs not readable): bucket names are placeholders",))

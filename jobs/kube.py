@@ -26,6 +26,9 @@ NODES = "nodes"
 EVENTS = "events"
 CONFIGMAPS = "configmaps"  # the job history records (jobs/client.py)
 NAMESPACES = "namespaces"
+JOBS = "jobs.batch"  # dev pods and the restore drill
+SECRETS = "secrets"
+RUNRECORDS = "runrecords.mlplatform.io"  # the platform's record of every run (workloads/run_records.py)
 
 
 class NoClusterAccess(RuntimeError):
@@ -38,6 +41,10 @@ class KubeError(RuntimeError):
 
 class AlreadyExists(KubeError):
     """A create found an object of that name (HTTP 409, reason AlreadyExists)."""
+
+
+class Forbidden(NoClusterAccess):
+    """The API server authenticated the caller and RBAC refused the request (HTTP 403)."""
 
 
 class KubeApi(Protocol):
@@ -61,6 +68,9 @@ class KubeApi(Protocol):
 
     def logs(self, pod: str, namespace: str, container: str, *, follow: bool = False) -> Iterator[str]:
         """The container's log lines; with ``follow`` until the container ends."""
+
+    def whoami(self) -> dict[str, Any]:
+        """The caller as the API server sees them: a SelfSubjectReview (authentication.k8s.io/v1)."""
 
 
 def no_access_reason(environ: Optional[Mapping[str, str]] = None, kubeconfig: Optional[str] = None) -> Optional[str]:
@@ -92,7 +102,7 @@ def classify(stderr: str) -> RuntimeError:
     if "(alreadyexists)" in lower or " already exists" in lower:
         return AlreadyExists(last[:300])
     if "forbidden" in lower:
-        return NoClusterAccess(f"your identity may not do this ({last[:200]}); ask the platform team for your team's role")
+        return Forbidden(f"your identity may not do this ({last[:200]})")
     return KubeError(last[:300])
 
 
@@ -156,6 +166,14 @@ class KubectlApi:
 
     def delete(self, resource, name, namespace, *, propagation="Foreground"):
         self._run(["delete", resource, name, "-n", namespace, f"--cascade={propagation.lower()}", "--wait=false"])
+
+    def whoami(self):
+        return json.loads(self._run(["auth", "whoami", "-o", "json"]))
+
+    def port_forward_argv(self, namespace: str, pod: str, local_port: int, remote_port: int) -> list[str]:
+        """The kubectl command line that forwards ``local_port`` here to the pod's ``remote_port``."""
+        self._check()
+        return [self.kubectl, *self._globals, "-n", namespace, "port-forward", f"pod/{pod}", f"{local_port}:{remote_port}"]
 
     def logs(self, pod, namespace, container, *, follow=False):
         args = ["logs", pod, "-n", namespace, "-c", container, *(["-f"] if follow else [])]

@@ -290,12 +290,13 @@ def container_env(replica: Replica, *, secrets: Mapping[str, Mapping[str, str]],
             env[name] = expand(str(item["value"]), env)
             continue
         source = item.get("valueFrom", {})
-        if "secretKeyRef" in source:
-            ref = source["secretKeyRef"]
+        if "secretKeyRef" in source or "configMapKeyRef" in source:
+            ref = source.get("secretKeyRef") or source["configMapKeyRef"]
+            kind = "Secret" if "secretKeyRef" in source else "ConfigMap"
             try:
                 env[name] = secrets[ref["name"]][ref["key"]]
             except KeyError:
-                raise LocalRunError(f"env {name}: no local value for Secret {ref['name']} key {ref['key']}") from None
+                raise LocalRunError(f"env {name}: no local value for {kind} {ref['name']} key {ref['key']}") from None
         elif "fieldRef" in source:
             env[name] = {"metadata.name": pod_name, "metadata.namespace": namespace}.get(source["fieldRef"]["fieldPath"], "")
         else:
@@ -434,7 +435,10 @@ def run_local(
     fsx_dir.mkdir(parents=True, exist_ok=True)
     reps = replicas(job)
     namespace = job["metadata"].get("namespace", "default")
-    secrets = secrets or {}
+    from workloads.trainingjob import PLATFORM_BUCKET_KEY, PLATFORM_CONFIGMAP
+
+    # The namespace's platform ConfigMap (deployed names) has a local stand-in: S3 is a directory here.
+    secrets = {PLATFORM_CONFIGMAP: {PLATFORM_BUCKET_KEY: "local-checkpoints"}, **(secrets or {})}
     result = LocalResult()
     for attempt_no in range(1, max_attempts + 1):
         port = free_port()

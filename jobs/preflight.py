@@ -205,7 +205,7 @@ def trainer_config(spec_trainer: Any, repo_root: str, *, dataset: Optional[str] 
         except ConfigError:
             return None, problems
     try:
-        validate(cfg)
+        validate(cfg, device_checks=False)  # the pod's CUDA device is the pod's to check (no torch here)
     except ConfigError as exc:
         problems += [_trainer_problem(text, config) for text in exc.problems if not text.startswith(_POD_ONLY_TRAINER_CHECKS)]
     return (None if problems else cfg), problems
@@ -764,3 +764,61 @@ def _preflight_slice(spec: JobSpec, facts: PlatformFacts, job: ResolvedJob, repo
         report.lines.append(f"               prices: {SOURCE_URL} ({PRICES_AS_OF})")
         report.figures["usd_per_slice_hour"] = round(per_hour, 4)
     return report
+
+
+# -- one preflight for every caller -----------------------------------------------------------
+def check(spec: Any, facts: PlatformFacts, *, repo_root: str, mfu: Optional[float] = None, code: Optional[str] = None,
+          store: Any = None, stack: Optional[str] = None) -> Preflight:
+    """Preflight of a spec (a file path, or a parsed ``JobSpec``) plus what the platform checks
+    before creating it: your own code's script and requirements (``code``: the directory of
+    ``submit --code``), and ``initFrom``'s step against the checkpoint ``store``. The CLI, the
+    Python client and sweeps pass the stack's store; the GitOps render passes ``store=None`` on
+    purpose (a rendered tree is a function of the repository alone), and then ``initFrom`` is left
+    to the pod, which refuses a missing step as a permanent failure."""
+    report = (preflight_file(str(spec), facts, repo_root=repo_root, mfu=mfu) if isinstance(spec, (str, os.PathLike))
+              else preflight(spec, facts, repo_root=repo_root, mfu=mfu))
+    job_spec = report.job.spec if report.job is not None else None
+    if job_spec is not None and code is not None:
+        # Your code (submit --code DIR): the script torchrun starts is there and parses.
+        from pathlib import Path
+
+        from jobs.usercode import check_requirements, entry_point_problems
+
+        if not Path(code).is_dir():
+            report.problems.append(Problem("--code", str(code), "is not a directory", "give the directory holding your script"))
+        problems, warnings = entry_point_problems(job_spec, code)
+        report.problems += problems
+        report.warnings += warnings
+        if Path(code).is_dir() and (requirements := check_requirements(code)) is not None:
+            report.lines.append(requirements.install_step(job_spec.namespace))
+    if job_spec is not None and not report.problems and store is not None:
+        # initFrom is read from the checkpoint store once everything else holds.
+        problems, warnings = init_from_check(job_spec, store, stack=stack)
+        report.problems += problems
+        report.warnings += warnings
+    elif job_spec is not None and getattr(job_spec, "init_from", None) and not report.problems:
+        report.warnings.append(f"initFrom {job_spec.init_from} not checked: no checkpoint store to read")
+    return report
+
+
+def init_from_check(spec: JobSpec, store: Any, *, stack: Optional[str] = None) -> tuple[list[Problem], list[str]]:
+    """(problems, warnings) of ``initFrom`` against the store; the spec's own rules ran when it
+    loaded. A store that cannot be read (no credentials) is a warning: the pod checks it again and
+    refuses a missing step as a permanent failure."""
+    from jobs.store import StoreError
+    from workloads.jobspec import init_from_path
+
+    ref = getattr(spec, "init_from", None)
+    if not ref:
+        return [], []
+    path = init_from_path(spec)
+    job_dir, _, step = path.rpartition("/")
+    try:
+        steps = store.complete_steps(job_dir)
+    except StoreError as exc:
+        return [], [f"initFrom {ref} not checked: {exc}"]
+    if int(step.removeprefix("step-")) not in steps:
+        return [Problem("initFrom", ref, f"no complete checkpoint there (complete steps of that job: {steps or 'none'})",
+                        f"name one of them; list them: python -m workloads checkpoints {job_dir.rsplit('/', 1)[-1]} "
+                        f"--team {spec.team} --stack {stack or 'STACK'}")], []
+    return [], []

@@ -63,7 +63,7 @@ def default_job_renderer(stack: str, root: Path) -> JobRenderer:
     repository alone, so the committed tree and CI's render agree byte for byte.
     """
     from workloads import jobspec, trainingjob
-    from jobs.preflight import preflight
+    from jobs.preflight import check
 
     facts = _plan_facts(stack)
 
@@ -74,12 +74,15 @@ def default_job_renderer(stack: str, root: Path) -> JobRenderer:
             raise PreflightRefused(f"ttlAfterFinished: {spec.ttl_after_finished!r} is not allowed on a job Argo CD owns "
                                    "(the operator would delete the finished job and Argo CD would create it again, "
                                    "which re-runs it). Fix: remove ttlAfterFinished; delete the declaration to delete the job")
-        report = preflight(spec, facts, repo_root=str(ROOT))  # trainer configs live with the code
+        # The one preflight every caller runs (jobs/preflight.py check). No checkpoint store on
+        # purpose: the rendered tree is a function of the repository alone (an initFrom step is
+        # checked by the pod, which refuses a missing one as a permanent failure).
+        report = check(spec, facts, repo_root=str(ROOT), store=None)  # trainer configs live with the code
         if not report.ok:
             raise PreflightRefused("preflight refused it (python -m workloads preflight "
                                    f"{path.relative_to(root) if path.is_relative_to(root) else path} --stack {stack}):\n"
                                    + "\n".join(f"      {p.render()}" for p in report.problems))
-        return trainingjob.render(spec, facts)
+        return trainingjob.render_resolved(report.job)  # what preflight resolved
 
     return render_one
 

@@ -100,8 +100,10 @@ class S3Store:
     or, where checkpoints live on EFS, the jobs' S3 mirrors (``layout=MIRROR``)."""
 
     def __init__(self, bucket: str, *, region: Optional[str] = None, client: Any = None, layout: str = EXPORT,
-                 file_system: str = "FSx for Lustre"):
+                 file_system: str = "FSx for Lustre", placeholder: bool = False):
+        """``placeholder``: the bucket name is the offline plan's, not the deployed one (said in errors)."""
         self.bucket = bucket
+        self.placeholder = placeholder
         self._client = client
         self.region = region
         self.layout = layout
@@ -139,7 +141,10 @@ class S3Store:
                 keys += [o["Key"] for o in page.get("Contents", [])]
                 prefixes += [p["Prefix"] for p in page.get("CommonPrefixes", [])]
         except (BotoCoreError, ClientError) as exc:
-            raise StoreError(f"cannot list s3://{self.bucket}/{prefix}: {exc}") from None
+            why = (" (the bucket name is the offline plan's placeholder: the deployed name was not readable from the "
+                   "stack's outputs or the cluster)" if self.placeholder else "")
+            raise StoreError(f"cannot list s3://{self.bucket}/{prefix}: {exc}{why}. Fix: log in to AWS with your team's "
+                             "role (aws sso login, or export AWS_PROFILE=...) and reach the cluster") from None
         return keys, prefixes
 
     def complete_steps(self, checkpoint_dir):

@@ -404,56 +404,85 @@ def sweep_totals(figures: Sequence[Mapping[str, Any]], facts: Any, team: str) ->
     return lines + [text]
 
 
-# -- `submit --sweep` ---------------------------------------------------------------------------------
-def submit_sweep(args: Any, *, facts: Any, repo_root: str, out: Any, err: Any) -> tuple[int, list[dict[str, Any]]]:
-    """Preflight every point (all problems at once, each under its job's name), then return the
-    manifests to print or apply: (exit code, manifests). The exit code follows preflight's
-    classes: 2 bad input (the spec or the --sweep values), 3 a point does not fit."""
-    from workloads.jobspec import SpecFileError, load_job_spec
-    from jobs.preflight import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, preflight, preflight_file
+# -- `submit --sweep`: the plan ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class PointPlan:
+    point: SweepPoint
+    result: Any  # jobs.records.PreflightResult: the client's preflight of the point (initFrom included)
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """Every point preflighted and, when all fit, rendered from what preflight resolved; the
+    sweep's totals. Pure data: ``lines()`` is what ``submit --sweep`` prints."""
+
+    name: str
+    spec: Optional[JobSpec]
+    points: tuple[PointPlan, ...] = ()
+    exit_code: int = 0  # 0 every point fits; 2 bad input (spec, --sweep values, a point); 3 a point does not fit
+    error: str = ""  # a refusal before any point: the spec or the sweep values
+    totals: tuple[str, ...] = ()
+    manifests: tuple[dict[str, Any], ...] = ()
+
+    def lines(self, *, dry_run: bool = False) -> list[str]:
+        """The report: one line per point, its problems under it; the totals; what happens next."""
+        if self.error:
+            return [self.error]
+        out = []
+        for plan in self.points:
+            figures, values = plan.result.figures, ", ".join(plan.point.overrides)
+            if plan.result.ok:
+                out.append(f"{plan.point.name} ({values}): OK on {figures.get('instance_type')}, "
+                           f"~{figures.get('run_hours', 0):.1f} h, {_point_cost(figures)}")
+                continue
+            problems = plan.result.problems
+            out.append(f"{plan.point.name} ({values}): {plan.result.text.splitlines()[-len(problems) - 1]}")
+            out += [f"  - [{p.kind}] {p.render()}" for p in problems]
+        if self.exit_code:
+            return out
+        out += list(self.totals)
+        assert self.spec is not None
+        if dry_run:
+            out.append(f"sweep {self.name}: {len(self.points)} job(s) for {self.spec.namespace} rendered below; nothing "
+                       "submitted (--dry-run)")
+        else:
+            out.append(f"sweep {self.name}: {len(self.points)} job(s) in {self.spec.namespace}, queued by Kueue under the "
+                       f"team's quota; see them with: python -m workloads list --sweep {self.name} --team {self.spec.team}")
+        return out
+
+
+def plan_sweep(job_file: str, sweeps: Sequence[str], *, preflight: Any, facts: Any, repo_root: str,
+               name: Optional[str] = None) -> SweepPlan:
+    """One job per point of the grid, each through ``preflight`` (``JobClient.preflight``: the same
+    checks as one job, initFrom included): every problem at once, each under its job's name. The
+    points are rendered from the jobs preflight resolved (no second resolution)."""
+    from jobs.preflight import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT
+    from workloads.jobspec import SpecFileError
+    from workloads.trainingjob import render_resolved
 
     try:
-        base = preflight_file(args.job, facts, repo_root=repo_root, mfu=getattr(args, "mfu", None))
+        base = preflight(job_file)
     except SpecFileError as exc:
-        print(f"error: {exc}", file=err)
-        return EXIT_BAD_INPUT, []
-    if base.job is None and base.problems:
-        print(base.render(), file=err)
-        return base.exit_code or EXIT_BAD_INPUT, []
-    spec = load_job_spec(args.job) if base.job is None else base.job.spec
+        return SweepPlan("", None, exit_code=EXIT_BAD_INPUT, error=f"error: {exc}")
+    if base.spec is None:
+        return SweepPlan("", None, exit_code=base.exit_code or EXIT_BAD_INPUT, error=base.text)
+    spec = base.spec
     try:
-        axes = parse_sweeps(args.sweep, spec, repo_root=repo_root)
+        axes = parse_sweeps(sweeps, spec, repo_root=repo_root)
     except SweepError as exc:
-        print(f"error: {exc}", file=err)
-        return EXIT_BAD_INPUT, []
-    sweep = sweep_name(spec, getattr(args, "sweep_name", None))
+        return SweepPlan("", spec, exit_code=EXIT_BAD_INPUT, error=f"error: {exc}")
+    sweep = sweep_name(spec, name)
     if (problem := sweep_name_problem(sweep)) is not None:
-        print(f"error: --sweep-name {sweep!r}: {problem}", file=err)
-        return EXIT_BAD_INPUT, []
-    points = expand(spec, axes, name=sweep)
+        return SweepPlan(sweep, spec, exit_code=EXIT_BAD_INPUT, error=f"error: --sweep-name {sweep!r}: {problem}")
+    points = tuple(PointPlan(point, preflight(point.spec)) for point in expand(spec, axes, name=sweep))
     worst = 0
-    figures = []
-    for point in points:
-        report = preflight(point.spec, facts, repo_root=repo_root, mfu=getattr(args, "mfu", None))
-        values = ", ".join(point.overrides)
-        figures.append(report.figures)
-        if report.ok:
-            print(f"{point.name} ({values}): OK on {report.figures.get('instance_type')}, "
-                  f"~{report.figures.get('run_hours', 0):.1f} h, {_point_cost(report.figures)}", file=out)
-        else:
-            print(f"{point.name} ({values}): {report.render().splitlines()[-len(report.problems) - 1]}", file=out)
-            for problem in report.problems:
-                print(f"  - [{problem.kind}] {problem.render()}", file=out)
-            code = report.exit_code
+    for plan in points:
+        code = plan.result.exit_code
+        if code:
             worst = EXIT_BAD_INPUT if EXIT_BAD_INPUT in (worst, code) else max(worst, code)
     if worst:
-        return worst if worst in (EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT) else EXIT_BAD_INPUT, []
-    for line in sweep_totals(figures, facts, spec.team):
-        print(line, file=out)
-    if getattr(args, "dry_run", False):
-        print(f"sweep {sweep}: {len(points)} job(s) for {spec.namespace} rendered below; nothing submitted (--dry-run)",
-              file=out)
-        return 0, render_sweep(points, facts, sweep=sweep)
-    print(f"sweep {sweep}: {len(points)} job(s) in {spec.namespace}, queued by Kueue under the team's quota; "
-          f"see them with: python -m workloads list --sweep {sweep} --team {spec.team}", file=out)
-    return 0, render_sweep(points, facts, sweep=sweep)
+        return SweepPlan(sweep, spec, points, worst if worst in (EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT) else EXIT_BAD_INPUT)
+    identity = sweep_id(spec.namespace, sweep)
+    manifests = tuple(_label(render_resolved(p.result.job), sweep, p.point, identity) for p in points)
+    return SweepPlan(sweep, spec, points, 0, "", tuple(sweep_totals([p.result.figures for p in points], facts, spec.team)),
+                     manifests)

@@ -455,8 +455,10 @@ def _read_config_file(path: str) -> dict[str, Any]:
     return raw
 
 
-def validate(cfg: TrainerConfig) -> None:
-    """Cross-field checks; raises one ConfigError listing every problem with its fix."""
+def validate(cfg: TrainerConfig, *, device_checks: bool = True) -> None:
+    """Cross-field checks; raises one ConfigError listing every problem with its fix.
+    ``device_checks=False`` leaves out what only the pod's devices can answer (a CUDA device for
+    nccl and bf16): a job spec's preflight on a laptop neither needs nor imports torch for them."""
     p: list[str] = []
 
     def need(ok: bool, msg: str) -> None:
@@ -493,11 +495,11 @@ def validate(cfg: TrainerConfig) -> None:
     need(0 <= s.warmup_steps <= s.num_steps, f"schedule.warmup_steps={s.warmup_steps}: must be in [0, schedule.num_steps={s.num_steps}]")
     need(0 <= s.min_lr_ratio <= 1, f"schedule.min_lr_ratio={s.min_lr_ratio}: must be in [0, 1]")
     need(s.grad_accum_steps >= 1, f"schedule.grad_accum_steps={s.grad_accum_steps}: must be >= 1")
-    if par.backend == "nccl":
+    if par.backend == "nccl" and device_checks:
         import torch
 
         need(torch.cuda.is_available(), "parallelism.backend='nccl': no CUDA device here; use gloo or auto")
-    if par.mixed_precision == "bf16":
+    if par.mixed_precision == "bf16" and device_checks:
         import torch
 
         need(torch.cuda.is_available(), "parallelism.mixed_precision='bf16': bf16 autocast is for CUDA; use auto or fp32 on CPU")

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from trainer.contract.layout import step_dir_name
+from workloads.tenancy import DEV_POD_PREFIX
 from workloads.fsx import DATASETS_DIR, FSX_MOUNT_PATH, team_subtree_path
 from workloads.problems import InvalidInputError, Problem
 from workloads.scheduling import Priority, team_namespace
@@ -36,6 +37,7 @@ _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 # Pod names are <name>-worker-<index> and Services <name>-master-0: keep the name short enough
 # that both stay within the 63-character DNS label limit.
 MAX_NAME_LENGTH = 40
+RESERVED_NAME_PREFIX = DEV_POD_PREFIX
 _DURATION = re.compile(r"^(\d+h)?(\d+m)?(\d+s)?$")
 # A checkpoint of one of the team's jobs (the job name rule above, a trainer step directory).
 _INIT_FROM = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?/step-\d{1,9}$")
@@ -361,7 +363,10 @@ class JobSpec(_Model):
     spot: bool = Field(True, description="May run on spot capacity (interruptible, resumed from checkpoints).")
     dataset: str = Field(description=f"Token shards on FSx, under {FSX_MOUNT_PATH}.")
     checkpoint_dir: Optional[str] = Field(None, description=f"Default {FSX_MOUNT_PATH}/checkpoints/team-<team>/<name>.")
-    s3_mirror: bool = Field(False, description="Also mirror complete checkpoints to the team's prefix of the checkpoints bucket.")
+    s3_mirror: Optional[bool] = Field(None, description=(
+        "Also mirror complete checkpoints to the team's prefix of the checkpoints bucket. Default: on where checkpoints "
+        "live on EFS (datasets storage s3-mountpoint: nothing else makes them readable from outside the cluster), off "
+        "on FSx for Lustre (its /checkpoints association exports them)."))
     run_name: Optional[str] = None
     experiment: Optional[str] = Field(None, description="MLflow experiment, created under the team's prefix "
                                       "<namespace>/ (default: <namespace>/<name>).")
@@ -407,6 +412,9 @@ class JobSpec(_Model):
         if not _DNS_1035.match(value) or len(value) > MAX_NAME_LENGTH:
             raise ValueError(f"is not a DNS label of at most {MAX_NAME_LENGTH} characters. "
                              "FIX: use lowercase letters, digits and '-', starting with a letter")
+        if value.startswith(RESERVED_NAME_PREFIX):
+            raise ValueError(f"starts with {RESERVED_NAME_PREFIX}, which names interactive dev pods (the only pods a "
+                             "team may port-forward to). FIX: name the job otherwise")
         return value
 
     @field_validator("team")

@@ -81,6 +81,9 @@ class TeamFacts:
     posix_id: Optional[int] = None
     # Priority classes the team may use (namespace annotation); empty: not recorded.
     allowed_priority_classes: tuple[str, ...] = ()
+    # The IAM roles whose EKS access entries carry the team's group (scheduling.teams[].roleArns):
+    # what a member names in `aws eks update-kubeconfig --role-arn`. Empty: no access entry.
+    role_arns: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,14 @@ class PlatformFacts:
     # The CloudWatch log group Fluent Bit ships every container's lines to (components/
     # container_logs.py), None when the stack has container logs off: past attempts' logs.
     container_log_group: Optional[str] = None
+    # The EKS cluster (``aws eks update-kubeconfig --name``); None in older facts files.
+    cluster_name: Optional[str] = None
+    # Where a team member finds the platform's web endpoints (``python -m workloads endpoints``).
+    tracking_url: Optional[str] = None  # MLflow, https://<tracking.domainName>
+    argocd_url: Optional[str] = None  # Argo CD, https://<gitops.domain>
+    grafana: Optional[str] = None  # "in-cluster" | "managed" | None (no monitoring)
+    # The bucket and log group names are the deployed ones (stack outputs), not the offline plan's.
+    names_deployed: bool = False
 
     def pool(self, name: str) -> Optional[PoolFacts]:
         return next((p for p in self.pools if p.name == name), None)
@@ -118,7 +129,8 @@ class PlatformFacts:
         pools = tuple(PoolFacts(**{**p, "instance_types": tuple(p["instance_types"]),
                                    "capacity_types": tuple(p["capacity_types"]),
                                    "taints": tuple(p["taints"])}) for p in data["pools"])
-        teams = tuple(TeamFacts(**t) for t in data["teams"])
+        teams = tuple(TeamFacts(**{**t, **{k: tuple(t[k]) for k in ("allowed_priority_classes", "role_arns") if k in t}})
+                      for t in data["teams"])
         rest = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k not in ("pools", "teams")}
         return cls(pools=pools, teams=teams, **rest)
 

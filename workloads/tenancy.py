@@ -524,6 +524,33 @@ def _disruption_budgets() -> list[dict[str, Any]]:
     ])
 
 
+# A dev pod's name (and so its pod's: the Job controller's pods are <job>-<random>); the only pods
+# a team member may port-forward to (workloads/devpod.py).
+DEV_POD_PREFIX = "devpod-"
+TEAM_GROUP_PREFIX = "mlplatform:team-"
+
+
+def _port_forward() -> list[dict[str, Any]]:
+    """Port-forward for a team member reaches its dev pods only (the notebook on their loopback).
+
+    RBAC cannot narrow ``pods/portforward`` to some pods of a namespace (a rule names resources,
+    not labels), so the team Role grants it and this policy narrows it: a CONNECT to
+    ``pods/portforward`` whose pod name does not start with ``devpod-`` is refused. ValidatingAdmission-
+    Policy matches CONNECT operations; for a connect request ``request.name`` is the pod's name
+    (admissionregistration.k8s.io/v1 ``RuleWithOperations``; AdmissionRequest ``name``). Training
+    pods keep what the review of the team access model required: no exec, attach, ephemeral
+    containers, and no port-forward into them (their names are the job's, which the job spec never
+    lets start with ``devpod-``). Platform engineers (no team group) are not matched."""
+    return _policy("port-forward", resources=[("", "v1", "pods/portforward")], operations=("CONNECT",),
+                   match_conditions=[{"name": "a-team-member",
+                                      "expression": f"request.userInfo.groups.exists(g, g.startsWith('{TEAM_GROUP_PREFIX}'))"}],
+                   validations=[{
+                       "expression": f"request.name.startsWith('{DEV_POD_PREFIX}')",
+                       "messageExpression": (f"'team members port-forward only to their dev pods (names {DEV_POD_PREFIX}*, "
+                                             "python -m workloads dev), not to ' + request.name"),
+                       "reason": "Forbidden"}])
+
+
 def admission_policies(gpu_pools: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Every policy and binding; cluster-scoped, one set for all team namespaces.
 
@@ -531,7 +558,8 @@ def admission_policies(gpu_pools: Sequence[str] = ()) -> list[dict[str, Any]]:
         requests no GPU may not select them.
     """
     return [*_pod_identity(), *_pod_placement(), *_gpu_pods(gpu_pools), *_pod_queue(), *_pod_volumes(), *_queue_label(),
-            *_secrets(), *_services(), *_volume_claims(), *_disruption_budgets()]
+            *_secrets(), *_services(), *_volume_claims(), *_disruption_budgets(),
+            *_port_forward()]
 
 
 # -- RBAC ---------------------------------------------------------------------------------------
@@ -541,6 +569,9 @@ _READ = ["get", "list", "watch"]
 TEAM_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("", ("pods",), tuple(_WRITE)),
     ("", ("pods/log",), ("get", "list")),
+    # The dev pod's notebook (kubectl port-forward: GET the pod, then connect to pods/portforward,
+    # authorized as create, or get over WebSockets); the port-forward policy admits dev pods only.
+    ("", ("pods/portforward",), ("get", "create")),
     ("", ("configmaps", "secrets"), tuple(_WRITE)),
     # The platform creates the FSx claims; teams read them (no gp3 volumes of their own).
     ("", ("persistentvolumeclaims", "events", "serviceaccounts", "resourcequotas", "limitranges", "services"), tuple(_READ)),
@@ -551,6 +582,8 @@ TEAM_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("argoproj.io", ("workflows",), tuple(_WRITE)),
     ("argoproj.io", ("workflowtemplates",), tuple(_READ)),
     ("kueue.x-k8s.io", ("localqueues", "workloads"), tuple(_READ)),
+    # The platform's record of every run (workloads/run_records.py): read, never written, by the team.
+    ("mlplatform.io", ("runrecords",), tuple(_READ)),
     ("events.k8s.io", ("events",), tuple(_READ)),
 )
 

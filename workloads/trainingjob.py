@@ -291,7 +291,7 @@ def resolve_with_problems(spec: JobSpec, facts: PlatformFacts) -> tuple[Optional
         problems.append(Problem("checkpointDir", spec.checkpoint_dir,
                                 f"is outside {team_root}/, the team's writable checkpoint directory (exported to its "
                                 "prefix of the checkpoints bucket)", f"use a path under {team_root}/, or leave it out"))
-    if spec.s3_mirror and not facts.checkpoints_bucket:
+    if spec.s3_mirror is True and not facts.checkpoints_bucket:
         problems.append(Problem("s3Mirror", True, f"stack {facts.stack} has no checkpoints bucket",
                                 "set s3Mirror: false or configure datasets"))
     problems += owncode.problems(spec, checkpoints_bucket=facts.checkpoints_bucket, stack=facts.stack)
@@ -360,6 +360,32 @@ def trainer_args(job: ResolvedJob) -> list[str]:
     ]
 
 
+# In every team namespace the platform's deployed names (components/training.py): the checkpoints
+# bucket's real name is known only after `up` (Pulumi names it), so a job reads it here instead of
+# carrying the plan's name, and so does the job client of a team member without the stack's state.
+PLATFORM_CONFIGMAP = "mlplatform-platform"
+PLATFORM_BUCKET_KEY = "checkpointsBucket"
+BUCKET_ENV = "MLPLATFORM_CHECKPOINTS_BUCKET"
+
+
+def platform_config_map(namespace: str, checkpoints_bucket: Any) -> dict[str, Any]:
+    """The deployed names a team's pods and its members' tools read (``checkpoints_bucket``: the
+    bucket's name, a Pulumi output where deployed)."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": PLATFORM_CONFIGMAP, "namespace": namespace,
+                         "labels": {"app.kubernetes.io/managed-by": "pulumi"}},
+            "data": {PLATFORM_BUCKET_KEY: checkpoints_bucket}}
+
+
+def mirrors_to_s3(spec: JobSpec, facts: PlatformFacts) -> bool:
+    """Does the trainer mirror complete checkpoints to S3: as the spec says, else where the stack
+    keeps checkpoints on EFS, which nothing exports (the mirror is then the only copy readable from
+    outside the cluster: ``checkpoints``, ``initFrom``, the restore drill)."""
+    if spec.s3_mirror is not None:
+        return spec.s3_mirror and bool(facts.checkpoints_bucket)
+    return facts.checkpoint_store == "EFS" and bool(facts.checkpoints_bucket)
+
+
 def _secret_env(name: str, secret: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": name}}}
 
@@ -381,9 +407,12 @@ def trainer_env(job: ResolvedJob) -> list[dict[str, Any]]:
         {"name": "AWS_REGION", "value": facts.region},
         {"name": "AWS_DEFAULT_REGION", "value": facts.region},
     ]
-    if spec.s3_mirror:
-        env.append({"name": "TRAINER_CHECKPOINT_S3_URI",
-                    "value": f"s3://{facts.checkpoints_bucket}/{spec.namespace}/mirror/{spec.name}"})
+    if mirrors_to_s3(spec, facts):
+        # The bucket's deployed name from the namespace's platform ConfigMap, expanded by the
+        # kubelet ("Define dependent environment variables": $(VAR) of a variable defined above).
+        env += [{"name": BUCKET_ENV, "valueFrom": {"configMapKeyRef": {"name": PLATFORM_CONFIGMAP, "key": PLATFORM_BUCKET_KEY}}},
+                {"name": "TRAINER_CHECKPOINT_S3_URI",
+                 "value": f"s3://$({BUCKET_ENV})/{spec.namespace}/mirror/{k8s_literal(spec.name)}"}]
     env += [_secret_env(key, job.team.tracking_secret or "") for key in facts.tracking_secret_keys]
     if job.efa_devices:
         # libfabric's EFA provider (the aws-ofi-nccl plugin of the image uses it).
@@ -647,7 +676,12 @@ def render_trainjob(job: ResolvedJob) -> dict[str, Any]:
     }
 
 
+def render_resolved(job: ResolvedJob) -> dict[str, Any]:
+    """The job object of a resolved job (preflight's: the pool, team, priority and pod size it
+    checked are the ones rendered, with no second resolution)."""
+    return render_trainjob(job) if job.spec.runtime is Runtime.TRAINJOB else render_pytorchjob(job)
+
+
 def render(spec: JobSpec, facts: PlatformFacts) -> dict[str, Any]:
     """The job object the spec asks for (PyTorchJob by default)."""
-    job = resolve(spec, facts)
-    return render_trainjob(job) if spec.runtime is Runtime.TRAINJOB else render_pytorchjob(job)
+    return render_resolved(resolve(spec, facts))

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 
 from components.validation import Problem
 from infra.config.common import Environment, _Model, check_log_retention, prod_retention_rule
-from infra.config.engine import Rule
+from infra.config.engine import Rule, invalid
 from workloads.monitoring.alerts import AlertThresholds
 from workloads.monitoring.stack import StackSpec
 
@@ -36,6 +36,17 @@ class MonitoringConfig(_Model):
     stall_step_multiple: int = Field(10, ge=2, le=1000, description="Alert when no step for N x the recent step time.")
     checkpoint_age_multiple: int = Field(3, ge=2, le=100, description="Alert when the last checkpoint is K x its interval old.")
     spot_interruptions_per_hour: int = Field(3, ge=1, le=1000, description="Per pool, before alerting.")
+    heartbeat_minutes: int = Field(15, description=(
+        "The dead man's switch: Alertmanager's always-firing Watchdog goes to a heartbeat topic, and a CloudWatch "
+        "alarm pages gpuIdleAlarm.alertEmails when it has not arrived for this long (a multiple of 5, 15-1440)."))
+
+    @field_validator("heartbeat_minutes")
+    @classmethod
+    def _heartbeat(cls, value: int) -> int:
+        if not 15 <= value <= 1440 or value % 5:
+            raise invalid(f"{value} is not a multiple of 5 minutes between 15 and 1440 (SNS reports publishes per "
+                          "5 minutes; less than three periods would page on one late report)", "use e.g. 15 or 30")
+        return value
 
     @field_validator("log_retention_days")
     @classmethod

@@ -25,6 +25,19 @@ class TeamConfig(_Model):
     role_arns: list[str] = Field(default_factory=list, description="IAM roles whose EKS access entries carry the team's Kubernetes group (bound to the platform's team Role in team-<name>).")
     posix_id: Optional[int] = Field(None, ge=POSIX_ID_MIN, le=POSIX_ID_MAX,
                                     description="uid and gid every pod of the team runs as (its files on FSx); default: derived from the name.")
+    alert_emails: list[str] = Field(default_factory=list, description=(
+        "Who gets the team's own alerts (its jobs' stalls, restart loops, failures: alerts labelled with its "
+        "namespace), by e-mail through a topic of the team's; empty: they go to gpuIdleAlarm.alertEmails."))
+
+    @field_validator("alert_emails")
+    @classmethod
+    def _alert_emails(cls, value: list[str]) -> list[str]:
+        from components.gpu_idle_alarm import malformed_emails
+
+        bad = malformed_emails(value)
+        if bad:
+            raise invalid(f"{bad} are not e-mail addresses", "list addresses such as research-oncall@example.com")
+        return value
 
     @property
     def namespace(self) -> str:
@@ -54,6 +67,9 @@ class TrainingConfig(_Model):
     """Training jobs: Training Operator 1.9 (PyTorchJob) always; Trainer 2.3 (TrainJob) on request."""
 
     trainer_v2: bool = Field(False, description="Also install Kubeflow Trainer 2.3 (TrainJob, torch-distributed runtime).")
+    run_record_retention_days: int = Field(90, ge=1, le=3650, description=(
+        "Days a run's record (attempts, exit codes, nodes, cost) stays in the team's namespace after the run ended; "
+        "the platform's run recorder keeps and removes them."))
 
 
 def _team_rules(gpu_pools: list[GpuPoolConfig], teams: list[TeamConfig]) -> Iterator[Problem]:
@@ -80,8 +96,23 @@ def _team_access(environment: Environment, teams: list[TeamConfig]) -> Iterator[
                           "list the team's IAM role ARN(s); members run aws eks update-kubeconfig --role-arn <that role>")
 
 
+def _team_alerts(teams: list[TeamConfig], monitoring: object, gpu_idle_alarm: object) -> Iterator[Problem]:
+    """A team's alerts reach its topic through Alertmanager's SNS identity, which exists only with
+    monitoring and gpuIdleAlarm (the alerts' key and the platform's topic)."""
+    if monitoring is not None and gpu_idle_alarm is not None:
+        return
+    missing = "monitoring" if monitoring is None else "gpuIdleAlarm"
+    for index, team in enumerate(teams):
+        if team.alert_emails:
+            yield Problem(f"scheduling.teams[{index}].alertEmails", team.alert_emails,
+                          f"team {team.name}'s alerts come from Alertmanager, which publishes to SNS only with "
+                          f"monitoring and gpuIdleAlarm set ({missing} is not)",
+                          f"set {missing}, or remove alertEmails")
+
+
 # Listed in the order the loader runs them (infra.config.platform.RULES).
 RULES: tuple[Rule, ...] = (
     Rule(("gpuPools", "scheduling.teams"), _team_rules),
     Rule(("environment", "scheduling.teams"), _team_access),
+    Rule(("scheduling.teams", "monitoring", "gpuIdleAlarm"), _team_alerts),
 )

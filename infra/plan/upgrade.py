@@ -18,7 +18,12 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+from datetime import timedelta
+
+if TYPE_CHECKING:
+    from datetime import date
 
 from components.versions import (
     ARGO_WORKFLOWS_APP_VERSION,
@@ -152,6 +157,7 @@ class UpgradePlan:
     steps: list[str]
     blockers: list[str]
     checks: list[str]
+    target_values: Optional[dict] = None  # the stack's config after this upgrade (the next hop starts there)
 
     def render(self) -> str:
         lines = [f"Upgrade of stack '{self.stack}': EKS {self.current} -> {self.target}", "", "Steps, in order:"]
@@ -175,13 +181,16 @@ def _load(stack: str, project_dir: Path):
     return values, plan_from_values
 
 
-def plan_upgrade(stack: str, target: str, project_dir: Path) -> UpgradePlan:
+def plan_upgrade(stack: str, target: str, project_dir: Path, *, values: Optional[dict] = None) -> UpgradePlan:
+    """``values``: the stack file's config as it will be (a later hop of ``plan_path``), instead of
+    the file's."""
     import json
 
     from infra.config import load_platform_config
     from infra.plan import raw_project_config
 
-    values, plan_from_values = _load(stack, project_dir)
+    file_values, plan_from_values = _load(stack, project_dir)
+    values = file_values if values is None else values
     config = load_platform_config(raw_project_config(values), source=f"Pulumi.{stack}.yaml")
     current = config.cluster.version
     try:
@@ -267,26 +276,169 @@ def plan_upgrade(stack: str, target: str, project_dir: Path) -> UpgradePlan:
          "`kubectl drain` any GPU node still on the old version." if gpu_pools else "No GPU pools."),
         f"Verify: `kubectl get nodes` all on v{target}; `python -m infra.deploy preview --stack {stack} --expect-no-changes`.",
     ]
-    return UpgradePlan(stack, current, target, steps, blockers, checks)
+    return UpgradePlan(stack, current, target, steps, blockers, checks, target_values)
+
+
+# -- the whole path ------------------------------------------------------------------------------
+HOURS_PER_MONTH = 730  # AWS's monthly hours (the plan's cost report uses the same)
+# A version worth stopping at keeps standard support at least this long: each hop is a PR, a dev
+# soak and a prod `up`, so a minor whose standard support ends sooner is extended again on arrival.
+STOP_HORIZON_DAYS = 90
+
+
+def extended_premium_usd_per_month() -> float:
+    """What extended support adds to a cluster's control-plane bill per month (EKS pricing:
+    $0.60 instead of $0.10 per cluster-hour once standard support has ended)."""
+    from components.versions import EKS_EXTENDED_USD_PER_HOUR, EKS_STANDARD_USD_PER_HOUR
+
+    return (EKS_EXTENDED_USD_PER_HOUR - EKS_STANDARD_USD_PER_HOUR) * HOURS_PER_MONTH
+
+
+def _dev_first(blocker: str) -> bool:
+    """The prod-after-dev rule's blocker: an order in the schedule, not a defect of the hop."""
+    return blocker.endswith("and let it soak before prod")
+
+
+@dataclass
+class UpgradePath:
+    stack: str
+    environment: str
+    current: str
+    today: "date"
+    hops: list[UpgradePlan]
+    problem: Optional[str] = None  # a hop that could not be planned (its message)
+
+    def _support(self, version: str) -> str:
+        release = EKS_RELEASES[version]
+        if self.today >= release.standard_support_ends:
+            return (f"extended support since {release.standard_support_ends} (until {release.extended_support_ends}): "
+                    f"+${extended_premium_usd_per_month():,.2f}/month")
+        days = (release.standard_support_ends - self.today).days
+        soon = f": extended again within {STOP_HORIZON_DAYS} days" if days < STOP_HORIZON_DAYS else ""
+        return f"standard support until {release.standard_support_ends} ({days} days{soon})"
+
+    def render(self) -> str:
+        premium = extended_premium_usd_per_month()
+        versions = [self.current] + [hop.target for hop in self.hops]
+        lines = [f"stack {self.stack} ({self.environment}): runs EKS {self.current}, {self._support(self.current)}"]
+        if not self.hops and self.problem is None:
+            lines.append("  path: none (the newest minor this platform knows)")
+            return "\n".join(lines)
+        lines.append(f"  path: {' -> '.join(versions)} ({len(self.hops)} hop(s), one `up` each; EKS moves one minor at a time)")
+        for number, hop in enumerate(self.hops, 1):
+            order = [b for b in hop.blockers if _dev_first(b)]
+            blockers = [b for b in hop.blockers if not _dev_first(b)]
+            lines.append(f"  hop {number}: {hop.current} -> {hop.target}: then {self._support(hop.target)}; "
+                         f"{len(blockers)} blocker(s), {len(hop.checks)} check(s)"
+                         + (f"; after {', '.join(o.split(' runs ')[0] for o in order)} runs {hop.target}" if order else ""))
+            lines += [f"    ! {b}" for b in blockers]
+        if self.problem:
+            lines.append(f"  ! the path stops here: {self.problem}")
+        release = EKS_RELEASES[self.current]
+        if self.today >= release.standard_support_ends:
+            left = max(0, (release.extended_support_ends - self.today).days)
+            months = left / 30.44
+            lines.append(f"  staying on {self.current}: ${premium:,.2f}/month of extended support, about ${premium * months:,.0f} "
+                         f"until its extended support ends on {release.extended_support_ends} (then EKS upgrades it itself)")
+        horizon = self.today + timedelta(days=STOP_HORIZON_DAYS)
+        leaves = next((hop.target for hop in self.hops if horizon < EKS_RELEASES[hop.target].standard_support_ends), None)
+        if leaves and self.today >= release.standard_support_ends:
+            passing = [hop.target for hop in self.hops if _minor(hop.target) < _minor(leaves)]
+            lines.append(f"  leaves extended support for good at {leaves} (standard until "
+                         f"{EKS_RELEASES[leaves].standard_support_ends})"
+                         + (f"; {', '.join(passing)} on the way are (or soon are) extended" if passing else ""))
+        elif not leaves and self.hops:
+            lines.append(f"  no known minor keeps standard support past {horizon}: add the next EKS_RELEASES row")
+        return "\n".join(lines)
+
+
+def plan_path(stack: str, project_dir: Path, *, today: "date") -> UpgradePath:
+    """Every hop from the stack's version to the newest minor the platform knows, each planned on
+    the config the previous hop leaves (version, AMI alias)."""
+    from infra.config import load_platform_config
+    from infra.plan import raw_project_config
+
+    values, _ = _load(stack, project_dir)
+    config = load_platform_config(raw_project_config(values), source=f"Pulumi.{stack}.yaml")
+    current = config.cluster.version
+    newest = max(EKS_RELEASES, key=_minor)
+    path = UpgradePath(stack, config.environment.value, current, today, [])
+    at = current
+    while _minor(at) < _minor(newest):
+        target = f"{_minor(at)[0]}.{_minor(at)[1] + 1}"
+        try:
+            hop = plan_upgrade(stack, target, project_dir, values=values)
+        except UpgradeInputError as error:
+            path.problem = str(error)
+            break
+        path.hops.append(hop)
+        values, at = hop.target_values, target
+    return path
+
+
+def render_paths(paths: list[UpgradePath], today: "date") -> str:
+    premium = extended_premium_usd_per_month()
+    extended = [p for p in paths if today >= EKS_RELEASES[p.current].standard_support_ends]
+    head = [f"EKS upgrade paths as of {today} (support calendar: catalog/versions.py EKS_RELEASES; extended support "
+            f"adds ${premium:,.2f}/month per cluster, EKS pricing)"]
+    if extended:
+        head.append(f"staying where they are costs ${premium * len(extended):,.2f}/month in extended support "
+                    f"({', '.join(p.stack for p in extended)}); the stacks stay pinned until someone runs the hops")
+    return "\n\n".join(["\n".join(head), *(p.render() for p in paths)])
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.upgrade", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stack", required=True)
-    parser.add_argument("--to", required=True, dest="target", help="the next Kubernetes minor, e.g. 1.33")
+    parser.add_argument("--stack", action="append", help="the stack (repeat for more; --path: default every stack)")
+    parser.add_argument("--to", dest="target", help="the next Kubernetes minor, e.g. 1.33")
+    parser.add_argument("--path", action="store_true",
+                        help="every hop to the newest minor the platform knows, per stack, with each hop's blockers and "
+                             "what staying costs in extended support")
+    parser.add_argument("--today", help="--path: the date the support calendar is read at (YYYY-MM-DD; default today)")
     parser.add_argument("--project-dir", type=Path, default=None)
     args = parser.parse_args(argv)
     from infra.config import ConfigError
     from infra.plan import default_project_dir
 
     project_dir = (args.project_dir or default_project_dir()).resolve()
+    if args.path:
+        return _main_path(args, project_dir)
+    if args.target is None or not args.stack or len(args.stack) != 1:
+        print("error: give --stack STACK and --to VERSION (one hop), or --path (every hop, every stack)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
-        plan = plan_upgrade(args.stack, args.target, project_dir)
+        plan = plan_upgrade(args.stack[0], args.target, project_dir)
     except (UpgradeInputError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(plan.render())
     return EXIT_BLOCKED if plan.blockers else EXIT_OK
+
+
+def _main_path(args: argparse.Namespace, project_dir: Path) -> int:
+    import datetime as dt
+
+    from infra.config import ConfigError
+
+    if args.target:
+        print("error: --path plans every hop to the newest minor; drop --to (or drop --path for one hop)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        today = dt.date.fromisoformat(args.today) if args.today else dt.date.today()
+    except ValueError:
+        print(f"error: --today {args.today}: not a date. Fix: YYYY-MM-DD, e.g. 2026-11-29", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    stacks = args.stack or sorted(p.name[len("Pulumi."):-len(".yaml")] for p in project_dir.glob("Pulumi.*.yaml"))
+    try:
+        paths = [plan_path(stack, project_dir, today=today) for stack in stacks]
+    except (UpgradeInputError, ConfigError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    # Dev first: a schedule lists the non-prod stacks before prod.
+    paths.sort(key=lambda p: (p.environment == "prod", p.stack))
+    print(render_paths(paths, today))
+    blocked = any(b for p in paths for hop in p.hops for b in hop.blockers if not _dev_first(b)) or any(p.problem for p in paths)
+    return EXIT_BLOCKED if blocked else EXIT_OK
 
 
 if __name__ == "__main__":

@@ -31,9 +31,17 @@ RELEASE_TYPE = "kubernetes:helm.sh/v3:Release"
 CLOUDWATCH = ("Service", "cloudwatch.amazonaws.com")
 
 
-def _alarm(plan):
-    (alarm,) = plan.recording.by_type(ALARM)
+def _alarm(plan, suffix: str = ""):
+    """The GPU idle alarm (``suffix`` "-metrics": its source's pulse; "-heartbeat": the dead man's switch)."""
+    name = f"{plan.config.name}-gpu-idle{suffix}"
+    (alarm,) = [a for a in plan.recording.by_type(ALARM) if a.inputs["name"] == name]
     return alarm
+
+
+def _topic(plan, suffix: str = ""):
+    name = f"{plan.config.name}-gpu-idle{suffix}"
+    (topic,) = [t for t in plan.recording.by_type(TOPIC) if t.inputs.get("name") == name]
+    return topic
 
 
 def _chart(plan):
@@ -170,7 +178,7 @@ def test_agent_writes_into_a_log_group_made_before_it_with_retention_and_key(pla
 
 def test_only_this_alarm_can_notify_through_the_encrypted_topic(plan):
     alarm = _alarm(plan)
-    (topic,) = plan.recording.by_type(TOPIC)
+    topic = _topic(plan)
     (topic_policy,) = plan.recording.by_type(TOPIC_POLICY)
     alarm_arn, topic_arn = alarm.outputs["arn"], topic.outputs["arn"]
     account = alarm_arn.split(":")[4]
@@ -195,7 +203,7 @@ def test_only_this_alarm_can_notify_through_the_encrypted_topic(plan):
         assert not allows(key_policy, principal=CLOUDWATCH, action=action, resource=key.outputs["arn"], context=other_alarm)
     assert key.inputs["enableKeyRotation"] is True
 
-    subscriptions = plan.recording.by_type(SUBSCRIPTION)
+    subscriptions = [s for s in plan.recording.by_type(SUBSCRIPTION) if s.inputs["topic"] == topic_arn]
     assert sorted(s.inputs["endpoint"] for s in subscriptions) == sorted(plan.config.gpu_idle_alarm.alert_emails)
     assert all(s.inputs["protocol"] == "email" and s.inputs["topic"] == topic_arn for s in subscriptions)
 
@@ -246,3 +254,67 @@ def test_args_validate_before_any_resource():
     with pytest.raises(InvalidInputError) as info:
         GpuIdleAlarmArgs(container_insights=object(), idle_minutes=0, alert_emails=[])
     assert "idle_minutes" in str(info.value) and "alert_emails" in str(info.value)
+
+
+# -- watching the watchers -----------------------------------------------------------------------
+def period_states(alarm: dict, periods: Sequence[Sequence[float]]) -> list[str]:
+    """``alarm_states`` for any period: each entry is one period's datapoints."""
+    return alarm_states({**alarm, "period": 60}, periods)
+
+
+def test_a_dead_agent_pages_though_the_idle_alarm_counts_missing_data_as_fine(plan):
+    """The idle series is missing both when no GPU node runs (fine) and when the agent is dead
+    (blind). The agent's own pulse, cluster_node_count, is published every minute while it runs
+    (the system node group always has nodes): its alarm breaches on missing data."""
+    source, idle = _alarm(plan, "-metrics").inputs, _alarm(plan).inputs
+    assert (source["namespace"], source["metricName"]) == ("ContainerInsights", "cluster_node_count")
+    assert source["dimensions"] == idle["dimensions"] and source["treatMissingData"] == "breaching"
+    nodes = 2.0
+    assert "ALARM" not in alarm_states(source, [[nodes]] * 60), "a healthy agent pages"
+    # The agent dies: no datapoint at all, for the idle series and the pulse alike.
+    dead = alarm_states(source, [[nodes]] * 5 + [[]] * 12)
+    assert dead[5 + source["evaluationPeriods"] - 2] == "OK" and dead[5 + source["evaluationPeriods"] - 1] == "ALARM"
+    assert "ALARM" not in alarm_states(idle, [[]] * 30), "the idle alarm alone would stay silent"
+    topic_arn = _topic(plan).outputs["arn"]
+    assert source["alarmActions"] == [topic_arn] and source["okActions"] == [topic_arn]
+
+
+def test_the_heartbeat_pages_when_watchdog_stops_reaching_sns(plan):
+    heartbeat = _alarm(plan, "-heartbeat")
+    topic = _topic(plan, "-heartbeat")
+    settings = heartbeat.inputs
+    assert (settings["namespace"], settings["metricName"], settings["statistic"]) == (
+        "AWS/SNS", "NumberOfMessagesPublished", "Sum")
+    assert settings["dimensions"] == {"TopicName": topic.outputs["name"]}
+    assert settings["period"] == 300  # SNS pushes its metrics every five minutes
+    assert settings["evaluationPeriods"] * 5 == plan.config.monitoring.heartbeat_minutes
+    # Watchdog every 2 minutes: 2-3 publishes per period. Then Prometheus or Alertmanager dies.
+    states = period_states(settings, [[3.0]] * 6 + [[]] * 4)
+    assert states[5] == "OK" and states[6 + settings["evaluationPeriods"] - 1] == "ALARM"
+    assert states[6 + settings["evaluationPeriods"] - 2] == "OK"
+    assert settings["alarmActions"] == [_topic(plan).outputs["arn"]], "it pages the platform's on-call list"
+    # The switch's topic is the key's too; Alertmanager (and only it) publishes there.
+    assert topic.inputs["kmsMasterKeyId"] == _topic(plan).inputs["kmsMasterKeyId"]
+
+
+def test_the_platforms_alarms_and_no_other_publish_to_the_alert_topic(plan):
+    topic = _topic(plan)
+    (topic_policy,) = plan.recording.by_type(TOPIC_POLICY)
+    policy = json.loads(topic_policy.inputs["policy"])
+    account = topic.outputs["arn"].split(":")[4]
+    for suffix in ("", "-metrics", "-heartbeat"):
+        arn = _alarm(plan, suffix).outputs["arn"]
+        assert allows(policy, principal=CLOUDWATCH, action="SNS:Publish", resource=topic.outputs["arn"],
+                      context={"aws:SourceArn": arn, "aws:SourceAccount": account}), suffix
+    stranger = _alarm(plan).outputs["arn"].rsplit(":", 1)[0] + ":someone-elses-alarm"
+    assert not allows(policy, principal=CLOUDWATCH, action="SNS:Publish", resource=topic.outputs["arn"],
+                      context={"aws:SourceArn": stranger, "aws:SourceAccount": account})
+
+
+def test_heartbeat_minutes_out_of_range_is_one_line_with_the_fix():
+    raw = stack_config("dev")
+    raw["monitoring"] = {**raw["monitoring"], "heartbeatMinutes": 7}
+    with pytest.raises(ConfigError) as info:
+        load_platform_config(raw)
+    (line,) = [l for l in str(info.value).splitlines() if "heartbeatMinutes" in l]
+    assert "monitoring.heartbeatMinutes" in line and "7" in line and "use e.g. 15" in line

@@ -44,7 +44,11 @@ RESOURCES = {
     "nodes": ("v1", "Node", False, True),
     "localqueues.kueue.x-k8s.io": ("kueue.x-k8s.io/v1beta2", "LocalQueue", True, True),
     "configmaps": ("v1", "ConfigMap", True, True),  # the client's job history records
+    "secrets": ("v1", "Secret", True, True),  # a dev pod's notebook token
     "namespaces": ("v1", "Namespace", False, True),
+    # The platform's run records: the recorder writes them (workloads/run_recorder.py, its CRD's schema
+    # is checked in tests/workloads/test_run_recorder.py and by the real API server in tests/cluster).
+    "runrecords.mlplatform.io": ("mlplatform.io/v1alpha1", "RunRecord", True, False),
 }
 CORE_APIS = ("batch/v1",)  # built-in groups: validated against the Kubernetes OpenAPI schema
 KIND_TO_RESOURCE = {(api, kind): name for name, (api, kind, _, _) in RESOURCES.items()}
@@ -133,6 +137,8 @@ class FakeKubeApi:
         self.requests: list[tuple] = []  # every call, for assertions
         self.graceful_deletions: list[tuple[str, int]] = []  # (pod, grace seconds)
         self.on_stream_end: list[Callable[[dict], None]] = []
+        # Who the caller is (kubectl auth whoami): an admin unless a test says otherwise.
+        self.user, self.groups = "kubernetes-admin", ("system:masters", "system:authenticated")
 
     # -- state ---------------------------------------------------------------------------
     @staticmethod
@@ -194,6 +200,11 @@ class FakeKubeApi:
         return api
 
     # -- KubeApi -------------------------------------------------------------------------
+    def whoami(self):
+        self.requests.append(("whoami",))
+        return {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
+                "status": {"userInfo": {"username": self.user, "groups": list(self.groups)}}}
+
     def get(self, resource, name, namespace=None):
         self.requests.append(("get", resource, namespace, name))
         obj = self.find(resource, name, namespace)

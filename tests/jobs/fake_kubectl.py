@@ -49,6 +49,32 @@ def _flag(args: list[str], flag: str) -> bool:
     return False
 
 
+def _identity() -> tuple[str, list[str]]:
+    """$FAKE_KUBE_USER and $FAKE_KUBE_GROUPS (comma-separated); default a cluster admin."""
+    groups = os.environ.get("FAKE_KUBE_GROUPS")
+    return (os.environ.get("FAKE_KUBE_USER", "kubernetes-admin"),
+            groups.split(",") if groups else ["system:masters", "system:authenticated"])
+
+
+class Forbidden(Exception):
+    pass
+
+
+def _authorize(verb: str, args: list[str]) -> None:
+    """A team member (a group mlplatform:team-<name>) may act in team-<name> only, as the team's
+    Role binds them; nodes and every namespace are out of reach (kubectl's 403 wording)."""
+    user, groups = _identity()
+    teams = [g.removeprefix("mlplatform:") for g in groups if g.startswith("mlplatform:team-")]
+    if not teams or verb == "auth":
+        return
+    namespace = _take(list(args), "-n")
+    resource = next((a for a in args if not a.startswith("-")), "")
+    if "--all-namespaces" in args or resource == "nodes" or (namespace is not None and namespace not in teams):
+        scope = "at the cluster scope" if namespace is None else f'in the namespace "{namespace}"'
+        raise Forbidden(f'Error from server (Forbidden): {resource} is forbidden: User "{user}" cannot {verb} '
+                        f'resource "{resource}" in API group "" {scope}')
+
+
 def main(argv: list[str]) -> int:
     from tests.jobs.fake_kube import FakeKubeApi
 
@@ -82,6 +108,14 @@ def _serve(argv: list[str], state: Path, api) -> int:
             if context not in known.split(","):
                 raise Usage(f'error: context "{context}" does not exist')
         verb = args.pop(0)
+        _authorize(verb, list(args))
+        if verb == "auth":
+            if args != ["whoami", "-o", "json"]:
+                raise Usage(f"error: unexpected auth arguments {argv}")
+            user, groups = _identity()
+            print(json.dumps({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
+                              "status": {"userInfo": {"username": user, "groups": groups}}}))
+            return 0
         if verb == "get":
             namespace = _take(args, "-n")
             every = _flag(args, "--all-namespaces")
@@ -138,6 +172,9 @@ def _serve(argv: list[str], state: Path, api) -> int:
         else:
             raise Usage(f'error: unknown command "{verb}" for "kubectl"')
     except Usage as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    except Forbidden as exc:
         print(str(exc), file=sys.stderr)
         return 1
     except KubeError as exc:

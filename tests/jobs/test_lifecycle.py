@@ -72,7 +72,9 @@ def test_cancel_lets_the_checkpoint_land_before_the_job_goes(kube, dev_facts, tm
 
     grace = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert ("delete", "pytorchjobs.kubeflow.org", NS, "gpt2-ddp-a10g", "Foreground") in kube.requests
-    assert not [r for r in kube.requests if r[0] == "patch"]  # no suspend
+    patches = [json.loads(r[4]) for r in kube.requests if r[0] == "patch"]
+    # No suspend: the one patch says why the run ends (the run recorder's outcome), nothing in spec.
+    assert patches == [{"metadata": {"annotations": {"mlplatform.io/cancelled-at": "1970-01-01T00:00:00Z"}}}], patches
     assert sorted(kube.graceful_deletions) == [("gpt2-ddp-a10g-master-0", grace), ("gpt2-ddp-a10g-worker-0", grace)]
     # The grace period covers the time budget: step + checkpoint + MLflow flush (workloads.trainingjob).
     from workloads.jobspec import parse_job_spec

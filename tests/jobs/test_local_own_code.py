@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from jobs import __main__ as cli
+from jobs import exit_codes
 from jobs import local
 from workloads.jobspec import parse_job_spec
 from jobs.local import LocalOverrides, replacements, shrink
@@ -63,7 +64,7 @@ def test_faithful_refuses_in_one_line_when_the_model_would_not_fit(monkeypatch, 
     code = cli.main(["submit", str(ROOT / "examples" / "jobs" / "l4-dev-smoke.yaml"), "--stack", "dev", "--offline",
                      "--local", "--faithful", "--workdir", str(tmp_path / "run")])
     err = capsys.readouterr().err
-    assert code == cli.EXIT_REFUSED
+    assert code == exit_codes.REFUSED
     [line] = [l for l in err.splitlines() if l.startswith("--faithful:")]
     assert "would not fit" in line and "GiB available" in line and "Fix:" in line
     assert not (tmp_path / "run").exists()  # refused before anything ran
@@ -78,7 +79,7 @@ def test_faithful_refuses_a_model_that_lives_on_fsx(monkeypatch, capsys, tmp_pat
     code = cli.main(["submit", str(spec_file), "--stack", "dev", "--offline", "--local", "--faithful",
                      "--workdir", str(tmp_path / "run")])
     captured = capsys.readouterr()
-    assert code == cli.EXIT_REFUSED and "OK: the job fits" in captured.out, captured
+    assert code == exit_codes.REFUSED and "OK: the job fits" in captured.out, captured
     assert "model.hf_path=/fsx/datasets/models/llama, on the cluster's FSx, not on this machine" in captured.err
 
 

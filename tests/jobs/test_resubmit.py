@@ -36,8 +36,9 @@ def test_a_second_submit_of_a_finished_job_is_refused_and_changes_nothing(kube, 
     with pytest.raises(client_module.JobExists) as refused:
         jobs.submit(raw_spec())
     message = str(refused.value)
-    assert "job smoke-l4 already exists in team-research (Succeeded" in message
-    assert "--replace" in message and "another name" in message
+    # A finished job's name: running it again would resume its newest checkpoint and train nothing.
+    assert "job smoke-l4 in team-research has finished (Succeeded" in message
+    assert "Fix: submit with --rerun" in message and "--replace is refused" in message
     assert json.dumps(kube.find(PYTORCHJOBS, "smoke-l4", NS), sort_keys=True) == before
     assert len([r for r in kube.requests if r[0] in ("apply", "create", "patch", "delete")]) == writes
 
@@ -100,8 +101,9 @@ def test_a_sweep_with_one_taken_name_creates_none(kube, dev_facts):
 
 def test_cli_resubmit_is_one_line_exit_7_and_replace_works(kube, dev_facts, tmp_path, monkeypatch, capsys):
     """Through the fake kubectl (the production transport's argv): the second `submit` of a
-    finished job exits 7 with the job, its phase and the fix; `--replace` on a finished job
-    (its pods already gone) deletes it and creates it again."""
+    finished job exits 7 with the job, its phase and the fix (--rerun); `--replace` of a finished
+    job is refused the same way (it would resume the newest checkpoint and train nothing), and
+    `--rerun` creates the new run."""
     from jobs.__main__ import main
     from tests.jobs.fake_kube import FakeKubeApi
 
@@ -120,16 +122,18 @@ def test_cli_resubmit_is_one_line_exit_7_and_replace_works(kube, dev_facts, tmp_
     assert main(argv) == 7
     out, err = capsys.readouterr()
     assert "submitted" not in out
-    assert err.count("\n") == 1 and err.startswith("error: job smoke-l4 already exists in team-research (Succeeded")
-    assert "--replace" in err
+    assert err.count("\n") == 1 and err.startswith("error: job smoke-l4 in team-research has finished (Succeeded")
+    assert "--rerun" in err
     assert FakeKubeApi.load(state).find(PYTORCHJOBS, "smoke-l4", NS)["metadata"]["uid"] == uid
 
-    assert main([*argv, "--replace"]) == 0
-    out = capsys.readouterr().out
-    assert "replaced PyTorchJob team-research/smoke-l4 (Succeeded)" in out and "submitted PyTorchJob" in out
+    assert main([*argv, "--replace"]) == 7
+    assert "--replace is refused" in capsys.readouterr().err
     cluster = FakeKubeApi.load(state)
-    assert cluster.find(PYTORCHJOBS, "smoke-l4", NS)["metadata"]["uid"] != uid
-    assert ["delete", PYTORCHJOBS, NS, "smoke-l4", "Foreground"] in [list(r) for r in cluster.requests]
+    assert cluster.find(PYTORCHJOBS, "smoke-l4", NS)["metadata"]["uid"] == uid
+    assert not [r for r in cluster.requests if r[0] == "delete"]
+
+    assert main([*argv, "--rerun"]) == 0
+    assert "submitted PyTorchJob team-research/smoke-l4-r2" in capsys.readouterr().out
 
     assert main([*argv, "--replace", "--dry-run"]) == 2
     assert "--replace replaces a job on the cluster" in capsys.readouterr().err

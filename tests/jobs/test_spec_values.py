@@ -116,10 +116,14 @@ def _containers(manifest: dict) -> list[dict]:
 
 
 def _as_the_kubelet_runs_it(container: dict) -> tuple[list[str], dict[str, str]]:
-    """argv and env after expansion; every Secret-backed variable holds SECRET."""
+    """argv and env after expansion; every Secret-backed variable holds SECRET (a ConfigMap-backed
+    one, the platform's deployed names, a plain stand-in)."""
     env: dict[str, str] = {}
     for entry in container.get("env") or []:  # each value may refer to the ones before it
-        env[entry["name"]] = SECRET if "valueFrom" in entry else kubelet_expand(entry["value"], env)
+        if "valueFrom" in entry:
+            env[entry["name"]] = "deployed-name" if "configMapKeyRef" in entry["valueFrom"] else SECRET
+        else:
+            env[entry["name"]] = kubelet_expand(entry["value"], env)
     argv = [kubelet_expand(a, env) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
     return argv, env
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from jobs.sweep import (MAX_POINTS, POINT_ANNOTATION, SWEEP_ID_ENV, SWEEP_LABEL, SWEEP_NAME_ENV, SweepError, expand,
-                        parse_sweeps, point_name, render_sweep, results_table, submit_sweep)
+                        parse_sweeps, point_name, render_sweep, results_table)
 from workloads.jobspec import MAX_NAME_LENGTH, parse_job_spec
 from tests.support.validation import validate_custom_resource
 
@@ -101,15 +101,39 @@ def test_too_many_points_are_refused(spec):
     assert any(f"more than {MAX_POINTS}" in p.message for p in caught.value.problems)
 
 
-def test_submit_preflights_every_point_and_refuses_one_that_does_not_fit(tmp_path, dev_facts, capsys):
+def test_submit_preflights_every_point_and_refuses_one_that_does_not_fit(tmp_path, dev_facts):
+    """The plan is data (no printing): the command line prints ``plan.lines()``."""
+    from jobs.client import JobClient
+
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(SPEC))
-    args = SimpleNamespace(job=str(path), sweep=["data.micro_batch_size=4,4096"], sweep_name=None, mfu=None)
-    code, manifests = submit_sweep(args, facts=dev_facts, repo_root=str(ROOT), out=__import__("sys").stdout,
-                                   err=__import__("sys").stderr)
-    out = capsys.readouterr().out
-    assert code == 3 and manifests == [], out
+    plan = JobClient(stack="dev", facts=dev_facts).plan_sweep(path, ["data.micro_batch_size=4,4096"])
+    out = "\n".join(plan.lines())
+    assert plan.exit_code == 3 and plan.manifests == (), out
     assert "-0 (data.micro_batch_size=4): OK" in out and "-1 (data.micro_batch_size=4096): REFUSED" in out
+
+
+def test_a_sweep_refuses_an_initfrom_step_that_is_not_complete(tmp_path, dev_facts):
+    """Sweeps go through the client's preflight, initFrom included (before: a sweep rendered
+    points whose initFrom named a step that was never completed; each pod then failed for good)."""
+    import dataclasses
+
+    from jobs.client import JobClient
+    from jobs.store import LocalStore
+    from trainer.contract.layout import step_dir_name
+
+    store = tmp_path / "checkpoints"
+    done = store / "team-research" / "base" / step_dir_name(100)
+    done.mkdir(parents=True)
+    (done / "complete.json").write_text("{}")
+    client = JobClient(stack="dev", facts=dataclasses.replace(dev_facts, checkpoints_bucket="b"), store=LocalStore(str(store)))
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**SPEC, "initFrom": "base/step-200"}))
+    plan = client.plan_sweep(path, ["optimizer.lr=1e-4,3e-4"])
+    assert plan.exit_code == 2 and not plan.manifests
+    assert "initFrom: no complete checkpoint there (complete steps of that job: [100])" in "\n".join(plan.lines())
+    path.write_text(yaml.safe_dump({**SPEC, "initFrom": "base/step-100"}))
+    assert client.plan_sweep(path, ["optimizer.lr=1e-4,3e-4"]).exit_code == 0
 
 
 def test_results_table_over_job_objects_sorted_by_the_metric():

@@ -102,11 +102,12 @@ def test_a_sweep_is_a_client_method_all_or_nothing(kube, dev_facts, capsys):
 
     kube.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
     client = JobClient(stack="dev", kube=kube, facts=dev_facts, store=LocalStore())
-    created = client.submit_sweep(SMOKE, ["optimizer.lr=1e-4,3e-4"], sweep_name="lr")
+    plan = client.plan_sweep(SMOKE, ["optimizer.lr=1e-4,3e-4"], sweep_name="lr")
+    assert any(line.startswith("sweep total") for line in plan.lines())
+    created = client.submit_sweep(SMOKE, ["optimizer.lr=1e-4,3e-4"], plan=plan)
     assert len({job.name for job, replaced in created if replaced is None}) == 2
     labelled = [o for (r, ns, _), o in kube.objects.items() if o["metadata"].get("labels", {}).get(SWEEP_LABEL) == "lr"]
     assert len(labelled) == 2
-    assert "sweep total" in capsys.readouterr().out
 
     before = dict(kube.objects)
     with pytest.raises(SweepRefused) as refused:

@@ -7,7 +7,7 @@ Chart keys are checked against the chart's own values.yaml at the pinned version
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from workloads.placement import system_node_selector, system_tolerations
 from workloads import trainjob_runtime
@@ -70,6 +70,10 @@ class StackSpec:
     and head chunks, "but it's recommended to keep retention size to 80-85% of the disk").
     sns_topic_arn: Alertmanager's receiver (SNS, SigV4 with Pod Identity); None: alerts stay
         in Alertmanager's UI.
+    heartbeat_topic_arn: where the always-firing Watchdog goes, every few minutes: the dead man's
+        switch (a CloudWatch alarm pages when its publishes stop; components/gpu_idle_alarm.py).
+    team_topic_arns: team namespace -> the team's own SNS topic: alerts labelled with that
+        namespace (its jobs') go there instead of to the platform's receiver.
     remote_write: managed Prometheus; None keeps everything in-cluster.
     grafana_amp_datasource_url: AMP query URL for Grafana (managed mode), else local Prometheus.
     """
@@ -80,6 +84,8 @@ class StackSpec:
     prometheus_replicas: int = 1
     alertmanager_replicas: int = 1
     sns_topic_arn: Any = None
+    heartbeat_topic_arn: Any = None
+    team_topic_arns: Mapping[str, Any] = field(default_factory=dict)
     remote_write: Optional[RemoteWriteSpec] = None
     grafana: bool = True
     team_namespaces: Sequence[str] = ()
@@ -101,23 +107,50 @@ def _volume(gib: int) -> dict[str, Any]:
         "resources": {"requests": {"storage": f"{gib}Gi"}}}}}
 
 
-def alertmanager_config(sns_topic_arn: Any, region: str) -> dict[str, Any]:
-    """Route everything to SNS (the topic the GPU idle alarm uses) or nowhere.
+HEARTBEAT_RECEIVER = "heartbeat"
+# Watchdog is re-sent every 2 minutes, so each of SNS's 5-minute metric periods sees publishes even
+# when a send slips to the next group_interval tick (Alertmanager resends on those ticks).
+HEARTBEAT_REPEAT = "2m"
+
+
+def team_receiver(namespace: str) -> str:
+    return namespace  # "team-<name>": one receiver per team namespace
+
+
+def _sns_receiver(name: str, topic_arn: Any, region: str) -> dict[str, Any]:
+    return {"name": name, "sns_configs": [{
+        "topic_arn": topic_arn, "sigv4": {"region": region}, "send_resolved": True,
+        "subject": '[{{ .Status | toUpper }}] {{ .CommonLabels.alertname }}',
+        "message": '{{ range .Alerts }}{{ .Annotations.summary }} {{ .Annotations.runbook_url }}\n{{ end }}',
+    }]}
+
+
+def alertmanager_config(sns_topic_arn: Any, region: str, *, heartbeat_topic_arn: Any = None,
+                        team_topic_arns: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+    """Route alerts to SNS (the GPU idle alarm's topic: the platform's on-call) or nowhere; a
+    team's alerts (label ``namespace`` = its namespace: its jobs' stalls, restarts, failures) to
+    the team's own topic; the always-firing Watchdog to the heartbeat topic.
 
     Alertmanager's sns_config signs with SigV4 from the default credential chain (Pod Identity
-    here); Alertmanager docs, "<sns_config>": topic_arn, sigv4.region.
+    here); Alertmanager docs, "<sns_config>": topic_arn, sigv4.region. Routes are matched in
+    order and the first match wins unless it says ``continue`` ("<route>" in the Alertmanager
+    configuration docs), so Watchdog is first and never reaches a person's receiver.
     """
-    route: dict[str, Any] = {"receiver": "null", "group_by": ["alertname", "namespace", "node"],
-                             "group_wait": "30s", "group_interval": "5m", "repeat_interval": "4h",
-                             "routes": [{"receiver": "null", "matchers": ['alertname="Watchdog"']}]}
+    watchdog: dict[str, Any] = {"receiver": "null", "matchers": ['alertname="Watchdog"']}
     receivers: list[dict[str, Any]] = [{"name": "null"}]
+    if heartbeat_topic_arn is not None:
+        watchdog = {**watchdog, "receiver": HEARTBEAT_RECEIVER, "group_wait": "0s", "group_interval": "1m",
+                    "repeat_interval": HEARTBEAT_REPEAT}
+        receivers.append(_sns_receiver(HEARTBEAT_RECEIVER, heartbeat_topic_arn, region))
+    routes = [watchdog]
+    for namespace, topic in sorted((team_topic_arns or {}).items()):
+        routes.append({"receiver": team_receiver(namespace), "matchers": [f'namespace="{namespace}"']})
+        receivers.append(_sns_receiver(team_receiver(namespace), topic, region))
+    route: dict[str, Any] = {"receiver": "null", "group_by": ["alertname", "namespace", "node"],
+                             "group_wait": "30s", "group_interval": "5m", "repeat_interval": "4h", "routes": routes}
     if sns_topic_arn is not None:
         route["receiver"] = "sns"
-        receivers.append({"name": "sns", "sns_configs": [{
-            "topic_arn": sns_topic_arn, "sigv4": {"region": region}, "send_resolved": True,
-            "subject": '[{{ .Status | toUpper }}] {{ .CommonLabels.alertname }}',
-            "message": '{{ range .Alerts }}{{ .Annotations.summary }} {{ .Annotations.runbook_url }}\n{{ end }}',
-        }]})
+        receivers.append(_sns_receiver("sns", sns_topic_arn, region))
     return {"route": route, "receivers": receivers, "inhibit_rules": [{
         "source_matchers": ['severity="critical"'], "target_matchers": ['severity="warning"'],
         "equal": ["alertname", "namespace", "node"]}]}
@@ -224,7 +257,8 @@ def helm_values(spec: StackSpec) -> dict[str, Any]:
         "alertmanager": {
             "enabled": True,
             "serviceAccount": {"create": True, "name": ALERTMANAGER_SERVICE_ACCOUNT},
-            "config": alertmanager_config(spec.sns_topic_arn, spec.region),
+            "config": alertmanager_config(spec.sns_topic_arn, spec.region, heartbeat_topic_arn=spec.heartbeat_topic_arn,
+                                          team_topic_arns=spec.team_topic_arns),
             "alertmanagerSpec": {**placement, "replicas": spec.alertmanager_replicas,
                                  "retention": "120h", "storage": _volume(2)},
         },

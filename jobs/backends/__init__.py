@@ -1,0 +1,1 @@
+"""Where the job client's jobs run: the cluster (``kubernetes``) or this machine (``local``)."""
