@@ -7,6 +7,7 @@ Jobs are submitted with ``JobClient`` as the identity the plan's access entries 
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -120,3 +121,29 @@ def container_log(cluster, pod: dict[str, Any], container: str = "pytorch") -> s
     found = list((cluster.plane.workdir / "kubelet" / "logs").glob(
         f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}_{container}.log"))
     return found[0].read_text(errors="replace") if found else ""
+
+
+class _Spare:
+    def __init__(self, cluster, pool_name: str):
+        self.cluster, self.pool_name, self.cordoned = cluster, pool_name, set()
+
+    def keep(self, nodes) -> None:
+        """Cordon every node of the pool but ``nodes`` (the test's own)."""
+        for node in self.cluster.api.get("/api/v1/nodes", labelSelector=f"karpenter.sh/nodepool={self.pool_name}")["items"]:
+            name = node["metadata"]["name"]
+            if name not in nodes and not node["spec"].get("unschedulable"):
+                self.cluster.api.merge_patch(f"/api/v1/nodes/{name}", {"spec": {"unschedulable": True}})
+                self.cordoned.add(name)
+
+
+@contextmanager
+def no_spare_nodes(cluster, spec_pool: str):
+    """While inside, the pool's nodes other than the ones ``keep`` names are cordoned (nodes other
+    tests left, empty until the pool consolidates them); uncordoned after."""
+    spare = _Spare(cluster, pool(cluster, spec_pool)["metadata"]["name"])
+    try:
+        yield spare
+    finally:
+        for name in spare.cordoned:
+            if cluster.api.get_or_none(f"/api/v1/nodes/{name}"):
+                cluster.api.merge_patch(f"/api/v1/nodes/{name}", {"spec": {"unschedulable": False}})

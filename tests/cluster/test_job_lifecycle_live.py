@@ -138,8 +138,11 @@ def test_spot_loss_drains_the_node_the_trainer_exits_143_and_the_job_resumes_on_
     kubelet sends SIGTERM to the training process, which stops at the next step boundary and exits
     143 by the trainer's own contract (nothing here sets the code); the Training Operator recreates
     the pods (``ExitCode``: 143 is retryable); Karpenter launches their new node on-demand (the pool
-    allows both; spot is offered only in the interrupted node's zone here, now marked unavailable);
-    the job completes."""
+    allows both); the job completes. The spot market is set so that only the interrupted offering
+    had spot capacity (every other spot offering answers InsufficientInstanceCapacity): without the
+    interruption controller's marking, Karpenter would relaunch on that same offering. Nodes of the
+    pool that earlier tests left (empty until their pool consolidates them) are cordoned meanwhile,
+    so the new pods need a new node."""
     raw = lc.example(cluster, scope, "spot")
     client = lc.client(cluster, raw["team"])
     submitted = client.submit(client.load(raw))
@@ -147,13 +150,20 @@ def test_spot_loss_drains_the_node_the_trainer_exits_143_and_the_job_resumes_on_
     capacity_types = next(r["values"] for r in lc.pool(cluster, submitted.job.pool)["spec"]["template"]["spec"]["requirements"]
                           if r["key"] == "karpenter.sh/capacity-type")
     assert {"spot", "on-demand"} <= set(capacity_types), f"pool {submitted.job.pool} allows {capacity_types}"
-    with PodExits(cluster, namespace, name) as exits:
+    with PodExits(cluster, namespace, name) as exits, lc.no_spare_nodes(cluster, submitted.job.pool) as spare:
         first = lc.running_pods(cluster, name, namespace, submitted.job.nodes)
         first_uids = {p["metadata"]["uid"] for p in first}
         nodes = {p["spec"]["nodeName"] for p in first}
+        spare.keep(nodes)
+        offerings = set()
         for node_name in nodes:
             labels = lc.node(cluster, node_name)["metadata"]["labels"]
             assert labels["karpenter.sh/capacity-type"] == "spot", labels
+            offerings.add((labels["node.kubernetes.io/instance-type"], labels["topology.kubernetes.io/zone"]))
+        assert len(offerings) == 1, offerings
+        # The spot market has no other capacity: only the interruption's marking keeps Karpenter
+        # from relaunching on the very offering that was just taken back.
+        cluster.aws.exhaust_all_but(*next(iter(offerings)), "spot")
         for node_name in nodes:
             cluster.aws.spot_interruption(node_name)
 
@@ -178,6 +188,12 @@ def test_spot_loss_drains_the_node_the_trainer_exits_143_and_the_job_resumes_on_
 
     lc.end_pods(cluster, second)
     assert lc.phase(client, name, team, ("Succeeded",), cluster, namespace).phase == "Succeeded"
+
+
+@pytest.fixture(autouse=True)
+def _capacity_restored(cluster):
+    yield
+    cluster.aws.restore()
 
 
 def test_a_permanent_failure_exit_2_fails_the_job_without_a_retry(cluster, scope):

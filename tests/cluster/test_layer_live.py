@@ -7,7 +7,7 @@ import json
 import re
 from collections import defaultdict
 
-from tools.cluster.api import eventually
+from tools.cluster.api import eventually, resource_path
 from tools.cluster.layer import image_repository, serving_container, service_calls
 from tools.cluster.nodes import runnable_images
 
@@ -17,18 +17,23 @@ CHECKER_LIMITATION = re.compile(r"^(?!.*ERROR: <input>:\d+:\d+: (?!undefined fie
 
 def test_every_object_of_the_layer_is_stored(stack_cluster):
     """Server-side apply already refused an invalid object; here every object is read back, one
-    list per kind and namespace."""
+    list per kind and namespace (the plural from the API server's discovery)."""
+    api = stack_cluster.api
     wanted = defaultdict(set)
     for obj in stack_cluster.layer.namespaces + stack_cluster.layer.objects:
-        group = obj["apiVersion"].split("/")[0] if "/" in obj["apiVersion"] else ""
-        resource = f"{obj['kind'].lower()}.{group}" if group else obj["kind"].lower()
-        wanted[(resource, obj["metadata"].get("namespace"))].add(obj["metadata"]["name"])
+        wanted[(obj["apiVersion"], obj["kind"], obj["metadata"].get("namespace"))].add(obj["metadata"]["name"])
+    plurals = {}
+    for api_version in {v for v, _, _ in wanted}:
+        discovery = api.get(f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}")
+        plurals.update({(api_version, r["kind"]): (r["name"], r["namespaced"]) for r in discovery["resources"]
+                        if "/" not in r["name"]})
     missing = []
-    for (resource, namespace), names in sorted(wanted.items(), key=str):
-        args = ["get", resource, "-o", "jsonpath={.items[*].metadata.name}"]
-        args += ["-n", namespace] if namespace else []
-        stored = set(stack_cluster.kubectl(*args).stdout.split())
-        missing += [f"{resource} {namespace or ''}/{n}" for n in sorted(names - stored)]
+    for (api_version, kind, namespace), names in sorted(wanted.items(), key=str):
+        plural, namespaced = plurals[(api_version, kind)]
+        # A chart may name a namespace on a cluster-scoped object; the API server ignores it.
+        path = resource_path(api_version, plural, namespace if namespaced else None)
+        stored = {i["metadata"]["name"] for i in api.get(path)["items"]}
+        missing += [f"{kind} {namespace or ''}/{n}" for n in sorted(names - stored)]
     assert not missing, missing
 
 

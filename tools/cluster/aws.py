@@ -206,12 +206,14 @@ class AwsStandIns:
         docs += [{"apiVersion": "karpenter.kwok.sh/v1alpha1", "kind": "KWOKNodeClass", "metadata": {"name": n}}
                  for n in classes]
         namespace, account = KARPENTER_SERVICE_ACCOUNT
-        # The kwok provider reads KWOKNodeClasses where the AWS provider reads EC2NodeClasses; the
-        # chart's ClusterRole grants only the latter (templates/clusterrole.yaml).
+        # What the stand-in asks beyond the chart's RBAC (templates/clusterrole*.yaml), and only
+        # that: the kwok provider reads KWOKNodeClasses where the AWS provider reads EC2NodeClasses,
+        # and it writes the Node of a new instance itself, which on EC2 the instance's kubelet does.
         docs += [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
                   "metadata": {"name": "karpenter-kwok-stand-in"},
                   "rules": [{"apiGroups": ["karpenter.kwok.sh"], "resources": ["kwoknodeclasses"],
-                             "verbs": ["get", "list", "watch"]}]},
+                             "verbs": ["get", "list", "watch"]},
+                            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["create"]}]},
                  {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                   "metadata": {"name": "karpenter-kwok-stand-in"},
                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
@@ -381,6 +383,17 @@ class AwsStandIns:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(current))
         tmp.rename(path)
+
+    def exhaust_all_but(self, instance_type: str, zone: str, capacity_type: str) -> None:
+        """Every offering of ``capacity_type`` answers InsufficientInstanceCapacity except the one
+        given (a spot market where only the offering a node already runs on had capacity)."""
+        for other in catalog_instance_types():
+            for offering in other["offerings"]:
+                labels = {r["key"]: r["values"][0] for r in offering["Requirements"]}
+                if labels["karpenter.sh/capacity-type"] != capacity_type:
+                    continue
+                if (other["name"], labels["topology.kubernetes.io/zone"]) != (instance_type, zone):
+                    self.exhaust(other["name"], labels["topology.kubernetes.io/zone"], capacity_type)
 
     def restore(self) -> None:
         (self.spool / CAPACITY_FILE).unlink(missing_ok=True)

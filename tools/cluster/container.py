@@ -6,15 +6,16 @@ Run by the kubelet inside the pod's network namespace and a fresh mount namespac
 ``unshare --mount``). It builds the container's file system as a container runtime would, then
 executes the command in place of itself (``execve``: the kubelet's process is the container's):
 
-- a root of its own (a tmpfs under the pod's directory) holding the host's ``/usr``, ``/etc`` and
-  ``/lib*`` read-only, ``/dev`` and ``/proc``, and an empty private ``/tmp``;
+- a root of its own (a tmpfs under the pod's directory) holding the host's ``/usr`` and ``/lib*``
+  read-only, an ``/etc`` of its own with the host's certificates, users and resolver files,
+  ``/dev`` and ``/proc``, and an empty private ``/tmp``;
 - each of the pod's volume mounts at its ``mountPath`` (``subPath`` too), from the directories the
   kubelet wrote (ConfigMaps, Secrets, projected service account tokens, emptyDirs);
 - the pinned binary at the image's command path.
 
 Nothing is mounted outside this mount namespace, so nothing needs unmounting: the mounts end
 with the process. ``"chroot": false`` (the Python stand-ins that need the project and its
-virtualenv) keeps the host's root and still gives the process a private ``/tmp``.
+virtualenv) keeps the host's root and gives the process a temporary directory of its own.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ import sys
 from pathlib import Path
 
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
+ETC_FROM_HOST = ("ssl", "ca-certificates", "pki", "passwd", "group", "hosts", "resolv.conf", "nsswitch.conf",
+                 "localtime", "services", "protocols")
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -57,13 +60,25 @@ def build_root(spec: dict) -> Path:
     root = Path(spec["rootfs"])
     root.mkdir(parents=True, exist_ok=True)
     mount("tmpfs", str(root), "tmpfs", 0, "mode=755")
-    for name in ("usr", "etc", "bin", "sbin", "lib", "lib64", "lib32", "libx32", "opt"):
+    for name in ("usr", "bin", "sbin", "lib", "lib64", "lib32", "libx32", "opt"):
         host = Path("/") / name
         if host.is_symlink():
             (root / name).symlink_to(os.readlink(host))
         elif host.is_dir():
             (root / name).mkdir()
             bind(str(host), str(root / name), read_only=True)
+    # /etc is the container's own (volumes mount there: /etc/config...): only the files a static
+    # binary reads come from the host.
+    etc = root / "etc"
+    etc.mkdir()
+    for name in ETC_FROM_HOST:
+        host = Path("/etc") / name
+        if host.is_dir():
+            (etc / name).mkdir()
+            bind(str(host), str(etc / name), read_only=True)
+        elif host.is_file():
+            (etc / name).touch()
+            bind(str(host), str(etc / name), read_only=True)
     for name in ("dev", "proc", "sys"):
         (root / name).mkdir()
         bind(f"/{name}", str(root / name))
@@ -87,14 +102,11 @@ def mount_volumes(root: Path, spec: dict) -> None:
 
 
 def private_tmp(spec: dict) -> None:
+    """A temporary directory of its own (``TMPDIR``): the host's /tmp stays visible, since the
+    plane's own directory may be under it."""
     tmp = Path(spec["tmp"])
     tmp.mkdir(parents=True, exist_ok=True)
-    bind(str(tmp), "/tmp")
-    for volume in spec.get("mounts", []):
-        if volume["path"].startswith("/tmp/"):
-            source = Path(volume["source"])
-            target = make_target(Path("/"), volume["path"], source)
-            bind(str(source), str(target), read_only=volume.get("readOnly", False))
+    spec["env"]["TMPDIR"] = str(tmp)
 
 
 def main(argv: list[str]) -> int:

@@ -86,31 +86,45 @@ func (c *CloudProvider) RepairPolicies() []cloudprovider.RepairPolicy {
 	return (&awscloudprovider.CloudProvider{}).RepairPolicies()
 }
 
-// GetInstanceTypes marks each offering the AWS provider's cache holds as unavailable, as the AWS
-// provider's instance type provider does with the same cache.
+// GetInstanceTypes marks each offering the AWS provider's cache holds (or the capacity file lists)
+// unavailable, as the AWS provider's instance type provider does with the same cache.
 func (c *CloudProvider) GetInstanceTypes(ctx context.Context, nodePool *v1.NodePool) ([]*cloudprovider.InstanceType, error) {
 	its, err := c.CloudProvider.GetInstanceTypes(ctx, nodePool)
 	if err != nil {
 		return nil, err
 	}
+	c.refresh(its)
+	return its, nil
+}
+
+// Create launches on an available offering only: the kwok provider picks the cheapest offering
+// its own instance types call available (kwok/cloudprovider toNode), the same objects refresh marks,
+// as the AWS provider's CreateFleet request leaves out the offerings its cache holds.
+func (c *CloudProvider) Create(ctx context.Context, nodeClaim *v1.NodeClaim) (*v1.NodeClaim, error) {
+	its, err := c.CloudProvider.GetInstanceTypes(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	c.refresh(its)
+	return c.CloudProvider.Create(ctx, nodeClaim)
+}
+
+// refresh sets each offering's availability in place on the kwok provider's instance types, so the
+// scheduler's view and the launch agree.
+func (c *CloudProvider) refresh(its []*cloudprovider.InstanceType) {
 	ice := c.exhaustedOfferings()
-	out := make([]*cloudprovider.InstanceType, 0, len(its))
 	for _, it := range its {
-		copied := it.DeepCopy()
-		for _, offering := range copied.Offerings {
-			if c.unavailable.IsUnavailable(ec2types.InstanceType(copied.Name), offering.Zone(), nil, offering.CapacityType()) {
-				offering.Available = false
-			}
+		for _, offering := range it.Offerings {
+			available := !c.unavailable.IsUnavailable(ec2types.InstanceType(it.Name), offering.Zone(), nil, offering.CapacityType())
 			for _, e := range ice {
-				if matches(e.InstanceType, copied.Name) && matches(e.Zone, offering.Zone()) &&
+				if matches(e.InstanceType, it.Name) && matches(e.Zone, offering.Zone()) &&
 					matches(e.CapacityType, offering.CapacityType()) {
-					offering.Available = false
+					available = false
 				}
 			}
+			offering.Available = available
 		}
-		out = append(out, copied)
 	}
-	return out, nil
 }
 
 // registeringClient writes a Node as the kubelet registers it: no device-plugin resources yet.
