@@ -100,6 +100,21 @@ def pool(cluster, spec_pool: str) -> dict[str, Any]:
     raise AssertionError(f"no NodePool for pool {spec_pool}")
 
 
+def pool_of(cluster, raw: dict[str, Any]) -> str:
+    """The pool a job spec runs on: its ``pool``, or the pool of its GPU type (a shared one when
+    it asks for a share or a slice) as the renderer picks it."""
+    if raw.get("pool"):
+        return raw["pool"]
+    gpu = raw.get("gpu") or {}
+    gpu_type = raw.get("gpuType") or gpu.get("type")
+    shared = bool(raw.get("shared") or gpu.get("slice"))
+    for candidate in cluster.layer.of_kind("NodePool"):
+        labels = candidate["spec"]["template"]["metadata"]["labels"]
+        if labels.get("mlplatform.io/gpu-type") == gpu_type and ("mlplatform.io/gpu-sharing" in labels) == shared:
+            return labels["mlplatform.io/pool"]
+    raise AssertionError(f"no pool offers {gpu_type} (shared: {shared})")
+
+
 def node(cluster, name: str) -> dict[str, Any]:
     return cluster.api.get(f"/api/v1/nodes/{name}")
 

@@ -40,12 +40,12 @@ def cluster(stack_cluster):
 
 
 class NodeHistory:
-    """Every version of every node of a pool, from a watch started before the node exists."""
+    """Every version of every Karpenter node, from a watch started before the node exists."""
 
-    def __init__(self, cluster, pool_name: str):
+    def __init__(self, cluster):
         self.versions: dict[str, list[dict]] = {}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, args=(cluster, pool_name), daemon=True)
+        self._thread = threading.Thread(target=self._watch, args=(cluster,), daemon=True)
 
     def __enter__(self):
         self._thread.start()
@@ -55,11 +55,10 @@ class NodeHistory:
     def __exit__(self, *exc):
         self._stop.set()
 
-    def _watch(self, cluster, pool_name):
+    def _watch(self, cluster):
         while not self._stop.is_set():
             try:
-                for event in cluster.api.watch("/api/v1/nodes", timeout_s=60,
-                                               labelSelector=f"karpenter.sh/nodepool={pool_name}"):
+                for event in cluster.api.watch("/api/v1/nodes", timeout_s=60, labelSelector="karpenter.sh/nodepool"):
                     node = event.get("object") or {}
                     if "metadata" in node:
                         self.versions.setdefault(node["metadata"]["name"], []).append(node)
@@ -89,11 +88,11 @@ def test_gpus_appear_on_a_node_only_once_the_device_plugin_runs_there(cluster, s
     missed one of the pool's taints would never run there: no GPU, no job."""
     raw = lc.example(cluster, scope, "plugin")
     client = lc.client(cluster, raw["team"])
-    job = client.load(raw)
-    pool = lc.pool(cluster, job.pool)
-    with NodeHistory(cluster, pool["metadata"]["name"]) as history:
-        submitted = client.submit(job)
+    with lc.no_spare_nodes(cluster, lc.pool_of(cluster, raw)) as spare, NodeHistory(cluster) as history:
+        spare.keep(())  # the job needs a new node, watched from its first version
+        submitted = client.submit(client.load(raw))
         pods = lc.running_pods(cluster, submitted.job.name, submitted.job.namespace, submitted.job.nodes)
+    pool = lc.pool(cluster, submitted.job.pool)
     plugins = {(p["namespace"], p["daemonset"], p["kind"]) for p in _device_plugins(cluster)}
     assert plugins, f"{cluster.stack}: no device plugin is deployed"
     for node_name in {p["spec"]["nodeName"] for p in pods}:

@@ -112,9 +112,9 @@ def _borrowing_flavor(cluster):
     best = None
     for path in sorted((ROOT / "examples" / "jobs").glob("*.yaml")):
         raw = yaml.safe_load(path.read_text())
-        if not isinstance(raw, dict) or "pool" not in raw or raw.get("stack", cluster.stack) != cluster.stack:
+        if not isinstance(raw, dict) or "team" not in raw or f"# stack: {cluster.stack}" not in path.read_text():
             continue
-        flavor = f"gpu-{raw['pool']}"
+        flavor = f"gpu-{lc.pool_of(cluster, raw)}"
         quota = {q: g for q, g in nominal_gpus(cluster, flavor).items() if g}
         per_node = int(raw.get("gpusPerNode", 1))
         if len(quota) < 2 or any(g % per_node for g in quota.values()):
@@ -143,8 +143,9 @@ def test_a_team_borrows_idle_gpus_and_gives_them_back_when_their_owner_needs_the
         client = lc.client(cluster, team)
         low, _ = priorities(cluster, team)
         raw = {**base, "team": team, "name": scope.name(suffix), "nodes": nodes, "priority": low}
-        raw["trainer"] = {**raw["trainer"], "overrides": [o for o in raw["trainer"].get("overrides", [])
-                                                         if not o.startswith("export.")]}
+        # The model name under the submitting team's prefix (MLflow lets a team register only there).
+        raw["trainer"] = {**raw["trainer"], "overrides": [o.replace(f"team-{base['team']}.", f"team-{team}.")
+                                                         for o in raw["trainer"].get("overrides", [])]}
         return client, client.submit(client.load(raw)).job
 
     borrow_nodes = quota[borrower] // per_node + 1

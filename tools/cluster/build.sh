@@ -57,7 +57,6 @@ fi
 
 # name|binary|package|-X version flags (pkg.Var=value, space separated)
 recipes=(
-  "kwok|kwok|sigs.k8s.io/kwok/cmd/kwok|"
   "kueue|kueue|sigs.k8s.io/kueue/cmd/kueue|sigs.k8s.io/kueue/pkg/version.GitVersion=v0.19.2"
   "training-operator|training-operator|github.com/kubeflow/training-operator/cmd/training-operator.v1|"
   "jobset|jobset|sigs.k8s.io/jobset|sigs.k8s.io/jobset/pkg/version.GitVersion=v0.12.0"

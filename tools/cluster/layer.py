@@ -85,8 +85,13 @@ class LayerError(RuntimeError):
 
 def go_module_dir(module: str, version: str) -> Path:
     """The module's source in Go's module cache (downloaded if absent; Go verifies its checksum)."""
-    result = subprocess.run(["go", "mod", "download", "-json", f"{module}@{version}"],
-                            capture_output=True, text=True, cwd=ROOT / "tools" / "cluster" / "kwok")
+    import os
+    import tempfile
+
+    # Outside any module or workspace, so no go.mod or go.work around interferes.
+    with tempfile.TemporaryDirectory(prefix="cluster-go-") as cwd:
+        result = subprocess.run(["go", "mod", "download", "-json", f"{module}@{version}"], capture_output=True,
+                                text=True, cwd=cwd, env={**os.environ, "GOWORK": "off"})
     if result.returncode != 0:
         raise LayerError(f"go mod download {module}@{version} failed: {result.stderr.strip() or result.stdout.strip()}")
     return Path(json.loads(result.stdout)["Dir"])

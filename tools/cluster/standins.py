@@ -8,6 +8,8 @@
 - The labels a test sets on a simulated pod to end it (``POD_COMPLETE_LABEL``; ``POD_FAILED_LABEL``
   with the exit code in ``POD_FAILED_EXIT_CODE``), read by the kubelet.
 - ``wait_for``: the harness's one wait (tools.cluster.api.eventually) under the name tests used.
+- ``start_kwok``: kept for tests written when kwok ran the nodes; the harness's kubelet runs them
+  now (tools/cluster/nodes.py), and this checks that it runs on the plane.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from tools.cluster.kubelet import POD_COMPLETE_LABEL, POD_FAILED_EXIT_CODE, POD_
 from tools.cluster.nodes import KWOK_ANNOTATION
 
 __all__ = ["KWOK_ANNOTATION", "POD_COMPLETE_LABEL", "POD_FAILED_EXIT_CODE", "POD_FAILED_LABEL", "node_for_pool",
-           "wait_for"]
+           "start_kwok", "wait_for"]
 
 
 def _requirement_labels(requirements: Iterable[dict[str, Any]]) -> dict[str, str]:
@@ -46,3 +48,8 @@ def node_for_pool(pool: dict[str, Any], name: str, capacity: dict[str, str]) -> 
 
 def wait_for(predicate, what: str, timeout_s: float = 60.0, interval_s: float = 0.5):
     return eventually(predicate, what, timeout_s, interval_s)
+
+
+def start_kwok(plane) -> None:
+    if not plane.machine.call("status", name="kubelet", timeout_s=10)["alive"]:
+        raise RuntimeError("no kubelet runs on this plane: start the nodes with tools.cluster.nodes.Nodes(plane).start()")
