@@ -162,3 +162,13 @@ def no_spare_nodes(cluster, spec_pool: str):
         for name in spare.cordoned:
             if cluster.api.get_or_none(f"/api/v1/nodes/{name}"):
                 cluster.api.merge_patch(f"/api/v1/nodes/{name}", {"spec": {"unschedulable": False}})
+
+
+def node_overlay(cluster, pool_name: str) -> Optional[dict[str, Any]]:
+    """The NodeOverlay that applies to a NodePool (its ``karpenter.sh/nodepool In`` requirement)."""
+    for overlay in cluster.layer.of_kind("NodeOverlay"):
+        for requirement in overlay["spec"].get("requirements", []):
+            if requirement["key"] == "karpenter.sh/nodepool" and requirement["operator"] == "In" \
+                    and pool_name in requirement.get("values", []):
+                return overlay
+    return None

@@ -66,7 +66,12 @@ def agent_on_x(stack_cluster, tmp_path_factory) -> AgentIdentity:
     token_file.write_text(token)
     context = ssl.create_default_context(cafile=str(cluster.plane.pki.ca_cert))
     api = agent.KubeApi(base_url=cluster.plane.server, token_path=str(token_file), context=context)
-    return AgentIdentity(api, cluster.plane.token_kubeconfig("gpu-fault-agent", token))
+    yield AgentIdentity(api, cluster.plane.token_kubeconfig("gpu-fault-agent", token))
+    # What the module made goes with it: the stack's cluster is shared with the other tests.
+    cluster.api.delete(f"/api/v1/namespaces/{JOBS}")
+    cluster.api.delete(f"/api/v1/namespaces/{namespace}/pods/gpu-fault-agent-on-x", {"gracePeriodSeconds": 0})
+    for node in (NODE_X, NODE_Y):
+        cluster.api.delete(f"/api/v1/nodes/{node}")
 
 
 def trainer_pod(cluster, name: str, node: str, exit_code: int, message: str) -> str:

@@ -17,10 +17,8 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-import yaml
 
 from tests.cluster import lifecycle as lc
-from tests.cluster.lifecycle import ROOT
 from trainer.gpu_faults import gpu_fault, xid_actions
 from trainer.launch import report_gpu_fault
 from workloads import node_health_agent as agent
@@ -129,8 +127,8 @@ def test_a_shared_gpu_pool_launches_its_node_and_packs_slices_onto_it(cluster, s
     (pod,) = lc.running_pods(cluster, first.name, first.namespace, 1)
     node_name = pod["spec"]["nodeName"]
     node = lc.node(cluster, node_name)
-    overlay = next(o for o in cluster.layer.of_kind("NodeOverlay")
-                   if node["metadata"]["labels"]["karpenter.sh/nodepool"] in yaml.safe_dump(o["spec"]))
+    overlay = lc.node_overlay(cluster, node["metadata"]["labels"]["karpenter.sh/nodepool"])
+    assert overlay, f"no NodeOverlay for {node['metadata']['labels']['karpenter.sh/nodepool']}"
     declared = {k: v for k, v in (overlay["spec"].get("capacity") or {}).items() if k.startswith("nvidia.com/")}
     assert declared, overlay
     assert {k: v for k, v in device_resources(node).items() if k in declared} == declared, (device_resources(node), declared)

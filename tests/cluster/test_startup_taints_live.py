@@ -19,8 +19,7 @@ tolerations miss one of the pool's taints never runs there, and its taint, or th
 """
 from __future__ import annotations
 
-import json
-
+from tests.cluster.lifecycle import node_overlay
 from tools.cluster.api import eventually
 from tools.cluster.aws import _offers, catalog_instance_types
 from tools.cluster.standins import node_for_pool
@@ -39,10 +38,10 @@ def _instance_type(pool) -> dict:
 
 def _slice_resource(cluster, pool) -> str:
     """The resource a pod of this pool asks for: the NodeOverlay's slices on a shared pool, else GPUs."""
-    for overlay in cluster.layer.of_kind("NodeOverlay"):
-        if pool["metadata"]["name"] in json.dumps(overlay["spec"]):
-            return next(k for k in overlay["spec"].get("capacity", {}) if k.startswith("nvidia.com/"))
-    return "nvidia.com/gpu"
+    overlay = node_overlay(cluster, pool["metadata"]["name"])
+    if overlay is None:
+        return "nvidia.com/gpu"
+    return next(k for k in overlay["spec"].get("capacity", {}) if k.startswith("nvidia.com/"))
 
 
 def test_every_gpu_pools_node_loses_its_startup_taints_and_takes_a_gpu_pod(stack_cluster, scope):

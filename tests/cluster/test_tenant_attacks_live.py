@@ -308,6 +308,17 @@ def test_a_node_agent_changes_only_its_own_node(stack_cluster):
     name into the token (ServiceAccountTokenPodNodeInfo, GA in 1.32) and the authenticator exposes
     it as the user extra ``authentication.kubernetes.io/node-name``."""
     cluster = stack_cluster
+    try:
+        _agent_attack(cluster)
+    finally:
+        namespace = next(d for d in cluster.layer.of_kind("DaemonSet")
+                         if d["metadata"]["name"] == "gpu-node-health")["metadata"]["namespace"]
+        cluster.api.delete(f"/api/v1/namespaces/{namespace}/pods/agent-on-a", {"gracePeriodSeconds": 0})
+        for node in ("agent-node-a", "agent-node-b"):
+            cluster.api.delete(f"/api/v1/nodes/{node}")
+
+
+def _agent_attack(cluster) -> None:
     agent = next(d for d in cluster.layer.of_kind("DaemonSet") if d["metadata"]["name"] == "gpu-node-health")
     namespace = agent["metadata"]["namespace"]
     account = agent["spec"]["template"]["spec"]["serviceAccountName"]

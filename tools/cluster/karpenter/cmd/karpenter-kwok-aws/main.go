@@ -140,13 +140,13 @@ func kubeletResource(name corev1.ResourceName) bool {
 
 func (c registeringClient) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
 	if node, ok := obj.(*corev1.Node); ok {
-		for _, list := range []corev1.ResourceList{node.Status.Capacity, node.Status.Allocatable} {
-			for name := range list {
-				if !kubeletResource(name) {
-					delete(list, name)
-				}
+		for name := range node.Status.Allocatable {
+			if !kubeletResource(name) {
+				delete(node.Status.Allocatable, name)
 			}
 		}
+		// The kwok provider's capacity is the NodeClaim's requests; a kubelet reports the machine's.
+		node.Status.Capacity = node.Status.Allocatable.DeepCopy()
 	}
 	return c.Client.Create(ctx, obj, opts...)
 }
