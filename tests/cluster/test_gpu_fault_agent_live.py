@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from tools.cluster.api import eventually
+
 from trainer.gpu_faults import EXIT_GPU_FAULT, gpu_fault, xid_actions
 from trainer.launch import report_gpu_fault
 from workloads import node_health_agent as agent
@@ -147,14 +149,12 @@ def test_a_gpu_fault_on_its_node_marks_it_once_and_nothing_else_does(stack_clust
     watcher = threading.Thread(target=watch.run, args=(45,), daemon=True)
     watcher.start()
     # The list is done before the pod exists: the fault can only arrive as a watch event.
-    listed = time.monotonic() + 20
-    while watch.resource_version is None and time.monotonic() < listed:
-        time.sleep(0.1)
-    assert watch.resource_version is not None, "the agent did not list its node's pods"
+    eventually(lambda: watch.resource_version is not None, "the agent lists its node's pods", 20, interval_s=0.1)
     uid = trainer_pod(cluster, "trainer-on-x", NODE_X, EXIT_GPU_FAULT, launcher_message(tmp_path, monkeypatch, NODE_X))
-    deadline = time.monotonic() + 40
-    while not node_json(cluster, NODE_X)["spec"].get("unschedulable") and time.monotonic() < deadline:
-        time.sleep(0.5)
+    try:
+        eventually(lambda: node_json(cluster, NODE_X)["spec"].get("unschedulable"), "the agent cordons X", 40)
+    except TimeoutError:
+        pass  # asserted below, with what the node shows
     watcher.join(timeout=60)
     assert not watcher.is_alive(), "the agent's watch outlived its window"
     node = node_json(cluster, NODE_X)
