@@ -31,6 +31,8 @@ from typing import Any
 
 import pytest
 
+from tools.cluster.api import eventually
+
 from trainer.gpu_faults import EXIT_GPU_FAULT, gpu_fault, xid_actions
 from trainer.launch import report_gpu_fault
 from workloads import node_health_agent as agent
@@ -77,7 +79,14 @@ def agent_on_x(stack_cluster, tmp_path_factory) -> AgentIdentity:
     cluster = stack_cluster
     _apply(cluster, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE_Y, "labels": {"kubernetes.io/hostname": NODE_Y}}})
     _apply(cluster, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": JOBS}})
-    return _agent_identity(cluster, NODE_X, tmp_path_factory)
+    yield _agent_identity(cluster, NODE_X, tmp_path_factory)
+    # What the module made goes with it: the stack's cluster is shared with the other tests.
+    daemon_set = next(d for d in cluster.layer.of_kind("DaemonSet") if d["metadata"]["name"] == "gpu-node-health")
+    cluster.api.delete(f"/api/v1/namespaces/{JOBS}")
+    cluster.api.delete(f"/api/v1/namespaces/{daemon_set['metadata']['namespace']}/pods/gpu-fault-agent-on-{NODE_X}",
+                       {"gracePeriodSeconds": 0})
+    for node in (NODE_X, NODE_Y):
+        cluster.api.delete(f"/api/v1/nodes/{node}")
 
 
 # The node booted 10,000 s before the test; the driver's line is stamped with the kernel's uptime.
@@ -172,14 +181,12 @@ def test_a_gpu_fault_on_its_node_marks_it_once_and_nothing_else_does(stack_clust
     watcher = threading.Thread(target=watch.run, args=(45,), daemon=True)
     watcher.start()
     # The list is done before the pod exists: the fault can only arrive as a watch event.
-    listed = time.monotonic() + 20
-    while watch.resource_version is None and time.monotonic() < listed:
-        time.sleep(0.1)
-    assert watch.resource_version is not None, "the agent did not list its node's pods"
+    eventually(lambda: watch.resource_version is not None, "the agent lists its node's pods", 20, interval_s=0.1)
     uid = trainer_pod(cluster, "trainer-on-x", NODE_X, EXIT_GPU_FAULT, launcher_message(tmp_path, monkeypatch, NODE_X))
-    deadline = time.monotonic() + 40
-    while not node_json(cluster, NODE_X)["spec"].get("unschedulable") and time.monotonic() < deadline:
-        time.sleep(0.5)
+    try:
+        eventually(lambda: node_json(cluster, NODE_X)["spec"].get("unschedulable"), "the agent cordons X", 40)
+    except TimeoutError:
+        pass  # asserted below, with what the node shows
     watcher.join(timeout=60)
     assert not watcher.is_alive(), "the agent's watch outlived its window"
     node = node_json(cluster, NODE_X)

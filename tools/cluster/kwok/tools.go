@@ -1,8 +1,0 @@
-//go:build tools
-
-// Package tools pins the controller command this module builds (tools/cluster/build.sh).
-package tools
-
-import (
-	_ "sigs.k8s.io/kwok/cmd/kwok"
-)
