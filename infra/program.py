@@ -70,3 +70,20 @@ def main(prepare: Optional[Callable[[], Any]] = None) -> Platform:
             pulumi.export(key, value)
     platform.seal_access_logs()
     return platform
+
+
+def run() -> Platform:
+    """What `pulumi up` runs: ``infra/__main__.py`` under the language host, or the deploy driver's
+    inline program (``python -m infra.deploy --inline``). A config mistake or a vendored tree that
+    does not match its pin becomes a ``RunError``: the message alone, not a program crash."""
+    from components.validation import InvalidInputError
+    from infra import vendor
+
+    try:
+        # Once the config is valid, and before any resource: the Training Operator overlay is built
+        # from a verified local tree (no git at deploy time).
+        return main(prepare=lambda: vendor.prepare())
+    except vendor.VendorError as error:
+        raise pulumi.RunError(str(error)) from None
+    except InvalidInputError as error:
+        raise pulumi.RunError(str(error)) from None

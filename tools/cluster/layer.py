@@ -190,8 +190,10 @@ def plan_objects(stack: str, plan=None) -> PlanObjects:
     return found
 
 
-def training_operator_objects(kustomize_dir: str) -> list[dict[str, Any]]:
-    """Build the platform's overlay over the verified upstream tree (seeded from the Go module)."""
+def seed_training_operator_tree() -> None:
+    """The Training Operator's upstream tree, where the program's entry point (``infra.vendor``)
+    looks for it, copied from the Go module instead of fetched (no egress here), then the overlay;
+    ``vendor.prepare`` refuses the tree unless its git tree id is the pinned one."""
     from components.versions import TRAINING_OPERATOR_VENDOR_DIR
     from infra import vendor
 
@@ -202,7 +204,12 @@ def training_operator_objects(kustomize_dir: str) -> list[dict[str, Any]]:
         for path in [vendored, *vendored.rglob("*")]:
             # The module cache is read-only; keep git's executable bit as it was.
             path.chmod(path.stat().st_mode | 0o200)
-    vendor.prepare(ROOT)  # refuses the tree unless its git tree id is the pinned one
+    vendor.prepare(ROOT)
+
+
+def training_operator_objects(kustomize_dir: str) -> list[dict[str, Any]]:
+    """Build the platform's overlay over the verified upstream tree (seeded from the Go module)."""
+    seed_training_operator_tree()
     from tools.cluster.controlplane import tool_path
 
     # The provider builds the directory in the program's working directory (Pulumi.yaml main).
