@@ -10,7 +10,8 @@ a count per account and the warnings a platform engineer must read before ``pulu
 "retain_on_delete", "inputs", "urn", "id", "dependencies"}`` (README, "The offline plan").
 
 This package is the offline wing beside the program: the recording engine and its fabricated
-outputs (``mock_engine``, ``mock_outputs``) and the tools that run the program without a cloud
+outputs (``mock_engine``, ``mock_outputs``), the provider rules and the pulumi-eks model it shares
+with the stand-in provider plugins (``input_rules``, ``pulumi_eks``; tools/engine/standins) and the tools that run the program without a cloud
 (``urns``, ``security_scan``, ``deploy``, ``config_reference``, ``upgrade``). It imports the
 program; nothing `pulumi up` runs imports it (tests/infra/test_layout.py).
 """

@@ -48,7 +48,7 @@ from pulumi.runtime.proto import resource_pb2
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-from infra.plan import mock_outputs
+from infra.plan import input_rules, mock_outputs, pulumi_eks
 from infra.recording import SECRET_PLACEHOLDER, RecordedResource, Recording, ResourceReference
 
 _SIG = "4dabf18193072939515e22adb298388d"
@@ -59,8 +59,8 @@ _SIG_ASSET = "c44067f5952c0a294b673a41bacd8c17"
 _SIG_ARCHIVE = "0def7320c3a5731c473e5ecbe6d01bc7"
 _UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
 
-DEFAULT_ACCOUNT_ID = "000000000000"
-DEFAULT_REGION = "us-east-1"
+DEFAULT_ACCOUNT_ID = mock_outputs.DEFAULT_ACCOUNT_ID
+DEFAULT_REGION = mock_outputs.DEFAULT_REGION
 
 
 class RecordingMocks(pulumi_mocks.Mocks):
@@ -88,44 +88,18 @@ class RecordingMocks(pulumi_mocks.Mocks):
 
     def account_and_region(self, resource: Optional[RecordedResource]) -> tuple[str, str]:
         provider = self.by_urn.get(resource.provider_for("aws") or "") if resource else None
-        if provider is None:
-            return DEFAULT_ACCOUNT_ID, DEFAULT_REGION
-        region = provider.inputs.get("region") or DEFAULT_REGION
-        account = DEFAULT_ACCOUNT_ID
-        roles = provider.inputs.get("assumeRoles") or []
-        # A secret inside (an external id) makes the whole list a secret: fall back to allowedAccountIds.
-        if isinstance(roles, list) and roles and isinstance(roles[0], dict) and isinstance(roles[0].get("roleArn"), str):
-            account = roles[0]["roleArn"].split(":")[4] or account
-        elif provider.inputs.get("allowedAccountIds"):
-            account = provider.inputs["allowedAccountIds"][0]
-        return account, region
+        return mock_outputs.account_and_region(provider.inputs if provider is not None else None)
 
     def new_resource(self, args: pulumi_mocks.MockResourceArgs) -> tuple[Optional[str], dict]:
         resource = self.current
         account, region = self.account_and_region(resource)
-        inputs = dict(args.inputs)
-        # Derived from the URN: unique within a stack and the same on every run, so ids
-        # (and the ARNs and names built from them) can be resolved back to one resource.
-        digest = hashlib.sha256((resource.urn if resource else f"{args.typ}/{args.name}").encode()).hexdigest()
-        resource_id = f"{args.name}-{digest[:8]}"
-        outputs = dict(inputs)
-        service = args.typ.split(":")[1].split("/")[0] if ":" in args.typ else "mock"
-        physical_name = inputs.get("name") or f"{args.name}-{digest[:7]}"
-        outputs.setdefault("arn", f"arn:aws:{service}:{region}:{account}:{args.typ.split(':')[-1].lower()}/{physical_name}")
-        outputs.setdefault("name", physical_name)
-        outputs["id"] = resource_id
-
-        special = _TYPE_OUTPUTS.get(args.typ)
-        if special:
-            outputs.update(special(args.name, inputs, account, region, digest))
-            resource_id = outputs.get("id", resource_id)
-        arn_format = mock_outputs.ARN_FORMATS.get(args.typ)
-        if arn_format is not None:
-            outputs["arn"] = arn_format(outputs.get("name") or physical_name, resource_id, account, region, digest, inputs)
-            if args.typ == "aws:secretsmanager/secret:Secret":
-                resource_id = outputs["arn"]  # a secret's id is its ARN (terraform-provider-aws)
+        seed = resource.urn if resource else f"{args.typ}/{args.name}"
+        if args.typ == pulumi_eks.CLUSTER_TYPE:
+            # A remote component: the monitor records its children and fills its outputs.
+            return f"{args.name}-{mock_outputs.digest_of(seed)[:8]}", {}
+        resource_id, outputs = mock_outputs.fabricate(args.typ, args.name, seed, args.inputs, account, region)
         if args.typ.startswith("pulumi:providers:"):
-            return resource_id, inputs
+            return resource_id, dict(args.inputs)
         return resource_id, outputs
 
     def call(self, args: pulumi_mocks.MockCallArgs) -> tuple[dict, Optional[list]]:
@@ -136,128 +110,9 @@ class RecordingMocks(pulumi_mocks.Mocks):
             if provider
             else resource
         )
-        token = args.token
-        if token == "aws:index/getCallerIdentity:getCallerIdentity":
-            return {"accountId": account, "arn": f"arn:aws:iam::{account}:role/mock", "userId": "MOCK", "id": account}, None
-        if token == "aws:index/getRegion:getRegion":
-            return {"name": region, "region": region, "id": region, "endpoint": f"ec2.{region}.amazonaws.com"}, None
-        if token == "aws:index/getPartition:getPartition":
-            return {"partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"}, None
-        if token == "aws:secretsmanager/getRandomPassword:getRandomPassword":
-            if self.epoch is None:
-                return {}, None
-            seed = json.dumps([self.epoch, args.provider, args.args], sort_keys=True, default=str)
-            return {"randomPassword": hashlib.sha256(seed.encode()).hexdigest(), "id": "mock"}, None
-        if token == "aws:elb/getServiceAccount:getServiceAccount":
-            return {"arn": "arn:aws:iam::127311923021:root", "id": "127311923021"}, None
-        if token == "aws:secretsmanager/getSecretVersion:getSecretVersion":
-            # A stand-in value with every key the platform reads (Git and OIDC credentials).
-            secret_id = args.args.get("secretId", "mock")
-            value = {"username": "mock-user", "password": "mock-password", "clientSecret": "mock-client-secret"}
-            return {"secretId": secret_id, "secretString": json.dumps(value), "versionId": "mock-version",
-                    "arn": (secret_id if secret_id.startswith("arn:")
-                            else f"arn:aws:secretsmanager:{region}:{account}:secret:{secret_id}-"
-                                 f"{hashlib.sha256(secret_id.encode()).hexdigest()[-6:]}"),
-                    "id": secret_id}, None
-        return {}, None
-
-
-def _eks_cluster_outputs(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    cluster_name = inputs.get("name") or f"{name}-eksCluster-{digest[:7]}"
-    endpoint = f"https://{digest[:32].upper()}.gr7.{region}.eks.amazonaws.com"
-    issuer = f"oidc.eks.{region}.amazonaws.com/id/{digest[:32].upper()}"
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": cluster_name, "cluster": {"server": endpoint, "certificate-authority-data": "bW9jaw=="}}],
-        "contexts": [{"name": "aws", "context": {"cluster": cluster_name, "user": "aws"}}],
-        "current-context": "aws",
-        "users": [{"name": "aws", "user": {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1",
-                                                    "command": "aws", "args": ["eks", "get-token", "--cluster-name", cluster_name]}}}],
-    }
-    return {
-        "kubeconfig": kubeconfig,
-        "kubeconfigJson": json.dumps(kubeconfig),
-        "clusterSecurityGroupId": f"sg-{digest[:17]}",
-        "nodeSecurityGroupId": None,
-        "oidcProviderArn": f"arn:aws:iam::{account}:oidc-provider/{issuer}",
-        "oidcProviderUrl": f"https://{issuer}",
-        "oidcIssuer": issuer,
-        # Filled in by the monitor with a reference to a registered aws:eks/cluster:Cluster.
-        "eksCluster": _EksClusterRef(cluster_name, endpoint, issuer, account, region, inputs),
-    }
-
-
-@dataclass
-class _EksClusterRef:
-    cluster_name: str
-    endpoint: str
-    issuer: str
-    account: str
-    region: str
-    inputs: dict
-
-
-def _with_id(prefix: str) -> Callable[..., dict]:
-    def outputs(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-        return {"id": f"{prefix}-{digest[:17]}"}
-
-    return outputs
-
-
-def _bucket(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    bucket = inputs.get("bucket") or f"{name}-{digest[:7]}"
-    return {"id": bucket, "bucket": bucket, "arn": f"arn:aws:s3:::{bucket}",
-            "bucketDomainName": f"{bucket}.s3.amazonaws.com", "bucketRegionalDomainName": f"{bucket}.s3.{region}.amazonaws.com"}
-
-
-def _kms_key(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    key_id = f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
-    return {"id": key_id, "keyId": key_id, "arn": f"arn:aws:kms:{region}:{account}:key/{key_id}"}
-
-
-def _iam_role(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    role = inputs.get("name") or f"{name}-{digest[:7]}"
-    return {"id": role, "name": role, "arn": f"arn:aws:iam::{account}:role/{inputs.get('path', '/').strip('/') + '/' if inputs.get('path', '/') != '/' else ''}{role}", "uniqueId": f"AROA{digest[:17].upper()}"}
-
-
-def _iam_policy(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    policy = inputs.get("name") or f"{name}-{digest[:7]}"
-    return {"id": f"arn:aws:iam::{account}:policy/{policy}", "name": policy, "arn": f"arn:aws:iam::{account}:policy/{policy}"}
-
-
-def _log_group(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    group = inputs.get("name") or f"{name}-{digest[:7]}"
-    return {"id": group, "name": group, "arn": f"arn:aws:logs:{region}:{account}:log-group:{group}"}
-
-
-def _sqs_queue(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    queue = inputs.get("name") or f"{name}-{digest[:7]}"
-    return {"id": f"https://sqs.{region}.amazonaws.com/{account}/{queue}", "name": queue, "url": f"https://sqs.{region}.amazonaws.com/{account}/{queue}",
-            "arn": f"arn:aws:sqs:{region}:{account}:{queue}"}
-
-
-_TYPE_OUTPUTS: dict[str, Callable[..., dict]] = {
-    "eks:index:Cluster": _eks_cluster_outputs,
-    "aws:ec2/vpc:Vpc": _with_id("vpc"),
-    "aws:ec2/subnet:Subnet": _with_id("subnet"),
-    "aws:ec2/securityGroup:SecurityGroup": _with_id("sg"),
-    "aws:ec2/internetGateway:InternetGateway": _with_id("igw"),
-    "aws:ec2/natGateway:NatGateway": _with_id("nat"),
-    "aws:ec2/eip:Eip": _with_id("eipalloc"),
-    "aws:ec2/routeTable:RouteTable": _with_id("rtb"),
-    "aws:ec2/vpcEndpoint:VpcEndpoint": _with_id("vpce"),
-    "aws:ec2/launchTemplate:LaunchTemplate": lambda *a: {**_with_id("lt")(*a), "latestVersion": 1, "defaultVersion": 1},
-    "aws:ec2/flowLog:FlowLog": _with_id("fl"),
-    "aws:s3/bucket:Bucket": _bucket,
-    "aws:kms/key:Key": _kms_key,
-    "aws:iam/role:Role": _iam_role,
-    "aws:iam/policy:Policy": _iam_policy,
-    "aws:cloudwatch/logGroup:LogGroup": _log_group,
-    "aws:sqs/queue:Queue": _sqs_queue,
-    # The types only some capabilities create (FSx, Aurora, ALB, ACM, ECR...).
-    **mock_outputs.TYPE_OUTPUTS,
-}
+        seed = None if self.epoch is None else json.dumps([self.epoch, args.provider])
+        answer = mock_outputs.invoke(args.token, args.args, account, region, random_seed=seed)
+        return (answer if answer is not None else {}), None
 
 
 # -- what the real engine refuses ---------------------------------------------------------
@@ -473,10 +328,13 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             resource_id=request.importId, custom=request.custom or False,
         )
         id_, state = self.mocks.new_resource(args)
-        state = self._materialize_refs(urn, state, record, list(request.transforms))
         record.id = id_
-        record.outputs = state
+        self._check_inputs(record)
         self.records.append(record)
+        if request.remote and request.type == pulumi_eks.CLUSTER_TYPE:
+            # The component registers before its children (Construct registers it first).
+            state = self._record_eks_cluster(record, list(request.transforms))
+        record.outputs = state
         self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, id_ or "", state)
         return resource_pb2.RegisterResourceResponse(urn=urn, id=id_ or "", object=encode_struct(state))
 
@@ -497,64 +355,30 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             urns.append(urn)
         return urns
 
-    def _materialize_refs(self, parent_urn: str, state: dict, parent: Optional[RecordedResource] = None,
-                          transforms: Sequence[Any] = ()) -> dict:
-        out = dict(state)
-        for key, value in state.items():
-            if isinstance(value, _EksClusterRef):
-                # pulumi-eks nodejs/eks/cluster/cluster.ts: `new aws.eks.Cluster(`${name}-eksCluster`, ...,
-                # { parent: parent })` where name is the component's name, not the EKS cluster's.
-                component_name = parent.name if parent is not None else parent_urn.rsplit("::", 1)[-1]
-                urn = self.make_urn(parent_urn, "aws:eks/cluster:Cluster", f"{component_name}-eksCluster")
-                cluster_state = {
-                    "name": value.cluster_name,
-                    "arn": f"arn:aws:eks:{value.region}:{value.account}:cluster/{value.cluster_name}",
-                    "endpoint": value.endpoint,
-                    "version": value.inputs.get("version"),
-                    "certificateAuthority": {"data": "bW9jaw=="},
-                    "identities": [{"oidcs": [{"issuer": f"https://{value.issuer}"}]}],
-                    "vpcConfig": {"clusterSecurityGroupId": state.get("clusterSecurityGroupId"),
-                                  "vpcId": value.inputs.get("vpcId")},
-                }
-                self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, value.cluster_name, cluster_state)
-                if parent is not None:
-                    self._record_remote_child(parent, urn, value, cluster_state, transforms)
-                out[key] = ResourceReference(urn, value.cluster_name)
-        return out
+    def _record_eks_cluster(self, component: RecordedResource, transforms: Sequence[Any]) -> dict:
+        """Record the children pulumi-eks's Cluster registers (``infra.plan.pulumi_eks``, the model
+        the ``eks`` stand-in plugin registers with the real engine), each first through the
+        transforms given to the component, as the engine runs them for a packaged component's
+        children; return the component's outputs."""
+        account, region = self.recording_mocks.account_and_region(component)
+        recorder = _ChildRecorder(self, component, account, region, transforms)
+        try:
+            for child in pulumi_eks.cluster_children(component.name, component.inputs, recorder):
+                recorder.record(child)
+            outputs = pulumi_eks.cluster_outputs(component.name, component.inputs, recorder)
+        except (pulumi_eks.UnsupportedOptions, ValueError) as error:
+            self.refuse(f"{component.type} '{component.name}': {error}")
+            return {}
+        return outputs
 
-    def _record_remote_child(self, parent: RecordedResource, urn: str, ref: "_EksClusterRef", state: dict,
-                             transforms: Sequence[Any]) -> None:
-        """Record pulumi-eks's ``aws:eks/cluster:Cluster`` child with the inputs that decide access,
-        as the engine would register it: first through the transforms given to the component.
-
-        pulumi-eks sends ``accessConfig`` with ``bootstrapClusterCreatorAdminPermissions: true``
-        whenever ``authenticationMode`` is set (nodejs/eks/cluster/cluster.ts).
-        """
-        inputs: dict[str, Any] = {"name": ref.cluster_name, "version": ref.inputs.get("version"),
-                                  "tags": {"Name": f"{parent.name}-eksCluster", **(ref.inputs.get("clusterTags") or {}),
-                                           **(ref.inputs.get("tags") or {})}}
-        # The rest as pulumi-eks maps its component inputs onto the child (cluster.ts), so checks
-        # written for the child (endpoint, secrets encryption, logs) see what a real preview sees.
-        component = ref.inputs
-        inputs["vpcConfig"] = {key: component[key] for key in
-                               ("endpointPrivateAccess", "endpointPublicAccess", "publicAccessCidrs", "subnetIds")
-                               if component.get(key) is not None}
-        if component.get("encryptionConfigKeyArn"):
-            inputs["encryptionConfig"] = {"provider": {"keyArn": component["encryptionConfigKeyArn"]},
-                                          "resources": ["secrets"]}
-        for key in ("enabledClusterLogTypes", "upgradePolicy", "kubernetesServiceIpAddressRange"):
-            if component.get(key) is not None:
-                inputs[key] = component[key]
-        if ref.inputs.get("authenticationMode"):
-            inputs["accessConfig"] = {"authenticationMode": ref.inputs["authenticationMode"],
-                                      "bootstrapClusterCreatorAdminPermissions": True}
-        for callback in transforms:
-            inputs = _run_transform(callback, "aws:eks/cluster:Cluster", urn.rsplit("::", 1)[-1], parent.urn, inputs)
-        self.records.append(RecordedResource(
-            urn=urn, type="aws:eks/cluster:Cluster", name=urn.rsplit("::", 1)[-1], custom=True, remote=False,
-            parent=parent.urn, provider=parent.provider_for("aws"), providers={}, protect=parent.protect,
-            retain_on_delete=False, dependencies=[], inputs=inputs, outputs=state, id=ref.cluster_name,
-        ))
+    def _check_inputs(self, record: RecordedResource) -> None:
+        """The inputs a provider's Check refuses (``infra.plan.input_rules``, shared with the
+        stand-in plugins): names the pinned SDK's input type lacks, required ones missing."""
+        if not (record.custom or record.remote):
+            return
+        for problem in input_rules.check_inputs(record.type, record.inputs):
+            self.refuse(f"{record.type} '{record.name}' input {problem}. FIX: use the input names of the pinned "
+                        f"SDK's {record.package} types (a transform or a dictionary input is not checked by the SDK)")
 
     def Invoke(self, request):  # noqa: N802 - gRPC method name
         args = decode_struct(request.args)
@@ -577,6 +401,86 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         return type("SupportsFeatureResponse", (object,), {"hasSupport": request.id not in ("outputValues",)})
 
 
+class _ChildRecorder:
+    """``pulumi_eks.Resolver`` over recorded children: values are plain (the offline plan runs
+    every apply), outputs fabricated as for any other resource."""
+
+    def __init__(self, monitor: "RecordingMonitor", component: RecordedResource, account: str, region: str,
+                 transforms: Sequence[Any]):
+        self.monitor, self.component = monitor, component
+        self.account, self.region = account, region
+        self.transforms = list(transforms)
+        self.records: dict[str, RecordedResource] = {}
+        self._used: set[str] = set()
+
+    def ref(self, key: str, path: Optional[str] = None) -> Any:
+        record = self.records[key]
+        self._used.add(key)
+        if path is None:
+            return ResourceReference(record.urn, record.id or "")
+        value: Any = record.outputs
+        for part in path.split("."):
+            value = value[int(part)] if isinstance(value, list) else (value or {}).get(part)
+        return value
+
+    def combine(self, fn: Callable[..., Any], *values: Any) -> Any:
+        return fn(*values)
+
+    def partition(self) -> Any:
+        return mock_outputs.invoke("aws:index/getPartition:getPartition", {}, self.account, self.region)["partition"]
+
+    def endpoint(self) -> Any:
+        return self.ref("eksCluster", "endpoint")
+
+    def kubeconfig_user(self) -> None:
+        return None
+
+    def record(self, child: "pulumi_eks.Child") -> None:
+        monitor, component = self.monitor, self.component
+        parent = self.records[child.parent] if child.parent else component
+        urn = monitor.make_urn(parent.urn, child.type, child.name)
+        inputs = _ids_for_references(child.inputs)
+        for callback in self.transforms:
+            inputs = _run_transform(callback, child.type, child.name, parent.urn, inputs, custom=child.custom)
+        dependencies = [self.records[key].urn for key in sorted(set(child.depends_on) | self._used)]
+        for key in child.reads:
+            dependencies += [urn for urn in component.property_dependencies.get(key, []) if urn not in dependencies]
+        self._used = set()
+        is_provider = child.type.startswith("pulumi:providers:")
+        if is_provider:
+            # As RegisterResource records a provider's inputs: structured config JSON-decoded.
+            inputs = {key: _json_or_value(value) for key, value in inputs.items()}
+        record = RecordedResource(
+            urn=urn, type=child.type, name=child.name, custom=child.custom, remote=False, parent=parent.urn,
+            provider=component.provider_for(child.type.split(":", 1)[0]) if child.custom and not is_provider else None,
+            providers={}, protect=component.protect, retain_on_delete=False, dependencies=dependencies,
+            inputs=inputs, ignore_changes=list(child.ignore_changes), revealed_inputs=dict(inputs))
+        record.id, outputs = mock_outputs.fabricate(child.type, child.name, urn, inputs, self.account, self.region)
+        # A component's outputs are what it registers (none here); a provider's are its inputs.
+        record.outputs = outputs if child.custom and not is_provider else (dict(inputs) if is_provider else {})
+        with monitor._lock:
+            duplicate = urn in monitor._urns
+            monitor._urns.add(urn)
+        if duplicate:
+            monitor.refuse(f"Duplicate resource URN '{urn}'; try giving it a unique name")
+        monitor._check_inputs(record)
+        monitor.records.append(record)
+        monitor.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, record.id or "", record.outputs)
+        self.records[child.key] = record
+
+
+def _ids_for_references(value: Any) -> Any:
+    """A resource passed as an input reaches a provider that does not accept resources as its id
+    (the engine downgrades the reference): what the state records."""
+    if isinstance(value, ResourceReference):
+        return value.id
+    if isinstance(value, dict):
+        return {key: _ids_for_references(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_ids_for_references(item) for item in value]
+    return value
+
+
 def _alias_specs(request) -> list[dict[str, Any]]:
     """The request's aliases as the engine parses them (source_eval.go RegisterResource:
     ``resource.Alias{Name, Type, Stack, Project}`` plus ``Parent`` or ``NoParent``)."""
@@ -593,12 +497,13 @@ def _alias_specs(request) -> list[dict[str, Any]]:
     return specs
 
 
-def _run_transform(callback: Any, type_: str, name: str, parent_urn: str, inputs: dict[str, Any]) -> dict[str, Any]:
+def _run_transform(callback: Any, type_: str, name: str, parent_urn: str, inputs: dict[str, Any],
+                   custom: bool = True) -> dict[str, Any]:
     """Call a program's transform through its callback server, as the engine does."""
     import grpc
     from pulumi.runtime.proto import callback_pb2, callback_pb2_grpc
 
-    request = resource_pb2.TransformRequest(type=type_, name=name, custom=True, parent=parent_urn,
+    request = resource_pb2.TransformRequest(type=type_, name=name, custom=custom, parent=parent_urn,
                                             properties=encode_struct(inputs))
     with grpc.insecure_channel(callback.target) as channel:
         response = callback_pb2_grpc.CallbacksStub(channel).Invoke(

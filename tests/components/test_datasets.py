@@ -210,7 +210,8 @@ def test_static_volume_and_claim_per_namespace_validate_against_kubernetes_1_32(
         assert spec["csi"]["readOnly"] is read_only
         assert spec["mountOptions"] == ["flock"]
         assert spec["persistentVolumeReclaimPolicy"] == "Retain"
-        assert pv.provider == plan.recording.one("pulumi:providers:kubernetes").urn
+        # The platform's provider (pulumi-eks registers its own `-eks-k8s` one beside it).
+        assert pv.provider == plan.recording.one("pulumi:providers:kubernetes", name=f"{plan.config.name}-cluster-k8s").urn
     for pvc in pvcs:
         assert validate_core(pvc.inputs) == []
         assert pvc.inputs["metadata"]["name"] in (CLAIM_NAME, DATASETS_CLAIM_NAME)

@@ -233,7 +233,10 @@ def test_stateful_resources_protected_in_prod_only(dev_plan, prod_plan):
 
 
 def test_kubernetes_provider_and_default_storage_class(plan):
-    (provider,) = [n for n in plan.graph if n["type"] == "pulumi:providers:kubernetes"]
+    # The platform's own provider; pulumi-eks registers another, `<component>-eks-k8s`, that
+    # nothing of ours uses (nodejs/eks/cluster/cluster.ts).
+    (eks,) = nodes(plan, "eks:index:Cluster")
+    (provider,) = [n for n in plan.graph if n["type"] == "pulumi:providers:kubernetes" and n["parent"] != eks["name"]]
     assert provider["inputs"]["kubeconfig"]
     (storage,) = nodes(plan, "kubernetes:storage.k8s.io/v1:StorageClass")
     assert storage["provider"] == provider["name"]
