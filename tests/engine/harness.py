@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ class Run:
     """One finished ``python -m infra.deploy`` run."""
 
     args: list[str]
-    returncode: int
+    returncode: Optional[int]
     stdout: str
     stderr: str
 
@@ -94,6 +95,8 @@ class EngineStack:
             "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
             # The eks stand-in returns this as the cluster's kubeconfig.
             "MLP_STANDIN_KUBECONFIG": str(kubeconfig),
+            # The stand-ins run on this interpreter (its packages are the project's pins).
+            "MLP_STANDIN_PYTHON": sys.executable,
             "PYTHONPATH": str(ROOT),
         })
         env.update(extra_env or {})
@@ -115,10 +118,22 @@ class EngineStack:
                 "--backend-url", self.backend_url, "--secrets-provider", "passphrase",
                 "--inline", "--no-aws-cli", *flags]
         code = f"{python_prelude}\nimport sys\nfrom infra.plan import deploy\nsys.exit(deploy.main({argv!r}))\n"
-        args = [sys.executable, "-c", code]
-        done = subprocess.run(args, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout_s)
-        run = Run(["python", "-m", "infra.deploy", *argv], done.returncode, done.stdout, done.stderr)
+        number = len(self.runs) + 1
+        out_path, err_path = (self.workdir / f"run-{number:02d}-{operation}.{kind}" for kind in ("out", "err"))
+        # Its own session: on a timeout the CLI and the plugins it started go too, not only the driver.
+        with out_path.open("w") as out, err_path.open("w") as err:
+            process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=self.env, stdout=out, stderr=err,
+                                       text=True, start_new_session=True)
+            try:
+                returncode = process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                returncode = None
+        run = Run(["python", "-m", "infra.deploy", *argv], returncode, out_path.read_text(), err_path.read_text())
         self.runs.append(run)
+        if returncode is None:
+            raise AssertionError(f"`infra.deploy {operation}` ran past {timeout_s:.0f} s\n{run.explain()}")
         return run
 
     def cli(self, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
