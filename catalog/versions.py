@@ -159,45 +159,174 @@ SECRETS_MANAGER_POSTGRES_ROTATION_APP = {
 # stack takes its registry reference, digest-pinned in prod, from `tracking.image`.
 MLFLOW_VERSION = "3.17.2"
 
+# -- Helm charts ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HelmChart:
+    """One pinned Helm chart: what every release of it installs, from upstream or from a mirror.
+
+    name / version: as the chart's Chart.yaml and its repository's index spell them (``v`` prefix
+    included where upstream uses one). repo: upstream's repository, an HTTPS Helm repository or
+    an ``oci://`` prefix the chart name is appended to. sha256: the SHA-256 of the chart archive
+    (``<name>-<version>.tgz``) a chart mirror must serve; for an OCI registry it is also the
+    digest of the manifest's chart layer, since ``helm push`` stores the archive as that layer
+    unchanged. None: no archive of this version has been verified here, and a mirror cannot
+    serve it until one is (the program refuses the mirror, naming the chart). source: where
+    the pinned archive's bytes come from, to check the pin against.
+    """
+
+    name: str
+    version: str
+    repo: str
+    sha256: Optional[str]
+    source: str
+
+    @property
+    def oci(self) -> bool:
+        return self.repo.startswith("oci://")
+
+    @property
+    def archive(self) -> str:
+        """The archive's file name, as `helm package` and `helm pull` write it."""
+        return f"{self.name}-{self.version}.tgz"
+
+    @property
+    def reference(self) -> str:
+        """The chart as `helm install` names it upstream: ``oci://.../name`` or the bare name with ``repo``."""
+        return f"{self.repo}/{self.name}" if self.oci else self.name
+
+
+# Archive sources: "release" archives are byte for byte upstream's published archive (the SHA-256 is
+# the `digest` of the chart's entry in upstream's index.yaml, so `helm pull` from upstream returns
+# the same bytes). "rebuilt" archives are `helm package` (Helm v3.18.6) of the chart's files at the
+# named commit plus the edits upstream's release script makes (version/appVersion/image stamping);
+# their files are upstream's release, their bytes (tar timestamps) are the platform's own, so a
+# mirror must be filled with these archives, not upstream's, or the pin updated after checking
+# upstream's archive. Subcharts are inside each archive (kube-prometheus-stack: kube-state-metrics
+# 8.4.0, prometheus-node-exporter 4.56.1, grafana 12.11.1, prometheus-windows-exporter 0.12.8).
+KARPENTER = HelmChart(
+    # Karpenter 1.14.1 supports Kubernetes 1.30-1.36 (EKS 1.32 needs >= 1.2); CRDs pinned in tests.
+    "karpenter", "1.14.1", "oci://public.ecr.aws/karpenter",
+    "32f5aeaf1edd47fc4788d215fd71a207999eef1eb8944cda9c87ff26b5b9df0c",
+    "rebuilt: aws/karpenter-provider-aws tag v1.14.1 (bde0065) charts/karpenter, CRD symlinks resolved, with "
+    "the release's Chart.yaml/values.yaml stamping from c88abbb (controller image 1.14.1@sha256:445baef...)")
+# CRDs as their own release, so Helm upgrades them with the controller (a chart's crds/ are installed
+# once and never upgraded); same version as the controller (Karpenter upgrade guide, "CRD Upgrades").
+KARPENTER_CRD = HelmChart(
+    "karpenter-crd", "1.14.1", "oci://public.ecr.aws/karpenter",
+    "05867b24652087a2aef983db06544c23a9eba54e0af8b6a871ff6db7a3e160dd",
+    "rebuilt: aws/karpenter-provider-aws tag v1.14.1 (bde0065) charts/karpenter-crd, version stamped as c88abbb does")
+NVIDIA_DEVICE_PLUGIN = HelmChart(
+    "nvidia-device-plugin", "0.17.1", "https://nvidia.github.io/k8s-device-plugin",
+    "542ce451ce5d4611df00959e61c5638b7deeaf65c13daf03914d4688f94ae555",
+    "release: NVIDIA/k8s-device-plugin tag v0.17.1 (3c37819) deployments/helm/nvidia-device-plugin")
+NVIDIA_GPU_OPERATOR = HelmChart(
+    "gpu-operator", "v25.3.0", "https://helm.ngc.nvidia.com/nvidia",
+    "c461c3a5a8238f0975eb6e10fa3dd2c8f117bbfa2a6f15017ee80ff5b6345d4a",
+    "release: NVIDIA/gpu-operator tag v25.3.0 (b5479aa) deployments/gpu-operator, the archive NVIDIA publishes on "
+    "GitHub Pages (stable/gpu-operator-v25.3.0.tgz); NGC's copy not compared")
+DCGM_EXPORTER = HelmChart(
+    # The published 4.1.1 archive is commit d8d43c0, not the git tag 4.2.3-4.1.1 (c0d04b7, which
+    # adds internalTrafficPolicy): judge the chart by the archive.
+    "dcgm-exporter", "4.1.1", "https://nvidia.github.io/dcgm-exporter/helm-charts",
+    "42c57f185a7f74fadd4f4a3cfddbdfcab65fdf378d18e0a4fbec921ea7b09515",
+    "release: NVIDIA/dcgm-exporter d8d43c0 deployment/ (image dcgm-exporter:4.2.3-4.1.1-ubuntu22.04)")
+# Prometheus operator CRDs (ServiceMonitor and friends) as templates, so Helm upgrades them.
+PROMETHEUS_OPERATOR_CRDS = HelmChart(
+    "prometheus-operator-crds", "31.0.1", "https://prometheus-community.github.io/helm-charts",
+    "ef05887eae81f3fa8d765a4b5d20563625cd102a4a94f1e11e35aa4985b303ca",
+    "rebuilt: prometheus-community/helm-charts tag prometheus-operator-crds-31.0.1 (4529d7b), operator v0.93.1")
+# kube-prometheus-stack 88.5.3 (2026-08-21): prometheus-operator v0.93.1, the operator the CRDs chart
+# above ships. Installed with crds.enabled=false: the CRDs release owns the CRDs.
+KUBE_PROMETHEUS_STACK = HelmChart(
+    "kube-prometheus-stack", "88.5.3", "https://prometheus-community.github.io/helm-charts",
+    "339d625b2df688eb07e668a7a40b479d17274ce73c9584c9aa946f5a9e0ee4b8",
+    "rebuilt: prometheus-community/helm-charts tag kube-prometheus-stack-88.5.3 (ea930ba) with its 5 subcharts")
+AWS_FOR_FLUENT_BIT = HelmChart(
+    # AWS for Fluent Bit 3.2.1: aws/eks-charts #1294.
+    "aws-for-fluent-bit", "0.2.0", "https://aws.github.io/eks-charts",
+    "666c244b9cfca211be57cf97d9e224157f581d41f413eb89744575fbc9b8980c",
+    "release: aws/eks-charts 2942cdc stable/aws-for-fluent-bit")
+# CloudWatch agent + its operator for Container Insights (enhanced observability), the source of the
+# GPU-idle alarm's metric: the chart behind EKS add-on v6.2.0-eksbuild.1.
+CLOUDWATCH_OBSERVABILITY = HelmChart(
+    "amazon-cloudwatch-observability", "6.2.0", "https://aws-observability.github.io/helm-charts",
+    "688f3feb46de2ad6595ea5cabf583ae41916afc3604240d91dfc75038c0d1422",
+    "rebuilt: aws-observability/helm-charts tag amazon-cloudwatch-observability-6.2.0 (ade4944, the commit "
+    "chart-releaser tagged; main's later \"Release 6.2.0 (#315)\" differs)")
+# v0.5.6 (Nov 2024, plugin v0.5.4) is the newest archive verified here. It hard-codes
+# priorityClassName system-node-critical and builds its node affinity only from
+# supportedInstanceLabels (templates/daemonset.yaml): the platform sets those to its EFA label.
+EFA_DEVICE_PLUGIN = HelmChart(
+    "aws-efa-k8s-device-plugin", "v0.5.6", "https://aws.github.io/eks-charts",
+    "c6a7ab4e642cfd68df8f2aaa003e33c6b5c2c499e6fdd3b8f7eedabf31821b80",
+    "release: aws/eks-charts 2ce9790 stable/aws-efa-k8s-device-plugin (merge of #1182)")
+KUEUE = HelmChart(
+    "kueue", "0.19.2", "oci://registry.k8s.io/kueue/charts",
+    "d9eb6fcc209e7a7cea3d1679e0735c9cc618b9ac8017e443f581f4eb7bacd0ad",
+    "rebuilt: kubernetes-sigs/kueue tag v0.19.2 (8eab687) charts/kueue with hack/helm-chart-package.sh's image "
+    "stamping (registry.k8s.io/kueue/*:v0.19.2)")
+# Argo CD v3.5.1 (argoproj/argo-helm#4015, release argo-cd-10.3.3), the version of the
+# Application/AppProject CRDs the tests validate against.
+ARGOCD = HelmChart(
+    "argo-cd", "10.3.3", "https://argoproj.github.io/argo-helm", None,
+    "argoproj/argo-helm release argo-cd-10.3.3: no archive verified here (the newest reachable is 10.1.1); "
+    "pin its upstream index digest before serving it from a mirror")
+# Argo Workflows: chart 1.1.1 (release argo-workflows-1.1.1, 2026-08-11: "support Argo Workflows v4.1
+# features", argoproj/argo-helm#3977; 1.1.0 moved the app to v4.1.0, #4013). The 1.x line is the one
+# whose values.yaml the component's keys were checked against (charts/argo-workflows at 1.0.18);
+# 2.0.x is a major bump whose notes could not be read offline.
+ARGO_WORKFLOWS = HelmChart(
+    "argo-workflows", "1.1.1", "https://argoproj.github.io/argo-helm", None,
+    "argoproj/argo-helm release argo-workflows-1.1.1: no archive verified here (the newest reachable is 1.0.18); "
+    "pin its upstream index digest before serving it from a mirror")
+# Kubeflow Trainer v2 (TrainJob trainer.kubeflow.org/v1alpha1), from its OCI registry (only with
+# training.trainerV2).
+KUBEFLOW_TRAINER = HelmChart(
+    "kubeflow-trainer", "2.3.0", "oci://ghcr.io/kubeflow/charts", None,
+    "kubeflow/trainer v2.3.0 charts/kubeflow-trainer: no archive verified here; pin the chart layer digest "
+    "ghcr.io serves before serving it from a mirror")
+
+HELM_CHARTS: tuple[HelmChart, ...] = (
+    KARPENTER, KARPENTER_CRD, NVIDIA_DEVICE_PLUGIN, NVIDIA_GPU_OPERATOR, DCGM_EXPORTER, PROMETHEUS_OPERATOR_CRDS,
+    KUBE_PROMETHEUS_STACK, AWS_FOR_FLUENT_BIT, CLOUDWATCH_OBSERVABILITY, EFA_DEVICE_PLUGIN, KUEUE, ARGOCD,
+    ARGO_WORKFLOWS, KUBEFLOW_TRAINER,
+)
+
+# The names the components and tests used before the table; each is the table's value.
+KARPENTER_CHART = KARPENTER.reference
+KARPENTER_VERSION = KARPENTER.version
+KARPENTER_CRD_CHART = KARPENTER_CRD.reference
+NVIDIA_DEVICE_PLUGIN_REPO = NVIDIA_DEVICE_PLUGIN.repo
+NVIDIA_DEVICE_PLUGIN_VERSION = NVIDIA_DEVICE_PLUGIN.version
+NVIDIA_GPU_OPERATOR_REPO = NVIDIA_GPU_OPERATOR.repo
+NVIDIA_GPU_OPERATOR_VERSION = NVIDIA_GPU_OPERATOR.version
+DCGM_EXPORTER_REPO = DCGM_EXPORTER.repo
+DCGM_EXPORTER_VERSION = DCGM_EXPORTER.version
+PROMETHEUS_OPERATOR_CRDS_REPO = PROMETHEUS_OPERATOR_CRDS.repo
+PROMETHEUS_OPERATOR_CRDS_VERSION = PROMETHEUS_OPERATOR_CRDS.version
+PROMETHEUS_COMMUNITY_REPO = KUBE_PROMETHEUS_STACK.repo
+KUBE_PROMETHEUS_STACK_VERSION = KUBE_PROMETHEUS_STACK.version
+EKS_CHARTS_REPO = AWS_FOR_FLUENT_BIT.repo
+AWS_FOR_FLUENT_BIT_VERSION = AWS_FOR_FLUENT_BIT.version
+CLOUDWATCH_OBSERVABILITY_REPO = CLOUDWATCH_OBSERVABILITY.repo
+CLOUDWATCH_OBSERVABILITY_VERSION = CLOUDWATCH_OBSERVABILITY.version
+EFA_DEVICE_PLUGIN_VERSION = EFA_DEVICE_PLUGIN.version
+KUEUE_CHART = KUEUE.reference
+KUEUE_VERSION = KUEUE.version
+TRAINER_CHART = KUBEFLOW_TRAINER.reference
+TRAINER_VERSION = KUBEFLOW_TRAINER.version
+ARGO_HELM_REPO = ARGOCD.repo
+ARGOCD_CHART_VERSION = ARGOCD.version
+ARGOCD_APP_VERSION = "v3.5.1"
+ARGO_WORKFLOWS_CHART_VERSION = ARGO_WORKFLOWS.version
+# The image tag is pinned to v4.1.2, the patch release whose WorkflowTemplate CRD the tests validate against.
+ARGO_WORKFLOWS_APP_VERSION = "v4.1.2"
+
 # -- GPU capacity and scheduling ------------------------------------------------------------
-# Karpenter 1.14.1 supports Kubernetes 1.30-1.36 (EKS 1.32 needs >= 1.2); CRDs pinned in tests.
-KARPENTER_CHART = "oci://public.ecr.aws/karpenter/karpenter"
-KARPENTER_VERSION = "1.14.1"
-# CRDs as their own release, so Helm upgrades them with the controller (a chart's crds/ are
-# installed once and never upgraded); same version as the controller (Karpenter upgrade guide,
-# "CRD Upgrades").
-KARPENTER_CRD_CHART = "oci://public.ecr.aws/karpenter/karpenter-crd"
-NVIDIA_DEVICE_PLUGIN_REPO = "https://nvidia.github.io/k8s-device-plugin"
-NVIDIA_DEVICE_PLUGIN_VERSION = "0.17.1"
-NVIDIA_GPU_OPERATOR_REPO = "https://helm.ngc.nvidia.com/nvidia"
-NVIDIA_GPU_OPERATOR_VERSION = "v25.3.0"
 # The MIG manager image that operator release deploys (gpu-operator v25.3.0 values.yaml
 # migManager.repository/image/version); it carries kubectl (its reconfigure-mig.sh calls it), so
 # the MIG gate DaemonSet (workloads.gpu_sharing) runs on the same pinned image.
 NVIDIA_MIG_MANAGER_IMAGE = "nvcr.io/nvidia/cloud-native/k8s-mig-manager:v0.12.1-ubuntu20.04"
-DCGM_EXPORTER_REPO = "https://nvidia.github.io/dcgm-exporter/helm-charts"
-DCGM_EXPORTER_VERSION = "4.1.1"
-# Prometheus operator CRDs (ServiceMonitor and friends) as templates, so Helm upgrades them:
-# prometheus-community/helm-charts tag prometheus-operator-crds-31.0.1 (operator v0.93.1).
-PROMETHEUS_OPERATOR_CRDS_REPO = "https://prometheus-community.github.io/helm-charts"
-PROMETHEUS_OPERATOR_CRDS_VERSION = "31.0.1"
-# kube-prometheus-stack 88.5.3 (tag kube-prometheus-stack-88.5.3, commit ea930ba, 2026-08-21):
-# prometheus-operator v0.93.1, the operator the CRDs chart above ships; subcharts
-# kube-state-metrics 8.4.0, prometheus-node-exporter 4.56.1, grafana 12.11.1. Installed with
-# crds.enabled=false: the CRDs release owns the CRDs.
-PROMETHEUS_COMMUNITY_REPO = PROMETHEUS_OPERATOR_CRDS_REPO
-KUBE_PROMETHEUS_STACK_VERSION = "88.5.3"
-EKS_CHARTS_REPO = "https://aws.github.io/eks-charts"
-# aws-for-fluent-bit chart 0.2.0 (AWS for Fluent Bit 3.2.1): aws/eks-charts #1294, commit 2942cdc.
-AWS_FOR_FLUENT_BIT_VERSION = "0.2.0"
-# CloudWatch agent + its operator for Container Insights (enhanced observability), the source of
-# the GPU-idle alarm's metric: aws-observability/helm-charts chart amazon-cloudwatch-observability
-# 6.2.0 ("Release 6.2.0", #315, 2026-06-10), the chart behind EKS add-on v6.2.0-eksbuild.1.
-CLOUDWATCH_OBSERVABILITY_REPO = "https://aws-observability.github.io/helm-charts"
-CLOUDWATCH_OBSERVABILITY_VERSION = "6.2.0"
-EFA_DEVICE_PLUGIN_VERSION = "v0.5.6"
-KUEUE_CHART = "oci://registry.k8s.io/kueue/charts/kueue"
-KUEUE_VERSION = "0.19.2"
 # Default EKS AMI release for Karpenter pools when a stack does not pin one (prod must pin).
 KARPENTER_AMI_ALIAS_PROD_EXAMPLE = "al2023@v20251023"
 
@@ -218,9 +347,9 @@ TRAINING_OPERATOR_ARCHIVE_URL = f"https://codeload.github.com/kubeflow/trainer/t
 # (components.training.training_operator_overlay_path).
 TRAINING_OPERATOR_VENDOR_DIR = f"build/vendor/kubeflow-trainer-{TRAINING_OPERATOR_COMMIT[:12]}/manifests"
 TRAINING_OPERATOR_OVERLAY_DIR = "build/kustomize/training-operator"
-# Kubeflow Trainer v2 (TrainJob trainer.kubeflow.org/v1alpha1), Helm chart from its OCI registry.
-TRAINER_CHART = "oci://ghcr.io/kubeflow/charts/kubeflow-trainer"
-TRAINER_VERSION = "2.3.0"
+# Verified chart archives fetched from the stack's chart mirror (infra/chart_mirror.py), one
+# `<name>-<version>.tgz` each; Helm releases install them by this path (components/charts.py).
+CHART_ARCHIVE_DIR = "build/charts"
 # The Training Operator's PyTorch init container (`--pytorch-init-container-image`; upstream's default is Docker Hub's
 # `alpine:3.10`, pkg/config/config.go): Docker's official busybox mirrored on ECR Public, pinned by
 # the digest of its image index (the same digest Docker Hub serves for docker.io/library/busybox:1.37.0,
@@ -230,21 +359,6 @@ TRAINER_VERSION = "2.3.0"
 BUSYBOX_IMAGE = ("public.ecr.aws/docker/library/busybox:1.37.0"
                  "@sha256:bdf57e528e45e4433820e045b29b4597825a1c9e38353532d90a01445013f82e")
 TRAINING_OPERATOR_INIT_CONTAINER_IMAGE = BUSYBOX_IMAGE
-
-# -- GitOps (Argo CD, Argo Workflows) ---------------------------------------------------------
-ARGO_HELM_REPO = "https://argoproj.github.io/argo-helm"
-# argo-cd chart 10.3.3 ships Argo CD v3.5.1 (argoproj/argo-helm#4015, release argo-cd-10.3.3),
-# the version of the Application/AppProject CRDs the tests validate against.
-ARGOCD_CHART_VERSION = "10.3.3"
-ARGOCD_APP_VERSION = "v3.5.1"
-# Argo Workflows: chart 1.1.1 (release argo-workflows-1.1.1, 2026-08-11: "support Argo Workflows
-# v4.1 features", argoproj/argo-helm#3977; 1.1.0 moved the app to v4.1.0, #4013). The 1.x line is
-# the one whose values.yaml the component's keys were checked against (charts/argo-workflows at
-# 1.0.18); 2.0.x is a major bump whose notes could not be read offline. The image tag is pinned
-# to v4.1.2, the patch release whose WorkflowTemplate CRD the tests validate against.
-ARGO_WORKFLOWS_CHART_VERSION = "1.1.1"
-ARGO_WORKFLOWS_APP_VERSION = "v4.1.2"
-
 
 # -- pins no primary source confirms ------------------------------------------------------------
 @dataclass(frozen=True)

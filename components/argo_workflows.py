@@ -19,7 +19,8 @@ from components.helm_addon import helm_addon
 from components.cluster import Cluster
 from components.k8s import apply_namespace_objects
 from components.validation import Problem, raise_if_any
-from components.versions import ARGO_HELM_REPO, ARGO_WORKFLOWS_APP_VERSION, ARGO_WORKFLOWS_CHART_VERSION
+from components.charts import ChartSource
+from components.versions import ARGO_WORKFLOWS, ARGO_WORKFLOWS_APP_VERSION
 from workloads.placement import system_node_selector, system_tolerations
 from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
 
@@ -57,12 +58,14 @@ class ArgoWorkflowsArgs:
     namespace_resources: those namespaces' Namespace objects: the chart creates the
         ``pipeline-runner`` ServiceAccount, Role and RoleBinding in each (templates/controller/workflow-sa.yaml).
     ha: two controllers (leader election) and two servers, each with a PDB.
+    charts: where the charts come from (upstream by default, or the stack's verified chart mirror).
     """
 
     cluster: Cluster
     namespaces: Sequence[str]
     ha: bool = False
     namespace_resources: Mapping[str, pulumi.Resource] = field(default_factory=dict)
+    charts: ChartSource = ChartSource()
 
 
 def args_problems(args: ArgoWorkflowsArgs) -> list[Problem]:
@@ -115,8 +118,8 @@ class ArgoWorkflows(pulumi.ComponentResource):
         objects = namespace_objects(namespace_spec(cluster.vpc_cidr, cluster.service_cidr))
         self.namespace, self.network_policies = apply_namespace_objects(name, objects, self)
         self.release = helm_addon(
-            f"{name}-chart", parent=self, cluster=cluster, release="argo-workflows", chart="argo-workflows",
-            version=ARGO_WORKFLOWS_CHART_VERSION, repo=ARGO_HELM_REPO, namespace=NAMESPACE, values=helm_values(args),
+            f"{name}-chart", parent=self, cluster=cluster, release="argo-workflows", chart=ARGO_WORKFLOWS,
+            source=args.charts, namespace=NAMESPACE, values=helm_values(args),
             skip_crds=False, depends_on=[self.namespace, *self.network_policies, *args.namespace_resources.values()],
         )
         self.register_outputs({"release_status": self.release.status, "namespaces": sorted(args.namespaces)})

@@ -29,7 +29,8 @@ from components.helm_addon import helm_addon
 from components.cluster import Cluster
 from components.k8s import apply_namespace_objects, apply_object
 from components.validation import Problem, raise_if_any
-from components.versions import ARGO_HELM_REPO, ARGOCD_CHART_VERSION
+from components.charts import ChartSource
+from components.versions import ARGOCD
 from workloads import argocd_health
 from workloads import gitops
 from workloads.placement import system_node_selector, system_tolerations
@@ -80,6 +81,7 @@ class ArgoCDArgs:
         secretsmanager:GetSecretValue): the secrets are not read; values of the same shape stand in.
         The in-cluster objects that carry them are left out of such a preview anyway
         (``infra.deploy preview --read-only`` excludes every Kubernetes resource).
+    charts: where the charts come from (upstream by default, or the stack's verified chart mirror).
     """
 
     cluster: Cluster
@@ -89,6 +91,7 @@ class ArgoCDArgs:
     repo_credentials: Optional[SecretSource] = None
     sso: Optional[SsoArgs] = None
     placeholder_secrets: bool = False
+    charts: ChartSource = ChartSource()
 
 
 def args_problems(args: ArgoCDArgs) -> list[Problem]:
@@ -255,8 +258,8 @@ class ArgoCD(pulumi.ComponentResource):
             }, in_namespace))
 
         self.release = helm_addon(
-            f"{name}-chart", parent=self, cluster=cluster, release="argo-cd", chart="argo-cd",
-            version=ARGOCD_CHART_VERSION, repo=ARGO_HELM_REPO, namespace=NAMESPACE,
+            f"{name}-chart", parent=self, cluster=cluster, release="argo-cd", chart=ARGOCD,
+            source=args.charts, namespace=NAMESPACE,
             values=helm_values(domain=args.domain, ha=args.ha, sso=sso), skip_crds=False, timeout_seconds=900,
             depends_on=[self.namespace, *self.network_policies, *secrets],
         )

@@ -31,7 +31,8 @@ import pulumi_aws as aws
 from components.helm_addon import helm_addon
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_namespace_objects
-from components.versions import CLOUDWATCH_OBSERVABILITY_REPO, CLOUDWATCH_OBSERVABILITY_VERSION
+from components.charts import ChartSource
+from components.versions import CLOUDWATCH_OBSERVABILITY
 from workloads.placement import system_node_selector, system_tolerations
 from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
 
@@ -88,11 +89,15 @@ def helm_values(*, cluster_name: pulumi.Input[str], region: str) -> dict[str, An
         # Container Insights names every metric's ClusterName dimension after this value.
         "clusterName": cluster_name,
         "region": region,
-        "containerInsights": {"enabled": True},
         "containerLogs": {"enabled": False},
-        "applicationSignals": {"enabled": False},
         "dcgmExporter": {"enabled": False},
         "neuronMonitor": {"enabled": False},
+        # An explicit agent config replaces the chart's default one, which is the only thing its
+        # containerInsights.enabled / applicationSignals.enabled flags build (templates/_helpers.tpl
+        # cloudwatch-agent.build-default-config): Container Insights is on and Application Signals
+        # off because this config has logs.metrics_collected.kubernetes and no application_signals,
+        # which also turns the operator's auto-monitor off (manager.modify-auto-monitor-config sets
+        # monitorAllServices false unless an agent's config collects application_signals).
         "agent": {"config": agent_config()},
         # The operator runs on the static system nodes. The chart's root toleration
         # (operator: Exists) stays for the agent DaemonSet, which must reach tainted GPU nodes;
@@ -100,7 +105,6 @@ def helm_values(*, cluster_name: pulumi.Input[str], region: str) -> dict[str, An
         "manager": {
             "nodeSelector": system_node_selector(),
             "tolerations": system_tolerations(),
-            "applicationSignals": {"autoMonitor": {"monitorAllServices": False}},
         },
     }
 
@@ -116,6 +120,7 @@ class ContainerInsightsArgs:
     log_kms_key: the key of the account's log groups (it must admit
         ``performance_log_group_name(cluster name)``); None: CloudWatch Logs' own encryption.
     tags: on every AWS resource.
+    charts: where the charts come from (upstream by default, or the stack's verified chart mirror).
     """
 
     cluster: Cluster
@@ -123,6 +128,7 @@ class ContainerInsightsArgs:
     log_retention_days: int = 30
     log_kms_key: Optional[aws.kms.Key] = None
     tags: Mapping[str, str] = field(default_factory=dict)
+    charts: ChartSource = ChartSource()
 
     def __post_init__(self) -> None:
         if not self.region:
@@ -158,8 +164,8 @@ class ContainerInsights(pulumi.ComponentResource):
         self.namespace, self.network_policies = apply_namespace_objects(name, objects, self)
 
         self.release = helm_addon(
-            f"{name}-chart", parent=self, cluster=cluster, release=RELEASE, chart=RELEASE,
-            version=CLOUDWATCH_OBSERVABILITY_VERSION, repo=CLOUDWATCH_OBSERVABILITY_REPO, namespace=NAMESPACE,
+            f"{name}-chart", parent=self, cluster=cluster, release=RELEASE, chart=CLOUDWATCH_OBSERVABILITY,
+            source=args.charts, namespace=NAMESPACE,
             values=helm_values(cluster_name=cluster.cluster_name, region=args.region),
             # The agent must start with its credentials (no node-role fallback is granted).
             depends_on=[self.namespace, *self.network_policies, self.pod_identity, self.performance_logs],

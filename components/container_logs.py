@@ -26,7 +26,8 @@ import pulumi_aws as aws
 from components.helm_addon import helm_addon
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_namespace_objects
-from components.versions import AWS_FOR_FLUENT_BIT_VERSION, EKS_CHARTS_REPO
+from components.charts import ChartSource
+from components.versions import AWS_FOR_FLUENT_BIT
 from components.names import IAM_ROLE_NAME_MAX, fitted_name
 from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
 
@@ -53,7 +54,11 @@ def helm_values(*, region: str, group: pulumi.Input[str]) -> dict[str, Any]:
     return {
         "cloudWatchLogs": {
             "enabled": True, "region": region, "logGroupName": group, "autoCreateGroup": False,
-            "logStreamPrefix": "",
+            # Fluent Bit refuses to start without log_stream_name or log_stream_prefix, template or
+            # not (out_cloudwatch_logs cb_cloudwatch_init), and the chart writes the prefix only when
+            # non-empty (templates/configmap.yaml). The template names each stream; a record it
+            # cannot resolve (no Kubernetes metadata) goes to "unresolved-<tag>" instead.
+            "logStreamPrefix": "unresolved-",
             # log_stream_name(): the job client reads past attempts by this name (jobs/past_logs.py).
             "logStreamTemplate": "$kubernetes['namespace_name'].$kubernetes['pod_name'].$kubernetes['container_name']",
         },
@@ -125,6 +130,7 @@ class ContainerLogsArgs:
     """cluster: the platform cluster. region: Fluent Bit's CloudWatch region.
     retention_days: the log group's retention. log_kms_key: the account's log key (must admit
     ``log_group_name(cluster name)``). archive: the logging account's destination, or None.
+    charts: where the charts come from (upstream by default, or the stack's verified chart mirror).
     """
 
     cluster: Cluster
@@ -133,6 +139,7 @@ class ContainerLogsArgs:
     log_kms_key: Optional[aws.kms.Key] = None
     archive: Optional[ContainerLogArchive] = None
     tags: Mapping[str, str] = field(default_factory=dict)
+    charts: ChartSource = ChartSource()
 
 
 class ContainerLogs(pulumi.ComponentResource):
@@ -161,8 +168,8 @@ class ContainerLogs(pulumi.ComponentResource):
             metrics_ports=(FLUENT_BIT_METRICS_PORT,), uses_aws=True)
         self.namespace, self.network_policies = apply_namespace_objects(name, namespace_objects(spec), self)
         self.release = helm_addon(
-            f"{name}-fluent-bit", parent=self, cluster=cluster, release=RELEASE, chart=RELEASE,
-            version=AWS_FOR_FLUENT_BIT_VERSION, repo=EKS_CHARTS_REPO, namespace=NAMESPACE,
+            f"{name}-fluent-bit", parent=self, cluster=cluster, release=RELEASE, chart=AWS_FOR_FLUENT_BIT,
+            source=args.charts, namespace=NAMESPACE,
             values=helm_values(region=args.region, group=self.log_group.name),
             depends_on=[self.namespace, *self.network_policies, identity, self.log_group])
         self.subscription: Optional[aws.cloudwatch.LogSubscriptionFilter] = None

@@ -17,11 +17,11 @@ import pulumi_kubernetes as k8s
 from components.helm_addon import helm_addon
 from components.cluster import Cluster
 from components.k8s import apply_namespace_objects, apply_object
+from catalog.versions import HelmChart
+from components.charts import ChartSource
 from components.versions import (
-    DCGM_EXPORTER_REPO, DCGM_EXPORTER_VERSION, EFA_DEVICE_PLUGIN_VERSION, EKS_CHARTS_REPO,
-    NVIDIA_DEVICE_PLUGIN_REPO, NVIDIA_DEVICE_PLUGIN_VERSION, NVIDIA_GPU_OPERATOR_REPO, NVIDIA_GPU_OPERATOR_VERSION,
-    NVIDIA_MIG_MANAGER_IMAGE,
-    PROMETHEUS_OPERATOR_CRDS_REPO, PROMETHEUS_OPERATOR_CRDS_VERSION,
+    DCGM_EXPORTER, EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN, NVIDIA_GPU_OPERATOR, NVIDIA_MIG_MANAGER_IMAGE,
+    PROMETHEUS_OPERATOR_CRDS,
 )
 from workloads import gpu_runtime, gpu_sharing
 from workloads.gpu_sharing import MIG_PENDING_TAINT, SHARING_TAINT, PoolSharing
@@ -69,8 +69,6 @@ def gpu_node_placement() -> dict[str, Any]:
     return {"affinity": node_affinity(NODE_ROLE_LABEL, "gpu"), "tolerations": gpu_tolerations()}
 
 
-def efa_node_placement() -> dict[str, Any]:
-    return {"affinity": node_affinity(EFA_LABEL, "true"), "tolerations": gpu_tolerations()}
 
 
 def device_plugin_values(pool_sharing: Optional[Mapping[str, PoolSharing]] = None) -> dict[str, Any]:
@@ -106,14 +104,22 @@ def gpu_operator_values(*, service_monitor: bool, pool_sharing: Optional[Mapping
 
 
 def dcgm_exporter_values(*, service_monitor: bool) -> dict[str, Any]:
-    # customMetrics becomes the chart's exporter-metrics-config-map, mounted over
-    # /etc/dcgm-exporter/default-counters.csv (chart 4.1.1 templates/metrics-configmap.yaml).
+    # customMetrics becomes the chart's exporter-metrics-config-map (templates/metrics-configmap.yaml,
+    # key "metrics"); the published 4.1.1 archive's default extraConfigMapVolumes/extraVolumeMounts
+    # mount that key over /etc/dcgm-exporter/default-counters.csv, the file its default arguments
+    # read with -f (values.yaml). Its git tag 4.2.3-4.1.1 has no such mount; the archive is what installs.
     return {**gpu_node_placement(), "serviceMonitor": {"enabled": service_monitor, "interval": "15s"},
             "priorityClassName": "system-node-critical", "customMetrics": counters_csv()}
 
 
 def efa_device_plugin_values() -> dict[str, Any]:
-    return {**efa_node_placement(), "priorityClassName": "system-node-critical"}
+    """aws-efa-k8s-device-plugin v0.5.6 builds the DaemonSet's node affinity only from
+    ``supportedInstanceLabels`` (one ``key In values`` term per key, plus compute-type NotIn auto)
+    and hard-codes ``priorityClassName: system-node-critical`` (templates/daemonset.yaml): it reads
+    no ``affinity`` or ``priorityClassName`` value. Its default is a frozen list of EFA instance
+    types; the platform's EFA node label instead puts the plugin on every EFA node the pools launch,
+    whatever the instance type."""
+    return {"supportedInstanceLabels": {"keys": [EFA_LABEL], "values": ["true"]}, "tolerations": gpu_tolerations()}
 
 
 @accepts_enum_values
@@ -133,6 +139,7 @@ class GpuEnablementArgs:
         deploys no agent (only for clusters without GPU pools: their nodes would stay tainted).
     pool_sharing: pool name -> its GPU sharing; shared pools get device-plugin configs, MIG pools
         the MIG manager's layouts and the MIG gate (MIG needs ``mode`` gpu-operator).
+    charts: where the charts come from (upstream by default, or the stack's verified chart mirror).
     """
 
     cluster: Cluster
@@ -143,6 +150,7 @@ class GpuEnablementArgs:
     efa: bool = False
     node_health_image: Optional[str] = None
     pool_sharing: Mapping[str, PoolSharing] = field(default_factory=dict)
+    charts: ChartSource = ChartSource()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", GpuEnablementMode(self.mode))
@@ -176,21 +184,20 @@ class GpuEnablement(pulumi.ComponentResource):
         objects = namespace_objects(namespace_spec(cluster.vpc_cidr, cluster.service_cidr, args.mode))
         self.namespace, self.network_policies = apply_namespace_objects(name, objects, self)
         self._cluster = cluster
+        self._charts = args.charts
         self._depends_on: list[pulumi.Resource] = [self.namespace, *self.network_policies]
         self.releases: dict[str, k8s.helm.v3.Release] = {}
         if args.prometheus_operator_crds:
-            self._release(name, "prometheus-operator-crds", "prometheus-operator-crds", PROMETHEUS_OPERATOR_CRDS_REPO,
-                          PROMETHEUS_OPERATOR_CRDS_VERSION, {})
+            self._release(name, "prometheus-operator-crds", PROMETHEUS_OPERATOR_CRDS, {})
             # ServiceMonitor objects in the charts below need these CRDs.
             self._depends_on.append(self.releases["prometheus-operator-crds"])
         if args.mode is GpuEnablementMode.GPU_OPERATOR:
-            self._release(name, "gpu-operator", "gpu-operator", NVIDIA_GPU_OPERATOR_REPO, NVIDIA_GPU_OPERATOR_VERSION,
+            self._release(name, "gpu-operator", NVIDIA_GPU_OPERATOR,
                           gpu_operator_values(service_monitor=args.service_monitor, pool_sharing=args.pool_sharing))
         else:
-            self._release(name, "nvidia-device-plugin", "nvidia-device-plugin", NVIDIA_DEVICE_PLUGIN_REPO,
-                          NVIDIA_DEVICE_PLUGIN_VERSION, device_plugin_values(args.pool_sharing))
+            self._release(name, "nvidia-device-plugin", NVIDIA_DEVICE_PLUGIN, device_plugin_values(args.pool_sharing))
             if args.dcgm_exporter:
-                self._release(name, "dcgm-exporter", "dcgm-exporter", DCGM_EXPORTER_REPO, DCGM_EXPORTER_VERSION,
+                self._release(name, "dcgm-exporter", DCGM_EXPORTER,
                               dcgm_exporter_values(service_monitor=args.service_monitor))
         self.mig_gate: list[pulumi.CustomResource] = []
         if gpu_sharing.any_mig(args.pool_sharing):
@@ -199,8 +206,7 @@ class GpuEnablement(pulumi.ComponentResource):
             for obj in gpu_sharing.mig_gate_objects(NAMESPACE, NVIDIA_MIG_MANAGER_IMAGE, gpu_tolerations()):
                 self.mig_gate.append(apply_object(f"{name}-mig-gate-{obj['kind'].lower()}", obj, in_namespace))
         if args.efa:
-            self._release(name, "efa-device-plugin", "aws-efa-k8s-device-plugin", EKS_CHARTS_REPO,
-                          EFA_DEVICE_PLUGIN_VERSION, efa_device_plugin_values())
+            self._release(name, "efa-device-plugin", EFA_DEVICE_PLUGIN, efa_device_plugin_values())
         self.node_health: list[pulumi.CustomResource] = []
         if args.node_health_image:
             for obj in node_health_objects(image=args.node_health_image):
@@ -210,8 +216,8 @@ class GpuEnablement(pulumi.ComponentResource):
                     pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, *self.network_policies])))
         self.register_outputs({"releases": sorted(self.releases), "node_health": len(self.node_health)})
 
-    def _release(self, name: str, key: str, chart: str, repo: str, version: str, values: dict[str, Any]) -> None:
+    def _release(self, name: str, key: str, chart: HelmChart, values: dict[str, Any]) -> None:
         self.releases[key] = helm_addon(
-            f"{name}-{key}", parent=self, cluster=self._cluster, release=key, chart=chart, version=version,
-            repo=repo, namespace=NAMESPACE, values=values, depends_on=list(self._depends_on),
+            f"{name}-{key}", parent=self, cluster=self._cluster, release=key, chart=chart, source=self._charts,
+            namespace=NAMESPACE, values=values, depends_on=list(self._depends_on),
         )

@@ -4,7 +4,9 @@ Every release is atomic with cleanup on failure (a failed install or upgrade rol
 of leaving a half-applied release) and, when it runs pods, waits for what those pods need: the
 static system nodes (platform controllers tolerate only their taint) and CoreDNS, because Helm
 waits for an atomic release's pods to become ready. A component keeps its own values, ports and
-policies and names the release as before, so URNs do not move.
+policies and names the release as before, so URNs do not move. Where the chart comes from (its
+upstream repository or the stack's verified chart mirror) is the caller's ``ChartSource``
+(components/charts.py); the chart and its version are always a pin of catalog/versions.py.
 """
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
+
+from catalog.versions import HelmChart
+from components.charts import ChartSource
 
 if TYPE_CHECKING:
     from components.cluster import Cluster
@@ -28,10 +33,9 @@ def helm_addon(
     parent: pulumi.Resource,
     cluster: Optional["Cluster"],
     release: str,
-    chart: str,
-    version: str,
+    chart: HelmChart,
     namespace: str,
-    repo: Optional[str] = None,
+    source: ChartSource,
     values: Optional[Mapping[str, Any]] = None,
     timeout_seconds: int = 600,
     runs_pods: bool = True,
@@ -39,17 +43,19 @@ def helm_addon(
     create_namespace: Optional[bool] = None,
     depends_on: Sequence[pulumi.Resource] = (),
 ) -> k8s.helm.v3.Release:
-    """The Helm release ``release`` of ``chart`` (``resource_name`` is its Pulumi name, under ``parent``).
+    """The Helm release ``release`` of ``chart`` from ``source`` (``resource_name`` is its Pulumi
+    name, under ``parent``).
 
     ``runs_pods=False`` for a CRD-only chart: nothing to wait for on the nodes. ``cluster`` may be
     None for a library caller deploying into a cluster this program did not create.
     """
     ready = system_ready(cluster) if runs_pods and cluster is not None else []
+    where = source.release_args(chart)
     optional = {key: value for key, value in (
-        ("repository_opts", {"repo": repo} if repo is not None else None), ("values", values),
+        ("repository_opts", where["repository_opts"]), ("values", values),
         ("skip_crds", skip_crds), ("create_namespace", create_namespace)) if value is not None}
     return k8s.helm.v3.Release(
-        resource_name, name=release, chart=chart, version=version, namespace=namespace,
+        resource_name, name=release, chart=where["chart"], version=where["version"], namespace=namespace,
         atomic=True, cleanup_on_fail=True, timeout=timeout_seconds, **optional,
         opts=pulumi.ResourceOptions(parent=parent, depends_on=[*depends_on, *ready]),
     )

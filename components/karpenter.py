@@ -22,7 +22,8 @@ from components.helm_addon import helm_addon
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_namespace_objects, apply_object
 from components.names import EVENT_RULE_NAME_MAX, IAM_ROLE_NAME_MAX, fitted_name
-from components.versions import KARPENTER_CHART, KARPENTER_CRD_CHART, KARPENTER_VERSION
+from components.charts import ChartSource
+from components.versions import KARPENTER, KARPENTER_CRD
 from workloads.node_health import karpenter_node_repair_settings as node_repair_settings
 from workloads.placement import system_pod_placement
 from workloads.system_namespaces import (
@@ -298,6 +299,7 @@ class KarpenterArgs:
     replicas: controller replicas; > 1 also enables the chart's PodDisruptionBudget.
     log_level: debug | info | error.
     node_overlay: turn on the alpha NodeOverlay feature gate (shared GPU pools declare slices).
+    charts: where the chart comes from (upstream by default, or the stack's verified chart mirror).
     """
 
     cluster: Cluster
@@ -306,6 +308,7 @@ class KarpenterArgs:
     log_level: str = "info"
     # Alpha NodeOverlay API (karpenter.sh/v1alpha1): slice capacity of shared GPU pools.
     node_overlay: bool = False
+    charts: ChartSource = ChartSource()
 
 
 def helm_values(*, cluster_name: Any, queue_name: Any, replicas: int, log_level: str, node_overlay: bool = False) -> dict[str, Any]:
@@ -358,16 +361,16 @@ class Karpenter(pulumi.ComponentResource):
                              for obj in karpenter_flow_schemas(NAMESPACE, SERVICE_ACCOUNT)]
 
         self.crds = helm_addon(
-            f"{name}-crds", parent=self, cluster=cluster, release="karpenter-crd", chart=KARPENTER_CRD_CHART,
-            version=KARPENTER_VERSION, namespace=NAMESPACE, timeout_seconds=300, runs_pods=False,
+            f"{name}-crds", parent=self, cluster=cluster, release="karpenter-crd", chart=KARPENTER_CRD,
+            source=args.charts, namespace=NAMESPACE, timeout_seconds=300, runs_pods=False,
             depends_on=[self.namespace],
         )
         values = helm_values(cluster_name=cluster.cluster_name, queue_name=args.prerequisites.queue.name,
                              replicas=args.replicas, log_level=args.log_level, node_overlay=args.node_overlay)
         values = {k: v for k, v in values.items() if v is not None}
         self.release = helm_addon(
-            f"{name}-chart", parent=self, cluster=cluster, release="karpenter", chart=KARPENTER_CHART,
-            version=KARPENTER_VERSION, namespace=NAMESPACE, values=values,
+            f"{name}-chart", parent=self, cluster=cluster, release="karpenter", chart=KARPENTER,
+            source=args.charts, namespace=NAMESPACE, values=values,
             # CRDs come from the karpenter-crd release above, which Helm upgrades.
             skip_crds=True,
             depends_on=[self.crds, self.namespace, *self.network_policies, *self.flow_schemas,

@@ -20,10 +20,8 @@ from components.names import IAM_ROLE_NAME_MAX, fitted_name
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_namespace_objects, apply_object
 from components.validation import accepts_enum_values
-from components.versions import (
-    KUBE_PROMETHEUS_STACK_VERSION, PROMETHEUS_COMMUNITY_REPO, PROMETHEUS_OPERATOR_CRDS_REPO,
-    PROMETHEUS_OPERATOR_CRDS_VERSION,
-)
+from components.charts import ChartSource
+from components.versions import KUBE_PROMETHEUS_STACK, PROMETHEUS_OPERATOR_CRDS
 from workloads.monitoring import alerts, dashboards, stack
 from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
 
@@ -46,6 +44,7 @@ class MonitoringArgs:
     component_namespaces: where the scraped controllers run (gpu, karpenter, kueue, training).
     gpu_operator: the GPU Operator runs the DCGM exporter (GPU enablement mode gpu-operator), not
         the standalone chart: its Service has other labels and another port name.
+    charts: where the charts come from (upstream by default, or the stack's verified chart mirror).
     """
 
     cluster: Cluster
@@ -61,6 +60,7 @@ class MonitoringArgs:
     gpu_operator: bool = False
     depends_on: Sequence[pulumi.Resource] = ()  # what creates the team namespaces
     tags: Mapping[str, str] = field(default_factory=dict)
+    charts: ChartSource = ChartSource()
 
     def __post_init__(self) -> None:
         missing = {"gpu", "karpenter", "kueue", "training_operator"} - set(self.component_namespaces)
@@ -106,8 +106,7 @@ class Monitoring(pulumi.ComponentResource):
         # CRDs first, as their own release so Helm upgrades them (a chart's crds/ never upgrade).
         self.crds = helm_addon(
             f"{name}-prometheus-operator-crds", parent=self, cluster=cluster, release="prometheus-operator-crds",
-            chart="prometheus-operator-crds", version=PROMETHEUS_OPERATOR_CRDS_VERSION,
-            repo=PROMETHEUS_OPERATOR_CRDS_REPO, namespace=stack.NAMESPACE, values={}, depends_on=ready)
+            chart=PROMETHEUS_OPERATOR_CRDS, source=args.charts, namespace=stack.NAMESPACE, values={}, depends_on=ready)
 
         cluster_arn = cluster.eks_cluster.eks_cluster.arn
         identities: list[pulumi.Resource] = []
@@ -163,7 +162,7 @@ class Monitoring(pulumi.ComponentResource):
                                   "remote_write": remote_write, "region": args.region})
         self.release = helm_addon(
             f"{name}-kube-prometheus-stack", parent=self, cluster=cluster, release=stack.RELEASE,
-            chart="kube-prometheus-stack", version=KUBE_PROMETHEUS_STACK_VERSION, repo=PROMETHEUS_COMMUNITY_REPO,
+            chart=KUBE_PROMETHEUS_STACK, source=args.charts,
             namespace=stack.NAMESPACE, values=stack.helm_values(spec), timeout_seconds=900,
             # Every object with a ServiceMonitor/PodMonitor/PrometheusRule kind needs the CRDs release.
             depends_on=[*ready, self.crds, *identities])

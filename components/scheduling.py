@@ -13,7 +13,8 @@ import pulumi
 from components.helm_addon import helm_addon
 from components.cluster import Cluster
 from components.k8s import apply_namespace_objects, apply_object
-from components.versions import KUEUE_CHART, KUEUE_VERSION
+from components.charts import ChartSource
+from components.versions import KUEUE
 from workloads import kueue, scheduling, tenancy
 from workloads.placement import system_pod_placement
 from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
@@ -61,6 +62,7 @@ class SchedulingArgs:
     manager: Kueue manager configuration (waitForPodsReady, fair sharing).
     kueue_replicas: Kueue controller replicas (2 in prod).
     depends_on: resources the namespaces' workloads need first (e.g. the GPU pools).
+    charts: where the charts come from (upstream by default, or the stack's verified chart mirror).
     """
 
     cluster: Cluster
@@ -69,6 +71,7 @@ class SchedulingArgs:
     cpu_flavor: Optional[kueue.CpuFlavorSpec] = None
     manager: kueue.ManagerConfigSpec = field(default_factory=kueue.ManagerConfigSpec)
     kueue_replicas: int = 1
+    charts: ChartSource = ChartSource()
 
 
 class Scheduling(pulumi.ComponentResource):
@@ -82,7 +85,7 @@ class Scheduling(pulumi.ComponentResource):
         objects = namespace_objects(kueue_namespace_spec(cluster.vpc_cidr, cluster.service_cidr))
         self.kueue_namespace, self.kueue_network_policies = apply_namespace_objects(f"{name}-kueue", objects, self)
         self.kueue = helm_addon(
-            f"{name}-kueue", parent=self, cluster=cluster, release="kueue", chart=KUEUE_CHART, version=KUEUE_VERSION,
+            f"{name}-kueue", parent=self, cluster=cluster, release="kueue", chart=KUEUE, source=args.charts,
             namespace=KUEUE_NAMESPACE, values=kueue_values(args.manager, replicas=args.kueue_replicas),
             depends_on=[self.kueue_namespace, *self.kueue_network_policies],
         )

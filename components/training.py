@@ -25,11 +25,12 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from components.charts import ChartSource
 from components.helm_addon import helm_addon, system_ready
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_object
 from components.versions import (
-    TRAINER_CHART, TRAINER_VERSION, TRAINING_OPERATOR_INIT_CONTAINER_IMAGE, TRAINING_OPERATOR_OVERLAY_DIR,
+    KUBEFLOW_TRAINER, TRAINING_OPERATOR_INIT_CONTAINER_IMAGE, TRAINING_OPERATOR_OVERLAY_DIR,
     TRAINING_OPERATOR_VERSION,
 )
 from workloads.jobspec import JobSpec
@@ -145,11 +146,13 @@ class TrainingOperatorsArgs:
     """cluster: the platform cluster; the operators wait for its static nodes and CoreDNS, as
     every other controller release does (None only in unit tests of the args).
     trainer_v2: also install Kubeflow Trainer 2.3 (TrainJob) with the torch-distributed runtime.
-    trainer_replicas: Trainer controller replicas (2 in prod)."""
+    trainer_replicas: Trainer controller replicas (2 in prod).
+    charts: where the charts come from (upstream by default, or the stack's verified chart mirror)."""
 
     cluster: Optional[Cluster] = None
     trainer_v2: bool = False
     trainer_replicas: int = 1
+    charts: ChartSource = ChartSource()
 
 
 class TrainingOperators(pulumi.ComponentResource):
@@ -164,8 +167,8 @@ class TrainingOperators(pulumi.ComponentResource):
         self.trainer: Optional[k8s.helm.v3.Release] = None
         if args.trainer_v2:
             self.trainer = helm_addon(
-                f"{name}-trainer", parent=self, cluster=args.cluster, release="kubeflow-trainer", chart=TRAINER_CHART,
-                version=TRAINER_VERSION, namespace=TRAINER_NAMESPACE, create_namespace=True,
+                f"{name}-trainer", parent=self, cluster=args.cluster, release="kubeflow-trainer", chart=KUBEFLOW_TRAINER,
+                source=args.charts, namespace=TRAINER_NAMESPACE, create_namespace=True,
                 values=trainer_values(replicas=args.trainer_replicas),
             )
             # The runtime TrainJobs reference: torch-distributed with the platform's failure policy.

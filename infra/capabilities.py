@@ -7,6 +7,7 @@ and adds up their idle-cost lines. The policy gate deploys nothing: it checks th
 from __future__ import annotations
 
 from infra import ci, datasets, gitops, gpu_capacity, monitoring, operations, pins, policy_gate, tracking, training
+from catalog.versions import HelmChart
 from infra.capability import Capability
 from infra.config import PlatformConfig
 from infra.foundation import FOUNDATION
@@ -24,6 +25,15 @@ CAPABILITIES: tuple[Capability, ...] = (
     ci.CAPABILITY,
     policy_gate.CAPABILITY,
 )
+
+
+def charts_used(config: PlatformConfig) -> tuple[HelmChart, ...]:
+    """Every Helm chart the stack installs, each once, in capability order."""
+    found: dict[str, HelmChart] = {}
+    for capability in CAPABILITIES:
+        for chart in capability.charts(config):
+            found.setdefault(chart.name, chart)
+    return tuple(found.values())
 
 
 def log_group_names(config: PlatformConfig) -> list[str]:

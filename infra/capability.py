@@ -13,6 +13,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
+from catalog.versions import HelmChart
 from infra.config import PlatformConfig
 from infra.costs import CostLine
 from infra.recording import Recording
@@ -24,6 +25,7 @@ Sections = Callable[[PlatformConfig, Recording], Iterable[Section]]
 Warnings = Callable[[PlatformConfig, Recording], Iterable[str]]
 CostLines = Callable[[Recording, dt.date], Iterable[CostLine]]
 LogGroupNames = Callable[[PlatformConfig], Iterable[str]]
+Charts = Callable[[PlatformConfig], Iterable[HelmChart]]
 
 
 def _no_outputs(platform: Platform) -> Mapping[str, Any]:
@@ -41,6 +43,8 @@ class Capability:
     recorded graph). cost_lines: idle monthly cost of what it creates, from the recorded graph.
     log_group_names: the CloudWatch log groups it will create; the foundation's log key, made
     before any capability runs, must name them all (``infra.capabilities.log_group_names``).
+    charts: the Helm charts its releases install; with a chart mirror, the program downloads and
+    verifies each before any resource is registered (``infra.capabilities.charts_used``).
     """
 
     name: str
@@ -49,3 +53,4 @@ class Capability:
     warnings: Warnings = _nothing
     cost_lines: CostLines = _nothing
     log_group_names: LogGroupNames = _nothing
+    charts: Charts = _nothing

@@ -13,6 +13,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import pulumi
 
 from catalog.regions import partition_of
+from components.charts import ChartSource
 from components.cluster import Cluster, control_plane_log_group_name
 from components.kms import LogGroupKey, LogGroupKeyArgs
 from components.log_archive import (
@@ -105,11 +106,13 @@ def log_group_names(config: PlatformConfig) -> list[str]:
     return [control_plane_log_group_name(config.cluster_name)]
 
 
-def build_platform(config: PlatformConfig, log_groups: Sequence[str], *, read_only: bool = False) -> Platform:
+def build_platform(config: PlatformConfig, log_groups: Sequence[str], *, read_only: bool = False,
+                   charts: ChartSource = ChartSource()) -> Platform:
     """``log_groups``: every log group the platform will create (the log key must name each
     one before it exists), from ``infra.capabilities.log_group_names``, the foundation's included.
     ``read_only``: a pull-request preview (``infra.deploy preview --read-only``): every AWS
-    provider uses the stack's ``<name>-ci-reader`` roles."""
+    provider uses the stack's ``<name>-ci-reader`` roles. ``charts``: where every Helm release's chart
+    comes from (``infra.chart_mirror.chart_source``)."""
     providers = create_account_providers(config, read_only=read_only)
     tags = config.resource_tags
 
@@ -166,6 +169,7 @@ def build_platform(config: PlatformConfig, log_groups: Sequence[str], *, read_on
         opts=pulumi.ResourceOptions(providers={"aws": providers.workload}),
     )
     return Platform(config=config, providers=providers, log_archive=log_archive, network=network, cluster=cluster,
+                    charts=charts,
                     log_group_key=log_group_key, audit_trails=audit_trails,
                     access_log_buckets={"logging": archive_access_logs})
 

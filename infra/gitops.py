@@ -12,7 +12,8 @@ import pulumi
 
 from components.argo_workflows import ArgoWorkflows, ArgoWorkflowsArgs
 from components.argocd import ArgoCD, ArgoCDArgs
-from components.versions import ARGO_WORKFLOWS_APP_VERSION, ARGOCD_APP_VERSION, ARGOCD_CHART_VERSION
+from components.charts import ChartSource
+from components.versions import ARGO_WORKFLOWS, ARGO_WORKFLOWS_APP_VERSION, ARGOCD, ARGOCD_APP_VERSION, ARGOCD_CHART_VERSION, HelmChart
 from infra.capability import Capability
 from infra.ci import read_only_requested
 from infra.config import GitopsConfig, PlatformConfig, SecretSourceConfig
@@ -53,13 +54,13 @@ def gitops_spec(config: PlatformConfig, stack: str) -> gitops.GitOpsSpec:
     )
 
 
-def argocd_args(config: PlatformConfig, stack: str, cluster: Any) -> ArgoCDArgs:
+def argocd_args(config: PlatformConfig, stack: str, cluster: Any, charts: ChartSource = ChartSource()) -> ArgoCDArgs:
     g: GitopsConfig = config.gitops  # type: ignore[assignment]
     return ArgoCDArgs(cluster=cluster, gitops=gitops_spec(config, stack), domain=g.domain, ha=is_ha(config),
                       repo_credentials=g.repo_credentials.args() if g.repo_credentials else None,
                       sso=g.sso.args() if g.sso else None,
                       # aws-readiness-4 R5: the PR preview's reader roles may not read secrets.
-                      placeholder_secrets=read_only_requested())
+                      placeholder_secrets=read_only_requested(), charts=charts)
 
 
 def deploy(platform: Platform) -> dict[str, Any]:
@@ -67,13 +68,14 @@ def deploy(platform: Platform) -> dict[str, Any]:
     if config.gitops is None:
         return {}
     stack = pulumi.get_stack()
-    argocd = ArgoCD(f"{config.name}-argocd", argocd_args(config, stack, platform.cluster), opts=platform.kubernetes_opts())
+    argocd = ArgoCD(f"{config.name}-argocd", argocd_args(config, stack, platform.cluster, platform.charts), opts=platform.kubernetes_opts())
     outputs: dict[str, Any] = {"argocdRootApplication": argocd.root_application.metadata["name"],
                                "gitopsRenderedPath": rendered_path(config, stack)}
     if config.gitops.argo_workflows and config.scheduling.teams:
         ArgoWorkflows(f"{config.name}-argo-workflows",
                       ArgoWorkflowsArgs(cluster=platform.cluster, namespaces=sorted(config.team_namespaces), ha=is_ha(config),
-                                        namespace_resources=platform.team_namespace_resources()),
+                                        namespace_resources=platform.team_namespace_resources(),
+                                        charts=platform.charts),
                       opts=platform.kubernetes_opts())
     return outputs
 
@@ -128,4 +130,12 @@ def warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
         yield "gitops: argoWorkflows is on but scheduling.teams is empty: no namespace runs pipelines, Argo Workflows is not installed"
 
 
-CAPABILITY = Capability("gitops", deploy=deploy, plan_sections=plan_sections, warnings=warnings)
+def charts(config: PlatformConfig) -> list[HelmChart]:
+    """Argo CD, and Argo Workflows where pipelines run (some team exists)."""
+    g = config.gitops
+    if g is None:
+        return []
+    return [ARGOCD, *([ARGO_WORKFLOWS] if g.argo_workflows and config.scheduling.teams else [])]
+
+
+CAPABILITY = Capability("gitops", deploy=deploy, plan_sections=plan_sections, warnings=warnings, charts=charts)

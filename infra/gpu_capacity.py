@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, Optional
 
-from components.gpu_enablement import GpuEnablement, GpuEnablementArgs
+from catalog.versions import (
+    DCGM_EXPORTER, EFA_DEVICE_PLUGIN, KARPENTER, KARPENTER_CRD, KUEUE, NVIDIA_DEVICE_PLUGIN, NVIDIA_GPU_OPERATOR,
+    PROMETHEUS_OPERATOR_CRDS, HelmChart,
+)
+from components.gpu_enablement import GpuEnablement, GpuEnablementArgs, GpuEnablementMode
 from components.datasets import storage_startup_taints
 from components.gpu_pools import GpuPools, GpuPoolsArgs
 from components.karpenter import Karpenter, KarpenterArgs, KarpenterPrerequisites, KarpenterPrerequisitesArgs
@@ -122,7 +126,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
     karpenter = Karpenter(
         f"{config.name}-karpenter",
         KarpenterArgs(cluster=cluster, prerequisites=prerequisites, replicas=replicas, log_level=config.karpenter.log_level,
-                      node_overlay=any(p.sharing.shared for p in pools)),
+                      node_overlay=any(p.sharing.shared for p in pools), charts=platform.charts),
         opts=platform.kubernetes_opts(),
     )
     platform.node_pools = GpuPools(
@@ -139,7 +143,8 @@ def deploy(platform: Platform) -> dict[str, Any]:
     GpuEnablement(
         f"{config.name}-gpu-enablement",
         enablement.copy_into(GpuEnablementArgs, cluster=cluster, efa=any(p.efa for p in pools),
-                             pool_sharing={p.name: p.sharing for p in pools if p.sharing.shared}),
+                             pool_sharing={p.name: p.sharing for p in pools if p.sharing.shared},
+                             charts=platform.charts),
         opts=platform.kubernetes_opts(),
     )
     # The gateway endpoint's cidr_blocks are S3's prefix-list ranges for the region.
@@ -149,7 +154,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
                                                           cluster.service_cidr), flavors=flavor_specs(config),
                        cpu_flavor=cpu_flavor_spec(config),
                        manager=kueue.ManagerConfigSpec(wait_for_pods_ready_timeout=config.scheduling.wait_for_pods_ready_timeout),
-                       kueue_replicas=2 if config.is_prod else 1),
+                       kueue_replicas=2 if config.is_prod else 1, charts=platform.charts),
         opts=platform.kubernetes_opts(),
     )
     return {
@@ -276,4 +281,19 @@ def warnings(config: PlatformConfig, recording: Recording) -> Iterator[str]:
     yield from _gpu_quota_oversubscribed(config, recording)
 
 
-CAPABILITY = Capability("gpu capacity", deploy=deploy, plan_sections=plan_sections, warnings=warnings)
+def charts(config: PlatformConfig) -> list[HelmChart]:
+    """The charts ``deploy`` installs: Karpenter, GPU enablement (components/gpu_enablement.py) and Kueue."""
+    enablement = config.gpu_enablement
+    found = [KARPENTER_CRD, KARPENTER]
+    if enablement.prometheus_operator_crds:
+        found.append(PROMETHEUS_OPERATOR_CRDS)
+    if enablement.mode is GpuEnablementMode.GPU_OPERATOR:
+        found.append(NVIDIA_GPU_OPERATOR)
+    else:
+        found += [NVIDIA_DEVICE_PLUGIN, *([DCGM_EXPORTER] if enablement.dcgm_exporter else [])]
+    if any(p.spec(config.karpenter.ami_alias).efa for p in config.gpu_pools):
+        found.append(EFA_DEVICE_PLUGIN)
+    return [*found, KUEUE]
+
+
+CAPABILITY = Capability("gpu capacity", deploy=deploy, plan_sections=plan_sections, warnings=warnings, charts=charts)

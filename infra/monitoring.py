@@ -17,6 +17,7 @@ from components.karpenter import NAMESPACE as KARPENTER_NAMESPACE
 from components.monitoring import Monitoring, MonitoringArgs
 from components.scheduling import KUEUE_NAMESPACE
 from components.training import TRAINING_OPERATOR_NAMESPACE
+from components.versions import AWS_FOR_FLUENT_BIT, KUBE_PROMETHEUS_STACK, PROMETHEUS_OPERATOR_CRDS, HelmChart
 from infra import costs, system_capacity
 from infra.capability import Capability
 from infra.config import PlatformConfig
@@ -58,7 +59,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
                        gpu_operator=config.gpu_enablement.mode is GpuEnablementMode.GPU_OPERATOR,
                        # Team namespaces (the trainer scrape policies live there) come from scheduling.
                        depends_on=[platform.scheduling] if platform.scheduling is not None else [],
-                       tags=config.resource_tags),
+                       tags=config.resource_tags, charts=platform.charts),
         opts=platform.kubernetes_opts())
     platform.monitoring = monitoring
     outputs: dict[str, Any] = {"monitoringNamespace": stack.NAMESPACE}
@@ -79,7 +80,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
             ContainerLogsArgs(cluster=platform.cluster, region=config.region,
                               retention_days=config.monitoring.log_retention_days,
                               log_kms_key=platform.log_group_key.key if platform.log_group_key else None,
-                              archive=archive, tags=config.resource_tags),
+                              archive=archive, tags=config.resource_tags, charts=platform.charts),
             opts=platform.kubernetes_opts())
         outputs["containerLogGroup"] = logs.log_group.name
     return outputs
@@ -126,5 +127,13 @@ def cost_lines(recording: Recording, today: dt.date) -> Iterator[CostLine]:
     yield from costs.monitoring(recording)
 
 
+def charts(config: PlatformConfig) -> list[HelmChart]:
+    """The Prometheus operator CRDs and kube-prometheus-stack, and Fluent Bit with container logs."""
+    m = config.monitoring
+    if m is None:
+        return []
+    return [PROMETHEUS_OPERATOR_CRDS, KUBE_PROMETHEUS_STACK, *([AWS_FOR_FLUENT_BIT] if m.container_logs else [])]
+
+
 CAPABILITY = Capability("monitoring", deploy=deploy, plan_sections=plan_sections, warnings=warnings,
-                        cost_lines=cost_lines, log_group_names=log_group_names)
+                        cost_lines=cost_lines, log_group_names=log_group_names, charts=charts)

@@ -12,6 +12,7 @@ import pulumi
 from components.budgets import AccountBudget, AccountBudgetArgs
 from components.container_insights import ContainerInsights, ContainerInsightsArgs, performance_log_group_name
 from components.gpu_idle_alarm import METRIC_NAME, GpuIdleAlarm, GpuIdleAlarmArgs
+from components.versions import CLOUDWATCH_OBSERVABILITY, HelmChart
 from infra import costs
 from infra.capability import Capability
 from infra.config import PlatformConfig
@@ -44,7 +45,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
             ContainerInsightsArgs(cluster=platform.cluster, region=config.region,
                                   log_retention_days=alarm_config.log_retention_days,
                                   log_kms_key=platform.log_group_key.key if platform.log_group_key else None,
-                                  tags=config.resource_tags),
+                                  tags=config.resource_tags, charts=platform.charts),
             opts=platform.kubernetes_opts())
         # The metric lives in the cluster's account and region, so the alarm does too.
         alarm = GpuIdleAlarm(
@@ -105,5 +106,10 @@ def cost_lines(recording: Recording, today: dt.date) -> Iterator[CostLine]:
     yield from costs.alarms(recording)
 
 
+def charts(config: PlatformConfig) -> list[HelmChart]:
+    """The CloudWatch agent's chart, installed with the GPU idle alarm (its metric's source)."""
+    return [CLOUDWATCH_OBSERVABILITY] if config.gpu_idle_alarm is not None else []
+
+
 CAPABILITY = Capability("operations", deploy=deploy, plan_sections=plan_sections, warnings=warnings,
-                        cost_lines=cost_lines, log_group_names=log_group_names)
+                        cost_lines=cost_lines, log_group_names=log_group_names, charts=charts)

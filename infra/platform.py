@@ -7,6 +7,7 @@ from typing import Any, Optional
 import pulumi
 
 from components.bucket import AccessLogBucket, AccessLogBucketArgs
+from components.charts import ChartSource
 from components.cluster import Cluster
 from components.datasets import Datasets
 from components.gpu_idle_alarm import GpuIdleAlarm
@@ -29,6 +30,8 @@ class Platform:
     log_archive: LogArchive
     network: Network
     cluster: Cluster
+    # Where every Helm release's chart comes from (upstream, or the verified chart mirror).
+    charts: ChartSource = field(default_factory=ChartSource)
     # What a capability built that a later one uses, set by the capability that builds it (None
     # while that capability has not run, or when its config section is off).
     scheduling: Optional[Scheduling] = None  # gpu capacity: team namespaces, Kueue

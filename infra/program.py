@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 
 import pulumi
 
+from infra import chart_mirror, vendor
 from infra.capabilities import CAPABILITIES, log_group_names
 from infra.config import PROJECT, PlatformConfig, load_platform_config
 from infra.ci import read_only_requested
@@ -58,13 +59,25 @@ def read_config() -> PlatformConfig:
     return load_platform_config(raw, source=f"stack '{stack}' (Pulumi.{stack}.yaml)", secret_paths=secret_keys)
 
 
-def main(prepare: Optional[Callable[[], Any]] = None) -> Platform:
-    """prepare: what the real entry point must have on disk before any resource (``infra.vendor``);
-    the offline plan runs without it."""
+def prepare_files(config: PlatformConfig) -> None:
+    """What `pulumi up` must have on disk before any resource is registered: the verified
+    Training Operator tree and overlay (``infra.vendor``) and, with a chart mirror, every chart
+    the stack installs, verified (``infra.chart_mirror``). Raises ``VendorError`` or
+    ``ChartMirrorError`` (one line per problem)."""
+    vendor.prepare()
+    chart_mirror.prepare(config)
+
+
+def main(prepare: Optional[Callable[[PlatformConfig], Any]] = None) -> Platform:
+    """prepare: what the real entry point must have on disk before any resource, given the valid
+    config (``prepare_files``); the offline plan runs without it and touches no network."""
     config = read_config()
+    # Offline too: a mirror cannot serve a chart whose archive has no pinned SHA-256.
+    chart_mirror.check_pins(config)
     if prepare is not None:
-        prepare()
-    platform = build_platform(config, log_group_names(config), read_only=read_only_requested())
+        prepare(config)
+    platform = build_platform(config, log_group_names(config), read_only=read_only_requested(),
+                              charts=chart_mirror.chart_source(config))
     for capability in CAPABILITIES:
         for key, value in capability.deploy(platform).items():
             pulumi.export(key, value)
@@ -74,16 +87,20 @@ def main(prepare: Optional[Callable[[], Any]] = None) -> Platform:
 
 def run() -> Platform:
     """What `pulumi up` runs: ``infra/__main__.py`` under the language host, or the deploy driver's
-    inline program (``python -m infra.deploy --inline``). A config mistake or a vendored tree that
-    does not match its pin becomes a ``RunError``: the message alone, not a program crash."""
+    inline program (``python -m infra.deploy --inline``). A config mistake, a vendored tree that
+    does not match its pin or a chart mirror that cannot serve a pinned chart becomes a
+    ``RunError``: the message alone, not a program crash."""
     from components.validation import InvalidInputError
-    from infra import vendor
+    from infra.chart_mirror import ChartMirrorError
+    from infra.vendor import VendorError
 
     try:
         # Once the config is valid, and before any resource: the Training Operator overlay is built
-        # from a verified local tree (no git at deploy time).
-        return main(prepare=lambda: vendor.prepare())
-    except vendor.VendorError as error:
+        # from a verified local tree (no git at deploy time), and with a chart mirror every chart is
+        # downloaded and checked against its pinned SHA-256.
+        return main(prepare=prepare_files)
+    except (VendorError, ChartMirrorError) as error:
         raise pulumi.RunError(str(error)) from None
     except InvalidInputError as error:
+        # RunError prints the message alone: a config mistake is not a program crash.
         raise pulumi.RunError(str(error)) from None

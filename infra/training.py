@@ -10,7 +10,7 @@ from components.datasets import DatasetBucket, Datasets
 from components.training import (
     TeamTrainerAccess, TeamTrainerAccessArgs, TrainingOperators, TrainingOperatorsArgs, team_checkpoint_prefix,
 )
-from components.versions import TRAINER_VERSION, TRAINING_OPERATOR_VERSION
+from components.versions import KUBEFLOW_TRAINER, TRAINER_VERSION, TRAINING_OPERATOR_VERSION, HelmChart
 from infra.capability import Capability
 from infra.config import PlatformConfig
 from infra.recording import Recording
@@ -23,7 +23,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
     TrainingOperators(
         f"{config.name}-training",
         TrainingOperatorsArgs(cluster=platform.cluster, trainer_v2=config.training.trainer_v2,
-                              trainer_replicas=2 if config.is_prod else 1),
+                              trainer_replicas=2 if config.is_prod else 1, charts=platform.charts),
         opts=platform.kubernetes_opts(),
     )
     outputs: dict[str, Any] = {"trainingOperatorVersion": TRAINING_OPERATOR_VERSION,
@@ -66,4 +66,9 @@ def plan_sections(config: PlatformConfig, recording: Recording) -> Iterator[tupl
     yield "Training jobs", lines
 
 
-CAPABILITY = Capability("training", deploy=deploy, plan_sections=plan_sections)
+def charts(config: PlatformConfig) -> list[HelmChart]:
+    """Kubeflow Trainer v2's chart when it is on (the Training Operator is a kustomize overlay)."""
+    return [KUBEFLOW_TRAINER] if config.training.trainer_v2 else []
+
+
+CAPABILITY = Capability("training", deploy=deploy, plan_sections=plan_sections, charts=charts)

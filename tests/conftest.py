@@ -46,6 +46,28 @@ def schemas() -> Path:
     return path
 
 
+def charts_dir() -> Path:
+    """The pinned Helm chart archives: $ML_PLATFORM_CHARTS, else .cache/charts (.ci/run seeds it)."""
+    return Path(os.environ.get("ML_PLATFORM_CHARTS") or ROOT / ".cache" / "charts")
+
+
+@pytest.fixture
+def chart_archives() -> Path:
+    """A directory holding every pinned chart archive that has a pinned SHA-256, each verified.
+    Skips (saying how to get them) when they are absent; a present archive with other bytes fails."""
+    from catalog.versions import HELM_CHARTS
+    from tools.chart_mirror import verify
+
+    path = charts_dir()
+    missing = [c.archive for c in HELM_CHARTS if c.sha256 is not None and not (path / c.archive).is_file()]
+    if missing:
+        pytest.skip(f"pinned chart archives not at {path} (missing {', '.join(missing)}); copy the team's offline chart "
+                    "repository there (.ci/run seeds it) or set ML_PLATFORM_CHARTS to a copy")
+    problems = verify(path)
+    assert not problems, f"chart archives at {path} differ from their pins: {problems}"
+    return path
+
+
 @functools.lru_cache(maxsize=None)
 def _stack_values(stack: str) -> dict[str, str]:
     from infra.plan import read_stack_file, stack_file

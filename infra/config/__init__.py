@@ -6,7 +6,7 @@ raw values into a frozen ``PlatformConfig`` or raises ``ConfigError`` listing ev
 with its path, the bad value and the fix.
 
 One module per section holds its model and the rules beside it (``accounts``, ``log_archive``,
-``network``, ``cluster``, ``datasets``, ``tracking``, ``gpu``, ``scheduling``, ``budgets``,
+``network``, ``cluster``, ``charts``, ``datasets``, ``tracking``, ``gpu``, ``scheduling``, ``budgets``,
 ``alarms``);
 ``engine`` is the per-section error engine; ``platform`` assembles ``PlatformConfig`` and the
 rules. A new section is a new module plus a field and its ``RULES`` in ``platform``. The names
@@ -15,6 +15,7 @@ below are re-exported so that ``from infra.config import ...`` keeps working.
 from infra.config.accounts import AccountConfig, AccountLayout, AccountsConfig
 from infra.config.alarms import GpuIdleAlarmConfig
 from infra.config.budgets import BudgetAccount, BudgetsConfig
+from infra.config.charts import ChartMirrorConfig
 from infra.config.cluster import ClusterConfig, NodeGroupConfig
 from infra.config.common import (
     LOG_RETENTION_DAYS,
@@ -42,7 +43,7 @@ from infra.config.tracking import TrackingConfig, TrackingDatabaseConfig
 
 __all__ = [
     "AccountConfig", "AccountLayout", "AccountsConfig", "AuditTrailConfig", "AuditTrailMode", "BucketLifecycleConfig",
-    "BudgetAccount", "BudgetsConfig", "CapacityType", "ClusterConfig", "ConfigError", "CpuPoolConfig",
+    "BudgetAccount", "BudgetsConfig", "CapacityType", "ChartMirrorConfig", "ClusterConfig", "ConfigError", "CpuPoolConfig",
     "DataRepositoryAssociationConfig", "DatasetsConfig", "Environment", "FIX", "FlowLogsConfig", "FsxConfig", "GitopsConfig", "SecretSourceConfig", "SsoConfig", "SyncWindowConfig",
     "GpuEnablementConfig", "GpuIdleAlarmConfig", "GpuPoolConfig", "KarpenterConfig", "LOG_RETENTION_DAYS", "LogArchiveConfig",
     "NetworkConfig", "NodeGroupConfig", "PROD_MIN_LOG_RETENTION_DAYS", "PROD_OBJECT_LOCK_RETENTION_DAYS", "PROJECT",

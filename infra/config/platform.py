@@ -12,6 +12,7 @@ from infra.config.accounts import AccountsConfig
 from infra.config.alarms import GpuIdleAlarmConfig
 from infra.config.monitoring import MonitoringConfig
 from infra.config.budgets import BudgetsConfig
+from infra.config.charts import ChartMirrorConfig
 from infra.config.ci import CiConfig
 from infra.config.cluster import ClusterConfig
 from infra.config.common import PROD_OBJECT_LOCK_RETENTION_DAYS, Environment, PlatformName, Region, Tags, _Model
@@ -36,6 +37,9 @@ class PlatformConfig(_Model):
     log_archive: LogArchiveConfig = Field(default_factory=LogArchiveConfig)
     network: NetworkConfig
     cluster: ClusterConfig
+    chart_mirror: Optional[ChartMirrorConfig] = Field(None, description=(
+        "Every Helm chart from this OCI registry or Helm repository (air-gapped clusters; ECR in production), "
+        "each archive checked against its pinned SHA-256; default: each chart's upstream repository."))
     datasets: Optional[DatasetsConfig] = Field(None, description="S3 buckets + FSx for Lustre (datasets capability).")
     tracking: Optional[TrackingConfig] = Field(None, description="MLflow on Fargate + Aurora (tracking capability).")
     karpenter: KarpenterConfig = Field(default_factory=KarpenterConfig, description="Karpenter controller and CPU pool.")

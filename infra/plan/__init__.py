@@ -175,13 +175,14 @@ def read_project(project_dir: Path = ROOT) -> Project:
     return Project(values, main or ".", target if target.is_dir() else target.parent)
 
 
-# Written by the entry point (infra/__main__.py: infra.vendor.prepare) before the program
+# Written by the entry point (infra/__main__.py: infra.program.prepare_files) before the program
 # registers anything; the offline plan does not fetch them, so they need not exist here.
 def prepared_paths() -> tuple[Path, ...]:
-    from components.versions import TRAINING_OPERATOR_OVERLAY_DIR
+    from components.charts import archive_path
+    from components.versions import HELM_CHARTS, TRAINING_OPERATOR_OVERLAY_DIR
     from infra import vendor
 
-    return (vendor.ROOT / TRAINING_OPERATOR_OVERLAY_DIR,)
+    return (vendor.ROOT / TRAINING_OPERATOR_OVERLAY_DIR, *(archive_path(chart, vendor.ROOT) for chart in HELM_CHARTS))
 
 
 # -- building the plan -------------------------------------------------------------------

@@ -124,12 +124,12 @@ def test_agent_publishes_the_gpu_metrics_and_nothing_that_bills_or_mutates_unask
     kubernetes = values["agent"]["config"]["logs"]["metrics_collected"]["kubernetes"]
     # node_gpu_* are declared only with both flags on (kubernetes.go).
     assert kubernetes["enhanced_container_insights"] is True and kubernetes["accelerated_compute_metrics"] is True
-    assert values["containerInsights"]["enabled"] is True
     # Fluent Bit would auto-create log groups without retention or KMS.
     assert values["containerLogs"]["enabled"] is False
-    # Application Signals' auto-monitor instruments every workload of the cluster.
-    assert values["applicationSignals"]["enabled"] is False
-    assert values["manager"]["applicationSignals"]["autoMonitor"]["monitorAllServices"] is False
+    # Application Signals' auto-monitor instruments every workload of the cluster: the explicit
+    # agent config (which replaces the chart's default) collects none of it. The rendered operator
+    # flags are checked in tests/infra/test_chart_render.py.
+    assert "application_signals" not in json.dumps(values["agent"]["config"]) and "traces" not in values["agent"]["config"]
     # One DCGM host engine per GPU: the platform's exporter or the chart's, never both.
     ours = [r for r in plan.recording.by_type(RELEASE_TYPE)
             if r.inputs.get("chart") in ("dcgm-exporter", "gpu-operator")]

@@ -48,6 +48,8 @@ LONG_UNITS_FIRST: tuple[str, ...] = (
     "tests/trainer/test_verify_heldout.py",       # 138
     "tests/trainer/test_checkpoint_trust.py",     # 112
     "tests/integration/test_mlflow_server.py",    # 107
+    "tests/infra/test_chart_mirror.py",           # 85 s CPU alone (388 s wall at load 18; 2026-11-29)
+    "tests/infra/test_chart_render.py",           # 68 s CPU alone (290 s wall at load 18; 2026-11-29)
     "tests/cluster/test_controllers_live.py",     # 103
     "tests/examples/test_examples.py",            # 100
     "tests/jobs/test_local_own_code.py",          # 98
