@@ -172,6 +172,12 @@ class EngineStack:
                                  if isinstance(d, dict) and d.get("kind") == "CustomResourceDefinition"]
         return docs
 
+    def edit_config(self, edit) -> None:
+        """``edit(config)`` on the stack file's ``config:`` mapping, then written back."""
+        document = yaml.safe_load(self.stack_file.read_text())
+        edit(document["config"])
+        self.stack_file.write_text(yaml.safe_dump(document, sort_keys=False))
+
     def set_config(self, path: str, value: Any) -> None:
         """Edit the stack file's config (``path`` dotted below the project's namespace), as a person would."""
         document = yaml.safe_load(self.stack_file.read_text())
