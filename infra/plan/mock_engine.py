@@ -31,12 +31,10 @@ or invoke and its fix:
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 

@@ -58,6 +58,8 @@ def program() -> None:
         pulumi.export("clusterArn", cluster.eks_cluster.arn)
         pulumi.export("endpoint", cluster.eks_cluster.endpoint)
         pulumi.export("oidcIssuer", cluster.oidc_issuer)
+        # A component method: the engine sends it to the eks plugin's Call.
+        pulumi.export("calledKubeconfig", cluster.get_kubeconfig(role_arn=f"arn:aws:iam::{ACCOUNT}:role/reader"))
 
 
 def main(operation: str) -> int:

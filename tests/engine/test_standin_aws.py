@@ -87,6 +87,14 @@ def test_an_autoname_is_drawn_once_and_kept(provider):
     assert again["name"] == first["name"]
     explicit, _ = check(provider, role, {"assumeRolePolicy": "{}", "name": "given"}, olds=first)
     assert explicit["name"] == "given" and explicit["__defaults"] == []
+    # A replacement is checked with no olds (the engine re-runs Check) and takes a new name, so
+    # the new role can exist beside the old one; that name then stays.
+    create(provider, role, first)
+    replacement, _ = check(provider, role, {"assumeRolePolicy": "{}"})
+    assert replacement["name"] != first["name"] and replacement["name"].startswith("mlp-dev-role-")
+    create(provider, role, replacement)
+    kept, _ = check(provider, role, {"assumeRolePolicy": "{}", "description": "d"}, olds=replacement)
+    assert kept["name"] == replacement["name"]
 
 
 # -- Diff --------------------------------------------------------------------------------------------

@@ -25,7 +25,6 @@ from pulumi.runtime.proto import provider_pb2_grpc
 
 from infra.plan import pulumi_eks
 from infra.plan.mock_engine import EngineRefusal, run_recorded
-from infra.recording import ResourceReference
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCOUNT = "222233334444"
@@ -165,6 +164,16 @@ def test_the_offline_plan_refuses_an_input_a_transform_adds_that_the_sdk_does_no
         _record(lambda parent: eks.Cluster("c", opts=pulumi.ResourceOptions(parent=parent, transforms=[typo]),
                                            **_sdk_kwargs(OPTIONS)))
     assert "aws:eks/cluster:Cluster 'c-eksCluster' input `kubernetesServiceIpv4Cidr`" in str(refusal.value)
+
+
+def test_construct_refuses_a_component_input_pulumi_eks_does_not_declare():
+    from pulumi.errors import InputPropertiesError
+
+    from tools.engine.standins.eks import EksStandIn
+
+    with pytest.raises(InputPropertiesError) as refusal:
+        EksStandIn().construct("c", "eks:index:Cluster", {**OPTIONS, "serviceIpv4Cidr": "10.0.0.0/16"})
+    assert [e["property_path"] for e in refusal.value.errors] == ["serviceIpv4Cidr"]
 
 
 def test_options_the_model_does_not_cover_are_refused_by_name():

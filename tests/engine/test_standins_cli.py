@@ -119,6 +119,8 @@ def test_an_eks_cluster_constructs_onto_the_test_control_plane(cli, tmp_path):
         assert outputs["endpoint"] == plane.server
         assert outputs["clusterArn"] == f"arn:aws:eks:us-west-2:{ACCOUNT}:cluster/standin-eks"
         assert outputs["oidcIssuer"].startswith("oidc.eks.us-west-2.amazonaws.com/id/")
+        called = json.loads(outputs["calledKubeconfig"])  # Cluster.getKubeconfig through Call
+        assert called["clusters"][0]["cluster"]["server"] == plane.server
         # The real Kubernetes provider applied through the kubeconfig pulumi-eks returned.
         probe = json.loads(plane.kubectl("get", "configmap", "standin-probe", "-n", "default", "-o", "json").stdout)
         assert probe["data"] == {"cluster": "standin-eks"}

@@ -32,11 +32,9 @@ import argparse
 import concurrent.futures
 import importlib.metadata
 import json
-import os
 import secrets
 import sys
 import threading
-from pathlib import Path
 from typing import Any, Mapping, Optional
 
 import grpc
@@ -45,7 +43,7 @@ from google.protobuf import empty_pb2
 from infra.plan import input_rules, mock_outputs
 from pulumi.runtime.proto import plugin_pb2, provider_pb2, provider_pb2_grpc
 from tools.engine.standins import replacements
-from tools.engine.standins.control_plane import KUBECONFIG_ENV, control_plane
+from tools.engine.standins.control_plane import control_plane
 from tools.engine.standins.state import StateError, StateStore
 from tools.engine.standins.wire import UNKNOWN, contains_unknown, decode, encode
 
@@ -58,15 +56,13 @@ AUTONAMED = {"aws:s3/bucket:Bucket": "bucket"}
 # Types whose names are unique per account rather than per region, or across AWS for S3.
 GLOBAL_NAMES = ("aws:iam/",)
 PARTITION_WIDE_NAMES = ("aws:s3/bucket:Bucket",)
-# What each service refuses to delete while its deletion protection is on.
+# What each service refuses to delete while its deletion protection is on (RDS DeleteDBCluster,
+# EKS DeleteCluster, ELBv2 DeleteLoadBalancer: "deletion protection" in each API reference); the
+# message is the stand-in's, not the service's wording.
 DELETION_PROTECTION = {
-    "aws:rds/cluster:Cluster": ("deletionProtection", "InvalidParameterCombination: Cannot delete protected Cluster, "
-                                                      "please disable deletion protection and try again"),
-    "aws:eks/cluster:Cluster": ("deletionProtection", "InvalidRequestException: Cannot delete cluster because "
-                                                      "deletion protection is enabled"),
-    "aws:lb/loadBalancer:LoadBalancer": ("enableDeletionProtection",
-                                         "OperationNotPermitted: Load balancer '{id}' cannot be deleted because "
-                                         "deletion protection is enabled"),
+    "aws:rds/cluster:Cluster": "deletionProtection",
+    "aws:eks/cluster:Cluster": "deletionProtection",
+    "aws:lb/loadBalancer:LoadBalancer": "enableDeletionProtection",
 }
 DEFAULTS_KEY = "__defaults"
 
@@ -244,10 +240,10 @@ class AwsStandIn(provider_pb2_grpc.ResourceProviderServicer):
         record = self.store.get(request.urn, type_, request.id)
         state = record["outputs"] if record else decode(request.properties)
         protection = DELETION_PROTECTION.get(type_)
-        if protection and state.get(protection[0]) is True:
+        if protection and state.get(protection) is True:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"deleting {type_} ({request.id}): {protection[1].format(id=request.id)} "
-                          f"(set `{protection[0]}` false and update first)")
+                          f"deleting {type_} ({request.id}): the service refuses, deletion protection is on "
+                          f"(`{protection}: true`); set it false and update before deleting")
         self.store.delete(request.urn, type_, request.id)
         return empty_pb2.Empty()
 

@@ -26,10 +26,12 @@ from typing import Any, Callable, Mapping, Optional
 import pulumi
 import pulumi.provider as provider
 import pulumi_aws  # noqa: F401 - registers the aws resource modules (resource references come back typed)
-import pulumi_kubernetes  # noqa: F401
+import pulumi_eks as _eks_sdk  # noqa: F401 - and eks's: Call receives the Cluster it is called on as a reference
+import pulumi_kubernetes  # noqa: F401 - registers the kubernetes provider resource package
+from pulumi.errors import InputPropertiesError
 from pulumi.provider.provider import CallResult, ConstructResult
 
-from infra.plan import pulumi_eks
+from infra.plan import input_rules, pulumi_eks
 from tools.engine.standins.control_plane import control_plane
 
 VERSION = importlib.metadata.version("pulumi-eks")  # the pin the SDK asks the engine for
@@ -183,6 +185,12 @@ class EksStandIn(provider.Provider):
         if resource_type != pulumi_eks.CLUSTER_TYPE:
             raise Exception(f"unknown resource type {resource_type}: the eks stand-in constructs only "
                             f"{pulumi_eks.CLUSTER_TYPE}")
+        # As the offline plan's rule for the component's inputs (pulumi-eks itself would ignore an
+        # unknown key; the pinned SDK's keyword arguments cannot produce one, a transform can).
+        problems = input_rules.check_inputs(resource_type, inputs)
+        if problems:
+            raise InputPropertiesError(f"{resource_type} '{name}': inputs pulumi-eks {VERSION} does not declare",
+                                       [{"property_path": p.path, "reason": p.reason} for p in problems])
         component = ClusterComponent(name, inputs, options or pulumi.ResourceOptions())
         return ConstructResult(urn=component.urn, state=component.state)
 
