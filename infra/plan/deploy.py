@@ -267,6 +267,8 @@ class StepRecorder:
             self.steps.append({
                 "urn": meta.urn, "type": meta.type, "op": getattr(meta.op, "value", meta.op),
                 "diffs": sorted(meta.diffs or []), "replace_keys": sorted(meta.keys or []),
+                "detailed_diff": {path: getattr(d.diff_kind, "value", d.diff_kind)
+                                  for path, d in sorted((meta.detailed_diff or {}).items())},
             })
         diagnostic = getattr(event, "diagnostic_event", None)
         if diagnostic is not None and diagnostic.severity in ("error", "warning"):

@@ -80,10 +80,11 @@ class EngineStack:
         self.kubeconfig = kubeconfig
         for path in (self.project_dir, self.backend_dir, workdir / "pulumi-home"):
             path.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / "Pulumi.yaml", self.project_dir / "Pulumi.yaml")
-        shutil.copy(ROOT / f"Pulumi.{stack}.yaml", self.stack_file)
-        main = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["main"].rstrip("/")
-        (self.project_dir / main).symlink_to(ROOT / main, target_is_directory=True)
+        if not self.stack_file.exists():  # else: attach to a workdir an earlier run set up
+            shutil.copy(ROOT / "Pulumi.yaml", self.project_dir / "Pulumi.yaml")
+            shutil.copy(ROOT / f"Pulumi.{stack}.yaml", self.stack_file)
+            main = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["main"].rstrip("/")
+            (self.project_dir / main).symlink_to(ROOT / main, target_is_directory=True)
         env = {key: value for key, value in os.environ.items()
                if not key.startswith(("PULUMI_", "AWS_")) and key not in ("KUBECONFIG",)}
         env.update({

@@ -188,7 +188,8 @@ def test_steps_json_keeps_each_step_and_the_error_diagnostics(monkeypatch, tmp_p
         message="boom\n", color="never", severity="error", urn="urn:a")))
     recorder.write(path, "preview")
     written = json.loads(path.read_text())
-    assert written["steps"] == [{"urn": "urn:a", "type": "t", "op": "update", "diffs": ["spec"], "replace_keys": []}]
+    assert written["steps"] == [{"urn": "urn:a", "type": "t", "op": "update", "diffs": ["spec"], "replace_keys": [],
+                                 "detailed_diff": {}}]
     assert written["diagnostics"] == [{"severity": "error", "urn": "urn:a", "message": "boom"}]
 
 
