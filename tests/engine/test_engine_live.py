@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from tests.engine.graph import (
-    STACK_TYPE, compare_graphs, crd_owners, custom_resource_kinds, dependency_closure, recorded_graph,
+    KUSTOMIZE_TYPE, STACK_TYPE, compare_graphs, crd_owners, custom_resources, dependency_closure, recorded_graph,
+    urn_type,
 )
 
 RELEASE_TYPE = "kubernetes:helm.sh/v3:Release"
@@ -44,7 +45,7 @@ def test_preview_plans_every_recorded_resource_without_errors(engine_stack):
     planned = ops(steps)
     recorded = {r["urn"] for r in recorded_graph(engine_stack.plan)}
     assert set(planned.values()) == {"create"}, {urn: op for urn, op in planned.items() if op != "create"}
-    assert set(planned) - {u for u in planned if u.split("::")[-2].endswith(STACK_TYPE)} == recorded
+    assert {u for u in planned if urn_type(u) != STACK_TYPE} == recorded
 
 
 def test_up_creates_every_resource_and_installs_every_chart_with_our_values(engine_stack):
@@ -80,7 +81,7 @@ def test_every_custom_resource_waits_for_the_resource_that_installs_its_crd(engi
     state = engine_stack.state()
     owners = crd_owners(engine_stack, state)
     closure = dependency_closure(state)
-    kinds = custom_resource_kinds(state, owners)
+    kinds = custom_resources(state, owners)
     assert kinds, "no custom resource in the stack"
     missing = {urn: sorted(owner) for urn, owner in kinds.items() if not owner & closure[urn]}
     assert missing == {}, f"custom resources that do not wait for their CRD's owner: {missing}"
@@ -97,8 +98,18 @@ def test_graph_matches_the_recording_engine(engine_stack):
     """URNs, types, parents, providers, dependencies and inputs of the real engine's state against
     the offline plan's recording (infra.plan), both stacks. tests/engine/graph.py lists the
     differences that are inherent to the engine and why."""
-    differences = compare_graphs(recorded_graph(engine_stack.plan), engine_stack.state())
+    differences = compare_graphs(recorded_graph(engine_stack.plan), engine_stack.state(),
+                                 kustomize=kustomize_builds(engine_stack.plan))
     assert differences == [], "\n".join(differences[:40]) + (f"\n... {len(differences)} in all" if len(differences) > 40 else "")
+
+
+def kustomize_builds(plan) -> dict[str, list[dict[str, Any]]]:
+    """Each kustomize Directory of the plan -> its overlay as ``kubectl kustomize`` builds it, in the
+    program's working directory (what the provider builds at deploy time)."""
+    from tools.cluster.layer import training_operator_objects
+
+    return {r["urn"]: training_operator_objects(r["inputs"]["directory"])
+            for r in recorded_graph(plan) if r["type"] == KUSTOMIZE_TYPE}
 
 
 def test_refresh_finds_no_drift(engine_stack):
