@@ -36,6 +36,47 @@ EFS_STARTUP_TAINT = {"key": "efs.csi.aws.com/agent-not-ready", "effect": "NoExec
 S3_MOUNTPOINT_STARTUP_TAINT = {"key": "s3.csi.aws.com/agent-not-ready", "effect": "NoExecute"}
 # Every storage startup taint a pool may start with (agents on every node tolerate them all).
 STORAGE_STARTUP_TAINTS = (FSX_STARTUP_TAINT, EFS_STARTUP_TAINT, S3_MOUNTPOINT_STARTUP_TAINT)
+
+
+@dataclass(frozen=True)
+class StartupTaintOwner:
+    """What removes one startup taint in a customer's cluster: a pod of ``daemonset`` (namespace,
+    name) once it runs on the node, either an EKS add-on's node plugin (``addon``) or one of the
+    platform's agents. ``lifts``: what that pod's code does, quoted from its source."""
+
+    key: str
+    daemonset: tuple[str, str]
+    lifts: str
+    addon: Optional[str] = None
+
+
+# Every startup taint a pool may declare, beside its key: the plan check (tests/infra) and the
+# cluster tests' node agents (tools/cluster/kubelet.py) read this one table.
+STARTUP_TAINT_OWNERS: dict[str, StartupTaintOwner] = {o.key: o for o in (
+    StartupTaintOwner(
+        FSX_STARTUP_TAINT["key"], ("kube-system", "fsx-csi-node"), addon="aws-fsx-csi-driver",
+        lifts="kubernetes-sigs/aws-fsx-csi-driver pkg/driver/node.go: the node service starts "
+              "`go removeTaintInBackground(cloud.DefaultKubernetesAPIClient, removeNotReadyTaint)`, which patches "
+              "its own node (CSI_NODE_NAME) without the taint, retrying `Steps: 10, // Max delay = 0.5 * 2^9 = ~4 minutes`"),
+    StartupTaintOwner(
+        EFS_STARTUP_TAINT["key"], ("kube-system", "efs-csi-node"), addon="aws-efs-csi-driver",
+        lifts="kubernetes-sigs/aws-efs-csi-driver pkg/driver/driver.go `AgentNotReadyNodeTaintKey = "
+              "\"efs.csi.aws.com/agent-not-ready\"` (\"the key of taints to be removed on driver startup\"); "
+              "node.go `removeNotReadyTaint` \"removes the taint efs.csi.aws.com/agent-not-ready from the local node\" "
+              "(CSI_NODE_NAME), unless DISABLE_TAINT_WATCHER is set"),
+    StartupTaintOwner(
+        S3_MOUNTPOINT_STARTUP_TAINT["key"], ("kube-system", "s3-csi-node"), addon="aws-mountpoint-s3-csi-driver",
+        lifts="awslabs/mountpoint-s3-csi-driver pkg/driver/node/taint.go `RemoveTaintInBackground` \"waits for CSI "
+              "driver registration and then removes the taint\": it polls the driver's socket for up to 30 s, then "
+              "JSON-patches its node (CSI_NODE_NAME: `test` the taints, `replace` them without the key)"),
+    StartupTaintOwner(
+        READINESS_STARTUP_TAINT["key"], ("gpu-system", "gpu-node-health"),
+        lifts="workloads/node_health_agent.py: the readiness agent lifts it once every GPU, ECC, DCGM and EFA check passes"),
+    StartupTaintOwner(
+        gpu_sharing.MIG_PENDING_TAINT["key"], ("gpu-system", gpu_sharing.MIG_GATE_NAME),
+        lifts="workloads/gpu_sharing.py mig-ready-gate: lifts it while the MIG manager reports "
+              "nvidia.com/mig.config.state=success"),
+)}
 # Every GPU node starts with this taint; the readiness agent (workloads/node_health.py) lifts it
 # once the node's GPUs, ECC, DCGM diagnostics and EFA devices check out. Karpenter 1.14.1
 # (pkg/apis/v1/nodepool.go): "startupTaints are taints that are applied to nodes upon startup

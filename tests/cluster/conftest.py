@@ -1,8 +1,16 @@
-"""A real control plane per stack (kube-apiserver, controller-manager, scheduler 1.32, etcd),
-with the stack's in-cluster layer applied from the program's own output (tools/cluster/layer.py).
+"""One real cluster per stack (tools/cluster/stack.py): a Kubernetes 1.32 control plane, its nodes,
+and the stack's whole in-cluster layer installed as the program installs it, with the charts'
+controllers (Kueue, Karpenter) and the Training Operator running from their pinned binaries as the
+pods their Deployments create.
 
 Every test here is marked ``cluster``. They skip, with the reason, only where the tools are not
-built (`make cluster-tools`); under CI a missing tool fails instead, since `.ci/run` builds them.
+built (``make cluster-tools``, ``make engine-tools`` for Helm); under CI a missing tool fails
+instead, since ``.ci/run`` builds them.
+
+Fixtures: ``stack_cluster`` (session, one per stack); ``stack_controllers`` is the same object (the
+controllers always run now; the name stays for the tests that ask for it); ``scope`` gives a test a
+name prefix of its own and, when the test ends however it ends, deletes everything it created with
+that prefix, so no test depends on what another left behind.
 """
 from __future__ import annotations
 
@@ -11,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.isolation import Scope
 from tools.cluster import controlplane
-from tools.cluster.layer import install, stack_layer
+from tools.cluster.charts import helm_path
+from tools.cluster.nodes import runner_binaries
 
 
 def pytest_collection_modifyitems(items):
@@ -22,48 +32,45 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.cluster)
 
 
-def _require_tools(names=controlplane.CONTROL_PLANE_COMMANDS) -> None:
-    missing = controlplane.missing_tools(names)
+def _require(missing: list[str]) -> None:
     if missing:
-        message = f"cluster tools not built: {', '.join(missing)} (run `make cluster-tools`)"
+        message = f"cluster tools not built: {', '.join(missing)} (run `make cluster-tools engine-tools`)"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
 
 
-class StackCluster:
-    def __init__(self, stack: str, plane: controlplane.ControlPlane, layer):
-        self.stack, self.plane, self.layer = stack, plane, layer
-
-    def kubectl(self, *args, **kwargs):
-        return self.plane.kubectl(*args, **kwargs)
+def _require_tools(names=controlplane.CONTROL_PLANE_COMMANDS) -> None:
+    _require(controlplane.missing_tools(names))
 
 
 @pytest.fixture(scope="session", params=["dev", "prod"])
 def stack_cluster(request):
-    """A control plane per stack with that stack's layer installed. Under `make test` each stack's
-    tests run on a worker of their own (tests/support/parallel.py), so the two planes run side by
-    side, each on its own free loopback ports and temporary directory."""
-    _require_tools()
+    """The stack's cluster, started once per session and stopped (every process, its directory)
+    at the end. Under ``make test`` each stack's tests run on a worker of their own
+    (tests/support/parallel.py); the two clusters run side by side, each in its own namespaces."""
+    _require_tools((*controlplane.CONTROL_PLANE_COMMANDS, *runner_binaries()))
+    _require([] if helm_path() else ["helm"])
+    refused = controlplane.namespaces_available()
+    if refused:
+        pytest.fail(refused)
     from tests.conftest import _plan, schemas_dir
+    from tools.cluster.stack import StackCluster, cls_env
 
-    layer = stack_layer(request.param, schemas_dir(), plan=_plan(request.param))
-    with controlplane.ControlPlane.in_tempdir() as plane:
-        install(plane, layer)
-        yield StackCluster(request.param, plane, layer)
-
-
-CONTROLLER_BINARIES = ("kwok", "kueue", "training-operator", "karpenter-kwok")
+    running = os.environ.get(cls_env(request.param))
+    if running:  # a cluster `python -m tools.cluster.stack up <stack>` keeps running
+        yield StackCluster.attach(Path(running))
+        return
+    with StackCluster(request.param, schemas_dir(), plan=_plan(request.param)) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")
 def stack_controllers(stack_cluster):
-    """kwok, Kueue, the Training Operator and Karpenter (kwok provider) on the stack's control
-    plane, configured from the stack's own objects (tools/cluster/controllers.py); once per stack,
-    stopped (their process groups) when the stack's control plane is."""
-    _require_tools(CONTROLLER_BINARIES)
-    from tools.cluster.controllers import Controllers
+    return stack_cluster
 
-    with Controllers(stack_cluster.plane, stack_cluster.layer) as controllers:
-        stack_cluster.controllers = controllers
-        yield stack_cluster
+
+@pytest.fixture
+def scope(stack_cluster, request):
+    with Scope.for_test(stack_cluster, request.node.nodeid) as test_scope:
+        yield test_scope

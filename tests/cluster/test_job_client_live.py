@@ -2,7 +2,7 @@
 the job client's lifecycle tests need from a real cluster).
 
 A job from examples/ is submitted with ``JobClient`` over a kubeconfig whose identity is the one the
-platform's access mapping gives that team (``workloads.tenancy.team_group``): the rendered
+plan's access entries give that team (tests/cluster/identities.py): the rendered
 PyTorchJob must pass the platform's own admission policies and Pod Security on the real API
 server, and ``get``/``list`` read it back. Submitting the same name again must be refused with the
 fix, and nothing of the stored job may change (no patched pod template).
@@ -26,11 +26,11 @@ def _client(cluster, team: str) -> JobClient:
     return team_client(cluster, team)
 
 
-def test_a_team_submits_an_example_job_and_a_resubmit_changes_nothing(stack_cluster):
+def test_a_team_submits_an_example_job_and_a_resubmit_changes_nothing(stack_cluster, scope):
     cluster = stack_cluster
     raw = yaml.safe_load((ROOT / EXAMPLE[cluster.stack]).read_text())
     # A name of its own: the GitOps render already declares some examples' names in the cluster.
-    raw["name"] = f"{raw['name']}-live"
+    raw["name"] = scope.name("live")
     client = _client(cluster, raw["team"])
     spec = client.load(raw)
     submitted = client.submit(spec)

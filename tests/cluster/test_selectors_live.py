@@ -2,16 +2,15 @@
 meant to select, decided by the real control plane of each stack.
 
 - Services: the real Deployment/ReplicaSet controllers create the workload's pods, the real
-  scheduler places them on a node as EKS registers it for the system node group (labels and
-  taints from the plan's ``aws:eks/nodeGroup:NodeGroup``), kwok (a simulated kubelet, its own
-  ``fast`` stages) makes them Running and Ready, and the real EndpointSlice controller decides
-  which pods back each Service and what each named port resolves to.
-- ServiceMonitors: the Services the charts and operators create are built at their pinned versions
-  (tests/cluster/chart_services.py, sources quoted there), applied, and each monitor's selector is
-  evaluated by the API server (a list with ``labelSelector``), in the namespaces its
-  ``namespaceSelector`` names; the selected Service must carry the endpoint's port name.
-- PodMonitors: the pods are the ones the job controllers create (see the test's docstring) and
-  the API server evaluates the selector; the selected pod must declare the endpoint's port name.
+  scheduler places them on the nodes of the system node group (labels and taints from the plan's
+  ``aws:eks/nodeGroup:NodeGroup``), the harness's kubelet makes them Running and Ready, and the real
+  EndpointSlice controller decides which pods back each Service and what each named port resolves to.
+- ServiceMonitors: the Services the charts create are the charts' own, rendered by Helm from the
+  pinned archives with the stack's values and installed (tools/cluster/charts.py), and each
+  monitor's selector is evaluated by the API server (a list with ``labelSelector``), in the
+  namespaces its ``namespaceSelector`` names; the selected Service must carry the endpoint's port name.
+- PodMonitors: the pods are the ones the real Training Operator creates for a team's job, and the
+  API server evaluates the selector; the selected pod must declare the endpoint's port name.
 
 Prometheus' own discovery is the same selection: prometheus-operator v0.93.1 generates a
 ``kubernetes_sd_configs`` role ``endpoints``/``pod`` with the monitor's ``namespaces.names`` and
@@ -22,16 +21,13 @@ relabelings on ``__meta_kubernetes_service_label_*`` / ``__meta_kubernetes_pod_l
 """
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.cluster.chart_services import chart_services
-from tools.cluster.controlplane import missing_tools
-from tools.cluster.standins import KWOK_ANNOTATION, start_kwok, wait_for
+from tools.cluster.standins import wait_for
 
 WORKLOAD_KINDS = ("Deployment", "DaemonSet", "StatefulSet")
 
@@ -68,59 +64,13 @@ def _labels_present(cluster, kind: str, namespaces: list[str]) -> str:
     return "; ".join(found) or "none"
 
 
-def _apply(cluster, documents: list[dict[str, Any]]) -> None:
-    namespaces = sorted({d["metadata"]["namespace"] for d in documents})
-    existing = {n["metadata"]["name"] for n in _items(cluster, "namespaces")}
-    for namespace in namespaces:
-        if namespace not in existing:
-            cluster.kubectl("create", "namespace", namespace)
-    cluster.kubectl("apply", "--server-side", "--field-manager=helm", "-f", "-",
-                    input=yaml.safe_dump_all(documents, sort_keys=False))
-
-
 # -- fixtures -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def plan(stack_cluster):
-    from tests.conftest import _plan
-
-    return _plan(stack_cluster.stack)
-
-
-@pytest.fixture(scope="module")
-def with_chart_services(stack_cluster, plan):
-    services, unknown = chart_services(plan)
-    _apply(stack_cluster, services)
-    return stack_cluster, services, unknown
-
-
-@pytest.fixture(scope="module")
-def system_node(stack_cluster, plan):
-    """kwok (started unless another module of this session already runs it on this plane) and a
-    node as EKS registers it for each managed node group of the plan: the group's ``labels`` and
-    ``taints`` (EKS API ``NO_SCHEDULE`` -> ``NoSchedule``)."""
-    from infra.plan import resource_graph
-
-    if missing_tools(("kwok",)):
-        pytest.skip("kwok not built (make cluster-tools)")
-    plane = stack_cluster.plane
-    if not any(p.name == "kwok" and p.alive() for p in plane.processes):
-        start_kwok(plane)
-    effects = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
-    groups = [r for r in resource_graph(plan.recording, plan.config) if r["type"] == "aws:eks/nodeGroup:NodeGroup"]
-    assert groups, f"{stack_cluster.stack}: the plan has no managed node group"
-    names = []
-    for index, group in enumerate(groups):
-        name = f"selectors-system-{index}"
-        capacity = {"cpu": "16", "memory": "64Gi", "pods": "110"}
-        node = {"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name, "annotations": dict(KWOK_ANNOTATION),
-                             "labels": {**(group["inputs"].get("labels") or {}), "kubernetes.io/hostname": name,
-                                        "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", "type": "kwok"}},
-                "spec": {"taints": [{"key": t["key"], "value": t.get("value", ""), "effect": effects[t["effect"]]}
-                                    for t in group["inputs"].get("taints") or []]},
-                "status": {"capacity": capacity, "allocatable": capacity}}
-        stack_cluster.kubectl("apply", "-f", "-", input=json.dumps(node))
-        names.append(name)
+def system_node(stack_cluster):
+    """The nodes EKS registers for the stack's managed node groups (registered with the cluster)."""
+    names = [n["metadata"]["name"] for n in stack_cluster.api.get("/api/v1/nodes")["items"]
+             if "eks.amazonaws.com/nodegroup" in n["metadata"]["labels"]]
+    assert names, f"{stack_cluster.stack}: no node of a managed node group"
     return stack_cluster, names
 
 
@@ -209,12 +159,14 @@ def test_every_service_is_backed_by_its_workloads_pods(system_node):
 
 
 # -- ServiceMonitors ------------------------------------------------------------------------------
-def test_every_service_monitor_selects_a_service_with_its_port(with_chart_services):
-    """Each ServiceMonitor of the layer, evaluated by the API server against the Services the
-    layer applies and the ones the stack's charts and operators create (chart_services.py).
-    aws-readiness-4 R3: in prod (gpu-operator mode) the DCGM monitor selected
-    ``app.kubernetes.io/name: dcgm-exporter``, which only the standalone chart sets."""
-    cluster, _, unknown = with_chart_services
+def test_every_service_monitor_selects_a_service_with_its_port(stack_cluster):
+    """Each ServiceMonitor of the layer (the plan's and the charts'), evaluated by the API server
+    against the Services the layer installs, the charts' own included. In prod (gpu-operator mode)
+    the DCGM monitor once selected ``app.kubernetes.io/name: dcgm-exporter``, which only the
+    standalone chart sets. Services an operator would create at run time (the GPU Operator's
+    operands) are not here: their monitors are reported with the charts that would own them."""
+    cluster = stack_cluster
+    unknown = sorted(r.name for r in cluster.layer.releases if r.chart == "gpu-operator")
     monitors = cluster.layer.of_kind("ServiceMonitor")
     assert monitors, f"{cluster.stack}: the layer declares no ServiceMonitor"
     problems = []
@@ -226,8 +178,8 @@ def test_every_service_monitor_selects_a_service_with_its_port(with_chart_servic
         selected = [s for n in namespaces for s in _items(cluster, "services", "-n", n, "-l", selector)]
         if not selected:
             problems.append(f"{where}: selector {selector!r} in {namespaces} selects no Service; labels present: "
-                            f"{_labels_present(cluster, 'services', namespaces)} (charts with no Service builder: "
-                            f"{unknown or 'none'})")
+                            f"{_labels_present(cluster, 'services', namespaces)} (releases whose operator creates "
+                            f"Services at run time: {unknown or 'none'})")
             continue
         ports = [e["port"] for e in monitor["spec"].get("endpoints", []) if e.get("port")]
         if ports and not any(set(ports) <= {p.get("name") for p in s["spec"].get("ports", [])} for s in selected):
@@ -239,19 +191,14 @@ def test_every_service_monitor_selects_a_service_with_its_port(with_chart_servic
 
 # -- PodMonitors ----------------------------------------------------------------------------------
 EXAMPLE = {"dev": "examples/jobs/l4-dev-smoke.yaml", "prod": "examples/jobs/gpt2-pretrain.yaml"}
-TRAINING_OPERATOR_SA = "system:serviceaccount:kubeflow:training-operator"
 
 
-def _submit(cluster, namespace: str, runtime: str, suffix: str) -> dict[str, Any]:
-    """A team member of ``namespace`` submits the stack's example job with ``JobClient`` (as in
-    test_job_client_live.py), two nodes so that rank 0 and another rank exist; the stored object."""
-    import os
+def _submit(cluster, scope, namespace: str) -> dict[str, Any]:
+    """A team of ``namespace`` submits the stack's example job with ``JobClient`` (as the plan's
+    access entries let it), two nodes so that rank 0 and another rank exist; the stored job."""
     from pathlib import Path
 
-    from jobs.client import JobClient
-    from jobs.kube import KubectlApi
-    from tools.cluster.controlplane import tool_path
-    from workloads.tenancy import team_group
+    from tests.cluster.identities import job_client
 
     root = Path(__file__).resolve().parents[2]
     raw = yaml.safe_load((root / EXAMPLE[cluster.stack]).read_text())
@@ -259,160 +206,53 @@ def _submit(cluster, namespace: str, runtime: str, suffix: str) -> dict[str, Any
     raw["trainer"]["overrides"] = [o.replace(f"team-{raw['team']}.", f"{namespace}.") for o in raw["trainer"].get("overrides", [])]
     if team != raw["team"]:
         raw.pop("priority", None)  # a priority class is a per-team entitlement; the team's default
-    raw.update({"team": team, "name": f"sel-{suffix}", "nodes": 2, "runtime": runtime})
-    kubeconfig = cluster.plane.kubeconfig(f"selectors@{namespace}", [team_group(namespace)])
-    client = JobClient(cluster.stack, kube=KubectlApi(
-        kubectl=str(tool_path("kubectl")),
-        environ={"KUBECONFIG": str(kubeconfig), "PATH": os.environ.get("PATH", ""), "HOME": str(cluster.plane.workdir)}))
+    raw.update({"team": team, "name": scope.name("monitored"), "nodes": 2})
+    client = job_client(cluster, team)
     submitted = client.submit(client.load(raw))
-    kind = "pytorchjobs.kubeflow.org" if runtime == "pytorchjob" else "trainjobs.trainer.kubeflow.org"
-    stored = json.loads(cluster.kubectl("get", kind, submitted.job.name, "-n", namespace, "-o", "json").stdout)
-    if runtime == "pytorchjob":
-        # The pods are then made from the stored object as the operator makes them. Where the real
-        # Kueue and Training Operator run in this session (test_job_lifecycle_live.py), the job
-        # waits suspended and the operator deletes every pod of a suspended job it owns or can
-        # adopt: the job goes first, so nothing reconciles the pods made from it.
-        cluster.kubectl("delete", kind, submitted.job.name, "-n", namespace, "--wait=true")
-    return stored
+    return json.loads(cluster.kubectl("get", "pytorchjobs.kubeflow.org", submitted.job.name, "-n", namespace,
+                                      "-o", "json").stdout)
 
 
-def pytorchjob_pods(cluster, job: dict[str, Any]) -> list[dict[str, Any]]:
-    """The pods the Training Operator v1.9.4 creates for a PyTorchJob, created with its own
-    service account (RBAC and admission as the operator meets them). pkg/controller.v1/common/pod.go
-    ``createNewPod``::
+def operator_pods(cluster, job: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pods the real Training Operator creates for the job once Kueue admits it."""
+    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    replicas = sum(r.get("replicas", 1) for r in job["spec"]["pytorchReplicaSpecs"].values())
 
-        labels := jc.GenLabels(metaObject.GetName())
-        utillabels.SetReplicaType(labels, rt)
-        utillabels.SetReplicaIndex(labels, index)
-        if masterRole { utillabels.SetJobRole(labels, "master") }
-        podTemplate := spec.Template.DeepCopy()
-        podTemplate.Name = GenGeneralName(metaObject.GetName(), rt, idxStr)
-        ...
-        for key, value := range labels { podTemplate.Labels[key] = value }
-
-    ``GenLabels`` (common/job_controller.go): ``training.kubeflow.org/operator-name:
-    pytorchjob-controller``, ``training.kubeflow.org/job-name``; ``rt`` is the lower-cased replica
-    type; the pod keeps the template's ports. (``SetClusterSpec`` adds env and an init container,
-    neither a label nor a port.)"""
-    pods = []
-    for rtype, replica in job["spec"]["pytorchReplicaSpecs"].items():
-        rt = rtype.lower()
-        for index in range(replica.get("replicas", 1)):
-            template = copy.deepcopy(replica["template"])
-            labels = {"training.kubeflow.org/operator-name": "pytorchjob-controller",
-                      "training.kubeflow.org/job-name": job["metadata"]["name"],
-                      "training.kubeflow.org/replica-type": rt, "training.kubeflow.org/replica-index": str(index)}
-            if rtype == "Master":
-                labels["training.kubeflow.org/job-role"] = "master"
-            template["metadata"]["labels"] = {**(template["metadata"].get("labels") or {}), **labels}
-            pod = {"apiVersion": "v1", "kind": "Pod",
-                   # No owner: the job is gone (``_submit``), and the garbage collector would delete
-                   # pods owned by it; selection depends on labels alone.
-                   "metadata": {**template["metadata"], "name": f"{job['metadata']['name']}-{rt}-{index}",
-                                "namespace": job["metadata"]["namespace"]},
-                   "spec": {**template["spec"], "restartPolicy": "Never"}}
-            cluster.kubectl("create", f"--as={TRAINING_OPERATOR_SA}", "-f", "-", input=json.dumps(pod))
-            pods.append(pod)
-    return pods
+    def created():
+        pods = _items(cluster, "pods", "-n", namespace, "-l", f"training.kubeflow.org/job-name={name}")
+        return pods if len(pods) == replicas else None
+    return wait_for(created, f"the Training Operator creates {replicas} pods for {name}", timeout_s=300)
 
 
-def trainjob_pods(cluster, trainjob: dict[str, Any]) -> list[dict[str, Any]]:
-    """The pods of a TrainJob, created by the real Job controller from the Job that JobSet creates.
-
-    Kubeflow Trainer v2.3.0 builds the JobSet from the ClusterTrainingRuntime (the one in this
-    stack's layer) with the TrainJob's ``runtimePatches`` merged in
-    (pkg/runtime/core/trainingruntime.go ``mergeRuntimePatches``: ``strategicpatch.StrategicMergePatch``
-    of ``runtimePatch.TrainingRuntimeSpec.Template.Spec`` into the JobSet spec; replicatedJobs
-    merge by name), the trainer's image/command/args/env/resources on the ``node`` container and
-    ``numNodes`` as the Job's completions and parallelism (torch plugin). JobSet v0.12.0 defaults
-    ``completionMode: Indexed`` (pkg/webhooks/jobset_webhook.go: "Default job completion mode to
-    indexed") and names the Job ``<jobset>-<replicatedJob>-<index>``. The Job controller then
-    labels each pod ``batch.kubernetes.io/job-completion-index`` (kubernetes v1.32
-    pkg/controller/job/indexed_job_utils.go ``addCompletionIndexLabel``), which the PodMonitor uses."""
-    runtime_ref = trainjob["spec"]["runtimeRef"]["name"]
-    runtime = next(r for r in cluster.layer.of_kind("ClusterTrainingRuntime") if r["metadata"]["name"] == runtime_ref)
-    replicated = copy.deepcopy(runtime["spec"]["template"]["spec"]["replicatedJobs"])
-    for patch in trainjob["spec"].get("runtimePatches", []):
-        for patched in ((patch.get("trainingRuntimeSpec") or {}).get("template", {}).get("spec", {}).get("replicatedJobs") or []):
-            for rjob in replicated:
-                if rjob["name"] != patched["name"]:
-                    continue
-                pod_patch = patched.get("template", {}).get("spec", {}).get("template", {})
-                pod = rjob["template"]["spec"]["template"]
-                pod.setdefault("metadata", {}).setdefault("labels", {}).update(pod_patch.get("metadata", {}).get("labels", {}))
-                pod["metadata"].setdefault("annotations", {}).update(pod_patch.get("metadata", {}).get("annotations", {}))
-                for key, value in pod_patch.get("spec", {}).items():
-                    if key == "containers":
-                        for container in value:
-                            mine = next(c for c in pod["spec"]["containers"] if c["name"] == container["name"])
-                            mine.update(container)
-                    else:
-                        pod["spec"][key] = value
-    trainer = trainjob["spec"]["trainer"]
-    pods = []
-    for rjob in replicated:
-        pod = rjob["template"]["spec"]["template"]
-        node = next(c for c in pod["spec"]["containers"] if c["name"] == "node")
-        node.update({k: trainer[k] for k in ("image", "command", "args", "env") if k in trainer})
-        node["resources"] = trainer.get("resourcesPerNode", {})
-        nodes = trainer.get("numNodes", 1)
-        name = f"{trainjob['metadata']['name']}-{rjob['name']}-0"
-        job = {"apiVersion": "batch/v1", "kind": "Job",
-               "metadata": {"name": name, "namespace": trainjob["metadata"]["namespace"],
-                            "labels": rjob["template"].get("metadata", {}).get("labels", {})},
-               "spec": {**rjob["template"]["spec"], "completionMode": "Indexed", "completions": nodes,
-                        "parallelism": nodes, "template": pod}}
-        cluster.kubectl("create", "-f", "-", input=json.dumps(job))
-
-        def created():
-            found = _items(cluster, "pods", "-n", job["metadata"]["namespace"], "-l", f"batch.kubernetes.io/job-name={name}")
-            return found if len(found) == nodes else None
-
-        try:
-            pods.extend(wait_for(created, f"the Job controller creates {nodes} pods for {name}", timeout_s=60))
-        except TimeoutError as error:
-            events = cluster.kubectl("get", "events", "-n", job["metadata"]["namespace"],
-                                     "--field-selector", f"involvedObject.name={name}", check=False).stdout
-            raise AssertionError(f"{error}\n{events}") from None
-    return pods
-
-
-def test_every_pod_monitor_selects_rank_zero_of_a_teams_job(stack_cluster):
+def test_every_pod_monitor_selects_rank_zero_of_a_teams_job(stack_cluster, scope):
     """Each PodMonitor (one per team namespace and job kind) against the pods a team's job gets:
-    the team submits the example job (two nodes) with ``JobClient``; its pods are created as the
-    controllers create them (``pytorchjob_pods``, ``trainjob_pods``). The API server evaluates the
-    monitor's selector in its namespaces; it must select exactly rank 0 (the only rank serving
-    the trainer's metrics: trainer/health.py) and, where the endpoint names a port, rank 0's pod
-    must declare it."""
+    the team submits the example job (two nodes) with ``JobClient``, Kueue admits it and the real
+    Training Operator creates its pods. The API server evaluates the monitor's selector in its
+    namespaces; it must select exactly rank 0 (the only rank serving the trainer's metrics:
+    trainer/health.py) and, where the endpoint names a port, rank 0's pod must declare it. A
+    TrainJob monitor needs Trainer v2, which no stack's charts install here: it fails the test."""
     cluster = stack_cluster
     monitors = cluster.layer.of_kind("PodMonitor")
     assert monitors, f"{cluster.stack}: the layer declares no PodMonitor"
     problems, jobs = [], {}
-    trainer_v2 = bool(cluster.layer.of_kind("ClusterTrainingRuntime"))
     for monitor in monitors:
         meta = monitor["metadata"]
         where = f"PodMonitor {meta['namespace']}/{meta['name']}"
-        runtime = "trainjob" if meta["name"].endswith("-trainjob") else "pytorchjob"
-        if runtime == "trainjob" and not trainer_v2:
-            # No team can submit a TrainJob here (JobClient: "Trainer v2 is not installed"). Both
-            # stacks once declared these without Trainer v2; they are declared only with it now.
-            problems.append(f"{where} selects nothing: Trainer v2 is not installed in this stack, so no TrainJob "
-                            "pod can exist (declare it only with training.trainerV2)")
+        if meta["name"].endswith("-trainjob"):
+            problems.append(f"{where}: no TrainJob can run here (Kubeflow Trainer v2 is not among the stack's "
+                            "rendered releases), so nothing it selects can be checked")
             continue
         namespace = meta["namespace"]
-        key = (namespace, runtime)
-        if key not in jobs:
-            job = _submit(cluster, namespace, runtime, f"{runtime}")
-            jobs[key] = pytorchjob_pods(cluster, job) if runtime == "pytorchjob" else trainjob_pods(cluster, job)
-        created = {p["metadata"]["name"] for p in jobs[key]}
+        if namespace not in jobs:
+            jobs[namespace] = operator_pods(cluster, _submit(cluster, scope, namespace))
+        created = {p["metadata"]["name"] for p in jobs[namespace]}
         selector = label_selector(monitor["spec"]["selector"])
         namespaces = monitor_namespaces(cluster, monitor)
         selected = [p for n in namespaces for p in _items(cluster, "pods", "-n", n, "-l", selector)
                     if p["metadata"]["name"] in created]
-        rank_zero = [p for p in selected if p["metadata"]["labels"].get("training.kubeflow.org/replica-type") == "master"
-                     or p["metadata"]["labels"].get("batch.kubernetes.io/job-completion-index") == "0"]
+        rank_zero = [p for p in selected if p["metadata"]["labels"].get("training.kubeflow.org/replica-type") == "master"]
         if not selected:
-            problems.append(f"{where}: selector {selector!r} in {namespaces} selects none of the {runtime} pods "
+            problems.append(f"{where}: selector {selector!r} in {namespaces} selects none of the operator's pods "
                             f"{sorted(created)}; labels present: {_labels_present(cluster, 'pods', [namespace])}")
             continue
         if len(selected) != 1 or len(rank_zero) != 1:

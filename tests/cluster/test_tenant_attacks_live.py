@@ -1,9 +1,13 @@
 """Team A against team B and the platform, refused by the real API server.
 
 Each stack's layer is installed from the program's own output; the attacker holds a kubeconfig
-with the identity an EKS access entry gives a member of team A (user + the team's Kubernetes
-group, ``workloads.tenancy.team_group``). Every attack has a control: the same request made
-legitimately is admitted, so a refusal is about the attacked property and not a broken fixture.
+with the identity the plan's EKS access entry gives a member of team A (user + the entry's
+``kubernetesGroups``: tests/cluster/identities.py), so a drift between the entries and the team
+RoleBindings shows up as a refused control. A stack that gives its teams no access entry (dev: no
+``roleArns``) is attacked with the group the team's RoleBinding names, the identity an entry
+would need; ``test_each_team_access_entry_carries_exactly_its_namespaces_group`` checks the
+mapping where entries exist. Every attack has a control: the same request made legitimately is
+admitted, so a refusal is about the attacked property and not a broken fixture.
 
 What refuses is asserted too: RBAC answers ``Forbidden: User ... cannot``; an admission policy
 answers ``ValidatingAdmissionPolicy '<name>' ... denied request`` (k8s.io/apiserver
@@ -21,7 +25,8 @@ from typing import Any, Callable, Optional
 import pytest
 import yaml
 
-from workloads.tenancy import TEAM_LABEL, team_group
+from tests.cluster.identities import Identity, bound_groups, identities, kubeconfig, team_identity
+from workloads.tenancy import TEAM_LABEL
 
 
 def team_namespaces(layer) -> list[dict[str, Any]]:
@@ -36,6 +41,7 @@ class Teams:
     queue_a: str
     allowed_priorities_a: tuple[str, ...]
     kubeconfig_a: Any
+    group_a: str
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +51,35 @@ def teams(stack_cluster) -> Teams:
         len(n["metadata"]["annotations"]["mlplatform.io/allowed-priority-classes"].split(",")), n["metadata"]["name"]))
     assert len(namespaces) >= 2, f"{stack_cluster.stack}: needs two teams to attack one from the other"
     a, b = namespaces[0]["metadata"], namespaces[1]["metadata"]
-    kubeconfig = stack_cluster.plane.kubeconfig(f"alice@{a['name']}", [team_group(a["name"])])
+    identity = team_identity(stack_cluster, a["name"])
+    if identity is None:  # no access entry for the team: the group its RoleBinding names
+        groups = sorted(bound_groups(stack_cluster, a["name"]))
+        assert groups, f"{stack_cluster.stack}: no RoleBinding in {a['name']} grants a group"
+        identity = Identity("", f"alice@{a['name']}", tuple(groups))
     allowed = tuple(a["annotations"]["mlplatform.io/allowed-priority-classes"].split(","))
     return Teams(a["name"], b["name"], int(a["labels"]["mlplatform.io/posix-id"]),
-                 a["labels"]["mlplatform.io/local-queue"], allowed, kubeconfig)
+                 a["labels"]["mlplatform.io/local-queue"], allowed, kubeconfig(stack_cluster, identity),
+                 identity.groups[0])
+
+
+def test_each_team_access_entry_carries_exactly_its_namespaces_group(stack_cluster):
+    """Every access entry with Kubernetes groups maps to one team: its groups are the ones that
+    team's namespace binds, and no other team namespace binds them (else a member of one team
+    would act in another's). Entries with an access policy (admins, deploy) carry no team group."""
+    cluster = stack_cluster
+    teams = [n["metadata"]["name"] for n in team_namespaces(cluster.layer)]
+    bound = {t: bound_groups(cluster, t) for t in teams}
+    problems = []
+    for identity in identities(cluster):
+        groups = set(identity.groups) - {"system:masters"}
+        if not groups:
+            continue
+        owners = [t for t in teams if groups & bound[t]]
+        if "system:masters" in identity.groups:
+            problems.append(f"{identity.principal_arn}: an admin entry also carries team groups {sorted(groups)}")
+        elif len(owners) != 1 or not groups <= bound[owners[0]]:
+            problems.append(f"{identity.principal_arn} ({identity.user}) carries {sorted(groups)}, bound in {owners}")
+    assert not problems, "\n".join(problems)
 
 
 def compliant_pod(name: str, namespace: str, posix_id: int) -> dict[str, Any]:
@@ -135,7 +166,7 @@ def test_team_a_cannot_escalate_through_rbac(stack_cluster, teams):
     binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                "metadata": {"name": "grab", "namespace": teams.a},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-               "subjects": [{"kind": "Group", "name": team_group(teams.a), "apiGroup": "rbac.authorization.k8s.io"}]}
+               "subjects": [{"kind": "Group", "name": teams.group_a, "apiGroup": "rbac.authorization.k8s.io"}]}
     assert_refused(create(stack_cluster, binding, teams.kubeconfig_a), "rbac")
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 from infra.recording import Recording, RecordedResource
-from tools.cluster.standins import STARTUP_TAINT_OWNERS, TaintOwner
+from workloads.karpenter import STARTUP_TAINT_OWNERS, StartupTaintOwner
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,7 +91,7 @@ def _daemon_set(name: str) -> Callable[[Recording], bool]:
     return lambda recording: any(obj["metadata"]["name"] == name for _, obj in k8s_objects(recording, "DaemonSet"))
 
 
-def _lifter(owner: TaintOwner) -> TaintLifter:
+def _lifter(owner: StartupTaintOwner) -> TaintLifter:
     if owner.addon is not None:
         return TaintLifter(f"the {owner.addon} add-on", _addon(owner.addon))
     _, name = owner.daemonset
@@ -99,7 +99,7 @@ def _lifter(owner: TaintOwner) -> TaintLifter:
 
 
 # One table of who removes each startup taint, with its upstream source, for this plan check and
-# the cluster tests' stand-ins alike (tools/cluster/standins.py).
+# the cluster tests' node agents alike (workloads/karpenter.py STARTUP_TAINT_OWNERS).
 TAINT_LIFTERS: dict[str, TaintLifter] = {key: _lifter(owner) for key, owner in STARTUP_TAINT_OWNERS.items()}
 
 

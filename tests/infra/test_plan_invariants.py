@@ -150,8 +150,8 @@ def _gpu_pools(recording):
 def test_every_gpu_pool_has_a_catalog_instance_type_that_meets_its_requirements(plan):
     """A NodePool whose requirements no EC2 type meets is one Karpenter never launches a node for;
     the catalog's types (with the AWS provider's labels) are the ones the kwok provider launches
-    in tests/cluster (tools/cluster/controllers.py)."""
-    from tools.cluster.controllers import catalog_instance_types, unlaunchable_pools
+    in tests/cluster (tools/cluster/aws.py)."""
+    from tools.cluster.aws import catalog_instance_types, unlaunchable_pools
 
     pools = _gpu_pools(plan.recording)
     assert pools, f"{plan.stack} has no GPU pool"
@@ -159,7 +159,7 @@ def test_every_gpu_pool_has_a_catalog_instance_type_that_meets_its_requirements(
 
 
 def test_a_gpu_pool_no_catalog_type_meets_is_found(dev_plan):
-    from tools.cluster.controllers import catalog_instance_types, unlaunchable_pools
+    from tools.cluster.aws import catalog_instance_types, unlaunchable_pools
 
     pool = copy.deepcopy(_gpu_pools(dev_plan.recording)[0])
     for requirement in pool["spec"]["template"]["spec"]["requirements"]:

@@ -4,10 +4,10 @@ only the order changes (the long units first).
 
 Units of work (an ``xdist_group`` per test):
 
-- one per stack for ``tests/cluster`` (``cluster-dev``, ``cluster-prod``): the control plane and
-  the controllers are session fixtures, built once per worker, so all of a stack's tests share one
-  worker, in the order they run without xdist (later files rely on the Kueue and Training Operator
-  state earlier ones leave, as one process would see it);
+- one per stack for ``tests/cluster`` (``cluster-dev``, ``cluster-prod``): the stack's cluster is a
+  session fixture, built once per worker, so all of a stack's tests share one worker (each test
+  isolated by its own name prefix and cleanup: tests/cluster/isolation.py, so their order does not
+  matter);
 - one per stack for ``tests/engine`` (``engine-dev``, ``engine-prod``): the stack's state and its
   control plane are a session fixture, and each test continues from the state the one before
   left (preview, up, a second up, a config change, refresh, destroy);
@@ -50,7 +50,7 @@ LONG_UNITS_FIRST: tuple[str, ...] = (
     "tests/integration/test_mlflow_server.py",    # 107
     "tests/infra/test_chart_mirror.py",           # 85 s CPU alone (388 s wall at load 18; 2026-11-29)
     "tests/infra/test_chart_render.py",           # 68 s CPU alone (290 s wall at load 18; 2026-11-29)
-    "tests/cluster/test_controllers_live.py",     # 103
+    "tests/cluster/test_controlplane_live.py",    # (new: a bare plane twice and an orphan drill)
     "tests/examples/test_examples.py",            # 100
     "tests/jobs/test_local_own_code.py",          # 98
     "tests/workloads/test_local_job.py",          # 89

@@ -5,7 +5,7 @@
 # /version answers v1.32.13 and controllers that check the server version see the real one.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-out="${CLUSTER_TOOLS_BIN:-$here/../../.cache/cluster-tools/bin}"
+out="${CLUSTER_TOOLS_BIN:-$(cd "$here/../.." && python3 -m tools.cluster.paths bin)}"
 mkdir -p "$out"
 cd "$here/kubernetes"
 version="$(sed -n 's#^require k8s.io/kubernetes \(v[0-9.]*\)$#\1#p' go.mod)"

@@ -13,16 +13,11 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
-# A worktree shares the main checkout's .cache (git-ignored) so binaries are built once.
-common="$(git -C "$repo" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)"
-if [[ -n "${CLUSTER_TOOLS_BIN:-}" ]]; then
-  bin="$CLUSTER_TOOLS_BIN"
-elif [[ -n "$common" && -d "$(dirname "$common")/.cache" ]]; then
-  bin="$(dirname "$common")/.cache/cluster-tools/bin"
-else
-  bin="$repo/.cache/cluster-tools/bin"
-fi
+# One rule for where the binaries go, shared with the harness (tools/cluster/paths.py: $CLUSTER_TOOLS_BIN,
+# else a worktree's main checkout's .cache, else this checkout's). Standard library only: no venv needed.
+bin="$(cd "$repo" && python3 -m tools.cluster.paths bin)"
 mkdir -p "$bin"
+export CLUSTER_TOOLS_BIN="$bin"
 
 want=("$@")
 selected() {
@@ -67,7 +62,9 @@ recipes=(
   "training-operator|training-operator|github.com/kubeflow/training-operator/cmd/training-operator.v1|"
   "jobset|jobset|sigs.k8s.io/jobset|sigs.k8s.io/jobset/pkg/version.GitVersion=v0.12.0"
   "trainer|trainer-controller-manager|github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager|"
-  "karpenter|karpenter-kwok|sigs.k8s.io/karpenter/kwok|sigs.k8s.io/karpenter/pkg/operator.Version=v1.14.1"
+  # Karpenter core with its kwok provider, wrapped to act as the AWS provider where the tests need it
+  # (tools/cluster/karpenter/cmd/karpenter-kwok-aws/main.go: repair policies, interruption, registration).
+  "karpenter|karpenter-kwok-aws|./cmd/karpenter-kwok-aws|sigs.k8s.io/karpenter/pkg/operator.Version=v1.14.1"
 )
 
 
@@ -77,7 +74,8 @@ for r in "${recipes[@]}"; do
   dir="$here/$name"
   ldflags="-s -w"
   for x in $xflags; do ldflags+=" -X $x"; done
-  stamp="$(cat "$dir/go.mod" "$dir/go.sum" "$dir/tools.go" <(echo "$r") <(cd "$dir" && go version) | sha256sum | cut -d' ' -f1)"
+  # The stamp covers the module's own Go files too (a wrapper's main.go).
+  stamp="$(cat "$dir/go.mod" "$dir/go.sum" $(cd "$dir" && find . -name '*.go' | sort | sed "s#^#$dir/#") <(echo "$r") <(cd "$dir" && go version) | sha256sum | cut -d' ' -f1)"
   if [[ -x "$bin/$out" && -f "$bin/.$out.stamp" && "$(cat "$bin/.$out.stamp")" == "$stamp" ]]; then
     echo "up to date: $bin/$out"
     continue

@@ -1,6 +1,7 @@
 //go:build tools
 
-// Package tools pins the controller command this module builds (tools/cluster/build.sh).
+// Package tools pins the Karpenter kwok provider this module wraps (cmd/karpenter-kwok-aws, built by
+// tools/cluster/build.sh).
 package tools
 
 import (
