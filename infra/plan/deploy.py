@@ -314,9 +314,10 @@ def protected_resources(stack: Any) -> list[str]:
 def protected_destroy_message(stack_name: str, urns: list[str]) -> str:
     listed = "".join(f"\n  - {urn}" for urn in urns[:PROTECTED_LISTED])
     more = f"\n  ... and {len(urns) - PROTECTED_LISTED} more" if len(urns) > PROTECTED_LISTED else ""
+    count = "1 of its resources is" if len(urns) == 1 else f"{len(urns)} of its resources are"
     return (
-        f"error: refusing to destroy stack '{stack_name}': {len(urns)} of its resources are protected "
-        f"(stateful data the stack keeps on purpose):{listed}{more}\n"
+        f"error: refusing to destroy stack '{stack_name}': {count} protected (`protect`: data and "
+        f"account-wide resources the stack keeps on purpose):{listed}{more}\n"
         "`pulumi destroy` would delete every other resource first and then stop at these. Nothing was deleted.\n"
         f"FIX: to remove everything but them, run `python -m infra.deploy destroy --stack {stack_name} "
         "--exclude-protected`; to delete them as well (their data is lost), unprotect them first "

@@ -1,10 +1,10 @@
 """The program under the real Pulumi engine (marker ``engine``): one control plane and one file
 backend per stack, shared by that stack's tests in file order (preview, up, second up, a config
-change, refresh, destroy). They skip, with the reason, where the engine tools or the stand-in
-plugins are not built (`make engine-tools`); under CI a missing tool fails instead."""
+change, refresh, destroy). They skip, with the reason, where the engine tools or the cluster tools
+are not built (`make engine-tools cluster-tools`) or the pinned chart archives are absent; under CI
+a missing tool fails instead."""
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -21,37 +21,45 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.engine)
 
 
+def _skip_or_fail(message: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def require_tools() -> None:
-    missing = missing_engine_tools() + controlplane.missing_tools((*controlplane.CONTROL_PLANE_COMMANDS, "kwok"))
+    from tools.cluster.charts import helm_path
+    from tools.cluster.nodes import runner_binaries
+
+    missing = missing_engine_tools()
+    missing += controlplane.missing_tools((*controlplane.CONTROL_PLANE_COMMANDS, *runner_binaries()))
+    missing += [] if helm_path() else ["helm"]
     if missing:
-        message = f"engine tools not built: {', '.join(missing)} (run `make engine-tools cluster-tools`)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        _skip_or_fail(f"engine tools not built: {', '.join(missing)} (run `make engine-tools cluster-tools`)")
+    refused = controlplane.namespaces_available()
+    if refused:
+        pytest.fail(refused)
 
 
-def system_nodes(plane: controlplane.ControlPlane, plan) -> list[str]:
-    """A node as EKS registers it for each managed node group of the plan (its ``labels`` and
-    ``taints``; EKS API ``NO_SCHEDULE`` -> ``NoSchedule``), run by kwok: where the charts' pods go."""
-    from infra.plan import resource_graph
-    from tools.cluster.standins import KWOK_ANNOTATION
+def start_nodes(plane: controlplane.ControlPlane, stack: str) -> None:
+    """The test cluster's kubelet (tools/cluster/nodes.py: the pods of the controllers built here
+    run as their real binaries, any other pod is Running and Ready at once) with the stack's node
+    setup, and the nodes EKS registers for the stack's managed node groups, where the charts' pods
+    go. Nothing else: every CRD, object and release comes from the engine."""
+    from tests.conftest import _plan, schemas_dir
+    from tools.cluster.aws import AwsStandIns
+    from tools.cluster.layer import apply, stack_layer
+    from tools.cluster.nodes import Nodes, register, system_nodes_from_groups
 
-    effects = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
-    names = []
-    for index, group in enumerate(r for r in resource_graph(plan.recording, plan.config)
-                                  if r["type"] == "aws:eks/nodeGroup:NodeGroup"):
-        name = f"system-{index}"
-        capacity = {"cpu": "16", "memory": "64Gi", "pods": "110"}
-        node = {"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name, "annotations": dict(KWOK_ANNOTATION),
-                             "labels": {**(group["inputs"].get("labels") or {}), "kubernetes.io/hostname": name,
-                                        "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", "type": "kwok"}},
-                "spec": {"taints": [{"key": t["key"], "value": t.get("value", ""), "effect": effects[t["effect"]]}
-                                    for t in group["inputs"].get("taints") or []]},
-                "status": {"capacity": capacity, "allocatable": capacity}}
-        plane.kubectl("apply", "-f", "-", input=json.dumps(node))
-        names.append(name)
-    return names
+    # The plan with upstream charts: its node groups and the charts' values the node setup reads
+    # are those of the engine's run (a chart mirror changes where a chart comes from, not its values).
+    layer = stack_layer(stack, schemas_dir(), plan=_plan(stack))
+    aws = AwsStandIns(layer, plane.workdir / "aws")
+    # The EC2 stand-in's own kind (Karpenter's kwok provider watches KWOKNodeClasses; the stack's
+    # NodePools and EC2NodeClasses come from the engine).
+    apply(plane, [aws.kwok_crd()])
+    Nodes(plane, aws.prepare()).start()
+    register(plane, system_nodes_from_groups(layer.node_groups))
 
 
 # Charts the team's chart repository has no archive of, so no SHA-256 is pinned for them and a
@@ -75,30 +83,25 @@ def test_config(engine: EngineStack, mirror_url: str) -> None:
 
 @pytest.fixture(scope="session", params=["dev", "prod"])
 def engine_stack(request, tmp_path_factory):
-    """A bare control plane (no CRD, no object: the engine applies them all), kwok and the stack's
-    system nodes, the pinned charts served by a loopback chart mirror, and the stack in a fresh
-    file backend. Under `make test` each stack's engine tests run on a worker of their own
-    (tests/support/parallel.py)."""
+    """A control plane with no CRD and no object (the engine applies them all), the kubelet and
+    the stack's system nodes, the pinned charts served by a loopback chart mirror, and the stack
+    in a fresh file backend. Under `make test` each stack's engine tests run on a worker of their
+    own (tests/support/parallel.py)."""
     require_tools()
     from infra.plan import build_plan
     from tests.conftest import charts_dir
     from tools import chart_mirror
     from tools.cluster.layer import seed_training_operator_tree
-    from tools.cluster.standins import start_kwok
 
     stack = request.param
     charts = charts_dir()
     if not charts.is_dir() or chart_mirror.verify(charts):
-        message = f"pinned chart archives not usable at {charts} (`python -m tools.chart_mirror verify {charts}`)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        _skip_or_fail(f"pinned chart archives not usable at {charts} (`python -m tools.chart_mirror verify {charts}`)")
     seed_training_operator_tree()
     with chart_mirror.serve(charts) as mirror, controlplane.ControlPlane.in_tempdir() as plane:
-        start_kwok(plane)
+        start_nodes(plane, stack)
         engine = EngineStack(stack, tmp_path_factory.mktemp(f"engine-{stack}"), plane.admin_kubeconfig)
         test_config(engine, mirror.url)
         engine.plane, engine.mirror = plane, mirror
         engine.plan = build_plan(stack, engine.project_dir)
-        system_nodes(plane, engine.plan)
         yield engine

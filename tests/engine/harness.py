@@ -125,12 +125,15 @@ class EngineStack:
         with out_path.open("w") as out, err_path.open("w") as err:
             process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=self.env, stdout=out, stderr=err,
                                        text=True, start_new_session=True)
+            returncode = None
             try:
                 returncode = process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-                returncode = None
+                pass
+            finally:
+                if process.poll() is None:  # timed out, or this process is being stopped
+                    kill_session(process.pid)
+                    process.wait()
         run = Run(["python", "-m", "infra.deploy", *argv], returncode, out_path.read_text(), err_path.read_text())
         self.runs.append(run)
         if returncode is None:
@@ -197,3 +200,16 @@ class EngineStack:
 
 def _with_dependencies(chart: dict[str, Any]) -> list[dict[str, Any]]:
     return [chart, *[c for dep in chart.get("dependencies") or [] for c in _with_dependencies(dep)]]
+
+
+def kill_session(session_id: int) -> None:
+    """SIGKILL every process of the session the driver was started in: the driver, the CLI and
+    the plugins the CLI started (each plugin in a process group of its own, the session is shared)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry)) == session_id:
+                os.kill(int(entry), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            continue

@@ -160,7 +160,8 @@ def test_destroy_is_refused_by_the_protected_resources_and_deletes_nothing(engin
     assert protected, "the stack protects nothing: the refusal would not be exercised"
     run = engine_stack.deploy("destroy")
     assert run.returncode == 1, run.explain()
-    assert f"refusing to destroy stack '{engine_stack.stack}': {len(protected)} of its resources are protected" in run.stderr
+    count = "1 of its resources is" if len(protected) == 1 else f"{len(protected)} of its resources are"
+    assert f"refusing to destroy stack '{engine_stack.stack}': {count} protected" in run.stderr
     assert protected[0] in run.stderr and "--exclude-protected" in run.stderr
     assert [r["urn"] for r in engine_stack.state()] == [r["urn"] for r in before]
 
