@@ -42,7 +42,6 @@ SECRET_VALUE = "1b47061264138c4ac30d75fd1eb44270"
 RELEASE_TYPE = "kubernetes:helm.sh/v3:Release"
 CRD_TYPE = "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"
 KUSTOMIZE_TYPE = "kubernetes:kustomize/v2:Directory"
-ENGINE_PROVIDERS = ("urn:pulumi:{stack}::{project}::pulumi:providers:pulumi::default",)
 # Default providers the engine creates for packages the program leaves enabled (Pulumi.yaml's
 # pulumi:disable-default-providers names aws and kubernetes only).
 DEFAULT_PROVIDER_PACKAGES = ("eks",)
@@ -80,6 +79,18 @@ def recorded_graph(plan) -> list[dict[str, Any]]:
                       "inputs": resource.inputs, "outputs": resource.outputs, "protect": resource.protect,
                       "custom": resource.custom, "remote": resource.remote})
     return graph
+
+
+def engine_only(urn: str) -> bool:
+    """A resource the engine registers by itself: the root stack, its own ``pulumi`` provider, the
+    default provider of a package the program leaves enabled."""
+    resource_type, name = urn_type(urn), urn.rsplit("::", 1)[-1]
+    if resource_type == STACK_TYPE:
+        return True
+    if resource_type == "pulumi:providers:pulumi" and name == "default":
+        return True
+    return (resource_type.startswith("pulumi:providers:") and resource_type.rsplit(":", 1)[-1] in DEFAULT_PROVIDER_PACKAGES
+            and (name == "default" or name.startswith("default_")))
 
 
 def _provider_urn(reference: Optional[str]) -> Optional[str]:
@@ -195,15 +206,7 @@ def compare_graphs(recorded: list[dict[str, Any]], state: list[dict[str, Any]], 
                    kustomize: Optional[dict[str, list[dict[str, Any]]]] = None) -> list[str]:
     """Differences, one line each (empty: the graphs agree). ``kustomize``: Directory URN -> the
     objects its overlay builds."""
-    stack_urns = {r["urn"] for r in state if r["type"] == STACK_TYPE}
-    project_stack = {}
-    if stack_urns:
-        head = next(iter(stack_urns)).split("::")
-        project_stack = {"stack": head[0].split(":")[-1], "project": head[1]}
-    engine_only = {template.format(**project_stack) for template in ENGINE_PROVIDERS} if project_stack else set()
-    real = {r["urn"]: r for r in state if r["type"] != STACK_TYPE and r["urn"] not in engine_only
-            and not (r["type"].startswith("pulumi:providers:") and r["type"].rsplit(":", 1)[-1] in DEFAULT_PROVIDER_PACKAGES
-                     and r["urn"].rsplit("::", 1)[-1].startswith("default"))}
+    real = {r["urn"]: r for r in state if not engine_only(r["urn"])}
     mine = {r["urn"]: r for r in recorded}
     out: list[str] = []
     directories = {r["urn"]: r for r in recorded if r["type"] == KUSTOMIZE_TYPE}
