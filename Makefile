@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 CHECKOV_VENV ?= .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 
-.PHONY: demo plan local-run test pytest security docs benchmarks gpu-check schemas cluster-tools clean
+.PHONY: demo plan local-run test pytest security docs benchmarks gpu-check schemas cluster-tools engine-tools clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -35,12 +35,13 @@ $(CHECKOV_STAMP): requirements-checkov.txt
 # The security scan first, pytest last (its summary closes the output).
 test: security pytest
 
-# The schemas and the cluster tools first: without them the tests that validate against upstream CRDs would skip.
+# The schemas, the cluster tools and the engine tools first: without them the tests that validate
+# against upstream CRDs, run the control plane or drive the real Pulumi engine would skip.
 # Spread over PYTEST_WORKERS processes: each stack's cluster tests on a worker of their own, mostly
 # waiting on controllers while the other workers run the CPU-bound files (tests/support/parallel.py).
 PYTEST_WORKERS ?= 4
 PYTEST_ARGS ?=
-pytest: $(STAMP) schemas cluster-tools
+pytest: $(STAMP) schemas cluster-tools engine-tools
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Pinned upstream CRDs and the pulumi-eks schema into .cache/schemas, each verified by SHA-256
@@ -54,6 +55,12 @@ schemas: $(STAMP)
 # .cache/cluster-tools/bin; etcd and kubectl from Debian. Warm (Go's caches): about a minute.
 cluster-tools:
 	bash tools/cluster/build.sh
+
+# The real deployment engine the engine tests drive (tests/engine/): Helm, the Pulumi CLI and the
+# Kubernetes provider, built from the Go module proxy at the versions tools/engine/*/go.mod pin,
+# into .cache/engine-tools/bin (tools/engine/build.sh; build times in docs/testing.md).
+engine-tools:
+	bash tools/engine/build.sh
 
 # checkov, offline, on the Dockerfiles and every Kubernetes object both plans render.
 security: $(STAMP) $(CHECKOV_STAMP)

@@ -46,6 +46,9 @@ from workloads.trainingjob import (CHECKPOINT_KEY_ITEM, CHECKPOINT_KEY_SECRET, T
 # Where the upstream manifests put the operator (overlays/standalone: namespace kubeflow).
 TRAINING_OPERATOR_NAMESPACE = "kubeflow"
 TRAINING_OPERATOR_DEPLOYMENT = "training-operator"
+# Upstream's standalone overlay generates this Secret empty (secretGenerator, no sources: `data: {}`)
+# for the operator's cert rotator to fill in place; the Deployment mounts it.
+TRAINING_OPERATOR_WEBHOOK_CERT_SECRET = "training-operator-webhook-cert"
 TRAINER_NAMESPACE = "kubeflow-system"
 
 
@@ -115,7 +118,13 @@ def operator_deployment_patch() -> dict[str, Any]:
 def operator_kustomization(upstream_overlay: str) -> dict[str, Any]:
     """The local overlay the Directory builds: upstream's standalone overlay (a path relative to
     this overlay's folder) plus ``operator_deployment_patch``, applied at build time so the
-    Deployment is created already placed (no later patch racing its readiness)."""
+    Deployment is created already placed (no later patch racing its readiness).
+
+    The webhook certificate Secret loses its empty ``data: {}``: the Kubernetes provider stores
+    the empty map and then reads it back as absent, so every `pulumi up` planned to replace the
+    Secret (``data: add-replace``, seen under the real engine), wiping the certificate the
+    operator's rotator had written into it. Without the key the Secret is the same empty Secret
+    and nothing differs between runs."""
     return {
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         # The namespace's NetworkPolicy comes with it: under the CNI's strict enforcement a pod no
@@ -127,7 +136,9 @@ def operator_kustomization(upstream_overlay: str) -> dict[str, Any]:
                                 "files": [INIT_CONTAINER_TEMPLATE_FILE]}],
         "patches": [{"target": {"group": "apps", "version": "v1", "kind": "Deployment",
                                 "name": TRAINING_OPERATOR_DEPLOYMENT},
-                     "patch": json.dumps(operator_deployment_patch())}],
+                     "patch": json.dumps(operator_deployment_patch())},
+                    {"target": {"version": "v1", "kind": "Secret", "name": TRAINING_OPERATOR_WEBHOOK_CERT_SECRET},
+                     "patch": json.dumps([{"op": "remove", "path": "/data"}])}],
     }
 
 
@@ -301,8 +312,12 @@ class TeamTrainerAccess(pulumi.ComponentResource):
             # the team's existing checkpoints unloadable, see docs/trainer.md).
             key = aws.secretsmanager.get_random_password_output(
                 password_length=64, exclude_punctuation=True, opts=pulumi.InvokeOutputOptions(parent=self)).random_password
+            # Both fields: the Kubernetes provider's Check moves stringData into data, so the state
+            # holds `data` and no `stringData`. Ignoring only stringData removed it from the new
+            # inputs (the engine resets an ignored path to the old value, absent) and the Secret
+            # was replaced without its key on the second `up` (seen under the real engine).
             apply_object(f"{name}-{namespace}-checkpoint-key", checkpoint_key_secret(namespace, pulumi.Output.secret(key)),
-                         pulumi.ResourceOptions(parent=self, depends_on=ns_dep, ignore_changes=["stringData"]))
+                         pulumi.ResourceOptions(parent=self, depends_on=ns_dep, ignore_changes=["stringData", "data"]))
             if args.fsx is not None:
                 # The team's directory /checkpoints/<ns>, owned by the team's uid, mode 0750,
                 # with no root pod: a directory object with POSIX metadata in the linked bucket,

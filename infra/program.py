@@ -83,3 +83,24 @@ def main(prepare: Optional[Callable[[PlatformConfig], Any]] = None) -> Platform:
             pulumi.export(key, value)
     platform.seal_access_logs()
     return platform
+
+
+def run() -> Platform:
+    """What `pulumi up` runs: ``infra/__main__.py`` under the language host, or the deploy driver's
+    inline program (``python -m infra.deploy --inline``). A config mistake, a vendored tree that
+    does not match its pin or a chart mirror that cannot serve a pinned chart becomes a
+    ``RunError``: the message alone, not a program crash."""
+    from components.validation import InvalidInputError
+    from infra.chart_mirror import ChartMirrorError
+    from infra.vendor import VendorError
+
+    try:
+        # Once the config is valid, and before any resource: the Training Operator overlay is built
+        # from a verified local tree (no git at deploy time), and with a chart mirror every chart is
+        # downloaded and checked against its pinned SHA-256.
+        return main(prepare=prepare_files)
+    except (VendorError, ChartMirrorError) as error:
+        raise pulumi.RunError(str(error)) from None
+    except InvalidInputError as error:
+        # RunError prints the message alone: a config mistake is not a program crash.
+        raise pulumi.RunError(str(error)) from None

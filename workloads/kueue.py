@@ -132,6 +132,23 @@ def slice_resources(flavors: Sequence[FlavorSpec]) -> list[str]:
     return sorted({r for f in flavors for r in f.slices_per_gpu})
 
 
+_BINARY_SUFFIXES = ("Gi", "Ti", "Pi", "Ei")
+
+
+def memory_quantity(gib: int) -> str:
+    """``gib`` GiB as Kubernetes writes the quantity back (k8s.io/apimachinery resource.Quantity's
+    canonical form: binary SI with the largest suffix that keeps an integer, and ``0`` bare).
+    Kueue's defaulting webhook re-encodes a ClusterQueue through the typed Quantity, so it stores
+    the canonical form; sent any other way ("0Gi") the live object differs from the program's and
+    the next `pulumi up` updates it back (seen under the real engine)."""
+    if gib == 0:
+        return "0"
+    value, suffix = gib, 0
+    while value % 1024 == 0 and suffix < len(_BINARY_SUFFIXES) - 1:
+        value, suffix = value // 1024, suffix + 1
+    return f"{value}{_BINARY_SUFFIXES[suffix]}"
+
+
 def _flavor_quota(flavor: FlavorSpec, quota: int, slice_names: Sequence[str]) -> list[dict[str, Any]]:
     """Every covered resource, in the ClusterQueue's order (Kueue requires each flavor to list
     the group's coveredResources in order). A whole-GPU flavor has no slice quota; a shared one
@@ -153,7 +170,7 @@ def _flavor_quota(flavor: FlavorSpec, quota: int, slice_names: Sequence[str]) ->
         cpu, memory, slices = gpus * flavor.cpu_per_gpu, gpus * flavor.memory_gib_per_gpu, {}
     resources = [
         {"name": "cpu", "nominalQuota": str(cpu)},
-        {"name": "memory", "nominalQuota": f"{memory}Gi"},
+        {"name": "memory", "nominalQuota": memory_quantity(memory)},
         {"name": GPU_RESOURCE, "nominalQuota": str(gpus)},
         {"name": EFA_RESOURCE, "nominalQuota": str(efa)},
     ]
@@ -165,7 +182,7 @@ def _cpu_flavor_quota(team: TeamQueueSpec, slice_names: Sequence[str]) -> list[d
     """No GPU, EFA or slice quota (here or anywhere in the cohort), so a pod requesting any of them
     never fits this flavor and Kueue moves on to the GPU flavors."""
     return [{"name": "cpu", "nominalQuota": str(team.general_cpu)},
-            {"name": "memory", "nominalQuota": f"{team.general_memory_gib}Gi"},
+            {"name": "memory", "nominalQuota": memory_quantity(team.general_memory_gib)},
             {"name": GPU_RESOURCE, "nominalQuota": "0"},
             {"name": EFA_RESOURCE, "nominalQuota": "0"},
             *({"name": r, "nominalQuota": "0"} for r in slice_names)]

@@ -3,6 +3,19 @@
     python -m infra.deploy {preview,up,destroy,refresh,outputs} --stack NAME [--policy-pack DIR]...
     python -m infra.deploy install-policy-pack DIR
 
+Where the state lives and how the program runs:
+
+- ``--backend-url URL``: the state backend for this run (``s3://...``, or ``file://DIR`` for a
+  self-contained run); otherwise the CLI's login (``pulumi login``, or ``PULUMI_BACKEND_URL``).
+- ``--secrets-provider passphrase`` creates a stack whose secrets are encrypted with the
+  passphrase in ``PULUMI_CONFIG_PASSPHRASE`` or ``PULUMI_CONFIG_PASSPHRASE_FILE`` (never on the
+  command line).
+- ``--inline`` runs the program in this process (the Automation API's inline program: the CLI
+  attaches to it with ``--client``), with this interpreter and its packages, in the folder
+  Pulumi.yaml's ``main`` names, as the language host would; no ``pulumi-language-python`` plugin
+  and no program virtualenv are needed. Project and stack settings still come from the project
+  directory.
+
 Order of work, each step able to stop the run:
 
 1. the tools it needs are there: the ``pulumi`` CLI always, and the AWS CLI (v2, or v1 from
@@ -17,6 +30,10 @@ Order of work, each step able to stop the run:
 5. the change summary is printed (a preview's ``change_summary``, an update's ``summary``);
    ``up`` and ``outputs`` print the stack outputs, secret values redacted.
 
+``destroy`` of a stack that holds protected resources is refused before anything is deleted
+(the engine itself would delete every other resource first and stop at the protected ones):
+``--exclude-protected`` removes the rest and keeps them.
+
 Exit codes: 0 done, 1 the operation failed, 2 the stack config is invalid, 3 a tool is missing.
 Every failure is a message naming the stack and the fix, never a traceback.
 This layer stays thin on purpose: what it sends to the Automation API is built by
@@ -26,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -62,6 +80,10 @@ AWS_CLI_V1_MINIMUM = (1, 24, 0)
 POLICY_PACK_VENV = ".venv"
 # URN globs (`pulumi preview --exclude`, `**` spans `::`) of everything the Kubernetes provider owns.
 READ_ONLY_EXCLUDE = ("**kubernetes:**",)
+# The Pulumi CLI's passphrase secrets provider reads one of these (never a command-line argument).
+PASSPHRASE_ENV = ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE_FILE")
+# How many protected URNs a refused destroy lists before "and N more".
+PROTECTED_LISTED = 10
 
 
 @dataclass(frozen=True)
@@ -92,6 +114,16 @@ class DeployRequest:
     # the in-cluster resources and what depends on them: the VPC, the cluster, the CI roles and the
     # runner. Phase 2 is the whole `up`, run by CI on that runner (docs/runbooks/first-deploy.md).
     aws_only: bool = False
+    # The state backend for this run (PULUMI_BACKEND_URL for the CLI): s3://..., file://DIR.
+    backend_url: Optional[str] = None
+    # Run the program in this process (Automation API inline program), not through the language host.
+    inline: bool = False
+    # False where the cluster's kubeconfig authenticates without `aws eks get-token` (a test
+    # control plane's client certificate): the AWS CLI is then not required.
+    aws_cli: bool = True
+    # Write the engine's steps (URN, type, operation, changed properties) and its error and warning
+    # diagnostics here as JSON, for a machine to read (a pull-request comment, a drift report).
+    steps_json: Optional[Path] = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -109,13 +141,14 @@ def missing_tools(
     *,
     which: Callable[[str], Optional[str]] = shutil.which,
     version_of: Optional[Callable[[str], str]] = None,
+    aws_cli: bool = True,
 ) -> list[str]:
     """One message per missing prerequisite, with the fix; empty when all are there."""
     version_of = version_of or _version_output
     problems = []
     if which("pulumi") is None:
         problems.append(f"the Pulumi CLI (`pulumi`) is not on PATH: the Automation API drives it; install it ({PULUMI_INSTALL})")
-    if operation in CLUSTER_OPERATIONS:
+    if operation in CLUSTER_OPERATIONS and aws_cli:
         if which("aws") is None:
             problems.append(
                 "the AWS CLI v2 (`aws`) is not on PATH: the cluster's kubeconfig runs `aws eks get-token` "
@@ -239,16 +272,85 @@ def image_before_its_repository(request: DeployRequest, outputs: dict[str, Any])
     return (f"tracking.image names {image}, in {repository}, which this stack's first `up` creates: the image "
             f"cannot be there yet. Fix: remove tracking.image from {path.name}, run up, push the image "
             "(docs/runbooks/first-deploy.md steps 4-6), then set it and run up again")
+def workspace_env(request: DeployRequest) -> Optional[dict[str, str]]:
+    """Environment the workspace gives the CLI (and, inline, the program reads) on top of ours."""
+    env = {}
+    if request.read_only:
+        env[READ_ONLY_ENV] = "1"
+    if request.backend_url:
+        env["PULUMI_BACKEND_URL"] = request.backend_url
+    return env or None
+
+
+class StepRecorder:
+    """The Automation API's ``on_event`` callback keeping what ``--steps-json`` writes."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, Any]] = []
+        self.diagnostics: list[dict[str, Any]] = []
+
+    def __call__(self, event: Any) -> None:
+        pre = getattr(event, "resource_pre_event", None)
+        if pre is not None and pre.metadata is not None:
+            meta = pre.metadata
+            self.steps.append({
+                "urn": meta.urn, "type": meta.type, "op": getattr(meta.op, "value", meta.op),
+                "diffs": sorted(meta.diffs or []), "replace_keys": sorted(meta.keys or []),
+                "detailed_diff": {path: getattr(d.diff_kind, "value", d.diff_kind)
+                                  for path, d in sorted((meta.detailed_diff or {}).items())},
+            })
+        diagnostic = getattr(event, "diagnostic_event", None)
+        if diagnostic is not None and diagnostic.severity in ("error", "warning"):
+            self.diagnostics.append({"severity": diagnostic.severity, "urn": diagnostic.urn,
+                                     "message": diagnostic.message.strip()})
+
+    def write(self, path: Path, operation: str) -> None:
+        Path(path).write_text(json.dumps({"operation": operation, "steps": self.steps,
+                                          "diagnostics": self.diagnostics}, indent=1, sort_keys=True))
 
 
 def select_stack(request: DeployRequest, auto: Any):
     """The stack NAME of the project in ``project_dir``, created if it does not exist yet."""
-    return auto.create_or_select_stack(
-        stack_name=request.stack, work_dir=str(request.project_dir),
-        opts=auto.LocalWorkspaceOptions(
-            work_dir=str(request.project_dir), secrets_provider=request.secrets_provider,
-            env_vars={READ_ONLY_ENV: "1"} if request.read_only else None),
-    )
+    opts = auto.LocalWorkspaceOptions(
+        work_dir=str(request.project_dir), secrets_provider=request.secrets_provider,
+        env_vars=workspace_env(request))
+    if request.inline:
+        from infra.plan import read_project
+        from infra.program import run as program
+
+        # The project's name as Pulumi.yaml gives it (the workspace reads that file from work_dir).
+        name = yaml_project_name(request.project_dir)
+        # As the language host runs it: in the folder Pulumi.yaml's `main` names, which is also
+        # where the CLI starts the providers (paths the program passes them are relative to it).
+        os.chdir(read_project(request.project_dir).working_dir)
+        return auto.create_or_select_stack(stack_name=request.stack, project_name=name, program=program, opts=opts)
+    return auto.create_or_select_stack(stack_name=request.stack, work_dir=str(request.project_dir), opts=opts)
+
+
+def yaml_project_name(project_dir: Path) -> str:
+    import yaml
+
+    document = yaml.safe_load((Path(project_dir) / "Pulumi.yaml").read_text()) or {}
+    return str(document.get("name", ""))
+
+
+def protected_resources(stack: Any) -> list[str]:
+    """URNs of the stack's resources marked ``protect`` in its state (empty for a new stack)."""
+    deployment = stack.export_stack().deployment or {}
+    return [resource["urn"] for resource in deployment.get("resources") or [] if resource.get("protect")]
+
+
+def protected_destroy_message(stack_name: str, urns: list[str]) -> str:
+    listed = "".join(f"\n  - {urn}" for urn in urns[:PROTECTED_LISTED])
+    more = f"\n  ... and {len(urns) - PROTECTED_LISTED} more" if len(urns) > PROTECTED_LISTED else ""
+    count = "1 of its resources is" if len(urns) == 1 else f"{len(urns)} of its resources are"
+    return (
+        f"error: refusing to destroy stack '{stack_name}': {count} protected (`protect`: data and "
+        f"account-wide resources the stack keeps on purpose):{listed}{more}\n"
+        "`pulumi destroy` would delete every other resource first and then stop at these. Nothing was deleted.\n"
+        f"FIX: to remove everything but them, run `python -m infra.deploy destroy --stack {stack_name} "
+        "--exclude-protected`; to delete them as well (their data is lost), unprotect them first "
+        f"(`pulumi state unprotect --all --stack {stack_name}`) and run destroy again.")
 
 
 def change_summary_line(operation: str, result: Any) -> Optional[str]:
@@ -278,7 +380,7 @@ def run(
     out: Callable[[str], Any] = print,
     err: Callable[[str], Any] = lambda line: print(line, file=sys.stderr),
 ) -> int:
-    problems = missing_tools(request.operation, which=which, version_of=version_of)
+    problems = missing_tools(request.operation, which=which, version_of=version_of, aws_cli=request.aws_cli)
     if problems:
         err(f"error: cannot run `pulumi {request.operation}` for stack '{request.stack}':")
         for problem in problems:
@@ -302,17 +404,36 @@ def run(
                         err(f"error: {problem}")
                     return EXIT_MISSING_TOOL
 
+    if request.secrets_provider == "passphrase" and not any(os.environ.get(name) for name in PASSPHRASE_ENV):
+        err(f"error: --secrets-provider passphrase for stack '{request.stack}': set {PASSPHRASE_ENV[0]} "
+            f"(or {PASSPHRASE_ENV[1]}, a file holding it) in the environment; it is never passed on the command line")
+        return EXIT_CONFIG_ERROR
+
     if auto is None:
         import pulumi.automation as auto
 
+    recorder = StepRecorder() if request.steps_json and request.operation != "outputs" else None
     try:
         stack = select_stack(request, auto)
         problem = image_before_its_repository(request, stack.outputs()) if request.operation == "up" else None
         if problem:
             err(f"error: stack '{request.stack}': {problem}")
             return EXIT_CONFIG_ERROR
+        if request.operation == "destroy" and not request.exclude_protected:
+            protected = protected_resources(stack)
+            if protected:
+                err(protected_destroy_message(request.stack, protected))
+                return EXIT_FAILED
         if request.operation != "outputs":
-            line = change_summary_line(request.operation, getattr(stack, request.operation)(**operation_kwargs(request, out)))
+            kwargs = operation_kwargs(request, out)
+            if recorder is not None:
+                kwargs["on_event"] = recorder
+            try:
+                result = getattr(stack, request.operation)(**kwargs)
+            finally:
+                if recorder is not None:
+                    recorder.write(request.steps_json, request.operation)
+            line = change_summary_line(request.operation, result)
             if line:
                 out(line)
         if request.operation in ("up", "outputs"):
@@ -345,7 +466,19 @@ def parse_args(argv: Optional[list[str]] = None) -> DeployRequest:
                         help="preview with CI's read-only reader roles, in-cluster resources left out (pull requests)")
     parser.add_argument("--aws-only", action="store_true",
                         help="preview/up everything but the in-cluster resources and their dependents (first prod up, phase 1)")
-    parser.add_argument("--secrets-provider", help="secrets provider for a new stack, e.g. awskms://alias/<name>-pulumi-state")
+    parser.add_argument("--secrets-provider",
+                        help="secrets provider for a new stack, e.g. awskms://alias/<name>-pulumi-state, or passphrase "
+                             "(from PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE)")
+    parser.add_argument("--backend-url", help="state backend for this run, e.g. s3://BUCKET or file://DIR "
+                                              "(default: the CLI's login)")
+    parser.add_argument("--inline", action="store_true",
+                        help="run the program in this process (no pulumi-language-python plugin, no program virtualenv)")
+    parser.add_argument("--steps-json", type=Path, metavar="PATH",
+                        help="write the engine's steps (URN, operation, changed properties) and its error and "
+                             "warning diagnostics to PATH as JSON")
+    parser.add_argument("--no-aws-cli", action="store_true",
+                        help="the cluster's kubeconfig does not run `aws eks get-token` (a test control plane): "
+                             "do not require the AWS CLI")
     args = parser.parse_args(argv)
     from infra.plan import default_project_dir
 
@@ -354,7 +487,8 @@ def parse_args(argv: Optional[list[str]] = None) -> DeployRequest:
         policy_packs=tuple(args.policy_pack), message=args.message, parallel=args.parallel,
         expect_no_changes=args.expect_no_changes, exclude_protected=args.exclude_protected,
         skip_plan=args.skip_plan, secrets_provider=args.secrets_provider, read_only=args.read_only,
-        aws_only=args.aws_only,
+        aws_only=args.aws_only, backend_url=args.backend_url, inline=args.inline, aws_cli=not args.no_aws_cli,
+        steps_json=args.steps_json,
     )
 
 

@@ -329,12 +329,18 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         record.id = id_
         self._check_inputs(record)
         self.records.append(record)
+        output_dependencies: dict[str, list[str]] = {}
         if request.remote and request.type == pulumi_eks.CLUSTER_TYPE:
             # The component registers before its children (Construct registers it first).
-            state = self._record_eks_cluster(record, list(request.transforms))
+            state, output_dependencies = self._record_eks_cluster(record, list(request.transforms))
         record.outputs = state
         self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, id_ or "", state)
-        return resource_pb2.RegisterResourceResponse(urn=urn, id=id_ or "", object=encode_struct(state))
+        # A remote component's outputs carry the resources they come from (the Construct response's
+        # propertyDependencies), so a resource built from one depends on them, as under the engine.
+        return resource_pb2.RegisterResourceResponse(
+            urn=urn, id=id_ or "", object=encode_struct(state),
+            propertyDependencies={key: resource_pb2.RegisterResourceResponse.PropertyDependencies(urns=urns)
+                                  for key, urns in output_dependencies.items() if urns})
 
     def _alias_urns(self, request) -> list[str]:
         """The URNs a resource's `aliases` say it used to have (what a rename must carry)."""
@@ -353,11 +359,11 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             urns.append(urn)
         return urns
 
-    def _record_eks_cluster(self, component: RecordedResource, transforms: Sequence[Any]) -> dict:
+    def _record_eks_cluster(self, component: RecordedResource, transforms: Sequence[Any]) -> tuple[dict, dict]:
         """Record the children pulumi-eks's Cluster registers (``infra.plan.pulumi_eks``, the model
         the ``eks`` stand-in plugin registers with the real engine), each first through the
         transforms given to the component, as the engine runs them for a packaged component's
-        children; return the component's outputs."""
+        children; return the component's outputs and, per output, the URNs it comes from."""
         account, region = self.recording_mocks.account_and_region(component)
         recorder = _ChildRecorder(self, component, account, region, transforms)
         try:
@@ -366,8 +372,14 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             outputs = pulumi_eks.cluster_outputs(component.name, component.inputs, recorder)
         except (pulumi_eks.UnsupportedOptions, ValueError) as error:
             self.refuse(f"{component.type} '{component.name}': {error}")
-            return {}
-        return outputs
+            return {}, {}
+        dependencies = {}
+        for key, (children, inputs) in pulumi_eks.OUTPUT_DEPENDENCIES.items():
+            urns = [recorder.records[child].urn for child in children if child in recorder.records]
+            for input_key in inputs:
+                urns += [u for u in component.property_dependencies.get(input_key, []) if u not in urns]
+            dependencies[key] = urns
+        return outputs, dependencies
 
     def _check_inputs(self, record: RecordedResource) -> None:
         """The inputs a provider's Check refuses (``infra.plan.input_rules``, shared with the

@@ -83,6 +83,16 @@ def _hosted_zone(name: str, inputs: dict, account: str, region: str, digest: str
     return {"zoneId": f"Z{digest[:20].upper()}"}
 
 
+def _route53_record(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    """``fqdn``, which the program hands ACM's certificate validation: the record's name in the
+    API's normalized form, without the trailing dot (terraform-provider-aws
+    internal/service/route53/record.go: ``findResourceRecordSetByFourPartKey`` returns
+    ``expandRecordName(recordName, zoneName)``, set as ``fqdn``; the name's StateFunc trims the
+    trailing dot ACM's ``resource_record_name`` carries and lower-cases it)."""
+    record = str(inputs.get("name") or "")
+    return {"fqdn": record.rstrip(".").lower()} if record else {}
+
+
 def _sns_topic(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
     return {"arn": f"arn:aws:sns:{region}:{account}:{inputs.get('name', name)}"}
 
@@ -241,6 +251,7 @@ TYPE_OUTPUTS: dict[str, Callable[[str, dict, str, str, str], dict]] = {
     "aws:ecr/repository:Repository": _ecr,
     "aws:serverlessrepository/cloudFormationStack:CloudFormationStack": _serverless_app,
     "aws:route53/zone:Zone": _hosted_zone,
+    "aws:route53/record:Record": _route53_record,
     "aws:sns/topic:Topic": _sns_topic,
     "aws:cloudwatch/metricAlarm:MetricAlarm": _metric_alarm,
 }

@@ -270,6 +270,23 @@ def cluster_children(name: str, args: Mapping[str, Any], r: Resolver) -> Iterato
     yield kubernetes_provider_child(name, args, r, kubeconfig(args, r, True))
 
 
+# What each output of ``cluster_outputs`` is computed from: (children keys, component input keys).
+# A consumer of the output depends on those resources (the engine's ``propertyDependencies`` of the
+# Construct response: the stand-in's outputs carry them as any ``pulumi.Output`` does; the offline
+# plan returns them to the SDK from this table). The engine tests compare both graphs.
+OUTPUT_DEPENDENCIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "kubeconfig": (("eksCluster",), ("providerCredentialOpts",)),
+    "kubeconfigJson": (("eksCluster",), ("providerCredentialOpts",)),
+    "eksCluster": (("eksCluster",), ()),
+    "core": (("eksCluster", "eks-k8s", "eksRole-role"),
+             ("vpcId", "subnetIds", "publicSubnetIds", "privateSubnetIds", "tags", "providerCredentialOpts")),
+    "clusterSecurityGroupId": (("eksCluster",), ()),
+    "nodeSecurityGroupId": (("eksCluster",), ()),
+    "oidcProviderUrl": (("eksCluster",), ()),
+    "oidcIssuer": (("eksCluster",), ()),
+}
+
+
 def cluster_outputs(name: str, args: Mapping[str, Any], r: Resolver) -> dict:
     """The state cmd/provider/cluster.ts returns from Construct, as createCluster computes it with
     these options (no security groups, node groups, Fargate profile or OIDC provider)."""

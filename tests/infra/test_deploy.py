@@ -1,6 +1,7 @@
 """`python -m infra.deploy`: the Automation API calls it builds, its gates and exit codes (no CLI here)."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -22,7 +23,7 @@ def aws_v2(_tool: str) -> str:
     return "aws-cli/2.22.35 Python/3.12.6 Linux/6.1 exe/x86_64.debian.12\n"
 
 
-def fake_auto(calls: list, fail: bool = False, first_up: bool = False):
+def fake_auto(calls: list, fail: bool = False, first_up: bool = False, resources: tuple = ()):
     """The real pulumi.automation, with the stack autospecced: a wrong method or keyword fails.
 
     create_autospec checks every call against the real signature (pulumi 3.272.0), and the results
@@ -50,6 +51,7 @@ def fake_auto(calls: list, fail: bool = False, first_up: bool = False):
 
     for operation in ("preview", "up", "destroy", "refresh"):
         getattr(stack, operation).side_effect = record(operation)
+    stack.export_stack.side_effect = lambda: auto.Deployment(3, {"resources": list(resources)})
 
     def outputs():
         calls.append(("outputs", {}))
@@ -66,9 +68,9 @@ def fake_auto(calls: list, fail: bool = False, first_up: bool = False):
 
 
 def run(request: DeployRequest, calls: list, *, fail: bool = False, which=ALL_TOOLS, version_of=aws_v2,
-        first_up: bool = False):
+        first_up: bool = False, resources=()):
     out, err = [], []
-    code = deploy.run(request, auto=fake_auto(calls, fail, first_up), which=which, version_of=version_of,
+    code = deploy.run(request, auto=fake_auto(calls, fail, first_up, resources), which=which, version_of=version_of,
                       out=out.append, err=err.append)
     return code, "\n".join(out), "\n".join(err)
 
@@ -140,6 +142,76 @@ def test_destroy_can_leave_protected_resources_in_place():
     kwargs = deploy.operation_kwargs(DeployRequest("destroy", "prod", exclude_protected=True), print)
     assert kwargs["exclude_protected"] is True
     assert "exclude_protected" not in deploy.operation_kwargs(DeployRequest("destroy", "prod"), print)
+
+
+def test_destroy_of_a_stack_with_protected_resources_is_refused_before_anything_is_deleted():
+    """The engine would delete every unprotected resource first and fail at the protected ones
+    (pulumi/pulumi pkg/resource/deploy/step.go DeleteStep.Apply: deleteProtectedError, which the
+    step executor continues past); the driver refuses up front, naming them and the two ways on."""
+    protected = [{"urn": f"urn:pulumi:prod::ml-training-platform::aws:s3/bucket:Bucket::b{i}", "protect": True}
+                 for i in range(12)]
+    calls: list = []
+    code, _, err = run(DeployRequest("destroy", "prod"), calls,
+                       resources=(*protected, {"urn": "urn:pulumi:prod::ml-training-platform::aws:iam/role:Role::r"}))
+    assert code == deploy.EXIT_FAILED
+    assert [name for name, _ in calls] == ["create_or_select_stack"]  # destroy never ran
+    assert "refusing to destroy stack 'prod': 12 of its resources are protected" in err
+    assert protected[0]["urn"] in err and "and 2 more" in err and "Nothing was deleted" in err
+    assert "--exclude-protected" in err and "pulumi state unprotect" in err
+    calls.clear()
+    code, _, _ = run(DeployRequest("destroy", "prod", exclude_protected=True), calls, resources=tuple(protected))
+    assert code == 0 and [name for name, _ in calls] == ["create_or_select_stack", "destroy"]
+
+
+def test_a_self_contained_run_names_its_backend_and_runs_the_program_inline(monkeypatch, tmp_path):
+    """--backend-url reaches the CLI as PULUMI_BACKEND_URL; --inline hands the Automation API the
+    program (no language host), run from the folder Pulumi.yaml's main names."""
+    from infra.program import run as program
+
+    monkeypatch.setattr(deploy, "offline_plan_gate", lambda request: 0)
+    monkeypatch.setenv("PULUMI_CONFIG_PASSPHRASE", "x")
+    monkeypatch.chdir(tmp_path)
+    calls: list = []
+    request = DeployRequest("preview", "dev", project_dir=ROOT, backend_url=f"file://{tmp_path}", inline=True,
+                            secrets_provider="passphrase", aws_cli=False)
+    code, _, err = run(request, calls, which={"pulumi": "/usr/bin/pulumi"}.get)
+    assert code == 0, err
+    (_, select), _ = calls
+    assert select["program"] is program and select["project_name"] == "ml-training-platform"
+    assert "work_dir" not in select and select["opts"].work_dir == str(ROOT)
+    assert select["opts"].env_vars == {"PULUMI_BACKEND_URL": f"file://{tmp_path}"}
+    assert select["opts"].secrets_provider == "passphrase"
+    assert Path.cwd() == ROOT / "infra"
+
+
+def test_a_passphrase_stack_without_a_passphrase_stops_before_the_cli(monkeypatch):
+    for name in deploy.PASSPHRASE_ENV:
+        monkeypatch.delenv(name, raising=False)
+    calls: list = []
+    code, _, err = run(DeployRequest("refresh", "dev", secrets_provider="passphrase"), calls)
+    assert code == deploy.EXIT_CONFIG_ERROR and calls == []
+    assert "PULUMI_CONFIG_PASSPHRASE" in err and "never passed on the command line" in err
+
+
+def test_steps_json_keeps_each_step_and_the_error_diagnostics(monkeypatch, tmp_path):
+    from pulumi.automation import events
+
+    monkeypatch.setattr(deploy, "offline_plan_gate", lambda request: 0)
+    calls: list = []
+    path = tmp_path / "steps.json"
+    code, _, _ = run(DeployRequest("preview", "dev", steps_json=path), calls)
+    (_, _), (_, kwargs) = calls
+    assert code == 0
+    recorder = kwargs["on_event"]
+    meta = events.StepEventMetadata(op=events.OpType.UPDATE, urn="urn:a", type="t", provider="p", diffs=["spec"])
+    recorder(events.EngineEvent(sequence=1, timestamp=1, resource_pre_event=events.ResourcePreEvent(meta)))
+    recorder(events.EngineEvent(sequence=2, timestamp=1, diagnostic_event=events.DiagnosticEvent(
+        message="boom\n", color="never", severity="error", urn="urn:a")))
+    recorder.write(path, "preview")
+    written = json.loads(path.read_text())
+    assert written["steps"] == [{"urn": "urn:a", "type": "t", "op": "update", "diffs": ["spec"], "replace_keys": [],
+                                 "detailed_diff": {}}]
+    assert written["diagnostics"] == [{"severity": "error", "urn": "urn:a", "message": "boom"}]
 
 
 def test_a_failed_operation_exits_non_zero_with_the_cli_message(monkeypatch):

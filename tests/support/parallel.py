@@ -8,6 +8,9 @@ Units of work (an ``xdist_group`` per test):
   session fixture, built once per worker, so all of a stack's tests share one worker (each test
   isolated by its own name prefix and cleanup: tests/cluster/isolation.py, so their order does not
   matter);
+- one per stack for ``tests/engine`` (``engine-dev``, ``engine-prod``): the stack's state and its
+  control plane are a session fixture, and each test continues from the state the one before
+  left (preview, up, a second up, a config change, refresh, destroy);
 - one per test file for everything else, so a module fixture (an MLflow server on PostgreSQL, a
   trained checkpoint) is built once, as in a serial run.
 
@@ -26,6 +29,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = ROOT / "tests" / "cluster"
+ENGINE_DIR = ROOT / "tests" / "engine"
 
 # The units that take minutes, longest first: seconds of worker time per unit in a parallel
 # `make test` on the 2-core machine (`--durations=0`, 2026-11-28; docs/testing.md, "CI time"). The
@@ -66,6 +70,11 @@ def work_unit(item: pytest.Item) -> str:
         stack = params.get("stack_cluster")
         if stack:
             return f"cluster-{stack}"
+    if ENGINE_DIR in path.parents:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        stack = params.get("engine_stack")
+        if stack:
+            return f"engine-{stack}"
     return path.relative_to(ROOT).as_posix()
 
 

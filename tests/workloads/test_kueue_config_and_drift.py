@@ -173,3 +173,13 @@ def test_trainjob_runtime_patch_of_kueue_is_ignored_and_nothing_else():
     assert trainjob["jqPathExpressions"] == ['.spec.runtimePatches[] | select(.manager == "kueue.x-k8s.io/manager")']
     pytorchjob = ignores[("kubeflow.org", "PyTorchJob")]
     assert pytorchjob == {"group": "kubeflow.org", "kind": "PyTorchJob", "jsonPointers": ["/spec/runPolicy/suspend"]}
+
+
+def test_memory_quotas_are_written_as_kubernetes_writes_them_back():
+    """resource.Quantity's canonical form (k8s.io/apimachinery pkg/api/resource/quantity.go
+    ``CanonicalizeBytes``: binary SI, the largest exponent that leaves an integer mantissa; zero is
+    "0"): Kueue's webhook stores a ClusterQueue re-encoded that way, so anything else drifts."""
+    from workloads.kueue import memory_quantity
+
+    assert [memory_quantity(g) for g in (0, 1, 128, 1023, 1024, 1536, 2048, 1024 ** 2)] == \
+        ["0", "1Gi", "128Gi", "1023Gi", "1Ti", "1536Gi", "2Ti", "1Pi"]

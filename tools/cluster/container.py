@@ -64,6 +64,15 @@ def build_root(spec: dict) -> Path:
         host = Path("/") / name
         if host.is_symlink():
             (root / name).symlink_to(os.readlink(host))
+        elif name == "etc" and host.is_dir():
+            # Pods mount volumes under /etc (the Training Operator's init-container template at
+            # /etc/config): the host's /etc as the lower layer of an overlay, so a mount point can
+            # be made there without touching the host's /etc (a read-only bind refused the mkdir).
+            (root / name).mkdir()
+            upper, work = root / ".etc-upper", root / ".etc-work"
+            upper.mkdir()
+            work.mkdir()
+            mount("overlay", str(root / name), "overlay", 0, f"lowerdir={host},upperdir={upper},workdir={work}")
         elif host.is_dir():
             (root / name).mkdir()
             bind(str(host), str(root / name), read_only=True)

@@ -20,7 +20,7 @@ the pods bound to it:
 - a trainer container (``python -m trainer.launch``) runs ``tools/cluster/workload.py``: the
   trainer's preemption contract, so a drain's SIGTERM ends it with the trainer's own 143;
 - any other pod is simulated as kwok's ``fast`` pod stages do: Running and Ready at once with an
-  IP, deleted at once when deleted; a test ends one with the labels of ``POD_COMPLETE_LABEL`` /
+  IP, completed at once when a Job owns it, deleted at once when deleted; a test ends one with the labels of ``POD_COMPLETE_LABEL`` /
   ``POD_FAILED_LABEL`` (kwok's own chaos-stage label and exit-code annotation).
 
 Beside it, what a node's own agents do, event-driven (a watch, no polling):
@@ -415,6 +415,11 @@ class Kubelet:
             code = 0
         elif labels.get(POD_FAILED_LABEL) == "true":
             code = int(annotations.get(POD_FAILED_EXIT_CODE, "1"))
+        elif any(r.get("kind") == "Job" for r in pod["metadata"].get("ownerReferences") or []):
+            # kwok v0.8.0 kustomize/stage/pod/fast/pod-complete.yaml: a Running pod owned by a Job
+            # (`.metadata.ownerReferences.[].kind In [Job]`) ends Succeeded, every container exit 0.
+            # Helm waits for its hook Jobs (a chart's admission-webhook certificate jobs) to complete.
+            code = 0
         else:
             return
         for container in state.containers.values():

@@ -235,12 +235,12 @@ def plan_objects(stack: str, plan=None) -> PlanObjects:
     return found
 
 
-def training_operator_objects(kustomize_dir: str) -> list[dict[str, Any]]:
-    """Build the platform's overlay over the verified upstream tree (seeded from the Go module)."""
+def seed_training_operator_tree() -> None:
+    """The Training Operator's upstream tree, where the program's entry point (``infra.vendor``)
+    looks for it, copied from the Go module instead of fetched (no egress here), then the overlay;
+    ``vendor.prepare`` refuses the tree unless its git tree id is the pinned one."""
     from components.versions import TRAINING_OPERATOR_VENDOR_DIR
     from infra import vendor
-    from infra.plan import read_project
-    from tools.cluster.paths import tool_path
 
     vendored = ROOT / TRAINING_OPERATOR_VENDOR_DIR
     if not vendored.is_dir():
@@ -250,6 +250,14 @@ def training_operator_objects(kustomize_dir: str) -> list[dict[str, Any]]:
             # The module cache is read-only; keep git's executable bit as it was.
             path.chmod(path.stat().st_mode | 0o200)
     vendor.prepare(ROOT)  # refuses the tree unless its git tree id is the pinned one
+
+
+def training_operator_objects(kustomize_dir: str) -> list[dict[str, Any]]:
+    """Build the platform's overlay over the verified upstream tree (seeded from the Go module)."""
+    from infra.plan import read_project
+    from tools.cluster.paths import tool_path
+
+    seed_training_operator_tree()
     # The provider builds the directory in the program's working directory (Pulumi.yaml main).
     directory = (read_project(ROOT).working_dir / kustomize_dir).resolve()
     built = subprocess.run([str(tool_path("kubectl")), "kustomize", str(directory)], capture_output=True, text=True)
