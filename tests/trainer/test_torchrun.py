@@ -1,6 +1,7 @@
 """Real torchrun, 2 CPU ranks (gloo), real signals, real checkpoints on disk."""
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -51,7 +52,10 @@ def test_sigterm_checkpoints_exits_143_and_resumes_identically(strategy, tmp_pat
 
     interrupted = run_and_signal(cmd, env, ckpt, at_step=15)
     ok(interrupted, 143)
-    assert "torchrun exited 1" in interrupted.stdout  # torchrun itself does not say "retry me"
+    # torchrun itself does not say "retry me": it exits 1, or, when the SIGTERM reaches its agent
+    # mid-shutdown, dies of the signal (-15); the launcher turns either into 143.
+    torchrun_exit = re.search(r"torchrun exited (-?\d+);", interrupted.stdout)
+    assert torchrun_exit and int(torchrun_exit.group(1)) != 143, interrupted.stdout[-2000:]
     stopped_at = read_marker(latest_complete(ckpt))["step"]
     assert 15 <= stopped_at < NUM_STEPS
     assert max(losses(ckpt)) == stopped_at  # the checkpoint is of the last finished step
