@@ -197,9 +197,9 @@ def alarms(recording: Recording) -> Iterator[CostLine]:
 
 def gpu_pool_rates(config: PlatformConfig) -> list[str]:
     lines = []
-    for pool in config.gpu_pools:
+    for pool, spec in zip(config.gpu_pools, config.gpu_pool_specs):
         # catalog/gpus.py refuses a shape without a price at import: every shape has one.
-        for shape in pool.spec(config.karpenter.ami_alias).shapes:
+        for shape in spec.shapes:
             rate = price(shape.instance_type)
             lines.append(f"GPU pool {pool.name}: {shape.instance_type} ${rate.on_demand_usd_per_hour:,.2f}/node-hour "
                          f"on-demand, ~${rate.spot_usd_per_hour:,.2f} spot (estimate), 0 while scaled to zero")

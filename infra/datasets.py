@@ -36,8 +36,8 @@ def log_group_names(config: PlatformConfig) -> list[str]:
 def _general_node_pool(platform: Platform) -> list[Any]:
     """The general CPU NodePool (gpu capacity capability), where untolerating controllers land."""
     pools = platform.node_pools.node_pools if platform.node_pools is not None else {}
-    name = platform.config.karpenter.cpu_pool.spec(platform.config.karpenter.ami_alias).name
-    return [pools[name]] if name in pools else []
+    cpu = platform.config.cpu_pool_spec
+    return [pools[cpu.name]] if cpu is not None and cpu.name in pools else []
 
 
 def deploy(platform: Platform) -> dict[str, Any]:
