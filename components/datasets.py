@@ -35,9 +35,9 @@ from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_object
 from components.kms import create_key, set_key_policy
 from components.network import Network
-from components.validation import Problem, accepts_enum_values, raise_if_any
+from workloads.problems import Problem, accepts_enum_values, raise_if_any
 from components.addons import EFS_CSI_DRIVER, FSX_CSI_DRIVER, MOUNTPOINT_S3_CSI_DRIVER
-from components.versions import EKS_ADDON_VERSIONS
+from catalog.versions import EKS_ADDON_VERSIONS
 from trainer.contract.memory import TRAINING_STATE_BYTES_PER_PARAMETER
 from workloads.fsx import (
     CHECKPOINTS_DIR, CLAIM_NAME, DATASETS_CLAIM_NAME, fsx_persistent_volume, fsx_persistent_volume_claim, static_claim,

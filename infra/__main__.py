@@ -7,7 +7,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pulumi  # noqa: E402
 
-from components.validation import InvalidInputError  # noqa: E402
+from workloads.problems import InvalidInputError  # noqa: E402
 from infra.chart_mirror import ChartMirrorError  # noqa: E402
 from infra.program import main, prepare_files  # noqa: E402
 from infra.vendor import VendorError  # noqa: E402

@@ -17,7 +17,7 @@ from components.datasets import (
     fsx_log_group_name,
     write_throughput_mb_per_s,
 )
-from components.versions import addon_versions
+from catalog.versions import addon_versions
 from infra import costs
 from infra.capability import Capability
 from infra.config import PlatformConfig

@@ -23,7 +23,7 @@ from infra.platform import Platform
 from workloads import kueue, scheduling, tenancy
 from workloads import gpu_sharing
 from workloads.gpu_catalog import SPOT_NOTICE_SECONDS, gpu_type
-from workloads.prices import PRICES, SPOT_DISCOUNT
+from catalog.prices import PRICES, SPOT_DISCOUNT
 from workloads.karpenter import CpuPoolSpec, duration_seconds, storage_startup_taints
 
 NODE_POOL_TYPE = "kubernetes:karpenter.sh/v1:NodePool"

@@ -7,7 +7,7 @@ from typing import Iterator, Optional
 from pydantic import Field, SecretStr, field_validator
 
 from catalog.regions import partition_of
-from components.validation import Problem
+from workloads.problems import Problem
 from infra.config.common import _ACCOUNT_ID, _ROLE_ARN, _Model
 from infra.config.engine import Rule, invalid
 

@@ -8,7 +8,7 @@ from typing import Iterator, Optional
 from pydantic import Field, field_validator
 
 from components.ci_access import DEFAULT_WORKFLOW_PATH
-from components.validation import Problem
+from workloads.problems import Problem
 from infra.config.common import _Model
 from infra.config.engine import Rule, invalid
 

@@ -8,15 +8,15 @@ from pydantic import Field, field_validator
 
 from components.cluster import UpgradePolicy
 from components.cluster import ClusterArgs, NodeGroupArgs
-from components.validation import Problem
-from components.versions import DEFAULT_EKS_VERSION, EKS_VERSIONS, addon_versions
-from infra import limits
+from workloads.problems import Problem
+from catalog.versions import DEFAULT_EKS_VERSION, EKS_VERSIONS, addon_versions
+from catalog import limits
 from infra.config.accounts import AccountConfig
 from infra.config.common import (
     check_log_retention, CapacityType, Cidr, Environment, _ROLE_ARN, _Model, _exposure, prod_retention_rule,
 )
 from infra.config.engine import Rule, invalid
-from infra.limits import at_most
+from infra.config.common import at_most
 
 
 class NodeGroupConfig(_Model):

@@ -14,8 +14,9 @@ from typing import Annotated, Any, Iterator, Optional, TypeVar
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, PlainSerializer
 from pydantic.alias_generators import to_camel
 
+from catalog.limits import Limit
 from catalog.regions import PARTITION_OF_REGION, partition_of
-from components.validation import Problem
+from workloads.problems import Problem
 from infra.config.engine import Rule, invalid
 
 T = TypeVar("T")
@@ -162,6 +163,19 @@ def _check_tags(value: dict[str, str]) -> dict[str, str]:
         raise invalid("; ".join(found), "AWS tag rules: keys 1-128 and values 0-256 characters of letters, digits, "
                       "spaces and _ . : / = + - @, no 'aws:' prefix")
     return value
+
+
+def at_most(limit: Limit) -> AfterValidator:
+    """A field validator refusing values above ``limit`` (catalog/limits.py), naming it and its source."""
+
+    def check(value: Any) -> Any:
+        if value is not None and value > limit.maximum:
+            maximum = int(limit.maximum) if float(limit.maximum).is_integer() else limit.maximum
+            raise invalid(f"exceeds {limit.what}: at most {maximum} (source: {limit.source})",
+                          f"use a value <= {maximum}")
+        return value
+
+    return AfterValidator(check)
 
 
 PlatformName = Annotated[str, AfterValidator(_check_name)]

@@ -11,12 +11,12 @@ from components.datasets import (
     DataRepositoryAssociationSpec, DatasetBucket, DatasetsStorage, FsxEvent, FsxLogLevel, association_problems, fsx_capacity_problems,
 )
 from components.datasets import FsxArgs
-from components.validation import Problem
-from infra import limits
+from workloads.problems import Problem
+from catalog import limits
 from infra.config.common import check_log_retention, prod_retention_rule, _Model
 from infra.config.syntax import checked, s3_prefix_problem
 from infra.config.engine import Rule, invalid
-from infra.limits import at_most
+from infra.config.common import at_most
 
 
 class BucketLifecycleConfig(_Model):

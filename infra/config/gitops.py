@@ -6,7 +6,7 @@ from typing import Any, Iterator, Optional
 from pydantic import Field, field_validator
 
 from components.argocd import SecretSource, SsoArgs
-from components.validation import Problem
+from workloads.problems import Problem
 from infra.config.common import Environment, _Model
 from infra.config.engine import Rule, invalid
 from infra.config.syntax import (

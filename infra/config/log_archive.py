@@ -9,11 +9,11 @@ from pydantic import Field, field_validator
 from components.bucket import AccessLogBucketArgs
 from components.log_archive import archive_problems
 from components.log_archive import LogArchiveArgs as _ARCHIVE
-from components.validation import Problem
-from infra import limits
+from workloads.problems import Problem
+from catalog import limits
 from infra.config.common import PROD_OBJECT_LOCK_RETENTION_DAYS, _ACCOUNT_ID, Environment, _Model
 from infra.config.engine import Rule, invalid
-from infra.limits import at_most
+from infra.config.common import at_most
 
 
 class AuditTrailMode(str, Enum):

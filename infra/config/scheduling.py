@@ -5,7 +5,7 @@ from typing import Iterator, Optional
 
 from pydantic import Field, field_validator
 
-from components.validation import Problem
+from workloads.problems import Problem
 from infra.config.common import _ROLE_ARN, Environment, _Model
 from infra.config.engine import Rule, invalid
 from infra.config.gpu import _DURATION, GpuPoolConfig

@@ -9,13 +9,13 @@ from pydantic import Field, field_validator
 from components.images import ImageRepositoriesArgs
 from components.tracking import LoadBalancerScheme, tracking_problems
 from components.tracking import DatabaseArgs, TrackingArgs
-from components.validation import Problem
-from infra import limits
+from workloads.problems import Problem
+from catalog import limits
 from infra.config.common import check_log_retention, prod_retention_rule, Cidr, Environment, _Model, _exposure
 from infra.config.datasets import BucketLifecycleConfig, bucket_lifecycle_problems
 from infra.config.syntax import checked, image_reference_problem, zone_id_problem
 from infra.config.engine import Rule, invalid
-from infra.limits import at_most
+from infra.config.common import at_most
 
 
 class TrackingDatabaseConfig(_Model):

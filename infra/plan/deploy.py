@@ -1,7 +1,7 @@
 """Drive a stack through the Pulumi Automation API: what CI (and a careful human) runs.
 
-    python -m infra.deploy {preview,up,destroy,refresh,outputs} --stack NAME [--policy-pack DIR]...
-    python -m infra.deploy install-policy-pack DIR
+    python -m infra.plan.deploy {preview,up,destroy,refresh,outputs} --stack NAME [--policy-pack DIR]...
+    python -m infra.plan.deploy install-policy-pack DIR
 
 Order of work, each step able to stop the run:
 
@@ -66,7 +66,7 @@ READ_ONLY_EXCLUDE = ("**kubernetes:**",)
 
 @dataclass(frozen=True)
 class DeployRequest:
-    """One run of ``python -m infra.deploy``."""
+    """One run of ``python -m infra.plan.deploy``."""
 
     operation: str
     stack: str
@@ -289,7 +289,7 @@ def run(
         code = offline_plan_gate(request)
         if code != EXIT_OK:
             err(f"error: the offline plan of stack '{request.stack}' failed (exit {code}); "
-                f"fix what it reports, then run `python -m infra.deploy {request.operation}` again")
+                f"fix what it reports, then run `python -m infra.plan.deploy {request.operation}` again")
             return EXIT_CONFIG_ERROR if code == EXIT_CONFIG_ERROR else EXIT_FAILED
 
     if request.operation in POLICY_OPERATIONS:
@@ -328,7 +328,7 @@ def run(
 
 
 def parse_args(argv: Optional[list[str]] = None) -> DeployRequest:
-    parser = argparse.ArgumentParser(prog="python -m infra.deploy", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m infra.plan.deploy", description=__doc__.split("\n\n")[0])
     parser.add_argument("operation", choices=OPERATIONS)
     parser.add_argument("--stack", required=True, help="stack name (Pulumi.<stack>.yaml in the project directory)")
     parser.add_argument("--policy-pack", action="append", default=[], metavar="DIR",
@@ -362,7 +362,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["install-policy-pack"]:
         if len(argv) != 2:
-            print("usage: python -m infra.deploy install-policy-pack DIR", file=sys.stderr)
+            print("usage: python -m infra.plan.deploy install-policy-pack DIR", file=sys.stderr)
             return EXIT_CONFIG_ERROR
         problems = install_policy_pack(Path(argv[1]))
         for problem in problems:

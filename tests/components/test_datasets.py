@@ -14,7 +14,7 @@ from components.datasets import (
     fsx_capacity_problems,
     is_valid_capacity,
 )
-from components.versions import EKS_ADDON_VERSIONS
+from catalog.versions import EKS_ADDON_VERSIONS
 from infra.config import ConfigError, load_platform_config
 from infra.datasets import cross_az_warnings, spot_save_warnings
 from tests.conftest import stack_config

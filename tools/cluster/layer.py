@@ -8,7 +8,7 @@ program itself produces it, never from a copy:
 - the Training Operator's kustomize Directory: the platform's overlay (``infra.vendor``) over the
   upstream ``manifests/`` tree, built with kubectl's kustomize. The tree comes from the Go module
   ``github.com/kubeflow/training-operator@v1.9.4`` and is refused unless its git tree id is the
-  one ``components.versions`` pins (the same check ``python -m infra.vendor`` makes);
+  one ``catalog.versions`` pins (the same check ``python -m infra.vendor`` makes);
 - the GitOps render (``workloads/rendered/<stack>/``), what Argo CD would sync.
 
 CRDs come from the pinned copies in the schemas cache and, for the groups it does not carry,
@@ -192,7 +192,7 @@ def plan_objects(stack: str, plan=None) -> PlanObjects:
 
 def training_operator_objects(kustomize_dir: str) -> list[dict[str, Any]]:
     """Build the platform's overlay over the verified upstream tree (seeded from the Go module)."""
-    from components.versions import TRAINING_OPERATOR_VENDOR_DIR
+    from catalog.versions import TRAINING_OPERATOR_VENDOR_DIR
     from infra import vendor
 
     vendored = ROOT / TRAINING_OPERATOR_VENDOR_DIR
