@@ -15,7 +15,7 @@ from workloads.problems import Problem
 from catalog import limits
 from infra.config.common import check_log_retention, prod_retention_rule, _Model
 from infra.config.syntax import checked, s3_prefix_problem
-from infra.config.engine import Rule, invalid
+from infra.config.engine import Rule
 from infra.config.common import at_most
 
 

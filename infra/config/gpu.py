@@ -11,7 +11,7 @@ from components.gpu_enablement import GpuEnablementMode
 from workloads.problems import Problem
 from catalog.versions import EKS_RELEASES, ami_release_date
 from catalog import limits
-from infra.config.common import Environment, _Model
+from infra.config.common import Environment, ImageRef, _Model
 from infra.config.engine import Rule, invalid
 from infra.config.common import at_most
 from workloads.gpu_catalog import gpu_pool_problems
@@ -112,7 +112,7 @@ class GpuEnablementConfig(_Model):
     service_monitor: bool = Field(False, description="ServiceMonitor for DCGM; needs prometheusOperatorCrds.")
     prometheus_operator_crds: bool = Field(
         False, description="Install the pinned prometheus-operator-crds chart (ServiceMonitor CRDs); serviceMonitor needs it.")
-    node_health_image: Optional[str] = Field(
+    node_health_image: Optional[ImageRef] = Field(
         None, description="Image of the GPU node readiness agent (docker/node-health: DCGM tools + python3), by digest in "
                           "prod, pushed to the stack's repository (output nodeHealthImageRepository). Every GPU node "
                           "starts tainted until this agent's checks pass, so GPU pools need it.")
