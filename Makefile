@@ -64,7 +64,7 @@ engine-tools:
 
 # checkov, offline, on the Dockerfiles and every Kubernetes object both plans render.
 security: $(STAMP) $(CHECKOV_STAMP)
-	$(PY) -m infra.security_scan --checkov $(CHECKOV_VENV)/bin/checkov
+	$(PY) -m infra.plan.security_scan --checkov $(CHECKOV_VENV)/bin/checkov
 
 docs: $(STAMP)
 	$(PY) -m infra.plan.config_reference --write docs/configuration.md

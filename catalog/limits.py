@@ -1,7 +1,7 @@
 """Service limits the platform's config sizes are checked against, each with its source.
 
 A value above one of these fails at `pulumi up` (or deploys something AWS then refuses to
-scale to); the config refuses it first (infra/limits.py ``at_most``), naming the limit and where
+scale to); the config refuses it first (infra/config/common.py ``at_most``), naming the limit and where
 it comes from. Quotas marked "default, adjustable" are the account defaults: raise the quota in
 Service Quotas first, then the bound here in a reviewed change.
 """

@@ -1,4 +1,4 @@
-"""Every version the platform deploys, pinned in one place (components/versions.py re-exports it).
+"""Every version the platform deploys, pinned in one place.
 
 Charts, add-ons, images and AMIs are upgraded here and nowhere else, so a diff of this
 file is the upgrade's whole blast radius. Add-on builds and AMI releases are keyed by the

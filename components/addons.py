@@ -1,7 +1,7 @@
 """EKS managed add-ons as data: one row per add-on, created by ``Cluster`` (or ``Cluster.addon``).
 
 A row says when the add-on may be created, what it is configured with and which AWS identity
-its service account gets; the build comes from the one pin home (``components.versions``,
+its service account gets; the build comes from the one pin home (``catalog.versions``,
 ``EksRelease.addons``, keyed by the cluster's Kubernetes minor), by name. Adding an add-on is
 one row here and its build in the pin file (terraform-aws-eks keeps add-ons the same way:
 ``addons = { coredns = {}, vpc-cni = { before_compute = true } }``, variables.tf).
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Mapping, Optional
 
-from components.validation import accepts_enum_values
+from workloads.problems import accepts_enum_values
 
 
 class AddonTiming(str, Enum):

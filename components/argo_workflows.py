@@ -18,9 +18,9 @@ import pulumi_kubernetes as k8s
 from components.helm_addon import helm_addon
 from components.cluster import Cluster
 from components.k8s import apply_namespace_objects
-from components.validation import Problem, raise_if_any
+from workloads.problems import Problem, raise_if_any
 from components.charts import ChartSource
-from components.versions import ARGO_WORKFLOWS, ARGO_WORKFLOWS_APP_VERSION
+from catalog.versions import ARGO_WORKFLOWS, ARGO_WORKFLOWS_APP_VERSION
 from workloads.placement import system_node_selector, system_tolerations
 from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
 

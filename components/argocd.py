@@ -28,9 +28,9 @@ import yaml
 from components.helm_addon import helm_addon
 from components.cluster import Cluster
 from components.k8s import apply_namespace_objects, apply_object
-from components.validation import Problem, raise_if_any
+from workloads.problems import Problem, raise_if_any
 from components.charts import ChartSource
-from components.versions import ARGOCD
+from catalog.versions import ARGOCD
 from workloads import argocd_health
 from workloads import gitops
 from workloads.placement import system_node_selector, system_tolerations
@@ -80,7 +80,7 @@ class ArgoCDArgs:
     placeholder_secrets: a read-only preview (CI's reader roles are denied
         secretsmanager:GetSecretValue): the secrets are not read; values of the same shape stand in.
         The in-cluster objects that carry them are left out of such a preview anyway
-        (``infra.deploy preview --read-only`` excludes every Kubernetes resource).
+        (``infra.plan.deploy preview --read-only`` excludes every Kubernetes resource).
     charts: where the charts come from (upstream by default, or the stack's verified chart mirror).
     """
 

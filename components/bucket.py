@@ -15,7 +15,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 import pulumi
 import pulumi_aws as aws
 
-from components.validation import Problem, raise_if_any
+from workloads.problems import Problem, raise_if_any
 
 # Stands for this bucket's ARN in ``policy_statements`` written before the bucket exists.
 SELF_ARN = "${self.arn}"

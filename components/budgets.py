@@ -13,7 +13,7 @@ from typing import Iterator, Mapping, Optional, Sequence
 import pulumi
 import pulumi_aws as aws
 
-from components.validation import Problem, raise_if_any
+from workloads.problems import Problem, raise_if_any
 
 # AWS Budgets quotas ("Quotas and restrictions", AWS Cost Management user guide): at most five
 # notifications per budget, at most ten e-mail subscribers per notification.

@@ -17,12 +17,12 @@ from components.k8s import apply_object
 from components.kms import create_key
 from components.names import IAM_ROLE_NAME_MAX, fitted_name
 from components.network import Network
-from components.versions import EKS_ADDON_VERSIONS, EKS_VERSIONS, SYSTEM_NODE_AMI_TYPE
+from catalog.versions import EKS_ADDON_VERSIONS, EKS_VERSIONS, SYSTEM_NODE_AMI_TYPE
 from workloads.placement import SYSTEM_NODE_LABEL_KEY, SYSTEM_NODE_LABEL_VALUE, SYSTEM_NODE_TAINT
 from workloads.storage import gp3_storage_class
 from workloads.system_namespaces import unrestricted_policy
 from workloads.tenancy import team_group
-from components.validation import accepts_enum_values
+from workloads.problems import accepts_enum_values
 
 CONTROL_PLANE_LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 # EKS access policies (arn:<partition>:eks::aws:cluster-access-policy/<name>).
@@ -71,7 +71,7 @@ class ClusterArgs:
 
     Attributes:
         cluster_name: EKS cluster name (also the Karpenter discovery tag value).
-        version: Kubernetes version, a key of ``components.versions.EKS_VERSIONS``.
+        version: Kubernetes version, a key of ``catalog.versions.EKS_VERSIONS``.
         upgrade_policy: set explicitly; pulumi-eks would default to EXTENDED ($0.60/h).
         network: the VPC; control plane ENIs and nodes go to its private subnets.
         system_node_group: the static CPU node group.

@@ -32,7 +32,7 @@ from components.helm_addon import helm_addon
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_namespace_objects
 from components.charts import ChartSource
-from components.versions import CLOUDWATCH_OBSERVABILITY
+from catalog.versions import CLOUDWATCH_OBSERVABILITY
 from workloads.placement import system_node_selector, system_tolerations
 from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
 

@@ -38,7 +38,7 @@ from components.helm_addon import helm_addon
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_namespace_objects
 from components.charts import ChartSource
-from components.versions import AWS_FOR_FLUENT_BIT
+from catalog.versions import AWS_FOR_FLUENT_BIT
 from components.names import IAM_ROLE_NAME_MAX, fitted_name
 from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
 

@@ -35,11 +35,10 @@ from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_object
 from components.kms import create_key, set_key_policy
 from components.network import Network
-from components.validation import Problem, accepts_enum_values, raise_if_any
+from workloads.problems import Problem, accepts_enum_values, raise_if_any
 from components.addons import EFS_CSI_DRIVER, FSX_CSI_DRIVER, MOUNTPOINT_S3_CSI_DRIVER
-from components.versions import EKS_ADDON_VERSIONS
+from catalog.versions import EKS_ADDON_VERSIONS
 from trainer.contract.memory import TRAINING_STATE_BYTES_PER_PARAMETER
-from workloads.karpenter import EFS_STARTUP_TAINT, FSX_STARTUP_TAINT, S3_MOUNTPOINT_STARTUP_TAINT
 from workloads.fsx import (
     CHECKPOINTS_DIR, CLAIM_NAME, DATASETS_CLAIM_NAME, fsx_persistent_volume, fsx_persistent_volume_claim, static_claim,
     team_volume_specs,
@@ -283,15 +282,6 @@ def bucket_arn_prefix(partition: pulumi.Input[str], component_name: str, kind: "
     autonaming"), and the bucket's logical name is ``<component>-<kind>-bucket``. The audit
     trail selects the buckets' data events by it (the trail is created before them)."""
     return pulumi.Output.concat("arn:", partition, ":s3:::", f"{component_name}-{kind.value}-bucket-")
-
-
-def storage_startup_taints(storage: DatasetsStorage) -> tuple[dict[str, str], ...]:
-    """The node startup taints of the CSI drivers this storage mode installs, each lifted by its
-    own node plugin once it runs (workloads/karpenter.py cites where): FSx's Lustre client; or
-    EFS (team subtrees) and Mountpoint (datasets), whose volumes every team pod mounts together."""
-    if storage is DatasetsStorage.FSX:
-        return (dict(FSX_STARTUP_TAINT),)
-    return (dict(EFS_STARTUP_TAINT), dict(S3_MOUNTPOINT_STARTUP_TAINT))
 
 
 @dataclass(frozen=True)

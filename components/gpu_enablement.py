@@ -19,7 +19,7 @@ from components.cluster import Cluster
 from components.k8s import apply_namespace_objects, apply_object
 from catalog.versions import HelmChart
 from components.charts import ChartSource
-from components.versions import (
+from catalog.versions import (
     DCGM_EXPORTER, EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN, NVIDIA_GPU_OPERATOR, NVIDIA_MIG_MANAGER_IMAGE,
     PROMETHEUS_OPERATOR_CRDS,
 )
@@ -29,7 +29,7 @@ from workloads.karpenter import EFA_LABEL, GPU_TAINT, NODE_ROLE_LABEL, READINESS
 from workloads.node_health import node_health_objects
 from workloads.placement import system_pod_placement
 from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
-from components.validation import accepts_enum_values
+from workloads.problems import accepts_enum_values
 from workloads.monitoring.dcgm import counters_csv
 
 NAMESPACE = "gpu-system"

@@ -46,7 +46,7 @@ import pulumi_aws as aws
 
 from components.container_insights import ContainerInsights
 from components.kms import create_key
-from components.validation import Problem, raise_if_any
+from workloads.problems import Problem, raise_if_any
 
 METRIC_NAMESPACE = "ContainerInsights"
 METRIC_NAME = "node_gpu_reserved_capacity"

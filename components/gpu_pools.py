@@ -28,7 +28,7 @@ class GpuPoolsArgs:
     gpu_pools: one NodePool + EC2NodeClass each.
     cpu_pool: the general CPU pool, or None.
     storage_startup_taints: the startup taints of the storage CSI drivers the stack installs
-        (``components.datasets.storage_startup_taints``), on every pool; empty without one.
+        (``workloads.karpenter.storage_startup_taints``), on every pool; empty without one.
     tags: cost-allocation tags on every instance, volume and interface Karpenter launches.
     """
 

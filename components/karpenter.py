@@ -23,7 +23,7 @@ from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_namespace_objects, apply_object
 from components.names import EVENT_RULE_NAME_MAX, IAM_ROLE_NAME_MAX, fitted_name
 from components.charts import ChartSource
-from components.versions import KARPENTER, KARPENTER_CRD
+from catalog.versions import KARPENTER, KARPENTER_CRD
 from workloads.node_health import karpenter_node_repair_settings as node_repair_settings
 from workloads.placement import system_pod_placement
 from workloads.system_namespaces import (

@@ -26,7 +26,7 @@ from components.bucket import (
     private_bucket,
 )
 from components.kms import create_key
-from components.validation import Problem, raise_if_any
+from workloads.problems import Problem, raise_if_any
 
 # Key prefixes inside the archive, one per log source.
 FLOW_LOGS_PREFIX = "vpc-flow-logs"

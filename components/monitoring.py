@@ -20,9 +20,9 @@ from components.gpu_idle_alarm import email_suffix
 from components.names import IAM_ROLE_NAME_MAX, fitted_name
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_namespace_objects, apply_object
-from components.validation import accepts_enum_values
+from workloads.problems import accepts_enum_values
 from components.charts import ChartSource
-from components.versions import KUBE_PROMETHEUS_STACK, PROMETHEUS_OPERATOR_CRDS
+from catalog.versions import KUBE_PROMETHEUS_STACK, PROMETHEUS_OPERATOR_CRDS
 from workloads.monitoring import alerts, dashboards, stack
 from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects
 

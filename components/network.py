@@ -11,7 +11,7 @@ from typing import Iterator, Mapping, Optional, Sequence
 import pulumi
 import pulumi_aws as aws
 
-from components.validation import Problem, raise_if_any, accepts_enum_values
+from workloads.problems import Problem, raise_if_any, accepts_enum_values
 
 # AWS services the nodes reach without a NAT hop: image pulls (ECR api + dkr), IRSA/Pod
 # Identity tokens (STS), logs, Karpenter's interruption queue (SQS) and EC2 API calls.

@@ -14,7 +14,7 @@ from components.helm_addon import helm_addon
 from components.cluster import Cluster
 from components.k8s import apply_namespace_objects, apply_object
 from components.charts import ChartSource
-from components.versions import KUEUE
+from catalog.versions import KUEUE
 from workloads import kueue, scheduling, tenancy
 from workloads.placement import system_pod_placement
 from workloads.system_namespaces import PodSecurityLevel, SystemNamespaceSpec, namespace_objects

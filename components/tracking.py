@@ -74,8 +74,8 @@ from components.mlflow_server import (
     mlflow_server_command,
 )
 from components.network import Network
-from components.validation import Problem, accepts_enum_values, raise_if_any
-from components.versions import AURORA_POSTGRESQL_VERSION, SECRETS_MANAGER_POSTGRES_ROTATION_APP
+from workloads.problems import Problem, accepts_enum_values, raise_if_any
+from catalog.versions import AURORA_POSTGRESQL_VERSION, SECRETS_MANAGER_POSTGRES_ROTATION_APP
 
 TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"  # TLS 1.3 and 1.2 only
 DATABASE_NAME = "mlflow"

@@ -29,7 +29,7 @@ from components.charts import ChartSource
 from components.helm_addon import helm_addon, system_ready
 from components.cluster import Cluster, pod_identity_role
 from components.k8s import apply_object
-from components.versions import (
+from catalog.versions import (
     KUBEFLOW_TRAINER, TRAINING_OPERATOR_INIT_CONTAINER_IMAGE, TRAINING_OPERATOR_OVERLAY_DIR,
     TRAINING_OPERATOR_VERSION,
 )

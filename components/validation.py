@@ -1,5 +1,9 @@
-"""Input problems, reported all at once: defined in ``workloads.problems`` (the bottom layer,
-which Kubernetes spec validation needs too) and re-exported here for components and infra."""
+"""Deprecated import path: input problems live in ``workloads.problems`` (the bottom layer, which
+Kubernetes spec validation needs too); import them from there.
+
+Kept only while ``jobs/render.py`` still imports it; removed once it imports
+``workloads.problems``.
+"""
 from workloads.problems import (  # noqa: F401
     InvalidInputError,
     Problem,

@@ -45,7 +45,7 @@ import yaml
 
 from catalog.versions import HelmChart
 from components.charts import ChartSource, archive_path
-from components.validation import Problem
+from workloads.problems import Problem
 from infra.capabilities import charts_used
 from infra.config import ConfigError, PlatformConfig
 from infra.config.charts import is_loopback_host

@@ -1,6 +1,6 @@
 """CI capability: GitHub OIDC roles, the state's KMS key and the in-VPC runner of this stack (components/ci_access.py).
 
-Read-only previews: ``python -m infra.deploy preview --read-only`` runs the program with
+Read-only previews: ``python -m infra.plan.deploy preview --read-only`` runs the program with
 ``ML_PLATFORM_READ_ONLY=1``; the account providers then assume this stack's ``<name>-ci-reader``
 roles instead of ``accounts.*.roleArn`` (``infra.accounts``), which is all the preview role may assume.
 """

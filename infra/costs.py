@@ -3,7 +3,7 @@
 "Idle" is the platform with no training job running: the control plane, the static nodes, the
 network, MLflow, the file system. GPU pools scale to zero, so they appear as a rate per node-hour
 (on-demand and the spot estimate) instead. Every line names its unit price, the price's source and
-its date (``workloads/prices.py``). The offline plan prints the report for every stack.
+its date (``catalog/prices.py``). The offline plan prints the report for every stack.
 """
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Iterator, Union
 
-from components.versions import EKS_VERSIONS
+from catalog.versions import EKS_VERSIONS
 from infra.config import PlatformConfig
 from infra.recording import Recording
-from workloads.prices import HOURS_PER_MONTH, SPOT_DISCOUNT, STACK_PRICES, InstancePrice, UnitPrice, price
+from catalog.prices import HOURS_PER_MONTH, SPOT_DISCOUNT, STACK_PRICES, InstancePrice, UnitPrice, price
 
 # Stated assumptions of an idle month (traffic that happens with no job running).
 IDLE_NAT_GB_PER_MONTH = 20  # image pulls of restarted controllers, OS updates, API calls
@@ -82,7 +82,7 @@ def static_nodes(recording: Recording) -> Iterator[CostLine]:
         desired = int(group.inputs["scalingConfig"]["desiredSize"])
         instance = price(group.inputs["instanceTypes"][0])
         if group.inputs.get("capacityType") == "SPOT":
-            # The project's spot assumption (workloads/prices.py SPOT_DISCOUNT), not a quote.
+            # The project's spot assumption (catalog/prices.py SPOT_DISCOUNT), not a quote.
             spot = UnitPrice(instance.spot_usd_per_hour, f"{instance.instance_type} spot instance-hour (estimate: "
                              f"on-demand ${instance.on_demand_usd_per_hour:g} less {SPOT_DISCOUNT:.0%})",
                              "https://aws.amazon.com/ec2/spot/pricing/")
@@ -197,9 +197,9 @@ def alarms(recording: Recording) -> Iterator[CostLine]:
 
 def gpu_pool_rates(config: PlatformConfig) -> list[str]:
     lines = []
-    for pool in config.gpu_pools:
+    for pool, spec in zip(config.gpu_pools, config.gpu_pool_specs):
         # catalog/gpus.py refuses a shape without a price at import: every shape has one.
-        for shape in pool.spec(config.karpenter.ami_alias).shapes:
+        for shape in spec.shapes:
             rate = price(shape.instance_type)
             lines.append(f"GPU pool {pool.name}: {shape.instance_type} ${rate.on_demand_usd_per_hour:,.2f}/node-hour "
                          f"on-demand, ~${rate.spot_usd_per_hour:,.2f} spot (estimate), 0 while scaled to zero")

@@ -17,7 +17,7 @@ from components.datasets import (
     fsx_log_group_name,
     write_throughput_mb_per_s,
 )
-from components.versions import addon_versions
+from catalog.versions import addon_versions
 from infra import costs
 from infra.capability import Capability
 from infra.config import PlatformConfig
@@ -36,8 +36,8 @@ def log_group_names(config: PlatformConfig) -> list[str]:
 def _general_node_pool(platform: Platform) -> list[Any]:
     """The general CPU NodePool (gpu capacity capability), where untolerating controllers land."""
     pools = platform.node_pools.node_pools if platform.node_pools is not None else {}
-    name = platform.config.karpenter.cpu_pool.spec(platform.config.karpenter.ami_alias).name
-    return [pools[name]] if name in pools else []
+    cpu = platform.config.cpu_pool_spec
+    return [pools[cpu.name]] if cpu is not None and cpu.name in pools else []
 
 
 def deploy(platform: Platform) -> dict[str, Any]:

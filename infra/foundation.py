@@ -26,7 +26,7 @@ from components.log_archive import (
 )
 from components.datasets import DatasetBucket, bucket_arn_prefix
 from components.network import Network
-from components.versions import (
+from catalog.versions import (
     EKS_EXTENDED_USD_PER_HOUR,
     EKS_RELEASES,
     EKS_STANDARD_USD_PER_HOUR,
@@ -110,7 +110,7 @@ def build_platform(config: PlatformConfig, log_groups: Sequence[str], *, read_on
                    charts: ChartSource = ChartSource()) -> Platform:
     """``log_groups``: every log group the platform will create (the log key must name each
     one before it exists), from ``infra.capabilities.log_group_names``, the foundation's included.
-    ``read_only``: a pull-request preview (``infra.deploy preview --read-only``): every AWS
+    ``read_only``: a pull-request preview (``infra.plan.deploy preview --read-only``): every AWS
     provider uses the stack's ``<name>-ci-reader`` roles. ``charts``: where every Helm release's chart
     comes from (``infra.chart_mirror.chart_source``)."""
     providers = create_account_providers(config, read_only=read_only)
@@ -159,7 +159,7 @@ def build_platform(config: PlatformConfig, log_groups: Sequence[str], *, read_on
             is_prod=config.is_prod,
             cluster_name=config.cluster_name,
             network=network,
-            # Unchanged in read-only previews: they exclude the in-cluster resources (infra.deploy).
+            # Unchanged in read-only previews: they exclude the in-cluster resources (infra.plan.deploy).
             kubeconfig_role_arn=config.accounts.workload.role_arn,
             namespace_editors=namespace_editors,
             log_kms_key=log_group_key.key,

@@ -13,7 +13,7 @@ import pulumi
 from components.argo_workflows import ArgoWorkflows, ArgoWorkflowsArgs
 from components.argocd import ArgoCD, ArgoCDArgs
 from components.charts import ChartSource
-from components.versions import ARGO_WORKFLOWS, ARGO_WORKFLOWS_APP_VERSION, ARGOCD, ARGOCD_APP_VERSION, ARGOCD_CHART_VERSION, HelmChart
+from catalog.versions import ARGO_WORKFLOWS, ARGO_WORKFLOWS_APP_VERSION, ARGOCD, ARGOCD_APP_VERSION, ARGOCD_CHART_VERSION, HelmChart
 from infra.capability import Capability
 from infra.ci import read_only_requested
 from infra.config import GitopsConfig, PlatformConfig, SecretSourceConfig

@@ -13,7 +13,6 @@ from catalog.versions import (
     PROMETHEUS_OPERATOR_CRDS, HelmChart,
 )
 from components.gpu_enablement import GpuEnablement, GpuEnablementArgs, GpuEnablementMode
-from components.datasets import storage_startup_taints
 from components.gpu_pools import GpuPools, GpuPoolsArgs
 from components.karpenter import Karpenter, KarpenterArgs, KarpenterPrerequisites, KarpenterPrerequisitesArgs
 from components.scheduling import Scheduling, SchedulingArgs
@@ -24,15 +23,15 @@ from infra.platform import Platform
 from workloads import kueue, scheduling, tenancy
 from workloads import gpu_sharing
 from workloads.gpu_catalog import SPOT_NOTICE_SECONDS, gpu_type
-from workloads.gpu_sharing import PoolSharing
-from workloads.prices import PRICES, SPOT_DISCOUNT
-from workloads.karpenter import POOL_LABEL, CpuPoolSpec, duration_seconds
+from catalog.prices import PRICES, SPOT_DISCOUNT
+from workloads.karpenter import CpuPoolSpec, duration_seconds, storage_startup_taints
 
 NODE_POOL_TYPE = "kubernetes:karpenter.sh/v1:NodePool"
 
 
 def cpu_pool_spec(config: PlatformConfig) -> Optional[CpuPoolSpec]:
-    return config.karpenter.cpu_pool.spec(config.karpenter.ami_alias)
+    """``config.cpu_pool_spec``; kept for the job renderer (jobs/render.py) until it reads the config."""
+    return config.cpu_pool_spec
 
 
 def tenancy_spec(team: TeamConfig) -> tenancy.TeamTenancy:
@@ -40,77 +39,36 @@ def tenancy_spec(team: TeamConfig) -> tenancy.TeamTenancy:
                                local_queue=kueue.LOCAL_QUEUE_NAME)
 
 
+def queues(config: PlatformConfig) -> kueue.Queues:
+    """The Kueue flavors and queues of ``scheduling.teams`` over the stack's pools (workloads/kueue.py)."""
+    teams = [team.copy_into(kueue.TeamQueueSpec, team=team.name, namespace=team.namespace) for team in config.scheduling.teams]
+    return kueue.queues_for(teams, config.gpu_pool_specs, config.cpu_pool_spec)
+
+
 def team_specs(config: PlatformConfig, s3_prefix_list_cidrs: Any = None,
                service_cidr: Optional[str] = None) -> list[tuple[scheduling.TeamNamespaceSpec, kueue.TeamQueueSpec]]:
-    """``s3_prefix_list_cidrs``: the S3 gateway endpoint's CIDRs (an Output at deploy time);
-    ``service_cidr``: the cluster's Service CIDR (workflow pods reach the API server's address)."""
+    """Each team's namespace and queue. ``s3_prefix_list_cidrs``: the S3 gateway endpoint's CIDRs
+    (an Output at deploy time); ``service_cidr``: the cluster's Service CIDR (workflow pods reach
+    the API server's address)."""
+    found = queues(config)
     out = []
-    shared = {p.name: p.sharing_spec() for p in config.gpu_pools if p.sharing_spec().shared}
-
-    def whole_gpus(team: TeamConfig) -> int:
-        return sum(n for pool, n in team.gpu_quota.items() if pool not in shared)
-
-    def slices(team: TeamConfig) -> dict[str, int]:
-        # A shared pool's quota is in slices; each of its resources may take up to that many.
-        out_: dict[str, int] = {}
-        for pool, n in team.gpu_quota.items():
-            for resource in shared.get(pool, PoolSharing()).slices_per_gpu():
-                out_[resource] = out_.get(resource, 0) + n
-        return out_
-
-    cohort_gpus = sum(whole_gpus(t) for t in config.scheduling.teams)
-    cohort_slices: dict[str, int] = {}
-    for t in config.scheduling.teams:
-        for resource, n in slices(t).items():
-            cohort_slices[resource] = cohort_slices.get(resource, 0) + n
-    general_share = general_cpu_share(config)
-    for team in config.scheduling.teams:
-        ns = team.namespace
+    for team, queue in zip(config.scheduling.teams, found.teams):
         tenancy_ = tenancy_spec(team)
         out.append((
             scheduling.TeamNamespaceSpec(
-                # Kueue decides per GPU type (the ClusterQueue's flavors); the namespace quota is a
-                # backstop at what Kueue can admit: the team's own GPUs, or the whole cohort's when
-                # it may borrow. Below that, Kueue would admit a borrowing job whose pods the quota
-                # then refuses (evicted and requeued until deactivated).
-                team=team.name, namespace=ns, gpu_quota=cohort_gpus if team.borrowing else whole_gpus(team),
-                slice_quota=dict(cohort_slices) if team.borrowing else slices(team),
+                # Kueue decides per GPU type (the ClusterQueue's flavors); the namespace quota is
+                # the backstop at what Kueue can admit (kueue.queues_for).
+                team=team.name, namespace=team.namespace, gpu_quota=found.namespace_gpus[team.name],
+                slice_quota=dict(found.namespace_slices[team.name]),
                 vpc_cidr=str(config.network.cidr), default_priority=team.priority,
                 extra_labels={"mlplatform.io/default-priority-class": scheduling.priority_class_name(team.priority),
                               **tenancy_.namespace_labels()},
                 annotations=tenancy_.namespace_annotations(),
                 s3_prefix_list_cidrs=s3_prefix_list_cidrs, service_cidr=service_cidr,
             ),
-            team.copy_into(kueue.TeamQueueSpec, team=team.name, namespace=ns, **general_share),
+            queue,
         ))
     return out
-
-
-def general_cpu_share(config: PlatformConfig) -> dict[str, int]:
-    """Each team's nominal share of the general CPU pool: the pool's limits split evenly (what one
-    team leaves idle, another borrows within the cohort, as with GPUs). Nothing without the pool."""
-    cpu = cpu_flavor_spec(config)
-    teams = max(1, len(config.scheduling.teams))
-    if cpu is None:
-        return {}
-    return {"general_cpu": cpu.max_cpu // teams, "general_memory_gib": cpu.max_memory_gib // teams}
-
-
-def cpu_flavor_spec(config: PlatformConfig) -> Optional[kueue.CpuFlavorSpec]:
-    """The general CPU pool as a Kueue flavor (None without the pool)."""
-    pool = cpu_pool_spec(config)
-    if pool is None:
-        return None
-    return kueue.CpuFlavorSpec(name=pool.name, node_labels={POOL_LABEL: pool.name},
-                               max_cpu=pool.max_cpu, max_memory_gib=pool.max_memory_gib)
-
-
-def flavor_specs(config: PlatformConfig) -> list[kueue.FlavorSpec]:
-    specs = [p.spec(config.karpenter.ami_alias) for p in config.gpu_pools]
-    return [kueue.FlavorSpec(name=s.name, node_labels=s.node_labels, max_gpus=s.max_gpus, gpus_per_node=s.gpus_per_node,
-                             efa_devices_per_node=s.shapes[0].num_efa_network_cards if s.efa else 0,
-                             slices_per_gpu=s.sharing.slices_per_gpu())
-            for s in specs]
 
 
 def deploy(platform: Platform) -> dict[str, Any]:
@@ -122,7 +80,7 @@ def deploy(platform: Platform) -> dict[str, Any]:
         opts=platform.workload_opts(),
     )
     replicas = config.karpenter.replicas or (2 if config.is_prod else 1)
-    pools = [p.spec(config.karpenter.ami_alias) for p in config.gpu_pools]
+    pools = config.gpu_pool_specs
     karpenter = Karpenter(
         f"{config.name}-karpenter",
         KarpenterArgs(cluster=cluster, prerequisites=prerequisites, replicas=replicas, log_level=config.karpenter.log_level,
@@ -132,11 +90,11 @@ def deploy(platform: Platform) -> dict[str, Any]:
     platform.node_pools = GpuPools(
         f"{config.name}-node-pools",
         GpuPoolsArgs(cluster=cluster, prerequisites=prerequisites, karpenter=karpenter, gpu_pools=pools,
-                     cpu_pool=cpu_pool_spec(config), tags=tags,
-                     # Only the taints of drivers this stack installs (aws-readiness-4 R1: dev had
-                     # FSx's taint without FSx, and no node ever became Initialized).
-                     storage_startup_taints=(storage_startup_taints(config.datasets.storage)
-                                             if config.datasets is not None else ())),
+                     cpu_pool=config.cpu_pool_spec, tags=tags,
+                     # Only the taints of drivers this stack installs: a startup taint whose driver
+                     # is absent is never lifted, and no node would ever become Initialized.
+                     storage_startup_taints=storage_startup_taints(
+                         config.datasets.storage if config.datasets is not None else None)),
         opts=platform.kubernetes_opts(),
     )
     enablement = config.gpu_enablement
@@ -148,11 +106,12 @@ def deploy(platform: Platform) -> dict[str, Any]:
         opts=platform.kubernetes_opts(),
     )
     # The gateway endpoint's cidr_blocks are S3's prefix-list ranges for the region.
+    found = queues(config)
     platform.scheduling = Scheduling(
         f"{config.name}-scheduling",
         SchedulingArgs(cluster=cluster, teams=team_specs(config, platform.network.s3_endpoint.cidr_blocks,
-                                                          cluster.service_cidr), flavors=flavor_specs(config),
-                       cpu_flavor=cpu_flavor_spec(config),
+                                                          cluster.service_cidr), flavors=list(found.flavors),
+                       cpu_flavor=found.cpu_flavor,
                        manager=kueue.ManagerConfigSpec(wait_for_pods_ready_timeout=config.scheduling.wait_for_pods_ready_timeout),
                        kueue_replicas=2 if config.is_prod else 1, charts=platform.charts),
         opts=platform.kubernetes_opts(),
@@ -216,7 +175,7 @@ def _gpu_quota_oversubscribed(config: PlatformConfig, recording: Recording) -> I
 
 
 def pool_lines(config: PlatformConfig, pool: GpuPoolConfig) -> list[str]:
-    spec = pool.spec(config.karpenter.ami_alias)
+    spec = next(s for s in config.gpu_pool_specs if s.name == pool.name)
     gpu = gpu_type(pool.gpu_type)
     num_nodes = pool.max_gpus // pool.gpus_per_node
     return [
@@ -291,7 +250,7 @@ def charts(config: PlatformConfig) -> list[HelmChart]:
         found.append(NVIDIA_GPU_OPERATOR)
     else:
         found += [NVIDIA_DEVICE_PLUGIN, *([DCGM_EXPORTER] if enablement.dcgm_exporter else [])]
-    if any(p.spec(config.karpenter.ami_alias).efa for p in config.gpu_pools):
+    if any(p.efa for p in config.gpu_pool_specs):
         found.append(EFA_DEVICE_PLUGIN)
     return [*found, KUEUE]
 

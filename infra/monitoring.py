@@ -18,7 +18,7 @@ from components.karpenter import NAMESPACE as KARPENTER_NAMESPACE
 from components.monitoring import Monitoring, MonitoringArgs
 from components.scheduling import KUEUE_NAMESPACE
 from components.training import TRAINING_OPERATOR_NAMESPACE
-from components.versions import AWS_FOR_FLUENT_BIT, KUBE_PROMETHEUS_STACK, PROMETHEUS_OPERATOR_CRDS, HelmChart
+from catalog.versions import AWS_FOR_FLUENT_BIT, KUBE_PROMETHEUS_STACK, PROMETHEUS_OPERATOR_CRDS, HelmChart
 from infra import costs, system_capacity
 from infra.capability import Capability
 from infra.config import PlatformConfig

@@ -12,7 +12,7 @@ import pulumi
 from components.budgets import AccountBudget, AccountBudgetArgs
 from components.container_insights import ContainerInsights, ContainerInsightsArgs, performance_log_group_name
 from components.gpu_idle_alarm import METRIC_NAME, GpuIdleAlarm, GpuIdleAlarmArgs
-from components.versions import CLOUDWATCH_OBSERVABILITY, HelmChart
+from catalog.versions import CLOUDWATCH_OBSERVABILITY, HelmChart
 from infra import costs
 from infra.capability import Capability
 from infra.config import PlatformConfig

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import Any, Iterator
 
-from components.versions import UNCONFIRMED_PINS
+from catalog.versions import UNCONFIRMED_PINS
 from infra.capability import Capability
 from infra.config import PlatformConfig
 from infra.recording import Recording

@@ -87,7 +87,7 @@ def main(prepare: Optional[Callable[[PlatformConfig], Any]] = None) -> Platform:
 
 def run() -> Platform:
     """What `pulumi up` runs: ``infra/__main__.py`` under the language host, or the deploy driver's
-    inline program (``python -m infra.deploy --inline``). A config mistake, a vendored tree that
+    inline program (``python -m infra.plan.deploy --inline``). A config mistake, a vendored tree that
     does not match its pin or a chart mirror that cannot serve a pinned chart becomes a
     ``RunError``: the message alone, not a program crash."""
     from components.validation import InvalidInputError

@@ -20,7 +20,7 @@ from components.tracking import (
     Tracking,
     TrackingArgs,
 )
-from components.versions import AURORA_POSTGRESQL_VERSION
+from catalog.versions import AURORA_POSTGRESQL_VERSION
 from infra import costs
 from infra.capability import Capability
 from infra.config import PlatformConfig

@@ -11,7 +11,7 @@ from components.run_records import RunRecords, RunRecordsArgs
 from components.training import (
     TeamTrainerAccess, TeamTrainerAccessArgs, TrainingOperators, TrainingOperatorsArgs, team_checkpoint_prefix,
 )
-from components.versions import KUBEFLOW_TRAINER, TRAINER_VERSION, TRAINING_OPERATOR_VERSION, HelmChart
+from catalog.versions import KUBEFLOW_TRAINER, TRAINER_VERSION, TRAINING_OPERATOR_VERSION, HelmChart
 from infra.capability import Capability
 from infra.config import PlatformConfig
 from infra.recording import Recording

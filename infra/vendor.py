@@ -29,7 +29,7 @@ from typing import Callable, Optional
 
 import yaml
 
-from components.versions import (
+from catalog.versions import (
     TRAINING_OPERATOR_ARCHIVE_URL, TRAINING_OPERATOR_COMMIT, TRAINING_OPERATOR_MANIFESTS_TREE,
     TRAINING_OPERATOR_OVERLAY_DIR, TRAINING_OPERATOR_VENDOR_DIR,
 )

@@ -167,6 +167,6 @@ def test_documented_make_targets_exist():
 
 
 def test_the_command_check_would_catch_a_wrong_flag():
-    module, *words = _python_commands("```bash\npython -m infra.deploy up --stack dev --no-such-flag\n```")[0]
-    assert module == "infra.deploy" and "--no-such-flag" in words
-    assert "--no-such-flag" not in _help("infra.deploy", None)[1]
+    module, *words = _python_commands("```bash\npython -m infra.plan.deploy up --stack dev --no-such-flag\n```")[0]
+    assert module == "infra.plan.deploy" and "--no-such-flag" in words
+    assert "--no-such-flag" not in _help("infra.plan.deploy", None)[1]

@@ -255,9 +255,31 @@ def gpu_disruption(pool: GpuPoolSpec) -> dict[str, Any]:
     }
 
 
+# -- which storage startup taints a stack's nodes start with ------------------------------------------
+# The CSI drivers each datasets storage mode installs (components/datasets.py ``DatasetsStorage``):
+# FSx's Lustre client; or EFS (team subtrees) and Mountpoint (datasets), whose volumes every team
+# pod mounts together.
+_STORAGE_MODE_STARTUP_TAINTS = {
+    "fsx": (FSX_STARTUP_TAINT,),
+    "s3-mountpoint": (EFS_STARTUP_TAINT, S3_MOUNTPOINT_STARTUP_TAINT),
+}
+
+
+def storage_startup_taints(storage: Optional[str]) -> tuple[dict[str, str], ...]:
+    """The node startup taints of the CSI drivers the datasets storage mode ``storage`` installs
+    (``DatasetsStorage`` or its value; None: no datasets, no storage driver, no taint), each lifted
+    by its own node plugin once it runs."""
+    if storage is None:
+        return ()
+    mode = getattr(storage, "value", storage)
+    if mode not in _STORAGE_MODE_STARTUP_TAINTS:
+        raise ValueError(f"storage mode {mode!r}: expected one of {sorted(_STORAGE_MODE_STARTUP_TAINTS)}")
+    return tuple(dict(taint) for taint in _STORAGE_MODE_STARTUP_TAINTS[mode])
+
+
 def gpu_node_pool(pool: GpuPoolSpec, *, storage_startup_taints: Sequence[Mapping[str, str]] = ()) -> dict[str, Any]:
     """``storage_startup_taints``: the taints of the storage CSI node plugins the stack installs
-    (``components.datasets.storage_startup_taints``), never one whose driver is absent: a startup
+    (``storage_startup_taints(mode)`` above), never one whose driver is absent: a startup
     taint nothing lifts keeps the node un-Initialized and unschedulable forever (Karpenter 1.14.1
     nodeclaim/lifecycle/initialization.go)."""
     name = pool.resource_name

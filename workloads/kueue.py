@@ -9,13 +9,13 @@ The manager runs with ``waitForPodsReady`` so a multi-node job is admitted all-o
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 
 from workloads.gpu_sharing import SHARING_TAINT
-from workloads.karpenter import EFA_RESOURCE, GPU_RESOURCE, GPU_TAINT
+from workloads.karpenter import EFA_RESOURCE, GPU_RESOURCE, GPU_TAINT, POOL_LABEL, CpuPoolSpec, GpuPoolSpec
 from workloads.placement import SYSTEM_NODE_LABEL_KEY
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
@@ -102,6 +102,79 @@ class TeamQueueSpec:
     borrowing: bool = True
     general_cpu: int = 0
     general_memory_gib: int = 0
+
+
+@dataclass(frozen=True)
+class Queues:
+    """What Kueue and the team namespaces get for a set of teams and pools (``queues_for``).
+
+    flavors: one per GPU pool, in the pools' order.
+    cpu_flavor: the general CPU pool's, or None without the pool.
+    teams: each team's queue, with its share of the general CPU pool filled in.
+    namespace_gpus, namespace_slices: per team, the namespace ResourceQuota that backs its queue:
+        whole GPUs and, per shared-pool resource, slices.
+    """
+
+    flavors: tuple[FlavorSpec, ...]
+    cpu_flavor: Optional[CpuFlavorSpec]
+    teams: tuple[TeamQueueSpec, ...]
+    namespace_gpus: Mapping[str, int]
+    namespace_slices: Mapping[str, Mapping[str, int]]
+
+
+def flavor_for(pool: GpuPoolSpec) -> FlavorSpec:
+    """A GPU pool as a Kueue flavor: its labels, GPU limit, EFA devices per node and slices."""
+    return FlavorSpec(name=pool.name, node_labels=pool.node_labels, max_gpus=pool.max_gpus, gpus_per_node=pool.gpus_per_node,
+                      efa_devices_per_node=pool.shapes[0].num_efa_network_cards if pool.efa else 0,
+                      slices_per_gpu=pool.sharing.slices_per_gpu())
+
+
+def cpu_flavor_for(pool: Optional[CpuPoolSpec]) -> Optional[CpuFlavorSpec]:
+    """The general CPU pool as a Kueue flavor (None without the pool)."""
+    if pool is None:
+        return None
+    return CpuFlavorSpec(name=pool.name, node_labels={POOL_LABEL: pool.name},
+                         max_cpu=pool.max_cpu, max_memory_gib=pool.max_memory_gib)
+
+
+def queues_for(teams: Sequence[TeamQueueSpec], pools: Sequence[GpuPoolSpec], cpu_pool: Optional[CpuPoolSpec]) -> Queues:
+    """The flavors, each team's queue and the namespace quotas behind them.
+
+    ``teams``: each team's GPU quota per pool (GPUs, or slices for a shared pool), weight and
+    borrowing; their ``general_cpu``/``general_memory_gib`` are replaced by an even split of the
+    general CPU pool's limits (what one team leaves idle, another borrows within the cohort, as
+    with GPUs; nothing without the pool).
+
+    The namespace quota is a backstop at what Kueue can admit: the team's own GPUs, or the whole
+    cohort's when it may borrow. Below that, Kueue would admit a borrowing job whose pods the
+    quota then refuses (evicted and requeued until deactivated). A shared pool's quota is in
+    slices, and each of its resources may take up to that many.
+    """
+    shared = {pool.name: pool.sharing for pool in pools if pool.sharing.shared}
+    own_gpus = {t.team: sum(n for pool, n in t.gpu_quota.items() if pool not in shared) for t in teams}
+    own_slices: dict[str, dict[str, int]] = {}
+    for t in teams:
+        slices = own_slices.setdefault(t.team, {})
+        for pool, n in t.gpu_quota.items():
+            if pool in shared:
+                for resource in shared[pool].slices_per_gpu():
+                    slices[resource] = slices.get(resource, 0) + n
+    cohort_gpus = sum(own_gpus.values())
+    cohort_slices: dict[str, int] = {}
+    for slices in own_slices.values():
+        for resource, n in slices.items():
+            cohort_slices[resource] = cohort_slices.get(resource, 0) + n
+    cpu_flavor = cpu_flavor_for(cpu_pool)
+    num_teams = max(1, len(teams))
+    cpu_share = ({} if cpu_flavor is None else
+                 {"general_cpu": cpu_flavor.max_cpu // num_teams, "general_memory_gib": cpu_flavor.max_memory_gib // num_teams})
+    return Queues(
+        flavors=tuple(flavor_for(pool) for pool in pools),
+        cpu_flavor=cpu_flavor,
+        teams=tuple(replace(t, **cpu_share) for t in teams),
+        namespace_gpus={t.team: cohort_gpus if t.borrowing else own_gpus[t.team] for t in teams},
+        namespace_slices={t.team: dict(cohort_slices) if t.borrowing else own_slices[t.team] for t in teams},
+    )
 
 
 def resource_flavor(flavor: FlavorSpec | CpuFlavorSpec) -> dict[str, Any]:

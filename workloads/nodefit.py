@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from catalog.node_model import gpu_pod_allocatable
-from workloads.prices import PRICES
+from catalog.prices import PRICES
 
 CPU_STEP_MILLICORES = 100  # requests are rounded down to a tenth of a core
 SHM_MAX_GIB = 64

@@ -1,5 +1,9 @@
-"""Prices: moved to catalog/prices.py (instance prices with their shapes in catalog/gpus.py);
-re-exported here under the names other modules import."""
+"""Deprecated import path: prices live in ``catalog.prices`` (instance prices with their shapes in
+catalog/gpus.py); import them from there.
+
+Kept only while ``jobs/client.py`` and ``jobs/preflight.py`` still import it; removed once they
+import ``catalog.prices``.
+"""
 from __future__ import annotations
 
 from catalog.prices import (  # noqa: F401  (re-exported)

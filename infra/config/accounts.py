@@ -4,36 +4,23 @@ from __future__ import annotations
 from enum import Enum
 from typing import Iterator, Optional
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr
 
 from catalog.regions import partition_of
-from components.validation import Problem
-from infra.config.common import _ACCOUNT_ID, _ROLE_ARN, _Model
-from infra.config.engine import Rule, invalid
+from workloads.problems import Problem
+from infra.config.common import AccountId, RoleArn, _Model
+from infra.config.engine import Rule
+from infra.config.syntax import role_arn_account
 
 
 class AccountConfig(_Model):
     """One AWS account and the role Pulumi assumes in it."""
 
-    id: str = Field(description="12-digit AWS account id, quoted in YAML so leading zeros survive.")
-    role_arn: str = Field(description="IAM role Pulumi assumes in this account (must be in `id`).")
+    id: AccountId = Field(description="12-digit AWS account id, quoted in YAML so leading zeros survive.")
+    role_arn: RoleArn = Field(description="IAM role Pulumi assumes in this account (must be in `id`).")
     external_id: Optional[SecretStr] = Field(None, description=(
         "sts:ExternalId the role's trust policy requires, if any; may be stored with `pulumi config set --secret`."))
     session_name: str = Field("ml-training-platform", description="STS session name, visible in CloudTrail.")
-
-    @field_validator("id")
-    @classmethod
-    def _id(cls, value: str) -> str:
-        if not _ACCOUNT_ID.match(value):
-            raise invalid("is not a 12-digit AWS account id", "use the 12-digit id, quoted in YAML (e.g. '012345678901')")
-        return value
-
-    @field_validator("role_arn")
-    @classmethod
-    def _role(cls, value: str) -> str:
-        if not _ROLE_ARN.match(value):
-            raise invalid("is not an IAM role ARN", "use arn:aws:iam::<account id>:role/<name>")
-        return value
 
 
 class AccountLayout(str, Enum):
@@ -55,7 +42,7 @@ class AccountsConfig(_Model):
 
 def _account_role_rule(key: str) -> Rule:
     def rule(account: AccountConfig) -> Iterator[Problem]:
-        arn_account = _ROLE_ARN.match(account.role_arn).group(2)  # type: ignore[union-attr]
+        arn_account = role_arn_account(account.role_arn)
         if arn_account != account.id:
             yield Problem(
                 f"accounts.{key}.roleArn",

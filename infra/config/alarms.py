@@ -7,7 +7,7 @@ from pydantic import Field, field_validator
 
 from components.container_insights import ContainerInsightsArgs
 from components.gpu_idle_alarm import MAX_IDLE_MINUTES, malformed_emails
-from components.validation import Problem
+from workloads.problems import Problem
 from infra.config.common import _Model, check_log_retention, prod_retention_rule
 from infra.config.engine import Rule, invalid
 from infra.config.gpu import GpuPoolConfig

@@ -7,7 +7,7 @@ from typing import Annotated, Iterator, Optional
 from pydantic import Field
 
 from components.budgets import alert_problems
-from components.validation import Problem
+from workloads.problems import Problem
 from infra.config.common import _Model
 from infra.config.engine import Rule
 

@@ -3,18 +3,28 @@ from __future__ import annotations
 
 import re
 from enum import Enum
-from typing import Iterator, Optional
+from typing import Annotated, Iterator, Optional
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from components.ci_access import DEFAULT_WORKFLOW_PATH
-from components.validation import Problem
-from infra.config.common import _Model
-from infra.config.engine import Rule, invalid
+from workloads.problems import Problem
+from infra.config.common import _Model, syntax
+from infra.config.engine import Rule
 
 _REPOSITORY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _CONNECTION = re.compile(r"^arn:aws[a-z-]*:(codeconnections|codestar-connections):[a-z0-9-]+:\d{12}:connection/[0-9a-f-]{36}$")
+
+GithubRepository = Annotated[str, syntax(
+    lambda value: None if _REPOSITORY.match(value) else "is not a GitHub ORG/REPO",
+    "use the repository's owner and name, e.g. example-org/ml-training-platform")]
+BucketName = Annotated[str, syntax(
+    lambda value: None if _BUCKET.match(value) else "is not an S3 bucket name",
+    "use the bucket of PULUMI_BACKEND_URL, without s3://")]
+ConnectionArn = Annotated[str, syntax(
+    lambda value: None if _CONNECTION.match(value) else "is not a CodeConnections connection ARN",
+    "use arn:aws:codeconnections:<region>:<account>:connection/<uuid> (console: Developer Tools > Connections)")]
 
 
 class OidcProviderMode(str, Enum):
@@ -27,35 +37,13 @@ class OidcProviderMode(str, Enum):
 class CiConfig(_Model):
     """CI's roles in the automation account, the state's KMS key and the in-VPC runner."""
 
-    repository: str = Field(description="GitHub ORG/REPO whose workflow deploys this stack.")
+    repository: GithubRepository = Field(description="GitHub ORG/REPO whose workflow deploys this stack.")
     workflow_path: str = Field(DEFAULT_WORKFLOW_PATH, description="The workflow file the roles trust (job_workflow_ref).")
     oidc_provider: OidcProviderMode = Field(OidcProviderMode.CREATE, description=(
         "create | existing: only one stack per automation account creates token.actions.githubusercontent.com."))
-    state_bucket: str = Field(description="S3 bucket of the Pulumi state (PULUMI_BACKEND_URL s3://<bucket>).")
-    code_connection_arn: Optional[str] = Field(None, description=(
+    state_bucket: BucketName = Field(description="S3 bucket of the Pulumi state (PULUMI_BACKEND_URL s3://<bucket>).")
+    code_connection_arn: Optional[ConnectionArn] = Field(None, description=(
         "AWS CodeConnections connection to GitHub for the in-VPC runner; null: no runner (CI cannot reach a private endpoint)."))
-
-    @field_validator("repository")
-    @classmethod
-    def _repository(cls, value: str) -> str:
-        if not _REPOSITORY.match(value):
-            raise invalid("is not a GitHub ORG/REPO", "use the repository's owner and name, e.g. example-org/ml-training-platform")
-        return value
-
-    @field_validator("state_bucket")
-    @classmethod
-    def _bucket(cls, value: str) -> str:
-        if not _BUCKET.match(value):
-            raise invalid("is not an S3 bucket name", "use the bucket of PULUMI_BACKEND_URL, without s3://")
-        return value
-
-    @field_validator("code_connection_arn")
-    @classmethod
-    def _connection(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None and not _CONNECTION.match(value):
-            raise invalid("is not a CodeConnections connection ARN",
-                          "use arn:aws:codeconnections:<region>:<account>:connection/<uuid> (console: Developer Tools > Connections)")
-        return value
 
 
 def _runner_in_workload_account(ci: Optional[CiConfig], accounts) -> Iterator[Problem]:

@@ -8,15 +8,15 @@ from pydantic import Field, field_validator
 
 from components.cluster import UpgradePolicy
 from components.cluster import ClusterArgs, NodeGroupArgs
-from components.validation import Problem
-from components.versions import DEFAULT_EKS_VERSION, EKS_VERSIONS, addon_versions
-from infra import limits
+from workloads.problems import Problem
+from catalog.versions import DEFAULT_EKS_VERSION, EKS_VERSIONS, addon_versions
+from catalog import limits
 from infra.config.accounts import AccountConfig
 from infra.config.common import (
-    check_log_retention, CapacityType, Cidr, Environment, _ROLE_ARN, _Model, _exposure, prod_retention_rule,
+    check_log_retention, CapacityType, Cidr, Environment, RoleArn, _Model, _exposure, prod_retention_rule,
 )
 from infra.config.engine import Rule, invalid
-from infra.limits import at_most
+from infra.config.common import at_most
 
 
 class NodeGroupConfig(_Model):
@@ -62,8 +62,8 @@ class ClusterConfig(_Model):
     public_access_cidrs: list[Cidr] = Field(
         default_factory=list, description="Empty = private endpoint only. Never allowed in prod."
     )
-    admin_role_arns: list[str] = Field(default_factory=list, description="Roles given cluster-admin access entries.")
-    deploy_role_arn: Optional[str] = Field(None, description="CI role given a cluster-admin access entry.")
+    admin_role_arns: list[RoleArn] = Field(default_factory=list, description="Roles given cluster-admin access entries.")
+    deploy_role_arn: Optional[RoleArn] = Field(None, description="CI role given a cluster-admin access entry.")
     log_retention_days: int = Field(ClusterArgs.log_retention_days, description="Control-plane log retention in CloudWatch; prod: 365 or more.")
     deletion_protection: Optional[bool] = Field(None, description="Defaults to true in prod.")
     system_node_group: NodeGroupConfig
@@ -73,21 +73,6 @@ class ClusterConfig(_Model):
     def _version(cls, value: str) -> str:
         if value not in EKS_VERSIONS:
             raise invalid("is not a known EKS version", f"use one of {sorted(EKS_VERSIONS)}")
-        return value
-
-    @field_validator("admin_role_arns")
-    @classmethod
-    def _admins(cls, value: list[str]) -> list[str]:
-        bad = [arn for arn in value if not _ROLE_ARN.match(arn)]
-        if bad:
-            raise invalid(f"{bad} are not IAM role ARNs", "use arn:aws:iam::<account id>:role/<name>")
-        return value
-
-    @field_validator("deploy_role_arn")
-    @classmethod
-    def _deploy(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None and not _ROLE_ARN.match(value):
-            raise invalid("is not an IAM role ARN", "use arn:aws:iam::<account id>:role/<name>")
         return value
 
     @field_validator("log_retention_days")

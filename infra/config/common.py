@@ -9,14 +9,19 @@ import ipaddress
 import re
 import unicodedata
 from enum import Enum
-from typing import Annotated, Any, Iterator, Optional, TypeVar
+from typing import Annotated, Any, Callable, Iterator, Optional, TypeVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, PlainSerializer
 from pydantic.alias_generators import to_camel
 
+from catalog.limits import Limit
 from catalog.regions import PARTITION_OF_REGION, partition_of
-from components.validation import Problem
+from workloads.problems import Problem
 from infra.config.engine import Rule, invalid
+from infra.config.syntax import (
+    account_id_problem, checked, dns_name_problem, domain_name_problem, git_ref_problem, image_reference_problem,
+    role_arn_problem, zone_id_problem,
+)
 
 T = TypeVar("T")
 
@@ -32,8 +37,6 @@ def _spec_value(value: Any, annotation: str) -> Any:
     return value
 
 
-_ACCOUNT_ID = re.compile(r"^\d{12}$")
-_ROLE_ARN = re.compile(r"^arn:(aws|aws-us-gov|aws-cn):iam::(\d{12}):role/[\w+=,.@/-]{1,512}$")
 _NAME = re.compile(r"^[a-z][a-z0-9-]{1,22}[a-z0-9]$")
 PROD_OBJECT_LOCK_RETENTION_DAYS = 365
 # Log retention floor in prod (CIS AWS Foundations / EKS Best Practices: keep audit logs a year).
@@ -164,9 +167,42 @@ def _check_tags(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
+def at_most(limit: Limit) -> AfterValidator:
+    """A field validator refusing values above ``limit`` (catalog/limits.py), naming it and its source."""
+
+    def check(value: Any) -> Any:
+        if value is not None and value > limit.maximum:
+            maximum = int(limit.maximum) if float(limit.maximum).is_integer() else limit.maximum
+            raise invalid(f"exceeds {limit.what}: at most {maximum} (source: {limit.source})",
+                          f"use a value <= {maximum}")
+        return value
+
+    return AfterValidator(check)
+
+
 PlatformName = Annotated[str, AfterValidator(_check_name)]
 Region = Annotated[str, AfterValidator(_check_region)]
 Tags = Annotated[dict[str, str], AfterValidator(_check_tags)]
+
+
+def syntax(problem: Callable[[str], Optional[str]], fix: str) -> AfterValidator:
+    """A string type's check (infra/config/syntax.py): ``problem(value)`` says what is wrong, ``fix``
+    what to write instead; the loader reports both with the field's path and the value."""
+    return AfterValidator(lambda value: checked(problem(value), fix, value))
+
+
+# Strings the config hands to AWS, Git or a registry, each checked by the consumer's own rule
+# when the stack file is read (one problem per bad value, at its own path: a list's index too).
+AccountId = Annotated[str, syntax(account_id_problem, "use the 12-digit id, quoted in YAML (e.g. '012345678901')")]
+RoleArn = Annotated[str, syntax(role_arn_problem, "use arn:aws:iam::<account id>:role/<name>")]
+DnsName = Annotated[str, syntax(dns_name_problem, "use a host name such as argocd.dev.example.com")]
+DomainName = Annotated[str, syntax(domain_name_problem, "use one such as mlflow.dev.example.com")]
+ImageRef = Annotated[str, syntax(
+    image_reference_problem, "use <registry>/<repository>@sha256:<digest> or <registry>/<repository>:<tag>")]
+GitRef = Annotated[str, syntax(git_ref_problem, "name a branch or tag git accepts (git check-ref-format), e.g. main or "
+                                                 "v1.4.0, or a 40-character commit id")]
+ZoneId = Annotated[str, syntax(
+    zone_id_problem, "use the hosted zone's id (aws route53 list-hosted-zones), e.g. Z0123456789ABCDEFGHIJ")]
 
 
 # Judged by what a list covers together: 0.0.0.0/1 + 128.0.0.0/1 is the whole internet too.

@@ -11,12 +11,12 @@ from components.datasets import (
     DataRepositoryAssociationSpec, DatasetBucket, DatasetsStorage, FsxEvent, FsxLogLevel, association_problems, fsx_capacity_problems,
 )
 from components.datasets import FsxArgs
-from components.validation import Problem
-from infra import limits
+from workloads.problems import Problem
+from catalog import limits
 from infra.config.common import check_log_retention, prod_retention_rule, _Model
 from infra.config.syntax import checked, s3_prefix_problem
-from infra.config.engine import Rule, invalid
-from infra.limits import at_most
+from infra.config.engine import Rule
+from infra.config.common import at_most
 
 
 class BucketLifecycleConfig(_Model):
@@ -100,6 +100,17 @@ def _storage(environment: str, storage: DatasetsStorage, fsx: Optional[FsxConfig
                       "use datasets.storage: fsx in prod")
 
 
+def _mountpoint_needs_cpu_pool(storage: DatasetsStorage, cpu_pool_enabled: bool) -> Iterator[Problem]:
+    # The Mountpoint add-on's s3-csi-controller tolerates no taint (chart v2.2.2
+    # templates/controller.yaml; the add-on's configuration accepts none, aws/containers-roadmap#2676)
+    # and the system nodes are tainted CriticalAddonsOnly: only a general CPU node can run it.
+    if storage is DatasetsStorage.S3_MOUNTPOINT and not cpu_pool_enabled:
+        yield Problem("karpenter.cpuPool.enabled", cpu_pool_enabled,
+                      "storage s3-mountpoint needs the general CPU pool: the Mountpoint CSI controller tolerates no "
+                      "taint, so it cannot run on the system nodes and would never start",
+                      "set karpenter.cpuPool.enabled: true, or datasets.storage: fsx")
+
+
 def _fsx_capacity(storage_capacity_gib: int, throughput_mb_per_tib: int) -> Iterator[Problem]:
     yield from fsx_capacity_problems("datasets.fsx", storage_capacity_gib, throughput_mb_per_tib)
 
@@ -133,6 +144,7 @@ def bucket_lifecycle_problems(path: str, lifecycle: BucketLifecycleConfig) -> It
 # Listed in the order the loader runs them (infra.config.platform.RULES).
 RULES: tuple[Rule, ...] = (
     Rule(("environment", "datasets.storage", "datasets.fsx"), _storage),
+    Rule(("datasets.storage", "karpenter.cpuPool.enabled"), _mountpoint_needs_cpu_pool),
     prod_retention_rule("datasets.fsx.logRetentionDays"),
     Rule(("datasets.fsx.storageCapacityGib", "datasets.fsx.perUnitStorageThroughputMbPerTib"), _fsx_capacity),
     Rule(("datasets.fsx.dataRepositoryAssociations",), _fsx_associations),

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Callable, Iterable, Iterator, Optional, Seque
 from pydantic import BaseModel, ConfigDict, SecretStr, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
-from components.validation import InvalidInputError, Problem
+from workloads.problems import InvalidInputError, Problem
 
 PROJECT = "ml-training-platform"
 FIX = " FIX: "  # separates what is wrong from how to fix it in validator messages

@@ -6,12 +6,11 @@ from typing import Any, Iterator, Optional
 from pydantic import Field, field_validator
 
 from components.argocd import SecretSource, SsoArgs
-from components.validation import Problem
-from infra.config.common import Environment, _Model
+from workloads.problems import Problem
+from infra.config.common import DnsName, Environment, GitRef, _Model
 from infra.config.engine import Rule, invalid
 from infra.config.syntax import (
-    checked, dns_name_problem, git_ref_problem, https_url_problem, relative_path_problem, secrets_manager_id_problem,
-    url_path_problem,
+    checked, https_url_problem, relative_path_problem, secrets_manager_id_problem, url_path_problem,
 )
 from workloads.gitops import SyncWindowSpec, WindowKind
 
@@ -80,9 +79,9 @@ class GitopsConfig(_Model):
     """Argo CD (app of apps over the rendered manifests) and Argo Workflows (pipelines)."""
 
     repo_url: str = Field(pattern=_GIT_URL, description="This repository; the only source Argo CD accepts.")
-    target_revision: str = Field("main", description="Branch or tag Argo CD follows.")
+    target_revision: GitRef = Field("main", description="Branch or tag Argo CD follows.")
     rendered_path: Optional[str] = Field(None, pattern=r"^[\w./-]+$", description="Default workloads/rendered/<stack>.")
-    domain: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", description="Argo CD host name (SSO callback).")
+    domain: DnsName = Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", description="Argo CD host name (SSO callback).")
     repo_credentials: Optional[SecretSourceConfig] = Field(None, description="Git credentials (JSON keys username/password or sshPrivateKey).")
     sso: Optional[SsoConfig] = None
     sync_mode: Optional[str] = Field(None, pattern="^(automated|manual)$", description="Default automated in dev, manual in prod.")
@@ -90,22 +89,11 @@ class GitopsConfig(_Model):
     ha: Optional[bool] = Field(None, description="Redis HA and 2 replicas of each server; default true in prod.")
     argo_workflows: bool = Field(True, description="Install Argo Workflows for the training pipelines.")
 
-    @field_validator("target_revision")
-    @classmethod
-    def _revision(cls, value: str) -> str:
-        return checked(git_ref_problem(value), "name a branch or tag git accepts (git check-ref-format), e.g. main or v1.4.0, "
-                       "or a 40-character commit id", value)
-
     @field_validator("rendered_path")
     @classmethod
     def _rendered(cls, value: Optional[str]) -> Optional[str]:
         return value if value is None else checked(
             relative_path_problem(value), "use a path inside the repository, e.g. workloads/rendered/dev", value)
-
-    @field_validator("domain")
-    @classmethod
-    def _domain(cls, value: str) -> str:
-        return checked(dns_name_problem(value), "use a host name such as argocd.dev.example.com", value)
 
     @field_validator("repo_url")
     @classmethod

@@ -8,12 +8,12 @@ from pydantic import Field, field_validator
 
 from catalog.gpus import GPU_TYPES
 from components.gpu_enablement import GpuEnablementMode
-from components.validation import Problem
-from components.versions import EKS_RELEASES, ami_release_date
-from infra import limits
-from infra.config.common import Environment, _Model
+from workloads.problems import Problem
+from catalog.versions import EKS_RELEASES, ami_release_date
+from catalog import limits
+from infra.config.common import Environment, ImageRef, _Model
 from infra.config.engine import Rule, invalid
-from infra.limits import at_most
+from infra.config.common import at_most
 from workloads.gpu_catalog import gpu_pool_problems
 from workloads.gpu_sharing import GpuSharing, PoolSharing, parse_mig_layout, sharing_problems
 from workloads.karpenter import CapacityType as KarpenterCapacityType, ConsolidationPolicy, CpuPoolSpec, GpuPoolSpec
@@ -112,7 +112,7 @@ class GpuEnablementConfig(_Model):
     service_monitor: bool = Field(False, description="ServiceMonitor for DCGM; needs prometheusOperatorCrds.")
     prometheus_operator_crds: bool = Field(
         False, description="Install the pinned prometheus-operator-crds chart (ServiceMonitor CRDs); serviceMonitor needs it.")
-    node_health_image: Optional[str] = Field(
+    node_health_image: Optional[ImageRef] = Field(
         None, description="Image of the GPU node readiness agent (docker/node-health: DCGM tools + python3), by digest in "
                           "prod, pushed to the stack's repository (output nodeHealthImageRepository). Every GPU node "
                           "starts tainted until this agent's checks pass, so GPU pools need it.")

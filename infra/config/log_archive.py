@@ -4,16 +4,16 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any, Iterator, Optional
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from components.bucket import AccessLogBucketArgs
 from components.log_archive import archive_problems
 from components.log_archive import LogArchiveArgs as _ARCHIVE
-from components.validation import Problem
-from infra import limits
-from infra.config.common import PROD_OBJECT_LOCK_RETENTION_DAYS, _ACCOUNT_ID, Environment, _Model
-from infra.config.engine import Rule, invalid
-from infra.limits import at_most
+from workloads.problems import Problem
+from catalog import limits
+from infra.config.common import PROD_OBJECT_LOCK_RETENTION_DAYS, AccountId, Environment, _Model
+from infra.config.engine import Rule
+from infra.config.common import at_most
 
 
 class AuditTrailMode(str, Enum):
@@ -30,14 +30,7 @@ class AuditTrailConfig(_Model):
         "account | organization. organization: the logging account must be a CloudTrail delegated "
         "administrator of the organization, which owns the trail in its management account."))
     organization_id: Optional[str] = Field(None, pattern=r"^o-[a-z0-9]{10,32}$", description="o-...; organization mode only.")
-    management_account_id: Optional[str] = Field(None, description="12-digit id of the organization's management account; organization mode only.")
-
-    @field_validator("management_account_id")
-    @classmethod
-    def _management(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None and not _ACCOUNT_ID.match(value):
-            raise invalid("is not a 12-digit AWS account id", "use the 12-digit id, quoted in YAML")
-        return value
+    management_account_id: Optional[AccountId] = Field(None, description="12-digit id of the organization's management account; organization mode only.")
 
 
 class LogArchiveConfig(_Model):

@@ -7,7 +7,7 @@ from typing import Iterator, Optional
 
 from pydantic import Field, field_validator
 
-from components.validation import Problem
+from workloads.problems import Problem
 from infra.config.common import Environment, _Model, check_log_retention, prod_retention_rule
 from infra.config.engine import Rule, invalid
 from workloads.monitoring.alerts import AlertThresholds

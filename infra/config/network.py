@@ -7,7 +7,7 @@ from pydantic import Field, field_validator
 
 from components.network import NatStrategy, subnet_problems
 from components.network import NetworkArgs
-from components.validation import Problem
+from workloads.problems import Problem
 from infra.config.common import Cidr, Environment, _Model
 from infra.config.engine import Rule, invalid
 

@@ -3,6 +3,7 @@ of every section in the order they run, and ``load_platform_config``.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterable, Optional
 
 from pydantic import Field
@@ -24,6 +25,7 @@ from infra.config.log_archive import LogArchiveConfig
 from infra.config.network import NetworkConfig
 from infra.config.scheduling import SchedulingConfig, TrainingConfig
 from infra.config.tracking import TrackingConfig
+from workloads.karpenter import CpuPoolSpec, GpuPoolSpec
 
 
 class PlatformConfig(_Model):
@@ -90,6 +92,26 @@ class PlatformConfig(_Model):
     def resource_tags(self) -> dict[str, str]:
         base = {"platform": PROJECT, "environment": self.environment.value, "managed-by": "pulumi"}
         return {**base, **self.tags}
+
+    # -- the pools as the manifests see them, built once per config -----------------------
+    @functools.cached_property
+    def gpu_pool_specs(self) -> tuple[GpuPoolSpec, ...]:
+        """Every GPU pool's NodePool spec, in ``gpuPools`` order, with ``karpenter.amiAlias`` where
+        the pool names no AMI."""
+        return tuple(pool.spec(self.karpenter.ami_alias) for pool in self.gpu_pools)
+
+    @functools.cached_property
+    def cpu_pool_spec(self) -> Optional[CpuPoolSpec]:
+        """The general CPU pool's NodePool spec; None when ``karpenter.cpuPool.enabled`` is false."""
+        return self.karpenter.cpu_pool.spec(self.karpenter.ami_alias)
+
+    def model_copy(self, *, update: Optional[dict[str, Any]] = None, deep: bool = False) -> "PlatformConfig":
+        """Pydantic's copy, without the specs cached from the original: an update to the pools or
+        the AMI alias must show in the copy's specs."""
+        copied = super().model_copy(update=update, deep=deep)
+        for name in ("gpu_pool_specs", "cpu_pool_spec"):
+            copied.__dict__.pop(name, None)
+        return copied
 
 
 RULES: tuple[Rule, ...] = (

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from components.validation import Problem
-from infra.config.common import _ROLE_ARN, Environment, _Model
-from infra.config.engine import Rule, invalid
+from workloads.problems import Problem
+from infra.config.common import Environment, RoleArn, _Model
+from infra.config.engine import Rule
 from infra.config.gpu import _DURATION, GpuPoolConfig
 from workloads.gpu_catalog import team_quota_problems
 from workloads.scheduling import Priority, team_namespace
@@ -22,7 +22,7 @@ class TeamConfig(_Model):
     priority: Priority = Field(Priority.DEFAULT, description="production | research | default, for jobs that name none.")
     fair_sharing_weight: int = Field(1, ge=1, le=100)
     borrowing: bool = Field(True, description="May use other teams' idle GPUs (reclaimed by preemption).")
-    role_arns: list[str] = Field(default_factory=list, description="IAM roles whose EKS access entries carry the team's Kubernetes group (bound to the platform's team Role in team-<name>).")
+    role_arns: list[RoleArn] = Field(default_factory=list, description="IAM roles whose EKS access entries carry the team's Kubernetes group (bound to the platform's team Role in team-<name>).")
     posix_id: Optional[int] = Field(None, ge=POSIX_ID_MIN, le=POSIX_ID_MAX,
                                     description="uid and gid every pod of the team runs as (its files on FSx); default: derived from the name.")
     alert_emails: list[str] = Field(default_factory=list, description=(
@@ -46,14 +46,6 @@ class TeamConfig(_Model):
     @property
     def uid(self) -> int:
         return self.posix_id if self.posix_id is not None else default_posix_id(self.name)
-
-    @field_validator("role_arns")
-    @classmethod
-    def _roles(cls, value: list[str]) -> list[str]:
-        bad = [arn for arn in value if not _ROLE_ARN.match(arn)]
-        if bad:
-            raise invalid(f"{bad} are not IAM role ARNs", "use arn:aws:iam::<account id>:role/<name>")
-        return value
 
 
 class SchedulingConfig(_Model):

@@ -12,6 +12,10 @@ other problem. The rules are the consumers' own:
 - Relative paths inside the repository: no absolute path, no ".." segment.
 - Secrets Manager names: CreateSecret Name, 1-512 of ``A-Z a-z 0-9 / _ + = . @ -``, or the ARN.
 - Route 53 hosted zone ids: ``Z`` followed by upper-case letters and digits (CreateHostedZone).
+- Account ids: 12 digits; IAM role ARNs: ``arn:<partition>:iam::<account id>:role/<path and name>``
+  (IAM User Guide, "IAM identifiers"; role names and paths of letters, digits and ``_+=,.@-``, 512 at most).
+- Domain names a public certificate covers: lowercase RFC 1123 labels under an alphabetic
+  top-level domain, 4-253 characters.
 """
 from __future__ import annotations
 
@@ -27,6 +31,9 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _SECRET_NAME = re.compile(r"^[A-Za-z0-9/_+=.@-]{1,512}$")
 _SECRET_ARN = re.compile(r"^arn:aws(-cn|-us-gov)?:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@-]{1,512}$")
 _ZONE_ID = re.compile(r"^Z[A-Z0-9]{1,32}$")
+_ACCOUNT_ID = re.compile(r"^\d{12}$")
+_ROLE_ARN = re.compile(r"^arn:(aws|aws-us-gov|aws-cn):iam::(\d{12}):role/[\w+=,.@/-]{1,512}$")
+_DOMAIN_NAME = re.compile(r"^(?=.{4,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
 
 
 def git_ref_problem(value: str) -> Optional[str]:
@@ -102,6 +109,26 @@ def secrets_manager_id_problem(value: str) -> Optional[str]:
 
 def zone_id_problem(value: str) -> Optional[str]:
     return None if _ZONE_ID.match(value) else "is not a Route 53 hosted zone id (Z followed by letters and digits)"
+
+
+def account_id_problem(value: str) -> Optional[str]:
+    return None if _ACCOUNT_ID.match(value) else "is not a 12-digit AWS account id"
+
+
+def role_arn_problem(value: str) -> Optional[str]:
+    return None if _ROLE_ARN.match(value) else "is not an IAM role ARN"
+
+
+def role_arn_account(value: str) -> str:
+    """The account id of a role ARN (``role_arn_problem(value)`` is None)."""
+    match = _ROLE_ARN.match(value)
+    if match is None:
+        raise ValueError(f"{value!r} is not an IAM role ARN")
+    return match.group(2)
+
+
+def domain_name_problem(value: str) -> Optional[str]:
+    return None if _DOMAIN_NAME.match(value) else "is not a lowercase DNS name under a top-level domain"
 
 
 def checked(problem: Optional[str], fix: str, value: str) -> str:

@@ -1,7 +1,6 @@
 """The ``tracking`` section: MLflow on Fargate with Aurora behind HTTPS load balancers; its rules."""
 from __future__ import annotations
 
-import re
 from typing import Annotated, Iterator, Optional
 
 from pydantic import Field, field_validator
@@ -9,13 +8,14 @@ from pydantic import Field, field_validator
 from components.images import ImageRepositoriesArgs
 from components.tracking import LoadBalancerScheme, tracking_problems
 from components.tracking import DatabaseArgs, TrackingArgs
-from components.validation import Problem
-from infra import limits
-from infra.config.common import check_log_retention, prod_retention_rule, Cidr, Environment, _Model, _exposure
+from workloads.problems import Problem
+from catalog import limits
+from infra.config.common import (
+    check_log_retention, prod_retention_rule, Cidr, DomainName, Environment, ImageRef, ZoneId, _Model, _exposure,
+)
 from infra.config.datasets import BucketLifecycleConfig, bucket_lifecycle_problems
-from infra.config.syntax import checked, image_reference_problem, zone_id_problem
-from infra.config.engine import Rule, invalid
-from infra.limits import at_most
+from infra.config.engine import Rule
+from infra.config.common import at_most
 
 
 class TrackingDatabaseConfig(_Model):
@@ -31,10 +31,10 @@ class TrackingDatabaseConfig(_Model):
 class TrackingConfig(_Model):
     """MLflow on ECS Fargate with Aurora, behind HTTPS load balancers."""
 
-    image: Optional[str] = Field(None, description="MLflow server image built from docker/mlflow; repo@sha256:... in prod. "
+    image: Optional[ImageRef] = Field(None, description="MLflow server image built from docker/mlflow; repo@sha256:... in prod. "
                                  "Unset on a first deploy (no ECS service until the image is pushed; README First deploy order).")
-    domain_name: str = Field(description="Tracking host name, e.g. mlflow.dev.example.com.")
-    route53_zone_id: Optional[str] = Field(None, description="Public hosted zone for certificate validation (and the public record).")
+    domain_name: DomainName = Field(description="Tracking host name, e.g. mlflow.dev.example.com.")
+    route53_zone_id: Optional[ZoneId] = Field(None, description="Public hosted zone for certificate validation (and the public record).")
     load_balancer_scheme: LoadBalancerScheme = Field(TrackingArgs.scheme, description="internal | internet-facing.")
     ingress_cidrs: list[Cidr] = Field(default_factory=list, description="Clients outside the VPC (VPN, office).")
     allow_internet_ingress: bool = Field(False, description=(
@@ -50,25 +50,6 @@ class TrackingConfig(_Model):
     ecr_untagged_expiration_days: int = Field(ImageRepositoriesArgs.untagged_expiration_days, ge=1)
     artifacts_bucket: BucketLifecycleConfig = Field(default_factory=BucketLifecycleConfig)
     database: TrackingDatabaseConfig = Field(default_factory=TrackingDatabaseConfig)
-
-    @field_validator("route53_zone_id")
-    @classmethod
-    def _zone(cls, value: Optional[str]) -> Optional[str]:
-        return value if value is None else checked(
-            zone_id_problem(value), "use the hosted zone's id (aws route53 list-hosted-zones), e.g. Z0123456789ABCDEFGHIJ", value)
-
-    @field_validator("image")
-    @classmethod
-    def _image(cls, value: Optional[str]) -> Optional[str]:
-        return value if value is None else checked(
-            image_reference_problem(value), "use <registry>/<repository>@sha256:<digest> or <registry>/<repository>:<tag>", value)
-
-    @field_validator("domain_name")
-    @classmethod
-    def _domain(cls, value: str) -> str:
-        if not re.match(r"^(?=.{4,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$", value):
-            raise ValueError("is not a lowercase DNS name; use one such as mlflow.dev.example.com")
-        return value
 
     @field_validator("log_retention_days")
     @classmethod

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 import yaml
 
-from components.validation import InvalidInputError, Problem
+from workloads.problems import InvalidInputError, Problem
 from infra import costs, program
 from infra.capabilities import CAPABILITIES
 from infra.config import PROJECT, PlatformConfig, load_platform_config
@@ -179,7 +179,7 @@ def read_project(project_dir: Path = ROOT) -> Project:
 # registers anything; the offline plan does not fetch them, so they need not exist here.
 def prepared_paths() -> tuple[Path, ...]:
     from components.charts import archive_path
-    from components.versions import HELM_CHARTS, TRAINING_OPERATOR_OVERLAY_DIR
+    from catalog.versions import HELM_CHARTS, TRAINING_OPERATOR_OVERLAY_DIR
     from infra import vendor
 
     return (vendor.ROOT / TRAINING_OPERATOR_OVERLAY_DIR, *(archive_path(chart, vendor.ROOT) for chart in HELM_CHARTS))

@@ -98,7 +98,7 @@ def replace_block(text: str, block: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m infra.plan.config_reference", description=__doc__.splitlines()[0])
     parser.add_argument("--write", type=Path, nargs="?", const=DEFAULT_PAGE, metavar="FILE",
                         help=f"replace the marked block of FILE (default {DEFAULT_PAGE})")
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """Drive a stack through the Pulumi Automation API: what CI (and a careful human) runs.
 
-    python -m infra.deploy {preview,up,destroy,refresh,outputs} --stack NAME [--policy-pack DIR]...
-    python -m infra.deploy install-policy-pack DIR
+    python -m infra.plan.deploy {preview,up,destroy,refresh,outputs} --stack NAME [--policy-pack DIR]...
+    python -m infra.plan.deploy install-policy-pack DIR
 
 Where the state lives and how the program runs:
 
@@ -88,7 +88,7 @@ PROTECTED_LISTED = 10
 
 @dataclass(frozen=True)
 class DeployRequest:
-    """One run of ``python -m infra.deploy``."""
+    """One run of ``python -m infra.plan.deploy``."""
 
     operation: str
     stack: str
@@ -348,7 +348,7 @@ def protected_destroy_message(stack_name: str, urns: list[str]) -> str:
         f"error: refusing to destroy stack '{stack_name}': {count} protected (`protect`: data and "
         f"account-wide resources the stack keeps on purpose):{listed}{more}\n"
         "`pulumi destroy` would delete every other resource first and then stop at these. Nothing was deleted.\n"
-        f"FIX: to remove everything but them, run `python -m infra.deploy destroy --stack {stack_name} "
+        f"FIX: to remove everything but them, run `python -m infra.plan.deploy destroy --stack {stack_name} "
         "--exclude-protected`; to delete them as well (their data is lost), unprotect them first "
         f"(`pulumi state unprotect --all --stack {stack_name}`) and run destroy again.")
 
@@ -391,7 +391,7 @@ def run(
         code = offline_plan_gate(request)
         if code != EXIT_OK:
             err(f"error: the offline plan of stack '{request.stack}' failed (exit {code}); "
-                f"fix what it reports, then run `python -m infra.deploy {request.operation}` again")
+                f"fix what it reports, then run `python -m infra.plan.deploy {request.operation}` again")
             return EXIT_CONFIG_ERROR if code == EXIT_CONFIG_ERROR else EXIT_FAILED
 
     if request.operation in POLICY_OPERATIONS:
@@ -449,7 +449,7 @@ def run(
 
 
 def parse_args(argv: Optional[list[str]] = None) -> DeployRequest:
-    parser = argparse.ArgumentParser(prog="python -m infra.deploy", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m infra.plan.deploy", description=__doc__.split("\n\n")[0])
     parser.add_argument("operation", choices=OPERATIONS)
     parser.add_argument("--stack", required=True, help="stack name (Pulumi.<stack>.yaml in the project directory)")
     parser.add_argument("--policy-pack", action="append", default=[], metavar="DIR",
@@ -496,7 +496,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["install-policy-pack"]:
         if len(argv) != 2:
-            print("usage: python -m infra.deploy install-policy-pack DIR", file=sys.stderr)
+            print("usage: python -m infra.plan.deploy install-policy-pack DIR", file=sys.stderr)
             return EXIT_CONFIG_ERROR
         problems = install_policy_pack(Path(argv[1]))
         for problem in problems:

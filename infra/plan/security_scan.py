@@ -1,6 +1,6 @@
 """checkov over what the platform ships: the Dockerfiles and every Kubernetes object a plan renders.
 
-    python -m infra.security_scan --checkov .venv-checkov/bin/checkov [--stack dev --stack prod]
+    python -m infra.plan.security_scan --checkov .venv-checkov/bin/checkov [--stack dev --stack prod]
 
 checkov runs from its own virtual environment (it pins old packaging/boto3/networkx that
 break pulumi and pytest) and offline (``--skip-download``: no policy download, no platform
@@ -189,7 +189,7 @@ def summarize(reports: list[dict[str, Any]]) -> tuple[list[str], list[str], int]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.security_scan", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m infra.plan.security_scan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkov", required=True, help="checkov executable (its own virtual environment)")
     parser.add_argument("--stack", action="append", help="stack to render (default: dev and prod)")
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "checkov", help="where the manifests are written")

@@ -1,6 +1,6 @@
 """Plan one EKS minor upgrade of one stack: the ordered steps and what blocks them.
 
-    python -m infra.upgrade --stack dev --to 1.33 [--project-dir DIR]
+    python -m infra.plan.upgrade --stack dev --to 1.33 [--project-dir DIR]
 
 EKS upgrades the control plane one minor at a time ("UpdateClusterVersion ... you can only update
 to the next minor version"), so a skip is refused. Each stack moves on its own: the add-on builds
@@ -25,7 +25,7 @@ from datetime import timedelta
 if TYPE_CHECKING:
     from datetime import date
 
-from components.versions import (
+from catalog.versions import (
     ARGO_WORKFLOWS_APP_VERSION,
     ARGOCD_APP_VERSION,
     EKS_RELEASES,
@@ -261,7 +261,7 @@ def plan_upgrade(stack: str, target: str, project_dir: Path, *, values: Optional
         f"In {file} set cluster.version: \"{target}\""
         + (f" and karpenter.amiAlias: {new_alias} (the release that ships {target})" if new_alias != alias else "")
         + "; open the PR (the plan and the read-only preview run there).",
-        f"Control plane {current} -> {target}: `python -m infra.deploy up --stack {stack}` applies the cluster version "
+        f"Control plane {current} -> {target}: `python -m infra.plan.deploy up --stack {stack}` applies the cluster version "
         "first (EKS keeps the API available; 10-20 min; no rollback).",
         "Managed add-ons to the target's builds (same `up`, after the control plane): "
         + ("; ".join(addon_changes) if addon_changes else "no build changes"),
@@ -274,7 +274,7 @@ def plan_upgrade(stack: str, target: str, project_dir: Path, *, values: Optional
         (f"GPU pools ({', '.join(gpu_pools)}): their Drifted budget is 0, so old-AMI GPU nodes are replaced only when "
          "they are empty (consolidation) or expire (expireAfter); finish the step by waiting for running jobs, then "
          "`kubectl drain` any GPU node still on the old version." if gpu_pools else "No GPU pools."),
-        f"Verify: `kubectl get nodes` all on v{target}; `python -m infra.deploy preview --stack {stack} --expect-no-changes`.",
+        f"Verify: `kubectl get nodes` all on v{target}; `python -m infra.plan.deploy preview --stack {stack} --expect-no-changes`.",
     ]
     return UpgradePlan(stack, current, target, steps, blockers, checks, target_values)
 
@@ -289,7 +289,7 @@ STOP_HORIZON_DAYS = 90
 def extended_premium_usd_per_month() -> float:
     """What extended support adds to a cluster's control-plane bill per month (EKS pricing:
     $0.60 instead of $0.10 per cluster-hour once standard support has ended)."""
-    from components.versions import EKS_EXTENDED_USD_PER_HOUR, EKS_STANDARD_USD_PER_HOUR
+    from catalog.versions import EKS_EXTENDED_USD_PER_HOUR, EKS_STANDARD_USD_PER_HOUR
 
     return (EKS_EXTENDED_USD_PER_HOUR - EKS_STANDARD_USD_PER_HOUR) * HOURS_PER_MONTH
 
@@ -388,7 +388,7 @@ def render_paths(paths: list[UpgradePath], today: "date") -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.upgrade", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m infra.plan.upgrade", description=__doc__.split("\n\n")[0])
     parser.add_argument("--stack", action="append", help="the stack (repeat for more; --path: default every stack)")
     parser.add_argument("--to", dest="target", help="the next Kubernetes minor, e.g. 1.33")
     parser.add_argument("--path", action="store_true",

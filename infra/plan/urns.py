@@ -5,8 +5,8 @@ creates another (data included, for a bucket or a database). A rename must carry
 entry naming the old URN, and a CHANGELOG entry. `tests/infra/test_urns.py` compares each
 stack's URNs with the pinned list in `tests/infra/golden/urns-<stack>.txt`:
 
-    python -m infra.urns --write     # after an intended change: additions, or renames with aliases
-    python -m infra.urns --write --accept-removals   # resources deliberately removed
+    python -m infra.plan.urns --write     # after an intended change: additions, or renames with aliases
+    python -m infra.plan.urns --write --accept-removals   # resources deliberately removed
 """
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def diff(pinned: list[str], recording: Recording) -> UrnDiff:
 def main(argv: Optional[list[str]] = None) -> int:
     from infra.plan import available_stacks, build_plan, default_project_dir
 
-    parser = argparse.ArgumentParser(prog="python -m infra.urns", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m infra.plan.urns", description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true", help="pin the current URNs of every stack")
     parser.add_argument("--accept-removals", action="store_true",
                         help="with --write: the LOST resources are meant to be deleted (say so in the CHANGELOG)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from components.addons import ADDONS, CLUSTER_ADDONS, AddonTiming
-from components.versions import EKS_RELEASES, addon_versions
+from catalog.versions import EKS_RELEASES, addon_versions
 
 ADDON = "aws:eks/addon:Addon"
 RELEASE = "kubernetes:helm.sh/v3:Release"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from components.budgets import AccountBudgetArgs
-from components.validation import InvalidInputError
+from workloads.problems import InvalidInputError
 from infra.config import ConfigError, load_platform_config
 from tests.conftest import stack_config
 

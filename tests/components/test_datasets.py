@@ -14,7 +14,7 @@ from components.datasets import (
     fsx_capacity_problems,
     is_valid_capacity,
 )
-from components.versions import EKS_ADDON_VERSIONS
+from catalog.versions import EKS_ADDON_VERSIONS
 from infra.config import ConfigError, load_platform_config
 from infra.datasets import cross_az_warnings, spot_save_warnings
 from tests.conftest import stack_config
@@ -412,3 +412,19 @@ def test_storage_mode_rules():
     del raw["datasets"]["fsx"]
     problem = _problems(raw)["datasets.storage"]
     assert problem.value == "s3-mountpoint" and "fsx" in problem.fix
+
+
+def test_without_the_general_cpu_pool_fsx_plans_and_s3_mountpoint_is_refused(plan_config):
+    """FSx's CSI controller runs on the system nodes, so a stack without the general CPU pool
+    plans; the Mountpoint controller tolerates no taint and can run only on a general node, so
+    s3-mountpoint without the pool is a config problem naming the fix, never a traceback."""
+    raw = dev_with_fsx()
+    raw["karpenter"].setdefault("cpuPool", {})["enabled"] = False
+    plan = plan_config("dev", raw)
+    assert plan.recording.one("aws:fsx/lustreFileSystem:LustreFileSystem", f"{plan.config.name}-datasets-fsx")
+    assert not [r for r in plan.recording.by_type("kubernetes:karpenter.sh/v1:NodePool")
+                if r.inputs["metadata"]["name"] == "general"]
+    raw = stack_config("dev")
+    raw["karpenter"].setdefault("cpuPool", {})["enabled"] = False
+    problem = _problems(raw)["karpenter.cpuPool.enabled"]
+    assert "s3-mountpoint" in problem.message and "datasets.storage: fsx" in problem.fix

@@ -15,8 +15,8 @@ import pytest
 
 from components.container_insights import AGENT_MANAGED_POLICY, AGENT_SERVICE_ACCOUNT, NAMESPACE, RELEASE
 from components.gpu_idle_alarm import GpuIdleAlarmArgs
-from components.validation import InvalidInputError
-from components.versions import CLOUDWATCH_OBSERVABILITY_REPO, CLOUDWATCH_OBSERVABILITY_VERSION
+from workloads.problems import InvalidInputError
+from catalog.versions import CLOUDWATCH_OBSERVABILITY_REPO, CLOUDWATCH_OBSERVABILITY_VERSION
 from infra.config import ConfigError, load_platform_config
 from infra.plan import account_of
 from tests.conftest import stack_config

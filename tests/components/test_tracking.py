@@ -15,7 +15,7 @@ from components.mlflow_server import (
     mlflow_server_command,
 )
 from components.tracking import ROTATION_EXCEPTION_PREFIX, ROTATION_EXCEPTIONS, team_tracking_secret
-from components.versions import AURORA_POSTGRESQL_VERSION, SECRETS_MANAGER_POSTGRES_ROTATION_APP
+from catalog.versions import AURORA_POSTGRESQL_VERSION, SECRETS_MANAGER_POSTGRES_ROTATION_APP
 from infra import plan as plan_module
 from infra.config import load_platform_config
 from tests.conftest import problem_per_path, stack_config

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.versions import TRAINER_CHART, TRAINER_VERSION, TRAINING_OPERATOR_OVERLAY_DIR
+from catalog.versions import TRAINER_CHART, TRAINER_VERSION, TRAINING_OPERATOR_OVERLAY_DIR
 from workloads.jobspec import JobSpecError, parse_job_spec
 from workloads.placement import system_node_selector
 from workloads.trainingjob import render

@@ -1,6 +1,6 @@
 """One stack under the real Pulumi engine, for the engine tests (tests/engine/).
 
-What runs: the deploy driver (``python -m infra.deploy``, inline program) drives the Pulumi CLI
+What runs: the deploy driver (``python -m infra.plan.deploy``, inline program) drives the Pulumi CLI
 built by ``make engine-tools``; the CLI starts the real Kubernetes provider (which links Helm) and
 the stand-in ``aws`` and ``eks`` provider plugins (``tools/engine/standins``) found on PATH; the
 state lives in a ``file://`` backend in a temporary directory, secrets under a passphrase; every
@@ -46,7 +46,7 @@ def missing_engine_tools() -> list[str]:
 
 @dataclass
 class Run:
-    """One finished ``python -m infra.deploy`` run."""
+    """One finished ``python -m infra.plan.deploy`` run."""
 
     args: list[str]
     returncode: Optional[int]
@@ -70,7 +70,7 @@ class Run:
 
 
 class EngineStack:
-    """A stack of this project in a file backend, driven through ``infra.deploy``."""
+    """A stack of this project in a file backend, driven through ``infra.plan.deploy``."""
 
     def __init__(self, stack: str, workdir: Path, kubeconfig: Path, extra_env: Optional[dict[str, str]] = None):
         self.stack = stack
@@ -113,7 +113,7 @@ class EngineStack:
         return f"file://{self.backend_dir}"
 
     def deploy(self, operation: str, *flags: str, timeout_s: float = 1200, python_prelude: str = "") -> Run:
-        """``python -m infra.deploy OPERATION`` for this stack (``python_prelude``: code run first in
+        """``python -m infra.plan.deploy OPERATION`` for this stack (``python_prelude``: code run first in
         that process, to inject a fault from outside the program)."""
         argv = [operation, "--stack", self.stack, "--project-dir", str(self.project_dir),
                 "--backend-url", self.backend_url, "--secrets-provider", "passphrase",
@@ -134,10 +134,10 @@ class EngineStack:
                 if process.poll() is None:  # timed out, or this process is being stopped
                     kill_session(process.pid)
                     process.wait()
-        run = Run(["python", "-m", "infra.deploy", *argv], returncode, out_path.read_text(), err_path.read_text())
+        run = Run(["python", "-m", "infra.plan.deploy", *argv], returncode, out_path.read_text(), err_path.read_text())
         self.runs.append(run)
         if returncode is None:
-            raise AssertionError(f"`infra.deploy {operation}` ran past {timeout_s:.0f} s\n{run.explain()}")
+            raise AssertionError(f"`infra.plan.deploy {operation}` ran past {timeout_s:.0f} s\n{run.explain()}")
         return run
 
     def cli(self, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:

@@ -1,5 +1,5 @@
 """Each stack through the real Pulumi engine, in the order an operator runs it: preview, up, a
-second up, a config change, refresh, destroy. The deploy driver (``python -m infra.deploy``) runs
+second up, a config change, refresh, destroy. The deploy driver (``python -m infra.plan.deploy``) runs
 the program inline; the real Kubernetes provider and Helm apply every in-cluster object and chart
 onto the stack's test control plane; the ``aws`` and ``eks`` plugins are the stand-ins of
 ``tools/engine/standins`` (docs/testing.md says what they do not model).
@@ -52,7 +52,27 @@ def test_preview_plans_every_recorded_resource_without_errors(engine_stack):
     assert {u for u in planned if not engine_only(u)} == recorded
 
 
+def first_deploy(engine) -> None:
+    """The first-deploy order of docs/runbooks/first-deploy.md, as an operator follows it: a stack
+    file naming an MLflow image in the repository its own first `up` creates is refused before
+    anything is created; `up` without `tracking.image` builds everything else; the image is then
+    pushed (here: nothing to push, the ECS stand-in runs no task) and set back."""
+    from infra.config import PROJECT
+
+    refused = run_op(engine, "up", "up-refused", "--skip-plan")
+    if refused.returncode == 0:
+        return
+    assert "which this stack's first `up` creates" in refused.output, refused.explain()
+    assert engine.state() == [], "the refused `up` created resources"
+    image = {}
+    engine.edit_config(lambda config: image.update(image=config[f"{PROJECT}:tracking"].pop("image")))
+    run = run_op(engine, "up", "up-without-image", "--skip-plan")
+    assert run.returncode == 0, run.explain()
+    engine.edit_config(lambda config: config[f"{PROJECT}:tracking"].update(image=image["image"]))
+
+
 def test_up_creates_every_resource_and_installs_every_chart_with_our_values(engine_stack):
+    first_deploy(engine_stack)
     run = run_op(engine_stack, "up", "up", "--skip-plan")
     assert run.returncode == 0, run.explain()
     engine_stack.up_done = True

@@ -131,7 +131,7 @@ def test_the_runbooks_state_key_steps_are_allowed_to_whoever_runs_them(stack):
     administrator = stack_file["config"]["ml-training-platform:accounts"]["automation"]["roleArn"]
     steps = [
         ("administrator: pulumi stack change-secrets-provider awskms://", administrator, "kms:Encrypt", True),
-        ("administrator: infra.deploy outputs / MLflow up", administrator, "kms:Decrypt", True),
+        ("administrator: infra.plan.deploy outputs / MLflow up", administrator, "kms:Decrypt", True),
         ("CI deploy job: preview and up", args.deploy_role_arn, "kms:Decrypt", False),
         ("CI deploy job: a new secret", args.deploy_role_arn, "kms:Encrypt", False),
     ]

@@ -47,6 +47,21 @@ def test_a_gpu_pool_spec_carries_every_field_of_its_config(stack):
             assert getattr(spec, name) == (tuple(want) if isinstance(want, list) else want), name
 
 
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_the_config_builds_its_pool_specs_once_and_a_copy_builds_its_own(stack):
+    config = load_platform_config(stack_config(stack))
+    assert config.gpu_pool_specs == tuple(pool.spec(config.karpenter.ami_alias) for pool in config.gpu_pools)
+    assert config.gpu_pool_specs is config.gpu_pool_specs and config.cpu_pool_spec is config.cpu_pool_spec
+    assert config.cpu_pool_spec == config.karpenter.cpu_pool.spec(config.karpenter.ami_alias)
+    # An updated copy sees its own pools and AMI, never the original's cached specs.
+    karpenter = config.karpenter.model_copy(update={"ami_alias": "al2023@v20991231"})
+    copied = config.model_copy(update={"karpenter": karpenter, "gpu_pools": config.gpu_pools[:1]})
+    assert [s.name for s in copied.gpu_pool_specs] == [config.gpu_pools[0].name]
+    assert copied.cpu_pool_spec.ami_alias == "al2023@v20991231"
+    # Caches are not config: the model's fields and dump are unchanged by them.
+    assert "gpu_pool_specs" not in config.model_dump() and config == load_platform_config(stack_config(stack))
+
+
 def test_shared_defaults_are_the_specs():
     for name in _shared(GpuPoolConfig, GpuPoolSpec):
         field = next(f for f in dataclasses.fields(GpuPoolSpec) if f.name == name)

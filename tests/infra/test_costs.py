@@ -5,9 +5,9 @@ import datetime as dt
 
 import pytest
 
-from components.versions import EKS_VERSIONS
+from catalog.versions import EKS_VERSIONS
 from infra.plan import cost_report as report, idle_costs
-from workloads.prices import HOURS_PER_MONTH, STACK_PRICES
+from catalog.prices import HOURS_PER_MONTH, STACK_PRICES
 
 
 def _line(lines, prefix):

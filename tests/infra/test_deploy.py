@@ -1,4 +1,4 @@
-"""`python -m infra.deploy`: the Automation API calls it builds, its gates and exit codes (no CLI here)."""
+"""`python -m infra.plan.deploy`: the Automation API calls it builds, its gates and exit codes (no CLI here)."""
 from __future__ import annotations
 
 import json
@@ -258,7 +258,7 @@ def test_command_line_without_any_cli_exits_3_with_a_clear_message(tmp_path):
     # An empty PATH: no pulumi, no aws.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    result = subprocess.run([sys.executable, "-m", "infra.deploy", "preview", "--stack", "dev"],
+    result = subprocess.run([sys.executable, "-m", "infra.plan.deploy", "preview", "--stack", "dev"],
                             cwd=ROOT, capture_output=True, text=True, timeout=120,
                             env={"PATH": str(bin_dir), "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)})
     assert result.returncode == deploy.EXIT_MISSING_TOOL, result.stderr
@@ -281,7 +281,7 @@ def test_ci_workflow_previews_on_pull_requests_and_deploys_on_merge():
         job = workflow["jobs"][job_name]
         assert sorted(leg["stack"] for leg in job["strategy"]["matrix"]["include"]) == stacks
         assert job["permissions"]["id-token"] == "write"
-        assert any(f"python -m infra.deploy {operation} " in s.get("run", "") for s in job["steps"])
+        assert any(f"python -m infra.plan.deploy {operation} " in s.get("run", "") for s in job["steps"])
     assert "AWS_SECRET_ACCESS_KEY" not in (ROOT / ".github/workflows/platform.yml").read_text()
     assert any(s.get("run") == "bash .ci/run" for s in workflow["jobs"]["test"]["steps"])
 
@@ -321,7 +321,7 @@ def test_any_other_error_is_a_message_not_a_traceback(monkeypatch):
 
 
 def test_a_missing_policy_pack_venv_is_created_from_its_requirements(monkeypatch, tmp_path):
-    """pulumi/pulumi#16605: `pulumi install` does not create a pack's venv; infra.deploy does."""
+    """pulumi/pulumi#16605: `pulumi install` does not create a pack's venv; infra.plan.deploy does."""
     monkeypatch.setattr(deploy, "offline_plan_gate", lambda request: 0)
     pack = tmp_path / "pack"
     pack.mkdir()

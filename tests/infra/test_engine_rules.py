@@ -222,7 +222,7 @@ def test_the_training_operator_overlay_is_found_from_main():
     """B2 on the real component: run from the folder Pulumi.yaml names, the path the Directory
     gets is where infra.vendor writes the overlay."""
     from components.training import training_operator_overlay_path
-    from components.versions import TRAINING_OPERATOR_OVERLAY_DIR
+    from catalog.versions import TRAINING_OPERATOR_OVERLAY_DIR
     from infra import vendor
 
     project = read_project(ROOT)

@@ -86,7 +86,7 @@ def test_network_with_nat_none_as_string_creates_no_nat_gateway():
 def test_sequences_of_enums_are_coerced():
     field_names = {f.name for f in dataclasses.fields(GpuPoolSpec)}
     assert "capacity_types" in field_names
-    from components.validation import coerce_enums
+    from workloads.problems import coerce_enums
 
     @dataclasses.dataclass(frozen=True)
     class Spec:

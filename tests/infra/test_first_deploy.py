@@ -18,7 +18,7 @@ import yaml
 
 from components.argo_workflows import ArgoWorkflowsArgs, helm_values
 from components.training import operator_kustomization
-from components.versions import (
+from catalog.versions import (
     TRAINING_OPERATOR_INIT_CONTAINER_IMAGE, TRAINING_OPERATOR_OVERLAY_DIR, TRAINING_OPERATOR_VENDOR_DIR,
 )
 from infra import vendor
@@ -464,7 +464,7 @@ def test_a_missing_argocd_secret_is_one_clear_problem_before_any_child(monkeypat
         return real_call(self, args)
 
     monkeypatch.setattr(RecordingMocks, "call", call)
-    from components.validation import InvalidInputError
+    from workloads.problems import InvalidInputError
 
     with pytest.raises(InvalidInputError) as info:
         run_recorded(main, project=PROJECT, stack="prod", config=to_values(stack_config("prod")))
@@ -579,7 +579,7 @@ def test_rotation_is_created_after_the_service_that_creates_the_user_and_never_w
 def test_each_unconfirmed_pin_the_plan_deploys_is_a_warning_with_its_confirming_command(plan):
     """Audit 3, "What I could not verify": the FSx CSI build for 1.32, Aurora PostgreSQL 16.6;
     section 2: the pod identity agent and EBS CSI builds rest on fixtures, not AWS documents."""
-    from components.versions import AURORA_POSTGRESQL_VERSION, EKS_ADDON_VERSIONS
+    from catalog.versions import AURORA_POSTGRESQL_VERSION, EKS_ADDON_VERSIONS
 
     pins = [w for w in plan.warnings if w.startswith("unconfirmed pin:")]
     region = plan.config.region
@@ -748,7 +748,7 @@ def test_a_read_only_preview_reads_no_secret_and_still_runs_the_program(monkeypa
     assert any(r.name == "mlp-dev-argocd-repo-creds" for r in recording.resources)
     # Without read-only mode the same denial is the clear error of audit N6 (the read happens).
     monkeypatch.delenv(READ_ONLY_ENV)
-    from components.validation import InvalidInputError
+    from workloads.problems import InvalidInputError
 
     with pytest.raises(InvalidInputError, match="AccessDeniedException"):
         run_recorded(main, project=PROJECT, stack="dev", config=to_values(stack_config("dev")))

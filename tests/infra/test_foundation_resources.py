@@ -70,7 +70,7 @@ def test_managed_node_group_imdsv2_hop_limit_one_and_encrypted_gp3(plan):
 
 
 def test_five_pinned_managed_addons_and_ebs_csi_through_pod_identity(plan):
-    from components.versions import EKS_ADDON_VERSIONS
+    from catalog.versions import EKS_ADDON_VERSIONS
 
     addons = {n["inputs"]["addonName"]: n for n in nodes(plan, "aws:eks/addon:Addon")}
     assert ADDONS <= set(addons)

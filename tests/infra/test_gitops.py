@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from components import argocd as argocd_component
-from components.validation import InvalidInputError
-from components.versions import ARGO_WORKFLOWS_APP_VERSION, ARGOCD_CHART_VERSION
+from workloads.problems import InvalidInputError
+from catalog.versions import ARGO_WORKFLOWS_APP_VERSION, ARGOCD_CHART_VERSION
 from infra.config import load_platform_config
 from tests.conftest import problem_per_path, stack_config
 from workloads.placement import system_node_selector

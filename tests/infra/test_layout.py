@@ -121,7 +121,7 @@ def test_the_walk_sees_the_imports_it_checks():
     edges = graph()
     assert "infra.capabilities" in edges["infra.program"]
     assert "infra.gpu_capacity" in edges["infra.capabilities"]  # `from infra import gpu_capacity`
-    assert "workloads.problems" in edges["components.validation"]
+    assert "workloads.fsx" in edges["components.datasets"]  # a parenthesised `from ... import (...)`
     assert "trainer.model_facts" in edges["jobs.preflight"]
     assert "trainer.config" in edges["trainer.model"]
     assert "trainer.contract.environment" in edges["workloads.owncode"]
@@ -155,7 +155,7 @@ def test_no_import_cycle_in_any_package():
 
 def test_the_checks_catch_what_they_name():
     edges = {name: set(targets) for name, targets in graph().items()}
-    edges["workloads.gpu_catalog"].add("components.validation")
+    edges["workloads.gpu_catalog"].add("components.k8s")
     edges["components.bucket"].add("infra.config")
     edges["infra.plan"].add("infra.program")
     edges["infra.program"].add("infra.plan")
@@ -169,7 +169,7 @@ def test_the_checks_catch_what_they_name():
         "infra.plan imports the entry point jobs.__main__",
         "trainer.model_facts imports workloads.instances (trainer may import only ['catalog'])",
         "workloads.__main__ imports jobs.render (workloads may import only ['catalog', 'trainer'])",
-        "workloads.gpu_catalog imports components.validation (workloads may import only ['catalog', 'trainer'])",
+        "workloads.gpu_catalog imports components.k8s (workloads may import only ['catalog', 'trainer'])",
         "workloads.owncode imports trainer.checkpoint (workloads may import only the trainer's contract modules)",
     ]
     assert [set(cycle) for cycle in cycles(edges, "infra")] == [{"infra.plan", "infra.program"}]

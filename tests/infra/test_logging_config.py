@@ -8,7 +8,7 @@ import pytest
 
 from components.bucket import LifecycleRule
 from components.log_archive import LogArchiveArgs
-from components.validation import InvalidInputError
+from workloads.problems import InvalidInputError
 from infra.config import load_platform_config
 from tests.conftest import problems_of, stack_config
 from tests.infra.test_security_aws import Graph, allows

@@ -76,3 +76,15 @@ def test_any_stack_file_can_be_planned(tmp_path):
     result = run_plan("--stack", "broken", "--project-dir", str(project))
     assert result.returncode == 0, result.stderr
     assert "cluster mlp-stage-eks" in result.stdout
+
+
+@pytest.mark.parametrize("tool", ["deploy", "urns", "upgrade", "security_scan", "config_reference"])
+def test_the_old_tool_commands_still_run_with_a_one_line_deprecation_notice(tool):
+    """`python -m infra.<tool>` is `python -m infra.plan.<tool>` until 1.0.0 (docs/versioning.md):
+    the same tool runs, and stderr says once what to run instead and when the old name goes."""
+    result = subprocess.run([sys.executable, "-m", f"infra.{tool}", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert f"usage: python -m infra.plan.{tool}" in result.stdout
+    notice = [line for line in result.stderr.splitlines() if "deprecated" in line]
+    assert notice == [f"python -m infra.{tool} is deprecated and is removed in 1.0.0: run python -m infra.plan.{tool}"]

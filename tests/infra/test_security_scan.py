@@ -82,7 +82,7 @@ def test_the_gitops_trees_jobs_are_scanned_with_the_operators_init_container():
     much as anything Pulumi applies, so the scan reads them too. Training Operator v1.9.4
     (pkg/controller.v1/pytorch/initcontainer.go) adds `init-pytorch` to every Worker of a job
     with a Master: the scanned worker pod carries it, with the image the platform pins."""
-    from components.versions import TRAINING_OPERATOR_INIT_CONTAINER_IMAGE
+    from catalog.versions import TRAINING_OPERATOR_INIT_CONTAINER_IMAGE
     from infra.plan.security_scan import gitops_objects
 
     objects = dict(gitops_objects("prod", ROOT))

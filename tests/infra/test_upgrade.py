@@ -1,4 +1,4 @@
-"""`python -m infra.upgrade`: one minor at a time, dev first, ordered steps, real blockers.
+"""`python -m infra.plan.upgrade`: one minor at a time, dev first, ordered steps, real blockers.
 
 EKS User Guide, "Update existing cluster to new Kubernetes version": "you can update only to the
 next minor version" and "the control plane ... cannot be downgraded". The removed API versions come
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.versions import EKS_RELEASES
+from catalog.versions import EKS_RELEASES
 from infra.plan import upgrade
 from infra.plan import plan_from_values, read_stack_file
 
@@ -39,7 +39,7 @@ def _project(tmp_path: Path, **versions: str) -> Path:
 
 
 def _cli(*args: str, cwd: Path = ROOT):
-    return subprocess.run([sys.executable, "-m", "infra.upgrade", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "infra.plan.upgrade", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=600, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
 
 

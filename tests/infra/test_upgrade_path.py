@@ -1,4 +1,4 @@
-"""`python -m infra.upgrade --path`: per stack, the whole way from its EKS minor to the newest one the
+"""`python -m infra.plan.upgrade --path`: per stack, the whole way from its EKS minor to the newest one the
 platform knows, one hop at a time (EKS: "you can only update to the next minor version"), each hop
 planned on the config the previous one leaves, with its blockers, and what staying costs.
 

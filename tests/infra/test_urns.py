@@ -14,7 +14,7 @@ def test_the_urns_of_each_stack_are_the_pinned_ones(plan):
         "these resources would be deleted by `pulumi up` (renamed without an alias): "
         f"{change.lost}; add `aliases=[pulumi.Alias(name=...)]` and a CHANGELOG entry")
     assert change.clean, (f"URNs changed: added {change.added}, renamed {change.renamed}; if intended, "
-                          "run `python -m infra.urns --write` and add a CHANGELOG entry")
+                          "run `python -m infra.plan.urns --write` and add a CHANGELOG entry")
 
 
 def _program(child_name: str, aliases=()):

@@ -154,7 +154,7 @@ def test_policy_pack_venv_is_created_before_any_policy_pack_run():
     for job_id in ("preview", "deploy"):
         script = "\n".join(step.get("run", "") for step in workflow_jobs(_workflow())[job_id]["steps"])
         assert "--policy-pack policypack" in script
-        assert script.index("infra.deploy install-policy-pack policypack") < script.index("--policy-pack policypack")
+        assert script.index("infra.plan.deploy install-policy-pack policypack") < script.index("--policy-pack policypack")
 
 
 def test_the_test_job_keeps_go_modules_build_cache_and_cluster_tools_between_runs():

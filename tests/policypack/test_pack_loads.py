@@ -4,7 +4,7 @@ pulumi/pulumi ``sdk/python/dist/pulumi-analyzer-policy-python`` runs
 ``<pack>/.venv/bin/python -u -m pulumi.policy <engine-address> <pack>``; ``pulumi.policy`` then
 runpy-runs the pack's ``__main__.py``, whose ``PolicyPack(...)`` starts the analyzer's gRPC server,
 writes its port on stdout ("sys.stdout.buffer.write(f"{port}\\n")", pulumi_policy/policy.py) and
-never returns. So the test starts that command in a venv made by ``infra.deploy`` from the pack's
+never returns. So the test starts that command in a venv made by ``infra.plan.deploy`` from the pack's
 own requirements.txt, reads the port, asks the server for its policies, then stops the process.
 """
 from __future__ import annotations

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from infra.config import load_platform_config
-from infra.gpu_capacity import cpu_pool_spec, flavor_specs, team_specs
+from infra.gpu_capacity import queues, team_specs
 from tests.conftest import stack_config
 from workloads import kueue, scheduling, tenancy
 from workloads.fsx import team_pod_volumes, team_volume_mounts
@@ -39,7 +39,7 @@ ENTITLED = NAMESPACES[A]["metadata"]["annotations"][tenancy.ALLOWED_PRIORITIES_A
 ABOVE = [c for c in scheduling.all_priority_class_names() if c not in ENTITLED]
 WHOLE_GPU_POOL = next(p.name for p in CONFIG.gpu_pools if p.sharing.value == "none")
 MIG_POOL = next(p for p in CONFIG.gpu_pools if p.sharing.value == "mig")
-CPU_POOL = cpu_pool_spec(CONFIG).name
+CPU_POOL = CONFIG.cpu_pool_spec.name
 
 TEAM_USER = {"username": "arn:aws:sts::444455556666:assumed-role/a-ml/alice",
              "groups": [tenancy.team_group(A), "system:authenticated"]}
@@ -102,7 +102,7 @@ def gpu_job_pod(**spec_changes: Any) -> dict[str, Any]:
     Kueue writes the ResourceFlavor's ``nodeLabels`` into the pod template's nodeSelector and its
     tolerations into its tolerations when it starts the job (kueue v0.19.2
     pkg/podset/podset.go ``Merge``), so the selector is the stack's own flavor's."""
-    flavor = kueue.resource_flavor(next(f for f in flavor_specs(CONFIG) if f.name == WHOLE_GPU_POOL))["spec"]
+    flavor = kueue.resource_flavor(next(f for f in queues(CONFIG).flavors if f.name == WHOLE_GPU_POOL))["spec"]
     placement = {"nodeSelector": dict(flavor["nodeLabels"]), "tolerations": [dict(t) for t in flavor["tolerations"]]}
     return pod(gpus=8, **{**placement, **spec_changes})
 

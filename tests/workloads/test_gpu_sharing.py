@@ -345,7 +345,7 @@ def test_team_namespaces_quota_slices_separately(dev_plan):
 
 # -- cost ---------------------------------------------------------------------------------------------------------
 def test_plan_prices_a_slice_as_its_share_of_the_instance(dev_plan, prod_plan):
-    from workloads.prices import PRICES
+    from catalog.prices import PRICES
     sharing = PoolSharing(GpuSharing.TIME_SLICING, time_slicing_replicas=4)
     assert gpu_sharing.usd_per_slice_hour(PRICES["g6.xlarge"].on_demand_usd_per_hour, 1, sharing, "nvidia.com/gpu.shared") == \
         pytest.approx(0.8048 / 4)

@@ -138,7 +138,7 @@ def test_admitting_a_rendered_pytorchjob_changes_no_list_argo_cd_compares(stack)
     flavors = {r.inputs["metadata"]["name"]: r.inputs for r in plan.recording.resources
                if r.inputs.get("kind") == "ResourceFlavor"}
     assert flavors, "the plan defines Kueue flavors"
-    from components.validation import InvalidInputError
+    from workloads.problems import InvalidInputError
     from workloads.jobspec import parse_job_spec
 
     checked = 0

@@ -9,7 +9,7 @@ import yaml
 
 from workloads.jobspec import parse_job_spec
 from jobs.preflight import BYTES_PER_PARAMETER, GIB, memory_per_gpu, preflight, trainer_shape
-from workloads.prices import PRICES, SPOT_DISCOUNT
+from catalog.prices import PRICES, SPOT_DISCOUNT
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = yaml.safe_load((ROOT / "examples" / "jobs" / "gpt2-pretrain.yaml").read_text())

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.validation import InvalidInputError
+from workloads.problems import InvalidInputError
 from workloads.gpu_catalog import SPOT_NOTICE_SECONDS
 from workloads.jobspec import JobSpecError, load_job_spec, parse_job_spec
 from workloads.karpenter import EFA_RESOURCE, GPU_RESOURCE

@@ -10,7 +10,7 @@ program itself produces it, never from a copy:
 - the Training Operator's kustomize Directory: the platform's overlay (``infra.vendor``) over the
   upstream ``manifests/`` tree, built with kubectl's kustomize. The tree comes from the Go module
   ``github.com/kubeflow/training-operator@v1.9.4`` and is refused unless its git tree id is the
-  one ``components.versions`` pins (the same check ``python -m infra.vendor`` makes);
+  one ``catalog.versions`` pins (the same check ``python -m infra.vendor`` makes);
 - the GitOps render (``workloads/rendered/<stack>/``), what Argo CD would sync.
 
 CRDs come from the releases that install them, then the pinned copies in the schemas cache, then,
@@ -239,7 +239,7 @@ def seed_training_operator_tree() -> None:
     """The Training Operator's upstream tree, where the program's entry point (``infra.vendor``)
     looks for it, copied from the Go module instead of fetched (no egress here), then the overlay;
     ``vendor.prepare`` refuses the tree unless its git tree id is the pinned one."""
-    from components.versions import TRAINING_OPERATOR_VENDOR_DIR
+    from catalog.versions import TRAINING_OPERATOR_VENDOR_DIR
     from infra import vendor
 
     vendored = ROOT / TRAINING_OPERATOR_VENDOR_DIR
