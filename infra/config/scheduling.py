@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from workloads.problems import Problem
 from infra.config.common import Environment, RoleArn, _Model
-from infra.config.engine import Rule
+from infra.config.engine import Rule, invalid
 from infra.config.gpu import _DURATION, GpuPoolConfig
 from workloads.gpu_catalog import team_quota_problems
 from workloads.scheduling import Priority, team_namespace
