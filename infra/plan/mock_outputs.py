@@ -94,11 +94,12 @@ def _route53_record(name: str, inputs: dict, account: str, region: str, digest: 
 
 
 def _sns_topic(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    return {"arn": f"arn:aws:sns:{region}:{account}:{inputs.get('name', name)}"}
+    # A topic the program gives no name is autonamed (``autoname``: the seed's digest's first 7).
+    return {"arn": f"arn:aws:sns:{region}:{account}:{inputs.get('name') or f'{name}-{digest[:7]}'}"}
 
 
 def _metric_alarm(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
-    return {"arn": f"arn:aws:cloudwatch:{region}:{account}:alarm:{inputs.get('name', name)}"}
+    return {"arn": f"arn:aws:cloudwatch:{region}:{account}:alarm:{inputs.get('name') or f'{name}-{digest[:7]}'}"}
 
 
 # ARN formats as each service documents them (Service Authorization Reference, "Resource types
