@@ -19,6 +19,7 @@ password rotated by accident, a secret value reset).
 """
 from __future__ import annotations
 
+import base64
 import copy
 import re
 from dataclasses import dataclass
@@ -121,6 +122,25 @@ def apply_ignore_changes(new: dict[str, Any], old: dict[str, Any], ignore_change
     return ignored
 
 
+SECRET_TYPE = "kubernetes:core/v1:Secret"
+
+
+def checked_inputs(type_: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The inputs as the provider's Check returns them, which is what the engine stores and applies
+    ``ignore_changes`` to: pulumi-kubernetes's Check normalizes a Secret (provider/pkg/provider/
+    provider.go ``normalizeInputs`` -> pkg/clients/unstructured.go ``normalizeSecretStringData``:
+    each ``stringData`` value base64-encoded into ``data``, "StringData overwrites Data", then
+    ``stringData`` removed), so ``ignore_changes`` must name ``data`` there."""
+    if type_ != SECRET_TYPE or not isinstance(inputs.get("stringData"), dict):
+        return inputs
+    checked = {k: v for k, v in inputs.items() if k != "stringData"}
+    data = dict(checked.get("data") or {})
+    for key, value in inputs["stringData"].items():
+        data[key] = base64.b64encode(str(value).encode()).decode()
+    checked["data"] = data
+    return checked
+
+
 def compare(first: Recording, second: Recording) -> SecondUp:
     """``second`` as an update of ``first`` (its state), per custom resource present in both."""
     olds = {r.urn: r for r in first.resources}
@@ -128,20 +148,25 @@ def compare(first: Recording, second: Recording) -> SecondUp:
     for resource in second.resources:
         old = olds.get(resource.urn)
         label = f"{resource.type} {resource.name}"
+        # The engine resets the ignored paths of the program's new inputs to the old *checked*
+        # inputs (its state), then Checks the result (step_generator.go: processIgnoreChanges
+        # before the provider's Check), and diffs checked against checked.
+        inputs = resource.revealed_inputs
+        old_inputs = checked_inputs(old.type, old.revealed_inputs) if old is not None else None
         for text in resource.ignore_changes:
             path = parse_path(text)
-            if path is None or not (_exists(path, resource.revealed_inputs)
-                                    or (old is not None and _exists(path, old.revealed_inputs))):
+            if path is None or not (_exists(path, inputs) or _exists(path, checked_inputs(resource.type, inputs))
+                                    or (old_inputs is not None and _exists(path, old_inputs))):
                 nothing.append(f"{label}: ignore_changes {text!r} names no input (inputs: "
-                               f"{', '.join(sorted(resource.revealed_inputs)) or 'none'}); the engine ignores nothing")
+                               f"{', '.join(sorted(inputs)) or 'none'}); the engine ignores nothing")
         if old is None or not resource.custom or resource.is_provider:
             continue
-        new_inputs = apply_ignore_changes(resource.revealed_inputs, old.revealed_inputs, resource.ignore_changes)
-        keys = sorted(k for k in set(new_inputs) | set(old.revealed_inputs)
-                      if new_inputs.get(k) != old.revealed_inputs.get(k))
+        new_inputs = checked_inputs(resource.type, apply_ignore_changes(inputs, old_inputs, resource.ignore_changes))
+        keys = sorted(k for k in set(new_inputs) | set(old_inputs)
+                      if new_inputs.get(k) != old_inputs.get(k))
         for key in [k for k in keys if _WRITE_ONLY.search(k)]:
             keys.remove(key)
-            if new_inputs.get(f"{key}Version") == old.revealed_inputs.get(f"{key}Version"):
+            if new_inputs.get(f"{key}Version") == old_inputs.get(f"{key}Version"):
                 held.append(f"{label}: {key} (write-only; {key}Version unchanged, so not sent)")
         if keys:
             changes.append(f"{label}: {', '.join(keys)}")

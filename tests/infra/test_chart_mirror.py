@@ -107,7 +107,9 @@ VARIANTS = {
                                          [p.pop("efa", None) for p in raw.get("gpuPools", [])]),
     "no dcgm, no crds": lambda raw: raw["gpuEnablement"].update(dcgmExporter=False, serviceMonitor=False,
                                                                  prometheusOperatorCrds=False),
-    "no monitoring, no alarm": lambda raw: (raw.pop("monitoring", None), raw.pop("gpuIdleAlarm", None)),
+    # Team alert e-mails need monitoring's Alertmanager (a config rule), so they go with it.
+    "no monitoring, no alarm": lambda raw: (raw.pop("monitoring", None), raw.pop("gpuIdleAlarm", None),
+                                            [t.pop("alertEmails", None) for t in raw.get("scheduling", {}).get("teams", [])]),
     "no container logs": lambda raw: raw.get("monitoring", {}).update(containerLogs=False),
     "no gitops": lambda raw: raw.pop("gitops", None),
     "no workflows, trainer v2": lambda raw: (raw.get("gitops", {}).update(argoWorkflows=False),

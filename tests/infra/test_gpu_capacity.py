@@ -125,6 +125,15 @@ def test_daemonset_placement_from_helm_values_is_a_valid_pod_template(plan):
             # The operator places its operands itself; they take these tolerations (daemonsets.tolerations).
             assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in values["daemonsets"]["tolerations"]
             continue
+        if release.inputs["name"] == "efa-device-plugin":
+            # aws-efa-k8s-device-plugin v0.5.6 templates/daemonset.yaml builds the node affinity from
+            # supportedInstanceLabels (one `key In values` term per key) and reads no `affinity` value.
+            assert "affinity" not in values
+            assert values["supportedInstanceLabels"] == {"keys": ["mlplatform.io/efa"], "values": ["true"]}
+            values = {**values, "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": key, "operator": "In",
+                                                             "values": values["supportedInstanceLabels"]["values"]}
+                                                            for key in values["supportedInstanceLabels"]["keys"]]}]}}}}
         template = {"metadata": {"labels": {"app": release.inputs["name"]}},
                     "spec": {"affinity": values["affinity"], "tolerations": values["tolerations"],
                              "containers": [{"name": "c", "image": "example:1"}]}}

@@ -423,6 +423,8 @@ def test_service_monitor_with_crds_depends_on_the_crd_release(plan_config):
     # The standalone DCGM exporter release: the dev stack's device-plugin mode (prod runs the operator).
     raw = stack_config("dev")
     raw.pop("monitoring")
+    for team in raw["scheduling"]["teams"]:
+        team.pop("alertEmails", None)  # team alerts need monitoring's Alertmanager
     raw["gpuEnablement"].update(serviceMonitor=True, prometheusOperatorCrds=True)
     plan = plan_config("dev", raw)
     crds, dcgm = _release(plan, "prometheus-operator-crds"), _release(plan, "dcgm-exporter")

@@ -32,7 +32,14 @@ def both_stacks():
 
 def test_each_stack_gets_its_whole_path_and_the_price_of_staying(both_stacks):
     code, text = both_stacks
-    assert code == upgrade.EXIT_OK, text
+    # prod runs the GPU Operator, whose pinned release states Kubernetes 1.29-1.32: every hop of
+    # prod's path names it, and the command says the path is blocked (dev's has no blocker).
+    assert code == upgrade.EXIT_BLOCKED, text
+    dev, prod = text.split("stack dev (")[1].split("\n\nstack ")[0], text.split("stack prod (")[1]
+    assert "! " not in dev, dev
+    for target in ("1.33", "1.34", "1.35"):
+        assert (f"! NVIDIA GPU Operator v25.3.0 supports Kubernetes 1.29-1.32 (docs.nvidia.com/datacenter/cloud-native/"
+                f"gpu-operator/25.3.0, Platform Support: Kubernetes 1.29-1.32), not {target}: upgrade the chart first") in prod
     assert "staying where they are costs $730.00/month in extended support (dev, prod)" in text
     for stack in ("dev", "prod"):
         section = text.split(f"stack {stack} (")[1].split("\n\nstack ")[0]

@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -165,14 +166,26 @@ def test_the_test_job_keeps_go_modules_build_cache_and_cluster_tools_between_run
     run_at = next(i for i, step in enumerate(steps) if step.get("run", "").strip() == "bash .ci/run")
     caches = {i: step["with"] for i, step in enumerate(steps) if step.get("uses", "").startswith("actions/cache@")}
     paths = {line.strip(): (i, inputs) for i, inputs in caches.items() for line in inputs["path"].splitlines() if line.strip()}
-    for path in ("~/go/pkg/mod", "~/.cache/go-build", ".cache/cluster-tools/bin"):
+    for path, tools in (("~/go/pkg/mod", ("cluster", "engine")), ("~/.cache/go-build", ("cluster", "engine")),
+                        (".cache/cluster-tools/bin", ("cluster",)), (".cache/engine-tools/bin", ("engine",))):
         assert path in paths, f"the test job does not cache {path}"
         index, inputs = paths[path]
         assert index < run_at, f"{path} is restored after the build"
-        assert "hashFiles(" in inputs["key"] and "tools/cluster/*/go.sum" in inputs["key"], inputs["key"]
-    # The directory build.sh writes to on a fresh clone (no worktree): <repo>/.cache/cluster-tools/bin.
+        for tool in tools:
+            assert "hashFiles(" in inputs["key"] and f"tools/{tool}/*/go.sum" in inputs["key"], inputs["key"]
+    # The directory build.sh writes to on a fresh clone (no worktree): <repo>/.cache/cluster-tools/bin,
+    # by the rule the harness reads too (tools/cluster/paths.py).
     script = (ROOT / "tools" / "cluster" / "build.sh").read_text()
-    assert 'bin="$repo/.cache/cluster-tools/bin"' in script
+    assert 'bin="$(cd "$repo" && python3 -m tools.cluster.paths bin)"' in script
+    with tempfile.TemporaryDirectory() as clone:
+        subprocess.run(["git", "clone", "-q", "--no-checkout", str(ROOT), clone], check=True, timeout=120)
+        shutil.copytree(ROOT / "tools", Path(clone) / "tools", ignore=shutil.ignore_patterns("__pycache__"))
+        env = {k: v for k, v in os.environ.items() if k != "CLUSTER_TOOLS_BIN"}
+        done = subprocess.run([sys.executable, "-m", "tools.cluster.paths", "bin"], cwd=clone, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.stdout.strip() == str(Path(clone).resolve() / ".cache" / "cluster-tools" / "bin"), done
+    engine_script = (ROOT / "tools" / "engine" / "build.sh").read_text()
+    assert 'bin="$repo/.cache/engine-tools/bin"' in engine_script
     for module in sorted((ROOT / "tools" / "cluster").glob("*/go.sum")):
         assert module.parent.name in script or module.parent.name == "kubernetes", module  # every module is built there
 
@@ -193,6 +206,7 @@ def _fake_bin(tmp_path: Path, *, uid: int, sudo: bool) -> tuple[Path, Path]:
     for name, text in scripts.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
+    (bin_dir / "python3").symlink_to(sys.executable)  # build.sh asks tools/cluster/paths.py where to build
     for tool in ("bash", "env", "dirname", "cat", "mkdir", "sha256sum", "cut", "printf", "chmod"):
         found = shutil.which(tool)
         if found and not (bin_dir / tool).exists():
