@@ -193,7 +193,11 @@ def test_destroy_is_refused_by_the_protected_resources_and_deletes_nothing(engin
     assert run.returncode == 1, run.explain()
     count = "1 of its resources is" if len(protected) == 1 else f"{len(protected)} of its resources are"
     assert f"refusing to destroy stack '{engine_stack.stack}': {count} protected" in run.stderr
-    assert protected[0] in run.stderr and "--exclude-protected" in run.stderr
+    from infra.plan.deploy import PROTECTED_LISTED
+
+    listed = [urn for urn in protected if f"\n  - {urn}\n" in run.stderr + "\n"]
+    assert len(listed) == min(len(protected), PROTECTED_LISTED), run.stderr
+    assert "--exclude-protected" in run.stderr
     assert [r["urn"] for r in engine_stack.state()] == [r["urn"] for r in before]
 
 
