@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.engine.graph import (
     KUSTOMIZE_TYPE, compare_graphs, crd_owners, custom_resources, dependency_closure, engine_only, recorded_graph,
@@ -93,6 +94,48 @@ def test_up_creates_every_resource_and_installs_every_chart_with_our_values(engi
                                               "--output", "json").stdout or "null") or {}
         assert values == (inputs.get("values") or {}), f"{release['urn']}: Helm holds other values than the program's"
         assert outputs["status"]["status"] == "deployed"
+
+
+LIVE_KINDS = "configmaps,secrets,services,pods,deployments,daemonsets,statefulsets,jobs,cronjobs"
+
+
+def test_the_installed_releases_pass_the_chart_checks_on_the_live_objects(engine_stack):
+    """The chart checks (tests/support/chart_checks.py) on what the real install left in each
+    release's namespace, as the API server returns it: every ConfigMap or Secret a release installs
+    is mounted or read by a pod template, loaded by a sidecar or named by a custom resource (an
+    unused one is configuration the chart ignores); Fluent Bit's `cloudwatch_logs` outputs name a
+    log stream (without it Fluent Bit refuses to start and the release rolls back); the
+    namespace's NetworkPolicies admit every port a Service sends traffic to and open no port
+    nothing serves."""
+    after_up(engine_stack)
+    from tests.infra.test_chart_render import UNREACHABLE_OK
+    from tests.support import chart_checks
+    from tests.support.charts import YamlLoader, with_namespace
+
+    def listed(namespace: str, kinds: str) -> list[dict[str, Any]]:
+        done = engine_stack.plane.kubectl("get", kinds, "--namespace", namespace, "--output", "json")
+        return json.loads(done.stdout)["items"]
+
+    installed: dict[str, list[dict[str, Any]]] = {}
+    for release in (r for r in engine_stack.state() if r["type"] == RELEASE_TYPE):
+        name, namespace = release["inputs"]["name"], release["inputs"]["namespace"]
+        manifest = engine_stack.helm("get", "manifest", name, "--namespace", namespace).stdout
+        for obj in (d for d in yaml.load_all(manifest, Loader=YamlLoader) if isinstance(d, dict) and d.get("kind")):
+            installed.setdefault(namespace, []).append(with_namespace(obj, namespace))
+    assert installed, "no release installed anything"
+    problems = []
+    for namespace, objects in sorted(installed.items()):
+        live = listed(namespace, LIVE_KINDS)
+        filled = {chart_checks.key(o) for o in objects if o["kind"] in ("ConfigMap", "Secret")
+                  and o["metadata"]["namespace"] == namespace}
+        # The releases' custom resources (a Prometheus naming its Secret, the ClusterPolicy its
+        # metrics ConfigMap) are consumers too; they are in the manifests, cluster-scoped ones included.
+        everything = [*live, *objects]
+        problems += [f"{namespace}: {p}" for p in chart_checks.unconsumed(everything, filled)]
+        problems += [f"{namespace}: {p}" for p in chart_checks.cloudwatch_output_problems(live)]
+        problems += [f"{namespace}: {p}" for p in chart_checks.policy_port_problems(
+            live, listed(namespace, "networkpolicies"), namespace, unreachable_ok=UNREACHABLE_OK)]
+    assert problems == [], "\n".join(problems)
 
 
 def test_every_custom_resource_waits_for_the_resource_that_installs_its_crd(engine_stack):

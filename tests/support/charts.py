@@ -36,6 +36,7 @@ class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[mi
 
 
 _Loader.add_constructor("tag:yaml.org,2002:value", lambda loader, node: loader.construct_scalar(node))
+YamlLoader = _Loader  # the same reading of Helm's output, for manifests read back from a release
 
 
 class RenderError(RuntimeError):
