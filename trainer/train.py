@@ -448,6 +448,13 @@ class Trainer:
                 return self.finish("preempted")
             self.evaluate(last_step)
             self.watchdog.beat()
+            if save_due and self.settle_previous_save():
+                # The signal came while the previous write was still finishing: this step is the
+                # preemption checkpoint (the path that never depends on the background writer).
+                self.signalled = True
+                self.save_on_signal()
+                self.finished_step = self.step
+                return self.finish("preempted")
             if save_due:
                 self.save_regular(last_step)
             self.finished_step = self.step
@@ -567,6 +574,26 @@ class Trainer:
         # metrics.jsonl up to this step is made durable before the marker, by the sealer.
         return self.checkpointer.save(step, self.app, meta, self.config_yaml, before_marker=self.tracker.sync,
                                       synchronous=synchronous)
+
+    def settle_previous_save(self) -> bool:
+        """Before a regular save: the write in flight must be done (one write at a time: staging
+        buffers are reused). Waiting for it here, and not inside the checkpointer, keeps the loop
+        answering a signal: a background writer that is slow, stopped or killed meanwhile would
+        otherwise hold the loop past the grace period, or end the job with "Checkpoint
+        background process is dead" instead of a preemption checkpoint. Returns True when a
+        signal reached any rank meanwhile. One all-reduce per round: every rank decides alike."""
+        checkpointer, env = self.checkpointer, self.env
+        started = time.perf_counter()
+        while True:
+            preempted, failed, running = distributed.all_reduce_max(
+                env, [self.preemption.raised, checkpointer.write_failed(), not checkpointer.write_done()])
+            if preempted or failed or not running:
+                break
+            time.sleep(0.05)
+        waited = time.perf_counter() - started
+        self.goodput.checkpoint_stall_seconds += waited
+        self.window.exclude(waited)
+        return bool(preempted)
 
     def save_regular(self, last_step: bool) -> None:
         self.goodput.wall_seconds = self.wall_at_attempt_start + (time.time() - self.attempt_start)

@@ -171,6 +171,9 @@ def s3_endpoint():
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
+    # moto keeps its accounts' state per process, not per server: a second module's server (the
+    # same xdist worker) would start with the first one's bucket and secrets. Reset it.
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=30).close()
     try:
         _s3(endpoint).create_bucket(Bucket=BUCKET)
         yield endpoint

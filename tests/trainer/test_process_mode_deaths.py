@@ -123,14 +123,19 @@ def background_pids(launcher: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_preemption_whose_save_lost_its_background_process_saves_the_step_synchronously(tmp_path, data_dir):
+@pytest.mark.parametrize("signal_at_step", [9, 12], ids=["between-saves", "while-the-next-save-waits"])
+def test_a_preemption_whose_save_lost_its_background_process_saves_the_step_synchronously(tmp_path, data_dir,
+                                                                                          signal_at_step):
     """The background process dies (here: rank 1's is SIGKILLed from outside, as the OOM killer
     would) while its save is in flight and the job is being preempted. The ranks give that save
     up together and write the current step synchronously inside the grace period, instead of
     failing with "Checkpoint background process is dead" and losing the preemption checkpoint.
 
     Both ranks' background processes are stopped (SIGSTOP) before the step-8 save is handed to
-    them, so that save is certainly in flight when the signal comes."""
+    them, so that save is certainly in flight when the signal comes. At step 12 the next regular
+    save is due and must wait for step 8's write: the signal then reaches a loop that is waiting
+    (it once waited inside the checkpointer, deaf to the signal, and ended with "Checkpoint
+    background process is dead" once the writer was killed)."""
     import threading
 
     from trainer.checkpoint.layout import list_steps
@@ -152,7 +157,10 @@ def test_a_preemption_whose_save_lost_its_background_process_saves_the_step_sync
         for pid in savers:
             os.kill(pid, signal.SIGSTOP)
         metrics = os.path.join(ckpt, "metrics.jsonl")
-        assert wait_until(lambda: max(losses_or_empty(metrics), default=0) >= 9 or proc.poll() is not None, 120)
+        assert wait_until(lambda: max(losses_or_empty(metrics), default=0) >= signal_at_step or proc.poll() is not None,
+                          120)
+        if signal_at_step % 4 == 0:
+            time.sleep(2.0)  # the loop is now waiting on step 8's write before saving this step
         proc.send_signal(signal.SIGTERM)  # the spot notice
         time.sleep(1.0)
         os.kill(savers[-1], signal.SIGKILL)
