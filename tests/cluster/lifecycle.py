@@ -172,3 +172,22 @@ def node_overlay(cluster, pool_name: str) -> Optional[dict[str, Any]]:
                     and pool_name in requirement.get("values", []):
                 return overlay
     return None
+
+
+def gitops_runs_completed(cluster) -> None:
+    """Every training job the stack's GitOps render installs (prod: the team's ``gpt2-pretrain``,
+    2 x 8 H100) run to completion: Argo CD would start it, and while it ran it would hold its
+    team's quota and its pool's nodes, so a test's job of that team would wait behind it. Its
+    training processes are told to complete once they run; the job stays stored (Succeeded), as
+    the layer declares it."""
+    for obj in cluster.layer.gitops_objects:
+        if obj.get("kind") != "PyTorchJob":
+            continue
+        name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
+        path = f"/apis/kubeflow.org/v1/namespaces/{namespace}/pytorchjobs/{name}"
+        if {"Succeeded", "Failed"} & set(true_conditions(cluster.api.get(path))):
+            continue
+        replicas = sum(int(r.get("replicas", 1)) for r in obj["spec"]["pytorchReplicaSpecs"].values())
+        end_pods(cluster, running_pods(cluster, name, namespace, replicas))
+        wait(cluster, namespace, lambda: "Succeeded" in true_conditions(cluster.api.get(path)),
+             f"the GitOps-installed {namespace}/{name} Succeeded", END_S)
