@@ -14,7 +14,7 @@ from typing import Any, Optional
 import yaml
 
 from jobs.store import LocalStore
-from tests.cluster.identities import job_client
+from tests.cluster.identities import job_client, member
 from tools.cluster.api import eventually
 from tools.cluster.kubelet import POD_COMPLETE_LABEL, POD_FAILED_EXIT_CODE, POD_FAILED_LABEL
 
@@ -24,10 +24,13 @@ EXAMPLE = {"dev": "examples/jobs/l4-dev-smoke.yaml", "prod": "examples/jobs/gpt2
 ADMIT_S, LAUNCH_S, RUN_S, END_S = 240, 300, 300, 240
 
 
-def client(cluster, team: str):
+def client(cluster, team: str, *, as_member: bool = False):
+    """The team's job client: as who submits the team's jobs, or (``as_member``) as a team member
+    with only the team's own RBAC, also where the stack's teams submit with an admin's identity."""
     # Checkpoints: an empty local store stands for the bucket (nothing here trains, so there is
     # nothing to read; no AWS call).
-    return job_client(cluster, team, store=LocalStore(str(cluster.plane.workdir / "checkpoints")))
+    return job_client(cluster, team, store=LocalStore(str(cluster.plane.workdir / "checkpoints")),
+                      identity=member(cluster, f"team-{team}") if as_member else None)
 
 
 def example(cluster, scope, suffix: str, path: Optional[str] = None, **changes) -> dict[str, Any]:

@@ -113,7 +113,7 @@ def test_a_dev_pod_is_admitted_as_the_team_and_refused_beyond_the_cohorts_slices
     team = TEAM[cluster.stack]
     namespace = f"team-{team}"
     client = lc.client(cluster, team)
-    first = client.dev_pods.start(image=IMAGE, wait_seconds=lc.ADMIT_S, poll_seconds=1)
+    first = client.dev_pods.start(image=IMAGE, team=team, wait_seconds=lc.ADMIT_S, poll_seconds=1)
     assert first.admitted and first.name.startswith(devpod.PREFIX), first
     admission = _workload_of(cluster, namespace, first.name)["status"]["admission"]
     assert admission["clusterQueue"] == shared["cluster_queue"]  # the team's own queue and quota
@@ -137,7 +137,7 @@ def test_a_dev_pod_is_admitted_as_the_team_and_refused_beyond_the_cohorts_slices
     lc.wait(cluster, namespace, all_running, f"the cohort's {len(names)} slices in use",
             lc.ADMIT_S + lc.RUN_S + lc.LAUNCH_S)
     with pytest.raises(DevPodRefused) as refused:
-        client.dev_pods.start(image=IMAGE, wait_seconds=45, poll_seconds=1)
+        client.dev_pods.start(image=IMAGE, team=team, wait_seconds=45, poll_seconds=1)
     message = str(refused.value)
     assert "was not admitted within 45 s" in message and "insufficient unused quota" in message, message
     left = [j["metadata"]["name"] for j in lc.as_json(cluster, "get", "jobs", "-n", namespace, "-l",
@@ -171,7 +171,7 @@ def test_port_forward_reaches_dev_pods_and_no_training_pod(cluster, scope, share
 
     denied = connect(master["metadata"]["name"])
     assert "port-forward only to their dev pods" in denied.stderr, denied.stderr
-    dev = client.dev_pods.start(image=IMAGE, wait_seconds=lc.ADMIT_S, poll_seconds=1)
+    dev = client.dev_pods.start(image=IMAGE, team=team, wait_seconds=lc.ADMIT_S, poll_seconds=1)
     pods = lc.wait(cluster, namespace, lambda: _dev_pods(cluster, namespace, dev.name), "the dev pod's pod", lc.RUN_S)
     pod = pods[0]["metadata"]["name"]
     assert pod.startswith(devpod.PREFIX), pod

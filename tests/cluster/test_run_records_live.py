@@ -115,7 +115,7 @@ def test_a_preempted_run_is_recorded_with_its_nodes_and_cost_and_outlives_its_jo
     history still show the run."""
     raw = lc.example(cluster, scope, "rec")
     team = raw["team"]
-    client = lc.client(cluster, team)
+    client = lc.client(cluster, team, as_member=True)
     # Who the API server says the caller is (SelfSubjectReview): the team, without --team.
     assert client.identity().teams == (team,)
     with pytest.raises(NoClusterAccess):
