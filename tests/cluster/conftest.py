@@ -7,7 +7,8 @@ Every test here is marked ``cluster``. They skip, with the reason, only where th
 built (``make cluster-tools``, ``make engine-tools`` for Helm); under CI a missing tool fails
 instead, since ``.ci/run`` builds them.
 
-Fixtures: ``stack_cluster`` (session, one per stack); ``stack_controllers`` is the same object (the
+Fixtures: ``stack_cluster`` (session, one per stack; the training jobs its GitOps render installs
+are run to completion first, so they hold no team's quota); ``stack_controllers`` is the same object (the
 controllers always run now; the name stays for the tests that ask for it); ``scope`` gives a test a
 name prefix of its own and, when the test ends however it ends, deletes everything it created with
 that prefix, so no test depends on what another left behind.
@@ -57,11 +58,16 @@ def stack_cluster(request):
     from tests.conftest import _plan, schemas_dir
     from tools.cluster.stack import StackCluster, cls_env
 
+    from tests.cluster.lifecycle import gitops_runs_completed
+
     running = os.environ.get(cls_env(request.param))
     if running:  # a cluster `python -m tools.cluster.stack up <stack>` keeps running
-        yield StackCluster.attach(Path(running))
+        cluster = StackCluster.attach(Path(running))
+        gitops_runs_completed(cluster)
+        yield cluster
         return
     with StackCluster(request.param, schemas_dir(), plan=_plan(request.param)) as cluster:
+        gitops_runs_completed(cluster)
         yield cluster
 
 

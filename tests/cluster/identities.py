@@ -87,12 +87,20 @@ def kubeconfig(cluster, identity: Identity):
     return cluster.plane.kubeconfig(identity.user, list(identity.groups))
 
 
-def job_client(cluster, team: str, store=None):
+def member(cluster, namespace: str) -> Identity:
+    """A team member: the team's own access entry, or, in a stack that gives teams none (dev), a
+    user in the group the team namespace's RoleBindings bind (what such an entry would carry)."""
+    from workloads.tenancy import team_group
+
+    return team_identity(cluster, namespace) or Identity("", f"alice@{namespace}", (team_group(namespace),))
+
+
+def job_client(cluster, team: str, store=None, identity: Optional[Identity] = None):
     from jobs.client import JobClient
     from jobs.kube import KubectlApi
     from tools.cluster.paths import tool_path
 
-    path = kubeconfig(cluster, submitter(cluster, f"team-{team}"))
+    path = kubeconfig(cluster, identity or submitter(cluster, f"team-{team}"))
     kube = KubectlApi(kubectl=str(tool_path("kubectl")),
                       # HOME: kubectl keeps its discovery cache under $HOME/.kube (here, the plane's dir).
                       environ={"KUBECONFIG": str(path), "PATH": os.environ.get("PATH", ""),

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import yaml
 
 from jobs.store import LocalStore
-from tests.cluster.identities import job_client
+from tests.cluster.identities import job_client, member
 from tools.cluster.api import eventually
 from tools.cluster.kubelet import POD_COMPLETE_LABEL, POD_FAILED_EXIT_CODE, POD_FAILED_LABEL
 
@@ -24,10 +24,13 @@ EXAMPLE = {"dev": "examples/jobs/l4-dev-smoke.yaml", "prod": "examples/jobs/gpt2
 ADMIT_S, LAUNCH_S, RUN_S, END_S = 240, 300, 300, 240
 
 
-def client(cluster, team: str):
+def client(cluster, team: str, *, as_member: bool = False):
+    """The team's job client: as who submits the team's jobs, or (``as_member``) as a team member
+    with only the team's own RBAC, also where the stack's teams submit with an admin's identity."""
     # Checkpoints: an empty local store stands for the bucket (nothing here trains, so there is
     # nothing to read; no AWS call).
-    return job_client(cluster, team, store=LocalStore(str(cluster.plane.workdir / "checkpoints")))
+    return job_client(cluster, team, store=LocalStore(str(cluster.plane.workdir / "checkpoints")),
+                      identity=member(cluster, f"team-{team}") if as_member else None)
 
 
 def example(cluster, scope, suffix: str, path: Optional[str] = None, **changes) -> dict[str, Any]:
@@ -172,3 +175,22 @@ def node_overlay(cluster, pool_name: str) -> Optional[dict[str, Any]]:
                     and pool_name in requirement.get("values", []):
                 return overlay
     return None
+
+
+def gitops_runs_completed(cluster) -> None:
+    """Every training job the stack's GitOps render installs (prod: the team's ``gpt2-pretrain``,
+    2 x 8 H100) run to completion: Argo CD would start it, and while it ran it would hold its
+    team's quota and its pool's nodes, so a test's job of that team would wait behind it. Its
+    training processes are told to complete once they run; the job stays stored (Succeeded), as
+    the layer declares it."""
+    for obj in cluster.layer.gitops_objects:
+        if obj.get("kind") != "PyTorchJob":
+            continue
+        name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
+        path = f"/apis/kubeflow.org/v1/namespaces/{namespace}/pytorchjobs/{name}"
+        if {"Succeeded", "Failed"} & set(true_conditions(cluster.api.get(path))):
+            continue
+        replicas = sum(int(r.get("replicas", 1)) for r in obj["spec"]["pytorchReplicaSpecs"].values())
+        end_pods(cluster, running_pods(cluster, name, namespace, replicas))
+        wait(cluster, namespace, lambda: "Succeeded" in true_conditions(cluster.api.get(path)),
+             f"the GitOps-installed {namespace}/{name} Succeeded", END_S)

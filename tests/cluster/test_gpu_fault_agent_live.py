@@ -38,6 +38,7 @@ from trainer.launch import report_gpu_fault
 from workloads import node_health_agent as agent
 
 NODE_X, NODE_Y = "gpu-fault-node-x", "gpu-fault-node-y"
+CLEANUP_S = 120
 JOBS = "gpu-fault-drill"
 # What the driver logs and the rank's CUDA error carries when a GPU falls off the bus.
 DRIVER_ERROR = "CUDA error: unspecified launch failure; NVRM: Xid (PCI:0000:53:00): 79, pid=1234, GPU has fallen off the bus."
@@ -59,7 +60,7 @@ def _agent_identity(cluster, node: str, tmp_path_factory) -> AgentIdentity:
     namespace = daemon_set["metadata"]["namespace"]
     account = daemon_set["spec"]["template"]["spec"]["serviceAccountName"]
     _apply(cluster, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}})
-    pod_name = f"gpu-fault-agent-on-{node}"[:63]
+    pod_name = _agent_pod_name(node)
     _apply(cluster, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name, "namespace": namespace},
                      "spec": {"nodeName": node, "serviceAccountName": account, "tolerations": [{"operator": "Exists"}],
                               "containers": [{"name": "agent", "image": "agent:test"}]}})
@@ -79,14 +80,41 @@ def agent_on_x(stack_cluster, tmp_path_factory) -> AgentIdentity:
     cluster = stack_cluster
     _apply(cluster, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE_Y, "labels": {"kubernetes.io/hostname": NODE_Y}}})
     _apply(cluster, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": JOBS}})
-    yield _agent_identity(cluster, NODE_X, tmp_path_factory)
-    # What the module made goes with it: the stack's cluster is shared with the other tests.
+    try:
+        yield _agent_identity(cluster, NODE_X, tmp_path_factory)
+    finally:
+        # What the module made goes with it: the stack's cluster is shared with the other tests.
+        cluster.api.delete(f"/api/v1/namespaces/{JOBS}")
+        remove(cluster, pods=[_agent_pod(cluster, NODE_X)], nodes=[NODE_X, NODE_Y])
+        eventually(lambda: not cluster.api.get_or_none(f"/api/v1/namespaces/{JOBS}"), f"namespace {JOBS} gone",
+                   CLEANUP_S, interval_s=1)
+
+
+def _agent_pod(cluster, node: str) -> str:
+    """The path of the agent pod ``_agent_identity`` makes on ``node``."""
     daemon_set = next(d for d in cluster.layer.of_kind("DaemonSet") if d["metadata"]["name"] == "gpu-node-health")
-    cluster.api.delete(f"/api/v1/namespaces/{JOBS}")
-    cluster.api.delete(f"/api/v1/namespaces/{daemon_set['metadata']['namespace']}/pods/gpu-fault-agent-on-{NODE_X}",
-                       {"gracePeriodSeconds": 0})
-    for node in (NODE_X, NODE_Y):
+    return f"/api/v1/namespaces/{daemon_set['metadata']['namespace']}/pods/{_agent_pod_name(node)}"
+
+
+def _agent_pod_name(node: str) -> str:
+    return f"gpu-fault-agent-on-{node}"[:63]
+
+
+def remove(cluster, *, pods: list[str], nodes: list[str]) -> None:
+    """Delete the pods (API paths) and the nodes a test made, with the node events the agent
+    wrote about them, and wait until they are gone: the next test (or a rerun on a cluster that
+    keeps running) starts without them."""
+    for path in pods:
+        cluster.api.delete(path, {"gracePeriodSeconds": 0})
+    for node in nodes:
         cluster.api.delete(f"/api/v1/nodes/{node}")
+        for event in cluster.api.get("/api/v1/namespaces/default/events",
+                                     fieldSelector=f"involvedObject.name={node}")["items"]:
+            cluster.api.delete(f"/api/v1/namespaces/default/events/{event['metadata']['name']}")
+
+    def gone():
+        return not any(cluster.api.get_or_none(path) for path in [*pods, *(f"/api/v1/nodes/{n}" for n in nodes)])
+    eventually(gone, f"pods {pods} and nodes {nodes} gone", CLEANUP_S, interval_s=1)
 
 
 # The node booted 10,000 s before the test; the driver's line is stamped with the kernel's uptime.
@@ -249,6 +277,16 @@ def test_team_a_cannot_get_team_bs_node_cordoned(stack_cluster, tmp_path_factory
     from tests.infra import test_tenant_attacks as attacks
 
     cluster = stack_cluster
+    team_a, team_b = cases.A, cases.B
+    try:
+        _attack_on_team_bs_node(cluster, cases, attacks, tmp_path_factory)
+    finally:
+        remove(cluster, pods=[_agent_pod(cluster, NODE_B), f"/api/v1/namespaces/{team_b}/pods/b-worker-0",
+                              f"/api/v1/namespaces/{team_a}/pods/a-worker-0",
+                              f"/api/v1/namespaces/{team_a}/pods/a-follows-b-0"], nodes=[NODE_B])
+
+
+def _attack_on_team_bs_node(cluster, cases, attacks, tmp_path_factory) -> None:
     team_a, team_b = cases.A, cases.B
     identity = _agent_identity(cluster, NODE_B, tmp_path_factory)
 

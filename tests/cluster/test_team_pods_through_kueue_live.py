@@ -25,9 +25,9 @@ from workloads.trainingjob import container_security_context, pod_security_conte
 ADMIT_S = 240
 
 
-@pytest.fixture(scope="module")
-def cluster(stack_controllers):
-    return stack_controllers
+@pytest.fixture
+def cluster(stack_cluster):
+    return stack_cluster
 
 
 def _json(cluster, *args):
@@ -87,43 +87,45 @@ def _condition(obj, kind: str):
 
 
 @pytest.mark.parametrize("stack_cluster", ["prod"], indirect=True)
-def test_a_teams_bare_pods_wait_for_kueue_and_never_exceed_what_the_cohort_holds(cluster):
+def test_a_teams_bare_pods_wait_for_kueue_and_never_exceed_what_the_cohort_holds(cluster, scope):
     namespace, uid = _team(cluster)
+    # Named in the test's scope: both pods go when the test ends, however it ends.
+    greedy_name, fits_name = scope.name("fill-the-pool"), scope.name("small-step")
     cohort = _cohort_cpu(cluster)
     assert cohort > 0, "no CPU flavor quota: bare pods would be admitted nowhere"
 
     # More CPU than the whole cohort holds: created (Kueue gates it), never admitted.
     pool = _cpu_pool_labels(cluster)
-    greedy = _bare_pod(namespace, uid, "fill-the-pool", cohort + 8, pool)
+    greedy = _bare_pod(namespace, uid, greedy_name, cohort + 8, pool)
     cluster.kubectl("create", "-f", "-", *_as_member(namespace), input=json.dumps(greedy))
-    pod = _json(cluster, "get", "pod", "fill-the-pool", "-n", namespace)
+    pod = _json(cluster, "get", "pod", greedy_name, "-n", namespace)
     assert {"name": kueue.ADMISSION_GATE} in pod["spec"].get("schedulingGates", []), \
         f"a bare team pod was created without Kueue's gate: {pod['spec'].get('schedulingGates')}"
     assert pod["metadata"]["labels"].get(kueue.QUEUE_LABEL) == kueue.DEFAULT_LOCAL_QUEUE_NAME
 
     def refused_for_quota():
-        workload = _workload_of(cluster, namespace, "fill-the-pool")
+        workload = _workload_of(cluster, namespace, greedy_name)
         reserved = workload and _condition(workload, "QuotaReserved")
         return reserved if reserved and reserved["status"] == "False" and "insufficient" in reserved["message"] else None
 
     reserved = wait_for(refused_for_quota, "Kueue refuses the oversized pod for quota", timeout_s=ADMIT_S, interval_s=2)
     assert "cpu" in reserved["message"], reserved
-    pod = _json(cluster, "get", "pod", "fill-the-pool", "-n", namespace)
+    pod = _json(cluster, "get", "pod", greedy_name, "-n", namespace)
     assert {"name": kueue.ADMISSION_GATE} in pod["spec"].get("schedulingGates", []) and not pod["spec"].get("nodeName")
 
     # The gate is Kueue's to lift: the team member who owns the pod cannot.
-    lifted = cluster.kubectl("patch", "pod", "fill-the-pool", "-n", namespace, "--type=json",
+    lifted = cluster.kubectl("patch", "pod", greedy_name, "-n", namespace, "--type=json",
                              "-p", json.dumps([{"op": "remove", "path": "/spec/schedulingGates"}]),
                              *_as_member(namespace), check=False)
     assert lifted.returncode != 0 and "mlplatform-team-pod-queue" in lifted.stderr, lifted.stderr
-    cluster.kubectl("delete", "pod", "fill-the-pool", "-n", namespace, "--wait=false")
+    cluster.kubectl("delete", "pod", greedy_name, "-n", namespace, "--wait=false")
 
     # A pod within the team's share is admitted to the CPU pool's flavor and its gate lifted.
-    fits = _bare_pod(namespace, uid, "small-step", 1, pool)
+    fits = _bare_pod(namespace, uid, fits_name, 1, pool)
     cluster.kubectl("create", "-f", "-", *_as_member(namespace), input=json.dumps(fits))
 
     def admitted():
-        workload = _workload_of(cluster, namespace, "small-step")
+        workload = _workload_of(cluster, namespace, fits_name)
         return workload if workload and (_condition(workload, "Admitted") or {}).get("status") == "True" else None
 
     workload = wait_for(admitted, "Kueue admits the pod within the team's share", timeout_s=ADMIT_S, interval_s=2)
@@ -132,7 +134,7 @@ def test_a_teams_bare_pods_wait_for_kueue_and_never_exceed_what_the_cohort_holds
     assert workload["spec"]["queueName"] == kueue.DEFAULT_LOCAL_QUEUE_NAME
 
     def ungated():
-        pod = _json(cluster, "get", "pod", "small-step", "-n", namespace)
+        pod = _json(cluster, "get", "pod", fits_name, "-n", namespace)
         return pod if not pod["spec"].get("schedulingGates") else None
 
     pod = wait_for(ungated, "Kueue lifts the admitted pod's gate", timeout_s=ADMIT_S, interval_s=2)

@@ -282,13 +282,15 @@ class AwsStandIns:
                     continue
                 images = [c.get("image", "") for c in obj["spec"]["template"]["spec"].get("containers", [])]
                 namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
-                if any("k8s-device-plugin" in i for i in images) and "mps" not in name:
+                # The EFA plugin first: its image (`.../aws-efa-k8s-device-plugin`) contains NVIDIA's
+                # repository name (`nvcr.io/nvidia/k8s-device-plugin`) as a substring.
+                if any("aws-efa-k8s-device-plugin" in i for i in images):
+                    plugins.append({"kind": "efa", "namespace": namespace, "daemonset": name})
+                elif any("k8s-device-plugin" in i for i in images) and "mps" not in name:
                     plugins.append({"kind": "nvidia", "namespace": namespace, "daemonset": name,
                                     "config_label": "nvidia.com/device-plugin.config",
                                     "default_config": ((release.values.get("config") or {}).get("default") or ""),
                                     "configs": self._configs(release, "config")})
-                elif any("aws-efa-k8s-device-plugin" in i for i in images):
-                    plugins.append({"kind": "efa", "namespace": namespace, "daemonset": name})
         operator = self._gpu_operator()
         if operator is not None:
             values = operator.values

@@ -179,7 +179,9 @@ class Pki:
         ca_key = serialization.load_pem_private_key((self.directory / f"{ca}.key").read_bytes(), password=None)
         ca_cert = x509.load_pem_x509_certificate((self.directory / f"{ca}.crt").read_bytes())
         key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        # An EKS user name (an assumed role's session ARN) can pass RFC 5280's 64-character bound on
+        # a common name; the API server's x509 authenticator (Go's crypto/x509) reads it whole.
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name, _validate=len(common_name) <= 64),
                              *(x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations)])
         now = dt.datetime.now(dt.timezone.utc)
         builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(ca_cert.subject)
