@@ -253,7 +253,13 @@ def _as(user: dict[str, Any]) -> list[str]:
 
 
 def _bind(cluster, pod: dict[str, Any], node: str) -> None:
-    """Bound as the scheduler binds: the pods/binding subresource."""
+    """Bound as the scheduler binds: the pods/binding subresource, once Kueue has admitted the
+    pod. Kueue's plain-pod integration gates every pod of a team namespace at creation (its pod
+    webhook: `gate(&pod.pod)`), and the API server refuses to bind a gated pod ("pod ... has
+    non-empty .spec.schedulingGates"); Kueue lifts the gate when the team's quota admits it."""
+    namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+    eventually(lambda: not json.loads(cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "json").stdout)
+               ["spec"].get("schedulingGates"), f"Kueue admits {namespace}/{name}", 120)
     binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod["metadata"]["name"]},
                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
     cluster.kubectl("create", "--raw", f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}/binding",
