@@ -252,6 +252,9 @@ def _as(user: dict[str, Any]) -> list[str]:
     return [f"--as={user['username']}", *(f"--as-group={g}" for g in user["groups"] if g != "system:authenticated")]
 
 
+TEST_PLACED = "placed-by-the-test"
+
+
 def _bind(cluster, pod: dict[str, Any], node: str) -> None:
     """Bound as the scheduler binds: the pods/binding subresource, once Kueue has admitted the
     pod. Kueue's plain-pod integration gates every pod of a team namespace at creation (its pod
@@ -300,6 +303,9 @@ def _attack_on_team_bs_node(cluster, cases, attacks, tmp_path_factory) -> None:
     victim = attacks.pod(team_b, gpus=1)
     victim["metadata"] = {"name": "b-worker-0", "namespace": team_b, "labels": {"training.kubeflow.org/replica-type": "worker"}}
     victim["spec"]["tolerations"] = [dict(cases.GPU_TOLERATION)]
+    # Placed by the test, not by the default scheduler (which would put the admitted pod on a node
+    # of the pool before the test binds it to B's node): a scheduler name nothing answers to.
+    victim["spec"]["schedulerName"] = TEST_PLACED
     cluster.kubectl("create", "-f", "-", *_as(cases.TRAINING_OPERATOR), input=json.dumps(victim))
     _bind(cluster, victim, NODE_B)
 
@@ -320,6 +326,7 @@ def _attack_on_team_bs_node(cluster, cases, attacks, tmp_path_factory) -> None:
     # 3. A's worker on B's node anyway, ending with the forged message and exit 135.
     attacker = cases.gpu_job_pod()
     attacker["metadata"]["name"] = "a-worker-0"
+    attacker["spec"]["schedulerName"] = TEST_PLACED
     cluster.kubectl("create", "-f", "-", *_as(cases.TRAINING_OPERATOR), input=json.dumps(attacker))
     _bind(cluster, attacker, NODE_B)
     forged = "gpu-fault node=x rank=0 local_rank=0: GPU fault: Xid 79"
