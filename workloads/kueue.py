@@ -8,7 +8,6 @@ The manager runs with ``waitForPodsReady`` so a multi-node job is admitted all-o
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Sequence
 
@@ -16,6 +15,7 @@ import yaml
 
 from workloads.gpu_sharing import SHARING_TAINT
 from workloads.karpenter import EFA_RESOURCE, GPU_RESOURCE, GPU_TAINT, POOL_LABEL, CpuPoolSpec, GpuPoolSpec
+from workloads.nodefit import slice_pod_size
 from workloads.placement import SYSTEM_NODE_LABEL_KEY
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
@@ -57,6 +57,9 @@ class FlavorSpec:
     # A shared pool: extended resource -> slices per GPU (nvidia.com/gpu.shared: 4, or
     # nvidia.com/mig-1g.10gb: 7). Its quota is in slices, and it offers no whole GPU and no EFA.
     slices_per_gpu: Mapping[str, int] = field(default_factory=dict)
+    # The pool's instance types: a shared flavor's CPU and memory quota is its slices' pods as the
+    # renderers size them from these (workloads.nodefit.slice_pod_size).
+    instance_types: tuple[str, ...] = ()
 
     @property
     def resource_name(self) -> str:
@@ -69,6 +72,11 @@ class FlavorSpec:
     @property
     def slices_per_gpu_total(self) -> int:
         return sum(self.slices_per_gpu.values())
+
+    @property
+    def slice_pod(self) -> tuple[int, int]:
+        """(CPU millicores, memory GiB) every slice pod of this shared flavor requests."""
+        return slice_pod_size(self.instance_types, self.slices_per_gpu_total * self.gpus_per_node)
 
 
 @dataclass(frozen=True)
@@ -126,7 +134,7 @@ def flavor_for(pool: GpuPoolSpec) -> FlavorSpec:
     """A GPU pool as a Kueue flavor: its labels, GPU limit, EFA devices per node and slices."""
     return FlavorSpec(name=pool.name, node_labels=pool.node_labels, max_gpus=pool.max_gpus, gpus_per_node=pool.gpus_per_node,
                       efa_devices_per_node=pool.shapes[0].num_efa_network_cards if pool.efa else 0,
-                      slices_per_gpu=pool.sharing.slices_per_gpu())
+                      slices_per_gpu=pool.sharing.slices_per_gpu(), instance_types=tuple(pool.instance_types))
 
 
 def cpu_flavor_for(pool: Optional[CpuPoolSpec]) -> Optional[CpuFlavorSpec]:
@@ -222,17 +230,31 @@ def memory_quantity(gib: int) -> str:
     return f"{value}{_BINARY_SUFFIXES[suffix]}"
 
 
+def cpu_quantity(millicores: int) -> str:
+    """``millicores`` of CPU as Kubernetes writes the quantity back (resource.Quantity's canonical
+    decimal form: an integer mantissa with the largest exponent in steps of 3 that keeps it one,
+    so 2400m, 24, 3k; ``0`` bare). Like ``memory_quantity``: Kueue's webhook stores the canonical
+    form, and any other spelling would be updated back on every `pulumi up`."""
+    if millicores == 0:
+        return "0"
+    value, suffix = millicores, 0
+    suffixes = ("m", "", "k", "M", "G", "T", "P", "E")
+    while value % 1000 == 0 and suffix < len(suffixes) - 1:
+        value, suffix = value // 1000, suffix + 1
+    return f"{value}{suffixes[suffix]}"
+
+
 def _flavor_quota(flavor: FlavorSpec, quota: int, slice_names: Sequence[str]) -> list[dict[str, Any]]:
     """Every covered resource, in the ClusterQueue's order (Kueue requires each flavor to list
     the group's coveredResources in order). A whole-GPU flavor has no slice quota; a shared one
     has no whole GPU and no EFA quota, so neither kind of request is ever admitted to the other
     (Kueue assigns a flavor only where every requested resource fits)."""
     if flavor.shared:
-        # ``quota`` is in slices of the pool; CPU and memory follow in GPU equivalents.
-        gpu_equivalents = quota / flavor.slices_per_gpu_total
+        # ``quota`` is in slices of the pool, each a pod of the one size the renderers give it
+        # (workloads.nodefit.slice_pod_size), so the team can run every slice it is granted.
         gpus, efa = 0, 0
-        cpu = math.ceil(gpu_equivalents * flavor.cpu_per_gpu)
-        memory = math.ceil(gpu_equivalents * flavor.memory_gib_per_gpu)
+        slice_cpu_millicores, slice_memory_gib = flavor.slice_pod
+        cpu_millicores, memory = quota * slice_cpu_millicores, quota * slice_memory_gib
         max_slices = {r: n * flavor.max_gpus for r, n in flavor.slices_per_gpu.items()}
         slices = {r: min(quota, max_slices[r]) for r in flavor.slices_per_gpu}
     else:
@@ -240,9 +262,9 @@ def _flavor_quota(flavor: FlavorSpec, quota: int, slice_names: Sequence[str]) ->
         # Kueue refuses a pod requesting a resource its ClusterQueue does not cover: EFA pods
         # request every EFA device of their node, so the quota follows the GPU quota in nodes.
         efa = gpus // flavor.gpus_per_node * flavor.efa_devices_per_node
-        cpu, memory, slices = gpus * flavor.cpu_per_gpu, gpus * flavor.memory_gib_per_gpu, {}
+        cpu_millicores, memory, slices = gpus * flavor.cpu_per_gpu * 1000, gpus * flavor.memory_gib_per_gpu, {}
     resources = [
-        {"name": "cpu", "nominalQuota": str(cpu)},
+        {"name": "cpu", "nominalQuota": cpu_quantity(cpu_millicores)},
         {"name": "memory", "nominalQuota": memory_quantity(memory)},
         {"name": GPU_RESOURCE, "nominalQuota": str(gpus)},
         {"name": EFA_RESOURCE, "nominalQuota": str(efa)},
@@ -254,7 +276,7 @@ def _flavor_quota(flavor: FlavorSpec, quota: int, slice_names: Sequence[str]) ->
 def _cpu_flavor_quota(team: TeamQueueSpec, slice_names: Sequence[str]) -> list[dict[str, Any]]:
     """No GPU, EFA or slice quota (here or anywhere in the cohort), so a pod requesting any of them
     never fits this flavor and Kueue moves on to the GPU flavors."""
-    return [{"name": "cpu", "nominalQuota": str(team.general_cpu)},
+    return [{"name": "cpu", "nominalQuota": cpu_quantity(team.general_cpu * 1000)},
             {"name": "memory", "nominalQuota": memory_quantity(team.general_memory_gib)},
             {"name": GPU_RESOURCE, "nominalQuota": "0"},
             {"name": EFA_RESOURCE, "nominalQuota": "0"},

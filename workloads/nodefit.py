@@ -74,6 +74,21 @@ def _round_down(millicores: int) -> int:
     return millicores - millicores % CPU_STEP_MILLICORES
 
 
+def slice_pod_size(instance_types: Iterable[str], slices_per_node: int) -> tuple[int, int]:
+    """(CPU millicores, memory GiB) of one slice pod of a shared pool: its share of the pool's
+    smallest node (the same allocatable model as whole-GPU pods) split evenly over every slice the
+    node offers, whatever their sizes. The one rule for both sides: the renderers request it and
+    Kueue grants a team's slice quota as that many of it (workloads/kueue.py). CPU is rounded down
+    to a tenth of a core and memory to whole GiB, at least one of each, so the slices of a node
+    always fit it together."""
+    nodes = [gpu_pod_allocatable(t) for t in instance_types]
+    if not nodes or slices_per_node < 1:
+        raise ValueError(f"a shared pool needs instance types and slices per node (got {list(instance_types)}, {slices_per_node})")
+    cpu = min(cpu for cpu, _ in nodes) // slices_per_node
+    memory_mib = min(memory for _, memory in nodes) // slices_per_node
+    return max(CPU_STEP_MILLICORES, _round_down(cpu)), max(1, memory_mib // 1024)
+
+
 class DoesNotFit(ValueError):
     """The requested pod fits no instance type of the pool: (field, value, message, fix)."""
 

@@ -145,6 +145,15 @@ def _quantity_gib(value: Any) -> float:
     return float(text) / 1024**3
 
 
+def _quantity_cores(value: Any) -> float:
+    """A CPU quantity ("24", "29400m", "3k") in cores."""
+    text = str(value)
+    factors = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9}
+    if text[-1:] in factors:
+        return float(text[:-1]) * factors[text[-1]]
+    return float(text)
+
+
 def _kind(obj: Mapping[str, Any]) -> tuple[str, str]:
     return str(obj.get("apiVersion", "")), str(obj.get("kind", ""))
 
@@ -236,7 +245,7 @@ def facts_from_manifests(
                 quota = {r["name"]: r["nominalQuota"] for r in flavor.get("resources", [])}
                 gpus = float(str(quota.get(GPU_RESOURCE, "0")))
                 if gpus > 0 and "cpu" in quota and "memory" in quota:
-                    ratios.setdefault(flavor["name"], (float(str(quota["cpu"])) / gpus, _quantity_gib(quota["memory"]) / gpus))
+                    ratios.setdefault(flavor["name"], (_quantity_cores(quota["cpu"]) / gpus, _quantity_gib(quota["memory"]) / gpus))
     pools = [replace(p, cpu_per_gpu=ratios[p.kueue_flavor][0], memory_gib_per_gpu=ratios[p.kueue_flavor][1])
              if p.kueue_flavor in ratios else p for p in pools]
 

@@ -25,8 +25,7 @@ from trainer.contract.environment import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_KEY_
 from workloads.problems import Problem
 from workloads.fsx import team_pod_volumes, team_subtree_path, team_volume_mounts
 from workloads.gpu_catalog import GPU_TYPES, SPOT_NOTICE_SECONDS
-from catalog.node_model import gpu_pod_allocatable
-from workloads.nodefit import CPU_STEP_MILLICORES, DoesNotFit, PodSize, size_pod
+from workloads.nodefit import DoesNotFit, PodSize, size_pod, slice_pod_size
 from workloads.jobspec import JobSpec, JobSpecError, Runtime, k8s_literal, team_space_problems, trainer_value
 from workloads.karpenter import CAPACITY_TYPE_KEY, EFA_RESOURCE, GPU_RESOURCE, GPU_TYPE_LABEL, POOL_LABEL, ZONE_KEY
 from workloads.kueue import QUEUE_LABEL
@@ -148,18 +147,15 @@ class ResolvedJob:
         resource = self.spec.slice_resource
         return int(self.pool.slices_per_node.get(resource, 0)) if resource else 0
 
-    def _slice_share(self) -> tuple[int, int]:
-        # A slice pod gets its share of the node (the smallest type of the pool, with the same
-        # model as whole-GPU pods: catalog/node_model.py): allocatable / every slice it offers.
-        total = sum(self.pool.slices_per_node.values()) or 1
-        nodes = [gpu_pod_allocatable(t) for t in self.pool.instance_types]
-        return min(cpu for cpu, _ in nodes) // total, min(memory for _, memory in nodes) // total
+    def _slice_size(self) -> tuple[int, int]:
+        # Kueue grants a team's slice quota in the same pods (workloads.kueue, shared flavors).
+        return slice_pod_size(self.pool.instance_types, sum(self.pool.slices_per_node.values()))
 
     @property
     def cpu(self) -> str:
         """The pod's CPU as a Kubernetes quantity ("3" or "2900m")."""
         if self.spec.slice_resource:
-            millicores = max(CPU_STEP_MILLICORES, self._slice_share()[0] // CPU_STEP_MILLICORES * CPU_STEP_MILLICORES)
+            millicores = self._slice_size()[0]
             cores, rest = divmod(millicores, 1000)
             return str(cores) if rest == 0 else f"{millicores}m"
         return self.size.cpu_quantity
@@ -167,7 +163,7 @@ class ResolvedJob:
     @property
     def memory_gib(self) -> int:
         if self.spec.slice_resource:
-            return max(1, self._slice_share()[1] // 1024)
+            return self._slice_size()[1]
         return self.size.memory_gib
 
     @property

@@ -3,6 +3,7 @@ MIG-manager configs, NodeOverlays, Kueue slice flavors, the MIG gate and $/slice
 from __future__ import annotations
 
 import os
+from fractions import Fraction
 import stat
 import subprocess
 import pytest
@@ -477,3 +478,89 @@ def test_pods_without_a_gpu_request_have_a_cpu_flavor_first_in_every_team_queue(
         assert quota.pop("cpu") == str(pool.max_cpu // len(teams))
         assert quota.pop("memory") == f"{pool.max_memory_gib // len(teams)}Gi"
         assert set(quota.values()) == {"0"}, quota
+
+
+# -- a team's slice quota covers the slice pods it admits ----------------------------------------------------------
+_DECIMAL = {"m": Fraction(1, 1000), "": Fraction(1), "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9),
+            "T": Fraction(10**12)}
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def _quantity(text) -> Fraction:
+    """A Kubernetes quantity (k8s.io/apimachinery resource.Quantity: decimal or binary SI suffix) as a number."""
+    text = str(text)
+    for suffix, factor in _BINARY.items():
+        if text.endswith(suffix):
+            return Fraction(text[: -len(suffix)]) * factor
+    suffix = text[-1] if text[-1] in "mkMGT" else ""
+    return Fraction(text[: len(text) - len(suffix)]) * _DECIMAL[suffix]
+
+
+def _pod_requests(pod_spec) -> dict[str, Fraction]:
+    """What Kueue charges a pod (k8s.io/component-helpers resource.PodRequests, which Kueue's
+    workload accounting uses): the containers' requests summed, each init container's as a floor."""
+    total: dict[str, Fraction] = {}
+    for container in pod_spec["containers"]:
+        for name, value in (container.get("resources", {}).get("requests") or {}).items():
+            total[name] = total.get(name, Fraction(0)) + _quantity(value)
+    for container in pod_spec.get("initContainers") or []:
+        for name, value in (container.get("resources", {}).get("requests") or {}).items():
+            total[name] = max(total.get(name, Fraction(0)), _quantity(value))
+    return total
+
+
+def _slice_pod_specs(facts, pool, team):
+    """Every slice pod the renderers give a team on a shared pool: a training job per slice resource
+    the pool offers, and a dev pod."""
+    from workloads import devpod
+    from workloads.jobspec import parse_job_spec
+    from workloads.trainingjob import render
+    specs = {}
+    for resource in sorted(pool.slices_per_node):
+        raw = {"name": "slice", "team": team, "image": "example.com/trainer:1.0.0", "pool": pool.name, "nodes": 1,
+               "gpusPerNode": 1, "spot": not set(pool.capacity_types) - {"spot"}, "dataset": "/fsx/datasets/tinystories/gpt2-v1",
+               "command": ["python", "-m", "trainer", "train"]}
+        if resource.startswith("nvidia.com/mig-"):
+            raw["slice"] = resource.removeprefix("nvidia.com/mig-")
+        else:
+            raw["shared"] = True
+        manifest = render(parse_job_spec(raw), facts)
+        specs[f"training job on {resource}"] = (resource, manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"])
+    dev = devpod.render(devpod.DevPodSpec(name="devpod-x", team=team, image="example.com/trainer:1.0.0", owner="someone",
+                                          pool=pool.name), facts)
+    pod = dev["spec"]["template"]["spec"]
+    specs["dev pod"] = (next(r for r in pool.slices_per_node if r in pod["containers"][0]["resources"]["limits"]), pod)
+    return specs
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_every_slice_a_team_is_granted_fits_its_cpu_and_memory_quota(stack, facts, dev_plan, prod_plan):
+    """Kueue admits a workload on a flavor only while every resource it requests fits the
+    ClusterQueue's quota there (kueue pkg/scheduler/flavorassigner: "insufficient unused quota for
+    memory in flavor ..."). A shared flavor's quota is N slices, so it must hold the CPU and memory
+    of N slice pods as the renderers size them; else a team runs only part of its slices and the
+    rest wait forever for quota that exists."""
+    plan = {"dev": dev_plan, "prod": prod_plan}[stack]
+    stack_facts = facts[stack]
+    shared = [p for p in stack_facts.pools if p.shared]
+    assert shared, f"stack {stack} has no shared pool"
+    checked = 0
+    for queue in _inputs(plan, "ClusterQueue"):
+        team = queue["metadata"]["name"]
+        for entry in queue["spec"]["resourceGroups"][0]["flavors"]:
+            pool = next((p for p in shared if p.kueue_flavor == entry["name"]), None)
+            if pool is None:
+                continue
+            quota = {r["name"]: _quantity(r["nominalQuota"]) for r in entry["resources"]}
+            slices = max(quota[r] for r in pool.slices_per_node)
+            if slices == 0:
+                continue
+            for what, (resource, pod) in _slice_pod_specs(stack_facts, pool, team).items():
+                requests = _pod_requests(pod)
+                assert requests[resource] == 1, (what, requests)
+                for name in ("cpu", "memory"):
+                    assert slices * requests[name] <= quota[name], (
+                        f"{stack}: team {team} has {slices} slices on {entry['name']}, but {slices} slice pods ({what}) "
+                        f"request {float(slices * requests[name]):g} {name} and the quota grants {float(quota[name]):g}")
+                checked += 1
+    assert checked

@@ -183,3 +183,15 @@ def test_memory_quotas_are_written_as_kubernetes_writes_them_back():
 
     assert [memory_quantity(g) for g in (0, 1, 128, 1023, 1024, 1536, 2048, 1024 ** 2)] == \
         ["0", "1Gi", "128Gi", "1023Gi", "1Ti", "1536Gi", "2Ti", "1Pi"]
+
+
+def test_cpu_quotas_are_written_as_kubernetes_writes_them_back():
+    """resource.Quantity's canonical decimal form (quantity.go ``CanonicalizeBytes`` for DecimalSI:
+    the largest exponent in steps of 3 that leaves an integer mantissa). ``resource.MustParse(s).String()``
+    with k8s.io/apimachinery v0.33.3 gives 2100m -> "2100m", 29400m -> "29400m", 24000m -> "24",
+    1000 -> "1k", 1500 -> "1500", 3000000m -> "3k", 0 -> "0": a slice quota in millicores must be
+    written that way, or the ClusterQueue Kueue stores differs from the program's on every `up`."""
+    from workloads.kueue import cpu_quantity
+
+    assert [cpu_quantity(m) for m in (0, 100, 2100, 29400, 24000, 1000 * 1000, 1500 * 1000, 3000000)] == \
+        ["0", "100m", "2100m", "29400m", "24", "1k", "1500", "3k"]
