@@ -308,6 +308,15 @@ def _attack_on_team_bs_node(cluster, cases, attacks, tmp_path_factory) -> None:
     victim["spec"]["schedulerName"] = TEST_PLACED
     cluster.kubectl("create", "-f", "-", *_as(cases.TRAINING_OPERATOR), input=json.dumps(victim))
     _bind(cluster, victim, NODE_B)
+    # Running and Ready as B's node's kubelet reports it: Kueue's waitForPodsReady (blockAdmission)
+    # admits nothing else until an admitted workload's pods are ready.
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    ready = {"status": {"phase": "Running", "startTime": now, "conditions": [
+        {"type": t, "status": "True", "lastTransitionTime": now}
+        for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")], "containerStatuses": [{
+            "name": "main", "ready": True, "restartCount": 0, "started": True, "image": "trainer:1", "imageID": "",
+            "containerID": "containerd://b-worker-0", "state": {"running": {"startedAt": now}}}]}}
+    cluster.kubectl("patch", "pod", "b-worker-0", "-n", team_b, "--subresource=status", "--type=merge", "-p", json.dumps(ready))
 
     # 2. A's worker following B's: refused as the operator creates it, and as A submits the job.
     follow = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
@@ -324,8 +333,16 @@ def _attack_on_team_bs_node(cluster, cases, attacks, tmp_path_factory) -> None:
     assert refused.returncode != 0 and "mlplatform-team-queue-label-pytorchjobs" in refused.stderr, refused.stderr
 
     # 3. A's worker on B's node anyway, ending with the forged message and exit 135.
-    attacker = cases.gpu_job_pod()
-    attacker["metadata"]["name"] = "a-worker-0"
+    # One GPU of a whole-GPU pool A has quota on (prod: A has none on B's H100 pool, and no
+    # borrowing there), placed as Kueue places it (the flavor's nodeLabels and tolerations);
+    # where it runs is the test's binding, as on a shared node.
+    quota = next(t.gpu_quota for t in cases.CONFIG.scheduling.teams if t.namespace == team_a)
+    flavor = next(f for f in cases.queues(cases.CONFIG).flavors if quota.get(f.name.removeprefix("gpu-"), 0) > 0
+                  and not f.slices_per_gpu)
+    placement = cases.kueue.resource_flavor(flavor)["spec"]
+    attacker = attacks.pod(team_a, gpus=1, nodeSelector=dict(placement["nodeLabels"]),
+                           tolerations=[dict(t) for t in placement["tolerations"]])
+    attacker["metadata"] = {"name": "a-worker-0", "namespace": team_a, "labels": {"training.kubeflow.org/replica-type": "worker"}}
     attacker["spec"]["schedulerName"] = TEST_PLACED
     cluster.kubectl("create", "-f", "-", *_as(cases.TRAINING_OPERATOR), input=json.dumps(attacker))
     _bind(cluster, attacker, NODE_B)
