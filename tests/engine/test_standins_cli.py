@@ -107,12 +107,13 @@ def test_an_invoke_without_a_provider_is_refused_by_the_engine(cli):
 
 
 def test_an_eks_cluster_constructs_onto_the_test_control_plane(cli, tmp_path):
-    from tools.cluster.controlplane import ControlPlane, missing_tools
+    from tools.cluster.controlplane import CONTROL_PLANE_COMMANDS, ControlPlane, missing_tools
 
     if not os.access(KUBERNETES_PLUGIN, os.X_OK):
         pytest.skip(f"pulumi-resource-kubernetes is not built at {KUBERNETES_PLUGIN} (make engine-tools)")
-    if missing_tools():
-        pytest.skip(f"control plane tools missing: {missing_tools()} (make cluster-tools)")
+    missing = missing_tools(CONTROL_PLANE_COMMANDS)
+    if missing:
+        pytest.skip(f"control plane tools missing: {missing} (make cluster-tools)")
     with ControlPlane.in_tempdir() as plane:
         up = _ok(cli("up", MLP_STANDIN_KUBECONFIG=str(plane.admin_kubeconfig)))
         outputs = up["outputs"]

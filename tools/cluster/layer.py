@@ -242,14 +242,24 @@ def seed_training_operator_tree() -> None:
     from catalog.versions import TRAINING_OPERATOR_VENDOR_DIR
     from infra import vendor
 
+    import fcntl
+
     vendored = ROOT / TRAINING_OPERATOR_VENDOR_DIR
-    if not vendored.is_dir():
-        source = go_module_dir(*TRAINING_OPERATOR_MODULE) / "manifests"
-        shutil.copytree(source, vendored)
-        for path in [vendored, *vendored.rglob("*")]:
-            # The module cache is read-only; keep git's executable bit as it was.
-            path.chmod(path.stat().st_mode | 0o200)
-    vendor.prepare(ROOT)  # refuses the tree unless its git tree id is the pinned one
+    vendored.parent.mkdir(parents=True, exist_ok=True)
+    # Several test processes (each stack's cluster, the engine tests) seed it at once on a fresh
+    # clone: one at a time, and the tree appears whole or not at all.
+    with open(vendored.parent / ".seed.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not vendored.is_dir():
+            source = go_module_dir(*TRAINING_OPERATOR_MODULE) / "manifests"
+            partial = vendored.with_name(vendored.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            shutil.copytree(source, partial)
+            for path in [partial, *partial.rglob("*")]:
+                # The module cache is read-only; keep git's executable bit as it was.
+                path.chmod(path.stat().st_mode | 0o200)
+            partial.rename(vendored)
+        vendor.prepare(ROOT)  # refuses the tree unless its git tree id is the pinned one
 
 
 def training_operator_objects(kustomize_dir: str) -> list[dict[str, Any]]:
