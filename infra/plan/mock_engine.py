@@ -318,7 +318,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         self._check_paths(request.type, request.name, record.inputs, request.object)
         if record.is_provider:
             # Providers receive structured config JSON-encoded, as the engine passes it.
-            record.inputs = {k: _json_or_value(v) for k, v in record.inputs.items()}
+            record.inputs = {k: mock_outputs.json_or_value(v) for k, v in record.inputs.items()}
         self.recording_mocks.by_urn[urn] = record
         self.recording_mocks.current = record
         args = pulumi_mocks.MockResourceArgs(
@@ -459,7 +459,7 @@ class _ChildRecorder:
         is_provider = child.type.startswith("pulumi:providers:")
         if is_provider:
             # As RegisterResource records a provider's inputs: structured config JSON-decoded.
-            inputs = {key: _json_or_value(value) for key, value in inputs.items()}
+            inputs = {key: mock_outputs.json_or_value(value) for key, value in inputs.items()}
         record = RecordedResource(
             urn=urn, type=child.type, name=child.name, custom=child.custom, remote=False, parent=parent.urn,
             provider=component.provider_for(child.type.split(":", 1)[0]) if child.custom and not is_provider else None,
@@ -520,15 +520,6 @@ def _run_transform(callback: Any, type_: str, name: str, parent_urn: str, inputs
             callback_pb2.CallbackInvokeRequest(token=callback.token, request=request.SerializeToString()), timeout=30)
     result = resource_pb2.TransformResponse.FromString(response.response)
     return decode_struct(result.properties)
-
-
-def _json_or_value(value: Any) -> Any:
-    if isinstance(value, str) and value[:1] in "[{":
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
 
 
 # -- protobuf Struct <-> plain values -----------------------------------------------------

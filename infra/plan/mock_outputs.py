@@ -294,7 +294,8 @@ def fabricate(type_: str, name: str, seed: str, inputs: Mapping[str, Any], accou
     return resource_id, outputs
 
 
-def _json_value(value: Any) -> Any:
+def json_or_value(value: Any) -> Any:
+    """A JSON-encoded object or list decoded (the SDK sends structured provider config so), else the value."""
     if isinstance(value, str) and value[:1] in "[{":
         try:
             return json.loads(value)
@@ -311,8 +312,8 @@ def account_and_region(provider_inputs: Optional[Mapping[str, Any]]) -> tuple[st
         return DEFAULT_ACCOUNT_ID, DEFAULT_REGION
     region = provider_inputs.get("region") or DEFAULT_REGION
     account = DEFAULT_ACCOUNT_ID
-    roles = _json_value(provider_inputs.get("assumeRoles")) or []
-    allowed = _json_value(provider_inputs.get("allowedAccountIds")) or []
+    roles = json_or_value(provider_inputs.get("assumeRoles")) or []
+    allowed = json_or_value(provider_inputs.get("allowedAccountIds")) or []
     # A secret inside (an external id) makes the whole list a secret: fall back to allowedAccountIds.
     if isinstance(roles, list) and roles and isinstance(roles[0], dict) and isinstance(roles[0].get("roleArn"), str):
         account = roles[0]["roleArn"].split(":")[4] or account

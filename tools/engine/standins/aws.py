@@ -142,7 +142,7 @@ class AwsStandIn(provider_pb2_grpc.ResourceProviderServicer):
         args = decode(request.args) if request.HasField("args") else {
             key.split(":", 1)[-1]: value for key, value in request.variables.items()}
         with self._lock:
-            self.config = {key: mock_outputs._json_value(value) for key, value in args.items()}
+            self.config = {key: mock_outputs.json_or_value(value) for key, value in args.items()}
             self.account, self.region = mock_outputs.account_and_region(self.config)
             tags = (self.config.get("defaultTags") or {})
             self.default_tags = dict(tags.get("tags") or {}) if isinstance(tags, dict) else {}
