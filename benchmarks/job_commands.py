@@ -6,9 +6,9 @@ these needs it).
 
     python3 benchmarks/job_commands.py [--stack dev] [--repeats 3] [--json PATH]
 
-The control plane is the one tests/cluster use (tools/cluster: kube-apiserver 1.32, etcd,
-controller-manager, scheduler; `make cluster-tools`) with the stack's in-cluster layer installed
-from its plan; a job from examples/ is submitted as the team so that `describe` has one to read.
+The control plane is the one tests/cluster use (tools/cluster/stack.py: kube-apiserver 1.32,
+etcd, controller-manager, scheduler, the charts' controllers; `make cluster-tools`) with the
+stack's in-cluster layer installed from its plan; a job from examples/ is submitted as the team so that `describe` has one to read.
 Goal: warm <= 1.5 s per command on an idle 2-core machine. The machine's load average heads the
 output: figures at a high load are that many times slower.
 """
@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     from infra.plan import build_plan
     from jobs.client import JobClient
     from jobs.kube import KubectlApi
-    from tools.cluster.controlplane import ControlPlane, tool_path
-    from tools.cluster.layer import install, stack_layer
+    from tools.cluster.paths import tool_path
+    from tools.cluster.stack import StackCluster
     from tools.schemas import schemas_dir
     from workloads.jobspec import load_job_spec
     from workloads.tenancy import team_group
@@ -63,10 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"job commands, stack {args.stack}, team {spec.team}; python {sys.version.split()[0]}; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     started = time.monotonic()
-    layer = stack_layer(args.stack, schemas_dir(ROOT), plan=build_plan(args.stack, ROOT))
-    with ControlPlane.in_tempdir() as plane:
-        install(plane, layer)
-        print(f"control plane with the {args.stack} layer: {time.monotonic() - started:.0f} s")
+    with StackCluster(args.stack, schemas_dir(ROOT), plan=build_plan(args.stack, ROOT)) as cluster:
+        plane = cluster.plane
+        print(f"control plane with the {args.stack} layer and its controllers: {time.monotonic() - started:.0f} s")
         kubeconfig = plane.kubeconfig(f"alice@{namespace}", [team_group(namespace)])
         cache = Path(tempfile.mkdtemp(prefix="mlp-facts-"))
         bin_dir = Path(tempfile.mkdtemp(prefix="mlp-kubectl-"))

@@ -157,7 +157,7 @@ def tracking_problems(
                           "set minCapacityAcu to 0, or remove secondsUntilAutoPause")
     if is_prod and scheme is LoadBalancerScheme.INTERNET_FACING:
         # The login is basic auth (no MFA, no lockout): on the internet it is open to password
-        # guessing from anywhere the CIDR list is wrong or stale (review security-3 M8).
+        # guessing from anywhere the CIDR list is wrong or stale.
         yield Problem(f"{path}.loadBalancerScheme", scheme.value,
                       "prod's MLflow is a basic-auth login: it is not exposed on an internet-facing load balancer",
                       "use internal and reach it over the VPN or Direct Connect into the VPC (list the VPN client "

@@ -60,7 +60,7 @@ def init(cfg: ParallelismConfig) -> Env:
         # Start-up is bounded by the config, not by torch's 10 minutes: a peer that died before
         # the group exists (OOM kill, spot reclaim during imports) fails this rank with a
         # store or network error after this long, which the launcher classifies as a lost
-        # peer (retryable), instead of hanging in the store connection (review trainer-4, E2).
+        # peer (retryable), instead of hanging in the store connection.
         timeout = datetime.timedelta(seconds=cfg.init_timeout_seconds)
         store = attempt_store(rank, world_size, timeout)
         dist.init_process_group(pg_backend, timeout=timeout, device_id=device if use_cuda else None,

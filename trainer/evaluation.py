@@ -43,7 +43,7 @@ class Evaluator:
         self.module = model.module if isinstance(model, DistributedDataParallel) else model
         # The training loss's function, compiled the same way: an eager fp32 upcast of the
         # [B*T, vocab] logits would set the run's peak memory (about 8 GB for GPT-2 at 16 x 1024),
-        # which gpu-check records for preflight (review trainer-4 §2.1).
+        # which gpu-check records for preflight.
         self.loss_fn = loss_function(self.module, compile_model, blocks_compiled)
         self.batches = batches
         self.env = env

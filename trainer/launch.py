@@ -127,7 +127,7 @@ def exit_code(torchrun_code: int, signalled: bool, reasons: list[str],
         return EXIT_PEER_LOST
     # torchrun's agent could not meet the other nodes (a peer that never came within the
     # rendezvous timeout, a store that refused the connection): no worker ran here, nothing is
-    # wrong with the job; the recreated pods meet again (review trainer-4 §3: was 1, permanent).
+    # wrong with the job; the recreated pods meet again (a limit of 1 made one lost node permanent).
     if torchrun_code > 0 and agent_error and agent_error.get("rendezvous"):
         return EXIT_PEER_LOST
     # A negative code means torchrun itself died of a signal (e.g. -9): report it shell-style.

@@ -64,7 +64,7 @@ def pinned_staging_bytes(numels: list[int], shards: int = 1) -> int:
     """Host memory the thread-mode checkpoint stages into: fp32 weights and AdamW's two moments,
     each tensor pinned on its own, and torch's CachingHostAllocator rounds every pinned block up
     to a power of two (ATen/core/CachingHostAllocator.h, `c10::llvm::PowerOf2Ceil`): GPT-2 124M
-    needs 1.39 GiB of state and pins 2.31 GiB (review trainer-4, E4). Pinned pages cannot be
+    needs 1.39 GiB of state and pins 2.31 GiB. Pinned pages cannot be
     swapped and count against the pod's memory limit."""
     return sum(3 * (1 << max(0, (4 * -(-n // shards) - 1).bit_length())) for n in numels if n)
 

@@ -621,6 +621,9 @@ def run_recorded(
     monitor = RecordingMonitor(mocks, project, stack, denied=denied_default_providers(config), main=main,
                                prepared_paths=prepared_paths, check_paths=working_dir is not None)
     logger = logging.getLogger("mlplatform.mock_engine")
+    # ``set_mocks`` builds a root Stack only when none is set: cleared, each recording gets its own
+    # ``project-stack`` root instead of one left by an earlier recording in this process.
+    pulumi.runtime.settings.ROOT.set(None)
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor, logger=logger)
     pulumi.runtime.set_all_config(config, list(secret_keys))
     settings = pulumi.runtime.settings.SETTINGS

@@ -744,7 +744,7 @@ class KubernetesBackend:
         """The restore drill of one step as a Job in the team's namespace, with the team's service
         account, uid and checkpoint key (workloads/checkpoint_drill.py): ("PASS" | "FAIL", detail).
         Nothing of the checkpoint is read on this machine: a team's checkpoint is only ever
-        unpickled with that team's rights (review security-4 N1)."""
+        unpickled with that team's rights."""
         from jobs.store import S3Store
         from workloads.checkpoint_drill import JOB_NAME_LABEL, DrillSpec, render_drill, verdict_from_pod
 

@@ -52,6 +52,14 @@ def trainer_chart(workdir: Path) -> Path:
     shutil.copytree(go_module_dir(*JOBSET_MODULE) / "charts" / "jobset", chart / "charts" / "jobset")
     for path in (chart / "charts").rglob("*"):
         path.chmod(path.stat().st_mode | 0o200)
+    # The git tree's values name the staging image ``:main``; the chart published for a release tag
+    # names the promoted image, as jobset v0.12.0 hack/helm-chart-package.sh rewrites it
+    # (IMAGE_REGISTRY=registry.k8s.io/jobset for a tag matching ^v[0-9]+(\.[0-9]+){1,2}$):
+    #   .image.repository = "${IMAGE_REGISTRY}/jobset" | .image.tag = "${GIT_TAG}" | .image.pullPolicy = "IfNotPresent"
+    jobset_values = chart / "charts" / "jobset" / "values.yaml"
+    values = yaml.safe_load(jobset_values.read_text())
+    values["image"].update(repository="registry.k8s.io/jobset/jobset", tag=JOBSET_MODULE[1], pullPolicy="IfNotPresent")
+    jobset_values.write_text(yaml.safe_dump(values, sort_keys=False))
     return chart
 
 

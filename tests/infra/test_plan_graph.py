@@ -105,6 +105,21 @@ def test_graph_api_on_a_small_program():
     assert {r.urn: r.id for r in again.resources} == {r.urn: r.id for r in recording.resources}
 
 
+def test_each_recording_has_its_own_root_stack():
+    """A process that records one stack then another (a test worker, a CI driver) gives each
+    program the root Stack of its own project and stack: the engine parents top-level resources
+    to ``urn:pulumi:<stack>::<project>::pulumi:pulumi:Stack::<project>-<stack>``."""
+
+    def program():
+        pulumi.ComponentResource("mlplatform:test:Thing", "thing")
+
+    first = run_recorded(program, project="first", stack="dev")
+    second = run_recorded(program, project="second", stack="prod")
+    for recording, project, stack in ((first, "first", "dev"), (second, "second", "prod")):
+        thing = recording.one("mlplatform:test:Thing")
+        assert thing.parent == f"urn:pulumi:{stack}::{project}::pulumi:pulumi:Stack::{project}-{stack}"
+
+
 def test_graph_json_dependencies_match_the_recording(plan):
     recording = plan.recording
     graph = resource_graph(recording, plan.config)

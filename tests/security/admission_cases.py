@@ -128,6 +128,10 @@ def job(kind: str = "PyTorchJob", *, labels: Optional[dict[str, str]] = None, ru
         # before any admission policy sees it: tests/cluster/test_admission_cases_live.py).
         template["spec"].setdefault("restartPolicy", "Never")
         return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": {"template": template}}
+    # The Training Operator's webhook refuses a replica without a container named ``pytorch``
+    # (training-operator v1.9.4 pkg/webhooks/pytorch/pytorchjob_webhook.go validatePyTorchReplicaSpecs).
+    template["spec"]["containers"] = [{**c, "name": "pytorch"} if i == 0 else c
+                                      for i, c in enumerate(template["spec"]["containers"])]
     spec: dict[str, Any] = {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": template}}}
     if run_policy is not None:
         spec["runPolicy"] = run_policy

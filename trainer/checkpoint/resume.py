@@ -83,7 +83,7 @@ def _resolve_on_main(root: str, resume: str, mirror) -> str | None:
     if resume != "auto":
         # Read first: a later attempt of the branch started by this rollback (the job spec
         # still names the old checkpoint) continues the branch, even when the source itself
-        # is gone by now (review trainer-3 B2: the third attempt used to fail as bad input).
+        # is gone by now (without it the third attempt failed as bad input).
         record = continues_rollback(root, resume)
         if record:
             newest = latest_complete(root)
