@@ -7,7 +7,7 @@ trainer's overhead is measured against that, not against a loop with the trainer
 
 Prints tokens/s, MFU (6N + 12·L·H·T FLOPs per token, N = 123.65M as nanoGPT counts it, over
 the dense bf16 peak of the GPU from trainer.metrics), peak memory, and the ratio trainer /
-nanoGPT loop. Goal (docs/trainer.md): >= 45% MFU on one H100 or H200.
+nanoGPT loop. Goal (docs/trainer-reference.md, "Performance goals"): >= 45% MFU on one H100 or H200.
 Without a GPU it says "not measured" and exits 0: CPU MFU against a GPU peak is meaningless.
 """
 from __future__ import annotations

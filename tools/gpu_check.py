@@ -11,7 +11,7 @@ are run directly. On a GPU it also records the flagship model's measured MFU and
 for the GPU type in workloads/gpu_measurements.json, which preflight plans with.
 Goals (the section "Goals" of the report; a missed goal fails the run, exit 1):
 - `mfu`: the trainer's MFU (GPT-2 124M, bf16, compiled, micro-batch 16) on one H100 or H200
-  reaches the documented goal, 45% (docs/trainer.md, "Targets"), and `mfu_floor`, the
+  reaches the documented goal, 45% (docs/trainer-reference.md, "Performance goals"), and `mfu_floor`, the
   regression floor beside it: 35% (the trainer within 10% of a bare nanoGPT-style loop);
 - `async_blocked_s`: a thread-mode save blocks training at most this long (median), and
   `first_save_ratio`: the first save at most this multiple of the median (buffers pre-allocated);
@@ -255,7 +255,7 @@ def benchmarks(gpu: bool, out_dir: str, quick: bool, budget: bool = False, after
     return done
 
 
-# Goals. The MFU goal is the documented one (docs/trainer.md, "Targets": GPT-2 124M, bf16, one
+# Goals. The MFU goal is the documented one (docs/trainer-reference.md, "Performance goals": GPT-2 124M, bf16, one
 # H100 or H200, >= 45%). Beside it a regression floor per catalog GPU type
 # (workloads/gpu_measurements.gpu_type_for): on the H100 an independent nanoGPT-style compiled
 # loop reached 39.0% at micro-batch 16 (2026-11-25); the trainer is held to within 10% of that.

@@ -44,7 +44,7 @@ EXIT_PREEMPTED = 143
 # A broken connection to a peer, like a write to a closed pipe: retryable (128-255).
 EXIT_PEER_LOST = 128 + signal.SIGPIPE
 # Karpenter's spot notice is 120 s; the pod's grace period must exceed this, and the
-# trainer's save must fit inside it. See docs/trainer.md, "Time budget".
+# trainer's save must fit inside it. See docs/trainer.md, "Spot interruptions and exit 143".
 DEFAULT_SHUTDOWN_TIMEOUT_SECONDS = "90"
 
 

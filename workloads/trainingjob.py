@@ -64,7 +64,7 @@ RDMA_FAMILIES = ("p4d.", "p4de.", "p5.", "p5e.", "p5en.")
 # -- the time budget -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class TimeBudget:
-    """SIGTERM -> checkpoint -> exit, innermost first (docs/trainer.md, "Interruptions").
+    """SIGTERM -> checkpoint -> exit, innermost first (docs/trainer.md, "Spot interruptions and exit 143").
 
     torchrun's shutdown timeout covers finishing the current step, saving, and flushing
     MLflow; the pod's grace period adds a margin so that torchrun, not the kubelet, kills

@@ -21,7 +21,7 @@ def verdicts(goals) -> dict:
 def test_the_h100_goals_are_met_by_good_figures_and_missed_by_the_reviewed_ones(tmp_path):
     good = gpu_check.performance_goals(H100, figures(tmp_path, 0.46, [0.05, 0.04, 0.05], [0.01, 0.01, 0.01]), {})
     assert verdicts(good) == {"mfu": "met", "mfu_floor": "met", "async_blocked_s": "met", "first_save_ratio": "met"}
-    # The documented goal is 45% (docs/trainer.md, "Targets"): 39% clears the regression floor
+    # The documented goal is 45% (docs/trainer-reference.md, "Performance goals"): 39% clears the regression floor
     # (35%) and still misses the goal, so the run does not pass.
     floor_only = gpu_check.performance_goals(H100, figures(tmp_path, 0.39, [0.05] * 3, [0.01] * 3), {})
     assert (verdicts(floor_only)["mfu"], verdicts(floor_only)["mfu_floor"]) == ("MISSED", "met")

@@ -1,4 +1,4 @@
-"""docs/trainer.md's bounds are torch's own, read from the installed torch, not restated.
+"""docs/trainer-reference.md's bounds are torch's own, read from the installed torch, not restated.
 
 After a worker fails, torchrun stops the node's other workers with a wait that is hard-coded in
 `LocalElasticAgent._stop_workers` (`self._shutdown()`, whose default is `timeout: int = 30`);
@@ -6,14 +6,15 @@ only a signal to the agent uses TORCH_ELASTIC_SHUTDOWN_TIMEOUT (`api.py`: `self.
 e.sigval, timeout=self._shutdown_timeout)`). The docs said 90 s for both."""
 import inspect
 import os
+import re
 
 from trainer_helpers import REPO
 
 
 def bounded_failure_rows() -> list[str]:
-    with open(os.path.join(REPO, "docs", "trainer.md")) as f:
+    with open(os.path.join(REPO, "docs", "trainer-reference.md")) as f:
         text = f.read()
-    section = text.split("### Bounded failure times", 1)[1].split("\n### ", 1)[0]
+    section = re.split(r"\n#{1,3} ", text.split("### Bounded failure times\n", 1)[1], maxsplit=1)[0]
     return [line for line in section.splitlines() if line.startswith("| ")]
 
 
