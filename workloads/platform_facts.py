@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from workloads.fsx import CLAIM_NAME
 from workloads.gpu_sharing import SHARED_GPU_RESOURCE, SHARING_LABEL
 from workloads.tenancy import ALLOWED_PRIORITIES_ANNOTATION, POSIX_ID_LABEL
+from workloads.kueue import LOCAL_QUEUE_NAME
 from workloads.karpenter import (
     CAPACITY_TYPE_KEY, FAMILY_KEY, GPU_COUNT_KEY, GPU_NAME_KEY, GPU_RESOURCE, GPU_TYPE_LABEL, INSTANCE_TYPE_KEY, POOL_LABEL,
     duration_seconds,
@@ -271,8 +272,11 @@ def facts_from_manifests(
                         elif r["name"] in SLICE_RESOURCES or r["name"].startswith("nvidia.com/mig-"):
                             # A shared flavor's quota is in slices (its whole-GPU quota is 0).
                             quota[flavor["name"]] = max(quota.get(flavor["name"], 0), int(float(str(r["nominalQuota"]))))
-        lq = next((q for q in local_queues if _namespace(q) == name
-                   and cq is not None and q["spec"].get("clusterQueue") == _name(cq)), None)
+        # Jobs name the team's own LocalQueue; the namespace's default one (for unlabelled pods)
+        # feeds the same ClusterQueue, and the plan's order between the two is not fixed.
+        lq = min((q for q in local_queues if _namespace(q) == name
+                  and cq is not None and q["spec"].get("clusterQueue") == _name(cq)),
+                 key=lambda q: (_name(q) != LOCAL_QUEUE_NAME, _name(q)), default=None)
         in_ns = [m for m in manifests if _namespace(m) == name]
         teams.append(TeamFacts(
             name=team, namespace=name, local_queue=_name(lq) if lq else None, gpu_quota=quota, borrowing=borrowing,

@@ -402,6 +402,9 @@ def trainer_env(job: ResolvedJob) -> list[dict[str, Any]]:
         {"name": ENV_CHECKPOINT_KEY_FILE, "value": f"{CHECKPOINT_KEY_MOUNT}/{CHECKPOINT_KEY_ITEM}"},
         {"name": "AWS_REGION", "value": facts.region},
         {"name": "AWS_DEFAULT_REGION", "value": facts.region},
+        # The node a GPU fault happened on, for the termination message the launcher writes
+        # (trainer/launch.py report_gpu_fault): the downward API's spec.nodeName.
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
     ]
     if mirrors_to_s3(spec, facts):
         # The bucket's deployed name from the namespace's platform ConfigMap, expanded by the

@@ -8,6 +8,10 @@ user and groups (``kubectl --as/--as-group``; the admin identity may impersonate
 refused by the named policy, in the API server's own words (k8s.io/apiserver
 pkg/admission/plugin/policy/validating/dispatcher.go: "ValidatingAdmissionPolicy '%s' with
 binding '%s' denied request: %s"); a legitimate row must be admitted.
+
+The cluster runs Kueue, whose pod webhook acts before the policies: a row naming an owner gets an
+owner the namespace holds, and where Kueue's admission gate makes the API server refuse a row
+before any policy sees it, the row says so (``refused_first_on_cluster``).
 """
 from __future__ import annotations
 
@@ -61,41 +65,87 @@ def test_admission_row_on_the_real_api_server(stack_cluster, case):
     suffix = f"{abs(hash(case.name)) % 10**6}"
     obj = _unique(case.obj, suffix)
     namespace = obj["metadata"]["namespace"]
-    if case.operation == "UPDATE":
-        # ``before`` is what the API server already stores (a pod the scheduler bound, say): it is
-        # stored by a controller's identity, which the team policies leave to their controller
-        # rules; the row's change is then sent as the patch a client would send.
-        before = _unique(case.before, suffix)
-        node = before["spec"].pop("nodeName", None) if before["kind"] == "Pod" else None
-        cluster.kubectl("create", "-f", "-", *_impersonation(STORING_CONTROLLER), input=json.dumps(before))
-        if node:
-            # Kueue's pod webhook gates a pod of a team namespace that no job it manages owns; a
-            # bound pod is one Kueue admitted, and admitting lifts the gate (the API server refuses
-            # to bind a gated pod: "pod ... has non-empty .spec.schedulingGates").
-            _lift_kueue_gate(cluster, namespace, before["metadata"]["name"])
-            # Bound as the scheduler binds: the pods/binding subresource, not a nodeName on create.
-            binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": before["metadata"]["name"]},
-                       "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-            cluster.kubectl("create", "--raw",
-                            f"/api/v1/namespaces/{namespace}/pods/{before['metadata']['name']}/binding",
-                            "-f", "-", input=json.dumps(binding))
-            before["spec"]["nodeName"] = node
-        verb = ["patch", obj["kind"], obj["metadata"]["name"], "-n", namespace, "--type=merge",
-                "-p", json.dumps(merge_patch(before, obj)), "--dry-run=server"]
-        stdin = None
-    else:
-        verb = ["create", "-f", "-", "--dry-run=server"]
-        stdin = json.dumps(obj)
+    stored: list[tuple[str, str]] = []  # (kind, name) to delete afterwards
     try:
+        obj = _owned_by_a_stored_owner(cluster, obj, suffix, stored)
+        if case.operation == "UPDATE":
+            # ``before`` is what the API server already stores (a pod the scheduler bound, say): it is
+            # stored by a controller's identity, which the team policies leave to their controller
+            # rules; the row's change is then sent as the patch a client would send.
+            before = _unique(case.before, suffix)
+            if before["kind"] == "Pod" and before["spec"].get("schedulingGates"):
+                before, obj = _unadmittable(before), _unadmittable(obj)
+            node = before["spec"].pop("nodeName", None) if before["kind"] == "Pod" else None
+            cluster.kubectl("create", "-f", "-", *_impersonation(STORING_CONTROLLER), input=json.dumps(before))
+            stored.append((before["kind"], before["metadata"]["name"]))
+            if node:
+                before["spec"]["nodeName"] = _bind(cluster, namespace, before["metadata"]["name"], node)
+                obj["spec"]["nodeName"] = before["spec"]["nodeName"]
+            verb = ["patch", obj["kind"], obj["metadata"]["name"], "-n", namespace, "--type=merge",
+                    "-p", json.dumps(merge_patch(before, obj)), "--dry-run=server"]
+            stdin = None
+        else:
+            verb = ["create", "-f", "-", "--dry-run=server"]
+            stdin = json.dumps(obj)
         result = cluster.kubectl(*verb, *_impersonation(case.user), input=stdin, check=False)
     finally:
-        if case.operation == "UPDATE":
-            cluster.kubectl("delete", obj["kind"], obj["metadata"]["name"], "-n", namespace,
-                            "--wait=false", "--grace-period=0", check=False)
+        for kind, name in stored:
+            cluster.kubectl("delete", kind, name, "-n", namespace, "--wait=false", "--grace-period=0", check=False)
     text = result.stderr + result.stdout
     if case.refused_by is None:
         assert result.returncode == 0, f"{case.attack}: a legitimate request was refused:\n{text}"
     else:
         assert result.returncode != 0, f"{case.finding} {case.attack}: ADMITTED by the real API server"
+        if case.refused_first_on_cluster:
+            assert case.refused_first_on_cluster in text, f"refused, but not as expected:\n{text}"
+            return
         policy = f"mlplatform-team-{case.refused_by}"
         assert f"ValidatingAdmissionPolicy '{policy}'" in text, f"refused, but not by {policy}:\n{text}"
+
+
+def _owned_by_a_stored_owner(cluster, obj, suffix: str, stored: list) -> dict:
+    """A row naming an owner names one the namespace holds, with its uid: Kueue's pod webhook looks
+    the controller owner up and refuses a pod whose owner does not exist (kueue v0.19.2
+    jobframework/reconciler.go FindAncestorJobManagedByKueue: ``ErrWorkloadOwnerNotFound``), and
+    trusts an owner it manages. The owner is the team's own Job or pod, created as the team."""
+    refs = obj["metadata"].get("ownerReferences") or []
+    if not refs:
+        return obj
+    ref = refs[0]
+    owner = cases.job("Job") if ref["kind"] == "Job" else cases.pod()
+    owner["metadata"]["name"] = f"{ref['name']}-{suffix}"
+    created = json.loads(cluster.kubectl("create", "-f", "-", "-o", "json", *_impersonation(cases.TEAM_USER),
+                                         input=json.dumps(owner)).stdout)
+    stored.append((owner["kind"], owner["metadata"]["name"]))
+    obj = json.loads(json.dumps(obj))
+    obj["metadata"]["ownerReferences"] = [{**ref, "name": created["metadata"]["name"], "uid": created["metadata"]["uid"]}]
+    return obj
+
+
+# A resource no ClusterQueue covers: Kueue never admits the pod, so its admission gate is still
+# there when the row's change arrives (Kueue would otherwise admit a small pod within a second and
+# lift the gate itself). The same amount before and after: a pod's resources are immutable.
+UNADMITTABLE = "example.com/never-admitted"
+
+
+def _unadmittable(obj):
+    obj = json.loads(json.dumps(obj))
+    for part in ("requests", "limits"):
+        obj["spec"]["containers"][0].setdefault("resources", {}).setdefault(part, {})[UNADMITTABLE] = "1"
+    return obj
+
+
+def _bind(cluster, namespace: str, name: str, node: str) -> str:
+    """Bind the stored pod as the scheduler does (the pods/binding subresource) once Kueue has
+    admitted it: its pod webhook gates a pod of a team namespace that no job it manages owns, the
+    API server refuses to bind a gated pod, and admitting lifts the gate. If the scheduler binds it
+    first (a node of its pool exists), that node is where it runs. The node it is bound to."""
+    _lift_kueue_gate(cluster, namespace, name)
+    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+               "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+    cluster.kubectl("create", "--raw", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", "-f", "-",
+                    input=json.dumps(binding), check=False)
+    bound_to = json.loads(cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "json").stdout)["spec"].get("nodeName")
+    assert bound_to, f"pod {namespace}/{name} is bound to no node"
+    return bound_to
+

@@ -207,12 +207,15 @@ def test_a_faulty_gpu_node_is_replaced_and_its_job_resumes(cluster, scope, tmp_p
     _time_passes(cluster, node_name)
     lc.wait(cluster, namespace, lambda: cluster.api.get_or_none(f"/apis/karpenter.sh/v1/nodeclaims/{claim}") is None,
             f"Karpenter replaces faulty node {node_name} (NodeClaim {claim} gone)", lc.LAUNCH_S)
-    uids = {p["metadata"]["uid"] for p in first}
+    on_faulty_node = {p["metadata"]["uid"] for p in first if p["spec"]["nodeName"] == node_name}
 
     def moved():
-        pods = [p for p in lc.job_pods(cluster, name, namespace) if p["metadata"]["uid"] not in uids
-                and lc.ready(p) and p["spec"].get("nodeName") and p["spec"]["nodeName"] != node_name]
-        return pods if len(pods) == submitted.nodes else None
+        # The drained node's pods are recreated elsewhere; a rank on a healthy node may keep its
+        # pod (the operator recreates failed replicas only).
+        pods = [p for p in lc.job_pods(cluster, name, namespace) if lc.ready(p) and p["spec"].get("nodeName")]
+        if len(pods) != submitted.nodes or any(p["spec"]["nodeName"] == node_name for p in pods):
+            return None
+        return pods if not on_faulty_node & {p["metadata"]["uid"] for p in pods} else None
     lc.wait(cluster, namespace, moved, f"{name} runs again on another node", lc.RUN_S + lc.LAUNCH_S)
     job = lc.as_json(cluster, "get", "pytorchjob", name, "-n", namespace)
     assert "Failed" not in lc.true_conditions(job), job["status"]

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.infra.test_chart_render import operand_services
 from tools.cluster.standins import wait_for
 
 WORKLOAD_KINDS = ("Deployment", "DaemonSet", "StatefulSet")
@@ -232,6 +233,13 @@ def test_every_service_monitor_selects_a_service_with_its_port(stack_cluster):
         selector = label_selector(monitor["spec"]["selector"])
         namespaces = monitor_namespaces(cluster, monitor)
         selected = [s for n in namespaces for s in _items(cluster, "services", "-n", n, "-l", selector)]
+        if not selected and not monitor["spec"]["selector"].get("matchExpressions"):
+            # The Services an operator creates from the layer's custom resources once it runs on
+            # a GPU node (the GPU Operator's operands), as its own assets declare them.
+            wanted = monitor["spec"]["selector"].get("matchLabels") or {}
+            selected = [s for r in cluster.layer.releases if r.namespace in namespaces
+                        for s in operand_services(r.objects, r.namespace)
+                        if wanted.items() <= (s["metadata"].get("labels") or {}).items()]
         if not selected and _run_time(monitor["spec"]["selector"].get("matchLabels") or {}, RUN_TIME_SERVICES):
             continue  # a Service the operator maintains at run time (RUN_TIME_SERVICES)
         if not selected:

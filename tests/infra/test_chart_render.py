@@ -254,11 +254,13 @@ UNREACHABLE_OK: dict[str, str] = {}
 def operand_services(objects: list, namespace: str) -> list[dict]:
     """Services an operator creates at run time from a rendered custom resource (not in the render):
     the GPU Operator's DCGM exporter operand, when its ClusterPolicy enables it, is Service
-    nvidia-dcgm-exporter port 9400 -> 9400 (NVIDIA/gpu-operator assets/state-dcgm-exporter/0600_service.yaml)."""
+    nvidia-dcgm-exporter, labelled app=nvidia-dcgm-exporter, port gpu-metrics 9400 -> 9400 (NVIDIA/gpu-operator
+    assets/state-dcgm-exporter/0600_service.yaml)."""
     found = []
     for obj in objects:
         if obj.get("kind") == "ClusterPolicy" and (obj["spec"].get("dcgmExporter") or {}).get("enabled"):
-            found.append({"kind": "Service", "metadata": {"name": "nvidia-dcgm-exporter", "namespace": namespace},
+            found.append({"kind": "Service", "metadata": {"name": "nvidia-dcgm-exporter", "namespace": namespace,
+                                                          "labels": {"app": "nvidia-dcgm-exporter"}},
                           "spec": {"selector": {"app": "nvidia-dcgm-exporter"},
                                    "ports": [{"name": "gpu-metrics", "port": 9400, "targetPort": 9400}]}})
     return found

@@ -71,6 +71,9 @@ class Case:
     operation: str = "CREATE"
     before: Optional[dict[str, Any]] = None  # the stored object an UPDATE changes
     refused_by: Optional[str] = None  # the policy (without the mlplatform-team- prefix); None = admitted
+    # Where a layer the API server runs before the admission policies stops the row on a real
+    # cluster, the words it refuses with (the policy alone is evaluated by test_admission_attacks.py).
+    refused_first_on_cluster: Optional[str] = None
 
     @property
     def namespace(self) -> dict[str, Any]:
@@ -184,6 +187,11 @@ def gated(obj: dict[str, Any]) -> dict[str, Any]:
     out["spec"]["schedulingGates"] = [{"name": kueue.ADMISSION_GATE}]
     return out
 
+# Kueue's pod webhook gates every pod of a team namespace that no job it manages owns (kueue v0.19.2
+# pod_webhook.go Default: ``gate(&pod.pod)``), and the API server refuses a gated pod a node
+# (k8s.io/kubernetes pkg/apis/core/validation: "cannot be set until all schedulingGates have been cleared").
+NODE_NAME_ON_A_GATED_POD = "spec.nodeName: Forbidden: cannot be set until all schedulingGates have been cleared"
+
 CASES: list[Case] = [
     # -- legitimate requests (must be admitted) ----------------------------------------------------
     Case("baseline", "cpu-pod", "the platform's CPU pod, as a team member creates it", pod()),
@@ -276,9 +284,10 @@ CASES: list[Case] = [
 
     # -- N3: system nodes and chosen nodes ------------------------------------------------------------
     Case("N3", "nodename-system-node", "skip the scheduler: spec.nodeName of a system node",
-         pod(nodeName=SYSTEM_NODE), refused_by="pod-placement"),
+         pod(nodeName=SYSTEM_NODE), refused_by="pod-placement", refused_first_on_cluster=NODE_NAME_ON_A_GATED_POD),
     Case("N3", "nodename-gpu-node", "pin a GPU-less pod onto the node running team B's job",
-         pod(env=ALL_GPUS, nodeName="gpu-node-of-team-b"), refused_by="pod-placement"),
+         pod(env=ALL_GPUS, nodeName="gpu-node-of-team-b"), refused_by="pod-placement",
+         refused_first_on_cluster=NODE_NAME_ON_A_GATED_POD),
     Case("N3", "pending-pod-adds-system-toleration", "create a pending pod selecting the system node group, "
          "then add the CriticalAddonsOnly toleration by UPDATE",
          pod(nodeSelector={"eks.amazonaws.com/nodegroup": "mlp-prod-system"},

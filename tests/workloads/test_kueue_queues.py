@@ -96,3 +96,19 @@ def test_storage_startup_taints_take_the_enum_and_refuse_an_unknown_mode():
     # The caller gets copies: changing one cannot change the next stack's taints.
     storage_startup_taints("fsx")[0]["effect"] = "NoSchedule"
     assert storage_startup_taints("fsx") == (FSX_STARTUP_TAINT,) and FSX_STARTUP_TAINT["effect"] == "NoExecute"
+
+
+def test_jobs_name_the_teams_own_local_queue_whatever_the_plans_order(prod_plan):
+    """Each team namespace holds two LocalQueues on its ClusterQueue: the team's own (jobs name it)
+    and Kueue's default one for unlabelled pods. The facts jobs are rendered from name the team's
+    own, in whichever order the plan recorded them."""
+    from jobs.facts import _kubernetes_manifests
+    from workloads.platform_facts import facts_from_manifests
+
+    manifests = _kubernetes_manifests(prod_plan.recording)
+    queues = [m for m in manifests if m.get("kind") == "LocalQueue"]
+    assert {q["metadata"]["name"] for q in queues} >= {kueue.LOCAL_QUEUE_NAME, kueue.DEFAULT_LOCAL_QUEUE_NAME}
+    others = [m for m in manifests if m.get("kind") != "LocalQueue"]
+    for ordered in (queues, list(reversed(queues))):
+        facts = facts_from_manifests(others + ordered, stack="prod", region="us-west-2", tracking_secret_name="mlflow")
+        assert facts.teams and {t.local_queue for t in facts.teams} == {kueue.LOCAL_QUEUE_NAME}

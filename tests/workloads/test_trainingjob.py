@@ -410,3 +410,25 @@ def test_training_operator_service_monitor_matches_the_pinned_service():
     (port,) = [p for p in upstream_service["spec"]["ports"] if p["name"] == monitor["spec"]["endpoints"][0]["port"]]
     assert port["targetPort"] == 8080
     assert monitor["spec"]["namespaceSelector"]["matchNames"] == ["kubeflow"]
+
+
+def test_a_gpu_fault_report_names_the_node_the_kubelet_ran_the_pod_on(prod_facts, example_raw, tmp_path, monkeypatch):
+    """The launcher names the faulty node in the termination message from NODE_NAME; the rendered
+    pod gets it from the downward API, which the kubelet resolves to the pod's spec.nodeName."""
+    from trainer.gpu_faults import gpu_fault, parse_termination_message
+    from trainer.launch import report_gpu_fault
+
+    job = render(parse_job_spec(example_raw), prod_facts)
+    for template in _templates(job):
+        (container,) = [c for c in template["spec"]["containers"] if c["name"] == "pytorch"]
+        source = next(e for e in container["env"] if e["name"] == "NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"]
+        bound_pod = {"spec": {"nodeName": "ip-10-1-2-3.ec2.internal"}}
+        value = bound_pod
+        for part in source.split("."):
+            value = value[part]
+        monkeypatch.setenv("NODE_NAME", value)
+        log = tmp_path / "termination-log"
+        log.write_text("")
+        report_gpu_fault([{"rank": 0, "local_rank": 0, "gpu_fault": gpu_fault(RuntimeError("CUDA error: unspecified launch failure"))}],
+                         path=str(log))
+        assert [line.node for line in parse_termination_message(log.read_text())] == ["ip-10-1-2-3.ec2.internal"]
