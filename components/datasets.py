@@ -31,7 +31,7 @@ from catalog.limits import (  # noqa: F401  (re-exported)
     LUSTRE_VERSION,
 )
 from components.bucket import AccessLogBucket, LifecycleRule, SecureBucket, SecureBucketArgs
-from components.cluster import Cluster, pod_identity_role
+from components.cluster import Cluster
 from components.k8s import apply_object
 from components.kms import create_key, set_key_policy
 from components.network import Network
@@ -503,18 +503,14 @@ class Datasets(pulumi.ComponentResource):
         # account is s3-csi-driver-sa in kube-system, EKS User Guide "mountpoint-for-s3-add-on").
         # Read-only: list the bucket, get objects, decrypt with the data key (Mountpoint's
         # CONFIGURATION.md "IAM permissions": s3:ListBucket, s3:GetObject; kms:Decrypt for SSE-KMS).
-        self.mountpoint_role = pod_identity_role(
-            f"{name}-mountpoint", cluster_arn=cluster.eks_cluster.eks_cluster.arn, namespace="kube-system",
-            service_account=MOUNTPOINT_SERVICE_ACCOUNT, parent=self, tags=tags)
         policy = pulumi.Output.all(datasets_bucket.arn, self.key.arn).apply(
             lambda arns: json.dumps(mountpoint_read_only_policy(bucket_arn=arns[0], key_arn=arns[1])))
-        aws.iam.RolePolicy(f"{name}-mountpoint-read", role=self.mountpoint_role.id, policy=policy,
-                           opts=pulumi.ResourceOptions(parent=self.mountpoint_role))
-        association = aws.eks.PodIdentityAssociation(
-            f"{name}-mountpoint-association", cluster_name=cluster.cluster_name, namespace="kube-system",
-            service_account=MOUNTPOINT_SERVICE_ACCOUNT, role_arn=self.mountpoint_role.arn, tags=tags, opts=child)
+        mountpoint = cluster.pod_identity(
+            f"{name}-mountpoint", namespace="kube-system", service_account=MOUNTPOINT_SERVICE_ACCOUNT, parent=self,
+            tags=tags, policies={"read": policy}, association="association", after_agent=False)
+        self.mountpoint_role = mountpoint.role
         self.addon = cluster.addon(MOUNTPOINT_S3_CSI_DRIVER, name=name, parent=self, version=args.mountpoint_addon_version,
-                                   tags=tags, depends_on=[association, *self.args.general_capacity])
+                                   tags=tags, depends_on=[mountpoint.association, *self.args.general_capacity])
 
         # EFS: elastic throughput (billed per GB moved, nothing while idle), encrypted with the data
         # key; a mount target in every private subnet so a node in any AZ resolves the file

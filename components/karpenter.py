@@ -19,7 +19,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from components.helm_addon import helm_addon
-from components.cluster import Cluster, pod_identity_role
+from components.cluster import Cluster
 from components.k8s import apply_namespace_objects, apply_object
 from components.names import EVENT_RULE_NAME_MAX, IAM_ROLE_NAME_MAX, fitted_name
 from components.charts import ChartSource
@@ -263,9 +263,6 @@ class KarpenterPrerequisites(pulumi.ComponentResource):
             tags=tags, opts=child,
         )
 
-        self.controller_role = pod_identity_role(
-            f"{name}-controller", cluster_arn=cluster.eks_cluster.eks_cluster.arn, namespace=NAMESPACE,
-            service_account=SERVICE_ACCOUNT, parent=self, tags=tags)
         policy = pulumi.Output.all(
             partition, region, account_id, cluster_name, self.queue.arn, self.node_role.arn,
             cluster.eks_cluster.eks_cluster.arn,
@@ -273,15 +270,11 @@ class KarpenterPrerequisites(pulumi.ComponentResource):
             partition=v[0], region=v[1], account_id=v[2], cluster_name=v[3], queue_arn=v[4],
             node_role_arn=v[5], cluster_arn=v[6]), separators=(",", ":")))
         # Inline: the policy is ~5 KB, over the 6,144-character limit of a managed policy.
-        self.controller_policy = aws.iam.RolePolicy(
-            f"{name}-controller-policy", role=self.controller_role.id, policy=policy,
-            opts=pulumi.ResourceOptions(parent=self.controller_role),
-        )
-        self.pod_identity = aws.eks.PodIdentityAssociation(
-            f"{name}-controller-identity", cluster_name=cluster_name, namespace=NAMESPACE,
-            service_account=SERVICE_ACCOUNT, role_arn=self.controller_role.arn, tags=tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.addons["eks-pod-identity-agent"]]),
-        )
+        controller = cluster.pod_identity(f"{name}-controller", namespace=NAMESPACE, service_account=SERVICE_ACCOUNT,
+                                          parent=self, tags=tags, policies={"policy": policy})
+        self.controller_role = controller.role
+        self.controller_policy = controller.policies["policy"]
+        self.pod_identity = controller.association
         self.queue_name = self.queue.name
         self.register_outputs({
             "queue_name": self.queue.name,
