@@ -397,8 +397,8 @@ class Cluster(pulumi.ComponentResource):
         document, each ``f"{name}-{suffix}"`` under the role) and ``managed_policy_arns``, and the
         association ``f"{name}-{association}"`` under ``parent``.
 
-        ``after_agent``: the association waits for the Pod Identity Agent add-on, so no pod that
-        reads these credentials starts before the agent that serves them.
+        ``after_agent``: the association waits for the Pod Identity Agent add-on, and so does whatever
+        waits for the association (False: only what uses the role orders it).
         """
         role = pod_identity_role(name, cluster_arn=self.eks_cluster.eks_cluster.arn, namespace=namespace,
                                  service_account=service_account, parent=parent, tags=tags,
