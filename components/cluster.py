@@ -133,6 +133,15 @@ class ClusterArgs:
             raise ValueError(f"ClusterArgs.namespace_editors: {empty} have no namespaces; list at least one")
 
 
+@dataclass(frozen=True)
+class PodIdentity:
+    """What ``Cluster.pod_identity`` made: the role, its inline policies by suffix, the association."""
+
+    role: aws.iam.Role
+    policies: Mapping[str, aws.iam.RolePolicy]
+    association: aws.eks.PodIdentityAssociation
+
+
 class Cluster(pulumi.ComponentResource):
     """EKS with a private endpoint, KMS-encrypted secrets, full control-plane logging,
     API authentication with access entries, no default node group, a tainted static CPU
@@ -378,6 +387,31 @@ class Cluster(pulumi.ComponentResource):
             pod_identity_associations=identity, tags=tags,
             opts=pulumi.ResourceOptions(parent=parent, depends_on=[*waits_for, *depends_on]),
         )
+
+    def pod_identity(self, name: str, *, namespace: str, service_account: str, parent: pulumi.Resource,
+                     tags: Mapping[str, str], policies: Optional[Mapping[str, pulumi.Input[str]]] = None,
+                     managed_policy_arns: Sequence[pulumi.Input[str]] = (), association: str = "identity",
+                     after_agent: bool = True) -> PodIdentity:
+        """AWS credentials for one service account of this cluster through EKS Pod Identity: a role
+        only that account may assume (``f"{name}-role"``), its inline ``policies`` (suffix -> policy
+        document, each ``f"{name}-{suffix}"`` under the role) and ``managed_policy_arns``, and the
+        association ``f"{name}-{association}"`` under ``parent``.
+
+        ``after_agent``: the association waits for the Pod Identity Agent add-on, and so does whatever
+        waits for the association (False: only what uses the role orders it).
+        """
+        role = pod_identity_role(name, cluster_arn=self.eks_cluster.eks_cluster.arn, namespace=namespace,
+                                 service_account=service_account, parent=parent, tags=tags,
+                                 managed_policy_arns=managed_policy_arns)
+        inline = {suffix: aws.iam.RolePolicy(f"{name}-{suffix}", role=role.id, policy=document,
+                                             opts=pulumi.ResourceOptions(parent=role))
+                  for suffix, document in (policies or {}).items()}
+        waits_for = [self.addons["eks-pod-identity-agent"]] if after_agent else []
+        linked = aws.eks.PodIdentityAssociation(
+            f"{name}-{association}", cluster_name=self.cluster_name, namespace=namespace,
+            service_account=service_account, role_arn=role.arn, tags=dict(tags),
+            opts=pulumi.ResourceOptions(parent=parent, depends_on=waits_for))
+        return PodIdentity(role=role, policies=inline, association=linked)
 
     def _system_node_group(self, name, cluster_name, tags) -> aws.eks.NodeGroup:
         group = self.args.system_node_group

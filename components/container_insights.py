@@ -29,7 +29,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components.helm_addon import helm_addon
-from components.cluster import Cluster, pod_identity_role
+from components.cluster import Cluster
 from components.k8s import apply_namespace_objects
 from components.charts import ChartSource
 from catalog.versions import CLOUDWATCH_OBSERVABILITY
@@ -144,15 +144,11 @@ class ContainerInsights(pulumi.ComponentResource):
         tags = dict(args.tags)
         partition = aws.get_partition_output(opts=pulumi.InvokeOutputOptions(parent=self)).partition
 
-        self.agent_role = pod_identity_role(
-            f"{name}-agent", cluster_arn=cluster.eks_cluster.eks_cluster.arn, namespace=NAMESPACE,
-            service_account=AGENT_SERVICE_ACCOUNT, parent=self, tags=tags,
+        agent = cluster.pod_identity(
+            f"{name}-agent", namespace=NAMESPACE, service_account=AGENT_SERVICE_ACCOUNT, parent=self, tags=tags,
             managed_policy_arns=[pulumi.Output.concat("arn:", partition, ":iam::aws:policy/", AGENT_MANAGED_POLICY)])
-        self.pod_identity = aws.eks.PodIdentityAssociation(
-            f"{name}-agent-identity", cluster_name=cluster.cluster_name, namespace=NAMESPACE,
-            service_account=AGENT_SERVICE_ACCOUNT, role_arn=self.agent_role.arn, tags=tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.addons["eks-pod-identity-agent"]]),
-        )
+        self.agent_role = agent.role
+        self.pod_identity = agent.association
 
         self.performance_logs = aws.cloudwatch.LogGroup(
             f"{name}-performance-logs", name=performance_log_group_name(cluster.args.cluster_name),

@@ -35,7 +35,7 @@ import pulumi_aws as aws
 
 from catalog.regions import partition_of
 from components.helm_addon import helm_addon
-from components.cluster import Cluster, pod_identity_role
+from components.cluster import Cluster
 from components.k8s import apply_namespace_objects
 from components.charts import ChartSource
 from catalog.versions import AWS_FOR_FLUENT_BIT
@@ -266,23 +266,18 @@ class ContainerLogs(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self))
             for namespace in sorted(args.team_readers)}
         groups = [self.log_group, *self.team_groups.values()]
-        role = pod_identity_role(f"{name}-fluent-bit", cluster_arn=cluster.eks_cluster.eks_cluster.arn,
-                                 namespace=NAMESPACE, service_account=SERVICE_ACCOUNT, parent=self, tags=tags)
-        aws.iam.RolePolicy(f"{name}-fluent-bit-write", role=role.id, opts=pulumi.ResourceOptions(parent=role),
-                           policy=pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [{
-                               "Effect": "Allow",
-                               "Action": ["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
-                               "Resource": [arn for g in groups for arn in (g.arn, pulumi.Output.concat(g.arn, ":*"))]}]}))
+        write = pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [{
+            "Effect": "Allow",
+            "Action": ["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
+            "Resource": [arn for g in groups for arn in (g.arn, pulumi.Output.concat(g.arn, ":*"))]}]})
+        identity = cluster.pod_identity(f"{name}-fluent-bit", namespace=NAMESPACE, service_account=SERVICE_ACCOUNT,
+                                        parent=self, tags=tags, policies={"write": write}).association
         # Who reads what: each team its own group, the cluster's admins every group.
         self.read_policies: dict[str, aws.iam.Policy] = {}
         for namespace, group in self.team_groups.items():
             self.read_policies[namespace] = self._read_policy(f"{name}-{namespace}-read", [group], args.team_readers[namespace], tags)
         if args.admin_readers:
             self.read_policies["*"] = self._read_policy(f"{name}-all-read", groups, args.admin_readers, tags)
-        identity = aws.eks.PodIdentityAssociation(
-            f"{name}-fluent-bit-identity", cluster_name=cluster.cluster_name, namespace=NAMESPACE,
-            service_account=SERVICE_ACCOUNT, role_arn=role.arn, tags=tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.addons["eks-pod-identity-agent"]]))
         spec = SystemNamespaceSpec(
             name=NAMESPACE, pod_security=PodSecurityLevel.PRIVILEGED, pod_security_reason=POD_SECURITY_REASON,
             vpc_cidr=cluster.vpc_cidr, service_cidr=cluster.service_cidr,

@@ -31,7 +31,7 @@ from catalog.limits import (  # noqa: F401  (re-exported)
     LUSTRE_VERSION,
 )
 from components.bucket import AccessLogBucket, LifecycleRule, SecureBucket, SecureBucketArgs
-from components.cluster import Cluster, pod_identity_role
+from components.cluster import Cluster
 from components.k8s import apply_object
 from components.kms import create_key, set_key_policy
 from components.network import Network
@@ -489,43 +489,53 @@ class Datasets(pulumi.ComponentResource):
 
     def _s3_mountpoint(self, name: str, tags: dict) -> None:
         """Datasets bucket read-only through Mountpoint for Amazon S3; teams' subtrees on EFS."""
-        args = self.args
-        cluster = args.cluster
-        child = pulumi.ResourceOptions(parent=self)
-        stateful = pulumi.ResourceOptions(parent=self, protect=args.protect)
         # The key has no service statement to add here: EFS and S3 use it on behalf of callers
         # the account's IAM policies admit (the account-admin statement delegates to IAM).
         self.key_policy = set_key_policy(f"{name}-data", self.key, parent=self, statements=[])
-        datasets_bucket = self.buckets[DatasetBucket.DATASETS]
+        self.addon = self._mountpoint_driver(name, tags)
+        self._efs_file_system(name, tags)
+        region = aws.get_region_output(opts=pulumi.InvokeOutputOptions(parent=self)).region
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=self.args.cluster.k8s_provider,
+                                          depends_on=[self.addon, self.efs_addon, *self.mount_targets])
+        self.access_points = {}
+        self.volume_claims = {}
+        for namespace in self.args.namespaces:
+            ns_dep = _namespace_dependency(self.args.namespace_resources, namespace)
+            self.volume_claims[namespace] = self._team_checkpoint_volume(name, namespace, tags, k8s_opts, ns_dep)
+            self._team_datasets_volume(name, namespace, region, k8s_opts, ns_dep)
 
-        # Mountpoint's driver-level credentials through EKS Pod Identity (driver v2: "EKS Pod
-        # Identity support", awslabs/mountpoint-s3-csi-driver README; the node plugin's service
-        # account is s3-csi-driver-sa in kube-system, EKS User Guide "mountpoint-for-s3-add-on").
-        # Read-only: list the bucket, get objects, decrypt with the data key (Mountpoint's
-        # CONFIGURATION.md "IAM permissions": s3:ListBucket, s3:GetObject; kms:Decrypt for SSE-KMS).
-        self.mountpoint_role = pod_identity_role(
-            f"{name}-mountpoint", cluster_arn=cluster.eks_cluster.eks_cluster.arn, namespace="kube-system",
-            service_account=MOUNTPOINT_SERVICE_ACCOUNT, parent=self, tags=tags)
-        policy = pulumi.Output.all(datasets_bucket.arn, self.key.arn).apply(
+    def _mountpoint_driver(self, name: str, tags: dict) -> aws.eks.Addon:
+        """The Mountpoint for S3 CSI driver add-on with its read-only credentials.
+
+        Driver-level credentials through EKS Pod Identity (driver v2: "EKS Pod Identity support",
+        awslabs/mountpoint-s3-csi-driver README; the node plugin's service account is
+        s3-csi-driver-sa in kube-system, EKS User Guide "mountpoint-for-s3-add-on"). Read-only: list
+        the bucket, get objects, decrypt with the data key (Mountpoint's CONFIGURATION.md "IAM
+        permissions": s3:ListBucket, s3:GetObject; kms:Decrypt for SSE-KMS).
+        """
+        args = self.args
+        policy = pulumi.Output.all(self.buckets[DatasetBucket.DATASETS].arn, self.key.arn).apply(
             lambda arns: json.dumps(mountpoint_read_only_policy(bucket_arn=arns[0], key_arn=arns[1])))
-        aws.iam.RolePolicy(f"{name}-mountpoint-read", role=self.mountpoint_role.id, policy=policy,
-                           opts=pulumi.ResourceOptions(parent=self.mountpoint_role))
-        association = aws.eks.PodIdentityAssociation(
-            f"{name}-mountpoint-association", cluster_name=cluster.cluster_name, namespace="kube-system",
-            service_account=MOUNTPOINT_SERVICE_ACCOUNT, role_arn=self.mountpoint_role.arn, tags=tags, opts=child)
-        self.addon = cluster.addon(MOUNTPOINT_S3_CSI_DRIVER, name=name, parent=self, version=args.mountpoint_addon_version,
-                                   tags=tags, depends_on=[association, *self.args.general_capacity])
+        mountpoint = args.cluster.pod_identity(
+            f"{name}-mountpoint", namespace="kube-system", service_account=MOUNTPOINT_SERVICE_ACCOUNT, parent=self,
+            tags=tags, policies={"read": policy}, association="association", after_agent=False)
+        self.mountpoint_role = mountpoint.role
+        return args.cluster.addon(MOUNTPOINT_S3_CSI_DRIVER, name=name, parent=self, version=args.mountpoint_addon_version,
+                                  tags=tags, depends_on=[mountpoint.association, *args.general_capacity])
 
-        # EFS: elastic throughput (billed per GB moved, nothing while idle), encrypted with the data
-        # key; a mount target in every private subnet so a node in any AZ resolves the file
-        # system's DNS name to its own AZ (EFS User Guide, "Mounting EFS file systems").
+    def _efs_file_system(self, name: str, tags: dict) -> None:
+        """EFS: elastic throughput (billed per GB moved, nothing while idle), encrypted with the data
+        key; a mount target in every private subnet so a node in any AZ resolves the file system's
+        DNS name to its own AZ (EFS User Guide, "Mounting EFS file systems"); the EFS CSI driver."""
+        args = self.args
+        stateful = pulumi.ResourceOptions(parent=self, protect=args.protect)
         self.efs = aws.efs.FileSystem(
             f"{name}-efs", encrypted=True, kms_key_id=self.key.arn, performance_mode="generalPurpose",
             throughput_mode="elastic", tags={**tags, "Name": f"{name}-efs"},
             opts=pulumi.ResourceOptions.merge(stateful, pulumi.ResourceOptions(depends_on=[self.key_policy])))
         self.security_group = aws.ec2.SecurityGroup(
             f"{name}-efs-sg", vpc_id=args.network.vpc_id, description="EFS: NFS from the cluster's nodes only",
-            tags={**tags, "Name": f"{name}-efs"}, opts=child)
+            tags={**tags, "Name": f"{name}-efs"}, opts=pulumi.ResourceOptions(parent=self))
         aws.vpc.SecurityGroupIngressRule(
             f"{name}-efs-from-nodes", security_group_id=self.security_group.id,
             referenced_security_group_id=args.cluster.node_security_group.id, ip_protocol="tcp",
@@ -538,50 +548,50 @@ class Datasets(pulumi.ComponentResource):
         ]
         # No IAM role: static volumes with access points need none ("by default no additional IAM
         # permissions are necessary", aws-efs-csi-driver examples/kubernetes/access_points).
-        self.efs_addon = cluster.addon(EFS_CSI_DRIVER, name=name, parent=self, version=args.efs_addon_version, tags=tags)
+        self.efs_addon = args.cluster.addon(EFS_CSI_DRIVER, name=name, parent=self, version=args.efs_addon_version,
+                                            tags=tags)
 
-        region = aws.get_region_output(opts=pulumi.InvokeOutputOptions(parent=self)).region
-        k8s_opts = pulumi.ResourceOptions(parent=self, provider=cluster.k8s_provider,
-                                          depends_on=[self.addon, self.efs_addon, *self.mount_targets])
-        self.access_points = {}
-        self.volume_claims = {}
-        for namespace in args.namespaces:
-            uid = args.posix_ids[namespace]
-            # The access point creates /checkpoints/<ns> owned by the team (mode 0750) on first
-            # mount and maps every client to the team's uid/gid: root in a pod is the team too.
-            access_point = aws.efs.AccessPoint(
-                f"{name}-efs-ap-{namespace}", file_system_id=self.efs.id,
-                posix_user={"uid": uid, "gid": uid},
-                root_directory={"path": f"/{CHECKPOINTS_DIR}/{namespace}",
-                                "creation_info": {"owner_uid": uid, "owner_gid": uid, "permissions": "0750"}},
-                tags={**tags, "Name": f"{name}-{namespace}"}, opts=pulumi.ResourceOptions(parent=self.efs))
-            self.access_points[namespace] = access_point
-            ns_dep = _namespace_dependency(args.namespace_resources, namespace)
-            efs_spec = pulumi.Output.all(self.efs.id, access_point.id).apply(
-                lambda v, ns=namespace: EfsVolumeSpec(file_system_id=v[0], access_point_id=v[1], namespace=ns,
-                                                      pv_name_prefix=name))
-            placeholder = EfsVolumeSpec(file_system_id="fs-0", access_point_id="fsap-0", namespace=namespace,
-                                        pv_name_prefix=name)
-            pv = apply_object(f"{name}-pv-{namespace}", _output_manifest(efs_persistent_volume, placeholder, efs_spec),
-                              k8s_opts)
-            claim = apply_object(
-                f"{name}-pvc-{namespace}",
-                static_claim(namespace=namespace, claim_name=CLAIM_NAME, pv_name=placeholder.pv_name, read_only=False,
-                             capacity=NOMINAL_CAPACITY),
-                pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=[pv, *ns_dep])))
-            self.volume_claims[namespace] = claim
-            s3_spec = pulumi.Output.all(datasets_bucket.name, region).apply(
-                lambda v, ns=namespace: MountpointVolumeSpec(bucket_name=v[0], region=v[1], namespace=ns,
-                                                             pv_name_prefix=name))
-            s3_placeholder = MountpointVolumeSpec(bucket_name="b", region="r", namespace=namespace, pv_name_prefix=name)
-            datasets_pv = apply_object(
-                f"{name}-pv-{namespace}-datasets",
-                _output_manifest(mountpoint_persistent_volume, s3_placeholder, s3_spec), k8s_opts)
-            apply_object(
-                f"{name}-pvc-{namespace}-datasets",
-                static_claim(namespace=namespace, claim_name=DATASETS_CLAIM_NAME, pv_name=s3_placeholder.pv_name,
-                             read_only=True, capacity=NOMINAL_CAPACITY),
-                pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=[datasets_pv, *ns_dep])))
+    def _team_checkpoint_volume(self, name: str, namespace: str, tags: dict, k8s_opts: pulumi.ResourceOptions,
+                                ns_dep: list) -> pulumi.Resource:
+        """The team's EFS subtree as a static PV and its claim."""
+        uid = self.args.posix_ids[namespace]
+        # The access point creates /checkpoints/<ns> owned by the team (mode 0750) on first
+        # mount and maps every client to the team's uid/gid: root in a pod is the team too.
+        access_point = aws.efs.AccessPoint(
+            f"{name}-efs-ap-{namespace}", file_system_id=self.efs.id,
+            posix_user={"uid": uid, "gid": uid},
+            root_directory={"path": f"/{CHECKPOINTS_DIR}/{namespace}",
+                            "creation_info": {"owner_uid": uid, "owner_gid": uid, "permissions": "0750"}},
+            tags={**tags, "Name": f"{name}-{namespace}"}, opts=pulumi.ResourceOptions(parent=self.efs))
+        self.access_points[namespace] = access_point
+        efs_spec = pulumi.Output.all(self.efs.id, access_point.id).apply(
+            lambda v, ns=namespace: EfsVolumeSpec(file_system_id=v[0], access_point_id=v[1], namespace=ns,
+                                                  pv_name_prefix=name))
+        placeholder = EfsVolumeSpec(file_system_id="fs-0", access_point_id="fsap-0", namespace=namespace,
+                                    pv_name_prefix=name)
+        pv = apply_object(f"{name}-pv-{namespace}", _output_manifest(efs_persistent_volume, placeholder, efs_spec),
+                          k8s_opts)
+        return apply_object(
+            f"{name}-pvc-{namespace}",
+            static_claim(namespace=namespace, claim_name=CLAIM_NAME, pv_name=placeholder.pv_name, read_only=False,
+                         capacity=NOMINAL_CAPACITY),
+            pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=[pv, *ns_dep])))
+
+    def _team_datasets_volume(self, name: str, namespace: str, region: pulumi.Output[str],
+                              k8s_opts: pulumi.ResourceOptions, ns_dep: list) -> None:
+        """The datasets bucket, read-only through Mountpoint, as a static PV and the team's claim."""
+        s3_spec = pulumi.Output.all(self.buckets[DatasetBucket.DATASETS].name, region).apply(
+            lambda v, ns=namespace: MountpointVolumeSpec(bucket_name=v[0], region=v[1], namespace=ns,
+                                                         pv_name_prefix=name))
+        s3_placeholder = MountpointVolumeSpec(bucket_name="b", region="r", namespace=namespace, pv_name_prefix=name)
+        datasets_pv = apply_object(
+            f"{name}-pv-{namespace}-datasets",
+            _output_manifest(mountpoint_persistent_volume, s3_placeholder, s3_spec), k8s_opts)
+        apply_object(
+            f"{name}-pvc-{namespace}-datasets",
+            static_claim(namespace=namespace, claim_name=DATASETS_CLAIM_NAME, pv_name=s3_placeholder.pv_name,
+                         read_only=True, capacity=NOMINAL_CAPACITY),
+            pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=[datasets_pv, *ns_dep])))
 
 
 MOUNTPOINT_SERVICE_ACCOUNT = "s3-csi-driver-sa"

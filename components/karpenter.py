@@ -19,7 +19,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from components.helm_addon import helm_addon
-from components.cluster import Cluster, pod_identity_role
+from components.cluster import Cluster
 from components.k8s import apply_namespace_objects, apply_object
 from components.names import EVENT_RULE_NAME_MAX, IAM_ROLE_NAME_MAX, fitted_name
 from components.charts import ChartSource
@@ -77,30 +77,43 @@ def controller_policy(*, partition: str, region: str, account_id: str, cluster_n
     ``Resource: "*"`` statements are upstream's read-only ones (region- or resource-scoped by
     condition where upstream scopes them).
     """
+    statements = [
+        *_node_lifecycle_statements(partition=partition, region=region, cluster_name=cluster_name),
+        *_iam_integration_statements(partition=partition, region=region, account_id=account_id,
+                                     cluster_name=cluster_name, node_role_arn=node_role_arn),
+        # -- EKSIntegrationPolicy
+        {"Sid": "AllowAPIServerEndpointDiscovery", "Effect": "Allow", "Action": "eks:DescribeCluster",
+         "Resource": cluster_arn},
+        # -- InterruptionPolicy
+        {"Sid": "AllowInterruptionQueueActions", "Effect": "Allow",
+         "Action": ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"], "Resource": queue_arn},
+        # -- ZonalShiftPolicy (read-only; used when settings.enableZonalShift is on)
+        {"Sid": "AllowZonalShiftStatusReadOnly", "Effect": "Allow", "Action": ["arc-zonal-shift:GetManagedResource"],
+         "Resource": "*", "Condition": {"StringEquals": {"arc-zonal-shift:ResourceIdentifier": cluster_arn}}},
+        *_resource_discovery_statements(partition=partition, region=region, account_id=account_id),
+    ]
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def _owned(tag: str, cluster_name: str, *, request: bool) -> dict[str, Any]:
+    """The condition that a resource (``request=False``) or a request's tags carry this cluster's
+    ``owned`` tag and a ``karpenter.sh/nodepool`` tag (a request also the EKS cluster name)."""
+    if request:
+        return {"StringEquals": {f"aws:RequestTag/{tag}": "owned", "aws:RequestTag/eks:eks-cluster-name": cluster_name},
+                "StringLike": {"aws:RequestTag/karpenter.sh/nodepool": "*"}}
+    return {"StringEquals": {f"aws:ResourceTag/{tag}": "owned"},
+            "StringLike": {"aws:ResourceTag/karpenter.sh/nodepool": "*"}}
+
+
+def _node_lifecycle_statements(*, partition: str, region: str, cluster_name: str) -> list[dict[str, Any]]:
+    """Upstream's NodeLifecyclePolicy: launch, tag and delete only what carries the cluster's tags."""
     arn = f"arn:{partition}:ec2:{region}:*"
     cluster_tag = f"kubernetes.io/cluster/{cluster_name}"
-    owned_request = {
-        "StringEquals": {f"aws:RequestTag/{cluster_tag}": "owned", "aws:RequestTag/eks:eks-cluster-name": cluster_name},
-        "StringLike": {"aws:RequestTag/karpenter.sh/nodepool": "*"},
-    }
-    owned_resource = {
-        "StringEquals": {f"aws:ResourceTag/{cluster_tag}": "owned"},
-        "StringLike": {"aws:ResourceTag/karpenter.sh/nodepool": "*"},
-    }
-    profile_arn = f"arn:{partition}:iam::{account_id}:instance-profile/*"
-    profile_resource = {
-        "StringEquals": {f"aws:ResourceTag/{cluster_tag}": "owned", "aws:ResourceTag/topology.kubernetes.io/region": region},
-        "StringLike": {"aws:ResourceTag/karpenter.k8s.aws/ec2nodeclass": "*"},
-    }
-    profile_request = {
-        "StringEquals": {f"aws:RequestTag/{cluster_tag}": "owned", "aws:RequestTag/eks:eks-cluster-name": cluster_name,
-                         "aws:RequestTag/topology.kubernetes.io/region": region},
-        "StringLike": {"aws:RequestTag/karpenter.k8s.aws/ec2nodeclass": "*"},
-    }
+    owned_request = _owned(cluster_tag, cluster_name, request=True)
+    owned_resource = _owned(cluster_tag, cluster_name, request=False)
     tagged = [f"{arn}:fleet/*", f"{arn}:instance/*", f"{arn}:volume/*", f"{arn}:network-interface/*",
               f"{arn}:launch-template/*", f"{arn}:spot-instances-request/*"]
-    statements = [
-        # -- NodeLifecyclePolicy
+    return [
         {"Sid": "AllowScopedEC2InstanceAccessActions", "Effect": "Allow",
          "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
          "Resource": [f"arn:{partition}:ec2:{region}::image/*", f"arn:{partition}:ec2:{region}::snapshot/*",
@@ -127,7 +140,24 @@ def controller_policy(*, partition: str, region: str, account_id: str, cluster_n
         {"Sid": "AllowScopedDeletion", "Effect": "Allow",
          "Action": ["ec2:TerminateInstances", "ec2:DeleteLaunchTemplate"],
          "Resource": [f"{arn}:instance/*", f"{arn}:launch-template/*"], "Condition": owned_resource},
-        # -- IAMIntegrationPolicy
+    ]
+
+
+def _iam_integration_statements(*, partition: str, region: str, account_id: str, cluster_name: str,
+                                node_role_arn: str) -> list[dict[str, Any]]:
+    """Upstream's IAMIntegrationPolicy: pass the node role; manage only this cluster's instance profiles."""
+    cluster_tag = f"kubernetes.io/cluster/{cluster_name}"
+    profile_arn = f"arn:{partition}:iam::{account_id}:instance-profile/*"
+    profile_resource = {
+        "StringEquals": {f"aws:ResourceTag/{cluster_tag}": "owned", "aws:ResourceTag/topology.kubernetes.io/region": region},
+        "StringLike": {"aws:ResourceTag/karpenter.k8s.aws/ec2nodeclass": "*"},
+    }
+    profile_request = {
+        "StringEquals": {f"aws:RequestTag/{cluster_tag}": "owned", "aws:RequestTag/eks:eks-cluster-name": cluster_name,
+                         "aws:RequestTag/topology.kubernetes.io/region": region},
+        "StringLike": {"aws:RequestTag/karpenter.k8s.aws/ec2nodeclass": "*"},
+    }
+    return [
         {"Sid": "AllowPassingInstanceRole", "Effect": "Allow", "Action": "iam:PassRole", "Resource": node_role_arn,
          "Condition": {"StringEquals": {"iam:PassedToService": ["ec2.amazonaws.com", "ec2.amazonaws.com.cn"]}}},
         {"Sid": "AllowScopedInstanceProfileCreationActions", "Effect": "Allow", "Action": ["iam:CreateInstanceProfile"],
@@ -139,16 +169,12 @@ def controller_policy(*, partition: str, region: str, account_id: str, cluster_n
         {"Sid": "AllowScopedInstanceProfileActions", "Effect": "Allow",
          "Action": ["iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile"],
          "Resource": profile_arn, "Condition": profile_resource},
-        # -- EKSIntegrationPolicy
-        {"Sid": "AllowAPIServerEndpointDiscovery", "Effect": "Allow", "Action": "eks:DescribeCluster",
-         "Resource": cluster_arn},
-        # -- InterruptionPolicy
-        {"Sid": "AllowInterruptionQueueActions", "Effect": "Allow",
-         "Action": ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"], "Resource": queue_arn},
-        # -- ZonalShiftPolicy (read-only; used when settings.enableZonalShift is on)
-        {"Sid": "AllowZonalShiftStatusReadOnly", "Effect": "Allow", "Action": ["arc-zonal-shift:GetManagedResource"],
-         "Resource": "*", "Condition": {"StringEquals": {"arc-zonal-shift:ResourceIdentifier": cluster_arn}}},
-        # -- ResourceDiscoveryPolicy
+    ]
+
+
+def _resource_discovery_statements(*, partition: str, region: str, account_id: str) -> list[dict[str, Any]]:
+    """Upstream's ResourceDiscoveryPolicy: read-only, region-scoped where upstream scopes it."""
+    return [
         {"Sid": "AllowRegionalReadActions", "Effect": "Allow",
          "Action": ["ec2:DescribeCapacityReservations", "ec2:DescribeImages", "ec2:DescribeInstances",
                     "ec2:DescribeInstanceStatus", "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes",
@@ -162,9 +188,8 @@ def controller_policy(*, partition: str, region: str, account_id: str, cluster_n
         {"Sid": "AllowUnscopedInstanceProfileListAction", "Effect": "Allow", "Action": "iam:ListInstanceProfiles",
          "Resource": "*"},
         {"Sid": "AllowInstanceProfileReadActions", "Effect": "Allow", "Action": "iam:GetInstanceProfile",
-         "Resource": profile_arn},
+         "Resource": f"arn:{partition}:iam::{account_id}:instance-profile/*"},
     ]
-    return {"Version": "2012-10-17", "Statement": statements}
 
 
 def queue_policy(queue_arn: str, rule_arns: Sequence[str] = ()) -> dict[str, Any]:
@@ -263,9 +288,6 @@ class KarpenterPrerequisites(pulumi.ComponentResource):
             tags=tags, opts=child,
         )
 
-        self.controller_role = pod_identity_role(
-            f"{name}-controller", cluster_arn=cluster.eks_cluster.eks_cluster.arn, namespace=NAMESPACE,
-            service_account=SERVICE_ACCOUNT, parent=self, tags=tags)
         policy = pulumi.Output.all(
             partition, region, account_id, cluster_name, self.queue.arn, self.node_role.arn,
             cluster.eks_cluster.eks_cluster.arn,
@@ -273,15 +295,11 @@ class KarpenterPrerequisites(pulumi.ComponentResource):
             partition=v[0], region=v[1], account_id=v[2], cluster_name=v[3], queue_arn=v[4],
             node_role_arn=v[5], cluster_arn=v[6]), separators=(",", ":")))
         # Inline: the policy is ~5 KB, over the 6,144-character limit of a managed policy.
-        self.controller_policy = aws.iam.RolePolicy(
-            f"{name}-controller-policy", role=self.controller_role.id, policy=policy,
-            opts=pulumi.ResourceOptions(parent=self.controller_role),
-        )
-        self.pod_identity = aws.eks.PodIdentityAssociation(
-            f"{name}-controller-identity", cluster_name=cluster_name, namespace=NAMESPACE,
-            service_account=SERVICE_ACCOUNT, role_arn=self.controller_role.arn, tags=tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.addons["eks-pod-identity-agent"]]),
-        )
+        controller = cluster.pod_identity(f"{name}-controller", namespace=NAMESPACE, service_account=SERVICE_ACCOUNT,
+                                          parent=self, tags=tags, policies={"policy": policy})
+        self.controller_role = controller.role
+        self.controller_policy = controller.policies["policy"]
+        self.pod_identity = controller.association
         self.queue_name = self.queue.name
         self.register_outputs({
             "queue_name": self.queue.name,

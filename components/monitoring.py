@@ -18,7 +18,7 @@ import pulumi_kubernetes as k8s
 from components.helm_addon import helm_addon, system_ready
 from components.gpu_idle_alarm import email_suffix
 from components.names import IAM_ROLE_NAME_MAX, fitted_name
-from components.cluster import Cluster, pod_identity_role
+from components.cluster import Cluster
 from components.k8s import apply_namespace_objects, apply_object
 from workloads.problems import accepts_enum_values
 from components.charts import ChartSource
@@ -107,94 +107,119 @@ def scrape_egress_policy(vpc_cidr: str) -> dict[str, Any]:
 class Monitoring(pulumi.ComponentResource):
     def __init__(self, name: str, args: MonitoringArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("mlplatform:monitoring:Monitoring", name, None, opts)
-        cluster = args.cluster
         tags = dict(args.tags)
-        vpc_cidr = cluster.vpc_cidr
-        objects = namespace_objects(namespace_spec(vpc_cidr, cluster.service_cidr))
-        self.namespace, self.network_policies = apply_namespace_objects(name, objects, self)
-        in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
-        self.network_policies.append(apply_object(f"{name}-netpol-scrapes", scrape_egress_policy(vpc_cidr), in_namespace))
-        ready = [self.namespace, *self.network_policies, *system_ready(cluster)]
-
+        ready = self._namespace(name, args.cluster)
         # CRDs first, as their own release so Helm upgrades them (a chart's crds/ never upgrade).
         self.crds = helm_addon(
-            f"{name}-prometheus-operator-crds", parent=self, cluster=cluster, release="prometheus-operator-crds",
+            f"{name}-prometheus-operator-crds", parent=self, cluster=args.cluster, release="prometheus-operator-crds",
             chart=PROMETHEUS_OPERATOR_CRDS, source=args.charts, namespace=stack.NAMESPACE, values={}, depends_on=ready)
-
-        cluster_arn = cluster.eks_cluster.eks_cluster.arn
         identities: list[pulumi.Resource] = []
         remote_write = None
         self.amp_workspace: Optional[aws.amp.Workspace] = None
         self.grafana_workspace: Optional[aws.grafana.Workspace] = None
         self.team_topics: dict[str, aws.sns.Topic] = {}
         if args.sns_topic is not None and args.sns_topic_key is not None:
-            # A team's own alerts (its jobs') go to the team: a topic per team, its e-mails subscribed.
-            for namespace, emails in sorted(args.team_alert_emails.items()):
-                topic = aws.sns.Topic(f"{name}-{namespace}-alerts", name=fitted_name(f"{name}-{namespace}-alerts", 256),
-                                      kms_master_key_id=args.sns_topic_key.arn, tags=tags,
-                                      opts=pulumi.ResourceOptions(parent=self))
-                for email in emails:
-                    aws.sns.TopicSubscription(f"{name}-{namespace}-alerts-{email_suffix(email)}", topic=topic.arn,
-                                              protocol="email", endpoint=email, opts=pulumi.ResourceOptions(parent=topic))
-                self.team_topics[namespace] = topic
-            published = [args.sns_topic.arn, *(t.arn for t in self.team_topics.values()),
-                         *([args.heartbeat_topic.arn] if args.heartbeat_topic is not None else [])]
-            role = pod_identity_role(f"{name}-alertmanager", cluster_arn=cluster_arn, namespace=stack.NAMESPACE,
-                                     service_account=stack.ALERTMANAGER_SERVICE_ACCOUNT, parent=self, tags=tags)
-            aws.iam.RolePolicy(f"{name}-alertmanager-publish", role=role.id, policy=pulumi.Output.json_dumps({
-                "Version": "2012-10-17", "Statement": [
-                    {"Effect": "Allow", "Action": "sns:Publish",
-                     "Resource": published[0] if len(published) == 1 else published},
-                    # An encrypted topic needs the publisher to use its key (SNS developer guide, SSE).
-                    {"Effect": "Allow", "Action": ["kms:GenerateDataKey", "kms:Decrypt"], "Resource": args.sns_topic_key.arn},
-                ]}), opts=pulumi.ResourceOptions(parent=role))
-            identities.append(aws.eks.PodIdentityAssociation(
-                f"{name}-alertmanager-identity", cluster_name=cluster.cluster_name, namespace=stack.NAMESPACE,
-                service_account=stack.ALERTMANAGER_SERVICE_ACCOUNT, role_arn=role.arn, tags=tags,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.addons["eks-pod-identity-agent"]])))
+            self.team_topics = self._team_topics(name, args.team_alert_emails, args.sns_topic_key, tags)
+            identities.append(self._alertmanager_identity(name, args, args.sns_topic, args.sns_topic_key, tags))
         if args.managed:
-            self.amp_workspace = aws.amp.Workspace(f"{name}-amp", alias=f"{name}", tags=tags,
-                                                   opts=pulumi.ResourceOptions(parent=self))
-            writer = pod_identity_role(f"{name}-prometheus", cluster_arn=cluster_arn, namespace=stack.NAMESPACE,
-                                       service_account=stack.PROMETHEUS_SERVICE_ACCOUNT, parent=self, tags=tags)
-            aws.iam.RolePolicy(f"{name}-prometheus-remote-write", role=writer.id, policy=pulumi.Output.json_dumps({
-                "Version": "2012-10-17", "Statement": [
-                    {"Effect": "Allow", "Action": "aps:RemoteWrite", "Resource": self.amp_workspace.arn}]}),
-                opts=pulumi.ResourceOptions(parent=writer))
-            identities.append(aws.eks.PodIdentityAssociation(
-                f"{name}-prometheus-identity", cluster_name=cluster.cluster_name, namespace=stack.NAMESPACE,
-                service_account=stack.PROMETHEUS_SERVICE_ACCOUNT, role_arn=writer.arn, tags=tags,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[cluster.addons["eks-pod-identity-agent"]])))
-            # AMP remote-write endpoint: <workspace prometheusEndpoint>api/v1/remote_write (AMP user guide).
-            remote_write = stack.RemoteWriteSpec(
-                url=pulumi.Output.concat(self.amp_workspace.prometheus_endpoint, "api/v1/remote_write"),
-                region=args.region)
-            grafana_role = aws.iam.Role(
-                f"{name}-grafana-role", name=fitted_name(f"{name}-grafana-role", IAM_ROLE_NAME_MAX), tags=tags, opts=pulumi.ResourceOptions(parent=self),
-                assume_role_policy=json.dumps({"Version": "2012-10-17", "Statement": [{
-                    "Effect": "Allow", "Principal": {"Service": "grafana.amazonaws.com"}, "Action": "sts:AssumeRole"}]}))
-            aws.iam.RolePolicy(f"{name}-grafana-query", role=grafana_role.id, policy=pulumi.Output.json_dumps({
-                "Version": "2012-10-17", "Statement": [{
-                    "Effect": "Allow", "Resource": self.amp_workspace.arn,
-                    "Action": ["aps:QueryMetrics", "aps:GetSeries", "aps:GetLabels", "aps:GetMetricMetadata"]}]}),
-                opts=pulumi.ResourceOptions(parent=grafana_role))
-            self.grafana_workspace = aws.grafana.Workspace(
-                f"{name}-grafana", account_access_type="CURRENT_ACCOUNT", authentication_providers=["AWS_SSO"],
-                permission_type="SERVICE_MANAGED", data_sources=["PROMETHEUS"], role_arn=grafana_role.arn, tags=tags,
-                opts=pulumi.ResourceOptions(parent=self))
+            remote_write, writer = self._managed_prometheus(name, args, tags)
+            identities.append(writer)
+            self.grafana_workspace = self._managed_grafana(name, self.amp_workspace, tags)
+        self.release = self._kube_prometheus_stack(name, args, remote_write, depends_on=[*ready, self.crds, *identities])
+        self._scrape_objects(name, args)
+        self.register_outputs({"release_status": self.release.status,
+                               "amp_workspace": self.amp_workspace.id if self.amp_workspace else None})
 
+    def _namespace(self, name: str, cluster: Cluster) -> list[pulumi.Resource]:
+        """The namespace with its network policies (Prometheus's scrapes included); what the
+        releases wait for."""
+        objects = namespace_objects(namespace_spec(cluster.vpc_cidr, cluster.service_cidr))
+        self.namespace, self.network_policies = apply_namespace_objects(name, objects, self)
+        in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
+        self.network_policies.append(
+            apply_object(f"{name}-netpol-scrapes", scrape_egress_policy(cluster.vpc_cidr), in_namespace))
+        return [self.namespace, *self.network_policies, *system_ready(cluster)]
+
+    def _team_topics(self, name: str, team_alert_emails: Mapping[str, Sequence[str]], key: aws.kms.Key,
+                     tags: dict) -> dict[str, aws.sns.Topic]:
+        """A team's own alerts (its jobs') go to the team: a topic per team, its e-mails subscribed."""
+        topics = {}
+        for namespace, emails in sorted(team_alert_emails.items()):
+            topic = aws.sns.Topic(f"{name}-{namespace}-alerts", name=fitted_name(f"{name}-{namespace}-alerts", 256),
+                                  kms_master_key_id=key.arn, tags=tags, opts=pulumi.ResourceOptions(parent=self))
+            for email in emails:
+                aws.sns.TopicSubscription(f"{name}-{namespace}-alerts-{email_suffix(email)}", topic=topic.arn,
+                                          protocol="email", endpoint=email, opts=pulumi.ResourceOptions(parent=topic))
+            topics[namespace] = topic
+        return topics
+
+    def _alertmanager_identity(self, name: str, args: MonitoringArgs, topic: aws.sns.Topic, key: aws.kms.Key,
+                               tags: dict) -> pulumi.Resource:
+        """Alertmanager may publish to the platform's, the teams' and the heartbeat topics."""
+        published = [topic.arn, *(t.arn for t in self.team_topics.values()),
+                     *([args.heartbeat_topic.arn] if args.heartbeat_topic is not None else [])]
+        publish = pulumi.Output.json_dumps({
+            "Version": "2012-10-17", "Statement": [
+                {"Effect": "Allow", "Action": "sns:Publish",
+                 "Resource": published[0] if len(published) == 1 else published},
+                # An encrypted topic needs the publisher to use its key (SNS developer guide, SSE).
+                {"Effect": "Allow", "Action": ["kms:GenerateDataKey", "kms:Decrypt"], "Resource": key.arn},
+            ]})
+        return args.cluster.pod_identity(
+            f"{name}-alertmanager", namespace=stack.NAMESPACE, service_account=stack.ALERTMANAGER_SERVICE_ACCOUNT,
+            parent=self, tags=tags, policies={"publish": publish}).association
+
+    def _managed_prometheus(self, name: str, args: MonitoringArgs,
+                            tags: dict) -> tuple[stack.RemoteWriteSpec, pulumi.Resource]:
+        """An AMP workspace and Prometheus's identity to remote-write to it."""
+        self.amp_workspace = aws.amp.Workspace(f"{name}-amp", alias=f"{name}", tags=tags,
+                                               opts=pulumi.ResourceOptions(parent=self))
+        remote_write_policy = pulumi.Output.json_dumps({
+            "Version": "2012-10-17", "Statement": [
+                {"Effect": "Allow", "Action": "aps:RemoteWrite", "Resource": self.amp_workspace.arn}]})
+        writer = args.cluster.pod_identity(
+            f"{name}-prometheus", namespace=stack.NAMESPACE, service_account=stack.PROMETHEUS_SERVICE_ACCOUNT,
+            parent=self, tags=tags, policies={"remote-write": remote_write_policy})
+        # AMP remote-write endpoint: <workspace prometheusEndpoint>api/v1/remote_write (AMP user guide).
+        remote_write = stack.RemoteWriteSpec(
+            url=pulumi.Output.concat(self.amp_workspace.prometheus_endpoint, "api/v1/remote_write"),
+            region=args.region)
+        return remote_write, writer.association
+
+    def _managed_grafana(self, name: str, amp_workspace: aws.amp.Workspace, tags: dict) -> aws.grafana.Workspace:
+        """A Managed Grafana workspace whose service role may query the AMP workspace."""
+        grafana_role = aws.iam.Role(
+            f"{name}-grafana-role", name=fitted_name(f"{name}-grafana-role", IAM_ROLE_NAME_MAX), tags=tags,
+            opts=pulumi.ResourceOptions(parent=self),
+            assume_role_policy=json.dumps({"Version": "2012-10-17", "Statement": [{
+                "Effect": "Allow", "Principal": {"Service": "grafana.amazonaws.com"}, "Action": "sts:AssumeRole"}]}))
+        aws.iam.RolePolicy(f"{name}-grafana-query", role=grafana_role.id, policy=pulumi.Output.json_dumps({
+            "Version": "2012-10-17", "Statement": [{
+                "Effect": "Allow", "Resource": amp_workspace.arn,
+                "Action": ["aps:QueryMetrics", "aps:GetSeries", "aps:GetLabels", "aps:GetMetricMetadata"]}]}),
+            opts=pulumi.ResourceOptions(parent=grafana_role))
+        return aws.grafana.Workspace(
+            f"{name}-grafana", account_access_type="CURRENT_ACCOUNT", authentication_providers=["AWS_SSO"],
+            permission_type="SERVICE_MANAGED", data_sources=["PROMETHEUS"], role_arn=grafana_role.arn, tags=tags,
+            opts=pulumi.ResourceOptions(parent=self))
+
+    def _kube_prometheus_stack(self, name: str, args: MonitoringArgs, remote_write: Optional[stack.RemoteWriteSpec],
+                               depends_on: list[pulumi.Resource]) -> pulumi.Resource:
+        """The kube-prometheus-stack release, its spec completed with the AWS-derived fields."""
         spec = stack.StackSpec(**{**args.stack_spec.__dict__,
                                   "sns_topic_arn": args.sns_topic.arn if args.sns_topic is not None else None,
                                   "heartbeat_topic_arn": args.heartbeat_topic.arn if args.heartbeat_topic is not None else None,
                                   "team_topic_arns": {ns: t.arn for ns, t in self.team_topics.items()},
                                   "remote_write": remote_write, "region": args.region})
-        self.release = helm_addon(
-            f"{name}-kube-prometheus-stack", parent=self, cluster=cluster, release=stack.RELEASE,
+        return helm_addon(
+            f"{name}-kube-prometheus-stack", parent=self, cluster=args.cluster, release=stack.RELEASE,
             chart=KUBE_PROMETHEUS_STACK, source=args.charts,
             namespace=stack.NAMESPACE, values=stack.helm_values(spec), timeout_seconds=900,
             # Every object with a ServiceMonitor/PodMonitor/PrometheusRule kind needs the CRDs release.
-            depends_on=[*ready, self.crds, *identities])
+            depends_on=depends_on)
 
+    def _scrape_objects(self, name: str, args: MonitoringArgs) -> None:
+        """The platform's monitors, alert rules, control-plane RBAC and dashboards."""
         after_crds = pulumi.ResourceOptions(parent=self, depends_on=[self.crds, self.namespace])
         ns = args.component_namespaces
         self.monitors = [apply_object(f"{name}-servicemonitor-{t.name}", stack.service_monitor(t), after_crds)
@@ -215,7 +240,6 @@ class Monitoring(pulumi.ComponentResource):
         self.rbac = [apply_object(f"{name}-{obj['kind'].lower()}-eks-control-plane", obj,
                                   pulumi.ResourceOptions(parent=self))
                      for obj in stack.eks_control_plane_rbac()]
+        in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
         self.dashboards = [apply_object(f"{name}-{cm['metadata']['name']}", cm, in_namespace)
                            for cm in dashboards.config_maps(stack.NAMESPACE, stack.DASHBOARD_LABEL)]
-        self.register_outputs({"release_status": self.release.status,
-                               "amp_workspace": self.amp_workspace.id if self.amp_workspace else None})

@@ -174,25 +174,45 @@ class Network(pulumi.ComponentResource):
     def __init__(self, name: str, args: NetworkArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("mlplatform:network:Network", name, None, opts)
         self.args = args
-        child = pulumi.ResourceOptions(parent=self)
 
         def tags(suffix: str, extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
             return {**args.tags, "Name": f"{name}-{suffix}", **(extra or {})}
 
         self.vpc = aws.ec2.Vpc(
             f"{name}-vpc", cidr_block=args.cidr, enable_dns_hostnames=True, enable_dns_support=True,
-            tags=tags("vpc"), opts=child,
+            tags=tags("vpc"), opts=pulumi.ResourceOptions(parent=self),
         )
         vpc_child = pulumi.ResourceOptions(parent=self.vpc)
         aws.ec2.DefaultSecurityGroup(f"{name}-default-sg", vpc_id=self.vpc.id, ingress=[], egress=[],
                                      tags=tags("default-sg"), opts=vpc_child)
-
         igw = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=self.vpc.id, tags=tags("igw"), opts=vpc_child)
+        self._subnets(name, tags, vpc_child, igw)
+        self.private_route_tables = self._private_route_tables(name, tags, vpc_child,
+                                                               self._nat_gateways(name, tags, vpc_child, igw))
+        region = aws.get_region_output(opts=pulumi.InvokeOutputOptions(parent=self)).region
+        self.s3_endpoint = self._s3_endpoint(name, tags, vpc_child, region)
+        self.endpoint_security_group: Optional[aws.ec2.SecurityGroup] = None
+        if args.interface_endpoints:
+            self._interface_endpoints(name, tags, vpc_child, region)
+        self.flow_log = self._flow_log(name, tags)
+
+        self.vpc_id = self.vpc.id
+        self.vpc_cidr = self.vpc.cidr_block
+        self.private_subnet_ids = pulumi.Output.all(*[s.id for s in self.private_subnets])
+        self.public_subnet_ids = pulumi.Output.all(*[s.id for s in self.public_subnets])
+        self.register_outputs({
+            "vpc_id": self.vpc_id,
+            "private_subnet_ids": self.private_subnet_ids,
+            "public_subnet_ids": self.public_subnet_ids,
+        })
+
+    def _subnets(self, name, tags, opts, igw) -> None:
+        """A public and a private subnet per AZ; the public ones route to the internet gateway."""
+        args = self.args
         public_rt = aws.ec2.RouteTable(
             f"{name}-public-rt", vpc_id=self.vpc.id,
-            routes=[{"cidr_block": "0.0.0.0/0", "gateway_id": igw.id}], tags=tags("public-rt"), opts=vpc_child,
+            routes=[{"cidr_block": "0.0.0.0/0", "gateway_id": igw.id}], tags=tags("public-rt"), opts=opts,
         )
-
         self.public_subnets: list[aws.ec2.Subnet] = []
         self.private_subnets: list[aws.ec2.Subnet] = []
         for index, az in enumerate(args.availability_zones):
@@ -201,7 +221,7 @@ class Network(pulumi.ComponentResource):
                 f"{name}-public-{suffix}", vpc_id=self.vpc.id, availability_zone=az,
                 cidr_block=args.public_subnet_cidrs[index], map_public_ip_on_launch=False,
                 tags=tags(f"public-{suffix}", {"subnet-tier": "public"}),
-                opts=vpc_child,
+                opts=opts,
             )
             aws.ec2.RouteTableAssociation(f"{name}-public-{suffix}-rta", subnet_id=public.id,
                                           route_table_id=public_rt.id, opts=pulumi.ResourceOptions(parent=public))
@@ -213,40 +233,41 @@ class Network(pulumi.ComponentResource):
                     "karpenter.sh/discovery": args.cluster_name,
                     "subnet-tier": "private",
                 }),
-                opts=vpc_child,
+                opts=opts,
             )
             self.public_subnets.append(public)
             self.private_subnets.append(private)
 
-        nat_gateways = self._nat_gateways(name, tags, vpc_child, igw)
-        self.private_route_tables: list[aws.ec2.RouteTable] = []
-        for index, (az, private) in enumerate(zip(args.availability_zones, self.private_subnets)):
+    def _private_route_tables(self, name, tags, opts, nat_gateways) -> list[aws.ec2.RouteTable]:
+        """A route table per private subnet: the default route through its AZ's NAT gateway (or the one)."""
+        tables = []
+        for index, (az, private) in enumerate(zip(self.args.availability_zones, self.private_subnets)):
             suffix = az[-1]
             routes = []
             if nat_gateways:
-                nat = nat_gateways[index] if args.nat is NatStrategy.ONE_PER_AZ else nat_gateways[0]
+                nat = nat_gateways[index] if self.args.nat is NatStrategy.ONE_PER_AZ else nat_gateways[0]
                 routes = [{"cidr_block": "0.0.0.0/0", "nat_gateway_id": nat.id}]
             rt = aws.ec2.RouteTable(f"{name}-private-{suffix}-rt", vpc_id=self.vpc.id, routes=routes,
-                                    tags=tags(f"private-{suffix}-rt"), opts=vpc_child)
+                                    tags=tags(f"private-{suffix}-rt"), opts=opts)
             aws.ec2.RouteTableAssociation(f"{name}-private-{suffix}-rta", subnet_id=private.id,
                                           route_table_id=rt.id, opts=pulumi.ResourceOptions(parent=private))
-            self.private_route_tables.append(rt)
+            tables.append(rt)
+        return tables
 
-        region = aws.get_region_output(opts=pulumi.InvokeOutputOptions(parent=self)).region
-        # S3 traffic (datasets, checkpoints, FSx imports) must not pay NAT data processing.
-        self.s3_endpoint = aws.ec2.VpcEndpoint(
+    def _s3_endpoint(self, name, tags, opts, region) -> aws.ec2.VpcEndpoint:
+        """S3 traffic (datasets, checkpoints, FSx imports) must not pay NAT data processing."""
+        return aws.ec2.VpcEndpoint(
             f"{name}-s3-endpoint", vpc_id=self.vpc.id, vpc_endpoint_type="Gateway",
             service_name=pulumi.Output.concat("com.amazonaws.", region, ".s3"),
-            route_table_ids=[rt.id for rt in self.private_route_tables], tags=tags("s3-endpoint"), opts=vpc_child,
+            route_table_ids=[rt.id for rt in self.private_route_tables], tags=tags("s3-endpoint"), opts=opts,
             # Only this account's principals (a pod holding someone else's keys cannot write to
             # their bucket through it), plus the ECR layer bucket image pulls read.
             policy=pulumi.Output.all(self._account_id(), region).apply(lambda v: json.dumps(s3_endpoint_policy(v[0], v[1]))),
         )
-        self.endpoint_security_group: Optional[aws.ec2.SecurityGroup] = None
-        if args.interface_endpoints:
-            self._interface_endpoints(name, tags, vpc_child, region)
 
-        self.flow_log = aws.ec2.FlowLog(
+    def _flow_log(self, name, tags) -> aws.ec2.FlowLog:
+        args = self.args
+        return aws.ec2.FlowLog(
             f"{name}-flow-log", vpc_id=self.vpc.id, traffic_type=args.flow_logs_traffic_type,
             log_destination_type="s3",
             # Objects land under <prefix>/AWSLogs/aws-account-id=<id>/aws-service=vpcflowlogs/...
@@ -257,16 +278,6 @@ class Network(pulumi.ComponentResource):
             tags=tags("flow-log"),
             opts=pulumi.ResourceOptions(parent=self.vpc, depends_on=[args.flow_logs_bucket_policy] if args.flow_logs_bucket_policy else None),
         )
-
-        self.vpc_id = self.vpc.id
-        self.vpc_cidr = self.vpc.cidr_block
-        self.private_subnet_ids = pulumi.Output.all(*[s.id for s in self.private_subnets])
-        self.public_subnet_ids = pulumi.Output.all(*[s.id for s in self.public_subnets])
-        self.register_outputs({
-            "vpc_id": self.vpc_id,
-            "private_subnet_ids": self.private_subnet_ids,
-            "public_subnet_ids": self.public_subnet_ids,
-        })
 
     def _nat_gateways(self, name, tags, opts, igw) -> list[aws.ec2.NatGateway]:
         if self.args.nat is NatStrategy.NONE:

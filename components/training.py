@@ -27,7 +27,7 @@ import pulumi_kubernetes as k8s
 
 from components.charts import ChartSource
 from components.helm_addon import helm_addon, system_ready
-from components.cluster import Cluster, pod_identity_role
+from components.cluster import Cluster
 from components.k8s import apply_object
 from catalog.versions import (
     KUBEFLOW_TRAINER, TRAINING_OPERATOR_INIT_CONTAINER_IMAGE, TRAINING_OPERATOR_OVERLAY_DIR,
@@ -284,26 +284,19 @@ class TeamTrainerAccess(pulumi.ComponentResource):
     def __init__(self, name: str, args: TeamTrainerAccessArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("mlplatform:training:TeamTrainerAccess", name, None, opts)
         bucket = args.checkpoints_bucket
-        cluster_arn = args.cluster.eks_cluster.eks_cluster.arn
         self.roles: dict[str, aws.iam.Role] = {}
         for namespace in args.namespaces:
             prefix = team_checkpoint_prefix(namespace)
             ns_dep = [args.namespace_resources[namespace]] if namespace in args.namespace_resources else []
             apply_object(f"{name}-{namespace}-sa", trainer_service_account(namespace),
                          pulumi.ResourceOptions(parent=self, depends_on=ns_dep))
-            role = pod_identity_role(f"{name}-{namespace}", cluster_arn=cluster_arn, namespace=namespace,
-                                     service_account=TRAINER_SERVICE_ACCOUNT, parent=self, tags=args.tags)
             policy = pulumi.Output.all(bucket.arn, bucket.args.kms_key.arn).apply(
                 lambda arns, p=prefix: json.dumps(checkpoint_prefix_policy(
                     bucket_arn=arns[0], key_arn=arns[1], prefix=p, region=args.region)))
-            aws.iam.RolePolicy(f"{name}-{namespace}-checkpoints", role=role.id, policy=policy,
-                               opts=pulumi.ResourceOptions(parent=role))
-            aws.eks.PodIdentityAssociation(
-                f"{name}-{namespace}-association", cluster_name=args.cluster.cluster_name, namespace=namespace,
-                service_account=TRAINER_SERVICE_ACCOUNT, role_arn=role.arn, tags=dict(args.tags),
-                opts=pulumi.ResourceOptions(parent=self),
-            )
-            self.roles[namespace] = role
+            trainer = args.cluster.pod_identity(
+                f"{name}-{namespace}", namespace=namespace, service_account=TRAINER_SERVICE_ACCOUNT, parent=self,
+                tags=args.tags, policies={"checkpoints": policy}, association="association", after_agent=False)
+            self.roles[namespace] = trainer.role
             # The deployed names the team's pods and its members' tools read (the bucket's real name).
             apply_object(f"{name}-{namespace}-platform", platform_config_map(namespace, bucket.name),
                          pulumi.ResourceOptions(parent=self, depends_on=ns_dep))

@@ -36,7 +36,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from trainer.contract.environment import ENV_CHECKPOINT_DIR, ENV_DATASET_DIR
 from trainer.contract.layout import complete_steps
@@ -418,6 +418,59 @@ def _logged_step(metrics: Path) -> int:
     return last
 
 
+def _replica_process(job: Mapping[str, Any], replica: Replica, *, secrets: Mapping[str, Mapping[str, str]], namespace: str,
+                     master_port: int, workdir: Path, fsx_dir: Path, attempt_no: int,
+                     s3_root: Optional[Path]) -> tuple[list[str], dict[str, str], Optional[Path]]:
+    """The command line and environment of one replica's process (its pod's paths mapped onto
+    local directories, its dataset prepared) and its checkpoint directory, if it names one."""
+    mount = fsx_mount_path(replica)
+    env = container_env(replica, secrets=secrets, pod_name=replica.pod_name, namespace=namespace)
+    env.update(operator_env(job, replica, master_addr="127.0.0.1", master_port=master_port))
+    env = {k: remap(v, mount, str(fsx_dir)) for k, v in env.items()}
+    for secret_mount, local in secret_volumes(replica, secrets=secrets,
+                                              local_dir=workdir / "secrets" / replica.pod_name).items():
+        env = {k: remap(v, secret_mount, local) for k, v in env.items()}
+    for empty_mount, local in emptydir_volumes(replica, local_dir=workdir / "pods" / replica.pod_name /
+                                               f"attempt-{attempt_no}").items():
+        env = {k: remap(v, empty_mount, local) for k, v in env.items()}
+    if s3_root is not None:
+        # S3 is a local directory: s3://bucket/key -> file://<s3_root>/bucket/key.
+        env = {k: (f"file://{s3_root}/{v[len('s3://'):]}" if v.startswith("s3://") else v) for k, v in env.items()}
+    # No AWS here: the S3 mirror stays off (FSx's own export is what the cluster relies on).
+    env.pop("TRAINER_CHECKPOINT_S3_URI", None)
+    command = [remap(expand(c, env), mount, str(fsx_dir)) for c in replica.container["command"]]
+    args = [remap(expand(a, env), mount, str(fsx_dir)) for a in replica.container["args"]]
+    data_dir = next((a.split("=", 1)[1] for a in args if a.startswith("data.dir=")), env.get(ENV_DATASET_DIR))
+    if data_dir:
+        prepare_dataset(Path(data_dir))
+    checkpoint_dir = Path(env[ENV_CHECKPOINT_DIR]) if ENV_CHECKPOINT_DIR in env else None
+    # A pod's environment is its own: only what a base image provides comes from the host.
+    process_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir), "LANG": "C.UTF-8",
+                   "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", **env}
+    return local_command(command) + args, process_env, checkpoint_dir
+
+
+def _wait_for_pods(procs: list[subprocess.Popen], reps: Sequence[Replica], *, attempt_no: int, logs: list[Path],
+                   timeout_seconds: float, interrupt_at_step: Optional[int], checkpoint_dir: Optional[Path],
+                   say: Callable[[str], None]) -> bool:
+    """Wait until every process exits; reclaim the last pod's node once the log reaches
+    ``interrupt_at_step``. True when it did."""
+    interrupted = False
+    deadline = time.monotonic() + timeout_seconds
+    while any(p.poll() is None for p in procs):
+        if time.monotonic() > deadline:
+            raise LocalRunError(f"attempt {attempt_no} did not finish within {timeout_seconds:.0f} s; logs: {logs}")
+        if (interrupt_at_step and not interrupted and checkpoint_dir is not None
+                and _logged_step(checkpoint_dir / "metrics.jsonl") >= interrupt_at_step):
+            # One node is reclaimed: Karpenter drains it, its pod gets SIGTERM.
+            victim = procs[-1]
+            say(f"  SIGTERM to pod {reps[-1].pod_name} at step >= {interrupt_at_step} (its node is reclaimed)")
+            victim.send_signal(signal.SIGTERM)
+            interrupted = True
+        time.sleep(0.05)
+    return interrupted
+
+
 def run_local(
     job: Mapping[str, Any],
     *,
@@ -447,51 +500,20 @@ def run_local(
         checkpoint_dir: Optional[Path] = None
         try:
             for replica in reps:
-                mount = fsx_mount_path(replica)
-                env = container_env(replica, secrets=secrets, pod_name=replica.pod_name, namespace=namespace)
-                env.update(operator_env(job, replica, master_addr="127.0.0.1", master_port=port))
-                env = {k: remap(v, mount, str(fsx_dir)) for k, v in env.items()}
-                for secret_mount, local in secret_volumes(replica, secrets=secrets,
-                                                          local_dir=workdir / "secrets" / replica.pod_name).items():
-                    env = {k: remap(v, secret_mount, local) for k, v in env.items()}
-                for empty_mount, local in emptydir_volumes(replica, local_dir=workdir / "pods" / replica.pod_name /
-                                                           f"attempt-{attempt_no}").items():
-                    env = {k: remap(v, empty_mount, local) for k, v in env.items()}
-                if s3_root is not None:
-                    # S3 is a local directory: s3://bucket/key -> file://<s3_root>/bucket/key.
-                    env = {k: (f"file://{s3_root}/{v[len('s3://'):]}" if v.startswith("s3://") else v) for k, v in env.items()}
-                # No AWS here: the S3 mirror stays off (FSx's own export is what the cluster relies on).
-                env.pop("TRAINER_CHECKPOINT_S3_URI", None)
-                command = [remap(expand(c, env), mount, str(fsx_dir)) for c in replica.container["command"]]
-                args = [remap(expand(a, env), mount, str(fsx_dir)) for a in replica.container["args"]]
-                data_dir = next((a.split("=", 1)[1] for a in args if a.startswith("data.dir=")), env.get(ENV_DATASET_DIR))
-                if data_dir:
-                    prepare_dataset(Path(data_dir))
-                if ENV_CHECKPOINT_DIR in env:
-                    checkpoint_dir = Path(env[ENV_CHECKPOINT_DIR])
-                # A pod's environment is its own: only what a base image provides comes from the host.
-                process_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir), "LANG": "C.UTF-8",
-                               "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", **env}
+                argv, process_env, replica_checkpoints = _replica_process(
+                    job, replica, secrets=secrets, namespace=namespace, master_port=port, workdir=workdir,
+                    fsx_dir=fsx_dir, attempt_no=attempt_no, s3_root=s3_root)
+                checkpoint_dir = replica_checkpoints or checkpoint_dir
                 log = workdir / f"attempt-{attempt_no}-{replica.pod_name}.log"
                 logs.append(log)
                 with open(log, "w") as handle:
-                    procs.append(subprocess.Popen(local_command(command) + args, cwd=REPO_ROOT, env=process_env,
+                    procs.append(subprocess.Popen(argv, cwd=REPO_ROOT, env=process_env,
                                                   stdout=handle, stderr=subprocess.STDOUT, start_new_session=True))
             result.checkpoint_dir = checkpoint_dir
             say(f"attempt {attempt_no}: {len(procs)} pod(s) started ({', '.join(r.pod_name for r in reps)}), master 127.0.0.1:{port}")
-            interrupted = False
-            deadline = time.monotonic() + timeout_seconds
-            while any(p.poll() is None for p in procs):
-                if time.monotonic() > deadline:
-                    raise LocalRunError(f"attempt {attempt_no} did not finish within {timeout_seconds:.0f} s; logs: {logs}")
-                if (interrupt_at_step and attempt_no == 1 and not interrupted and checkpoint_dir is not None
-                        and _logged_step(checkpoint_dir / "metrics.jsonl") >= interrupt_at_step):
-                    # One node is reclaimed: Karpenter drains it, its pod gets SIGTERM.
-                    victim = procs[-1]
-                    say(f"  SIGTERM to pod {reps[-1].pod_name} at step >= {interrupt_at_step} (its node is reclaimed)")
-                    victim.send_signal(signal.SIGTERM)
-                    interrupted = True
-                time.sleep(0.05)
+            interrupted = _wait_for_pods(
+                procs, reps, attempt_no=attempt_no, logs=logs, timeout_seconds=timeout_seconds,
+                interrupt_at_step=interrupt_at_step if attempt_no == 1 else None, checkpoint_dir=checkpoint_dir, say=say)
             # A container killed by a signal reports 128 + the signal number.
             codes = [128 - p.returncode if p.returncode < 0 else p.returncode for p in procs]
         finally:

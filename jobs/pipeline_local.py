@@ -68,6 +68,44 @@ def local_train_job(template: Mapping[str, Any], run_name: str, steps: int) -> d
     return shrink(job, LocalOverrides(num_steps=steps, checkpoint_every_steps=max(1, steps // 2)))
 
 
+def _checkpoint_key(run_dir: Path) -> tuple[str, Path]:
+    """A fresh key stands in for the team's checkpoint signing key (trainer/trust.py): the train
+    pods sign with it, and evaluate and register (which mount it in the cluster) verify with it."""
+    checkpoint_key = secrets_module.token_hex(32)
+    key_file = run_dir / "checkpoint-key"
+    key_file.write_text(checkpoint_key)
+    key_file.chmod(0o600)
+    return checkpoint_key, key_file
+
+
+def _train(job: dict[str, Any], pipeline_name: str, *, steps: int, run_name: str, run_dir: Path, mlflow_uri: str,
+           checkpoint_key: str) -> tuple[str, int]:
+    """The train step's pods, run here: the MLflow run they report to and their exit code."""
+    container_env = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0].get("env", [])
+    experiment = next((e["value"] for e in container_env if e["name"] == "MLFLOW_EXPERIMENT_NAME"), pipeline_name)
+    # The pods run from the repository (the image's /app): the experiment is created here first,
+    # so its artifacts land in the run directory. The run is created here too and named to the
+    # pods by MLFLOW_RUN_ID, which the trainer honours for a first attempt: its tracker connects
+    # in the background, and a tiny run on a cold sqlite store ends before it has, which would
+    # leave the checkpoints without their run (in the cluster the server is up and jobs run for
+    # hours, so the trainer creates the run itself).
+    run_id = create_run(mlflow_uri, create_experiment(mlflow_uri, experiment, run_dir / "mlruns"), run_name)
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        for container in replica["template"]["spec"]["containers"]:
+            container.setdefault("env", []).append({"name": "MLFLOW_RUN_ID", "value": run_id})
+    secrets = {K8S_SECRET_NAME: {"MLFLOW_TRACKING_URI": mlflow_uri, "MLFLOW_TRACKING_USERNAME": "local",
+                                 "MLFLOW_TRACKING_PASSWORD": "local"},
+               CHECKPOINT_KEY_SECRET: {CHECKPOINT_KEY_ITEM: checkpoint_key}}
+    print(f"[train] PyTorchJob {job['metadata']['name']} ({steps} steps), pods run locally", flush=True)
+    try:
+        pods = run_pods(job, workdir=run_dir, secrets=secrets, timeout_seconds=900,
+                        say=lambda line: print(f"[train] {line}", flush=True))
+    except LocalRunError as exc:
+        print(f"[train] {exc}", file=sys.stderr)
+        pods = None
+    return run_id, 0 if pods is not None and pods.succeeded else FAILED_TRAIN_EXIT
+
+
 def run_local(declaration_path: Path, stack: str, *, dataset: str, work_dir: Path, steps: int = 40,
               root: Path = ROOT, job_renderer=None) -> dict[str, Any]:
     source = str(declaration_path)
@@ -89,12 +127,7 @@ def run_local(declaration_path: Path, stack: str, *, dataset: str, work_dir: Pat
     paths = pipeline.StepPaths(remap(pipeline.cluster_paths(spec).work_dir.replace("{{workflow.name}}", run_name),
                                      FSX_MOUNT_PATH, str(fsx)))
     mlflow_uri = f"sqlite:///{run_dir}/mlflow.db"
-    # A fresh key stands in for the team's checkpoint signing key (trainer/trust.py): the train
-    # pods sign with it, and evaluate and register (which mount it in the cluster) verify with it.
-    checkpoint_key = secrets_module.token_hex(32)
-    key_file = run_dir / "checkpoint-key"
-    key_file.write_text(checkpoint_key)
-    key_file.chmod(0o600)
+    checkpoint_key, key_file = _checkpoint_key(run_dir)
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1",
            ENV_CHECKPOINT_KEY_FILE: str(key_file)}
     dataset_path = str(Path(dataset).resolve())
@@ -113,31 +146,9 @@ def run_local(declaration_path: Path, stack: str, *, dataset: str, work_dir: Pat
     if not step("prepare", commands("")["prepare"]):
         return result
 
-    job = local_train_job(template, run_name, steps)
-    container_env = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0].get("env", [])
-    experiment = next((e["value"] for e in container_env if e["name"] == "MLFLOW_EXPERIMENT_NAME"), declaration.name)
-    # The pods run from the repository (the image's /app): the experiment is created here first,
-    # so its artifacts land in the run directory. The run is created here too and named to the
-    # pods by MLFLOW_RUN_ID, which the trainer honours for a first attempt: its tracker connects
-    # in the background, and a tiny run on a cold sqlite store ends before it has, which would
-    # leave the checkpoints without their run (in the cluster the server is up and jobs run for
-    # hours, so the trainer creates the run itself).
-    run_id = create_run(mlflow_uri, create_experiment(mlflow_uri, experiment, run_dir / "mlruns"), run_name)
-    for replica in job["spec"]["pytorchReplicaSpecs"].values():
-        for container in replica["template"]["spec"]["containers"]:
-            container.setdefault("env", []).append({"name": "MLFLOW_RUN_ID", "value": run_id})
-    result["mlflow_run_id"] = run_id
-    secrets = {K8S_SECRET_NAME: {"MLFLOW_TRACKING_URI": mlflow_uri, "MLFLOW_TRACKING_USERNAME": "local",
-                                 "MLFLOW_TRACKING_PASSWORD": "local"},
-               CHECKPOINT_KEY_SECRET: {CHECKPOINT_KEY_ITEM: checkpoint_key}}
-    print(f"[train] PyTorchJob {job['metadata']['name']} ({steps} steps), pods run locally", flush=True)
-    try:
-        pods = run_pods(job, workdir=run_dir, secrets=secrets, timeout_seconds=900,
-                        say=lambda line: print(f"[train] {line}", flush=True))
-    except LocalRunError as exc:
-        print(f"[train] {exc}", file=sys.stderr)
-        pods = None
-    result["exit_codes"]["train"] = 0 if pods is not None and pods.succeeded else FAILED_TRAIN_EXIT
+    result["mlflow_run_id"], result["exit_codes"]["train"] = _train(
+        local_train_job(template, run_name, steps), declaration.name, steps=steps, run_name=run_name,
+        run_dir=run_dir, mlflow_uri=mlflow_uri, checkpoint_key=checkpoint_key)
     if result["exit_codes"]["train"] != 0:
         return result
 

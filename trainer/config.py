@@ -459,88 +459,133 @@ def validate(cfg: TrainerConfig, *, device_checks: bool = True) -> None:
     """Cross-field checks; raises one ConfigError listing every problem with its fix.
     ``device_checks=False`` leaves out what only the pod's devices can answer (a CUDA device for
     nccl and bf16): a job spec's preflight on a laptop neither needs nor imports torch for them."""
-    p: list[str] = []
+    d, par = cfg.data, cfg.parallelism
+    p = [*_model_problems(cfg.model), *_data_problems(d), *_optimizer_problems(cfg.optimizer),
+         *_schedule_problems(cfg.schedule), *(_device_problems(par) if device_checks else []),
+         *_checkpoint_problems(cfg.checkpoint), *_tracking_problems(cfg.tracking), *_timeout_problems(par),
+         *_unmet((d.prefetch_batches >= 0,
+                  f"data.prefetch_batches={d.prefetch_batches}: must be >= 0 (0 reads on the loop's thread)")),
+         *_evaluation_export_profiler_problems(cfg.evaluation, cfg.export, cfg.profiler),
+         # Programmatic configs skip the parser's finiteness check; floats are checked here too.
+         *_nonfinite_problems((cfg.model, cfg.optimizer, cfg.schedule, cfg.checkpoint, cfg.tracking))]
+    if p:
+        raise ConfigError(p)
 
-    def need(ok: bool, msg: str) -> None:
-        if not ok:
-            p.append(msg)
 
-    m, d, o, s, par, c, t = (cfg.model, cfg.data, cfg.optimizer, cfg.schedule, cfg.parallelism,
-                             cfg.checkpoint, cfg.tracking)
+def _unmet(*checks: tuple[bool, str]) -> list[str]:
+    """The message of each check that does not hold."""
+    return [message for ok, message in checks if not ok]
+
+
+def _model_problems(m: ModelConfig) -> list[str]:
     if m.kind == "hf":
-        need(bool(m.hf_path), "model.hf_path=None: model.kind=hf needs a local directory with a saved causal LM")
+        p = _unmet((bool(m.hf_path), "model.hf_path=None: model.kind=hf needs a local directory with a saved causal LM"))
         if m.hf_path:
-            need(os.path.isdir(m.hf_path), f"model.hf_path={m.hf_path!r}: directory not found (models are never downloaded at run time)")
+            p += _unmet((os.path.isdir(m.hf_path),
+                         f"model.hf_path={m.hf_path!r}: directory not found (models are never downloaded at run time)"))
     else:
         from trainer.model_facts import GPT_SIZES
 
-        need(m.size in GPT_SIZES, f"model.size={m.size!r}: choose one of {', '.join(GPT_SIZES)}")
+        p = _unmet((m.size in GPT_SIZES, f"model.size={m.size!r}: choose one of {', '.join(GPT_SIZES)}"))
         heads = m.num_heads or GPT_SIZES.get(m.size, {}).get("num_heads")
         dim = m.embed_dim or GPT_SIZES.get(m.size, {}).get("embed_dim")
         if heads and dim:
-            need(dim % heads == 0, f"model.embed_dim={dim}: must be divisible by model.num_heads={heads}")
-    need(0.0 <= m.dropout < 1.0, f"model.dropout={m.dropout}: must be in [0, 1)")
-    need(d.dir is not None, "data.dir=None: set it to a directory written by `python -m trainer prepare-data`")
+            p += _unmet((dim % heads == 0, f"model.embed_dim={dim}: must be divisible by model.num_heads={heads}"))
+    return p + _unmet((0.0 <= m.dropout < 1.0, f"model.dropout={m.dropout}: must be in [0, 1)"))
+
+
+def _data_problems(d: DataConfig) -> list[str]:
+    p = _unmet((d.dir is not None, "data.dir=None: set it to a directory written by `python -m trainer prepare-data`"))
     if d.dir is not None:
-        need(os.path.isfile(os.path.join(d.dir, "manifest.json")),
-             f"data.dir={d.dir!r}: no manifest.json there; run `python -m trainer prepare-data --output-dir {d.dir}`")
-    need(d.seq_len > 0, f"data.seq_len={d.seq_len}: must be > 0")
-    need(d.micro_batch_size > 0, f"data.micro_batch_size={d.micro_batch_size}: must be > 0")
-    need(o.lr > 0, f"optimizer.lr={o.lr}: must be > 0")
-    need(o.weight_decay >= 0, f"optimizer.weight_decay={o.weight_decay}: must be >= 0")
-    need(0 <= o.beta1 < 1 and 0 <= o.beta2 < 1, f"optimizer.beta1/beta2={o.beta1}/{o.beta2}: must be in [0, 1)")
-    need(o.max_nonfinite_steps >= 1, f"optimizer.max_nonfinite_steps={o.max_nonfinite_steps}: must be >= 1")
-    need(o.grad_clip_norm >= 0, f"optimizer.grad_clip_norm={o.grad_clip_norm}: must be >= 0 (0 disables clipping)")
-    need(s.num_steps > 0, f"schedule.num_steps={s.num_steps}: must be > 0")
-    need(0 <= s.warmup_steps <= s.num_steps, f"schedule.warmup_steps={s.warmup_steps}: must be in [0, schedule.num_steps={s.num_steps}]")
-    need(0 <= s.min_lr_ratio <= 1, f"schedule.min_lr_ratio={s.min_lr_ratio}: must be in [0, 1]")
-    need(s.grad_accum_steps >= 1, f"schedule.grad_accum_steps={s.grad_accum_steps}: must be >= 1")
-    if par.backend == "nccl" and device_checks:
+        p += _unmet((os.path.isfile(os.path.join(d.dir, "manifest.json")),
+                     f"data.dir={d.dir!r}: no manifest.json there; run `python -m trainer prepare-data --output-dir {d.dir}`"))
+    return p + _unmet((d.seq_len > 0, f"data.seq_len={d.seq_len}: must be > 0"),
+                      (d.micro_batch_size > 0, f"data.micro_batch_size={d.micro_batch_size}: must be > 0"))
+
+
+def _optimizer_problems(o: OptimizerConfig) -> list[str]:
+    return _unmet(
+        (o.lr > 0, f"optimizer.lr={o.lr}: must be > 0"),
+        (o.weight_decay >= 0, f"optimizer.weight_decay={o.weight_decay}: must be >= 0"),
+        (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1, f"optimizer.beta1/beta2={o.beta1}/{o.beta2}: must be in [0, 1)"),
+        (o.max_nonfinite_steps >= 1, f"optimizer.max_nonfinite_steps={o.max_nonfinite_steps}: must be >= 1"),
+        (o.grad_clip_norm >= 0, f"optimizer.grad_clip_norm={o.grad_clip_norm}: must be >= 0 (0 disables clipping)"))
+
+
+def _schedule_problems(s: ScheduleConfig) -> list[str]:
+    return _unmet(
+        (s.num_steps > 0, f"schedule.num_steps={s.num_steps}: must be > 0"),
+        (0 <= s.warmup_steps <= s.num_steps,
+         f"schedule.warmup_steps={s.warmup_steps}: must be in [0, schedule.num_steps={s.num_steps}]"),
+        (0 <= s.min_lr_ratio <= 1, f"schedule.min_lr_ratio={s.min_lr_ratio}: must be in [0, 1]"),
+        (s.grad_accum_steps >= 1, f"schedule.grad_accum_steps={s.grad_accum_steps}: must be >= 1"))
+
+
+def _device_problems(par: ParallelismConfig) -> list[str]:
+    """What only the pod's devices can answer: nccl and bf16 need CUDA."""
+    p: list[str] = []
+    if par.backend == "nccl":
         import torch
 
-        need(torch.cuda.is_available(), "parallelism.backend='nccl': no CUDA device here; use gloo or auto")
-    if par.mixed_precision == "bf16" and device_checks:
+        p += _unmet((torch.cuda.is_available(), "parallelism.backend='nccl': no CUDA device here; use gloo or auto"))
+    if par.mixed_precision == "bf16":
         import torch
 
-        need(torch.cuda.is_available(), "parallelism.mixed_precision='bf16': bf16 autocast is for CUDA; use auto or fp32 on CPU")
-    need(c.dir is not None, "checkpoint.dir=None: set it (or TRAINER_CHECKPOINT_DIR) to the FSx mount, e.g. /fsx/checkpoints/JOB")
-    need(c.every_steps > 0, f"checkpoint.every_steps={c.every_steps}: must be > 0")
-    need(c.every_seconds >= 0, f"checkpoint.every_seconds={c.every_seconds}: must be >= 0 (0 disables)")
-    need(c.keep_last >= 1, f"checkpoint.keep_last={c.keep_last}: must be >= 1")
-    need(c.max_attempts_without_progress >= 0,
-         f"checkpoint.max_attempts_without_progress={c.max_attempts_without_progress}: must be >= 0 (0: unbounded)")
+        p += _unmet((torch.cuda.is_available(),
+                     "parallelism.mixed_precision='bf16': bf16 autocast is for CUDA; use auto or fp32 on CPU"))
+    return p
+
+
+def _checkpoint_problems(c: CheckpointConfig) -> list[str]:
+    p = _unmet(
+        (c.dir is not None, "checkpoint.dir=None: set it (or TRAINER_CHECKPOINT_DIR) to the FSx mount, e.g. /fsx/checkpoints/JOB"),
+        (c.every_steps > 0, f"checkpoint.every_steps={c.every_steps}: must be > 0"),
+        (c.every_seconds >= 0, f"checkpoint.every_seconds={c.every_seconds}: must be >= 0 (0 disables)"),
+        (c.keep_last >= 1, f"checkpoint.keep_last={c.keep_last}: must be >= 1"),
+        (c.max_attempts_without_progress >= 0,
+         f"checkpoint.max_attempts_without_progress={c.max_attempts_without_progress}: must be >= 0 (0: unbounded)"))
     if c.s3_uri is not None:
-        need(c.s3_uri.startswith("s3://") and len(c.s3_uri) > 5, f"checkpoint.s3_uri={c.s3_uri!r}: must look like s3://bucket/prefix")
-    need(t.log_every_steps >= 1, f"tracking.log_every_steps={t.log_every_steps}: must be >= 1")
+        p += _unmet((c.s3_uri.startswith("s3://") and len(c.s3_uri) > 5,
+                     f"checkpoint.s3_uri={c.s3_uri!r}: must look like s3://bucket/prefix"))
+    return p
+
+
+def _tracking_problems(t: TrackingConfig) -> list[str]:
+    p = _unmet((t.log_every_steps >= 1, f"tracking.log_every_steps={t.log_every_steps}: must be >= 1"))
     if t.peak_tflops is not None:
-        need(t.peak_tflops > 0, f"tracking.peak_tflops={t.peak_tflops}: must be > 0")
+        p += _unmet((t.peak_tflops > 0, f"tracking.peak_tflops={t.peak_tflops}: must be > 0"))
     if t.uri:
         problem = tracking_uri_problem(t.uri)
-        need(problem is None, f"tracking.uri={t.uri!r} (or MLFLOW_TRACKING_URI): {problem}")
-    need(par.init_timeout_seconds > 0, f"parallelism.init_timeout_seconds={par.init_timeout_seconds}: must be > 0")
-    need(par.collective_timeout_seconds > 0,
-         f"parallelism.collective_timeout_seconds={par.collective_timeout_seconds}: must be > 0")
-    need(par.progress_timeout_seconds > par.collective_timeout_seconds,
+        p += _unmet((problem is None, f"tracking.uri={t.uri!r} (or MLFLOW_TRACKING_URI): {problem}"))
+    return p
+
+
+def _timeout_problems(par: ParallelismConfig) -> list[str]:
+    return _unmet(
+        (par.init_timeout_seconds > 0, f"parallelism.init_timeout_seconds={par.init_timeout_seconds}: must be > 0"),
+        (par.collective_timeout_seconds > 0,
+         f"parallelism.collective_timeout_seconds={par.collective_timeout_seconds}: must be > 0"),
+        (par.progress_timeout_seconds > par.collective_timeout_seconds,
          f"parallelism.progress_timeout_seconds={par.progress_timeout_seconds}: must exceed "
          f"parallelism.collective_timeout_seconds={par.collective_timeout_seconds} (a frozen peer must fail the "
-         "others' collectives first)")
-    need(d.prefetch_batches >= 0, f"data.prefetch_batches={d.prefetch_batches}: must be >= 0 (0 reads on the loop's thread)")
-    e, x, pr = cfg.evaluation, cfg.export, cfg.profiler
-    need(e.every_steps >= 0, f"evaluation.every_steps={e.every_steps}: must be >= 0 (0: only at the end)")
-    need(e.num_batches >= 1, f"evaluation.num_batches={e.num_batches}: must be >= 1")
+         "others' collectives first)"))
+
+
+def _evaluation_export_profiler_problems(e: EvaluationConfig, x: ExportConfig, pr: ProfilerConfig) -> list[str]:
+    p = _unmet((e.every_steps >= 0, f"evaluation.every_steps={e.every_steps}: must be >= 0 (0: only at the end)"),
+               (e.num_batches >= 1, f"evaluation.num_batches={e.num_batches}: must be >= 1"))
     if x.registered_model_name is not None:
-        need(bool(x.registered_model_name.strip()) and "/" not in x.registered_model_name and ":" not in x.registered_model_name,
-             f"export.registered_model_name={x.registered_model_name!r}: must be a non-empty name without '/' or ':'")
-    need(pr.start_step >= 0, f"profiler.start_step={pr.start_step}: must be >= 0 (0 disables profiling)")
-    need(pr.num_steps >= 1, f"profiler.num_steps={pr.num_steps}: must be >= 1")
-    # Programmatic configs skip the parser's finiteness check; floats are checked here too.
-    for section in (m, o, s, c, t):
-        for f in dataclasses.fields(section):
-            value = getattr(section, f.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                p.append(f"{type(section).__name__}.{f.name}={value}: must be a finite number")
-    if p:
-        raise ConfigError(p)
+        p += _unmet((bool(x.registered_model_name.strip()) and "/" not in x.registered_model_name
+                     and ":" not in x.registered_model_name,
+                     f"export.registered_model_name={x.registered_model_name!r}: must be a non-empty name without '/' or ':'"))
+    return p + _unmet((pr.start_step >= 0, f"profiler.start_step={pr.start_step}: must be >= 0 (0 disables profiling)"),
+                      (pr.num_steps >= 1, f"profiler.num_steps={pr.num_steps}: must be >= 1"))
+
+
+def _nonfinite_problems(sections: tuple[Any, ...]) -> list[str]:
+    return [f"{type(section).__name__}.{f.name}={getattr(section, f.name)}: must be a finite number"
+            for section in sections for f in dataclasses.fields(section)
+            if isinstance(getattr(section, f.name), float) and not math.isfinite(getattr(section, f.name))]
 
 
 TRACKING_SCHEMES = ("http", "https", "file", "sqlite")

@@ -213,14 +213,48 @@ def resolve(spec: JobSpec, facts: PlatformFacts) -> ResolvedJob:
 def resolve_with_problems(spec: JobSpec, facts: PlatformFacts) -> tuple[Optional[ResolvedJob], list[Problem]]:
     """The resolved job (whenever a pool, a team and a pod size were found) and every problem:
     preflight goes on to the quota and fit checks in the same run as the other problems."""
-    problems: list[Problem] = []
     warnings: list[str] = []
     team = facts.team(spec.team)
-    if team is None:
-        names = [t.name for t in facts.teams]
-        close = difflib.get_close_matches(spec.team, names, n=1)
-        problems.append(Problem("team", spec.team, f"is not a team of stack {facts.stack}",
-                                (f"did you mean {close[0]!r}? " if close else "") + f"use one of {names}"))
+    problems = _unknown_team_problems(spec, facts) if team is None else []
+    pool, pool_problems = _pick_pool(spec, facts, team)
+    problems += pool_problems
+    if pool is not None and spec.gpus_per_node < pool.gpus_per_node and spec.nodes > 1:
+        warnings.append(f"{spec.gpus_per_node} of {pool.gpus_per_node} GPUs per node on {spec.nodes} nodes: pods share "
+                        f"nodes{' and cannot own the EFA devices (NCCL over TCP)' if pool.efa else ''}; use whole nodes")
+    if team is not None:
+        problems += _team_readiness_problems(spec, team)
+    priority_class, priority_problems = _priority_class(spec, facts, team)
+    problems += priority_problems
+    problems += team_space_problems(spec)
+    problems += _storage_and_runtime_problems(spec, facts)
+    budget = TimeBudget(spec.time_budget.max_step_seconds, spec.time_budget.checkpoint_seconds)
+    interruptible = bool(pool and spec.spot and pool.offers_spot)
+    if pool is not None:
+        problems += [p.does_not_fit() for p in budget.problems(pool, interruptible=interruptible)]
+    pod = None
+    if pool is not None:
+        pod, problem = _size(spec, pool)
+        if problem:
+            problems.append(problem)
+        elif pod.source == "spec" and pool.cpu_per_gpu and pod.cpu_millicores > pool.cpu_per_gpu * 1000 * spec.gpus_per_node:
+            warnings.append(f"{pod.cpu_quantity} CPU exceed the team's Kueue share of {pool.cpu_per_gpu:g} per GPU: "
+                            "admitted only while the cohort has idle CPU quota")
+    if pool is None or team is None or pod is None:
+        return None, problems
+    return ResolvedJob(spec, facts, pool, team, priority_class, budget, interruptible, tuple(warnings), pod), problems
+
+
+def _unknown_team_problems(spec: JobSpec, facts: PlatformFacts) -> list[Problem]:
+    names = [t.name for t in facts.teams]
+    close = difflib.get_close_matches(spec.team, names, n=1)
+    return [Problem("team", spec.team, f"is not a team of stack {facts.stack}",
+                    (f"did you mean {close[0]!r}? " if close else "") + f"use one of {names}")]
+
+
+def _pick_pool(spec: JobSpec, facts: PlatformFacts, team: Optional[TeamFacts]) -> tuple[Optional[PoolFacts], list[Problem]]:
+    """The pool the job runs on: one that offers its slice (or whole GPUs), enough GPUs per node
+    and its capacity type, the team's quota deciding between several; else why none does."""
+    problems: list[Problem] = []
     pools, problem = _candidate_pools(spec, facts)
     if problem:
         problems.append(problem)
@@ -251,37 +285,44 @@ def resolve_with_problems(spec: JobSpec, facts: PlatformFacts) -> tuple[Optional
             problems.append(Problem("spot", False, f"pool {fitting[0].name} offers only spot capacity",
                                     "set spot: true (the job resumes from checkpoints) or pick a pool with on-demand"))
         fitting = non_spot
-    pool = None
-    if fitting:
-        with_quota = [p for p in fitting if team and team.gpu_quota.get(p.kueue_flavor or "", 0) > 0]
-        pool = (with_quota or fitting)[0]
-    if pool is not None and spec.gpus_per_node < pool.gpus_per_node and spec.nodes > 1:
-        warnings.append(f"{spec.gpus_per_node} of {pool.gpus_per_node} GPUs per node on {spec.nodes} nodes: pods share "
-                        f"nodes{' and cannot own the EFA devices (NCCL over TCP)' if pool.efa else ''}; use whole nodes")
-    if team is not None:
-        for what, ok, fix in (
-            ("a Kueue LocalQueue", team.local_queue, "the scheduling capability creates it (scheduling.teams)"),
-            ("the FSx claim", team.has_fsx_claim, "configure datasets in the stack"),
-            ("the MLflow Secret", team.tracking_secret, "configure tracking in the stack"),
-            ("the trainer service account", team.trainer_service_account, "deploy the training capability"),
-        ):
-            if not ok:
-                problems.append(Problem("team", spec.team, f"namespace {team.namespace} has no {what}", fix))
+    if not fitting:
+        return None, problems
+    with_quota = [p for p in fitting if team and team.gpu_quota.get(p.kueue_flavor or "", 0) > 0]
+    return (with_quota or fitting)[0], problems
+
+
+def _team_readiness_problems(spec: JobSpec, team: TeamFacts) -> list[Problem]:
+    """What the team's namespace lacks for a job to run there."""
+    return [Problem("team", spec.team, f"namespace {team.namespace} has no {what}", fix) for what, ok, fix in (
+        ("a Kueue LocalQueue", team.local_queue, "the scheduling capability creates it (scheduling.teams)"),
+        ("the FSx claim", team.has_fsx_claim, "configure datasets in the stack"),
+        ("the MLflow Secret", team.tracking_secret, "configure tracking in the stack"),
+        ("the trainer service account", team.trainer_service_account, "deploy the training capability"),
+    ) if not ok]
+
+
+def _priority_class(spec: JobSpec, facts: PlatformFacts, team: Optional[TeamFacts]) -> tuple[str, list[Problem]]:
+    """The job's PriorityClass (its priority, else the team's default) and why it may not have it."""
     priority = spec.priority
     if priority is None and team is not None and team.default_priority_class:
         priority_class = team.default_priority_class
     else:
         priority_class = priority_class_name(priority or Priority.DEFAULT)
     if priority_class not in facts.priority_classes:
-        problems.append(Problem("priority", priority.value if priority else None,
-                                f"PriorityClass {priority_class} does not exist in stack {facts.stack}",
-                                f"use one of {[p.removeprefix('training-') for p in facts.priority_classes]}"))
-    elif team is not None and team.allowed_priority_classes and priority_class not in team.allowed_priority_classes:
+        return priority_class, [Problem("priority", priority.value if priority else None,
+                                        f"PriorityClass {priority_class} does not exist in stack {facts.stack}",
+                                        f"use one of {[p.removeprefix('training-') for p in facts.priority_classes]}")]
+    if team is not None and team.allowed_priority_classes and priority_class not in team.allowed_priority_classes:
         # The team admission policy refuses it on the cluster (workloads.tenancy); say so here first.
-        problems.append(Problem("priority", priority.value if priority else None,
-                                f"team {spec.team} is not entitled to {priority_class}",
-                                f"use one of {[p.removeprefix('training-') for p in team.allowed_priority_classes]}"))
-    problems += team_space_problems(spec)
+        return priority_class, [Problem("priority", priority.value if priority else None,
+                                        f"team {spec.team} is not entitled to {priority_class}",
+                                        f"use one of {[p.removeprefix('training-') for p in team.allowed_priority_classes]}")]
+    return priority_class, []
+
+
+def _storage_and_runtime_problems(spec: JobSpec, facts: PlatformFacts) -> list[Problem]:
+    """The checkpoint directory, the S3 mirror, the job's own code and the runtime against the stack."""
+    problems: list[Problem] = []
     team_root = team_checkpoint_root(spec.namespace)
     if not spec.checkpoint_path.startswith(team_root + "/"):
         problems.append(Problem("checkpointDir", spec.checkpoint_dir,
@@ -294,21 +335,7 @@ def resolve_with_problems(spec: JobSpec, facts: PlatformFacts) -> tuple[Optional
     if spec.runtime is Runtime.TRAINJOB and not facts.trainer_v2_runtime:
         problems.append(Problem("runtime", spec.runtime.value, f"Trainer v2 is not installed in stack {facts.stack}",
                                 "use runtime: pytorchjob, or enable training.trainerV2 in the stack"))
-    budget = TimeBudget(spec.time_budget.max_step_seconds, spec.time_budget.checkpoint_seconds)
-    interruptible = bool(pool and spec.spot and pool.offers_spot)
-    if pool is not None:
-        problems += [p.does_not_fit() for p in budget.problems(pool, interruptible=interruptible)]
-    pod = None
-    if pool is not None:
-        pod, problem = _size(spec, pool)
-        if problem:
-            problems.append(problem)
-        elif pod.source == "spec" and pool.cpu_per_gpu and pod.cpu_millicores > pool.cpu_per_gpu * 1000 * spec.gpus_per_node:
-            warnings.append(f"{pod.cpu_quantity} CPU exceed the team's Kueue share of {pool.cpu_per_gpu:g} per GPU: "
-                            "admitted only while the cohort has idle CPU quota")
-    if pool is None or team is None or pod is None:
-        return None, problems
-    return ResolvedJob(spec, facts, pool, team, priority_class, budget, interruptible, tuple(warnings), pod), problems
+    return problems
 
 
 def _size(spec: JobSpec, pool: PoolFacts) -> tuple[Optional[PodSize], Optional[Problem]]:

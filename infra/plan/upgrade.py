@@ -18,12 +18,16 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from datetime import timedelta
 
 if TYPE_CHECKING:
     from datetime import date
+
+    from infra.config import PlatformConfig
+    from catalog.versions import EksRelease
+    from infra.plan import Plan
 
 from catalog.versions import (
     ARGO_WORKFLOWS_APP_VERSION,
@@ -184,8 +188,6 @@ def _load(stack: str, project_dir: Path):
 def plan_upgrade(stack: str, target: str, project_dir: Path, *, values: Optional[dict] = None) -> UpgradePlan:
     """``values``: the stack file's config as it will be (a later hop of ``plan_path``), instead of
     the file's."""
-    import json
-
     from infra.config import load_platform_config
     from infra.plan import raw_project_config
 
@@ -193,6 +195,26 @@ def plan_upgrade(stack: str, target: str, project_dir: Path, *, values: Optional
     values = file_values if values is None else values
     config = load_platform_config(raw_project_config(values), source=f"Pulumi.{stack}.yaml")
     current = config.cluster.version
+    _check_target(stack, current, target)
+    release, old = EKS_RELEASES[target], EKS_RELEASES[current]
+
+    def config_of(stack_values: dict, source: str) -> PlatformConfig:
+        return load_platform_config(raw_project_config(stack_values), source=source)
+
+    blockers = _dev_first_blockers(project_dir, target, config_of) if config.is_prod else []
+    target_values, new_alias = _target_values(values, target, config.karpenter.ami_alias, release.ami_release)
+    target_plan = plan_from_values(stack, target_values, source=f"Pulumi.{stack}.yaml at {target}")
+    errors = [w for w in target_plan.warnings if w.startswith("ERROR")]
+    blockers += [f"the plan at {target}: {e}" for e in errors]
+    plan_blockers, checks = _target_plan_verdicts(target_plan, target, release)
+    blockers += plan_blockers
+    steps = _upgrade_steps(stack, config, current, target, old, release,
+                           alias=config.karpenter.ami_alias, new_alias=new_alias)
+    return UpgradePlan(stack, current, target, steps, blockers, checks, target_values)
+
+
+def _check_target(stack: str, current: str, target: str) -> None:
+    """Refuse a target that is not the next minor this platform knows."""
     try:
         _minor(target)
     except ValueError:
@@ -206,45 +228,51 @@ def plan_upgrade(stack: str, target: str, project_dir: Path, *, values: Optional
         following = f"{_minor(current)[0]}.{_minor(current)[1] + 1}"
         raise UpgradeInputError(f"--to {target}: EKS upgrades one minor at a time; upgrade stack '{stack}' to {following} first")
 
-    release, old = EKS_RELEASES[target], EKS_RELEASES[current]
-    blockers: list[str] = []
-    checks: list[str] = []
-    # Dev first: prod moves only to a version dev already runs.
-    if config.is_prod:
-        for other in sorted(project_dir.glob("Pulumi.*.yaml")):
-            other_values, _ = _load(other.name[len("Pulumi."):-len(".yaml")], project_dir)
-            other_config = load_platform_config(raw_project_config(other_values), source=other.name)
-            if not other_config.is_prod and _minor(other_config.cluster.version) < _minor(target):
-                blockers.append(f"{other.name} ({other_config.environment.value}) runs {other_config.cluster.version}: "
-                                f"upgrade it to {target} and let it soak before prod")
 
-    # The target's config: version bumped, and a pinned AMI alias moved to a release that ships it.
+def _dev_first_blockers(project_dir: Path, target: str,
+                        config_of: Callable[[dict, str], PlatformConfig]) -> list[str]:
+    """Dev first: prod moves only to a version dev already runs."""
+    blockers = []
+    for other in sorted(project_dir.glob("Pulumi.*.yaml")):
+        other_values, _ = _load(other.name[len("Pulumi."):-len(".yaml")], project_dir)
+        other_config = config_of(other_values, other.name)
+        if not other_config.is_prod and _minor(other_config.cluster.version) < _minor(target):
+            blockers.append(f"{other.name} ({other_config.environment.value}) runs {other_config.cluster.version}: "
+                            f"upgrade it to {target} and let it soak before prod")
+    return blockers
+
+
+def _target_values(values: dict, target: str, alias: str, ami_release: str) -> tuple[dict, str]:
+    """The target's config: version bumped, and a pinned AMI alias moved to a release that ships it."""
+    import json
+
     target_cluster = json.loads(values["ml-training-platform:cluster"])
     target_cluster["version"] = target
     # The system group's release names the current minor; the target's is read at upgrade time (step 4).
     target_cluster.get("systemNodeGroup", {}).pop("releaseVersion", None)
     target_values = {**values, "ml-training-platform:cluster": json.dumps(target_cluster)}
-    alias = config.karpenter.ami_alias
-    alias_date, needed = ami_release_date(alias), ami_release_date(release.ami_release)
+    alias_date, needed = ami_release_date(alias), ami_release_date(ami_release)
     new_alias = alias
     if alias_date is not None and needed is not None and alias_date < needed:
-        new_alias = f"{alias.split('@')[0]}@{release.ami_release}"
+        new_alias = f"{alias.split('@')[0]}@{ami_release}"
         karpenter = json.loads(values.get("ml-training-platform:karpenter", "{}"))
         karpenter["amiAlias"] = new_alias
         target_values["ml-training-platform:karpenter"] = json.dumps(karpenter)
-    target_plan = plan_from_values(stack, target_values, source=f"Pulumi.{stack}.yaml at {target}")
-    errors = [w for w in target_plan.warnings if w.startswith("ERROR")]
-    blockers += [f"the plan at {target}: {e}" for e in errors]
+    return target_values, new_alias
 
+
+def _target_plan_verdicts(target_plan: Plan, target: str, release: EksRelease) -> tuple[list[str], list[str]]:
+    """Blockers and checks the target's plan shows: removed APIs, charts, unconfirmed add-on builds."""
+    blockers: list[str] = []
     removed = removed_apis_at(target)
     for api_version, kind, name in rendered_objects(target_plan.recording):
         if (api_version, kind) in removed:
             blockers.append(f"{kind} {name} uses {api_version}, which Kubernetes {removed[(api_version, kind)]} "
                             "no longer serves (Deprecated API Migration Guide): move it to the served version first")
     charts = {r.inputs.get("chart") for r in target_plan.recording.by_type("kubernetes:helm.sh/v3:Release")}
-    chart_blockers, chart_checks = chart_verdicts(target, CHARTS, deployed_charts=charts)
+    chart_blockers, checks = chart_verdicts(target, CHARTS, deployed_charts=charts)
     blockers += chart_blockers
-    checks += chart_checks
+    checks = list(checks)
     deployed = {r.inputs.get("addonName") for r in target_plan.recording.by_type("aws:eks/addon:Addon")}
     # Only builds no AWS table confirms: a mapped add-on (vpc-cni, coredns, kube-proxy) whose
     # build is the same at both minors is confirmed by its table, not "kept".
@@ -252,12 +280,17 @@ def plan_upgrade(stack: str, target: str, project_dir: Path, *, values: Optional
     if unmapped:
         checks.append(f"add-ons without a per-version AWS table keep their build ({', '.join(unmapped)}): confirm with "
                       f"`aws eks describe-addon-versions --kubernetes-version {target} --addon-name <name>`")
+    return blockers, checks
 
+
+def _upgrade_steps(stack: str, config: PlatformConfig, current: str, target: str, old: EksRelease,
+                   release: EksRelease, *, alias: str, new_alias: str) -> list[str]:
+    """The runbook: config change, control plane, add-ons, system nodes, Karpenter's CPU and GPU pools, verify."""
     addon_changes = [f"{name} {old.addons.get(name)} -> {build}" for name, build in sorted(release.addons.items())
                      if old.addons.get(name) != build]
     gpu_pools = [pool.name for pool in config.gpu_pools]
     file = f"Pulumi.{stack}.yaml"
-    steps = [
+    return [
         f"In {file} set cluster.version: \"{target}\""
         + (f" and karpenter.amiAlias: {new_alias} (the release that ships {target})" if new_alias != alias else "")
         + "; open the PR (the plan and the read-only preview run there).",
@@ -276,7 +309,6 @@ def plan_upgrade(stack: str, target: str, project_dir: Path, *, values: Optional
          "`kubectl drain` any GPU node still on the old version." if gpu_pools else "No GPU pools."),
         f"Verify: `kubectl get nodes` all on v{target}; `python -m infra.plan.deploy preview --stack {stack} --expect-no-changes`.",
     ]
-    return UpgradePlan(stack, current, target, steps, blockers, checks, target_values)
 
 
 # -- the whole path ------------------------------------------------------------------------------
