@@ -98,6 +98,21 @@ def _sns_topic(name: str, inputs: dict, account: str, region: str, digest: str) 
     return {"arn": f"arn:aws:sns:{region}:{account}:{inputs.get('name') or f'{name}-{digest[:7]}'}"}
 
 
+def _amp_workspace(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    # The endpoint ends in "/" (terraform-provider-aws internal/service/amp/workspace.go sets
+    # ``prometheus_endpoint`` from DescribeWorkspace's ``PrometheusEndpoint``, documented as
+    # https://aps-workspaces.<region>.amazonaws.com/workspaces/<id>/).
+    ident = f"ws-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+    return {"id": ident, "arn": f"arn:aws:aps:{region}:{account}:workspace/{ident}",
+            "prometheusEndpoint": f"https://aps-workspaces.{region}.amazonaws.com/workspaces/{ident}/"}
+
+
+def _grafana_workspace(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
+    ident = f"g-{digest[:10]}"
+    return {"id": ident, "arn": f"arn:aws:grafana:{region}:{account}:/workspaces/{ident}",
+            "endpoint": f"{ident}.grafana-workspace.{region}.amazonaws.com"}
+
+
 def _metric_alarm(name: str, inputs: dict, account: str, region: str, digest: str) -> dict:
     return {"arn": f"arn:aws:cloudwatch:{region}:{account}:alarm:{inputs.get('name') or f'{name}-{digest[:7]}'}"}
 
@@ -255,6 +270,8 @@ TYPE_OUTPUTS: dict[str, Callable[[str, dict, str, str, str], dict]] = {
     "aws:route53/record:Record": _route53_record,
     "aws:sns/topic:Topic": _sns_topic,
     "aws:cloudwatch/metricAlarm:MetricAlarm": _metric_alarm,
+    "aws:amp/workspace:Workspace": _amp_workspace,
+    "aws:grafana/workspace:Workspace": _grafana_workspace,
 }
 
 

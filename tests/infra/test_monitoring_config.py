@@ -34,3 +34,19 @@ def test_replicas_default_to_two_in_prod_and_one_in_dev(dev_plan, prod_plan):
         values = _recorded(plan, "-monitoring-kube-prometheus-stack")["values"]
         assert values["prometheus"]["prometheusSpec"]["replicas"] == replicas
         assert values["alertmanager"]["alertmanagerSpec"]["replicas"] == replicas
+
+
+def test_managed_monitoring_plans_a_remote_write_to_the_workspace_and_a_grafana_workspace(plan_config):
+    """``monitoring.managed``: Prometheus remote-writes to the Amazon Managed Service for Prometheus
+    workspace's endpoint (``<prometheusEndpoint>api/v1/remote_write``, the endpoint ending in "/"),
+    with SigV4 in the workspace's region, and a Managed Grafana workspace reads it."""
+    raw = stack_config("prod")
+    raw["monitoring"] = {**raw["monitoring"], "managed": True}
+    plan = plan_config("prod", raw)
+    (workspace,) = plan.recording.by_type("aws:amp/workspace:Workspace")
+    assert plan.recording.by_type("aws:grafana/workspace:Workspace")
+    spec = _recorded(plan, "-monitoring-kube-prometheus-stack")["values"]["prometheus"]["prometheusSpec"]
+    (remote,) = spec["remoteWrite"]
+    assert remote["url"] == f"{workspace.outputs['prometheusEndpoint']}api/v1/remote_write"
+    assert remote["url"].startswith(f"https://aps-workspaces.{plan.config.region}.amazonaws.com/workspaces/ws-")
+    assert remote["sigv4"]["region"] == plan.config.region
