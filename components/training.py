@@ -59,8 +59,12 @@ def trainer_values(*, replicas: int) -> dict[str, Any]:
         # The torch-distributed ClusterTrainingRuntime that TrainJobs reference.
         "runtimes": {"torchDistributed": {"enabled": True},
                      "installer": {"nodeSelector": placement["nodeSelector"], "tolerations": placement["tolerations"]}},
-        # TrainJobs run as JobSets; the chart installs the JobSet controller unless one exists.
-        "jobset": {"install": True},
+        # TrainJobs run as JobSets; the chart installs the JobSet controller unless one exists. Its
+        # subchart places its controller only by its own values (jobset v0.12.0
+        # charts/jobset/templates/controller/deployment.yaml: ``.Values.controller.nodeSelector``,
+        # ``.tolerations``): without them it waits for a node no pool offers.
+        "jobset": {"install": True, "controller": {"nodeSelector": placement["nodeSelector"],
+                                                   "tolerations": placement["tolerations"]}},
     }
 
 

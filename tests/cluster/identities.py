@@ -95,7 +95,8 @@ def member(cluster, namespace: str) -> Identity:
     return team_identity(cluster, namespace) or Identity("", f"alice@{namespace}", (team_group(namespace),))
 
 
-def job_client(cluster, team: str, store=None, identity: Optional[Identity] = None):
+def job_client(cluster, team: str, store=None, identity: Optional[Identity] = None, facts=None):
+    """``facts``: the stack's facts as given (default: the stack's own, read when first needed)."""
     from jobs.client import JobClient
     from jobs.kube import KubectlApi
     from tools.cluster.paths import tool_path
@@ -105,4 +106,4 @@ def job_client(cluster, team: str, store=None, identity: Optional[Identity] = No
                       # HOME: kubectl keeps its discovery cache under $HOME/.kube (here, the plane's dir).
                       environ={"KUBECONFIG": str(path), "PATH": os.environ.get("PATH", ""),
                                "HOME": str(cluster.plane.workdir)})
-    return JobClient(cluster.stack, kube=kube, store=store)
+    return JobClient(cluster.stack, kube=kube, store=store, facts=facts)

@@ -28,7 +28,7 @@ import yaml
 
 from tests.cluster import lifecycle as lc
 from tools.cluster import charts
-from tools.cluster.api import eventually
+from tools.cluster.api import EventuallyTimeout, eventually
 from tools.cluster.kubelet import POD_COMPLETE_LABEL
 from tools.cluster.layer import apply, go_module_dir, set_aside, Layer
 from tools.cluster.nodes import runnable_images
@@ -102,6 +102,15 @@ def _path(obj) -> str:
     return resource_path(obj["apiVersion"], plural, obj["metadata"].get("namespace"), obj["metadata"]["name"])
 
 
+# Known defect, not yet explained: Kueue admits the TrainJob, then the Trainer's update of its
+# suspended JobSet (resuming it with the flavor's node selector) is refused by JobSet's webhook,
+# "spec.replicatedJobs: field is immutable" (jobset v0.12.0 pkg/webhooks/jobset_webhook.go
+# ValidateUpdate lets only the pod template's labels, annotations, nodeSelector, tolerations and
+# schedulingGates change while suspended), and waitForPodsReady evicts the workload. Neither stack
+# turns on training.trainerV2; docs/jobs.md says so. Strict: the test fails once the TrainJob
+# completes, so the mark is removed with the fix.
+@pytest.mark.xfail(strict=True, raises=EventuallyTimeout,
+                   reason="the Trainer's resume of the JobSet is refused as an immutable change")
 def test_a_trainjob_runs_to_completion_on_trainer_and_jobset(stack_cluster, trainer, scope):
     from jobs.facts import facts_from_plan
     from tests.conftest import _plan
@@ -111,8 +120,7 @@ def test_a_trainjob_runs_to_completion_on_trainer_and_jobset(stack_cluster, trai
     cluster = stack_cluster
     facts = replace(facts_from_plan(_plan(cluster.stack)), trainer_v2_runtime=TORCH_DISTRIBUTED_RUNTIME)
     raw = lc.example(cluster, scope, "trainjob", runtime="trainjob", nodes=2)
-    client = job_client(cluster, raw["team"])
-    client._facts = facts  # the stack as it would record itself with training.trainerV2
+    client = job_client(cluster, raw["team"], facts=facts)  # the stack as it records itself with training.trainerV2
     submitted = client.submit(client.load(raw)).job
     name, namespace = submitted.name, submitted.namespace
     path = f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{namespace}/trainjobs/{name}"
