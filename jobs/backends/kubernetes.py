@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue as _queue
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -330,18 +331,27 @@ class KubernetesBackend:
                 raise
             return self._gone_detail(runs[0])
         job = parse_job(raw)
-        run = next((r for r in self._runs(job.namespace, name) if r.job.uid == job.uid), None)
         notes: list[str] = []
-        try:
-            workloads = self.kube.list(WORKLOADS, job.namespace, f"{KUEUE_JOB_UID}={job.uid}") if job.uid else []
-        except KubeError as exc:
-            if "resource type" not in str(exc):
-                raise
-            workloads = []
-            notes.append("Kueue is not installed on this cluster: no admission to show")
+
+        def job_workloads() -> list[dict]:
+            try:
+                return self.kube.list(WORKLOADS, job.namespace, f"{KUEUE_JOB_UID}={job.uid}") if job.uid else []
+            except KubeError as exc:
+                if "resource type" not in str(exc):
+                    raise
+                notes.append("Kueue is not installed on this cluster: no admission to show")
+                return []
+
+        # Three independent reads, each a round trip to the API server: at once, not one after another.
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            runs_read = pool.submit(self._runs, job.namespace, name)
+            workloads_read = pool.submit(job_workloads)
+            pods_read = pool.submit(self.pods, job)
+            run = next((r for r in runs_read.result() if r.job.uid == job.uid), None)
+            workloads = workloads_read.result()
+            pod_objs = pods_read.result()
         admission = admission_from(workloads[0] if workloads else None)
         nodes: dict[str, Optional[dict]] = {}
-        pod_objs = self.pods(job)
         pods = tuple(sorted((self._with_record(self._pod(job, p, nodes), p, run) for p in pod_objs),
                             key=lambda p: (p.node_rank, p.name)))
         history: list[AttemptRecord] = []
