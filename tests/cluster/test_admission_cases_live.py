@@ -39,11 +39,16 @@ def merge_patch(before, after):
 
 
 def _lift_kueue_gate(cluster, namespace: str, name: str) -> None:
+    """Lift the admission gate as Kueue does when it admits the pod. Kueue may admit it and lift
+    the gate itself between the read and the patch: then the patch's path is gone, and the pod
+    is as wanted."""
     stored = json.loads(cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "json").stdout)
     if stored["spec"].get("schedulingGates"):
         cluster.kubectl("patch", "pod", name, "-n", namespace, "--type=json",
                         "-p", json.dumps([{"op": "remove", "path": "/spec/schedulingGates"}]),
-                        *_impersonation(cases.KUEUE))
+                        *_impersonation(cases.KUEUE), check=False)
+    stored = json.loads(cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "json").stdout)
+    assert not stored["spec"].get("schedulingGates"), f"pod {namespace}/{name} still gated: {stored['spec']['schedulingGates']}"
 
 
 def _impersonation(user) -> list[str]:

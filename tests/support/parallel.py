@@ -38,8 +38,6 @@ ENGINE_DIR = ROOT / "tests" / "engine"
 LONG_UNITS_FIRST: tuple[str, ...] = (
     "cluster-prod",                               # 1055
     "cluster-dev",                                # 760
-    "engine-prod",                                # (the real engine: about 8 min CPU per stack)
-    "engine-dev",
     "tests/trainer/test_torchrun.py",             # 519
     "tests/trainer/test_verify_checkpoint.py",    # 308
     "tests/trainer/test_multinode_startup.py",    # 275

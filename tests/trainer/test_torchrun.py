@@ -49,6 +49,12 @@ def test_sigterm_checkpoints_exits_143_and_resumes_identically(strategy, tmp_pat
     env = launcher_env(MLFLOW_TRACKING_URI=f"sqlite:///{mlflow_db}", TRAINER_RUN_ID=f"job-{strategy}",
                        MLFLOW_EXPERIMENT_NAME="resume-test")
     cmd = torchrun_cmd(2, tiny_overrides(data_dir, ckpt, **extra))
+    # The file store's schema is created here, once: MLflow migrates a new SQLite file in whichever
+    # process opens it first, and two processes of the job opening it at once can race on that
+    # migration ("table _alembic_tmp_experiments already exists"). A deployment's MLflow is a server.
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri=f"sqlite:///{mlflow_db}").search_experiments()
 
     interrupted = run_and_signal(cmd, env, ckpt, at_step=15)
     ok(interrupted, 143)
@@ -64,8 +70,6 @@ def test_sigterm_checkpoints_exits_143_and_resumes_identically(strategy, tmp_pat
     check_equivalent(baseline, ckpt, tmp_path)
 
     # One MLflow run for the job, every step once, in order.
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(tracking_uri=f"sqlite:///{mlflow_db}")
     experiment = client.get_experiment_by_name("resume-test")
     runs = client.search_runs([experiment.experiment_id])
