@@ -157,7 +157,9 @@ def test_a_team_borrows_idle_gpus_and_gives_them_back_when_their_owner_needs_the
                        f"{borrowing.name} ({borrow_nodes * per_node} GPUs, nominal {quota[borrower]}) admitted by borrowing",
                        lc.ADMIT_S)
     usage = cluster.api.get(f"/apis/kueue.x-k8s.io/v1beta2/clusterqueues/{borrower}")["status"]["flavorsUsage"]
-    borrowed = {r["name"]: int(r.get("borrowed", 0)) for f in usage if f["name"] == flavor for r in f["resources"]}
+    # GPU counts are whole numbers; CPU comes in Kubernetes' canonical quantity form ("91800m").
+    borrowed = {r["name"]: int(r.get("borrowed", 0)) for f in usage if f["name"] == flavor for r in f["resources"]
+                if r["name"].startswith("nvidia.com/")}
     assert borrowed.get("nvidia.com/gpu", 0) == per_node, (usage, admitted["status"]["admission"])
     lc.running_pods(cluster, borrowing.name, namespace, borrow_nodes)
 
