@@ -156,11 +156,14 @@ def test_a_team_borrows_idle_gpus_and_gives_them_back_when_their_owner_needs_the
                        and condition(w, "Admitted")["status"] == "True" and w,
                        f"{borrowing.name} ({borrow_nodes * per_node} GPUs, nominal {quota[borrower]}) admitted by borrowing",
                        lc.ADMIT_S)
-    usage = cluster.api.get(f"/apis/kueue.x-k8s.io/v1beta2/clusterqueues/{borrower}")["status"]["flavorsUsage"]
-    # GPU counts are whole numbers; CPU comes in Kubernetes' canonical quantity form ("91800m").
-    borrowed = {r["name"]: int(r.get("borrowed", 0)) for f in usage if f["name"] == flavor for r in f["resources"]
-                if r["name"].startswith("nvidia.com/")}
-    assert borrowed.get("nvidia.com/gpu", 0) == per_node, (usage, admitted["status"]["admission"])
+    def borrowed_gpus() -> int:
+        # GPU counts are whole numbers; CPU comes in Kubernetes' canonical quantity form ("91800m").
+        usage = cluster.api.get(f"/apis/kueue.x-k8s.io/v1beta2/clusterqueues/{borrower}")["status"]["flavorsUsage"]
+        return next((int(r.get("borrowed", 0)) for f in usage if f["name"] == flavor for r in f["resources"]
+                     if r["name"] == "nvidia.com/gpu"), 0)
+    # The ClusterQueue's status follows the admission asynchronously (Kueue's queue status updates).
+    lc.wait(cluster, namespace, lambda: borrowed_gpus() == per_node or None,
+            f"{borrower} reports {per_node} GPUs borrowed of {flavor} (admission: {admitted['status']['admission']})", 120)
     lc.running_pods(cluster, borrowing.name, namespace, borrow_nodes)
 
     lender_client, owner_job = submit(lender, "reclaim", quota[lender] // per_node)
@@ -195,6 +198,12 @@ def test_an_admitted_gang_that_cannot_start_is_evicted_by_wait_for_pods_ready(cl
     raw = lc.example(cluster, scope, "gang")
     pool = lc.pool(cluster, raw.get("pool") or raw["gpuType"])
     cluster.aws.exhaust()  # no EC2 capacity for anything, until restored below
+    # Nodes of the pool that earlier tests left (pools consolidate only after minutes) would start
+    # the gang: cordoned, they take no new pod, as if they were not there.
+    left = [n["metadata"]["name"] for n in cluster.api.get(
+        "/api/v1/nodes", labelSelector=f"karpenter.sh/nodepool={pool['metadata']['name']}")["items"]]
+    for node_name in left:
+        cluster.kubectl("cordon", node_name)
     try:
         client = lc.client(cluster, raw["team"])
         job = client.submit(client.load(raw)).job
@@ -226,6 +235,8 @@ def test_an_admitted_gang_that_cannot_start_is_evicted_by_wait_for_pods_ready(cl
         assert pool  # the pool the gang asked for
     finally:
         cluster.aws.restore()
+        for node_name in left:
+            cluster.kubectl("uncordon", node_name, check=False)
 
 
 def _seconds(duration: str) -> int:
