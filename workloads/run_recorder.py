@@ -173,6 +173,7 @@ def observe_job(record: dict[str, Any], job: Mapping[str, Any], *, deleted: bool
         spec["phase"] = phase
         if phase in FINISHED and not spec.get("endedAt"):
             spec["endedAt"] = _finished_at(job) or now_text(now)
+    settle_stragglers(spec)
     if annotations.get(CANCELLED_AT):
         spec["cancelledAt"] = annotations[CANCELLED_AT]
     if annotations.get(REPLACED_AT):
@@ -180,6 +181,28 @@ def observe_job(record: dict[str, Any], job: Mapping[str, Any], *, deleted: bool
     if deleted:
         end_run(record, now)
     return json.dumps(spec, sort_keys=True) != before
+
+
+def settle_stragglers(spec: dict[str, Any]) -> None:
+    """Attempts that ended when, or after, the job finished were not preempted: the Training
+    Operator deletes the pods still running once the job has succeeded or failed (training-operator
+    v1.9.4 pkg/controller.v1/common/job.go: ``if util.IsFinished(jobStatus)`` then
+    ``deletePodsAndServices``, which with ``cleanPodPolicy: Running`` deletes the Running ones), so
+    a worker still shutting down when rank 0 completes exits 143 on that SIGTERM. The pod's end and
+    the job's condition arrive on separate watches, in either order; this runs on both."""
+    finished_at = parse_time(spec.get("endedAt")) if spec.get("phase") in FINISHED else None
+    if finished_at is None:
+        return
+    for attempt in spec["attempts"]:
+        ended_at = parse_time(attempt.get("endedAt"))
+        if ended_at is None or ended_at < finished_at or attempt.get("reason") not in (PREEMPTION, KILLED, LOST):
+            continue
+        if spec["phase"] == "Succeeded":
+            attempt["reason"] = DONE
+            attempt["message"] = "stopped once the job had succeeded (the Training Operator's cleanPodPolicy: Running)"
+        else:
+            attempt["reason"] = FAILURE
+            attempt["message"] = "stopped once the job had failed (the Training Operator's cleanPodPolicy: Running)"
 
 
 def _finished_at(job: Mapping[str, Any]) -> Optional[str]:
@@ -342,6 +365,7 @@ def observe_pod(record: dict[str, Any], pod: Mapping[str, Any], *, deleted: bool
                 attempt["message"] = "deleted before its container started"
         elif running:
             attempt["reason"] = RUNNING
+    settle_stragglers(spec)
     # Oldest first; attempts that have not started yet last (a stable sort keeps their order).
     attempts.sort(key=lambda a: (a.get("startedAt") is None, a.get("startedAt") or "", a["rank"]))
     return json.dumps(attempt, sort_keys=True) != before

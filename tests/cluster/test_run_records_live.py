@@ -168,7 +168,9 @@ def test_a_preempted_run_is_recorded_with_its_nodes_and_cost_and_outlives_its_jo
         assert (by_pod[uid].exit_code, by_pod[uid].reason) == (143, "preemption"), by_pod[uid]
         assert by_pod[uid].instance_type and by_pod[uid].capacity_type, by_pod[uid]
     for uid in second_uids:
-        assert (by_pod[uid].exit_code, by_pod[uid].reason) == (0, "done"), by_pod[uid]
+        # Rank 0 may complete first: the Training Operator then stops the other ranks (cleanPodPolicy:
+        # Running), whose 143 belongs to the finished run, not to a preemption.
+        assert by_pod[uid].reason == "done" and by_pod[uid].exit_code in (0, 143), by_pod[uid]
     assert detail.cost is not None and detail.cost.usd > 0 and detail.cost.node_hours > 0, detail.cost
 
     # Its ttlSecondsAfterFinished (or anyone) removes the object: the record stays.

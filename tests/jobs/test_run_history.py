@@ -23,7 +23,9 @@ NS = "team-research"
 
 def record_of(kube, job: dict, *, deleted: bool = False, exit_codes=(143, 0)) -> dict:
     """The record the recorder writes for ``job`` after one pod per exit code ran on a spot g6.xlarge."""
-    now = time.time()
+    # The attempts end by the time the job's last condition turned (a run ends with its last attempt).
+    turned = [rr.parse_time(c["lastTransitionTime"]) for c in (job.get("status") or {}).get("conditions") or []]
+    now = max(turned) if turned else time.time()
     record = rr.new_record(job, "TRAINER_CHECKPOINT_DIR", now - 7200)
     node = add_node(kube, "kwok-l4-a", "g6.xlarge", "spot", 1) if kube.find("nodes", "kwok-l4-a") is None else \
         kube.find("nodes", "kwok-l4-a")

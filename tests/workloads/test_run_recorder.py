@@ -106,6 +106,35 @@ def test_a_preempted_attempt_then_a_successful_one_with_node_facts_and_cost():
     validate(record)
 
 
+@pytest.mark.parametrize("phase, reason", [("Succeeded", rr.DONE), ("Failed", rr.FAILURE)])
+@pytest.mark.parametrize("job_seen_first", [True, False], ids=["job-event-first", "pod-event-first"])
+def test_a_worker_stopped_once_the_job_finished_is_not_a_preemption(phase, reason, job_seen_first):
+    """Rank 0 completes, the job turns Succeeded (or Failed) at 900 s, and the Training Operator's
+    cleanPodPolicy: Running stops a worker still shutting down: it exits 143 at 903 s. Its attempt
+    belongs to the finished run, whichever watch event the recorder reads first; a worker preempted
+    before the end stays a preemption."""
+    record = rr.new_record(pytorchjob(), "TRAINER_CHECKPOINT_DIR", T0)
+    running, finished = pytorchjob(conditions=("Running",)), pytorchjob(conditions=(phase,))
+    earlier = pod("w0", node="n", started=at(10), exit_code=143, finished=at(400))
+    rr.observe_pod(record, earlier, deleted=True, node=node("n", disrupted=True), node_read=True, prices=PRICES_TABLE,
+                   containers=("pytorch",), job=running, now=T0 + 401)
+    straggler = pod("w1", node="n2", started=at(420), exit_code=143, finished=at(903))
+    if job_seen_first:
+        rr.observe_job(record, finished, deleted=False, now=T0 + 901)
+        rr.observe_pod(record, straggler, deleted=False, node=node("n2"), node_read=True, prices=PRICES_TABLE,
+                       containers=("pytorch",), job=finished, now=T0 + 904)
+    else:
+        rr.observe_pod(record, straggler, deleted=False, node=node("n2"), node_read=True, prices=PRICES_TABLE,
+                       containers=("pytorch",), job=running, now=T0 + 904)
+        assert record["spec"]["attempts"][1]["reason"] == rr.PREEMPTION  # what it looks like until the job event
+        rr.observe_job(record, finished, deleted=False, now=T0 + 905)
+    before, after = record["spec"]["attempts"]
+    assert (before["exitCode"], before["reason"]) == (143, rr.PREEMPTION)
+    assert (after["exitCode"], after["reason"]) == (143, reason)
+    assert "cleanPodPolicy" in after["message"]
+    validate(record)
+
+
 def test_a_running_attempt_costs_up_to_now_and_a_shared_gpu_its_share():
     record = rr.new_record(pytorchjob(), "TRAINER_CHECKPOINT_DIR", T0)
     shared = node(instance="g6.xlarge", capacity="on-demand")
