@@ -102,7 +102,8 @@ def _path(obj) -> str:
     return resource_path(obj["apiVersion"], plural, obj["metadata"].get("namespace"), obj["metadata"]["name"])
 
 
-# Known defect, not yet explained: Kueue admits the TrainJob, then the Trainer's update of its
+# Known upstream defect (kubeflow/trainer#3008, "TrainJob suspend/resume fails with JobSet webhook
+# validation error": the Trainer applies the whole JobSet spec by server-side apply): Kueue admits the TrainJob, then the Trainer's update of its
 # suspended JobSet (resuming it with the flavor's node selector) is refused by JobSet's webhook,
 # "spec.replicatedJobs: field is immutable" (jobset v0.12.0 pkg/webhooks/jobset_webhook.go
 # ValidateUpdate lets only the pod template's labels, annotations, nodeSelector, tolerations and
