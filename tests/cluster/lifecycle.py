@@ -127,6 +127,26 @@ def node_claim(cluster, node_name: str) -> Optional[dict[str, Any]]:
                  if c.get("status", {}).get("nodeName") == node_name), None)
 
 
+def release_empty_nodes(cluster, spec_pool: str) -> None:
+    """Delete the NodeClaims of the pool's nodes that run no pod but DaemonSet ones, and wait until
+    they are gone: what Karpenter's consolidation does once the pool's ``consolidateAfter`` has
+    passed (minutes: prod's a100-reserved 30m), which a test cannot wait for. A test that needs
+    the whole pool otherwise finds earlier tests' empty nodes holding places under the pool's
+    limits, in whichever zone they were launched, while its job's pods must share one zone."""
+    pool_name = pool(cluster, spec_pool)["metadata"]["name"]
+    busy = {p["spec"].get("nodeName") for p in cluster.api.get("/api/v1/pods")["items"]
+            if p["status"].get("phase") not in ("Succeeded", "Failed")
+            and not any(o.get("kind") == "DaemonSet" for o in p["metadata"].get("ownerReferences", []))}
+    claims = [c["metadata"]["name"] for c in cluster.api.get("/apis/karpenter.sh/v1/nodeclaims")["items"]
+              if c["metadata"].get("labels", {}).get("karpenter.sh/nodepool") == pool_name
+              and c.get("status", {}).get("nodeName") and c["status"]["nodeName"] not in busy]
+    for claim in claims:
+        cluster.kubectl("delete", "nodeclaim", claim, "--wait=false", "--ignore-not-found", check=False)
+    eventually(lambda: not any(cluster.api.get_or_none(f"/apis/karpenter.sh/v1/nodeclaims/{c}") for c in claims),
+               f"{cluster.stack}: the empty nodes of {pool_name} released ({', '.join(claims) or 'none'})", LAUNCH_S,
+               interval_s=1)
+
+
 def workload_of(cluster, job_uid: str, namespace: str) -> Optional[dict[str, Any]]:
     for candidate in cluster.api.get(f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{namespace}/workloads")["items"]:
         if any(ref.get("uid") == job_uid for ref in candidate["metadata"].get("ownerReferences", [])):

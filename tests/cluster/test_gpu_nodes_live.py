@@ -255,6 +255,9 @@ def test_karpenter_does_not_repair_many_faulty_nodes_of_a_pool_at_once(cluster, 
     finally:
         # The recovered node keeps the agent's cordon (a person clears it after checking the GPU):
         # left behind, it would hold a place in the pool's node limit for the tests after this one.
+        # The job goes first, or its pods would be recreated on new nodes.
+        cluster.kubectl("delete", "pytorchjob", submitted.name, "-n", submitted.namespace, "--wait=true",
+                        timeout_s=lc.END_S, check=False)
         for claim in claims.values():
             cluster.kubectl("delete", "nodeclaim", claim, "--wait=false", "--ignore-not-found", check=False)
 

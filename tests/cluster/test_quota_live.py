@@ -77,6 +77,7 @@ def test_a_job_beyond_the_quota_waits_and_a_higher_priority_job_preempts_a_lower
         raw = {**base, "name": scope.name(suffix), "nodes": nodes, "priority": priority}
         return client.submit(client.load(raw)).job
 
+    lc.release_empty_nodes(cluster, base["pool"])  # the holder takes the whole pool, in one zone
     holder = submit("holder", cohort_nodes, low)
     lc.running_pods(cluster, holder.name, holder.namespace, holder.nodes)
 
@@ -149,6 +150,7 @@ def test_a_team_borrows_idle_gpus_and_gives_them_back_when_their_owner_needs_the
         return client, client.submit(client.load(raw)).job
 
     borrow_nodes = quota[borrower] // per_node + 1
+    lc.release_empty_nodes(cluster, lc.pool_of(cluster, base))  # jobs of up to the whole pool, in one zone
     borrower_client, borrowing = submit(borrower, "borrow", borrow_nodes)
     namespace = borrowing.namespace
     admitted = lc.wait(cluster, namespace,
