@@ -22,13 +22,18 @@ relabelings on ``__meta_kubernetes_service_label_*`` / ``__meta_kubernetes_pod_l
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.cluster import lifecycle as lc
 from tests.infra.test_chart_render import operand_services
+from tools.cluster.api import eventually
 from tools.cluster.standins import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
 
 WORKLOAD_KINDS = ("Deployment", "DaemonSet", "StatefulSet")
 
@@ -262,12 +267,9 @@ EXAMPLE = {"dev": "examples/jobs/l4-dev-smoke.yaml", "prod": "examples/jobs/gpt2
 def _submit(cluster, scope, namespace: str) -> dict[str, Any]:
     """A team of ``namespace`` submits the stack's example job with ``JobClient`` (as the plan's
     access entries let it), two nodes so that rank 0 and another rank exist; the stored job."""
-    from pathlib import Path
-
     from tests.cluster.identities import job_client
 
-    root = Path(__file__).resolve().parents[2]
-    raw = yaml.safe_load((root / EXAMPLE[cluster.stack]).read_text())
+    raw = yaml.safe_load((ROOT / EXAMPLE[cluster.stack]).read_text())
     team = namespace.removeprefix("team-")
     raw["trainer"]["overrides"] = [o.replace(f"team-{raw['team']}.", f"{namespace}.") for o in raw["trainer"].get("overrides", [])]
     if team != raw["team"]:
@@ -287,7 +289,14 @@ def operator_pods(cluster, job: dict[str, Any]) -> list[dict[str, Any]]:
     def created():
         pods = _items(cluster, "pods", "-n", namespace, "-l", f"training.kubeflow.org/job-name={name}")
         return pods if len(pods) == replicas else None
-    return wait_for(created, f"the Training Operator creates {replicas} pods for {name}", timeout_s=300)
+
+    def diagnose() -> str:
+        workload = lc.workload_of(cluster, job["metadata"]["uid"], namespace) or {}
+        conditions = [(c["type"], c["status"], c.get("reason"), c.get("message", "")[:200])
+                      for c in workload.get("status", {}).get("conditions", [])]
+        return f"{namespace}/{name}: Workload conditions {conditions or 'none (no Workload)'}"
+    return eventually(created, f"the Training Operator creates {replicas} pods for {namespace}/{name}", 300,
+                      diagnose=diagnose)
 
 
 def test_every_pod_monitor_selects_rank_zero_of_a_teams_job(stack_cluster, scope):
@@ -301,6 +310,11 @@ def test_every_pod_monitor_selects_rank_zero_of_a_teams_job(stack_cluster, scope
     monitors = cluster.layer.of_kind("PodMonitor")
     assert monitors, f"{cluster.stack}: the layer declares no PodMonitor"
     problems, jobs = [], {}
+    # One job per team namespace, each on two nodes of the example's pool, all running at once. Kueue
+    # admits none while an admitted job's pods wait for a node (waitForPodsReady.blockAdmission), so
+    # earlier tests' empty nodes, which hold places under the pool's limit until its consolidateAfter
+    # (prod's h100: 15m), must not leave the jobs without room.
+    lc.release_empty_nodes(cluster, lc.pool_of(cluster, yaml.safe_load((ROOT / EXAMPLE[cluster.stack]).read_text())))
     for monitor in monitors:
         meta = monitor["metadata"]
         where = f"PodMonitor {meta['namespace']}/{meta['name']}"
