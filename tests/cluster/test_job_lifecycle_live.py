@@ -141,9 +141,12 @@ def test_spot_loss_drains_the_node_the_trainer_exits_143_and_the_job_resumes_on_
     allows both); the job completes. The spot market is set so that only the interrupted offering
     had spot capacity (every other spot offering answers InsufficientInstanceCapacity): without the
     interruption controller's marking, Karpenter would relaunch on that same offering. Nodes of the
-    pool that earlier tests left (empty until their pool consolidates them) are cordoned meanwhile,
-    so the new pods need a new node."""
+    pool that earlier tests left (empty until their pool consolidates them) are released first, so
+    the job's first node is a new one (spot, the cheaper offering), and cordoned meanwhile, so the
+    new pods need a new node."""
     raw = lc.example(cluster, scope, "spot")
+    # A job that allows spot also fits an on-demand node another test left: release those first.
+    lc.release_empty_nodes(cluster, lc.pool_of(cluster, raw))
     client = lc.client(cluster, raw["team"])
     submitted = client.submit(client.load(raw))
     name, team, namespace = submitted.job.name, raw["team"], submitted.job.namespace

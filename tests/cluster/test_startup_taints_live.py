@@ -72,9 +72,21 @@ def test_every_gpu_pools_node_loses_its_startup_taints_and_takes_a_gpu_pod(stack
                    "tolerations": [{"key": t["key"], "operator": "Exists"} for t in pool["spec"]["template"]["spec"].get("taints", [])],
                    "containers": [{"name": "trainer", "image": "trainer:test", "resources": {"limits": {resource: "1"}}}]}}
         cluster.api.create("/api/v1/namespaces/default/pods", pod)
+        recreated = []
+
+        def bound():
+            current = cluster.api.get_or_none(f"/api/v1/namespaces/default/pods/{pod['metadata']['name']}")
+            if current is None and len(recreated) < 2:
+                # Kubernetes' taint-eviction controller can delete a pod bound just after a NoExecute
+                # startup taint was lifted, its node cache still holding the taint (an open upstream
+                # race, kubernetes/kubernetes#139992, seen on EKS with agent-not-ready taints). A job's
+                # pod is recreated by its controller; this bare pod is recreated here, at most twice.
+                recreated.append(pool_name)
+                cluster.api.create("/api/v1/namespaces/default/pods", pod)
+                return None
+            return current and current["spec"].get("nodeName")
         try:
-            eventually(lambda: cluster.api.get(f"/api/v1/namespaces/default/pods/{pod['metadata']['name']}")["spec"].get("nodeName"),
-                       f"pod on {pool_name}", 180)
+            eventually(bound, f"pod on {pool_name}", 180)
         except TimeoutError:
             current = cluster.api.get(f"/api/v1/nodes/{node_name}")
             left = [t["key"] for t in current["spec"].get("taints", []) if t["key"] in STARTUP_TAINT_OWNERS]
@@ -85,7 +97,7 @@ def test_every_gpu_pools_node_loses_its_startup_taints_and_takes_a_gpu_pod(stack
                                      "jsonpath={.items[*].message}").stdout
             failures.append(f"{cluster.stack} pool {pool_name}: the {resource} pod never scheduled; startup taints never "
                             f"lifted: {owners}; allocatable {current['status'].get('allocatable')}; pods on the node: "
-                            f"{placed}; scheduler: {events}")
+                            f"{placed}; scheduler: {events}; deleted and recreated {len(recreated)} time(s)")
         finally:
             cluster.api.delete(f"/api/v1/namespaces/default/pods/{pod['metadata']['name']}", {"gracePeriodSeconds": 0})
             cluster.api.delete(f"/api/v1/nodes/{node_name}")
