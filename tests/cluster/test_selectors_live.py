@@ -22,18 +22,16 @@ relabelings on ``__meta_kubernetes_service_label_*`` / ``__meta_kubernetes_pod_l
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from tests.cluster import lifecycle as lc
+from tests.cluster.lifecycle import EXAMPLE, ROOT
 from tests.infra.test_chart_render import operand_services
 from tools.cluster.api import eventually
 from tools.cluster.standins import wait_for
-
-ROOT = Path(__file__).resolve().parents[2]
 
 WORKLOAD_KINDS = ("Deployment", "DaemonSet", "StatefulSet")
 
@@ -261,7 +259,6 @@ def test_every_service_monitor_selects_a_service_with_its_port(stack_cluster):
 
 
 # -- PodMonitors ----------------------------------------------------------------------------------
-EXAMPLE = {"dev": "examples/jobs/l4-dev-smoke.yaml", "prod": "examples/jobs/gpt2-pretrain.yaml"}
 
 
 def _submit(cluster, scope, namespace: str) -> dict[str, Any]:
