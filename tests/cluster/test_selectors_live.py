@@ -145,9 +145,6 @@ def test_every_service_is_backed_by_its_workloads_pods(system_node):
     cluster, _ = system_node
     services = cluster.layer.of_kind("Service")
     assert services, f"{cluster.stack}: the layer declares no Service"
-    # Nodes a kubelet runs (not the bare Node objects other tests make to hold a token's pod).
-    kubelet_nodes = {n["metadata"]["name"] for n in _items(cluster, "nodes")
-                     if (n["metadata"].get("annotations") or {}).get("kwok.x-k8s.io/node") == "fake"}
     problems = []
     for service in services:
         meta = service["metadata"]
@@ -173,41 +170,40 @@ def test_every_service_is_backed_by_its_workloads_pods(system_node):
                                     f"{workloads[0]['kind']} {workloads[0]['metadata']['name']} declares it")
             continue
         workload = desired[0]
+        last: dict[str, Any] = {}
 
-        def ready_pods():
+        def agreement():
+            """Pods and slices read in one pass, so nodes that Karpenter adds or consolidates while
+            the test runs (their DaemonSet pods come and go) cannot make the two disagree."""
+            # Nodes a kubelet runs (not the bare Node objects other tests make to hold a token's pod).
+            kubelet_nodes = {n["metadata"]["name"] for n in _items(cluster, "nodes")
+                             if (n["metadata"].get("annotations") or {}).get("kwok.x-k8s.io/node") == "fake"}
             replicasets = _items(cluster, "replicasets", "-n", namespace)
             pods = [p for p in _items(cluster, "pods", "-n", namespace)
-                    if any(_owned_by(p, w, replicasets) for w in desired) and _target_node(p) in kubelet_nodes]
-            ready = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
-                                            for c in p.get("status", {}).get("conditions", []))]
-            return ready if pods and len(ready) == len(pods) else None
+                    if any(_owned_by(p, w, replicasets) for w in desired) and _target_node(p) in kubelet_nodes
+                    and not p["metadata"].get("deletionTimestamp")]
+            slices = _items(cluster, "endpointslices", "-n", namespace, "-l", f"kubernetes.io/service-name={name}")
+            ready_endpoints = {(e.get("targetRef", {}).get("name"), a)
+                               for s in slices for e in s.get("endpoints") or []
+                               if (e.get("conditions") or {}).get("ready") for a in e["addresses"]}
+            last.update(pods=pods, slices=slices, endpoints=ready_endpoints)
+            if not pods or not all(any(c["type"] == "Ready" and c["status"] == "True"
+                                       for c in p.get("status", {}).get("conditions", [])) for p in pods):
+                return None
+            return (pods, slices) if ready_endpoints == {(p["metadata"]["name"], p["status"]["podIP"])
+                                                         for p in pods} else None
 
         try:
-            pods = wait_for(ready_pods, f"{workload['kind']} {namespace}/{name} pods Ready", timeout_s=120)
+            pods, slices = wait_for(agreement, f"{workload['kind']} {namespace}/{name} pods Ready and "
+                                    f"listed by the Service's EndpointSlices", timeout_s=180)
         except TimeoutError as error:
-            states = [(p["metadata"]["name"], p.get("status", {}).get("conditions"))
-                      for p in _items(cluster, "pods", "-n", namespace)]
-            problems.append(f"Service {namespace}/{name}: {error}; pods: {states}")
+            states = [(p["metadata"]["name"], p["spec"].get("nodeName"), p["status"].get("podIP"),
+                       [(c["type"], c["status"]) for c in p.get("status", {}).get("conditions", [])])
+                      for p in last.get("pods", [])]
+            problems.append(f"Service {namespace}/{name} selector {selector}: {error}; the workload's pods "
+                            f"(name, node, IP, conditions): {states}; the slices' Ready endpoints (pod, address): "
+                            f"{sorted(last.get('endpoints', []), key=str)}")
             continue
-        expected_ips = {p["status"]["podIP"] for p in pods}
-
-        def slice_endpoints():
-            slices = _items(cluster, "endpointslices", "-n", namespace, "-l", f"kubernetes.io/service-name={name}")
-            endpoints = [e for s in slices for e in s.get("endpoints") or []]
-            ips = {a for e in endpoints if (e.get("conditions") or {}).get("ready") for a in e["addresses"]}
-            return (slices, endpoints) if ips == expected_ips else None
-
-        try:
-            slices, endpoints = wait_for(slice_endpoints, f"EndpointSlices of {namespace}/{name}", timeout_s=60)
-        except TimeoutError:
-            slices = _items(cluster, "endpointslices", "-n", namespace, "-l", f"kubernetes.io/service-name={name}")
-            problems.append(f"Service {namespace}/{name} selector {service['spec'].get('selector')}: EndpointSlices "
-                            f"{[s.get('endpoints') for s in slices]}, expected the Ready pods {sorted(expected_ips)} "
-                            f"of {workload['kind']} {name} (labels {pods[0]['metadata'].get('labels')})")
-            continue
-        refs = {e.get("targetRef", {}).get("name") for e in endpoints}
-        if refs != {p["metadata"]["name"] for p in pods}:
-            problems.append(f"Service {namespace}/{name}: endpoints {sorted(refs)} are not the workload's pods")
         slice_ports = {(p.get("name") or "", p.get("port")) for s in slices for p in s.get("ports") or []}
         for port in service["spec"].get("ports", []):
             want = (port.get("name") or "", _container_port(pods[0], port.get("targetPort", port["port"])))
