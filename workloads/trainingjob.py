@@ -536,7 +536,10 @@ def affinity(job: ResolvedJob) -> Optional[dict[str, Any]]:
         # affinity": a pod whose affinity selects itself schedules when no other pod matches);
         # Karpenter launches the rest in that zone (karpenter.sh "Scheduling": pod affinity on
         # topology.kubernetes.io/zone is supported). A pool's own zone list (NodePool requirement
-        # topology.kubernetes.io/zone) still bounds the choice.
+        # topology.kubernetes.io/zone) still bounds the choice. Karpenter learns the zone from pods
+        # already bound to nodes (v1.14.1 scheduling/topology.go countDomains skips unbound pods);
+        # until one is, it picks "a domain at random to bootstrap scheduling" (topologygroup.go
+        # nextDomainAffinity), so a job's nodes can land in two zones: runbook failing-job, step 2.
         out["podAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [{
             "labelSelector": {"matchLabels": {JOB_LABEL: job.spec.name}}, "topologyKey": ZONE_KEY}]}
     return out or None
