@@ -17,7 +17,7 @@ from trainer_helpers import REPO, launcher_env
 pytestmark = pytest.mark.slow
 
 SCRIPT = textwrap.dedent("""
-    import time, torch.distributed as dist
+    import os, time, torch.distributed as dist
     from trainer import distributed
     from trainer.config import ParallelismConfig
 
@@ -30,7 +30,8 @@ SCRIPT = textwrap.dedent("""
         outcome = "returned"
     except Exception as exc:
         outcome = "raised " + type(exc).__name__
-    print(f"rank {env.rank}: {outcome} after {time.monotonic() - started:.1f} s", flush=True)
+    # One write(2) per line: a pipe never interleaves it with the other rank's.
+    os.write(1, f"rank {env.rank}: {outcome} after {time.monotonic() - started:.1f} s\\n".encode())
 """)
 
 

@@ -17,7 +17,7 @@ from trainer_helpers import REPO, launcher_env
 pytestmark = pytest.mark.slow
 
 SCRIPT = textwrap.dedent("""
-    import torch, torch.distributed as dist
+    import os, torch, torch.distributed as dist
     from trainer import distributed
     from trainer.config import ModelConfig, ParallelismConfig
     from trainer.model import build_model
@@ -39,7 +39,8 @@ SCRIPT = textwrap.dedent("""
                 if grad is not None:
                     held += grad.numel() * grad.element_size()
     full = sum(p.numel() * 4 for p in model.parameters())
-    print(f"rank {env.rank}: unsharded gradient bytes held {held} of {full}", flush=True)
+    # One write(2) per line: a pipe never interleaves it with the other rank's.
+    os.write(1, f"rank {env.rank}: unsharded gradient bytes held {held} of {full}\\n".encode())
     dist.destroy_process_group()
 """)
 

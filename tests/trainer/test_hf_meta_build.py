@@ -18,7 +18,7 @@ from trainer_helpers import REPO, launcher_env
 pytestmark = pytest.mark.slow
 
 SCRIPT = textwrap.dedent("""
-    import sys, torch, torch.distributed as dist
+    import os, sys, torch, torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from transformers import AutoModelForCausalLM
     from trainer import distributed
@@ -48,7 +48,10 @@ SCRIPT = textwrap.dedent("""
     tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         same_logits = torch.equal(module.eval()(tokens), reference(tokens))
-    print(f"rank {env.rank}: meta {on_meta} different {different[:5]} logits {same_logits}", flush=True)
+    # One write(2) per line, which a pipe never interleaves (POSIX write(): at most PIPE_BUF bytes
+    # are written atomically). Both ranks share the pipe; with print(), a run once read rank 0's
+    # line spliced into rank 1's before its newline.
+    os.write(1, f"rank {env.rank}: meta {on_meta} different {different[:5]} logits {same_logits}\\n".encode())
     dist.destroy_process_group()
 """)
 

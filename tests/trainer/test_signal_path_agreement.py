@@ -7,7 +7,6 @@ straight to the save's finiteness all-reduce while rank 1 first did the `skip` a
 collectives paired wrongly, a hang until the process-group timeout (torchrun's SIGKILL in
 production) and no preemption checkpoint.
 """
-import os
 import subprocess
 import sys
 import textwrap
@@ -58,7 +57,8 @@ SCRIPT = textwrap.dedent("""
     Trainer.save_on_signal(trainer)
     # Every rank then meets at the step's flag all-reduce: a mismatched sequence fails here.
     distributed.all_reduce_max(env, [1.0])
-    print(f"rank {rank}: saved {saved} in {time.monotonic() - started:.1f} s", flush=True)
+    # One write(2) per line: a pipe never interleaves it with the other rank's.
+    os.write(1, f"rank {rank}: saved {saved} in {time.monotonic() - started:.1f} s\\n".encode())
     dist.destroy_process_group()
 """)
 
