@@ -142,11 +142,12 @@ def test_spot_loss_drains_the_node_the_trainer_exits_143_and_the_job_resumes_on_
     had spot capacity (every other spot offering answers InsufficientInstanceCapacity): without the
     interruption controller's marking, Karpenter would relaunch on that same offering. Nodes of the
     pool that earlier tests left (empty until their pool consolidates them) are released first, so
-    the job's first node is a new one (spot, the cheaper offering), and cordoned meanwhile, so the
-    new pods need a new node."""
+    the job's first node is a new one (spot, the cheaper offering in whichever zone Karpenter picks
+    for the job), and cordoned meanwhile, so the new pods need a new node."""
     raw = lc.example(cluster, scope, "spot")
     # A job that allows spot also fits an on-demand node another test left: release those first.
     lc.release_empty_nodes(cluster, lc.pool_of(cluster, raw))
+    before = {n["metadata"]["name"] for n in cluster.api.get("/api/v1/nodes")["items"]}
     client = lc.client(cluster, raw["team"])
     submitted = client.submit(client.load(raw))
     name, team, namespace = submitted.job.name, raw["team"], submitted.job.namespace
@@ -161,7 +162,9 @@ def test_spot_loss_drains_the_node_the_trainer_exits_143_and_the_job_resumes_on_
         offerings = set()
         for node_name in nodes:
             labels = lc.node(cluster, node_name)["metadata"]["labels"]
-            assert labels["karpenter.sh/capacity-type"] == "spot", labels
+            assert labels["karpenter.sh/capacity-type"] == "spot", (
+                f"{node_name} ({'there before the job' if node_name in before else 'launched for the job'}, "
+                f"zone {labels.get('topology.kubernetes.io/zone')}): {labels}")
             offerings.add((labels["node.kubernetes.io/instance-type"], labels["topology.kubernetes.io/zone"]))
         assert len(offerings) == 1, offerings
         # The spot market has no other capacity: only the interruption's marking keeps Karpenter

@@ -32,10 +32,12 @@ from tools.cluster.nodes import ZONES, NodeSetup
 
 KARPENTER_MODULE = ("sigs.k8s.io/karpenter", "v1.14.1")
 KWOK_NODE_CLASS = {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass"}
-# Zones of the stand-in offerings: labels only, nothing in the stacks selects a zone. Spot
-# capacity is offered in the first zone only, so losing it leaves on-demand, where a pool allows it.
+# Zones of the stand-in offerings: labels only, nothing in the stacks selects a zone. Spot is
+# offered in every zone: Karpenter picks a multi-node job's zone before its price (the job's pods
+# require one zone; with none of them bound yet, v1.14.1 scheduling/topologygroup.go
+# nextDomainAffinity takes "a domain at random"), so a zone without spot would decide a spot job's
+# capacity type by chance. A test takes spot capacity away with ``AwsStandIns.exhaust``.
 STAND_IN_ZONES = ZONES
-SPOT_ZONES = STAND_IN_ZONES[:1]
 # Where the Karpenter pod finds the stand-in's files (mounted by the kubelet).
 INSTANCE_TYPES_PATH = "/var/lib/mlplatform/instance-types.json"
 SPOOL_PATH = "/var/lib/mlplatform/sqs"
@@ -71,7 +73,7 @@ def catalog_instance_types() -> list[dict[str, Any]]:
     (karpenter kwok/cloudprovider/helpers.go ``InstanceTypeOptions``): resources as the device
     plugins advertise them (``nvidia.com/gpu``, ``vpc.amazonaws.com/efa`` one per EFA network
     card; Karpenter plans with them, the node gets them from the device plugin), an on-demand
-    offering per zone and a spot one in ``SPOT_ZONES``, at the catalog's prices. The offerings carry
+    offering and a spot one per zone, at the catalog's prices. The offerings carry
     the AWS provider's labels, which the kwok provider turns into well-known labels."""
     from catalog import gpus
     from catalog.prices import price
@@ -90,9 +92,8 @@ def catalog_instance_types() -> list[dict[str, Any]]:
             resources["vpc.amazonaws.com/efa"] = str(shape.num_efa_network_cards)
         usd = price(name)
         offerings = []
-        for capacity_type, cost, zones in (("on-demand", usd.on_demand_usd_per_hour, STAND_IN_ZONES),
-                                           ("spot", usd.spot_usd_per_hour, SPOT_ZONES)):
-            for zone in zones:
+        for capacity_type, cost in (("on-demand", usd.on_demand_usd_per_hour), ("spot", usd.spot_usd_per_hour)):
+            for zone in STAND_IN_ZONES:
                 requirements = [{"key": "karpenter.sh/capacity-type", "operator": "In", "values": [capacity_type]},
                                 {"key": "topology.kubernetes.io/zone", "operator": "In", "values": [zone]}]
                 requirements += [{"key": k, "operator": "In", "values": [v]} for k, v in sorted(labels.items())]
