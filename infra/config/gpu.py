@@ -53,7 +53,7 @@ class GpuPoolConfig(_Model):
     name: str = Field(pattern=r"^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$", description="Pool name; nodes get label mlplatform.io/pool=<name>.")
     gpu_type: str = Field(description=" | ".join(GPU_TYPES))  # catalog/gpus.py: the README lists what it holds
     gpus_per_node: int = Field(ge=1, description="GPUs per node; the type must offer it (e.g. h100: 1 or 8).")
-    capacity_types: list[KarpenterCapacityType] = Field(min_length=1, description="spot | on-demand | reserved, in preference order.")
+    capacity_types: list[KarpenterCapacityType] = Field(min_length=1, description="spot | on-demand | reserved: what the pool may launch. The order does not matter: Karpenter takes reserved, then spot, then on-demand, the first with an available offering.")
     capacity_reservation_ids: list[str] = Field(default_factory=list, description="cr-... ids; required with `reserved`.")
     max_gpus: int = Field(ge=1, description="NodePool limit on nvidia.com/gpu; at least one node's GPUs.")
     efa: bool = Field(GpuPoolSpec.efa, description="Attach EFA interfaces (multi-node NCCL); the type must support EFA.")
