@@ -50,17 +50,22 @@ def kill_worker_after_step(cmd, env, ckpt, at_step) -> subprocess.CompletedProce
 @pytest.mark.slow
 def test_repeated_oom_kills_without_progress_end_in_a_permanent_exit(tmp_path, data_dir):
     ckpt = str(tmp_path / "ckpt")
-    # Saves every 4 steps; the "OOM" always strikes after step 6, so from the second attempt
-    # on no attempt gets past the step-4 checkpoint.
+    # Saves every 100 steps; the "OOM" strikes once step 105 is logged, so from the second attempt
+    # on no attempt gets past the step-100 checkpoint. The kill comes from a watcher polling the
+    # metrics file: 95 steps (about a second here) before the next save leave room for a watcher
+    # the scheduler delays on a loaded machine (4 steps once did not: the kill landed after a save).
+    every, at_step = 100, 105
     cmd = torchrun_cmd(1, tiny_overrides(data_dir, ckpt, **{
-        "schedule.num_steps": 400, "checkpoint.every_steps": 4, "checkpoint.max_attempts_without_progress": 2}))
+        "schedule.num_steps": 400, "checkpoint.every_steps": every, "checkpoint.max_attempts_without_progress": 2}))
     env = launcher_env()
-    first = kill_worker_after_step(cmd, env, ckpt, at_step=6)
+    first = kill_worker_after_step(cmd, env, ckpt, at_step=at_step)
     assert first.returncode == 137, first.stdout[-2000:]
-    for _ in range(2):  # no progress: step 4 stays the newest checkpoint
+    for attempt in range(2):  # no progress: step 100 stays the newest checkpoint
         os.remove(os.path.join(ckpt, "metrics.jsonl"))  # so the watcher sees this attempt's steps
-        again = kill_worker_after_step(cmd, env, ckpt, at_step=6)
+        again = kill_worker_after_step(cmd, env, ckpt, at_step=at_step)
         assert again.returncode == 137, again.stdout[-2000:]
+        ends = [r["checkpoint_step_at_end"] for r in retries.read_history(retries.history_path(ckpt, 0))]
+        assert ends == [every] * (attempt + 2), f"the kill landed after a newer save: {ends}"
     refused = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 1, refused.stderr[-2000:]
     assert "retries exhausted: the last 2 attempts all ended 137 (SIGKILL)" in refused.stderr
@@ -68,5 +73,5 @@ def test_repeated_oom_kills_without_progress_end_in_a_permanent_exit(tmp_path, d
     # A resubmission after the fix (here: the same spec) runs again: the refusal ended the count.
     rows = retries.read_history(retries.history_path(ckpt, 0))
     assert [r["exit_code"] for r in rows] == [137, 137, 137, 1]
-    assert [r["checkpoint_step_at_end"] for r in rows] == [4, 4, 4, 4]
-    assert retries.refusal(rows, 2, 4) is None
+    assert [r["checkpoint_step_at_end"] for r in rows] == [every] * 4
+    assert retries.refusal(rows, 2, every) is None
