@@ -117,7 +117,10 @@ fi
 # the version, and terraform-mapping-embed.json, which main.go embeds and the module zip lacks), then
 # CGO_ENABLED=0 with -s -w and the version stamp. The generate step needs a writable copy of the
 # module (the module cache is read-only); the build reaches that copy through a replace in a
-# throw-away copy of our go.mod, after `go mod download` has checked the module against our go.sum.
+# throw-away copy of our module, after `go mod download` has checked the module against our go.sum.
+# The replace is relative (`../pulumi-kubernetes-provider`, the copy beside that throw-away module):
+# Go writes a directory replacement into the binary's build info as go.mod spells it, so an absolute
+# path would make the bytes depend on where the checkout lives.
 # The proxy serves this module only as a pseudo-version: the tag it was cut from is the version.
 if selected kubernetes; then
   k8s_module=github.com/pulumi/pulumi-kubernetes/provider/v4
@@ -141,8 +144,9 @@ if selected kubernetes; then
       go build -trimpath -o "$work/kubernetes-mod/generate" "$copy/cmd/pulumi-resource-kubernetes/generate.go"
       (cd "$copy/cmd/pulumi-resource-kubernetes" && VERSION="$k8s_version" "$work/kubernetes-mod/generate")
       cp go.mod go.sum "$work/kubernetes-mod/"
-      go mod edit -modfile="$work/kubernetes-mod/go.mod" -replace="$k8s_module=$copy"
-      CGO_ENABLED=0 go build -modfile="$work/kubernetes-mod/go.mod" -trimpath \
+      cd "$work/kubernetes-mod"
+      go mod edit -replace="$k8s_module=../$(basename "$copy")"
+      CGO_ENABLED=0 go build -trimpath \
         -ldflags "-s -w -X $k8s_module/pkg/version.Version=v$k8s_version" \
         -o "$bin/pulumi-resource-kubernetes.tmp" "$k8s_module/cmd/pulumi-resource-kubernetes"
       rm -rf "$copy" "$work/kubernetes-mod"
