@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -23,18 +24,20 @@ def built_binaries() -> list[Path]:
     return [bin_dir() / name for name in CLUSTER_TOOLS] + [ENGINE_BIN / name for name in ENGINE_TOOLS]
 
 
-def build_machine_paths() -> list[str]:
+@lru_cache(maxsize=1)
+def build_machine_paths() -> tuple[str, ...]:
     """Directories a build could leak: the build's copies under a checkout's .cache and sources under
     its tools/ (this checkout, and the one whose .cache holds the binaries: a worktree's main
     checkout), and Go's module and build caches. Each with enough of its tail that a short
     checkout path ("/app") cannot match an unrelated string ("/apps/v1")."""
-    roots = {ROOT, bin_dir().parents[2], ENGINE_BIN.parents[2]}
+    roots = {ROOT} | {parent.parent for directory in (bin_dir(), ENGINE_BIN)
+                      for parent in directory.parents if parent.name == ".cache"}
     paths = {str(root / part) for root in roots for part in (".cache", "tools")}
     go = shutil.which("go")
     if go:
         env = subprocess.run([go, "env", "GOMODCACHE", "GOCACHE"], capture_output=True, text=True, check=True)
         paths.update(line for line in env.stdout.splitlines() if line)
-    return sorted(paths)
+    return tuple(sorted(paths))
 
 
 @pytest.mark.parametrize("binary", built_binaries(), ids=lambda path: path.name)
