@@ -27,8 +27,12 @@ from typing import Any, Optional
 
 import yaml
 
+from tools.cluster.paths import _cache_root
+
 ROOT = Path(__file__).resolve().parents[2]
-ENGINE_BIN = ROOT / ".cache" / "engine-tools" / "bin"
+# Where tools/engine/build.sh writes: $ENGINE_TOOLS_BIN, else the .cache a worktree shares with its
+# main checkout (the rule of tools/cluster/paths.py), else this checkout's.
+ENGINE_BIN = Path(os.environ.get("ENGINE_TOOLS_BIN") or _cache_root() / "engine-tools" / "bin")
 STANDINS_DIR = ROOT / "tools" / "engine" / "standins"
 ENGINE_TOOLS = ("pulumi", "pulumi-resource-kubernetes", "helm")
 STANDIN_PLUGINS = ("pulumi-resource-aws", "pulumi-resource-eks")
