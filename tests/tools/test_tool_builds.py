@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 
 from tests.engine.harness import ENGINE_BIN, ENGINE_TOOLS
+from tools.cluster.nodes import runner_binaries
 from tools.cluster.paths import ROOT, bin_dir
 
-CLUSTER_TOOLS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kueue",
-                 "training-operator", "jobset", "trainer-controller-manager", "karpenter-kwok-aws")
+# What tools/cluster/build.sh builds: the control plane's binaries (etcd is Debian's) and the
+# controllers the kubelet runs.
+CLUSTER_TOOLS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", *runner_binaries())
 
 
 def built_binaries() -> list[Path]:
